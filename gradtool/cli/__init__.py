@@ -1,0 +1,37 @@
+"""The `gradtool` command line: thin click commands over the library.
+
+Each subcommand lives in its own module and only parses arguments and
+formats results; the work is done by library calls.  Data goes to stdout,
+diagnostics to stderr (see :mod:`gradtool.cli.common` for exit codes).
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .common import GradtoolGroup
+
+
+@click.group(cls=GradtoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gradtool")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
+def main(debug: bool) -> None:
+    """gradtool: gradients identical to the bit on the CPU, in C and on CUDA GPUs."""
+
+
+def _register_commands() -> None:
+    # One module per command family; each exposes `commands`, a list of click commands.
+    import importlib
+    for module in ("tapes", "train", "emit", "replay"):
+        try:
+            mod = importlib.import_module(f"{__name__}.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}.{module}":
+                continue          # that command family is not part of this build yet
+            raise
+        for command in mod.commands:
+            main.add_command(command)
+
+
+_register_commands()

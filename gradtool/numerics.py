@@ -1,0 +1,158 @@
+"""Every floating-point order gradtool uses, in one place.
+
+gradtool's promise is that a gradient is identical to the bit wherever it is
+computed: this numpy reference, the emitted C/CUDA (`gradtool.emit`) and the
+device kernels (`gradtool.device`).  That only holds if every result is
+produced by the same sequence of separately rounded IEEE-754 binary64
+operations everywhere.  This module is that sequence, written down once.
+
+Rules that hold for every function here
+---------------------------------------
+* Each + - * / sqrt is one correctly rounded binary64 operation (round to
+  nearest, ties to even).  Nothing is fused (no FMA): the C mirrors compile
+  with ``-ffp-contract=off`` and the CUDA mirrors spell ``__dadd_rn`` etc.
+* Nothing depends on the BLAS, the SIMD width or the platform libm: no ``@``,
+  no ``np.dot``/``einsum``, no ``np.sum`` (numpy's sum is pairwise), no
+  ``np.exp``/``np.log`` (their last bit differs between libraries).
+  Transcendentals come from :mod:`gradtool.fdlibm`, whose C twin is
+  ``gradtool/csrc/gt_math.h``.
+* numpy's elementwise ufuncs are exact per element (one rounding each), and
+  ``np.add.accumulate`` is sequential by definition (output i is output i-1
+  plus input i), so both are safe building blocks.
+
+The orders
+----------
+serial sum        ``acc = 0.0; for i ascending (row-major): acc = acc + x[i]``
+mean              ``serial_sum(x) / n`` (one division, not a multiply by 1/n)
+matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j]``
+                  (the product rounded, then the sum rounded)
+bmm               the matmul order in every batch slice
+axis sum          the serial sum along one axis, other indices fixed
+broadcast reduce  see :func:`reduce_to_shape`
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fdlibm
+
+__all__ = [
+    "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
+    "matmul", "bmm", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
+    "softmax", "softmax_backward",
+]
+
+exp = fdlibm.exp
+log = fdlibm.log
+tanh = fdlibm.tanh
+expm1 = fdlibm.expm1
+
+
+def serial_sum(x: np.ndarray) -> np.ndarray:
+    """Sum of every element, row-major ascending, starting from 0.0; shape [1].
+
+    ``acc = 0.0; for v in x.flat: acc = acc + v``.  Implemented as the last
+    prefix sum of ``np.add.accumulate`` (which starts from x[0] instead of
+    0.0) plus 0.0: the two sequences can only differ by the sign of a zero
+    (0.0 + -0.0 is +0.0), and the final ``+ 0.0`` restores exactly the
+    0.0-started result.
+    """
+    flat = np.ravel(x)
+    return np.add(np.add.accumulate(flat)[-1:], 0.0)
+
+
+def serial_mean(x: np.ndarray) -> np.ndarray:
+    """``serial_sum(x) / n``: one rounded division, shape [1]."""
+    return serial_sum(x) / float(np.size(x))
+
+
+def serial_sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
+    """Serial 0.0-started sum along ``axis`` (ascending), keepdims=True."""
+    last = np.take(np.add.accumulate(x, axis=axis), [-1], axis=axis)
+    return np.add(last, 0.0, out=last)
+
+
+def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum an out-shaped gradient contribution down to a broadcast input's shape.
+
+    The input's shape is aligned to the trailing dims of ``c`` (numpy rules);
+    an axis is *broadcast* when the input has size 1 (or no dim) there and
+    ``c`` has size > 1.  Each input element receives the sum of the
+    contributions at every out index that maps onto it, taken in row-major
+    order of the out tensor, i.e. lexicographic order of the broadcast
+    coordinates.  The sum starts from the FIRST contribution (no 0.0 seed):
+    ``r = c0; r = r + c1; ...``.  The caller then adds ``r`` into the
+    gradient slot once (``grad = grad + r``).  When nothing is broadcast,
+    ``r`` is ``c`` itself.
+    """
+    shape = tuple(shape)
+    if c.shape == shape:
+        return c
+    nd = c.ndim
+    padded = (1,) * (nd - len(shape)) + shape
+    bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
+    kept = [ax for ax in range(nd) if ax not in bcast]
+    moved = np.transpose(c, bcast + kept)
+    count = int(np.prod([c.shape[ax] for ax in bcast]))
+    flat = moved.reshape((count,) + tuple(c.shape[ax] for ax in kept))
+    total = np.add.accumulate(flat, axis=0)[-1]
+    return np.ascontiguousarray(total).reshape(shape)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
+
+    Vectorized over the output elements, looping over k: the same rounding
+    sequence per element as the scalar loop in the module docstring.
+    """
+    m, kdim = a.shape
+    n = b.shape[1]
+    acc = np.zeros((m, n))
+    prod = np.empty((m, n))
+    for k in range(kdim):
+        np.multiply(a[:, k:k + 1], b[k], out=prod)
+        np.add(acc, prod, out=acc)
+    return acc
+
+
+def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
+    batch, m, kdim = a.shape
+    n = b.shape[2]
+    acc = np.zeros((batch, m, n))
+    prod = np.empty((batch, m, n))
+    for k in range(kdim):
+        np.multiply(a[:, :, k:k + 1], b[:, k:k + 1, :], out=prod)
+        np.add(acc, prod, out=acc)
+    return acc
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """``1.0 / (1.0 + exp(0.0 - x))``: three roundings plus exp's.
+
+    ``0.0 - x`` and ``-x`` agree except at x = +0.0 (exp of either zero is
+    1.0), so the negation is written as numpy's exact ``-x``.
+    """
+    return 1.0 / (1.0 + exp(-x))
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """``x if not (x <= 0) else +0.0``: NaN passes through, -0.0 becomes +0.0."""
+    return np.where(x <= 0.0, 0.0, x)
+
+
+def softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax along ``axis``: ``e = exp(x - max); y = e / serial_sum_axis(e)``.
+
+    The max is exact whatever the order (a NaN anywhere on the axis makes
+    that row NaN).  The sum is the serial 0.0-started sum along the axis.
+    """
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = exp(shifted)
+    return e / serial_sum_axis(e, axis)
+
+
+def softmax_backward(g: np.ndarray, t: np.ndarray, axis: int) -> np.ndarray:
+    """``t * (g - serial_sum_axis(g * t))`` with t the softmax output."""
+    return t * (g - serial_sum_axis(g * t, axis))

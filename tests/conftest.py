@@ -1,0 +1,21 @@
+import numpy as np
+import pytest
+
+
+def bits(x):
+    """The raw IEEE-754 bit patterns of a float64 array (for bit-exact comparisons)."""
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float64)).view(np.uint64)
+
+
+def assert_bits_equal(actual, expected, what=""):
+    a, e = bits(actual), bits(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    diff = np.flatnonzero(a.reshape(-1) != e.reshape(-1))
+    assert diff.size == 0, (f"{what}: {diff.size} elements differ, first at flat index {diff[0]}: "
+                            f"{np.asarray(actual).reshape(-1)[diff[0]]!r} != "
+                            f"{np.asarray(expected).reshape(-1)[diff[0]]!r}")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
