@@ -33,13 +33,15 @@ broadcast reduce  see :func:`reduce_to_shape`
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from . import fdlibm
+from . import fdlibm, native
 
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
-    "matmul", "bmm", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
+    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
     "softmax", "softmax_backward",
 ]
 
@@ -103,9 +105,38 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
 
-    Vectorized over the output elements, looping over k: the same rounding
-    sequence per element as the scalar loop in the module docstring.
+    Runs the compiled kernel ``csrc/serial_matmul.c`` when a C compiler is
+    available, else :func:`matmul_numpy`; the two give identical bits (the
+    test suite checks it), only the speed differs.
     """
+    kernel = _native_kernels()
+    if kernel is None:
+        return matmul_numpy(a, b)
+    m, kdim = a.shape
+    n = b.shape[1]
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    b = np.ascontiguousarray(b, dtype=np.float64)
+    out = np.empty((m, n))
+    kernel.gt_matmul_serial(m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    return out
+
+
+def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
+    kernel = _native_kernels()
+    if kernel is None:
+        return bmm_numpy(a, b)
+    batch, m, kdim = a.shape
+    n = b.shape[2]
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    b = np.ascontiguousarray(b, dtype=np.float64)
+    out = np.empty((batch, m, n))
+    kernel.gt_bmm_serial(batch, m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    return out
+
+
+def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`matmul` in numpy: vectorized over the outputs, looping over k."""
     m, kdim = a.shape
     n = b.shape[1]
     acc = np.zeros((m, n))
@@ -116,8 +147,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
+def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`bmm` in numpy."""
     batch, m, kdim = a.shape
     n = b.shape[2]
     acc = np.zeros((batch, m, n))
@@ -126,6 +157,26 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.multiply(a[:, :, k:k + 1], b[:, k:k + 1, :], out=prod)
         np.add(acc, prod, out=acc)
     return acc
+
+
+_NATIVE_STATE: list = []      # [] = not tried yet; [None] = unavailable; [lib] = loaded
+
+
+def _native_kernels():
+    """The compiled serial-matmul library, or None (no compiler / GRADTOOL_NATIVE=0)."""
+    if not _NATIVE_STATE:
+        lib = None
+        if native.enabled():
+            try:
+                lib = native.load("serial_matmul", (native.CSRC / "serial_matmul.c").read_text())
+                for fn in (lib.gt_matmul_serial, lib.gt_bmm_serial):
+                    fn.restype = None
+                lib.gt_matmul_serial.argtypes = [ctypes.c_long] * 3 + [ctypes.c_void_p] * 3
+                lib.gt_bmm_serial.argtypes = [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
+            except (native.NativeUnavailable, OSError):
+                lib = None
+        _NATIVE_STATE.append(lib)
+    return _NATIVE_STATE[0]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

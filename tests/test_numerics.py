@@ -112,3 +112,20 @@ def test_softmax_rows_sum_close_to_one(rng):
     for axis in (0, 1):
         y = nx.softmax(x, axis)
         assert np.allclose(y.sum(axis=axis), 1.0, rtol=0, atol=1e-14)
+
+
+def test_native_and_numpy_matmul_give_identical_bits(rng):
+    if nx._native_kernels() is None:
+        pytest.skip("no C compiler: only the numpy formulation exists here")
+    for m, k, n in [(1, 1, 1), (7, 13, 5), (64, 64, 128), (3, 300, 17)]:
+        a = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 9, (m, k))
+        b = rng.standard_normal((k, n)) * 10.0 ** rng.integers(-8, 9, (k, n))
+        assert_bits_equal(nx.matmul(a, b), nx.matmul_numpy(a, b))
+        assert_bits_equal(nx.matmul(a, b), loop_matmul(a, b)) if m * k * n < 2000 else None
+        # transposed (non-contiguous) operands, as in the backward rules
+        assert_bits_equal(nx.matmul(b.T, a.T), nx.matmul_numpy(b.T, a.T))
+    a = rng.standard_normal((4, 6, 9))
+    b = rng.standard_normal((4, 9, 3))
+    assert_bits_equal(nx.bmm(a, b), nx.bmm_numpy(a, b))
+    assert_bits_equal(nx.bmm(np.swapaxes(b, 1, 2), np.swapaxes(a, 1, 2)),
+                      nx.bmm_numpy(np.swapaxes(b, 1, 2), np.swapaxes(a, 1, 2)))
