@@ -13,10 +13,11 @@ from .errors import GradtoolError, ShapeError, TapeError, TapeFileError
 from .gradcheck import FDReport, ParamCheck, fd_check
 from .ops import OPS, OP_NAMES
 from .tape import GVar, Node, Tape
+from .tapefile import TapeFile, load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tape", "GVar", "Node", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
+    "Tape", "GVar", "Node", "TapeFile", "load", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
     "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "__version__",
 ]

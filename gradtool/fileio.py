@@ -30,6 +30,10 @@ def atomic_write_with(path, write: Callable) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates 0600; give the file the mode a plain open() would have
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -38,6 +38,11 @@ class GradtoolGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            # click prints Usage/Try/Error on four lines; keep the one-line rule
+            sub = exc.ctx is not None and exc.ctx.parent is not None
+            where = f"{exc.ctx.info_name}: " if sub else ""
+            fail(one_line(where + exc.format_message()), EXIT_BAD_INPUT)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except SystemExit:

@@ -1,0 +1,361 @@
+"""`gradtool inspect | backward | fd-check TAPE`: thin commands over a loaded tape file.
+
+Each command loads TAPE (a path, or ``-`` for stdin) with
+:func:`gradtool.tapefile.load`, which validates everything and replays the
+forward pass, then calls one library function and formats the result.
+Floats in JSON go through Python's repr, so they round-trip exactly;
+``--hex`` writes ``float.hex`` strings instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import click
+import numpy as np
+
+from ..errors import GradtoolError
+from ..gradcheck import fd_check as run_fd_check
+from ..npzio import write_npz
+from ..tapefile import TapeFile, load
+from .common import CheckFailed
+
+TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
+
+
+def load_tape(path: str) -> TapeFile:
+    """TAPE as given on the command line: a path, or ``-`` for stdin."""
+    if path == "-":
+        return load(click.get_binary_stream("stdin"), name="<stdin>")
+    return load(path)
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj))
+
+
+def _table(rows, header) -> list:
+    """Left-aligned text columns (numbers right-aligned) as lines."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [len(cells) > 1 and all(_is_num(r[i]) for r in cells[1:]) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if numeric[i] else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  " + "  ".join(parts).rstrip())
+    return lines
+
+
+def _is_num(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _node_label(tf: TapeFile, i: int) -> str:
+    node = tf.tape.nodes[i]
+    return f"{i} ({node.name})" if node.name else str(i)
+
+
+# ── inspect ────────────────────────────────────────────────────────────────
+
+@click.command("inspect", epilog=TAPE_HELP)
+@click.argument("tape", metavar="TAPE")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: nodes, op histogram, params, inputs, outputs, loss.")
+@click.option("--dot", is_flag=True,
+              help="Print the graph as Graphviz DOT (params, consts and ops drawn "
+                   "differently; the loss marked).")
+def inspect(tape: str, as_json: bool, dot: bool) -> None:
+    """Describe a tape file: nodes, op histogram, params, input slots, outputs, loss."""
+    if as_json and dot:
+        raise GradtoolError("--json and --dot cannot be combined; pick one")
+    tf = load_tape(tape)
+    if dot:
+        click.echo(to_dot(tf), nl=False)
+    elif as_json:
+        _emit_json(inspect_summary(tf))
+    else:
+        click.echo("\n".join(_inspect_lines(tf)))
+
+
+def inspect_summary(tf: TapeFile) -> dict:
+    """Everything `inspect` reports, as JSON-ready data."""
+    tape = tf.tape
+    nodes = []
+    for i, n in enumerate(tape.nodes):
+        entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
+        if n.op in ("adds", "muls"):
+            entry["s"] = n.s
+        if n.aux and n.op != "reshape":
+            entry.update(n.aux)
+        if n.name:
+            entry["name"] = n.name
+        if n.op == "param":
+            entry["l2"] = n.l2
+        nodes.append(entry)
+    loss_id = tf.loss.id
+    return {
+        "file": tf.source,
+        "format": "gradtool-tape",
+        "version": 1,
+        "node_count": len(tape.nodes),
+        "ops": dict(sorted(Counter(n.op for n in tape.nodes).items())),
+        "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
+                    "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
+                   for p in tape.params()],
+        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape)}
+                   for c in tape.input_slots()],
+        "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
+                    for k, v in tf.outputs.items()],
+        "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
+                 "value": float(tape.values[loss_id].reshape(-1)[0])},
+        "meta": _json_safe(tf.meta),
+        "nodes": nodes,
+    }
+
+
+def _json_safe(value):
+    """meta as JSON: msgpack bin becomes a "<N bytes>" placeholder."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return value
+
+
+def _inspect_lines(tf: TapeFile) -> list:
+    s = inspect_summary(tf)
+    ops = s["ops"]
+    n_leaf = ops.get("param", 0) + ops.get("const", 0)
+    lines = [f"{s['file']}: gradtool-tape v{s['version']}, {s['node_count']} nodes "
+             f"({ops.get('param', 0)} params, {ops.get('const', 0)} consts, "
+             f"{s['node_count'] - n_leaf} ops)",
+             f"loss: node {s['loss']['id']} ({s['loss']['op']}) = {s['loss']['value']!r}",
+             "ops: " + ", ".join(f"{k} {v}" for k, v in ops.items() if k not in ("param", "const"))]
+    lines += [f"meta {key}: {_short(value)}" for key, value in s["meta"].items()]
+    total = sum(p["elements"] for p in s["params"])
+    lines.append(f"params ({len(s['params'])}, {total} elements):")
+    lines += _table([[p["id"], p["name"] or "-", _shape(p["shape"]), p["elements"], repr(p["l2"])]
+                     for p in s["params"]], ["id", "name", "shape", "elements", "l2"])
+    lines.append(f"inputs (named consts, {len(s['inputs'])}):")
+    lines += _table([[c["id"], c["name"], _shape(c["shape"])] for c in s["inputs"]],
+                    ["id", "name", "shape"])
+    lines.append(f"outputs ({len(s['outputs'])}):")
+    lines += _table([[o["name"], o["id"], o["op"], _shape(o["shape"])] for o in s["outputs"]],
+                    ["name", "id", "op", "shape"])
+    lines.append("nodes:")
+    lines += _table([[n["id"], n["op"], _inputs(n), _shape(n["shape"]), _detail(n)]
+                     for n in s["nodes"]], ["id", "op", "inputs", "shape", "detail"])
+    return lines
+
+
+def _short(value, limit: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _inputs(n: dict) -> str:
+    return ",".join(str(x) for x in (n["a"], n["b"]) if x >= 0) or "-"
+
+
+def _detail(n: dict) -> str:
+    parts = []
+    if "name" in n:
+        parts.append(repr(n["name"]))
+    if n.get("l2"):
+        parts.append(f"l2={n['l2']!r}")
+    for key in ("s", "axis", "starts", "stops"):
+        if key in n:
+            parts.append(f"{key}={n[key]!r}")
+    return " ".join(parts)
+
+
+_DOT_STYLE = {
+    "param": 'shape=box, style=filled, fillcolor="#fde2b8"',
+    "const": 'shape=box, style="filled,dashed", fillcolor="#e4e4e4"',
+    "op": 'shape=ellipse',
+}
+
+
+def _dot_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def to_dot(tf: TapeFile) -> str:
+    """Graphviz DOT: params orange boxes, consts grey dashed boxes, ops ellipses, the loss
+    a red double octagon; edges run from input to consumer, labelled a/b for binary ops."""
+    tape = tf.tape
+    out_names = {}
+    for name, v in tf.outputs.items():
+        out_names.setdefault(v.id, []).append(name)
+    lines = ["digraph tape {", "  rankdir=TB;",
+             '  node [fontname="Helvetica", fontsize=10];', '  edge [fontsize=8];']
+    for i, n in enumerate(tape.nodes):
+        head = f"{i}: {n.op}"
+        if n.name:
+            head += f" {n.name}"
+        if n.op in ("adds", "muls"):
+            head += f" {n.s!r}"
+        if n.aux and n.op != "reshape":
+            head += " " + " ".join(f"{k}={v}" for k, v in n.aux.items())
+        label = head + "\n" + _shape(tape.values[i].shape)
+        if i in out_names:
+            label += "\noutput " + ", ".join(out_names[i])
+        style = _DOT_STYLE.get(n.op, _DOT_STYLE["op"])
+        if i == tf.loss.id:
+            label += "\nloss"
+            style = 'shape=doubleoctagon, style=filled, fillcolor="#f4b6b6"'
+        lines.append(f'  n{i} [label="{_dot_text(label)}", {style}];')
+    for i, n in enumerate(tape.nodes):
+        if n.b >= 0:
+            lines.append(f'  n{n.a} -> n{i} [label="a"];')
+            lines.append(f'  n{n.b} -> n{i} [label="b"];')
+        elif n.a >= 0:
+            lines.append(f"  n{n.a} -> n{i};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# ── backward ───────────────────────────────────────────────────────────────
+
+@click.command("backward", epilog=TAPE_HELP)
+@click.argument("tape", metavar="TAPE")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON object: {"loss": x, "params": [{"id", "name", "shape", '
+                   '"grad": [flat, row-major]}, ...]} in tape order; floats round-trip exactly.')
+@click.option("--hex", "as_hex", is_flag=True,
+              help="Write every float as a C99 hex string (float.hex), for bit comparisons.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Also write the gradients to this .npz, keyed by param name (or node<ID>).")
+@click.option("--verify", is_flag=True,
+              help="First compare every value recorded in the file bit for bit with the "
+                   "replay; exit 1 naming the first node that differs.")
+def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) -> None:
+    """Replay the forward pass from the leaves, run backward, print the loss and every
+    parameter's gradient."""
+    tf = load_tape(tape)
+    verified = verify_recorded(tf) if verify else None
+    t = tf.tape
+    with np.errstate(all="ignore"):
+        t.zero_grad()
+        t.backward(tf.loss)
+    loss = float(t.values[tf.loss.id].reshape(-1)[0])
+    grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
+    if output:
+        write_npz(output, _npz_arrays(grads))
+    num = float.hex if as_hex else (lambda x: x)
+    if as_json:
+        _emit_json({"loss": num(loss),
+                    "params": [{"id": i, "name": name, "shape": list(g.shape),
+                                "grad": [num(x) for x in g.reshape(-1).tolist()]}
+                               for i, name, g in grads]})
+        return
+    exact = float.hex if as_hex else repr
+    show = float.hex if as_hex else (lambda x: f"{x:.6g}")
+    lines = [f"loss = {exact(loss)}  (node {tf.loss.id}, {t.nodes[tf.loss.id].op})"]
+    if verified is not None:
+        lines.append(f"verify: {verified} recorded values match the replay bit for bit")
+    rows = []
+    for i, name, g in grads:
+        flat = g.reshape(-1).tolist()
+        first = ", ".join(show(x) for x in flat[:4]) + (", ..." if len(flat) > 4 else "")
+        norm = math.sqrt(math.fsum(x * x for x in flat))
+        rows.append([i, name or "-", _shape(g.shape), f"{norm:.6g}", first])
+    lines += _table(rows, ["id", "name", "shape", "|grad|", "first values"]) if rows \
+        else ["(no params)"]
+    click.echo("\n".join(lines))
+
+
+def _npz_arrays(grads) -> dict:
+    arrays = {}
+    for i, name, g in grads:
+        key = name or f"node{i}"
+        if key in arrays:
+            raise GradtoolError(f"cannot write the npz: param {i} would be stored as {key!r}, "
+                                f"which another param already uses")
+        arrays[key] = g
+    return arrays
+
+
+def verify_recorded(tf: TapeFile) -> int:
+    """Compare every recorded op value bit for bit with the replay; CheckFailed on a difference."""
+    if not tf.recorded:
+        raise GradtoolError(f"{tf.source}: --verify: the file records no values "
+                            f"(write it with values=True)")
+    for i in sorted(tf.recorded):
+        got = np.ascontiguousarray(tf.tape.values[i], dtype=np.float64).reshape(-1)
+        want = np.ascontiguousarray(tf.recorded[i], dtype=np.float64).reshape(-1)
+        diff = np.flatnonzero(got.view(np.uint64) != want.view(np.uint64))
+        if diff.size:
+            k = int(diff[0])
+            raise CheckFailed(
+                f"{tf.source}: node {i} ({tf.tape.nodes[i].op}): the replayed value differs "
+                f"from the recorded one in {diff.size} of {got.size} elements; first at flat "
+                f"index {k}: replayed {float(got[k]).hex()}, recorded {float(want[k]).hex()}")
+    return len(tf.recorded)
+
+
+# ── fd-check ───────────────────────────────────────────────────────────────
+
+@click.command("fd-check", epilog=TAPE_HELP)
+@click.argument("tape", metavar="TAPE")
+@click.option("--eps", type=float, default=1e-6, show_default=True,
+              help="Central-difference step added to and subtracted from each element.")
+@click.option("--rtol", type=float, default=1e-5, show_default=True,
+              help="Relative tolerance: pass when |an - num| <= atol + rtol * max(|an|, |num|).")
+@click.option("--atol", type=float, default=1e-6, show_default=True,
+              help="Absolute tolerance (see --rtol).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object with the per-parameter errors and verdicts.")
+def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> None:
+    """Check backward against central finite differences for every parameter element;
+    exit 0 when all pass, 1 when any fails."""
+    for opt, val in (("--eps", eps), ("--rtol", rtol), ("--atol", atol)):
+        if not (math.isfinite(val) and val >= 0) or (opt == "--eps" and val == 0):
+            raise GradtoolError(f"{opt} must be a finite number "
+                                f"{'> 0' if opt == '--eps' else '>= 0'}, got {val!r}")
+    tf = load_tape(tape)
+    with np.errstate(all="ignore"):
+        report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol)
+    params = [{"id": p.id, "name": p.name, "shape": list(p.shape),
+               "max_abs_err": p.max_abs_err, "max_rel_err": p.max_rel_err,
+               "worst_index": list(p.worst_index), "analytic": p.analytic,
+               "numeric": p.numeric, "passed": p.passed} for p in report.params]
+    failed = [p for p in report.params if not p.passed]
+    if as_json:
+        _emit_json({"loss": report.loss, "eps": eps, "rtol": rtol, "atol": atol,
+                    "passed": not failed, "params": params})
+    else:
+        lines = [f"loss = {report.loss!r}  eps={eps!r} rtol={rtol!r} atol={atol!r}"]
+        lines += _table([[p["id"], p["name"] or "-", _shape(p["shape"]),
+                          f"{p['max_abs_err']:.3g}", f"{p['max_rel_err']:.3g}",
+                          "ok" if p["passed"] else
+                          f"FAIL at {p['worst_index']}: analytic {p['analytic']!r}, "
+                          f"numeric {p['numeric']!r}"] for p in params],
+                        ["id", "name", "shape", "max abs err", "max rel err", "verdict"])
+        lines.append(f"{len(failed)} of {len(params)} params FAIL" if failed
+                     else f"all {len(params)} params pass")
+        click.echo("\n".join(lines))
+    if failed:
+        p = failed[0]
+        label = f"param {p.id} ({p.name})" if p.name else f"param {p.id}"
+        raise CheckFailed(f"{tf.source}: node {p.id}: fd-check failed for {len(failed)} of "
+                          f"{len(params)} params; first {label} at index "
+                          f"{list(p.worst_index)}: analytic {p.analytic!r}, "
+                          f"numeric {p.numeric!r}")
+
+
+commands = [inspect, backward, fd_check]

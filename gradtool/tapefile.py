@@ -1,0 +1,264 @@
+"""Tape files, format v1: write a Tape as one msgpack map, read one back.
+
+The format (``docs/format.md``; schema ``schemas/tape.schema.json``) is an
+interchange contract: any program that writes one msgpack map with the keys
+below produces a file gradtool loads.
+
+    {"format": "gradtool-tape", "version": 1,
+     "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2",
+                "axis", "starts", "stops"}, ...],
+     "loss": id, "outputs": {name: id}, "meta": {...}, "optimizer": {...}}
+
+Writing is byte-for-byte reproducible: keys in a fixed order, floats as
+float64, no timestamps.  Reading never trusts the file: every check in
+:mod:`gradtool.tapefile_checks` passes before any value is allocated, and
+then op values are recomputed from the leaves by recording through the
+Tape's own methods, so a loaded tape is exactly the tape recording would
+have produced (requires flags, names, l2, aux dicts and all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from typing import Optional
+
+import msgpack
+import numpy as np
+
+from .errors import GradtoolError, TapeError, TapeFileError
+from .fileio import atomic_write_bytes
+from .ops import LEAF_OPS, OPS
+from .tape import GVar, Tape
+from .tapefile_checks import FORMAT, VERSION, CheckedFile, Limits, check, decode
+
+__all__ = ["FORMAT", "VERSION", "Limits", "TapeFile", "save", "dumps", "load"]
+
+_DEFAULT = Limits()
+
+
+class TapeFile:
+    """A loaded tape file: the replayed Tape plus the file's loss, outputs, meta, optimizer.
+
+    ``recorded`` maps op-node ids to the values the writer stored (``values=True``),
+    for bit-for-bit verification of the replay.
+    """
+
+    def __init__(self, tape: Tape, loss: GVar, outputs: dict, meta: dict,
+                 optimizer: Optional[dict], source: str, recorded: dict):
+        self.tape = tape
+        self.loss = loss
+        self.outputs = outputs
+        self.meta = meta
+        self.optimizer = optimizer
+        self.source = source
+        self.recorded = recorded
+
+    def __repr__(self):
+        return (f"TapeFile({self.source!r}, {len(self.tape)} nodes, loss=node {self.loss.id}, "
+                f"outputs={sorted(self.outputs)})")
+
+    def dumps(self, *, values: bool = False) -> bytes:
+        """This file's tape re-encoded with the same loss, outputs, meta and optimizer."""
+        return dumps(self.tape, loss=self.loss, outputs=self.outputs, meta=self.meta,
+                     values=values, optimizer=self.optimizer)
+
+    def save(self, dest, *, values: bool = False) -> None:
+        _write(self.dumps(values=values), dest)
+
+
+# ── writing ────────────────────────────────────────────────────────────────
+
+def save(tape: Tape, dest, *, loss=None, outputs=None, meta=None, values=False,
+         optimizer=None) -> None:
+    """Write ``tape`` as a v1 tape file.
+
+    dest: a path (written atomically) or a binary file object.  loss: GVar or
+    node id of a one-element node (default: the last node).  outputs: {name:
+    GVar or id}.  meta: a msgpack-able dict (free-form).  values=True also
+    stores every op node's current value, for ``gradtool backward --verify``.
+    optimizer: a msgpack-able dict stored verbatim.
+    """
+    _write(dumps(tape, loss=loss, outputs=outputs, meta=meta, values=values,
+                 optimizer=optimizer), dest)
+
+
+def _write(data: bytes, dest) -> None:
+    if isinstance(dest, (str, os.PathLike)):
+        atomic_write_bytes(dest, data)
+    else:
+        dest.write(data)
+
+
+def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
+          optimizer=None) -> bytes:
+    """The bytes :func:`save` would write."""
+    if not isinstance(tape, Tape):
+        raise TapeError(f"expected a Tape, got {type(tape).__name__}")
+    if not tape.ok:
+        raise TapeError(f"cannot save a poisoned tape: {tape.error}")
+    if not tape.nodes:
+        raise TapeError("cannot save an empty tape (a tape file needs at least one node)")
+    loss_id = _node_id(tape, len(tape.nodes) - 1 if loss is None else loss, "loss")
+    if tape.values[loss_id].size != 1:
+        raise TapeError(f"loss node {loss_id} has shape {list(tape.values[loss_id].shape)}; "
+                        f"a tape file's loss must have one element (pass loss=...)")
+    doc = {"format": FORMAT, "version": VERSION,
+           "nodes": [_encode_node(tape, i, values) for i in range(len(tape.nodes))],
+           "loss": loss_id}
+    if outputs:
+        doc["outputs"] = {_output_name(k): _node_id(tape, v, f"output {k!r}")
+                          for k, v in outputs.items()}
+    if meta:
+        doc["meta"] = _mapping(meta, "meta")
+    if optimizer is not None:
+        doc["optimizer"] = _mapping(optimizer, "optimizer")
+    try:
+        return msgpack.packb(doc, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TapeError(f"meta/optimizer cannot be written as msgpack: {exc}") from None
+
+
+def _encode_node(tape: Tape, i: int, values: bool) -> dict:
+    node, value = tape.nodes[i], tape.values[i]
+    # Key order is fixed here; msgpack keeps dict order, so output is reproducible.
+    out = {"op": node.op, "a": int(node.a), "b": int(node.b), "s": float(node.s),
+           "shape": [int(d) for d in value.shape]}
+    if node.op in LEAF_OPS:
+        if node.name:
+            out["name"] = node.name
+        if node.op == "param":
+            out["l2"] = float(node.l2)
+        out["data"] = _le_bytes(value)
+        return out
+    aux = node.aux or {}
+    for key in OPS[node.op].attrs:
+        if key != "shape":                      # reshape's target IS the node's shape
+            out[key] = aux[key] if key == "axis" else [int(x) for x in aux[key]]
+    if values:
+        out["value"] = _le_bytes(value)
+    return out
+
+
+def _le_bytes(arr: np.ndarray) -> bytes:
+    return np.ascontiguousarray(arr, dtype="<f8").tobytes()
+
+
+def _node_id(tape: Tape, ref, what: str) -> int:
+    if isinstance(ref, GVar):
+        if ref.tape is not tape:
+            raise TapeError(f"{what}: the GVar belongs to another tape")
+        ref = ref.id
+    if isinstance(ref, bool) or not isinstance(ref, numbers.Integral) \
+            or not 0 <= int(ref) < len(tape.nodes):
+        raise TapeError(f"{what}: {ref!r} is not a node of this tape "
+                        f"(it has {len(tape.nodes)} nodes)")
+    return int(ref)
+
+
+def _output_name(name) -> str:
+    if not isinstance(name, str) or not name:
+        raise TapeError(f"output names must be non-empty strings, got {name!r}")
+    return name
+
+
+def _mapping(value, what: str) -> dict:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TapeError(f"{what} must be a dict with string keys, got {type(value).__name__}")
+    return value
+
+
+# ── reading ────────────────────────────────────────────────────────────────
+
+def load(src, *, name: Optional[str] = None, max_elements: int = _DEFAULT.max_elements,
+         limits: Optional[Limits] = None) -> TapeFile:
+    """Read and validate a tape file, then replay it into a fresh Tape.
+
+    src: a path, bytes, or a binary file object.  name: what error messages
+    call the file (default: the path, or ``<stdin>`` for a file object).
+    max_elements bounds the total element count of all nodes; ``limits``
+    (a :class:`Limits`) sets every bound at once.  Raises TapeFileError,
+    whose message reads ``FILE: node N: field 'x': problem``.
+    """
+    limits = limits or _DEFAULT
+    if max_elements != _DEFAULT.max_elements:
+        limits = dataclasses.replace(limits, max_elements=max_elements)
+    raw, source = _read(src, name, limits)
+    checked = check(decode(raw, source, limits), source, limits)
+    return _replay(checked, source)
+
+
+def _read(src, name: Optional[str], limits: Limits) -> tuple:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        raw, source = bytes(src), name or "<bytes>"
+    elif isinstance(src, (str, os.PathLike)):
+        source = name or os.fspath(src)
+        try:
+            with open(src, "rb") as f:
+                raw = _read_bounded(f, source, limits)
+        except OSError as exc:
+            raise TapeFileError(f"cannot read: {exc.strerror or exc}", source=source) from None
+    elif hasattr(src, "read"):
+        source = name or "<stdin>"
+        try:
+            raw = _read_bounded(src, source, limits)
+        except OSError as exc:
+            raise TapeFileError(f"cannot read: {exc.strerror or exc}", source=source) from None
+    else:
+        raise TapeError(f"load: expected a path, bytes or a binary file, got {type(src).__name__}")
+    if len(raw) > limits.max_bytes:
+        raise TapeFileError(f"{len(raw)} bytes, over this reader's limit of {limits.max_bytes}",
+                            source=source)
+    return raw, source
+
+
+def _read_bounded(f, source: str, limits: Limits) -> bytes:
+    raw = f.read(limits.max_bytes + 1)       # never more than the limit plus one byte
+    if isinstance(raw, str):
+        raise TapeFileError("opened in text mode; tape files are binary", source=source)
+    if len(raw) > limits.max_bytes:
+        raise TapeFileError(f"larger than this reader's limit of {limits.max_bytes} bytes",
+                            source=source)
+    return bytes(raw)
+
+
+def _replay(checked: CheckedFile, source: str) -> TapeFile:
+    """Record the validated nodes through the Tape methods (values from the core numerics)."""
+    tape = Tape()
+    recorded = {}
+    # Non-finite intermediates are legitimate values, not errors; numpy must
+    # not print warnings (the CLI promises exactly one stderr line).
+    with np.errstate(all="ignore"):
+        for i, node in enumerate(checked.nodes):
+            try:
+                _record(tape, node)
+            except GradtoolError as exc:           # defensive: checks should prevent it
+                raise TapeFileError(f"replay failed: {exc}", source=source, node=i) from None
+            if node.value is not None:
+                recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
+    outputs = {k: GVar(tape, v) for k, v in checked.outputs.items()}
+    return TapeFile(tape, GVar(tape, checked.loss), outputs, checked.meta, checked.optimizer,
+                    source, recorded)
+
+
+def _record(tape: Tape, node) -> GVar:
+    op = node.op
+    if op in LEAF_OPS:
+        value = np.frombuffer(node.data, dtype="<f8").reshape(node.shape)
+        if op == "param":
+            return tape.param(value, name=node.name, l2=node.l2)
+        return tape.const(value, name=node.name)
+    a = GVar(tape, node.a)
+    b = GVar(tape, node.b) if node.b >= 0 else None
+    if op in ("adds", "muls"):
+        return getattr(tape, op)(a, node.s)
+    if op == "reshape":
+        return tape.reshape(a, node.attrs["shape"])
+    if op == "softmax":
+        return tape.softmax(a, node.attrs["axis"])
+    if op == "slice":
+        return tape.slice(a, node.attrs["starts"], node.attrs["stops"])
+    if op == "concat":
+        return tape.concat(a, b, node.attrs["axis"])
+    return getattr(tape, op)(a, b) if b is not None else getattr(tape, op)(a)

@@ -1,0 +1,265 @@
+"""`gradtool inspect | backward | fd-check`: output formats, exit codes, one-line errors."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import assert_bits_equal
+from gradtool.cli import main
+from gradtool.cli.tapes import commands
+from gradtool.tape import Tape
+from gradtool.tapefile import load
+from test_tapefile import all_ops_tape, mlp_tape, numpy_mlp_backprop, write_independent_mlp
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(result, status, *needles):
+    assert result.exit_code == status, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradtool: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def mlp_file(tmp_path, rng):
+    tp, loss, outputs = mlp_tape(rng)
+    path = tmp_path / "mlp.msgpack"
+    tp.save(path, loss=loss, outputs=outputs, values=True)
+    return path
+
+
+# ── backward ───────────────────────────────────────────────────────────────
+
+def test_backward_json_in_a_real_process_matches_independent_autodiff(tmp_path, rng):
+    path = tmp_path / "ind.msgpack"
+    arrays = write_independent_mlp(path, rng)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gradtool.cli import main; main()", "backward", "--json",
+         str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    out = json.loads(proc.stdout)
+    assert list(out) == ["loss", "params"]
+    loss, grads = numpy_mlp_backprop(*arrays)
+    assert out["loss"] == pytest.approx(loss, rel=1e-12)
+    assert [p["id"] for p in out["params"]] == [2, 3, 4, 5]
+    assert [p["name"] for p in out["params"]] == ["W1", "b1", "W2", None]
+    for p in out["params"]:
+        assert list(p) == ["id", "name", "shape", "grad"]
+        assert p["shape"] == list(grads[p["id"]].shape)
+        np.testing.assert_allclose(p["grad"], grads[p["id"]].reshape(-1), rtol=1e-12, atol=1e-15)
+
+
+def test_backward_json_floats_round_trip_and_hex_is_the_same_bits(mlp_file):
+    tf = load(mlp_file)
+    tf.tape.backward(tf.loss)
+    dec = json.loads(run("backward", "--json", mlp_file).stdout)
+    hexed = json.loads(run("backward", "--json", "--hex", mlp_file).stdout)
+    assert_bits_equal(np.array([dec["loss"]]), tf.tape.values[tf.loss.id])
+    assert hexed["loss"] == float(tf.tape.values[tf.loss.id][0]).hex()
+    for p, h in zip(dec["params"], hexed["params"]):
+        expected = tf.tape.grad(tf.tape.var(p["id"])).reshape(-1)
+        assert_bits_equal(np.array(p["grad"]), expected, f"param {p['id']}")
+        assert h["grad"] == [float(x).hex() for x in expected]
+        assert {k: v for k, v in h.items() if k != "grad"} == \
+            {k: v for k, v in p.items() if k != "grad"}
+
+
+def test_backward_table_and_stdin(mlp_file):
+    result = run("backward", "-", input=mlp_file.read_bytes())
+    assert result.exit_code == 0 and result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("loss = ")
+    assert any(" W1 " in line and "[3,5]" in line for line in lines)
+    assert any("node" not in line and "[2]" in line and " - " in line for line in lines)
+
+
+def test_backward_npz_keys_and_bits(mlp_file, tmp_path):
+    out = tmp_path / "grads.npz"
+    result = run("backward", "-o", out, mlp_file)
+    assert result.exit_code == 0, result.stderr
+    tf = load(mlp_file)
+    tf.tape.backward(tf.loss)
+    with np.load(out) as npz:
+        assert sorted(npz.files) == ["W1", "W2", "b1", "node3"]
+        for p in tf.tape.params():
+            key = tf.tape.nodes[p.id].name or f"node{p.id}"
+            assert_bits_equal(npz[key], tf.tape.grad(p), key)
+    first = out.read_bytes()
+    run("backward", "-o", out, mlp_file)
+    assert out.read_bytes() == first, "the npz is reproducible byte for byte"
+
+
+def test_backward_verify_passes_then_fails_on_a_tampered_value(mlp_file, tmp_path):
+    result = run("backward", "--verify", mlp_file)
+    assert result.exit_code == 0 and "match the replay bit for bit" in result.stdout
+    doc = msgpack.unpackb(mlp_file.read_bytes())
+    victim = next(i for i, n in enumerate(doc["nodes"]) if n["op"] == "tanh")
+    value = bytearray(doc["nodes"][victim]["value"])
+    value[8] ^= 1                      # the last mantissa bit of element 1
+    doc["nodes"][victim]["value"] = bytes(value)
+    bad = tmp_path / "tampered.msgpack"
+    bad.write_bytes(msgpack.packb(doc))
+    result = run("backward", "--verify", "--json", bad)
+    line = assert_one_line_error(result, 1, str(bad), f"node {victim} (tanh)", "flat index 1")
+    assert result.stdout == "", "no gradients are printed when verification fails"
+    assert "1 of 40 elements" in line
+
+
+def test_backward_verify_without_recorded_values_is_exit_2(tmp_path, rng):
+    tp, loss, _ = mlp_tape(rng)
+    tp.save(tmp_path / "novalues.msgpack", loss=loss)
+    assert_one_line_error(run("backward", "--verify", tmp_path / "novalues.msgpack"), 2,
+                          "novalues.msgpack", "records no values")
+
+
+def test_npz_key_collision_is_reported(tmp_path):
+    tp = Tape()
+    a = tp.param([1.0])                      # unnamed node 0 -> "node0"
+    b = tp.param([2.0], name="node0")
+    tp.sum(tp.add(a, b))
+    tp.save(tmp_path / "c.msgpack")
+    assert_one_line_error(run("backward", "-o", tmp_path / "g.npz", tmp_path / "c.msgpack"), 2,
+                          "'node0'")
+    assert not (tmp_path / "g.npz").exists()
+
+
+# ── inspect ────────────────────────────────────────────────────────────────
+
+def test_inspect_json(mlp_file):
+    result = run("inspect", "--json", mlp_file)
+    assert result.exit_code == 0 and result.stderr == ""
+    s = json.loads(result.stdout)
+    assert s["file"] == str(mlp_file) and s["version"] == 1 and s["node_count"] == 14
+    assert s["ops"] == {"add": 2, "const": 2, "matmul": 2, "mean": 1, "mul": 1, "param": 4,
+                        "sub": 1, "tanh": 1}
+    assert [(p["name"], p["shape"], p["elements"], p["l2"]) for p in s["params"]] == [
+        ("W1", [3, 5], 15, 1e-4), ("b1", [5], 5, 0.0), ("W2", [5, 2], 10, 1e-4),
+        (None, [2], 2, 0.0)]
+    assert [(c["name"], c["shape"]) for c in s["inputs"]] == [("x", [8, 3]), ("y", [8, 2])]
+    assert s["outputs"] == [{"name": "pred", "id": 10, "op": "add", "shape": [8, 2]}]
+    assert s["loss"]["id"] == 13 and s["loss"]["op"] == "mean"
+    assert len(s["nodes"]) == 14 and s["nodes"][6] == {"id": 6, "op": "matmul", "a": 4, "b": 0,
+                                                        "shape": [8, 5]}
+
+
+def test_inspect_text_lists_params_inputs_outputs_and_loss(mlp_file):
+    out = run("inspect", mlp_file).stdout
+    assert "14 nodes (4 params, 2 consts, 8 ops)" in out
+    assert "loss: node 13 (mean)" in out
+    for needle in ("W1", "[3,5]", "0.0001", "pred", "matmul 2", "x"):
+        assert needle in out
+
+
+def test_inspect_dot_marks_kinds_and_loss(tmp_path):
+    tp, loss, outputs = all_ops_tape()
+    path = tmp_path / "all.msgpack"
+    tp.save(path, loss=loss, outputs=outputs)
+    dot = run("inspect", "--dot", path).stdout
+    assert dot.startswith("digraph tape {") and dot.rstrip().endswith("}")
+    node_lines = [l for l in dot.splitlines() if re.match(r"\s*n\d+ \[", l)]
+    edges = [l for l in dot.splitlines() if "->" in l]
+    assert len(node_lines) == len(tp.nodes)
+    assert len(edges) == sum((n.a >= 0) + (n.b >= 0) for n in tp.nodes)
+    assert sum("doubleoctagon" in l for l in node_lines) == 1
+    assert f"n{loss.id} [" in next(l for l in node_lines if "doubleoctagon" in l)
+    assert sum("#fde2b8" in l for l in node_lines) == 2          # params
+    assert sum("dashed" in l for l in node_lines) == 2           # consts
+    assert "output bmm" in dot
+
+
+def test_inspect_json_and_dot_together_is_a_usage_error(mlp_file):
+    assert_one_line_error(run("inspect", "--json", "--dot", mlp_file), 2, "--json and --dot")
+
+
+# ── fd-check ───────────────────────────────────────────────────────────────
+
+def test_fd_check_passes_a_smooth_graph(mlp_file):
+    result = run("fd-check", mlp_file)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "all 4 params pass" in result.stdout and result.stderr == ""
+
+
+def test_fd_check_fails_at_a_relu_kink(tmp_path):
+    tp = Tape()
+    x = tp.param(np.zeros(3), name="x")
+    tp.sum(tp.relu(x))
+    tp.save(tmp_path / "kink.msgpack")
+    result = run("fd-check", "--json", tmp_path / "kink.msgpack")
+    assert_one_line_error(result, 1, "kink.msgpack", "node 0", "fd-check failed", "(x)")
+    report = json.loads(result.stdout)
+    assert report["passed"] is False
+    assert report["params"][0]["analytic"] == 0.0 and report["params"][0]["numeric"] == 0.5
+
+
+def test_fd_check_json_reports_every_param(mlp_file):
+    result = run("fd-check", "--json", "--eps", "1e-5", mlp_file)
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert report["passed"] is True and report["eps"] == 1e-5
+    assert [p["id"] for p in report["params"]] == [0, 1, 2, 3]
+    assert all(p["max_abs_err"] < 1e-6 for p in report["params"])
+
+
+@pytest.mark.parametrize("args", [["--eps", "0"], ["--eps", "nan"], ["--rtol", "-1"],
+                                  ["--atol", "inf"]])
+def test_fd_check_rejects_bad_tolerances(mlp_file, args):
+    assert_one_line_error(run("fd-check", *args, mlp_file), 2, args[0])
+
+
+# ── shared behaviour ───────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("command", ["inspect", "backward", "fd-check"])
+def test_missing_file_is_one_line_exit_2(tmp_path, command):
+    assert_one_line_error(run(command, tmp_path / "nope.msgpack"), 2, "nope.msgpack",
+                          "No such file")
+
+
+@pytest.mark.parametrize("command", ["inspect", "backward", "fd-check"])
+def test_garbage_on_stdin_names_stdin(command):
+    assert_one_line_error(run(command, "-", input=b"\x81\xa6format"), 2, "<stdin>", "truncated")
+
+
+def test_every_option_has_help():
+    for command in commands:
+        assert command.help
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{command.name} {param.opts}"
+
+
+@pytest.mark.parametrize("name", ["logistic", "mlp_regression", "attention"])
+def test_samples_verify_and_fd_check(name):
+    for path in [SAMPLES / f"{name}.msgpack"]:
+        assert run("backward", "--verify", path).exit_code == 0, path
+        assert run("fd-check", path).exit_code == 0, path
+
+
+def test_non_finite_values_are_data_not_errors(tmp_path):
+    tp = Tape()
+    w = tp.param([-1.0, 0.0, 2.0], name="w")
+    with np.errstate(all="ignore"):
+        loss = tp.sum(tp.mul(tp.log(w), w))             # nan, -inf*0 = nan, finite
+    tp.save(tmp_path / "nan.msgpack", loss=loss, values=True)
+    for args in (["inspect"], ["backward", "--verify"], ["backward", "--json", "--hex"]):
+        result = run(*args, tmp_path / "nan.msgpack")
+        assert result.exit_code == 0 and result.stderr == "", (args, result.stderr)
+    out = json.loads(run("backward", "--json", tmp_path / "nan.msgpack").stdout)
+    assert np.isnan(out["loss"])
+    result = run("fd-check", tmp_path / "nan.msgpack")
+    assert_one_line_error(result, 1, "fd-check failed")
