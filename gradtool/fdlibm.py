@@ -1,0 +1,927 @@
+"""exp, expm1, log and tanh without libm: Sun's fdlibm 5.3 in numpy.
+
+Why this module exists
+----------------------
+``np.exp`` and friends call the platform's vector libm, whose last bit differs
+between numpy builds, CPUs (SIMD width) and operating systems.  gradtool
+promises the same bits everywhere, so its transcendentals are computed from
+IEEE-754 basic operations only, in an order written down here and mirrored
+operation for operation by the C/CUDA header ``gradtool/csrc/gt_math.h``.
+
+The algorithms are fdlibm 5.3's ``e_exp.c``, ``s_expm1.c``, ``e_log.c`` and
+``s_tanh.c`` (Copyright (C) 1993-2004 Sun Microsystems, Inc.  Permission to
+use, copy, modify, and distribute this software is freely granted, provided
+that this notice is preserved.).  For every non-NaN input the results are
+bit-identical to fdlibm, hence to Java's ``StrictMath``, which is specified to
+return fdlibm's results.
+
+Rules
+-----
+* Only correctly rounded binary64 ``+ - * /`` (one ufunc call each; numpy's
+  elementwise ufuncs never fuse a multiply-add), comparisons, ``np.trunc``
+  (exact), and exact bit manipulation through ``.view(np.uint64)``: adding k
+  to the exponent field multiplies by 2^k.  Never ``np.exp``/``np.log``/...,
+  never ``math.*``.  Rounding to an integer is fdlibm's
+  ``(int)(invln2*x + (x<0 ? -0.5 : 0.5))``: C's cast truncates, which is
+  ``np.trunc`` of the same double here.
+* Every NaN result is the canonical quiet NaN ``0x7ff8000000000000`` (fdlibm
+  returns ``x+x`` or ``(x-x)/0``, whose payload and sign are processor
+  specific); this is the only deliberate difference from fdlibm.
+* All four functions take any array-like, compute in float64 and return a
+  new float64 ndarray of the same shape (0-d for a scalar).
+
+Accuracy (fdlibm's error analysis, checked against 50-digit mpmath in
+tests/test_fdlibm.py and on 10^6 further points): exp, expm1 and log are
+within 1 ulp of the exact result (measured max 0.87 ulp), so at most one
+double away from the correctly rounded result.  tanh is at most two doubles
+away from the correctly rounded result; against the exact value its error
+reaches 2.12 ulp near |x| = 0.23 (fdlibm's -t/(t+2) adds two roundings to
+expm1's error).
+
+How the vectorisation keeps the bits
+------------------------------------
+Each function exists twice in numpy, both tested against the C:
+
+* ``_<name>_ref`` is the literal transcription of the C function: every
+  fdlibm branch is a boolean mask (``_<name>_special`` holds the early
+  returns, ``_<name>_core`` the rest).  It is slow (~100 ns per element)
+  and only sees the rare lanes.
+* the kernel ``_<name>_block`` evaluates the main branch over blocks of
+  65536 elements in preallocated buffers, one ufunc call per operation.
+  Where fdlibm has a separate formula for a sub-case that provably yields the
+  very same double as the general formula (exp's k == 0 and |k| == 1 cases,
+  for instance), the kernel uses the general one; each such argument is
+  written next to the code.  Lanes outside the kernel's domain are detected
+  with a few reductions/compares; early-return cases (NaN, inf, overflow,
+  tiny arguments) are settled on the spot and the few remaining lanes are
+  recomputed by ``_<name>_ref``.
+
+Nothing depends on the numpy build, the CPU's SIMD width or the libm: each
+ufunc computes each element with one correctly rounded IEEE operation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["exp", "expm1", "log", "tanh"]
+
+_hex = float.fromhex
+_U64 = np.uint64
+_F64 = np.float64
+
+# ---------------------------------------------------------------------------
+# constants shared by several functions (hex = exact value, decimal = fdlibm's)
+# ---------------------------------------------------------------------------
+LN2_HI = _hex("0x1.62e42fee00000p-1")   # 6.93147180369123816490e-01  0x3FE62E42FEE00000
+LN2_LO = _hex("0x1.a39ef35793c76p-33")  # 1.90821492927058770002e-10  0x3DEA39EF35793C76
+INVLN2 = _hex("0x1.71547652b82fep+0")   # 1.44269504088896338700e+00  0x3FF71547652B82FE
+O_THRESHOLD = _hex("0x1.62e42fefa39efp+9")  # 7.09782712893383973096e+02  0x40862E42FEFA39EF
+U_THRESHOLD = _hex("-0x1.74910d52d3051p+9")  # -7.45133219101941108420e+02 0xC0874910D52D3051
+TWOM1000 = _hex("0x1p-1000")            # 9.33263618503218878990e-302 0x0170000000000000
+TWO54 = _hex("0x1p54")                  # 1.80143985094819840000e+16  0x4350000000000000
+
+# exp's polynomial (e_exp.c)
+P1 = _hex("0x1.555555555553ep-3")   # 1.66666666666666019037e-01  0x3FC555555555553E
+P2 = _hex("-0x1.6c16c16bebd93p-9")  # -2.77777777770155933842e-03 0xBF66C16C16BEBD93
+P3 = _hex("0x1.1566aaf25de2cp-14")  # 6.61375632143793436117e-05  0x3F11566AAF25DE2C
+P4 = _hex("-0x1.bbd41c5d26bf1p-20")  # -1.65339022054652515390e-06 0xBEBBBD41C5D26BF1
+P5 = _hex("0x1.6376972bea4d0p-25")  # 4.13813679705723846039e-08  0x3E66376972BEA4D0
+
+# expm1's polynomial (s_expm1.c), coefficients pre-scaled by 2^i
+Q1 = _hex("-0x1.11111111110f4p-5")  # -3.33333333333331316428e-02 0xBFA11111111110F4
+Q2 = _hex("0x1.a01a019fe5585p-10")  # 1.58730158725481460165e-03  0x3F5A01A019FE5585
+Q3 = _hex("-0x1.4ce199eaadbb7p-14")  # -7.93650757867487942473e-05 0xBF14CE199EAADBB7
+Q4 = _hex("0x1.0cfca86e65239p-18")  # 4.00821782732936239552e-06  0x3ED0CFCA86E65239
+Q5 = _hex("-0x1.afdb76e09c32dp-23")  # -2.01099218183624371326e-07 0xBE8AFDB76E09C32D
+
+# log's polynomial (e_log.c)
+LG1 = _hex("0x1.5555555555593p-1")  # 6.666666666666735130e-01  0x3FE5555555555593
+LG2 = _hex("0x1.999999997fa04p-2")  # 3.999999999940941908e-01  0x3FD999999997FA04
+LG3 = _hex("0x1.2492494229359p-2")  # 2.857142874366239149e-01  0x3FD2492494229359
+LG4 = _hex("0x1.c71c51d8e78afp-3")  # 2.222219843214978396e-01  0x3FCC71C51D8E78AF
+LG5 = _hex("0x1.7466496cb03dep-3")  # 1.818357216161805012e-01  0x3FC7466496CB03DE
+LG6 = _hex("0x1.39a09d078c69fp-3")  # 1.531383769920937332e-01  0x3FC39A09D078C69F
+LG7 = _hex("0x1.2f112df3e5244p-3")  # 1.479819860511658591e-01  0x3FC2F112DF3E5244
+THIRD = _hex("0x1.5555555555555p-2")  # fdlibm's 0.33333333333333333  0x3FD5555555555555
+
+NAN = _hex("nan")  # bits 0x7ff8000000000000 (checked by the tests)
+INF = _hex("inf")
+
+# 1.5*2^52: for an integer-valued |t| < 2^51, the bits of t + MAGIC are
+# 0x4338000000000000 + t (two's complement): exact, no rounding happens.
+MAGIC = _hex("0x1.8p52")
+_MAGIC_BITS = 0x4338000000000000
+_SIGN = 0x8000000000000000
+_ABS = 0x7FFFFFFFFFFFFFFF
+
+
+def _hiword_bound(hw: int) -> float:
+    """The double whose high word is ``hw`` and low word 0: fdlibm's test
+    ``(high word of |x|) >= hw`` is ``|x| >= _hiword_bound(hw)`` for non-NaN x."""
+    return np.array([hw << 32], dtype=_U64).view(_F64)[0].item()
+
+
+
+def _add_exponent(y: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """y * 2^k by adding k (an integer-valued float64 array) to the exponent
+    field, fdlibm's ``__HI(y) += k<<20``.  Exact; callers guarantee that the
+    result stays normal (lanes where it would not are discarded)."""
+    kb = k.astype(np.int64).view(_U64) << _U64(52)
+    return (y.view(_U64) + kb).view(_F64)
+
+
+# ---------------------------------------------------------------------------
+# blocked driver
+# ---------------------------------------------------------------------------
+# numpy evaluates one operation over a whole array at a time; on blocks that
+# stay in the L2 cache each pass costs ~0.25 ns/element instead of ~1 ns.
+_BLOCK = 1 << 16
+
+
+class _Scratch:
+    """Block buffers allocated once per call (float64, uint64, bool, intp
+    rows); ``views(n)`` gives the first n elements of every row."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.rows = ([*np.empty((11, n), _F64)], [*np.empty((3, n), _U64)],
+                     [*np.empty((4, n), np.bool_)], [*np.empty((1, n), np.intp)])
+
+    def views(self, n: int):
+        if n == self.n:
+            return self.rows
+        return tuple([a[:n] for a in group] for group in self.rows)
+
+
+def _run(x, kernel, ref) -> np.ndarray:
+    """Apply ``kernel`` block by block; lanes it reports are redone by ``ref``
+    in one call at the end (the reference path is slow per call, not per lane)."""
+    x = np.asarray(x, dtype=_F64)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(flat.shape, _F64)
+    n = flat.size
+    if n:
+        scratch = _Scratch(min(n, _BLOCK))
+        redo = []
+        with np.errstate(all="ignore"):  # kernels compute garbage in flagged lanes
+            for start in range(0, n, _BLOCK):
+                stop = min(start + _BLOCK, n)
+                idx = kernel(flat[start:stop], out[start:stop], scratch.views(stop - start))
+                if idx is not None and idx.size:
+                    redo.append(idx + start)
+        if redo:
+            idx = np.concatenate(redo)
+            out[idx] = ref(flat[idx])
+    return out.reshape(x.shape)
+
+
+def _half_with_sign_of(x, out):
+    """out = copysign(0.5, x) (fdlibm's halF[sign]) from the bits: cheaper
+    than np.copysign, which is not vectorised in every numpy build."""
+    ob = out.view(_U64)
+    np.bitwise_and(x.view(_U64), _SIGN, out=ob)
+    np.bitwise_or(ob, 0x3FE0000000000000, out=ob)
+
+
+def _patch(x, out, flagged, bad, special):
+    """Settle the kernel's flagged lanes: early-return cases (specials, tiny,
+    huge) are written here; lanes that need fdlibm's full computation are
+    returned (block-relative indices) for the driver to redo with the ref."""
+    if not flagged:
+        return None
+    i = np.flatnonzero(bad)
+    if i.size == 0:
+        return None
+    y, rest = special(x[i])
+    out[i] = y
+    return i[rest]
+
+
+# ===========================================================================
+# exp
+# ===========================================================================
+_EXP_BIG = _hiword_bound(0x40862E42)   # |x| >= this: overflow/underflow tests
+_EXP_HALF_LN2 = 0x3FD62E42             # hx > this: |x| > 0.5*ln2, reduce
+_EXP_3HALF_LN2 = 0x3FF0A2B2            # hx < this: |x| < 1.5*ln2, k = +-1
+_EXP_TINY = 0x3E300000                 # hx < this: |x| < 2^-28
+
+# The kernels of exp and expm1 skip the band W of |x| where fdlibm forces
+# k = 0 (high word <= 0x3fd62e42) although trunc(invln2*|x| + 0.5) is
+# already 1: from round(0.5*ln2) = 0x3FD62E42FEFA39EF, the first double with
+# trunc(invln2*x + 0.5) = 1 (found by bisection; tested), to the end of high
+# word 0x3fd62e42.  About 1.7e7 doubles, 1e-9 wide.
+_W_LO = 0x3FD62E42FEFA39EF
+_W_LEN = (0x3FD62E43 << 32) - _W_LO
+
+# exp's kernel domain: |x| < 704 (|k| <= 1016, so 2^k*y stays normal), minus
+# the band W, minus [2^-54, 2^-28): below 2^-28 fdlibm returns 1 + x, and
+# below 2^-54 the kernel's formula provably returns 1.0 = round(1 + x) too
+# (t = +-0, r = x, |(lo - q) - hi| <= 2^-54, and 1 - v rounds to 1.0 for
+# |v| <= 2^-54, ties going to the even 1.0).
+_EXP_TB_LO = 0x3C90000000000000             # bits of 2^-54
+_EXP_TB_LEN = 0x3E30000000000000 - _EXP_TB_LO   # up to 2^-28
+_EXP_KHI = 704.0
+
+
+def _exp_special(x: np.ndarray):
+    """fdlibm's early returns of exp: (y, rest); y is final where rest is False."""
+    hx = (x.view(_U64) >> _U64(32)) & _U64(0x7FFFFFFF)
+    tiny = hx < _EXP_TINY                       # |x| < 2^-28: 1 + x
+    over = x > O_THRESHOLD                      # includes +inf
+    under = x < U_THRESHOLD                     # includes -inf
+    nan = x != x
+    y = np.where(tiny, 1.0 + x, np.where(over, INF, np.where(under, 0.0, NAN)))
+    return y, ~(tiny | over | under | nan)
+
+
+def _exp_ref(x: np.ndarray) -> np.ndarray:
+    """Literal vectorised transcription of gt_exp: every branch is a mask."""
+    x = np.array(x, dtype=_F64).reshape(-1)
+    with np.errstate(all="ignore"):
+        y, rest = _exp_special(x)
+        if rest.any():
+            y[rest] = _exp_core(x[rest])
+    return y
+
+
+def _exp_core(x: np.ndarray) -> np.ndarray:
+    """gt_exp from the argument reduction on (finite, not tiny, no overflow)."""
+    u = x.view(_U64)
+    xsb = (u >> _U64(63)) != 0
+    hx = (u >> _U64(32)) & _U64(0x7FFFFFFF)
+    red = hx > _EXP_HALF_LN2                    # |x| > 0.5 ln2: reduce
+    mid = red & (hx < _EXP_3HALF_LN2)           # and |x| < 1.5 ln2: k = +-1
+    big = red & ~mid
+    k = np.zeros_like(x)
+    hi = np.zeros_like(x)
+    lo = np.zeros_like(x)
+    hi[mid] = x[mid] - np.where(xsb[mid], -LN2_HI, LN2_HI)
+    lo[mid] = np.where(xsb[mid], -LN2_LO, LN2_LO)
+    k[mid] = np.where(xsb[mid], -1.0, 1.0)
+    t = np.trunc(INVLN2 * x[big] + np.where(xsb[big], -0.5, 0.5))
+    k[big] = t
+    hi[big] = x[big] - t * LN2_HI
+    lo[big] = t * LN2_LO
+    r = np.where(red, hi - lo, x)
+    t = r * r
+    c = r - t * (P1 + t * (P2 + t * (P3 + t * (P4 + t * P5))))
+    y0 = 1.0 - ((r * c) / (c - 2.0) - r)                  # k == 0
+    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)           # k != 0
+    normal = k >= -1021
+    y = _add_exponent(y, np.where(normal, k, k + 1000.0))
+    y = np.where(normal, y, y * TWOM1000)
+    return np.where(red, y, y0)
+
+
+def _exp_block(x, out, bufs):
+    (v, h, lo, r, z, p, *_), (ub, *_), (bm, bm2, *_), _ = bufs
+    # which lanes may use the kernel: one reduction and two band tests
+    np.abs(x, out=z)
+    zb = z.view(_U64)
+    np.subtract(zb, _EXP_TB_LO, out=ub)
+    np.less(ub, _EXP_TB_LEN, out=bm)
+    np.subtract(zb, _W_LO, out=ub)
+    np.less(ub, _W_LEN, out=bm2)
+    np.logical_or(bm, bm2, out=bm)
+    flagged = not z.max() < _EXP_KHI or bm.any()
+    # t = (double)k, k = (int)(INVLN2*x + halF[sign]): np.trunc is C's cast
+    np.multiply(x, INVLN2, out=v)
+    _half_with_sign_of(x, h)
+    np.add(v, h, out=v)
+    np.trunc(v, out=v)
+    # hi = x - t*LN2_HI (exact), lo = t*LN2_LO, r = hi - lo
+    np.multiply(v, LN2_HI, out=h)
+    np.subtract(x, h, out=h)
+    np.multiply(v, LN2_LO, out=lo)
+    np.subtract(h, lo, out=r)
+    # c = r - t*(P1 + t*(P2 + t*(P3 + t*(P4 + t*P5)))), t = r*r
+    np.multiply(r, r, out=z)
+    np.multiply(z, P5, out=p)
+    np.add(p, P4, out=p)
+    np.multiply(p, z, out=p)
+    np.add(p, P3, out=p)
+    np.multiply(p, z, out=p)
+    np.add(p, P2, out=p)
+    np.multiply(p, z, out=p)
+    np.add(p, P1, out=p)
+    np.multiply(p, z, out=p)
+    np.subtract(r, p, out=p)                     # p = c
+    # y = 1 - ((lo - (r*c)/(2 - c)) - hi)
+    np.multiply(r, p, out=z)
+    np.subtract(2.0, p, out=p)
+    np.divide(z, p, out=z)
+    np.subtract(lo, z, out=z)
+    np.subtract(z, h, out=z)
+    np.subtract(1.0, z, out=out)
+    # y * 2^k: the bits of t + 1.5*2^52 are 0x4338000000000000 + k; shifted
+    # left by 52 the constant vanishes (mod 2^64) and k<<52 remains.
+    np.add(v, MAGIC, out=v)
+    vb = v.view(_U64)
+    np.left_shift(vb, _U64(52), out=vb)
+    ob = out.view(_U64)
+    np.add(ob, vb, out=ob)
+    return _patch(x, out, flagged, ~(np.abs(x) < _EXP_KHI) | bm if flagged else None,
+                  _exp_special)
+
+
+def exp(x) -> np.ndarray:
+    """e**x: fdlibm 5.3 ``e_exp.c``; error < 1 ulp (fdlibm's analysis;
+    measured max 0.87); C twin ``gt_exp``.
+
+    Method::
+
+      1. Argument reduction: x = k*ln2 + r, |r| <= 0.5*ln2, r = hi - lo.
+         hx = high word of |x| (bits 63..32 without the sign).
+         0x3fd62e42 < hx < 0x3ff0a2b2 (0.5ln2 < |x| < 1.5ln2):
+             hi = x - (+-LN2_HI), lo = +-LN2_LO, k = +-1   (sign of x)
+         hx >= 0x3ff0a2b2:
+             k  = (int)(INVLN2*x + (x < 0 ? -0.5 : 0.5))   (C truncation)
+             t  = (double)k
+             hi = x - t*LN2_HI      (exact: LN2_HI ends in 21 zero bits)
+             lo = t*LN2_LO
+         in both cases r = hi - lo;   hx <= 0x3fd62e42: k = 0, r = x.
+      2. exp(r) from a degree-5 Remez fit of R(r*r) = r*(e^r+1)/(e^r-1)
+         (error < 2^-59):
+             t = r*r
+             c = r - t*(P1 + t*(P2 + t*(P3 + t*(P4 + t*P5))))
+             k == 0:  return 1 - ((r*c)/(c - 2) - r)
+             k != 0:  y = 1 - ((lo - (r*c)/(2 - c)) - hi)
+      3. k >= -1021: add k to y's exponent field (exact);
+         k <  -1021: add k + 1000, multiply by 2^-1000 (one rounding into
+         the subnormal range).
+
+    Every operation above is one rounded binary64 operation, evaluated
+    innermost parenthesis first, left to right; nothing is fused.
+
+    Special cases (tested first)::
+
+      hx >= 0x40862e42 (|x| >= 709.78):
+          NaN -> NaN (0x7ff8000000000000);  +inf -> +inf;  -inf -> +0.0;
+          x > O_THRESHOLD -> +inf;  x < U_THRESHOLD -> +0.0
+      hx < 0x3e300000 (|x| < 2^-28): 1 + x
+      exp(+-0) = 1 is the only exact finite case.
+
+    Constants (hex bits are exact; decimals are fdlibm's)::
+
+      O_THRESHOLD  0x1.62e42fefa39efp+9     0x40862E42FEFA39EF  7.09782712893383973096e+02
+      U_THRESHOLD  -0x1.74910d52d3051p+9    0xC0874910D52D3051  -7.45133219101941108420e+02
+      LN2_HI       0x1.62e42fee00000p-1     0x3FE62E42FEE00000  6.93147180369123816490e-01
+      LN2_LO       0x1.a39ef35793c76p-33    0x3DEA39EF35793C76  1.90821492927058770002e-10
+      INVLN2       0x1.71547652b82fep+0     0x3FF71547652B82FE  1.44269504088896338700e+00
+      TWOM1000     0x1.0000000000000p-1000  0x0170000000000000  9.33263618503218878990e-302
+      P1           0x1.555555555553ep-3     0x3FC555555555553E  1.66666666666666019037e-01
+      P2           -0x1.6c16c16bebd93p-9    0xBF66C16C16BEBD93  -2.77777777770155933842e-03
+      P3           0x1.1566aaf25de2cp-14    0x3F11566AAF25DE2C  6.61375632143793436117e-05
+      P4           -0x1.bbd41c5d26bf1p-20   0xBEBBBD41C5D26BF1  -1.65339022054652515390e-06
+      P5           0x1.6376972bea4d0p-25    0x3E66376972BEA4D0  4.13813679705723846039e-08
+
+    Vectorised kernel, bit-identical to the above on its domain
+    ``|x| < 704`` minus the bands ``[2^-54, 2^-28)`` and W (see ``_W_LO``,
+    ``_EXP_TB_LO``); it uses the |x| >= 1.5ln2 formulas for every lane:
+      * |k| == 1 lanes: the general reduction also yields k = +-1 there, and
+        t*LN2_HI = +-LN2_HI, t*LN2_LO = +-LN2_LO exactly: same hi, lo;
+      * k == 0 lanes: t = +-0, so hi = x, lo = +-0, r = x, and
+        1 - ((lo - q) - hi) with q = (r*c)/(2-c) equals 1 - (q' - r) with
+        q' = (r*c)/(c-2) = -q, because IEEE subtraction and division are
+        symmetric under negation;
+      * 2^k: adding k<<52 to the bits of y, computed as shown in the code.
+    """
+    return _run(x, _exp_block, _exp_ref)
+
+
+# ===========================================================================
+# expm1
+# ===========================================================================
+_EM1_NEG = _hiword_bound(0x4043687A)   # hx >= 0x4043687a: |x| >= 56*ln2
+_EM1_TINY = 0x3C900000                 # hx < this: |x| < 2^-54
+_EM1_KLO = _hex("0x1p-54")
+
+# Kernel reconstruction tables, indexed by k + 56 (the kernel domain
+# -56*ln2 < x < 709.78 gives -56 <= k <= 1024).  fdlibm's final step is,
+# with D = r - E (see expm1's docstring):
+#     k <= -2 or k > 56:  (1 - (E - r)) * 2^k - 1  =  (1 + D)*2^k - 1
+#     k == -1:            0.5*(r - E) - 0.5        =  (-1 + D)*2^-1
+#     k == 0:             r - E                    =  (0 + D)*2^0
+#     k == 1, r >= -0.25: 1 + 2*(r - E)            =  (0.5 + D)*2^1
+#     2 <= k <= 19:       ((1-2^-k) - (E - r))*2^k =  ((1-2^-k) + D)*2^k
+#     20 <= k <= 56:      ((r - (E + 2^-k)) + 1)*2^k
+# (E - r = -(r - E) exactly; 0.5*v and 2*v are exact for these magnitudes,
+# so the power of two can move outside the rounding.)  All of them are
+#     y = A[k] + (r - (E + T[k]));  y *= 2^k (exponent field);  y - C[k]
+# with T[k] = 2^-k for 20 <= k <= 56 and +0 otherwise (E + 0 = E up to the
+# sign of a zero, which r - E does not see).  The remaining case k == 1,
+# r < -0.25, -2*(E - (r + 0.5)) = 2*((r + 0.5) - E), is patched afterwards.
+_EM1_KMIN, _EM1_KMAX = -56, 1024
+_em1_k = np.arange(_EM1_KMIN, _EM1_KMAX + 1)
+_EM1_A = np.ones(_em1_k.size)
+_EM1_A[_em1_k == -1] = -1.0
+_EM1_A[_em1_k == 0] = 0.0
+_EM1_A[_em1_k == 1] = 0.5
+for _k in range(2, 20):
+    _EM1_A[_k - _EM1_KMIN] = 1.0 - 2.0 ** -_k      # exact
+_EM1_T = np.zeros(_em1_k.size)
+for _k in range(20, 57):
+    _EM1_T[_k - _EM1_KMIN] = 2.0 ** -_k
+_EM1_C = ((_em1_k <= -2) | (_em1_k > 56)).astype(_F64)
+del _k, _em1_k
+
+
+def _expm1_special(x: np.ndarray):
+    """fdlibm's early returns of expm1: (y, rest); y is final where rest is False."""
+    u = x.view(_U64)
+    hx = (u >> _U64(32)) & _U64(0x7FFFFFFF)
+    tiny = hx < _EM1_TINY                       # |x| < 2^-54: x
+    nan = x != x
+    over = x > O_THRESHOLD                      # includes +inf
+    minus1 = ((u >> _U64(63)) != 0) & (hx >= 0x4043687A) & ~nan  # x <= -56 ln2, -inf
+    y = np.where(tiny, x, np.where(over, INF, np.where(minus1, -1.0, NAN)))
+    return y, ~(tiny | over | minus1 | nan)
+
+
+def _expm1_ref(x: np.ndarray) -> np.ndarray:
+    """Literal vectorised transcription of gt_expm1: every branch is a mask."""
+    x = np.array(x, dtype=_F64).reshape(-1)
+    with np.errstate(all="ignore"):
+        y, rest = _expm1_special(x)
+        if rest.any():
+            y[rest] = _expm1_core(x[rest])
+    return y
+
+
+def _expm1_core(x: np.ndarray) -> np.ndarray:
+    """gt_expm1 from the argument reduction on."""
+    u = x.view(_U64)
+    xsb = (u >> _U64(63)) != 0
+    hx = (u >> _U64(32)) & _U64(0x7FFFFFFF)
+    red = hx > _EXP_HALF_LN2                    # |x| > 0.5 ln2: reduce
+    mid = red & (hx < _EXP_3HALF_LN2)           # and |x| < 1.5 ln2: k = +-1
+    big = red & ~mid
+    k = np.zeros_like(x)
+    hi = np.zeros_like(x)
+    lo = np.zeros_like(x)
+    hi[mid] = np.where(xsb[mid], x[mid] + LN2_HI, x[mid] - LN2_HI)
+    lo[mid] = np.where(xsb[mid], -LN2_LO, LN2_LO)
+    k[mid] = np.where(xsb[mid], -1.0, 1.0)
+    t = np.trunc(INVLN2 * x[big] + np.where(xsb[big], -0.5, 0.5))
+    k[big] = t
+    hi[big] = x[big] - t * LN2_HI
+    lo[big] = t * LN2_LO
+    r = np.where(red, hi - lo, x)
+    c = np.where(red, (hi - r) - lo, 0.0)
+    hfx = 0.5 * r
+    hxs = r * hfx
+    r1 = 1.0 + hxs * (Q1 + hxs * (Q2 + hxs * (Q3 + hxs * (Q4 + hxs * Q5))))
+    t = 3.0 - r1 * hfx
+    e = hxs * ((r1 - t) / (6.0 - r * t))
+    y_k0 = r - (r * e - hxs)                                  # k == 0 (c is 0)
+    e = r * (e - c) - c
+    e = e - hxs
+    y_km1 = 0.5 * (r - e) - 0.5                               # k == -1
+    y_k1 = np.where(r < -0.25, -2.0 * (e - (r + 0.5)),       # k == 1
+                    1.0 + 2.0 * (r - e))
+    y_far = _add_exponent(1.0 - (e - r), k) - 1.0             # k <= -2 or k > 56
+    ka = np.clip(k, 2, 19).astype(_U64)                       # 2 <= k < 20
+    t_a = ((_U64(0x3FF00000) - (_U64(0x200000) >> ka)) << _U64(32)).view(_F64)
+    y_a = _add_exponent(t_a - (e - r), k)                     # t_a = 1 - 2^-k
+    kb = np.clip(k, 20, 56).astype(_U64)                      # 20 <= k <= 56
+    t_b = ((_U64(0x3FF) - kb) << _U64(52)).view(_F64)         # t_b = 2^-k
+    y_b = _add_exponent((r - (e + t_b)) + 1.0, k)
+    return np.select(
+        [k == 0, k == -1, k == 1, (k <= -2) | (k > 56), k < 20],
+        [y_k0, y_km1, y_k1, y_far, y_a], y_b)
+
+
+def _expm1_block(x, out, bufs):
+    (v, h, lo, r, c, e, w, *_), (ub, *_), (bm, bm2, bm3, *_), (ib, *_) = bufs
+    # which lanes may use the kernel
+    np.abs(x, out=w)
+    np.subtract(w.view(_U64), _W_LO, out=ub)
+    np.less(ub, _W_LEN, out=bm)
+    flagged = (not (w.min() >= _EM1_KLO and x.min() > -_EM1_NEG and x.max() < _EXP_BIG)
+               or bm.any())
+    # argument reduction (as exp): t = (double)(int)(INVLN2*x + halF[sign])
+    np.multiply(x, INVLN2, out=v)
+    _half_with_sign_of(x, h)
+    np.add(v, h, out=v)
+    np.trunc(v, out=v)
+    np.multiply(v, LN2_HI, out=h)
+    np.subtract(x, h, out=h)                     # hi = x - t*LN2_HI (exact)
+    np.multiply(v, LN2_LO, out=lo)               # lo = t*LN2_LO
+    np.subtract(h, lo, out=r)                    # r = hi - lo
+    np.subtract(h, r, out=c)
+    np.subtract(c, lo, out=c)                    # c = (hi - r) - lo
+    # hfx = 0.5*r, hxs = r*hfx
+    np.multiply(r, 0.5, out=h)
+    np.multiply(r, h, out=lo)
+    # r1 = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5))))
+    np.multiply(lo, Q5, out=e)
+    np.add(e, Q4, out=e)
+    np.multiply(e, lo, out=e)
+    np.add(e, Q3, out=e)
+    np.multiply(e, lo, out=e)
+    np.add(e, Q2, out=e)
+    np.multiply(e, lo, out=e)
+    np.add(e, Q1, out=e)
+    np.multiply(e, lo, out=e)
+    np.add(e, 1.0, out=e)                        # e = r1
+    # t = 3 - r1*hfx;  e = hxs*((r1 - t)/(6 - r*t))
+    np.multiply(e, h, out=w)
+    np.subtract(3.0, w, out=w)
+    np.subtract(e, w, out=e)
+    np.multiply(r, w, out=w)
+    np.subtract(6.0, w, out=w)
+    np.divide(e, w, out=e)
+    np.multiply(lo, e, out=e)
+    # E = (r*(e - c) - c) - hxs
+    np.subtract(e, c, out=e)
+    np.multiply(r, e, out=e)
+    np.subtract(e, c, out=e)
+    np.subtract(e, lo, out=e)
+    # lanes with k == 1 and r < -0.25 take -2*(E - (r + 0.5)): remember them
+    np.less(r, -0.25, out=bm2)
+    np.equal(v, 1.0, out=bm3)
+    np.logical_and(bm2, bm3, out=bm2)
+    patch = np.flatnonzero(bm2) if bm2.any() else None
+    if patch is not None:
+        r_p, e_p = r[patch], e[patch]
+    # k from the bits of t + 1.5*2^52, as an index into the tables
+    np.add(v, MAGIC, out=v)
+    vb = v.view(np.int64)
+    np.subtract(vb, _MAGIC_BITS + _EM1_KMIN, out=ib)
+    # y = A[k] + (r - (E + T[k]))
+    np.take(_EM1_T, ib, out=w, mode="clip")
+    np.add(e, w, out=e)
+    np.subtract(r, e, out=e)
+    np.take(_EM1_A, ib, out=w, mode="clip")
+    np.add(w, e, out=out)
+    # y *= 2^k (k<<52 into the exponent field), then y - C[k]
+    vu = v.view(_U64)
+    np.left_shift(vu, _U64(52), out=vu)
+    ou = out.view(_U64)
+    np.add(ou, vu, out=ou)
+    np.take(_EM1_C, ib, out=w, mode="clip")
+    np.subtract(out, w, out=out)
+    if patch is not None:
+        out[patch] = -2.0 * (e_p - (r_p + 0.5))
+    return _patch(x, out, flagged, ~((np.abs(x) >= _EM1_KLO) & (x > -_EM1_NEG) & (x < _EXP_BIG))
+                  | bm if flagged else None, _expm1_special)
+
+
+def expm1(x) -> np.ndarray:
+    """e**x - 1: fdlibm 5.3 ``s_expm1.c``; error < 1 ulp (fdlibm's analysis;
+    measured max 0.84); C twin ``gt_expm1``.
+
+    Method (hx = high word of |x|, as in exp)::
+
+      1. Argument reduction: x = k*ln2 + r, |r| <= 0.5*ln2 (as exp), plus a
+         correction c for the rounding of r = hi - lo:
+         0x3fd62e42 < hx < 0x3ff0a2b2:  x >= 0: hi = x - LN2_HI, lo =  LN2_LO, k =  1
+                                        x <  0: hi = x + LN2_HI, lo = -LN2_LO, k = -1
+         hx >= 0x3ff0a2b2:  k = (int)(INVLN2*x + (x < 0 ? -0.5 : 0.5)),
+                            t = (double)k, hi = x - t*LN2_HI, lo = t*LN2_LO
+         then r = hi - lo, c = (hi - r) - lo;   hx <= 0x3fd62e42: k = 0, r = x.
+      2. R1(z) ~ r*(e^r+1)/(e^r-1) scaled: a degree-5 Remez fit on [0, 0.347]
+         with error < 2^-61, evaluated as
+             hfx = 0.5*r
+             hxs = r*hfx
+             r1  = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5))))
+             t   = 3 - r1*hfx
+             e   = hxs*((r1 - t)/(6 - r*t))
+         k == 0:  return r - (r*e - hxs)
+         E = (r*(e - c) - c) - hxs
+      3. Reconstruction, by k:
+         k == -1:             0.5*(r - E) - 0.5
+         k == 1, r < -0.25:   -2*(E - (r + 0.5))
+         k == 1, r >= -0.25:  1 + 2*(r - E)
+         k <= -2 or k > 56:   y = 1 - (E - r); add k to y's exponent; y - 1
+         2 <= k < 20:         y = (1 - 2^-k) - (E - r); add k to the exponent
+         20 <= k <= 56:       y = r - (E + 2^-k); y = y + 1; add k to the exponent
+         (1 - 2^-k and 2^-k are built from bits: high word
+         0x3ff00000 - (0x200000 >> k), resp. exponent field 0x3ff - k.)
+
+    Every operation is one rounded binary64 operation, innermost first.
+
+    Special cases (tested first)::
+
+      hx >= 0x4043687a (|x| >= 56*ln2):
+          NaN -> NaN (0x7ff8000000000000);  +inf -> +inf;  -inf -> -1.0;
+          x > O_THRESHOLD -> +inf;  x <= -56*ln2 (negative) -> -1.0
+      hx < 0x3c900000 (|x| < 2^-54): x itself (keeps -0.0)
+
+    Constants::
+
+      O_THRESHOLD  0x1.62e42fefa39efp+9     0x40862E42FEFA39EF  7.09782712893383973096e+02
+      LN2_HI       0x1.62e42fee00000p-1     0x3FE62E42FEE00000  6.93147180369123816490e-01
+      LN2_LO       0x1.a39ef35793c76p-33    0x3DEA39EF35793C76  1.90821492927058770002e-10
+      INVLN2       0x1.71547652b82fep+0     0x3FF71547652B82FE  1.44269504088896338700e+00
+      Q1           -0x1.11111111110f4p-5    0xBFA11111111110F4  -3.33333333333331316428e-02
+      Q2           0x1.a01a019fe5585p-10    0x3F5A01A019FE5585  1.58730158725481460165e-03
+      Q3           -0x1.4ce199eaadbb7p-14   0xBF14CE199EAADBB7  -7.93650757867487942473e-05
+      Q4           0x1.0cfca86e65239p-18    0x3ED0CFCA86E65239  4.00821782732936239552e-06
+      Q5           -0x1.afdb76e09c32dp-23   0xBE8AFDB76E09C32D  -2.01099218183624371326e-07
+
+    Vectorised kernel: domain ``2^-54 <= |x|``, ``-56*ln2 < x < 709.78``
+    (high word below 0x40862e42), minus the band W of exp.  The reduction
+    is exp's general one (same argument for |k| == 1 and k == 0; for k == 0
+    it gives c = (x - x) - 0 = +0, and E = (r*(e - 0) - 0) - hxs is then
+    the k == 0 expression r*e - hxs).  Step 3 is evaluated through the
+    tables ``_EM1_A/_EM1_T/_EM1_C`` (derivation next to them).
+    """
+    return _run(x, _expm1_block, _expm1_ref)
+
+
+# ===========================================================================
+# log
+# ===========================================================================
+_LN2_HI_52 = LN2_HI * 2.0 ** -52   # exact scalings: (k*2^52)*(c*2^-52) is
+_LN2_LO_52 = LN2_LO * 2.0 ** -52   # rounded exactly like k*c
+_LOG_MIN = _hex("0x1p-1022")
+# fdlibm takes the hfsq formula for mantissa high words 0x6147a..0x6b851;
+# in terms of the (exact) f of the kernel that is f >= F1 or f < F2:
+_BAND_F1 = 0x6147A * 2.0 ** -20                 # f of high word 0x6147a
+_BAND_F2 = (0x6B852 * 2.0 ** -20 - 1.0) / 2.0   # f of high word 0x6b852 (exact)
+
+
+def _log_special(x: np.ndarray):
+    """fdlibm's early returns of log: (y, rest); y is final where rest is False."""
+    u = x.view(_U64)
+    zero = (u & _U64(_ABS)) == 0                # -inf
+    nan = (((u >> _U64(63)) != 0) & ~zero) | (x != x)  # negative, -inf, NaN: NaN
+    inf = x == INF
+    y = np.where(zero, -INF, np.where(inf, INF, NAN))
+    return y, ~(zero | nan | inf)
+
+
+def _log_ref(x: np.ndarray) -> np.ndarray:
+    """Literal vectorised transcription of gt_log: every branch is a mask."""
+    x = np.array(x, dtype=_F64).reshape(-1)
+    with np.errstate(all="ignore"):
+        y, rest = _log_special(x)
+        if rest.any():
+            y[rest] = _log_core(x[rest])
+    return y
+
+
+def _log_core(x: np.ndarray) -> np.ndarray:
+    """gt_log for positive finite x (subnormals included)."""
+    u = x.view(_U64)
+    sub = (u >> _U64(32)) < 0x00100000          # subnormal: scale up
+    k = np.where(sub, -54, 0).astype(np.int64)
+    x = np.where(sub, x * TWO54, x)
+    u = x.view(_U64)
+    hx = (u >> _U64(32)).astype(np.int64)
+    k += (hx >> 20) - 1023
+    hx &= 0x000FFFFF
+    i = (hx + 0x95F64) & 0x100000
+    xn = (((hx | (i ^ 0x3FF00000)).astype(_U64) << _U64(32))
+          | (u & _U64(0xFFFFFFFF))).view(_F64)              # x or x/2 normalised
+    k += i >> 20
+    dk = k.astype(_F64)
+    f = xn - 1.0
+    # |f| < 2^-20: (0x000fffff & (2 + hx)) < 3
+    small = ((2 + hx) & 0x000FFFFF) < 3
+    y_f0 = np.where(k == 0, 0.0, dk * LN2_HI + dk * LN2_LO)
+    R = (f * f) * (0.5 - THIRD * f)
+    y_small = np.where(k == 0, f - R, dk * LN2_HI - ((R - dk * LN2_LO) - f))
+    y_small = np.where(f == 0.0, y_f0, y_small)
+    # main path
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (LG2 + w * (LG4 + w * LG6))
+    t2 = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7)))
+    R = t2 + t1
+    band = ((hx - 0x6147A) | (0x6B851 - hx)) > 0
+    hfsq = (0.5 * f) * f
+    y_band = np.where(k == 0, f - (hfsq - s * (hfsq + R)),
+                      dk * LN2_HI - ((hfsq - (s * (hfsq + R) + dk * LN2_LO)) - f))
+    y_main = np.where(k == 0, f - s * (f - R),
+                      dk * LN2_HI - ((s * (f - R) - dk * LN2_LO) - f))
+    return np.where(small, y_small, np.where(band, y_band, y_main))
+
+
+def _log_block(x, out, bufs):
+    (dk, f, s, z, w, t1, t2, *_), (kb, xn, *_), (band, b2, *_), _ = bufs
+    u = x.view(_U64)
+    # positive normal finite lanes only (a NaN makes max() NaN)
+    flagged = not (x.min() >= _LOG_MIN and x.max() < INF)
+    # fdlibm's normalisation, i = (hx + 0x95f64) & 0x100000, on all 64 bits:
+    # adding 0x95f64<<32 carries into the exponent field exactly when the
+    # mantissa's high word is >= 0x6a09c, so
+    #   exponent field of (u + 0x95f64<<32)  =  k + 1023
+    #   bits(xn) = u - (k<<52)   (x or x/2 with exponent 0x3ff or 0x3fe)
+    np.add(u, 0x95F64 << 32, out=kb)
+    np.bitwise_and(kb, 0x7FF << 52, out=kb)
+    np.subtract(kb, 0x3FF << 52, out=kb)        # k<<52, two's complement
+    np.subtract(u, kb, out=xn)
+    np.copyto(dk, kb.view(np.int64))            # dk = k * 2^52, exact
+    np.subtract(xn.view(_F64), 1.0, out=f)      # f = xn - 1, exact
+    # fdlibm's hfsq band 0x6147a <= hx <= 0x6b851 (hx = mantissa high word):
+    # for hx < 0x6a09c, f = mantissa in [0, 0.4142), band iff f >= _BAND_F1;
+    # else f = (mantissa - 1)/2 in [-0.2929, 0), band iff f < _BAND_F2.
+    np.greater_equal(f, _BAND_F1, out=band)
+    np.less(f, _BAND_F2, out=b2)
+    np.logical_or(band, b2, out=band)
+    # s = f/(2 + f), z = s*s, w = z*z
+    np.add(f, 2.0, out=s)
+    np.divide(f, s, out=s)
+    np.multiply(s, s, out=z)
+    np.multiply(z, z, out=w)
+    # fdlibm's |f| < 2^-20 branch (hx in {0xffffe, 0xfffff, 0}, which is
+    # -2^-20 <= f < 2^-20) can only occur if some z = s*s is below 2^-41
+    # (written so that a NaN would count as "maybe")
+    has_small = not z.min() >= 2.0 ** -41
+    # t1 = w*(LG2 + w*(LG4 + w*LG6))
+    np.multiply(w, LG6, out=t1)
+    np.add(t1, LG4, out=t1)
+    np.multiply(t1, w, out=t1)
+    np.add(t1, LG2, out=t1)
+    np.multiply(t1, w, out=t1)
+    # t2 = z*(LG1 + w*(LG3 + w*(LG5 + w*LG7)))
+    np.multiply(w, LG7, out=t2)
+    np.add(t2, LG5, out=t2)
+    np.multiply(t2, w, out=t2)
+    np.add(t2, LG3, out=t2)
+    np.multiply(t2, w, out=t2)
+    np.add(t2, LG1, out=t2)
+    np.multiply(t2, z, out=t2)
+    np.add(t2, t1, out=t2)                      # t2 = R = t2 + t1
+    # Y = s*(f - R) - dk*LN2_LO   (the hfsq band is patched below)
+    np.multiply(dk, _LN2_LO_52, out=w)          # w = dk*LN2_LO
+    np.subtract(f, t2, out=z)
+    np.multiply(s, z, out=z)
+    np.subtract(z, w, out=z)
+    if band.any():
+        i = np.flatnonzero(band)
+        fi = f[i]
+        hfsq = (0.5 * fi) * fi
+        z[i] = hfsq - (s[i] * (hfsq + t2[i]) + w[i])
+    # log = dk*LN2_HI - (Y - f)
+    np.subtract(z, f, out=z)
+    np.multiply(dk, _LN2_HI_52, out=w)
+    np.subtract(w, z, out=out)
+    if has_small:
+        # R = (f*f)*(0.5 - THIRD*f);  log = dk*LN2_HI - ((R - dk*LN2_LO) - f);
+        # this is also fdlibm's k == 0 result f - R, and its f == 0 results
+        # +0.0 and dk*LN2_HI + dk*LN2_LO: 0 - ((R - 0) - f) = f - R and
+        # d - ((0 - e) - 0) = d + e, exactly.
+        np.greater_equal(f, -(2.0 ** -20), out=band)
+        np.less(f, 2.0 ** -20, out=b2)
+        np.logical_and(band, b2, out=band)
+        i = np.flatnonzero(band)
+        fi, dki = f[i], dk[i]
+        R = (fi * fi) * (0.5 - THIRD * fi)
+        out[i] = dki * _LN2_HI_52 - ((R - dki * _LN2_LO_52) - fi)
+    # zero, negative, subnormal, inf, NaN: (bits - 2^-1022 bits) >= ..., unsigned
+    return _patch(x, out, flagged, (u - _U64(0x0010000000000000)) >= _U64(0x7FE0000000000000)
+                  if flagged else None, _log_special)
+
+
+def log(x) -> np.ndarray:
+    """Natural logarithm: fdlibm 5.3 ``e_log.c``; error < 1 ulp (fdlibm's
+    analysis; measured max 0.82); C twin ``gt_log``.
+
+    Method::
+
+      0. hx, lx = high and low word of x (hx signed).  Subnormal x:
+         x = x*TWO54, k = -54 (exact).
+      1. Argument reduction: x = 2^k * (1 + f), sqrt(2)/2 < 1 + f < sqrt(2):
+             k  += (hx >> 20) - 1023;  hx &= 0x000fffff
+             i   = (hx + 0x95f64) & 0x100000
+             set high word of x to hx | (i ^ 0x3ff00000)   (x or x/2)
+             k  += i >> 20;  f = x - 1   (exact)
+      2. |f| < 2^-20, i.e. (0x000fffff & (2 + hx)) < 3:
+             f == 0:  k == 0 ? +0.0 : dk*LN2_HI + dk*LN2_LO
+             R = (f*f)*(0.5 - THIRD*f)
+             k == 0 ? f - R : dk*LN2_HI - ((R - dk*LN2_LO) - f)
+         (dk = (double)k.)
+      3. Otherwise, with s = f/(2 + f) and log(1+f) = 2s + s*R(s*s), R a
+         degree-14 Remez fit on [0, 0.1716] with error < 2^-58.45:
+             z  = s*s;  w = z*z
+             t1 = w*(LG2 + w*(LG4 + w*LG6))
+             t2 = z*(LG1 + w*(LG3 + w*(LG5 + w*LG7)))
+             R  = t2 + t1
+         if 0x6147a <= hx <= 0x6b851 (fdlibm: ((hx-0x6147a)|(0x6b851-hx)) > 0):
+             hfsq = (0.5*f)*f
+             k == 0 ? f - (hfsq - s*(hfsq + R))
+                    : dk*LN2_HI - ((hfsq - (s*(hfsq + R) + dk*LN2_LO)) - f)
+         else:
+             k == 0 ? f - s*(f - R)
+                    : dk*LN2_HI - ((s*(f - R) - dk*LN2_LO) - f)
+
+    Every operation is one rounded binary64 operation, innermost first.
+
+    Special cases::
+
+      log(+-0) = -inf;  log(x < 0) = NaN (also -inf, and NaN of either
+      sign);  log(+inf) = +inf;  log(NaN) = NaN (always 0x7ff8000000000000);
+      log(1) = +0.0 is the only exact finite case.
+
+    Constants::
+
+      LN2_HI       0x1.62e42fee00000p-1     0x3FE62E42FEE00000  6.93147180369123816490e-01
+      LN2_LO       0x1.a39ef35793c76p-33    0x3DEA39EF35793C76  1.90821492927058770002e-10
+      TWO54        0x1.0000000000000p+54    0x4350000000000000  1.80143985094819840000e+16
+      THIRD        0x1.5555555555555p-2     0x3FD5555555555555  0.33333333333333333 (fdlibm)
+      LG1          0x1.5555555555593p-1     0x3FE5555555555593  6.666666666666735130e-01
+      LG2          0x1.999999997fa04p-2     0x3FD999999997FA04  3.999999999940941908e-01
+      LG3          0x1.2492494229359p-2     0x3FD2492494229359  2.857142874366239149e-01
+      LG4          0x1.c71c51d8e78afp-3     0x3FCC71C51D8E78AF  2.222219843214978396e-01
+      LG5          0x1.7466496cb03dep-3     0x3FC7466496CB03DE  1.818357216161805012e-01
+      LG6          0x1.39a09d078c69fp-3     0x3FC39A09D078C69F  1.531383769920937332e-01
+      LG7          0x1.2f112df3e5244p-3     0x3FC2F112DF3E5244  1.479819860511658591e-01
+
+    Vectorised kernel: domain = positive normal finite x outside step 2.
+    It uses the k != 0 formulas for every lane: with dk = +0 they are
+    0 - ((P - 0) - f) = f - P exactly (IEEE subtraction is symmetric under
+    negation, and the result is nonzero), i.e. the k == 0 formulas.  dk is
+    carried as k*2^52 (the integer difference of the bit patterns converted
+    exactly) and multiplied by LN2_HI*2^-52, LN2_LO*2^-52: scaling by a power
+    of two does not change a rounding, so the products are bit-identical.
+    """
+    return _run(x, _log_block, _log_ref)
+
+
+# ===========================================================================
+# tanh
+# ===========================================================================
+_TANH_TINY = _hex("0x1p-55")   # |x| < 2^-55 (hx < 0x3c800000): tanh(x) = x
+_TANH_BIG = 22.0               # |x| >= 22 (hx >= 0x40360000): tanh(x) = +-1
+
+
+def _tanh_special(x: np.ndarray):
+    """tanh's cases without expm1: (y, rest); y is final where rest is False."""
+    u = x.view(_U64)
+    ax = (u & _U64(_ABS)).view(_F64)
+    tiny = ax < _TANH_TINY                      # |x| < 2^-55: x
+    sat = ax >= _TANH_BIG                       # |x| >= 22, +-inf: +-1
+    nan = x != x
+    y = np.where(tiny, x, np.where(sat, np.where((u >> _U64(63)) != 0, -1.0, 1.0), NAN))
+    return y, ~(tiny | sat | nan)
+
+
+def _tanh_ref(x: np.ndarray) -> np.ndarray:
+    """Literal vectorised transcription of gt_tanh: every branch is a mask."""
+    x = np.array(x, dtype=_F64).reshape(-1)
+    with np.errstate(all="ignore"):
+        y, rest = _tanh_special(x)
+        if rest.any():
+            xr = x[rest]
+            ax = np.abs(xr)
+            ge1 = ax >= 1.0
+            t = _expm1_ref(np.where(ge1, 2.0 * ax, -2.0 * ax))
+            z = np.where(ge1, 1.0 - 2.0 / (t + 2.0), -t / (t + 2.0))
+            y[rest] = np.where(xr < 0.0, -z, z)
+    return y
+
+
+def _tanh_block(x, out, bufs):
+    fl, ul, bl, il = bufs
+    ax, s, a, t = fl[7:11]
+    pos = bl[3]
+    np.abs(x, out=ax)
+    flagged = not (ax.min() >= _TANH_TINY and ax.max() < _TANH_BIG)
+    # a = 2|x| if |x| >= 1 else -2|x|: the sign of |x| - 1 (+0 at |x| = 1)
+    np.subtract(ax, 1.0, out=s)
+    np.greater_equal(s, 0.0, out=pos)
+    np.multiply(ax, 2.0, out=a)
+    np.copysign(a, s, out=a)
+    idx = _expm1_block(a, t, (fl[:7], ul, bl[:3], il))
+    if idx is not None and idx.size:
+        t[idx] = _expm1_ref(a[idx])
+    # |x| >= 1: z = 1 - 2/(t + 2);  |x| < 1: z = -t/(t + 2) = 0 - t/(t + 2)
+    np.add(t, 2.0, out=a)
+    num = np.where(pos, 2.0, t)
+    np.divide(num, a, out=a)
+    np.copyto(s, pos)                            # 1.0 or 0.0
+    np.subtract(s, a, out=s)
+    np.copysign(s, x, out=out)                   # z > 0: the sign of x
+    return _patch(x, out, flagged, ~((ax >= _TANH_TINY) & (ax < _TANH_BIG))
+                  if flagged else None, _tanh_special)
+
+
+def tanh(x) -> np.ndarray:
+    """Hyperbolic tangent: fdlibm 5.3 ``s_tanh.c`` on top of ``expm1``;
+    C twin ``gt_tanh``.  Error (fdlibm states none; measured): at most 2
+    doubles from the correctly rounded result, below 2.12 ulp of the exact
+    value (worst near |x| = 0.23; below 0.85 ulp for |x| >= 1).
+
+    Method (ix = high word of |x|)::
+
+      ix >= 0x7ff00000:  NaN -> NaN (0x7ff8000000000000), +-inf -> +-1
+      |x| < 2^-55  (ix < 0x3c800000):  x             (fdlibm: x*(1+x), the same double)
+      1 <= |x| < 22:                   t = expm1(2*|x|);   z = 1 - 2/(t + 2)
+      2^-55 <= |x| < 1:                t = expm1(-2*|x|);  z = -t/(t + 2)
+      |x| >= 22    (ix >= 0x40360000): z = 1             (fdlibm: 1 - 1e-300)
+      result: x >= 0 ? z : -z          (so tanh(-0.0) = -0.0)
+
+    2*|x| is exact; -t is exact; each other operation is one rounding.
+    No constants besides 1, 2 and the thresholds above.
+
+    Vectorised kernel: domain 2^-55 <= |x| < 22.  1 - q and -q (q = 2/(t+2)
+    resp. t/(t+2), computed by one division) are evaluated as c0 - q with
+    c0 = 1 resp. 0 (0 - q = -q exactly, q != 0); z > 0, so copysign(z, x)
+    is fdlibm's sign restoration.
+    """
+    return _run(x, _tanh_block, _tanh_ref)
