@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Helpers of the emit-cuda oracle (scripts/emitc_oracle.sh) and its tests.
+
+    emitc_harness.py harness TAPE GRAD_CU        C main() for one emitted file -> stdout
+    emitc_harness.py compare TAPE C_OUT REF_JSON  exit 0 if every bit agrees, 1 naming
+                                                  the first difference, 2 on bad input
+    emitc_harness.py random-tapes DIR [-n N] [--seed S] [--ops K]
+                                                  write N random scalar tapes, print paths
+
+The harness evaluates the emitted function at the tape's recorded leaf
+values (written as exact hex-float literals) and prints the loss and every
+gradient as raw IEEE-754 bits, one per line:
+
+    <function> loss <16 hex digits>
+    <function> p <j> <16 hex digits>
+
+Bits compare exactly, except that any NaN equals any NaN: NaN payloads and
+signs are not part of the promise (a GPU's default NaN differs from x86's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+from typing import NoReturn
+
+import numpy as np
+
+from gradtool.emit.cuda import layout
+from gradtool.emit.render import SCALAR_OPS, c_double
+from gradtool.tape import Tape
+
+# ── the harness ──────────────────────────────────────────────────────────────
+
+
+def harness_cases(cases) -> str:
+    """Statements of main() evaluating each (function, tape, layout) case."""
+    out = []
+    for fname, tape, lay in cases:
+        p = ", ".join(c_double(tape.values[i].item()) for i in lay.params) or "0.0"
+        x = ", ".join(c_double(tape.values[i].item()) for i in lay.data) or "0.0"
+        out += [
+            "    {",
+            f"        const double p[] = {{{p}}};",
+            f"        const double x[] = {{{x}}};",
+            f"        double g[{max(len(lay.params), 1)}] = {{0.0}};",
+            f"        double loss = {fname}(p, x, g);",
+            f'        gt_print("{fname}", "loss", -1, loss);',
+            f"        for (int j = 0; j < {len(lay.params)}; ++j) gt_print(\"{fname}\", \"p\", j, g[j]);",
+            "    }",
+        ]
+    return "\n".join(out)
+
+
+HARNESS_HEAD = r"""
+#include <stdio.h>
+#include <string.h>
+
+static void gt_print(const char *fn, const char *what, int j, double v)
+{
+    unsigned long long u;
+    memcpy(&u, &v, sizeof u);
+    if (j < 0) printf("%s %s %016llx\n", fn, what, u);
+    else printf("%s %s %d %016llx\n", fn, what, j, u);
+}
+"""
+
+
+def harness_program(body_sources, cases) -> str:
+    """A whole C program: the emitted sources (text or #include lines), then main()."""
+    return "\n".join(list(body_sources) + [HARNESS_HEAD, "int main(void)", "{",
+                                            harness_cases(cases), "    return 0;", "}", ""])
+
+
+def parse_output(text: str) -> dict:
+    """{function: {"loss": bits, "p": {j: bits}}} from the harness's stdout."""
+    results = {}
+    for line in text.splitlines():
+        parts = line.split()
+        entry = results.setdefault(parts[0], {"loss": None, "p": {}})
+        if parts[1] == "loss":
+            entry["loss"] = int(parts[2], 16)
+        else:
+            entry["p"][int(parts[2])] = int(parts[3], 16)
+    return results
+
+
+def to_bits(x: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", float(x)))[0]
+
+
+def from_bits(u: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", u))[0]
+
+
+def same_bits(a: int, b: int) -> bool:
+    """Identical bit patterns, or both NaN (payloads are not promised)."""
+    return a == b or (math.isnan(from_bits(a)) and math.isnan(from_bits(b)))
+
+
+def describe(u: int) -> str:
+    return f"{from_bits(u).hex()} (0x{u:016x})"
+
+
+# ── random scalar tapes ──────────────────────────────────────────────────────
+
+
+def random_scalar_tape(rng: np.random.Generator, n_ops: int = 40, n_params: int = 3,
+                       n_consts: int = 3, connect: bool = False):
+    """A random scalar tape (every node [1]) and its loss, eagerly recorded.
+
+    Inputs are picked knowing their values, so log/sqrt see positive numbers,
+    division sees denominators away from 0 and exp stays finite: the edge
+    values are tested on purpose elsewhere, and here NaN/inf would hide
+    everything downstream.  Binary ops sometimes read one node twice
+    (fan-out: x*x, x-x), some ops read only constants (branches that get no
+    backward code), and leaves are registered in a shuffled order.  With
+    ``connect`` every op node no other node reads is added into the loss, so
+    the whole graph is the loss's ancestry (the benchmark's setting).
+    """
+    tp = Tape()
+    kinds = ["param"] * n_params + ["const"] * n_consts
+    rng.shuffle(kinds)
+    pool = []
+    for k, kind in enumerate(kinds):
+        value = np.array([float(rng.uniform(-2.0, 2.0))])
+        if kind == "param":
+            pool.append(tp.param(value, name=f"w{k}"))
+        else:
+            pool.append(tp.const(value, name=f"x{k}" if rng.random() < 0.6 else None))
+
+    def val(v):
+        return tp.values[v.id].item()
+
+    def pick(ok=lambda x: abs(x) < 100.0, const_only=False):
+        def fits(v):
+            return ok(val(v)) and (not const_only or not tp.requires[v.id])
+        for _ in range(24):                    # mostly recent nodes: deep chains
+            k = len(pool) - 1 - int(rng.integers(min(6, len(pool)))) if rng.random() < 0.6 \
+                else int(rng.integers(len(pool)))
+            if fits(pool[k]):
+                return pool[k]
+        cands = [v for v in pool[-200:] if fits(v)]
+        return cands[int(rng.integers(len(cands)))] if cands else None
+
+    def scalar():
+        return float(rng.choice([rng.normal(), rng.uniform(-3, 3), 0.5, -1.0, 2.0, 0.0, 1e-3]))
+
+    unary_domain = {"log": lambda x: 1e-3 < x < 1e6, "sqrt": lambda x: 1e-3 < x < 1e6,
+                    "exp": lambda x: abs(x) < 20.0}
+    for _ in range(n_ops):
+        op = str(rng.choice(SCALAR_OPS))
+        const_only = rng.random() < 0.15
+        if op in ("add", "sub", "mul", "div"):
+            a = pick(const_only=const_only) or pick() or pool[-1]
+            if rng.random() < 0.2:
+                b = a                          # fan-out into both inputs
+            elif op == "div":
+                b = pick(lambda x: 0.05 < abs(x) < 100.0, const_only) or pick(
+                    lambda x: 0.05 < abs(x) < 100.0)
+            else:
+                b = pick(const_only=const_only) or pick()
+            if b is None or (op == "div" and abs(val(b)) <= 0.05):
+                op, b = "mul", a
+            out = getattr(tp, op)(a, b)
+        else:
+            ok = unary_domain.get(op, lambda x: abs(x) < 100.0)
+            a = pick(ok, const_only) or pick(ok)
+            if a is None:                      # no valid input: make one
+                base = pick()
+                a = tp.adds(tp.mul(base, base), 0.5)
+                pool.append(a)
+            if op in ("adds", "muls"):
+                out = getattr(tp, op)(a, scalar())
+            else:
+                out = getattr(tp, op)(a)
+        pool.append(out)
+        if rng.random() < 0.05:                # a leaf registered mid-graph
+            pool.append(tp.param(np.array([float(rng.uniform(-1, 1))]), name=None)
+                        if rng.random() < 0.5 else tp.const(np.array([float(rng.normal())])))
+    loss = pool[-1]
+    if connect:                                # every dangling node feeds the loss
+        read = {i for n in tp.nodes for i in (n.a, n.b) if i >= 0}
+        for v in pool[:-1]:
+            if v.id not in read and tp.nodes[v.id].a >= 0:
+                loss = tp.add(loss, v)
+    else:
+        for _ in range(int(rng.integers(0, 3))):
+            loss = tp.add(loss, pick() or pool[-1])
+    if rng.random() < 0.5:
+        loss = tp.mean(loss) if rng.random() < 0.5 else tp.sum(loss)
+    return tp, loss
+
+
+# ── commands ─────────────────────────────────────────────────────────────────
+
+
+def _bad(message: str) -> NoReturn:
+    print(f"emitc_harness: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _load(path):
+    from gradtool.errors import GradtoolError
+    from gradtool.tapefile import load
+    try:
+        tf = load(path)
+    except (GradtoolError, OSError) as exc:
+        _bad(f"{path}: {exc}")
+    if tf.loss is None:
+        _bad(f"{path}: the tape file names no loss")
+    return tf
+
+
+def cmd_harness(args) -> int:
+    tf = _load(args.tape)
+    lay = layout(tf.tape, tf.loss)
+    include = f'#include "{os.path.abspath(args.grad_cu)}"'
+    sys.stdout.write(harness_program([include], [(args.name, tf.tape, lay)]))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    tf = _load(args.tape)
+    lay = layout(tf.tape, tf.loss)
+    try:
+        with open(args.c_out) as f:
+            got = parse_output(f.read()).get(args.name)
+        with open(args.ref_json) as f:
+            ref = json.load(f)
+        ref_loss = to_bits(float.fromhex(ref["loss"]))
+        ref_grads = {int(p["id"]): p for p in ref["params"]}
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        _bad(f"{args.tape}: unreadable harness output or reference: {exc}")
+    if got is None:
+        _bad(f"{args.tape}: the harness printed nothing for {args.name}")
+    where = f"{args.tape}"
+    if not same_bits(got["loss"], ref_loss):
+        print(f"emitc_oracle: {where}: loss (node {lay.loss}) differs: C {describe(got['loss'])}"
+              f" vs tape {describe(ref_loss)}", file=sys.stderr)
+        return 1
+    for j, node in enumerate(lay.params):
+        if node not in ref_grads:
+            _bad(f"{where}: the reference has no gradient for param node {node}")
+        want = to_bits(float.fromhex(ref_grads[node]["grad"][0]))
+        have = got["p"].get(j)
+        if have is None or not same_bits(have, want):
+            label = tf.tape.nodes[node].name or "(unnamed)"
+            shown = describe(have) if have is not None else "nothing"
+            print(f"emitc_oracle: {where}: gradient of p[{j}] (node {node}, {label}) differs: "
+                  f"C {shown} vs tape {describe(want)}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_random_tapes(args) -> int:
+    from gradtool.tapefile import save
+    os.makedirs(args.dir, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    for k in range(args.n):
+        tp, loss = random_scalar_tape(rng, n_ops=args.ops)
+        path = os.path.join(args.dir, f"random_{args.seed}_{k:03d}.msgpack")
+        save(tp, path, loss=loss, meta={"generator": "emitc_harness random-tapes",
+                                        "seed": args.seed, "index": k})
+        print(path)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("harness", help="C main() for one emitted file")
+    h.add_argument("tape")
+    h.add_argument("grad_cu")
+    h.add_argument("--name", default="gradtool_grad")
+    c = sub.add_parser("compare", help="compare harness output with `gradtool backward --json --hex`")
+    c.add_argument("tape")
+    c.add_argument("c_out")
+    c.add_argument("ref_json")
+    c.add_argument("--name", default="gradtool_grad")
+    r = sub.add_parser("random-tapes", help="write random scalar tapes")
+    r.add_argument("dir")
+    r.add_argument("-n", type=int, default=20)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--ops", type=int, default=40)
+    args = ap.parse_args(argv)
+    return {"harness": cmd_harness, "compare": cmd_compare,
+            "random-tapes": cmd_random_tapes}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
