@@ -1,0 +1,171 @@
+"""`gradtool train`: train a tape file's params on an .npz dataset (thin over gradtool.train)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import click
+
+from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
+from .common import EXIT_CHECK_FAILED, fail
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)                       # "nan", "inf": JSON has no such numbers
+    return x
+
+
+class JsonlLog(Reporter):
+    """--log FILE.jsonl: one JSON object per step, per epoch, and at the end."""
+
+    def __init__(self, path):
+        self.f = open(path, "w", encoding="utf-8")
+
+    def _write(self, record):
+        self.f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}) + "\n")
+
+    def step(self, record):
+        self._write(record)
+
+    def epoch(self, record):
+        self._write(record)
+        self.f.flush()
+
+    def end(self, result):
+        self._write({"event": "end", **result.summary()})
+        self.f.close()
+
+
+class Console(Reporter):
+    """Epoch lines on stdout; notes and (on a terminal only) a progress line on stderr."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self._shown = 0.0
+        self._mark = (time.perf_counter(), 0)      # for examples/s
+        self._running = None
+
+    def note(self, text):
+        click.echo(f"gradtool: {text}", err=True)
+
+    def step(self, r):
+        loss = r["loss"]
+        self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
+        if not self.tty:
+            return
+        now = time.perf_counter()
+        if now - self._shown < 0.1 and r["step"] != r["steps_per_epoch"]:
+            return
+        t_mark, s_mark = self._mark
+        rate = (r["global_step"] - s_mark) * r["batch"] / max(now - t_mark, 1e-9)
+        self._mark, self._shown = (now, r["global_step"]), now
+        sys.stderr.write(f"\r\033[Kepoch {r['epoch']} step {r['step']}/{r['steps_per_epoch']} "
+                         f"loss {self._running:.4g} {rate:,.0f} ex/s")
+        sys.stderr.flush()
+
+    def _clear(self):
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+    def epoch(self, r):
+        self._clear()
+        parts = [f"epoch {r['epoch']}/{r['epochs']}", f"train_loss {r['train_loss']:.6g}"]
+        if "val_loss" in r:
+            parts.append(f"val_loss {r['val_loss']:.6g}")
+        for key in ("val_accuracy", "train_accuracy"):
+            if key in r:
+                parts.append(f"{key[:-8]}acc {r[key]:.4f}")
+        parts.append(f"({r['seconds']:.2f} s)")
+        click.echo("  ".join(parts))
+
+    def end(self, result):
+        self._clear()
+
+
+@click.command("train")
+@click.argument("tape", metavar="TAPE")
+@click.option("--data", "data", required=True, metavar="DATA.npz",
+              help="Training arrays, one per input slot (named const), examples along axis 0.")
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]),
+              help="Optimizer (default: the tape's meta, else adam).")
+@click.option("--lr", type=float, help="Learning rate (default: meta, else 0.001).")
+@click.option("--epochs", type=click.IntRange(min=1),
+              help="Epochs to run (on a saved file: this many more; default: meta, else 1).")
+@click.option("--steps", type=click.IntRange(min=1), help="Stop after this many steps.")
+@click.option("--clip", type=click.FloatRange(min=0), help="Clip the global gradient norm "
+              "(0 = off).")
+@click.option("--l2", type=click.FloatRange(min=0), help="Set every param's L2 coefficient.")
+@click.option("--seed", type=click.IntRange(min=0), help="Shuffle seed (default 0).")
+@click.option("--shuffle/--no-shuffle", default=None,
+              help="Shuffle each epoch (default on).")
+@click.option("--val-split", type=float, metavar="FRACTION",
+              help="Hold out the last FRACTION of DATA for validation.")
+@click.option("--val", "val", metavar="VAL.npz", help="Validation arrays (same layout as DATA).")
+@click.option("--accuracy", metavar="OUTPUT:TARGET",
+              help="Report argmax accuracy of a named output against a one-hot or label slot.")
+@click.option("--save", metavar="OUT.msgpack",
+              help="Write the trained tape and optimizer state here (atomically).")
+@click.option("--every", type=click.IntRange(min=1), metavar="N",
+              help="Also checkpoint to --save every N steps.")
+@click.option("--log", "log", metavar="FILE.jsonl",
+              help="Write one JSON object per step and per epoch.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON summary as the last line of stdout.")
+@click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
+              show_default=True, help="Engine that runs the steps.")
+@click.option("--plot", metavar="LOSS.png", help="Plot the loss curve (needs matplotlib).")
+def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
+          accuracy, save, every, log, as_json, backend, plot):
+    """Train TAPE's params on DATA.npz, minibatch by minibatch.
+
+    The tape's named consts are the input slots; the batch size is their
+    leading dim.  Defaults come from the tape's meta["train"]; a file written
+    by --save continues where it stopped (docs/training.md).  Ctrl-C stops
+    at a step boundary and saves; a non-finite loss stops with exit 1.
+    """
+    from ..tapefile import load
+    from ..train import plot_losses, require_plotting
+
+    if plot:
+        require_plotting()
+    tf = load(tape)
+    options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
+                           l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
+                           accuracy=accuracy, save=save, every=every, log=log, backend=backend,
+                           plot=plot)
+    reporters = [Console()]
+    trainer = Trainer(tf, data, options, reporters)
+    if log:
+        trainer.reporters.append(JsonlLog(log))
+    trainer.describe()
+    with StopFlag() as stop:
+        result = trainer.run(stop, keep_history=bool(plot))
+    if plot:
+        plot_losses(plot, result)
+    if as_json:
+        click.echo(json.dumps({k: _json_safe(v) for k, v in result.summary().items()}))
+    pos = result.position
+    saved = f"; saved {result.saved}" if result.saved else ""
+    if result.stopped == "nonfinite":
+        # the failing step did not happen: the position points at it
+        kept = ("; not saved: the parameters were already non-finite" if result.save_skipped
+                else f"; saved {result.saved} with the parameters from before that step"
+                if result.saved else "")
+        fail(f"{tape}: non-finite loss ({result.bad_loss}) at step {pos['global_step'] + 1} "
+             f"(epoch {pos['epoch'] + 1}, step {pos['step'] + 1}); training stopped{kept}",
+             EXIT_CHECK_FAILED)
+    where = f"step {pos['global_step']} (epoch {pos['epoch'] + 1}, step {pos['step']})"
+    if result.stopped == "interrupted":
+        fail(f"interrupted after {where}{saved}", 130)
+    if result.stopped == "steps":
+        click.echo(f"gradtool: stopped after {result.steps} steps, at {where}{saved}", err=True)
+
+
+commands = [train]
+
+__all__ = ["train", "commands", "TrainError"]

@@ -1,0 +1,393 @@
+"""The training loop, backend-agnostic: minibatches in, optimizer steps, checkpoints out.
+
+    tf = tapefile.load("model.msgpack")
+    result = train(tf, "data.npz", TrainOptions(epochs=3, save="out.msgpack"))
+
+Per step the loop fills the tape's input slots (named consts) with the next
+minibatch, then asks the engine for one training step: forward replay,
+backward, optimizer step.  The tape's node structure never changes, so
+memory does not grow with the number of steps.
+
+Engines (``make_engine``): ``cpu`` is :class:`CpuEngine` here, the numpy
+reference; ``host``/``cuda``/``auto`` are ``gradtool.device.engine.DeviceEngine``,
+with the same methods.  An engine's contract:
+
+* ``set_input(node_id, batch)``: fill a slot (exact slot shape).
+* ``train_step() -> float``: forward, backward, ``optimizer.step`` semantics;
+  returns the loss of THIS forward (before the update).  When that loss is
+  not finite the engine must leave parameters and optimizer state exactly as
+  they were (the CPU engine stops before backward), so a checkpoint written
+  after a non-finite loss holds the last good parameters.
+* ``evaluate() -> float``: forward only.  ``output(node_id)``: a node's value
+  after the last forward.
+* ``finish()``: make the tape's parameter values and the optimizer's state
+  (``entries[i].m/.v`` in place, ``t``, ``b1t``, ``b2t``) current.  Called at
+  every checkpoint; training may continue afterwards.
+
+Settings and their precedence: :mod:`gradtool.train_options`; data:
+:mod:`gradtool.train_data`; results and reporting: :mod:`gradtool.train_report`.
+``docs/training.md`` is the user-level description.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from .errors import GradtoolError
+from .optim import make_optimizer, optimizer_from_state
+from .train_data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
+                         dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
+                         load_npz, parse_accuracy, require_batches, split_validation)
+from .train_options import (DEFAULTS, META_KEYS, Precedence, TrainError, TrainOptions,
+                            check_options, meta_defaults, position_int)
+from .train_report import Reporter, TrainResult, plot_losses, require_plotting
+
+
+# ── engines ────────────────────────────────────────────────────────────────
+
+class CpuEngine:
+    """The numpy reference engine: replays the tape in place."""
+
+    name = "cpu"
+
+    def __init__(self, tape, loss_id: int, optimizer):
+        self.tape, self.loss_id, self.optimizer = tape, int(loss_id), optimizer
+        self._loss = tape.var(self.loss_id)
+
+    def set_input(self, node_id: int, batch: np.ndarray) -> None:
+        slot = self.tape.values[node_id]
+        if batch.shape != slot.shape:
+            raise DataError(f"input for node {node_id} has shape {list(batch.shape)}, "
+                            f"the slot {list(slot.shape)}")
+        slot[...] = batch
+
+    def train_step(self) -> float:
+        tape = self.tape
+        tape.forward()
+        loss = float(tape.values[self.loss_id][0])
+        if not math.isfinite(loss):
+            return loss                   # no backward, no update: keep the last good state
+        tape.zero_grad()                  # leaf gradients would otherwise accumulate
+        tape.backward(self._loss)
+        self.optimizer.step(tape)
+        return loss
+
+    def evaluate(self) -> float:
+        self.tape.forward()
+        return float(self.tape.values[self.loss_id][0])
+
+    def output(self, node_id: int) -> np.ndarray:
+        return self.tape.values[node_id]
+
+    def finish(self) -> None:
+        pass                              # the tape and optimizer are already current
+
+
+def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
+    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine."""
+    if backend == "cpu":
+        return CpuEngine(tape, loss_id, optimizer)
+    if backend not in ("host", "cuda", "auto"):
+        raise TrainError(f"unknown backend {backend!r} (choose from cpu, host, cuda, auto)")
+    try:
+        from gradtool.device.engine import DeviceEngine
+    except ModuleNotFoundError as exc:
+        if exc.name in ("gradtool.device", "gradtool.device.engine"):
+            raise TrainError(f"--backend {backend} needs the device engine "
+                             f"(gradtool.device.engine), which this installation does not "
+                             f"have; use --backend cpu") from None
+        raise
+    return DeviceEngine(tape, loss_id, optimizer, backend=backend, **options)
+
+
+# ── the loop ───────────────────────────────────────────────────────────────
+
+class StopFlag:
+    """Set by the first SIGINT (Ctrl-C); the loop stops at the next step boundary.
+
+    A second Ctrl-C raises KeyboardInterrupt at once (the default behaviour).
+    """
+
+    def __init__(self):
+        self.stop = False
+
+    def __enter__(self):
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.stop = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+# ── the trainer ────────────────────────────────────────────────────────────
+
+class Trainer:
+    """Everything resolved and validated up front; :meth:`run` then only trains."""
+
+    def __init__(self, tf, data_path, options: TrainOptions, reporters=()):
+        check_options(options)
+        self.tf, self.tape, self.options = tf, tf.tape, options
+        self.reporters = list(reporters)
+        self.source = tf.source
+        meta = meta_defaults(tf.meta, self.source)
+        self.saved = tf.optimizer
+        if self.saved is not None and not isinstance(self.saved, dict):
+            raise TrainError(f"{self.source}: the saved optimizer state is not a map")
+        position = (self.saved or {}).get("position") or {}
+        if not isinstance(position, dict):
+            raise TrainError(f"{self.source}: optimizer 'position' must be a map")
+        self.settings = Precedence(options, meta)
+        self._load_data(data_path, meta)
+        accuracy = self.settings.pick("accuracy")
+        self.acc: Optional[AccuracySpec] = (parse_accuracy(accuracy, tf.outputs, self.slots,
+                                                           self.tape) if accuracy else None)
+        self.opt = self._build_optimizer()
+        self._restore_position(position)
+        self.max_steps = self.settings.pick("steps")
+        self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt)
+        self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
+
+    def _load_data(self, data_path, meta) -> None:
+        """Training and validation sets (see train_data for the precedence of the latter)."""
+        self.slots = input_slots(self.tape)
+        self.batch = batch_size(self.slots)
+        source, raw = load_npz(data_path)
+        data = dataset_from(raw, self.slots, source)
+        val_file, val_split = self.options.val, self.options.val_split
+        if val_file is None and val_split is None:
+            val_file, val_split = meta.get("val"), meta.get("val_split")
+            if val_file is not None and not os.path.isabs(val_file):     # relative to the tape
+                val_file = os.path.join(os.path.dirname(os.path.abspath(self.source)), val_file)
+        self.val = None
+        if val_split is not None:
+            data, self.val = split_validation(data, val_split)
+        elif val_file is not None:
+            self.val = load_dataset(val_file, self.slots)
+        elif has_val_arrays(raw, self.slots):
+            self.val = dataset_from(raw, self.slots, source, VAL_SUFFIX)
+        self.data = data
+        self.n_batches = require_batches(data, self.batch, "the training data")
+        self.n_val_batches = (require_batches(self.val, self.batch, "the validation data")
+                              if self.val is not None else 0)
+
+    def _build_optimizer(self):
+        """The saved optimizer continues; otherwise a fresh one over every param."""
+        o, saved, pick = self.options, self.saved, self.settings.pick
+        if saved is not None:
+            if o.optimizer is not None and o.optimizer != saved.get("kind"):
+                raise TrainError(f"{self.source}: the saved optimizer state is "
+                                 f"{saved.get('kind')!r}; it cannot continue as "
+                                 f"{o.optimizer!r} (train the original tape to start over)")
+            try:
+                opt = optimizer_from_state(self.tape, saved)
+            except GradtoolError as exc:
+                raise TrainError(f"{self.source}: {exc}") from None
+        else:
+            opt = make_optimizer(pick("optimizer"), pick("lr"))
+            for p in self.tape.params():
+                opt.add(self.tape, p)
+            if not opt.entries:
+                raise TrainError(f"{self.source}: the tape has no params to train")
+        if o.lr is not None or saved is None:
+            opt.lr = float(pick("lr"))
+        if o.clip is not None or saved is None:
+            opt.set_clip(pick("clip"))
+        if o.l2 is not None:
+            for e in opt.entries:
+                e.l2 = float(o.l2)
+        return opt
+
+    def _restore_position(self, position: dict) -> None:
+        """Where a saved run stopped (0-based epoch, steps taken in it), and where to stop."""
+        pick = self.settings.pick
+        self.seed = int(pick("seed", position.get("seed")))
+        self.shuffle = bool(pick("shuffle", position.get("shuffle")))
+        self.epoch = position_int(position, "epoch", self.source)
+        self.step = position_int(position, "step", self.source)
+        self.global_step = position_int(position, "global_step", self.source)
+        if self.step and position.get("examples") != self.data.count:
+            raise TrainError(f"{self.source}: saved in the middle of epoch {self.epoch + 1} "
+                             f"(step {self.step}) of {position.get('examples')} training "
+                             f"examples, but the data now gives {self.data.count}; continue "
+                             f"on the same data")
+        if self.step >= self.n_batches:
+            self.epoch, self.step = self.epoch + 1, 0
+        target = position.get("target_epoch")
+        if self.options.epochs is None and isinstance(target, int) and target > self.epoch:
+            self.end_epoch = target                 # an unfinished run finishes its plan
+        else:
+            self.end_epoch = self.epoch + int(pick("epochs"))
+
+    # ── notes ──────────────────────────────────────────────────────────────
+    def _emit(self, method, arg):
+        for r in self.reporters:
+            getattr(r, method)(arg)
+
+    def describe(self) -> None:
+        b = self.batch
+        dropped = self.data.count - self.n_batches * b
+        self._emit("note", f"training: {self.data.count} examples, batch {b}, "
+                           f"{self.n_batches} steps per epoch"
+                   + (f"; the last partial batch of {dropped} is dropped" if dropped else ""))
+        if self.val is not None:
+            vdrop = self.val.count - self.n_val_batches * b
+            self._emit("note", f"validation: {self.val.count} examples in {self.n_val_batches} "
+                               f"batches" + (f" ({vdrop} left out)" if vdrop else ""))
+        resumed = self.saved is not None
+        self._emit("note", f"{self.opt.kind} lr {self.opt.lr:g}"
+                   + (f" clip {self.opt.clip:g}" if self.opt.clip else "")
+                   + f", seed {self.seed}, shuffle {'on' if self.shuffle else 'off'}, "
+                   f"backend {self.engine.name}"
+                   + (f"; continuing at epoch {self.epoch + 1} step {self.step}" if resumed
+                      else ""))
+
+    # ── checkpoints ────────────────────────────────────────────────────────
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step,
+                "target_epoch": self.end_epoch, "seed": self.seed, "shuffle": self.shuffle,
+                "examples": self.data.count, "batch": self.batch}
+
+    def save(self, path) -> None:
+        """Write the tape with the current parameters and optimizer state, atomically."""
+        from .tapefile import save
+        self.engine.finish()
+        for node_id, original in self._slot_originals.items():
+            self.tape.values[node_id][...] = original    # the file keeps its own example inputs
+        state = self.opt.state_dict()
+        state["position"] = self.position()
+        save(self.tape, path, loss=self.tf.loss, outputs=self.tf.outputs, meta=self.tf.meta,
+             optimizer=state)
+
+    def params_finite(self) -> bool:
+        self.engine.finish()
+        return all(np.isfinite(self.tape.values[e.node_id]).all() for e in self.opt.entries)
+
+    # ── the loop ───────────────────────────────────────────────────────────
+    def _fill(self, data, rows) -> None:
+        for s in self.slots:
+            self.engine.set_input(s.node_id, data.arrays[s.name][rows])
+
+    def validate(self) -> tuple:
+        """(mean batch loss, accuracy or None) over the validation batches; forward only."""
+        total, correct, b = 0.0, 0, self.batch
+        for i in range(self.n_val_batches):
+            rows = slice(i * b, (i + 1) * b)
+            self._fill(self.val, rows)
+            total = total + self.engine.evaluate()
+            if self.acc:
+                correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
+                                         self.val.arrays[self.acc.target][rows])
+        acc = correct / (self.n_val_batches * b) if self.acc else None
+        return total / self.n_val_batches, acc
+
+    def run(self, stop: Optional[StopFlag] = None, keep_history: bool = False) -> TrainResult:
+        res = TrainResult(accuracy_on=("val" if self.val is not None else "train")
+                          if self.acc else None)
+        self._t0 = time.perf_counter()
+        self._last_ckpt = self.global_step
+        with np.errstate(all="ignore"):
+            while self.epoch < self.end_epoch and res.stopped == "done":
+                self._run_epoch(res, stop, keep_history)
+        res.seconds = time.perf_counter() - self._t0
+        if self.options.save:
+            # after a non-finite loss the engine has not updated anything, so the
+            # parameters are the last good ones unless an earlier step already broke them
+            if res.stopped == "nonfinite" and not self.params_finite():
+                res.save_skipped = True
+            else:
+                self.save(self.options.save)
+                res.saved = self.options.save
+        res.position = self.position()
+        self._emit("end", res)
+        return res
+
+    def _run_epoch(self, res, stop, keep_history) -> None:
+        b = self.batch
+        order = epoch_order(self.seed, self.epoch, self.data.count, self.shuffle)
+        losses, correct, seen, t_epoch = 0.0, 0, 0, time.perf_counter()
+        while self.step < self.n_batches:
+            if stop is not None and stop.stop:
+                res.stopped = "interrupted"
+            elif self.max_steps is not None and res.steps >= self.max_steps:
+                res.stopped = "steps"
+            if res.stopped != "done":
+                break
+            rows = order[self.step * b:(self.step + 1) * b]
+            self._fill(self.data, rows)
+            loss = self.engine.train_step()
+            if not math.isfinite(loss):
+                res.stopped, res.bad_loss = "nonfinite", loss
+                break
+            if self.acc and self.val is None:
+                correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
+                                         self.data.arrays[self.acc.target][rows])
+            self.step += 1
+            self.global_step += 1
+            res.steps += 1
+            res.final_loss = loss
+            losses = losses + loss
+            seen += 1
+            if keep_history:
+                res.step_losses.append((self.global_step, loss))
+            self._emit("step", {"event": "step", "epoch": self.epoch + 1, "step": self.step,
+                                "steps_per_epoch": self.n_batches,
+                                "global_step": self.global_step, "loss": loss, "batch": b,
+                                "seconds": time.perf_counter() - self._t0})
+            if self.step < self.n_batches:
+                self._maybe_checkpoint()
+        if seen:
+            res.train_loss = losses / seen
+        if self.step == self.n_batches:
+            self._end_epoch(res, res.train_loss if seen else None,
+                            correct / (seen * b) if seen else None, t_epoch)
+            self._maybe_checkpoint()      # after the epoch closes: the position is normalized
+
+    def _maybe_checkpoint(self) -> None:
+        every = self.options.every
+        if every and self.global_step - self._last_ckpt >= every:
+            self.save(self.options.save)
+            self._last_ckpt = self.global_step
+
+    def _end_epoch(self, res, train_loss, train_acc, t_epoch):
+        record = {"event": "epoch", "epoch": self.epoch + 1, "epochs": self.end_epoch,
+                  "global_step": self.global_step, "train_loss": train_loss}
+        if self.val is not None:
+            res.val_loss, acc = self.validate()
+            record["val_loss"] = res.val_loss
+            res.val_losses.append((self.global_step, res.val_loss))
+            if self.acc:
+                res.accuracy = record["val_accuracy"] = acc
+        elif self.acc:
+            res.accuracy = record["train_accuracy"] = train_acc
+        record["seconds"] = time.perf_counter() - t_epoch      # training and validation
+        res.epochs += 1
+        self.epoch, self.step = self.epoch + 1, 0
+        self._emit("epoch", record)
+
+
+def train(tf, data_path, options: Optional[TrainOptions] = None, reporters=(),
+          stop: Optional[StopFlag] = None, keep_history: bool = False) -> TrainResult:
+    """Train a loaded tape file on ``data_path`` (see the module docstring)."""
+    trainer = Trainer(tf, data_path, options or TrainOptions(), reporters)
+    trainer.describe()
+    return trainer.run(stop, keep_history=keep_history)
+
+
+__all__ = ["CpuEngine", "make_engine", "Trainer", "train", "StopFlag", "TrainOptions",
+           "TrainResult", "TrainError", "Reporter", "DEFAULTS", "META_KEYS", "plot_losses",
+           "require_plotting"]

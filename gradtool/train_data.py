@@ -1,0 +1,203 @@
+"""Training data: DATA.npz arrays matched to a tape's input slots, splits, epoch orders.
+
+A tape's input slots are its named consts.  DATA.npz holds one array per
+slot, with the same name, examples along axis 0; every other dim must equal
+the slot's.  The batch size is the slots' (common) leading dim.  Arrays in
+the file that name no slot are ignored.
+
+Validation data is, in order of precedence, a separate file with the same
+layout (``--val``), the LAST ``floor(fraction * N)`` examples of DATA
+(``--val-split``, so the split never depends on the shuffle seed), or
+arrays named ``<slot>_val`` in DATA itself (one for every slot).
+
+An epoch visits ``N // batch`` batches; the last partial batch is dropped.
+The visiting order of epoch ``e`` (0-based, counted over the whole life of
+a saved file) is ``np.random.Generator(np.random.PCG64([seed, e])).permutation(N)``
+with shuffling on, ``0..N-1`` with it off: any epoch's order can be rebuilt
+on its own, which is what makes a resumed run identical to a straight one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GradtoolError
+
+
+class DataError(GradtoolError):
+    """Training data that does not fit the tape's input slots."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    node_id: int
+    shape: tuple
+
+
+@dataclass
+class Dataset:
+    """Arrays keyed by slot name, all with ``count`` examples along axis 0."""
+
+    arrays: dict
+    count: int
+    source: str
+
+    def take(self, start: int, stop: int) -> "Dataset":
+        return Dataset({k: a[start:stop] for k, a in self.arrays.items()}, stop - start,
+                       self.source)
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def input_slots(tape) -> list:
+    """The tape's named consts as Slots, with a common batch size (their leading dim)."""
+    slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape))
+             for v in tape.input_slots()]
+    if not slots:
+        raise DataError("the tape has no input slots (named consts) to feed training data into")
+    sizes = {s.shape[0] for s in slots}
+    if len(sizes) > 1:
+        listing = ", ".join(f"{s.name} {_fmt(s.shape)}" for s in slots)
+        raise DataError(f"input slots disagree on the batch size (leading dim): {listing}")
+    return slots
+
+
+def batch_size(slots) -> int:
+    return slots[0].shape[0]
+
+
+VAL_SUFFIX = "_val"
+
+
+def load_npz(path) -> tuple:
+    """(source name, {array name: array}) of an .npz file, or a clear error."""
+    source = os.fspath(path)
+    try:
+        with np.load(source, allow_pickle=False) as npz:
+            return source, {name: npz[name] for name in npz.files}
+    except FileNotFoundError:
+        raise DataError(f"{source}: no such file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise DataError(f"{source}: cannot read as a .npz file ({exc})") from None
+
+
+def has_val_arrays(raw: dict, slots) -> bool:
+    """Whether DATA carries its own validation set: ``<slot>_val`` for every slot."""
+    present = [s.name + VAL_SUFFIX in raw for s in slots]
+    if any(present) and not all(present):
+        missing = [s.name + VAL_SUFFIX for s, p in zip(slots, present) if not p]
+        raise DataError(f"validation arrays are incomplete: {', '.join(missing)} missing "
+                        f"(give every slot a '<slot>{VAL_SUFFIX}' array, or none)")
+    return all(present)
+
+
+def load_dataset(path, slots) -> Dataset:
+    """Read an .npz and check one array per slot: [N, *slot.shape[1:]], equal N."""
+    source, raw = load_npz(path)
+    return dataset_from(raw, slots, source)
+
+
+def dataset_from(raw: dict, slots, source: str, suffix: str = "") -> Dataset:
+    """The arrays named ``<slot><suffix>``, checked against the slots' shapes."""
+    arrays = {}
+    for s in slots:
+        key = s.name + suffix
+        if key not in raw:
+            raise DataError(f"{source}: no array {key!r} for input slot {s.name!r} "
+                            f"(node {s.node_id}, shape {_fmt(s.shape)}); the file has "
+                            f"{', '.join(raw) or 'no arrays'}")
+        a = raw[key]
+        want = "[N" + "".join(f",{d}" for d in s.shape[1:]) + "]"
+        if a.ndim != len(s.shape) or tuple(a.shape[1:]) != s.shape[1:]:
+            raise DataError(f"{source}: array {key!r} has shape {_fmt(a.shape)}, but input "
+                            f"slot {s.name!r} (node {s.node_id}) has shape {_fmt(s.shape)}, so "
+                            f"the array must be {want}")
+        if a.dtype.kind not in "biuf":
+            raise DataError(f"{source}: array {key!r} has dtype {a.dtype}; expected numbers")
+        arrays[s.name] = np.ascontiguousarray(a, dtype=np.float64)
+    counts = {s.name + suffix: a.shape[0] for s, a in zip(slots, arrays.values())}
+    if len(set(counts.values())) > 1:
+        listing = ", ".join(f"{k} {n}" for k, n in counts.items())
+        raise DataError(f"{source}: arrays have different example counts (axis 0): {listing}")
+    return Dataset(arrays, next(iter(counts.values())), source)
+
+
+def split_validation(data: Dataset, fraction: float) -> tuple:
+    """(train, validation): the validation part is the last floor(fraction * N) examples."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"validation split must be between 0 and 1, got {fraction!r}")
+    n_val = math.floor(fraction * data.count)
+    return data.take(0, data.count - n_val), data.take(data.count - n_val, data.count)
+
+
+def require_batches(data: Dataset, batch: int, what: str) -> int:
+    """The number of full batches in ``data``; at least one, or a clear error."""
+    if data.count < batch:
+        raise DataError(f"{data.source}: {what} has {data.count} examples, fewer than one "
+                        f"batch of {batch} (the input slots' leading dim)")
+    return data.count // batch
+
+
+def epoch_order(seed: int, epoch: int, count: int, shuffle: bool) -> np.ndarray:
+    """The example order of one epoch (see the module docstring)."""
+    if not shuffle:
+        return np.arange(count)
+    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(count)
+
+
+# ── --accuracy OUTPUT:TARGET ───────────────────────────────────────────────
+
+@dataclass(frozen=True)
+class AccuracySpec:
+    output: str
+    output_id: int
+    target: str
+    one_hot: bool
+
+
+def parse_accuracy(spec: str, outputs: dict, slots, tape) -> AccuracySpec:
+    """Check ``OUTPUT:TARGET``: OUTPUT a file output of shape [B, C>=2], TARGET a slot
+    holding one-hot rows [B, C] or integer labels [B] / [B, 1]."""
+    out_name, sep, target = str(spec).partition(":")
+    if not sep or not out_name or not target:
+        raise DataError(f"accuracy {spec!r}: expected OUTPUT:TARGET, e.g. logits:y")
+    if out_name not in outputs:
+        raise DataError(f"accuracy {spec!r}: the tape file has no output {out_name!r} "
+                        f"(outputs: {', '.join(sorted(outputs)) or 'none'})")
+    by_name = {s.name: s for s in slots}
+    if target not in by_name:
+        raise DataError(f"accuracy {spec!r}: {target!r} is not an input slot "
+                        f"(slots: {', '.join(by_name)})")
+    out_id = outputs[out_name].id
+    oshape = tuple(tape.values[out_id].shape)
+    tshape = by_name[target].shape
+    batch = tshape[0]
+    if len(oshape) != 2 or oshape[0] != batch or oshape[1] < 2:
+        raise DataError(f"accuracy {spec!r}: output {out_name!r} (node {out_id}) has shape "
+                        f"{_fmt(oshape)}; expected [{batch},C] with C >= 2 classes")
+    if tshape == oshape:
+        one_hot = True
+    elif tshape in ((batch,), (batch, 1)):
+        one_hot = False
+    else:
+        raise DataError(f"accuracy {spec!r}: target slot {target!r} has shape {_fmt(tshape)}; "
+                        f"expected one-hot {_fmt(oshape)} or labels [{batch}] / [{batch},1]")
+    return AccuracySpec(out_name, out_id, target, one_hot)
+
+
+def count_correct(spec: AccuracySpec, output: np.ndarray, target: np.ndarray) -> int:
+    """How many rows' argmax (first maximum) matches the target class."""
+    predicted = np.argmax(output, axis=1)
+    if spec.one_hot:
+        labels = np.argmax(target, axis=1)
+    else:
+        labels = np.rint(target.reshape(-1)).astype(np.int64)
+    return int(np.count_nonzero(predicted == labels))

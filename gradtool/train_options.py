@@ -1,0 +1,128 @@
+"""What a training run is asked to do: options, meta["train"] defaults, their precedence.
+
+Every setting comes from, in order: the caller's :class:`TrainOptions`; the
+saved optimizer state of a file written by ``--save``; the tape file's
+``meta["train"]`` (keys :data:`META_KEYS`, validated here); :data:`DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import GradtoolError
+from .optim import KINDS
+
+DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
+            "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None}
+META_KEYS = tuple(DEFAULTS)
+
+
+class TrainError(GradtoolError):
+    """Training cannot start: bad options, meta or saved state (exit 2)."""
+
+
+@dataclass
+class TrainOptions:
+    """What the caller asked for; None means "not given" (saved state, meta or default)."""
+
+    optimizer: Optional[str] = None
+    lr: Optional[float] = None
+    epochs: Optional[int] = None
+    steps: Optional[int] = None
+    clip: Optional[float] = None
+    l2: Optional[float] = None
+    seed: Optional[int] = None
+    shuffle: Optional[bool] = None
+    val_split: Optional[float] = None
+    val: Optional[str] = None
+    accuracy: Optional[str] = None
+    save: Optional[str] = None
+    every: Optional[int] = None
+    log: Optional[str] = None
+    backend: str = "cpu"
+    plot: Optional[str] = None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+_CHECKS = {
+    "optimizer": (lambda x: x in KINDS, "'adam' or 'sgd'"),
+    "lr": (lambda x: _is_num(x) and x >= 0, "a number >= 0"),
+    "epochs": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+    "steps": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+    "clip": (lambda x: _is_num(x) and x >= 0, "a number >= 0"),
+    "l2": (lambda x: _is_num(x) and x >= 0, "a number >= 0"),
+    "seed": (lambda x: _is_int(x) and x >= 0, "an integer >= 0"),
+    "shuffle": (lambda x: isinstance(x, bool), "true or false"),
+    "val_split": (lambda x: _is_num(x) and 0 < x < 1, "a fraction between 0 and 1"),
+    "val": (lambda x: isinstance(x, str) and x, "a file name"),
+    "accuracy": (lambda x: isinstance(x, str) and x, "'OUTPUT:TARGET'"),
+    "every": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+}
+
+
+def _check(key, value, label):
+    ok, want = _CHECKS[key]
+    if value is not None and not ok(value):
+        raise TrainError(f"{label} must be {want}, got {value!r}")
+
+
+def meta_defaults(meta: dict, source: str) -> dict:
+    """``meta["train"]``, validated (unknown keys and bad values are errors)."""
+    train = (meta or {}).get("train")
+    if train is None:
+        return {}
+    if not isinstance(train, dict):
+        raise TrainError(f"{source}: meta 'train' must be a map, got {type(train).__name__}")
+    for key, value in train.items():
+        if key not in META_KEYS:
+            raise TrainError(f"{source}: meta 'train' has unknown key {key!r} "
+                             f"(known: {', '.join(META_KEYS)})")
+        _check(key, value, f"{source}: meta 'train' key {key!r}")
+    if train.get("val") is not None and train.get("val_split") is not None:
+        raise TrainError(f"{source}: meta 'train' sets both 'val' and 'val_split'")
+    return dict(train)
+
+
+def check_options(options: TrainOptions) -> None:
+    """Reject bad or conflicting options before anything is loaded."""
+    for key in _CHECKS:
+        _check(key, getattr(options, key, None), "--" + key.replace("_", "-"))
+    if options.every is not None and not options.save:
+        raise TrainError("--every needs --save (the file checkpoints are written to)")
+    if options.val is not None and options.val_split is not None:
+        raise TrainError("give --val or --val-split, not both")
+    for flag, path in (("--save", options.save), ("--plot", options.plot), ("--log", options.log)):
+        # fail now, not after the training the file was meant to keep
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise TrainError(f"{flag} {path}: no such directory")
+
+
+class Precedence:
+    """``pick(key)``: the option, else the saved value, else meta["train"], else the default."""
+
+    def __init__(self, options: TrainOptions, meta: dict):
+        self.options, self.meta = options, meta
+
+    def pick(self, key, saved_value=None):
+        for value in (getattr(self.options, key), saved_value, self.meta.get(key)):
+            if value is not None:
+                return value
+        return DEFAULTS[key]
+
+
+def position_int(position: dict, key: str, source: str) -> int:
+    value = position.get(key, 0)
+    if not _is_int(value) or value < 0:
+        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer >= 0, "
+                         f"got {value!r}")
+    return value
