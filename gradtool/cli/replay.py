@@ -1,0 +1,154 @@
+"""`gradtool replay-gpu TAPE`: capture a tape on a device backend, time its episodes, check it.
+
+Thin over :mod:`gradtool.device.engine`: the command loads the file, captures
+it (optionally with a device optimizer), optionally checks one episode
+against the CPU tape, then times N episodes and prints the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, check_step,
+                             time_episodes)
+from ..errors import GradtoolError
+from ..optim import make_optimizer, optimizer_from_state
+from .common import CheckFailed
+from .tapes import TAPE_HELP, load_tape
+
+
+def _seconds(x: float) -> str:
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    if x < 1.0:
+        return f"{x * 1e3:.3f} ms"
+    return f"{x:.3f} s"
+
+
+def _ulps(x) -> str:
+    return f"{int(x)}" if math.isfinite(x) else str(x)
+
+
+def _json_num(x):
+    return x if not isinstance(x, float) or math.isfinite(x) else str(x)
+
+
+@click.command("replay-gpu", epilog=TAPE_HELP)
+@click.argument("tape", metavar="TAPE")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="cuda (PyCUDA and a GPU), host (the same kernels compiled by the system C "
+                   "compiler), or auto (cuda when available, else host).")
+@click.option("--dtype", type=click.Choice(["f64", "f32"]), default="f64", show_default=True,
+              help="Element type on the device. f64 is bit-exact with the CPU tape; f32 is "
+                   f"within {F32_BOUND:g} relative.")
+@click.option("--episodes", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Timed episodes.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Untimed episodes first (the cuda backend records its graph here).")
+@click.option("--graph/--no-graph", default=True, show_default=True,
+              help="cuda: replay an episode as one CUDA graph, or launch kernel by kernel "
+                   "(identical bits). The host backend always runs an episode as one call.")
+@click.option("--train", "train", type=click.Choice(["adam", "sgd"]),
+              help="Include a device optimizer step over every param in each episode.")
+@click.option("--lr", type=click.FloatRange(min=0), default=None,
+              help="Learning rate for --train (default 0.001).")
+@click.option("--check", is_flag=True,
+              help="First compare the loss and every param gradient (and with --train one "
+                   "optimizer step) with the CPU tape: f64 bit for bit, f32 within the bound. "
+                   "Exit 1 on a mismatch.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, as_json):
+    """Replay TAPE's episode (forward, backward[, optimizer]) on a device and time it."""
+    if lr is not None and not train:
+        raise GradtoolError("--lr needs --train adam|sgd")
+    tf = load_tape(tape)
+    tp, loss_id = tf.tape, tf.loss.id
+    opt = cpu_opt = None
+    if train:
+        opt = make_optimizer(train, 1e-3 if lr is None else lr)
+        for p in tp.params():
+            opt.add(tp, p)
+        if check:
+            cpu_opt = optimizer_from_state(tp, opt.state_dict())
+    try:
+        replay = capture(tp, loss_id, backend, dtype, optimizer=opt, graph=graph)
+    except GradtoolError as exc:
+        raise GradtoolError(f"{tf.source}: {exc}") from None
+
+    items = []
+    if check:
+        items = check_gradients(replay, tp, loss_id)
+        if train:
+            items += check_step(replay, tp, cpu_opt)
+    timing = time_episodes(replay, episodes, warmup, bool(train))
+
+    prog = replay.program
+    report = {
+        "file": tf.source, "backend": replay.backend, "backend_reason": replay.backend_reason,
+        "device": replay.dev.describe(), "dtype": dtype,
+        "graph": (graph if replay.backend == "cuda" else None),
+        "train": train, "lr": (opt.lr if opt else None), "nodes": len(tp.nodes),
+        "launches": {"forward": len(prog.launches["forward"]),
+                     "backward": len(prog.launches["backward"]),
+                     "optimizer": len(prog.launches["optimizer"]) if train else 0,
+                     "episode": replay.launches(bool(train))},
+        "device_bytes": replay.nbytes, **{k: _json_num(v) for k, v in timing.items()},
+        "check": None,
+    }
+    failed = [it for it in items if not it["ok"]]
+    if check:
+        report["check"] = {"ok": not failed, "bound": None if dtype == "f64" else F32_BOUND,
+                           "max_ulps": _json_num(max(it["ulps"] for it in items)),
+                           "max_rel": _json_num(max(it["rel"] for it in items)),
+                           "items": [{k: _json_num(v) for k, v in it.items()} for it in items]}
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo("\n".join(_text(report)))
+    if failed:
+        worst = failed[0]
+        raise CheckFailed(f"{tf.source}: --check failed for {len(failed)} of {len(items)} "
+                          f"comparisons; first: {worst['what']} differs by {_ulps(worst['ulps'])} ulp "
+                          f"(relative {worst['rel']:.3g})")
+
+
+def _text(r: dict) -> list:
+    graph = {True: "graph", False: "per-node launches", None: "one host call per episode"}
+    lines = [f"{r['file']}: backend {r['backend']} ({r['backend_reason']}), {r['device']}, "
+             f"{graph[r['graph']]}"]
+    la = r["launches"]
+    lines.append(f"  {r['nodes']} nodes; {la['episode']} launches per episode (forward "
+                 f"{la['forward']}, backward {la['backward']}, optimizer {la['optimizer']}); "
+                 f"device memory {r['device_bytes']:,} bytes")
+    what = f"forward + backward + {r['train']} step (lr {r['lr']:g})" if r["train"] else \
+        "forward + backward"
+    lines.append(f"  episode ({what}): median {_seconds(r['median'])}, p10 "
+                 f"{_seconds(r['p10'])}, p90 {_seconds(r['p90'])} over {r['episodes']} episodes "
+                 f"after {r['warmup']} warmup; {float(r['episodes_per_second']):,.1f} episodes/s")
+    if r["train"]:
+        lines.append(f"  loss {r['loss_first']!r} (first timed episode), {r['loss_last']!r} "
+                     f"(last)")
+    else:
+        lines.append(f"  loss {r['loss_last']!r}")
+    c = r["check"]
+    if c is not None:
+        n = len(c["items"])
+        if r["dtype"] == "f64":
+            verdict = "identical to the bit" if c["ok"] else "NOT identical"
+            lines.append(f"  check: {verdict} to the CPU tape over {n} comparisons "
+                         f"(max ulp difference {_ulps(float(c['max_ulps']))})")
+        else:
+            verdict = "within" if c["ok"] else "OUTSIDE"
+            lines.append(f"  check: {verdict} the f32 bound {c['bound']:g} over {n} comparisons "
+                         f"(max relative error {float(c['max_rel']):.3g})")
+        for it in c["items"]:
+            if not it["ok"]:
+                lines.append(f"    {it['what']}: {_ulps(float(it['ulps']))} ulp, relative "
+                             f"{float(it['rel']):.3g}")
+    return lines
+
+
+commands = [replay_gpu]

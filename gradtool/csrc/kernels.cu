@@ -1,0 +1,752 @@
+/*
+ * kernels.cu -- every kernel of gradtool's device replay engine, in ONE file.
+ *
+ * The same text is compiled twice:
+ *   - by nvcc (PyCUDA's SourceModule) for the GPU: gradtool/device/cuda.py;
+ *   - by the system C compiler as C (`cc -x c -O3 -ffp-contract=off`) with
+ *     host_prelude.h mapping the CUDA built-ins: gradtool/device/host.py.
+ * Define GT_REAL_F32 to build the float32 variant (not bit-equal to the
+ * float64 CPU tape; see docs/device.md); the default is float64.
+ *
+ * Calling convention.  A program (gradtool/device/program.py) owns ONE arena
+ * W of gt_real holding every value, gradient, optimizer moment, control
+ * scalar and host scratch buffer, and ONE int64 metadata array.  Every kernel
+ * has the signature (gt_real *W, const long long *M), where M points at the
+ * launch's own metadata block: M[0] is always the number of thread indices
+ * (the grid-stride loop bound); the other entries are arena offsets, sizes,
+ * strides, and float64 scalars stored as their IEEE-754 bit patterns
+ * (GT_S).  Nothing about a launch lives anywhere else, so a captured CUDA
+ * graph never changes and the host interpreter (end of file) runs a whole
+ * episode from two arrays.
+ *
+ * Exactness.  Every result is the sequence of separately rounded operations
+ * that gradtool/numerics.py and gradtool/ops.py document, in the same
+ * order: arithmetic goes through R_ADD/R_SUB/R_MUL/R_DIV/R_SQRT (for float64
+ * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
+ * plain operators on the host, compiled with -ffp-contract=off), exp, log and
+ * tanh are gt_math.h's fdlibm transcriptions (the C twins of
+ * gradtool/fdlibm.py), every sum and inner product runs serially in one
+ * thread in the documented index order, and every gradient contribution is
+ * first computed whole and then added into its slot once (grad = grad + c),
+ * as gradtool/tape.py does.  The host build may walk a kernel's indices in a
+ * different order than one thread per output (matmul tiles, reductions row
+ * by row) under #ifndef GT_THREAD_BODIES, but only where every output
+ * element still sees exactly the same sequence of roundings.  Building the
+ * host library with -DGT_PER_THREAD selects the one-thread-per-output bodies
+ * the GPU runs instead, so the tests run that exact code on the host too.
+ */
+
+#ifdef __CUDACC__
+#  define GT_KERNEL extern "C" __global__ void
+#  define GT_DEV static __device__ __forceinline__
+#  define GT_RESTRICT __restrict__
+#  define GT_LOOP(i, n)                                                        \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
+         i < (long long)(n); i += (long long)blockDim.x * gridDim.x)
+#else
+#  include "host_prelude.h"
+#endif
+
+#include "gt_math.h"
+
+/* Which loop bodies: one thread per output (the GPU's; on the host with
+ * -DGT_PER_THREAD), or the host's reordered-but-equivalent loops. */
+#if defined(__CUDACC__) || defined(GT_PER_THREAD)
+#  define GT_THREAD_BODIES 1
+#endif
+
+/* The deepest (collapsed) index space a kernel walks; program.py checks it. */
+#define GT_MAXD 8
+
+/* ---- the element type and its correctly rounded operations ------------- */
+#ifdef GT_REAL_F32
+typedef float gt_real;
+#  ifdef __CUDACC__
+#    define R_ADD(a, b) __fadd_rn((a), (b))
+#    define R_SUB(a, b) __fsub_rn((a), (b))
+#    define R_MUL(a, b) __fmul_rn((a), (b))
+#    define R_DIV(a, b) __fdiv_rn((a), (b))
+#    define R_SQRT(a) __fsqrt_rn((a))
+#  else
+#    define R_ADD(a, b) ((a) + (b))
+#    define R_SUB(a, b) ((a) - (b))
+#    define R_MUL(a, b) ((a) * (b))
+#    define R_DIV(a, b) ((a) / (b))
+#    define R_SQRT(a) sqrtf((a))
+#  endif
+/* float32 transcendentals: the float64 fdlibm result rounded to float */
+#  define R_EXP(x) ((gt_real)gt_exp((double)(x)))
+#  define R_LOG(x) ((gt_real)gt_log((double)(x)))
+#  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
+#else
+typedef double gt_real;
+#  define R_ADD(a, b) GT_ADD((a), (b))
+#  define R_SUB(a, b) GT_SUB((a), (b))
+#  define R_MUL(a, b) GT_MUL((a), (b))
+#  define R_DIV(a, b) GT_DIV((a), (b))
+#  define R_SQRT(a) GT_SQRT((a))
+#  define R_EXP(x) gt_exp((x))
+#  define R_LOG(x) gt_log((x))
+#  define R_TANH(x) gt_tanh((x))
+#endif
+
+/* literals of the element type (a double literal would promote float math) */
+#define R0 ((gt_real)0)
+#define R1 ((gt_real)1)
+#define R2 ((gt_real)2)
+
+/* a float64 scalar stored in the metadata as its bit pattern */
+#define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
+
+/* ========================================================================
+ * Data movement and fills
+ * ====================================================================== */
+
+/* W[dst + i] = value.  M: [n, dst, value_bits] */
+GT_KERNEL k_fill(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT dst = W + M[1];
+    const gt_real v = GT_S(M[2]);
+    GT_LOOP(i, M[0]) { dst[i] = v; }
+}
+
+/* Strided copy or accumulate over an nd-dim index space, row-major:
+ *   dst[sum c*sd] = src[sum c*ss]           (acc == 0)
+ *   dst[...] = dst[...] + src[...]          (acc == 1, one rounding each)
+ * M: [n, dst, src, acc, nd, dims[nd], sd[nd], ss[nd]]
+ * Used by reshape, transpose, slice (forward), concat (both ways). */
+GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT dst = W + M[1];
+    const gt_real *GT_RESTRICT src = W + M[2];
+    const int acc = (int)M[3];
+    const int nd = (int)M[4];
+    const long long *dims = M + 5, *sd = dims + nd, *ss = sd + nd;
+#ifdef GT_THREAD_BODIES
+    GT_LOOP(i, M[0]) {
+        long long rem = i, od = 0, os = 0;
+        for (int d = nd - 1; d >= 0; --d) {
+            const long long c = rem % dims[d];
+            rem /= dims[d];
+            od += c * sd[d];
+            os += c * ss[d];
+        }
+        dst[od] = acc ? R_ADD(dst[od], src[os]) : src[os];
+    }
+#else
+    const long long inner = dims[nd - 1], isd = sd[nd - 1], iss = ss[nd - 1];
+    const long long outer = M[0] / inner;
+    long long idx[GT_MAXD] = {0}, od = 0, os = 0;
+    for (long long q = 0; q < outer; ++q) {
+        gt_real *GT_RESTRICT pd = dst + od;
+        const gt_real *GT_RESTRICT ps = src + os;
+        if (isd == 1 && iss == 1) {
+            if (acc) { for (long long j = 0; j < inner; ++j) pd[j] = R_ADD(pd[j], ps[j]); }
+            else memcpy(pd, ps, (size_t)inner * sizeof(gt_real));
+        } else if (acc) {
+            for (long long j = 0; j < inner; ++j) pd[j * isd] = R_ADD(pd[j * isd], ps[j * iss]);
+        } else {
+            for (long long j = 0; j < inner; ++j) pd[j * isd] = ps[j * iss];
+        }
+        for (int d = nd - 2; d >= 0; --d) {          /* odometer over the outer dims */
+            od += sd[d]; os += ss[d];
+            if (++idx[d] < dims[d]) break;
+            od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
+        }
+    }
+#endif
+}
+
+/* slice backward: ga = ga + scattered, where scattered is g inside the
+ * region and +0.0 outside it (ops._slice_b scatters into np.zeros and the
+ * tape adds the whole array), for every element of the input.
+ * M: [n, ga, g, nd, dims[nd] (input dims), starts[nd], stops[nd], gst[nd]] */
+GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT ga = W + M[1];
+    const gt_real *GT_RESTRICT g = W + M[2];
+    const int nd = (int)M[3];
+    const long long *dims = M + 4, *lo = dims + nd, *hi = lo + nd, *gst = hi + nd;
+    GT_LOOP(i, M[0]) {
+        long long rem = i, pg = 0;
+        int inside = 1;
+        for (int d = nd - 1; d >= 0; --d) {
+            const long long c = rem % dims[d];
+            rem /= dims[d];
+            if (c < lo[d] || c >= hi[d]) inside = 0;
+            pg += (c - lo[d]) * gst[d];
+        }
+        ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
+    }
+}
+
+/* ========================================================================
+ * Elementwise unary ops: forward out[i] = f(a[i]), backward ga[i] += c(i)
+ * ====================================================================== */
+
+/* M: [n, out, a, s_bits]   (x = a[i], s = the node's scalar operand) */
+#define GT_UNARY_FWD(name, EXPR)                                               \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT out = W + M[1];                                   \
+        const gt_real *GT_RESTRICT a = W + M[2];                               \
+        const gt_real s = GT_S(M[3]);                                          \
+        (void)s;                                                               \
+        GT_LOOP(i, M[0]) { const gt_real x = a[i]; out[i] = (EXPR); }          \
+    }
+
+GT_UNARY_FWD(k_neg, -x)
+GT_UNARY_FWD(k_adds, R_ADD(x, s))
+GT_UNARY_FWD(k_muls, R_MUL(x, s))
+GT_UNARY_FWD(k_relu, (x <= R0) ? R0 : x)                     /* NaN passes, -0 -> +0 */
+GT_UNARY_FWD(k_sigmoid, R_DIV(R1, R_ADD(R1, R_EXP(-x))))     /* 1/(1+exp(-x)) */
+GT_UNARY_FWD(k_tanh, R_TANH(x))
+GT_UNARY_FWD(k_exp, R_EXP(x))
+GT_UNARY_FWD(k_log, R_LOG(x))
+GT_UNARY_FWD(k_sqrt, R_SQRT(x))
+
+/* ga[i] = ga[i] + c, with gi = g[i], x = a[i] (input), y = t[i] (output).
+ * M: [n, ga, g, a, t, s_bits] */
+#define GT_UNARY_BWD(name, EXPR)                                               \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT ga = W + M[1];                                    \
+        const gt_real *GT_RESTRICT g = W + M[2];                               \
+        const gt_real *GT_RESTRICT a = W + M[3];                               \
+        const gt_real *GT_RESTRICT t = W + M[4];                               \
+        const gt_real s = GT_S(M[5]);                                          \
+        (void)a; (void)t; (void)s;                                             \
+        GT_LOOP(i, M[0]) {                                                     \
+            const gt_real gi = g[i], x = a[i], y = t[i];                       \
+            (void)x; (void)y;                                                  \
+            ga[i] = R_ADD(ga[i], (EXPR));                                      \
+        }                                                                      \
+    }
+
+GT_UNARY_BWD(k_bwd_id, gi)                                       /* adds, reshape */
+GT_UNARY_BWD(k_bwd_neg, -gi)
+GT_UNARY_BWD(k_bwd_muls, R_MUL(gi, s))
+GT_UNARY_BWD(k_bwd_relu, (x > R0) ? gi : R0)
+GT_UNARY_BWD(k_bwd_sigmoid, R_MUL(R_MUL(gi, y), R_SUB(R1, y)))  /* (g*t)*(1-t) */
+GT_UNARY_BWD(k_bwd_tanh, R_MUL(gi, R_SUB(R1, R_MUL(y, y))))      /* g*(1-t*t) */
+GT_UNARY_BWD(k_bwd_exp, R_MUL(gi, y))                            /* g*t */
+GT_UNARY_BWD(k_bwd_log, R_DIV(gi, x))                            /* g/a */
+GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
+
+/* ========================================================================
+ * Broadcasting binary ops, forward: out[i] = f(a[.], b[.])
+ * M: [n, out, a, b, nd, dims[nd], sa[nd], sb[nd]]; out is contiguous over
+ * the (collapsed) dims, sa/sb are the inputs' strides (0 where broadcast).
+ * ====================================================================== */
+#ifdef GT_THREAD_BODIES
+#define GT_BINARY_FWD(name, EXPR)                                              \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT out = W + M[1];                                   \
+        const gt_real *GT_RESTRICT a = W + M[2];                               \
+        const gt_real *GT_RESTRICT b = W + M[3];                               \
+        const int nd = (int)M[4];                                              \
+        const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;         \
+        GT_LOOP(i, M[0]) {                                                     \
+            long long rem = i, oa = 0, ob = 0;                                 \
+            for (int d = nd - 1; d >= 0; --d) {                                \
+                const long long c = rem % dims[d];                             \
+                rem /= dims[d];                                                \
+                oa += c * sa[d];                                               \
+                ob += c * sb[d];                                               \
+            }                                                                  \
+            const gt_real x = a[oa], y = b[ob];                                \
+            out[i] = (EXPR);                                                   \
+        }                                                                      \
+    }
+#else
+/* host: an odometer over the outer dims and a tight loop over the last one,
+ * specialised for the common stride patterns so the compiler vectorizes it */
+#define GT_BIN_INNER(SA, SB, EXPR)                                             \
+    for (long long j = 0; j < inner; ++j) {                                    \
+        const gt_real x = pa[j * (SA)], y = pb[j * (SB)];                      \
+        po[j] = (EXPR);                                                        \
+    }
+#define GT_BINARY_FWD(name, EXPR)                                              \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT out = W + M[1];                                   \
+        const gt_real *GT_RESTRICT a = W + M[2];                               \
+        const gt_real *GT_RESTRICT b = W + M[3];                               \
+        const int nd = (int)M[4];                                              \
+        const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;         \
+        const long long inner = dims[nd - 1], isa = sa[nd - 1], isb = sb[nd - 1]; \
+        const long long outer = M[0] / inner;                                  \
+        long long idx[GT_MAXD] = {0}, oa = 0, ob = 0;                          \
+        for (long long q = 0; q < outer; ++q) {                                \
+            gt_real *GT_RESTRICT po = out + q * inner;                         \
+            const gt_real *GT_RESTRICT pa = a + oa;                            \
+            const gt_real *GT_RESTRICT pb = b + ob;                            \
+            if (isa == 1 && isb == 1) { GT_BIN_INNER(1, 1, EXPR) }             \
+            else if (isa == 1 && isb == 0) { GT_BIN_INNER(1, 0, EXPR) }        \
+            else if (isa == 0 && isb == 1) { GT_BIN_INNER(0, 1, EXPR) }        \
+            else { GT_BIN_INNER(isa, isb, EXPR) }                              \
+            for (int d = nd - 2; d >= 0; --d) {                                \
+                oa += sa[d]; ob += sb[d];                                      \
+                if (++idx[d] < dims[d]) break;                                 \
+                oa -= sa[d] * dims[d]; ob -= sb[d] * dims[d]; idx[d] = 0;      \
+            }                                                                  \
+        }                                                                      \
+    }
+#endif
+
+GT_BINARY_FWD(k_add, R_ADD(x, y))
+GT_BINARY_FWD(k_sub, R_SUB(x, y))
+GT_BINARY_FWD(k_mul, R_MUL(x, y))
+GT_BINARY_FWD(k_div, R_DIV(x, y))
+
+/* ========================================================================
+ * Broadcasting binary ops, backward: one input's contribution reduced to
+ * that input's shape (numerics.reduce_to_shape), then added once.
+ *
+ * The out index space is split into KEPT dims (the target input has them)
+ * and BROADCAST dims (the target has size 1 there, or no dim).  For target
+ * element j (row-major over the kept dims) the contributions c(j, q) at the
+ * broadcast coordinates q, taken in lexicographic order (= row-major order of
+ * the out tensor), are summed starting from the FIRST one, r = c0; r = r + c1
+ * ..., and then ga[j] = ga[j] + r.  With no broadcast dims r = c(j).
+ *
+ * Per element: gv = g[out index] (the node's gradient), ov = o[...] (the
+ * other operand, or the target's own value for div's b side), tv = t[out
+ * index] (the node's value).
+ * M: [n (target size), ga, g, o, t, nk, kd[nk], kg[nk], ko[nk],
+ *     nb, bd[nb], bg[nb], bo[nb], scratch]
+ * (g and t share the out layout, so kg/bg serve both.)
+ * ====================================================================== */
+#ifdef GT_THREAD_BODIES
+#define GT_REDUCE(name, EXPR)                                                  \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT ga = W + M[1];                                    \
+        const gt_real *GT_RESTRICT g = W + M[2];                               \
+        const gt_real *GT_RESTRICT o = W + M[3];                               \
+        const gt_real *GT_RESTRICT t = W + M[4];                               \
+        const int nk = (int)M[5];                                              \
+        const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;             \
+        const int nb = (int)ko[nk];                                            \
+        const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;       \
+        long long nq = 1;                                                      \
+        for (int d = 0; d < nb; ++d) nq *= bd[d];                              \
+        GT_LOOP(j, M[0]) {                                                     \
+            long long rem = j, pg = 0, po = 0;                                 \
+            for (int d = nk - 1; d >= 0; --d) {                                \
+                const long long c = rem % kd[d];                               \
+                rem /= kd[d];                                                  \
+                pg += c * kg[d];                                               \
+                po += c * ko[d];                                               \
+            }                                                                  \
+            gt_real r = R0;                                                    \
+            for (long long q = 0; q < nq; ++q) {                               \
+                long long rq = q, qg = pg, qo = po;                            \
+                for (int d = nb - 1; d >= 0; --d) {                            \
+                    const long long c = rq % bd[d];                            \
+                    rq /= bd[d];                                               \
+                    qg += c * bg[d];                                           \
+                    qo += c * bo[d];                                           \
+                }                                                              \
+                const gt_real gv = g[qg], ov = o[qo], tv = t[qg];              \
+                (void)ov; (void)tv;                                            \
+                const gt_real cv = (EXPR);                                     \
+                r = (q == 0) ? cv : R_ADD(r, cv);                              \
+            }                                                                  \
+            ga[j] = R_ADD(ga[j], r);                                           \
+        }                                                                      \
+    }
+#else
+/* host: walk the broadcast coordinates q in lexicographic order (outer) and
+ * the kept coordinates j row by row (inner, j contiguous), keeping every
+ * target element's partial sum in a scratch row r[j]; each r[j] still sees
+ * its contributions in increasing q, i.e. the same order as above. */
+#define GT_RED_INNER(SG, SO, EXPR, STORE)                                      \
+    for (long long jj = 0; jj < inner; ++jj) {                                 \
+        const gt_real gv = pg[jj * (SG)], ov = po[jj * (SO)], tv = pt[jj * (SG)]; \
+        (void)ov; (void)tv;                                                    \
+        const gt_real cv = (EXPR);                                             \
+        STORE;                                                                 \
+    }
+#define GT_RED_WALK_KEPT(EXPR, STORE)                                          \
+    {                                                                          \
+        long long idx[GT_MAXD] = {0}, kgo = 0, koo = 0;                        \
+        for (long long row = 0; row < outer; ++row) {                          \
+            gt_real *GT_RESTRICT dst = dst0 + row * inner;                     \
+            const gt_real *GT_RESTRICT pg = g + base_g + kgo;                  \
+            const gt_real *GT_RESTRICT pt = t + base_g + kgo;                  \
+            const gt_real *GT_RESTRICT po = o + base_o + koo;                  \
+            if (ig == 1 && io == 1) { GT_RED_INNER(1, 1, EXPR, STORE) }        \
+            else if (ig == 1 && io == 0) { GT_RED_INNER(1, 0, EXPR, STORE) }   \
+            else { GT_RED_INNER(ig, io, EXPR, STORE) }                         \
+            for (int d = nk - 2; d >= 0; --d) {                                \
+                kgo += kg[d]; koo += ko[d];                                    \
+                if (++idx[d] < kd[d]) break;                                   \
+                kgo -= kg[d] * kd[d]; koo -= ko[d] * kd[d]; idx[d] = 0;        \
+            }                                                                  \
+        }                                                                      \
+    }
+#define GT_REDUCE(name, EXPR)                                                  \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        gt_real *GT_RESTRICT ga = W + M[1];                                    \
+        const gt_real *GT_RESTRICT g = W + M[2];                               \
+        const gt_real *GT_RESTRICT o = W + M[3];                               \
+        const gt_real *GT_RESTRICT t = W + M[4];                               \
+        const int nk = (int)M[5];                                              \
+        const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;             \
+        const int nb = (int)ko[nk];                                            \
+        const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;       \
+        gt_real *GT_RESTRICT r = W + bo[nb];                                   \
+        const long long n = M[0];                                              \
+        const long long inner = kd[nk - 1], ig = kg[nk - 1], io = ko[nk - 1];  \
+        const long long outer = n / inner;                                     \
+        if (nb == 0) {                                                         \
+            gt_real *GT_RESTRICT dst0 = ga;                                    \
+            const long long base_g = 0, base_o = 0;                            \
+            GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
+            return;                                                            \
+        }                                                                      \
+        long long bidx[GT_MAXD] = {0}, base_g = 0, base_o = 0;                 \
+        long long nq = 1;                                                      \
+        for (int d = 0; d < nb; ++d) nq *= bd[d];                              \
+        for (long long q = 0; q < nq; ++q) {                                   \
+            gt_real *GT_RESTRICT dst0 = r;                                     \
+            if (q == 0) { GT_RED_WALK_KEPT(EXPR, dst[jj] = cv) }               \
+            else { GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv)) }      \
+            for (int d = nb - 1; d >= 0; --d) {                                \
+                base_g += bg[d]; base_o += bo[d];                              \
+                if (++bidx[d] < bd[d]) break;                                  \
+                base_g -= bg[d] * bd[d]; base_o -= bo[d] * bd[d]; bidx[d] = 0; \
+            }                                                                  \
+        }                                                                      \
+        for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], r[j]);          \
+    }
+#endif
+
+GT_REDUCE(k_red_g, gv)                                   /* add a/b, sub a */
+GT_REDUCE(k_red_neg, -gv)                                /* sub b: -g */
+GT_REDUCE(k_red_mul, R_MUL(gv, ov))                      /* mul: g*b, g*a */
+GT_REDUCE(k_red_div, R_DIV(gv, ov))                      /* div a: g/b */
+GT_REDUCE(k_red_divb, -R_DIV(R_MUL(gv, tv), ov))         /* div b: -((g*t)/b) */
+
+/* ========================================================================
+ * Reductions to one element: sum and mean (serial, from 0.0, ascending)
+ * ====================================================================== */
+
+/* out[0] = (0.0 + a0 + a1 + ...) [/ n].  M: [1, out, a, n, is_mean] */
+GT_KERNEL k_sum(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT out = W + M[1];
+    const gt_real *GT_RESTRICT a = W + M[2];
+    const long long n = M[3];
+    GT_LOOP(z, M[0]) {
+        gt_real s = R0;
+        for (long long i = 0; i < n; ++i) s = R_ADD(s, a[i]);
+        out[0] = M[4] ? R_DIV(s, (gt_real)n) : s;
+    }
+}
+
+/* ga[i] = ga[i] + v with v = g[0] (sum) or g[0] / count (mean).
+ * M: [n, ga, g, is_mean] */
+GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT ga = W + M[1];
+    const gt_real v = M[3] ? R_DIV(W[M[2]], (gt_real)M[0]) : W[M[2]];
+    GT_LOOP(i, M[0]) { ga[i] = R_ADD(ga[i], v); }
+}
+
+/* ========================================================================
+ * Softmax along one axis (rows of length L, stride `inner`)
+ * ====================================================================== */
+
+/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max propagates a
+ * NaN anywhere in the row, like numpy's max.
+ * M: [outer*inner, out, a, L, inner] */
+GT_KERNEL k_softmax(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT out = W + M[1];
+    const gt_real *GT_RESTRICT a = W + M[2];
+    const long long L = M[3], inner = M[4];
+    GT_LOOP(r, M[0]) {
+        const long long base = (r / inner) * L * inner + (r % inner);
+        gt_real m = a[base];
+        for (long long l = 1; l < L; ++l) {
+            const gt_real x = a[base + l * inner];
+            if (x > m || x != x) m = x;
+        }
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            const gt_real e = R_EXP(R_SUB(a[p], m));
+            out[p] = e;
+            s = R_ADD(s, e);
+        }
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            out[p] = R_DIV(out[p], s);
+        }
+    }
+}
+
+/* ga = ga + t * (g - (0.0 + g0*t0 + g1*t1 + ...)).
+ * M: [outer*inner, ga, g, t, L, inner] */
+GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT ga = W + M[1];
+    const gt_real *GT_RESTRICT g = W + M[2];
+    const gt_real *GT_RESTRICT t = W + M[3];
+    const long long L = M[4], inner = M[5];
+    GT_LOOP(r, M[0]) {
+        const long long base = (r / inner) * L * inner + (r % inner);
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            s = R_ADD(s, R_MUL(g[p], t[p]));
+        }
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            ga[p] = R_ADD(ga[p], R_MUL(t[p], R_SUB(g[p], s)));
+        }
+    }
+}
+
+/* ========================================================================
+ * Batched matrix product with arbitrary operand strides
+ *   C[bt,i,j] (=|+=) sum_k A[bt,i,k] * B[bt,k,j]
+ * every sum serial over k ascending from 0.0 (numerics.matmul), computed
+ * whole before it is stored or added.  C is contiguous [Bn, Mm, N].
+ * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
+ * kernel with different strides.
+ * M: [Bn*Mm*N, c, a, b, Bn, Mm, K, N, sab, sai, sak, sbb, sbk, sbj, acc,
+ *     scratch]
+ * ====================================================================== */
+#ifndef GT_THREAD_BODIES
+/* Host matmul: register-tiled with GCC/Clang vector extensions.  A tile is
+ * GT_MR rows x GT_NR columns of C held in 2*GT_MR vector accumulators; each
+ * lane is one output element whose accumulator starts at 0.0 and adds a*b
+ * (product rounded, then sum rounded: -ffp-contract=off keeps them apart)
+ * for k ascending -- the per-element sequence of the CUDA path.  B's column
+ * strip is first packed (an exact copy, zero-padded past column N) so every
+ * tile runs full width; lanes past N or rows past Mm compute on padding and
+ * are never stored. */
+#if defined(__AVX512F__)
+#  define GT_VBYTES 64
+#else
+#  define GT_VBYTES 32
+#endif
+typedef gt_real gt_vec __attribute__((vector_size(GT_VBYTES)));
+#define GT_VW ((int)(GT_VBYTES / sizeof(gt_real)))
+#define GT_MR 4
+#define GT_NR (2 * GT_VW)
+
+static inline gt_vec gt_vload(const gt_real *p)
+{
+    gt_vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* acc[r][c] = sum_k a_r[k*sak] * bp[k*GT_NR + c], serial in k from 0.0 */
+static void gt_mm_tile(long long K, const gt_real *a0, const gt_real *a1, const gt_real *a2,
+                       const gt_real *a3, long long sak, const gt_real *GT_RESTRICT bp,
+                       gt_real acc[GT_MR][GT_NR])
+{
+    gt_vec c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0};
+    gt_vec c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+    for (long long k = 0; k < K; ++k) {
+        const gt_vec b0 = gt_vload(bp + k * GT_NR), b1 = gt_vload(bp + k * GT_NR + GT_VW);
+        const gt_real x0 = a0[k * sak], x1 = a1[k * sak], x2 = a2[k * sak], x3 = a3[k * sak];
+        c00 = c00 + b0 * x0; c01 = c01 + b1 * x0;
+        c10 = c10 + b0 * x1; c11 = c11 + b1 * x1;
+        c20 = c20 + b0 * x2; c21 = c21 + b1 * x2;
+        c30 = c30 + b0 * x3; c31 = c31 + b1 * x3;
+    }
+    memcpy(&acc[0][0], &c00, sizeof c00); memcpy(&acc[0][GT_VW], &c01, sizeof c01);
+    memcpy(&acc[1][0], &c10, sizeof c10); memcpy(&acc[1][GT_VW], &c11, sizeof c11);
+    memcpy(&acc[2][0], &c20, sizeof c20); memcpy(&acc[2][GT_VW], &c21, sizeof c21);
+    memcpy(&acc[3][0], &c30, sizeof c30); memcpy(&acc[3][GT_VW], &c31, sizeof c31);
+}
+
+/* C (Mm x N, contiguous) (=|+=) A (Mm x K; strides sai, sak) @ B (K x N;
+ * strides sbk, sbj); bp is scratch for K*GT_NR elements. */
+static void gt_mm_host(gt_real *GT_RESTRICT C, const gt_real *A, long long sai, long long sak,
+                       const gt_real *B, long long sbk, long long sbj, long long Mm, long long K,
+                       long long N, int accumulate, gt_real *GT_RESTRICT bp)
+{
+    gt_real acc[GT_MR][GT_NR];
+    for (long long j0 = 0; j0 < N; j0 += GT_NR) {
+        const int nr = (int)(N - j0 < GT_NR ? N - j0 : GT_NR);
+        for (long long k = 0; k < K; ++k) {          /* pack the strip: exact copies */
+            const gt_real *src = B + k * sbk + j0 * sbj;
+            gt_real *dst = bp + k * GT_NR;
+            if (sbj == 1 && nr == GT_NR) memcpy(dst, src, sizeof(gt_real) * GT_NR);
+            else for (int c = 0; c < GT_NR; ++c) dst[c] = c < nr ? src[c * sbj] : R0;
+        }
+        for (long long i0 = 0; i0 < Mm; i0 += GT_MR) {
+            const int mr = (int)(Mm - i0 < GT_MR ? Mm - i0 : GT_MR);
+            const gt_real *row[GT_MR];
+            for (int r = 0; r < GT_MR; ++r) row[r] = A + (i0 + (r < mr ? r : 0)) * sai;
+            gt_mm_tile(K, row[0], row[1], row[2], row[3], sak, bp, acc);
+            for (int r = 0; r < mr; ++r) {
+                gt_real *GT_RESTRICT cr = C + (i0 + r) * N + j0;
+                if (accumulate) for (int c = 0; c < nr; ++c) cr[c] = R_ADD(cr[c], acc[r][c]);
+                else for (int c = 0; c < nr; ++c) cr[c] = acc[r][c];
+            }
+        }
+    }
+}
+#endif
+
+GT_KERNEL k_matmul(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT C = W + M[1];
+    const gt_real *GT_RESTRICT A = W + M[2];
+    const gt_real *GT_RESTRICT B = W + M[3];
+    const long long Bn = M[4], Mm = M[5], K = M[6], N = M[7];
+    const long long sab = M[8], sai = M[9], sak = M[10];
+    const long long sbb = M[11], sbk = M[12], sbj = M[13];
+    const int acc = (int)M[14];
+#ifdef GT_THREAD_BODIES
+    (void)Bn;
+    GT_LOOP(idx, M[0]) {
+        const long long j = idx % N, rest = idx / N;
+        const long long i = rest % Mm, bt = rest / Mm;
+        const gt_real *pa = A + bt * sab + i * sai;
+        const gt_real *pb = B + bt * sbb + j * sbj;
+        gt_real s = R0;
+        for (long long k = 0; k < K; ++k) s = R_ADD(s, R_MUL(pa[k * sak], pb[k * sbk]));
+        C[idx] = acc ? R_ADD(C[idx], s) : s;
+    }
+#else
+    gt_real *GT_RESTRICT bp = W + M[15];
+    for (long long bt = 0; bt < Bn; ++bt)
+        gt_mm_host(C + bt * Mm * N, A + bt * sab, sai, sak, B + bt * sbb, sbk, sbj,
+                   Mm, K, N, acc, bp);
+#endif
+}
+
+/* ========================================================================
+ * Optimizer (gradtool/optim.py, bit for bit).  ctl = [lr_or_lr_t, clip
+ * scale, clip active (0/1), loss finite (0/1)]: the host writes ctl[0]
+ * before every step; the kernels below write the rest; so a captured graph
+ * never changes.
+ * ====================================================================== */
+
+/* ctl[3] = 1 when the loss this episode computed is finite, else 0: the
+ * training contract is that a non-finite loss updates nothing (the CPU
+ * engine stops before backward), so every update kernel checks ctl[3].
+ * M: [1, ctl, loss] */
+GT_KERNEL k_guard(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT ctl = W + M[1];
+    const gt_real x = W[M[2]];
+    GT_LOOP(z, M[0]) { ctl[3] = (R_SUB(x, x) == R0) ? R1 : R0; }
+}
+
+/* sumsq = 0.0 + g*g ... over every active param's gradient in registration
+ * order, row-major; norm = sqrt(sumsq); scale = clip / norm if norm > clip.
+ * M: [1, ctl, clip_bits, np, (g_off, n) * np] */
+GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT ctl = W + M[1];
+    const gt_real clip = GT_S(M[2]);
+    const long long np = M[3];
+    GT_LOOP(z, M[0]) {
+        gt_real s = R0;
+        for (long long p = 0; p < np; ++p) {
+            const gt_real *GT_RESTRICT g = W + M[4 + 2 * p];
+            const long long n = M[5 + 2 * p];
+            for (long long i = 0; i < n; ++i) s = R_ADD(s, R_MUL(g[i], g[i]));
+        }
+        const gt_real norm = R_SQRT(s);
+        if (norm > clip) { ctl[1] = R_DIV(clip, norm); ctl[2] = R1; }
+        else { ctl[1] = R1; ctl[2] = R0; }
+    }
+}
+
+/* The gradient the update sees: clipped (when the norm kernel said so),
+ * then L2 (g + l2*w) when l2 != 0. */
+GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
+{
+    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
+    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
+    return g;
+}
+
+/* w = w - lr*g.  M: [n, w, g, ctl, use_clip, l2_bits] */
+GT_KERNEL k_sgd(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT w = W + M[1];
+    const gt_real *GT_RESTRICT g = W + M[2];
+    const gt_real *GT_RESTRICT ctl = W + M[3];
+    const int use_clip = (int)M[4];
+    const gt_real l2 = GT_S(M[5]);
+    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) {
+        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
+        w[i] = R_SUB(w[i], R_MUL(ctl[0], gi));
+    }
+}
+
+/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps)
+ * M: [n, w, g, m, v, ctl, use_clip, l2, b1, b2, omb1, omb2, eps] (bits) */
+GT_KERNEL k_adam(gt_real *W, const long long *M)
+{
+    gt_real *GT_RESTRICT w = W + M[1];
+    const gt_real *GT_RESTRICT g = W + M[2];
+    gt_real *GT_RESTRICT m = W + M[3];
+    gt_real *GT_RESTRICT v = W + M[4];
+    const gt_real *GT_RESTRICT ctl = W + M[5];
+    const int use_clip = (int)M[6];
+    const gt_real l2 = GT_S(M[7]), b1 = GT_S(M[8]), b2 = GT_S(M[9]);
+    const gt_real omb1 = GT_S(M[10]), omb2 = GT_S(M[11]), eps = GT_S(M[12]);
+    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) {
+        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
+        const gt_real mi = R_ADD(R_MUL(m[i], b1), R_MUL(omb1, gi));
+        const gt_real vi = R_ADD(R_MUL(v[i], b2), R_MUL(omb2, R_MUL(gi, gi)));
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = R_SUB(w[i], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps)));
+    }
+}
+
+/* ========================================================================
+ * Host interpreter: run a list of launches with one call from Python.
+ * A launch is a pair (kernel index, metadata offset); the kernel indices are
+ * positions in GT_KERNELS, whose names gt_kernel_names() reports.
+ * ====================================================================== */
+#define GT_KERNELS(X)                                                          \
+    X(k_fill) X(k_copy_nd) X(k_slice_bwd)                                      \
+    X(k_neg) X(k_adds) X(k_muls) X(k_relu) X(k_sigmoid) X(k_tanh) X(k_exp)     \
+    X(k_log) X(k_sqrt)                                                         \
+    X(k_bwd_id) X(k_bwd_neg) X(k_bwd_muls) X(k_bwd_relu) X(k_bwd_sigmoid)      \
+    X(k_bwd_tanh) X(k_bwd_exp) X(k_bwd_log) X(k_bwd_sqrt)                      \
+    X(k_add) X(k_sub) X(k_mul) X(k_div)                                        \
+    X(k_red_g) X(k_red_neg) X(k_red_mul) X(k_red_div) X(k_red_divb)            \
+    X(k_sum) X(k_sum_bwd) X(k_softmax) X(k_softmax_bwd) X(k_matmul)            \
+    X(k_guard) X(k_clip_norm) X(k_sgd) X(k_adam)
+
+#ifndef __CUDACC__
+typedef void (*gt_kernel_fn)(gt_real *, const long long *);
+#define GT_AS_POINTER(name) name,
+#define GT_AS_NAME(name) #name " "
+static const gt_kernel_fn gt_kernel_table[] = { GT_KERNELS(GT_AS_POINTER) };
+
+/* space-separated kernel names, in table order */
+GT_EXPORT const char *gt_kernel_names(void) { return GT_KERNELS(GT_AS_NAME); }
+
+/* bytes per element of this build (8: float64, 4: float32) */
+GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
+
+/* Run launches [start, end) of the table L (pairs kernel index, metadata
+ * offset into M) over the arena W. */
+GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
+                      long long start, long long end)
+{
+    for (long long q = start; q < end; ++q)
+        gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+}
+#endif

@@ -1,0 +1,20 @@
+"""The device replay engine: a captured tape episode run by compiled kernels.
+
+One kernel source, ``gradtool/csrc/kernels.cu``, holds every forward and
+backward kernel, the broadcast reduction and the optimizer updates.  It runs
+on two backends: ``cuda`` (PyCUDA, per-node launches or one CUDA graph per
+episode) and ``host`` (the same file compiled by the system C compiler and
+driven through ctypes, one call per episode).  In float64 both give the CPU
+tape's bits.  See docs/device.md.
+
+    from gradtool.device import capture
+    rp = capture(tape, loss, backend="host")
+    rp.forward(); rp.backward()
+    rp.loss(), rp.grad(w)
+"""
+
+from .engine import BACKENDS, DeviceEngine, DeviceReplay, capture, resolve_backend
+from .program import CaptureError
+
+__all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
+           "BACKENDS"]

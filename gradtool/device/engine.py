@@ -1,0 +1,314 @@
+"""Replaying a captured tape on a device, and training with it.
+
+:func:`capture` mirrors one recorded episode onto a backend and returns a
+:class:`DeviceReplay`: per step the caller uploads fresh rows into input
+slots (:meth:`~DeviceReplay.set_input`), runs :meth:`~DeviceReplay.forward`,
+:meth:`~DeviceReplay.backward` and the device optimizer
+(:meth:`~DeviceReplay.step`), or all three at once
+(:meth:`~DeviceReplay.episode`), and reads back only the loss.
+:meth:`~DeviceReplay.value` and :meth:`~DeviceReplay.grad` download any node;
+:meth:`~DeviceReplay.sync_params_to_tape` writes trained parameters back into
+the CPU tape.
+
+:class:`DeviceEngine` is the training loop's engine for ``gradtool train
+--backend host|cuda|auto`` (the same methods as ``gradtool.train.CpuEngine``).
+
+Backends: ``host`` (:mod:`gradtool.device.host`, everywhere a C compiler
+exists) and ``cuda`` (:mod:`gradtool.device.cuda`, PyCUDA and a GPU);
+``auto`` picks cuda when PyCUDA and a device are present, else host.
+With dtype f64 every backend gives the CPU tape's bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import GradtoolError
+from .program import CaptureError, DTYPES, capture_program
+
+BACKENDS = ("auto", "cuda", "host")
+
+
+def resolve_backend(name: str) -> tuple:
+    """(backend actually used, why) for a requested ``auto``/``cuda``/``host``."""
+    if name not in BACKENDS:
+        raise GradtoolError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if name == "host":
+        return "host", "requested"
+    from .cuda import cuda_status
+    ok, why = cuda_status()
+    if name == "cuda":
+        if not ok:
+            raise GradtoolError(f"the cuda backend is unavailable: {why}")
+        return "cuda", "requested"
+    return ("cuda", f"auto: {why}") if ok else ("host", f"auto: no cuda ({why})")
+
+
+class DeviceReplay:
+    """One captured episode on one backend.  Build it with :func:`capture`."""
+
+    def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
+                 optimizer=None, graph: bool = True, host_kernels: str = "tiled"):
+        loss_id = int(getattr(loss, "id", loss))
+        self.program = capture_program(tape, loss_id, dtype, optimizer)
+        self.backend, self.backend_reason = resolve_backend(backend)
+        if self.backend == "cuda":
+            from .cuda import CudaBackend
+            self.dev = CudaBackend(self.program, graph=graph)
+        else:
+            from .host import HostBackend
+            self.dev = HostBackend(self.program, variant=host_kernels)
+        self.dtype = dtype
+        self.loss_id = loss_id
+        self.optimizer = self.program.optimizer
+
+    # ── inputs and phases ──────────────────────────────────────────────────
+    def set_input(self, node, data) -> None:
+        """Fresh values for a leaf (an input slot's minibatch rows, or a param)."""
+        i = int(getattr(node, "id", node))
+        prog = self.program
+        if not 0 <= i < len(prog.shapes):
+            raise GradtoolError(f"no node {i} (the tape has {len(prog.shapes)} nodes)")
+        arr = np.asarray(data, dtype=np.float64)
+        if arr.shape != prog.shapes[i]:
+            raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
+                                f"{list(arr.shape)}")
+        self.dev.write(prog.val_off[i], np.ascontiguousarray(arr, dtype=DTYPES[self.dtype]))
+
+    def forward(self) -> None:
+        self.dev.run("forward", "forward")
+
+    def backward(self) -> None:
+        self.dev.run("backward", "backward")
+
+    def _prepare_step(self) -> tuple:
+        if self.optimizer is None:
+            raise GradtoolError("this replay was captured without an optimizer")
+        before = self.optimizer.counters()
+        self.dev.set_scalar(self.program.ctl_off, self.optimizer.begin_step())
+        return before
+
+    def _settle_step(self, before: tuple) -> float:
+        # the device skipped the update after a non-finite loss (k_guard); so does the
+        # host half, like the CPU engine, which never calls step() then
+        loss = self.loss()
+        if not math.isfinite(loss):
+            self.optimizer.restore(before)
+        return loss
+
+    def step(self) -> None:
+        """One device optimizer step from the gradients on the device.
+
+        Like every device step it updates nothing when the last forward's loss
+        is not finite.
+        """
+        before = self._prepare_step()
+        self.dev.run("optimizer", "optimizer")
+        self._settle_step(before)
+
+    def episode(self, train: bool = True) -> float:
+        """Forward, backward and (with ``train``) the optimizer, as one run; the loss."""
+        if not train:
+            self.dev.run("forward", "backward")
+            return self.loss()
+        before = self._prepare_step()
+        self.dev.run("forward", "optimizer")
+        return self._settle_step(before)
+
+    # ── reading back ───────────────────────────────────────────────────────
+    def loss(self) -> float:
+        return self.dev.scalar(self.program.val_off[self.loss_id])
+
+    def value(self, node) -> np.ndarray:
+        i = int(getattr(node, "id", node))
+        prog = self.program
+        return self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+
+    def grad(self, node) -> np.ndarray:
+        """dL/d(node) from the last backward; zeros for a node backward never touches."""
+        i = int(getattr(node, "id", node))
+        prog = self.program
+        if prog.grad_off[i] < 0:
+            return np.zeros(prog.shapes[i])
+        return self.dev.read(prog.grad_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+
+    def touched(self, node) -> bool:
+        return self.program.grad_off[int(getattr(node, "id", node))] >= 0
+
+    def sync_params_to_tape(self, tape) -> None:
+        """Write every param's device value into the tape's own array, in place."""
+        for i in self.program.param_ids:
+            tape.values[i][...] = self.value(i)
+
+    def sync_optimizer(self, opt) -> None:
+        """Write the device optimizer's counters and moments back into ``opt``."""
+        if self.optimizer is not None:
+            self.optimizer.write_back(opt, self.dev.read)
+
+    # ── facts for reports ──────────────────────────────────────────────────
+    def launches(self, train: bool = True) -> int:
+        phases = ("forward", "backward", "optimizer") if train else ("forward", "backward")
+        return self.program.count(phases)
+
+    @property
+    def nbytes(self) -> int:
+        return self.dev.nbytes
+
+
+def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
+            graph: bool = True, host_kernels: str = "tiled") -> DeviceReplay:
+    """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
+
+    ``optimizer``: a gradtool.optim SGD/Adam with its params registered (for
+    :meth:`DeviceReplay.step` and training episodes).  ``graph``: cuda only, one
+    CUDA graph per episode.  ``host_kernels="per-thread"``: the host backend runs
+    the GPU's one-thread-per-output kernel bodies instead of its tiled ones (same
+    bits, slower; how the tests check the GPU's code without a GPU).
+    """
+    return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
+                        graph=graph, host_kernels=host_kernels)
+
+
+class DeviceEngine:
+    """The training engine on a device backend (same interface as train.CpuEngine)."""
+
+    def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
+                 graph: bool = True, **options):
+        if options:
+            raise GradtoolError(f"unknown device engine option(s): {', '.join(sorted(options))}")
+        self.tape = tape
+        self.optimizer = optimizer
+        self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph)
+        self.name = self.replay.backend
+
+    def set_input(self, node_id: int, batch: np.ndarray) -> None:
+        self.replay.set_input(node_id, batch)
+
+    def train_step(self) -> float:
+        return self.replay.episode(train=True)
+
+    def evaluate(self) -> float:
+        self.replay.forward()
+        return self.replay.loss()
+
+    def output(self, node_id: int) -> np.ndarray:
+        return self.replay.value(node_id)
+
+    def finish(self) -> None:
+        self.replay.sync_params_to_tape(self.tape)
+        self.replay.sync_optimizer(self.optimizer)
+
+
+__all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
+           "BACKENDS"]
+
+
+# ── parity with the CPU tape, and timing (used by `gradtool replay-gpu`) ───
+
+F32_BOUND = 1e-5          # documented float32 parity bound: max|dev - cpu| / max|cpu| per tensor
+
+
+def ulp_distance(a, b) -> float:
+    """Largest distance in units in the last place between two float64 arrays.
+
+    0 only when the arrays are identical to the bit (+0.0 and -0.0 are 1
+    apart), except that a NaN matches any NaN: NaN sign and payload bits are
+    not part of the promise (x86 and CUDA make different default NaNs, and
+    compilers treat ``a + (-b)`` and ``a - b`` as the same operation).  inf
+    where exactly one side is NaN.
+    """
+    a = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+    b = np.ascontiguousarray(b, dtype=np.float64).reshape(-1)
+    ia, ib = a.view(np.int64), b.view(np.int64)
+    differ = np.nonzero(ia != ib)[0]
+    worst = 0.0
+    for k in differ:
+        x, y = int(ia[k]), int(ib[k])
+        if np.isnan(a[k]) and np.isnan(b[k]):
+            continue
+        if np.isnan(a[k]) or np.isnan(b[k]):
+            return float("inf")
+        # map the bit patterns onto a line where neighbouring doubles are 1 apart
+        ox = x if x >= 0 else -(x & 0x7FFFFFFFFFFFFFFF) - 1
+        oy = y if y >= 0 else -(y & 0x7FFFFFFFFFFFFFFF) - 1
+        worst = max(worst, float(abs(ox - oy)))
+    return worst
+
+
+def relative_error(dev, ref) -> float:
+    """max|dev - ref| / max|ref| over one tensor (0 when equal; inf on a NaN mismatch)."""
+    dev = np.asarray(dev, dtype=np.float64).reshape(-1)
+    ref = np.asarray(ref, dtype=np.float64).reshape(-1)
+    if not np.array_equal(np.isnan(dev), np.isnan(ref)):
+        return float("inf")
+    ok = ~np.isnan(ref)
+    if not ok.any():
+        return 0.0
+    with np.errstate(all="ignore"):
+        diff = np.abs(dev[ok] - ref[ok])
+        scale = float(np.max(np.abs(ref[ok])))
+        worst = float(np.max(diff)) if diff.size else 0.0
+    if worst == 0.0:
+        return 0.0
+    return worst / scale if scale > 0.0 else float("inf")
+
+
+def parity_item(what: str, node: int, dev, ref, dtype: str) -> dict:
+    ulps = ulp_distance(dev, ref)
+    rel = relative_error(dev, ref)
+    ok = ulps == 0.0 if dtype == "f64" else rel <= F32_BOUND
+    return {"what": what, "node": node, "ulps": ulps, "rel": rel, "ok": bool(ok)}
+
+
+def check_gradients(replay: DeviceReplay, tape, loss_id: int) -> list:
+    """One episode on the device and on the CPU tape; the loss and every param gradient.
+
+    f64 passes only bit for bit; f32 within :data:`F32_BOUND`.
+    """
+    with np.errstate(all="ignore"):
+        tape.zero_grad()
+        tape.forward()
+        tape.backward(tape.var(loss_id))
+    replay.forward()
+    replay.backward()
+    items = [parity_item("loss", loss_id, replay.loss(), tape.values[loss_id], replay.dtype)]
+    for p in tape.params():
+        label = f"grad {p.id}" + (f" ({tape.nodes[p.id].name})" if tape.nodes[p.id].name else "")
+        items.append(parity_item(label, p.id, replay.grad(p.id), tape.grad(p), replay.dtype))
+    return items
+
+
+def check_step(replay: DeviceReplay, tape, cpu_optimizer) -> list:
+    """After :func:`check_gradients`: one optimizer step on both sides; every param."""
+    replay.step()
+    with np.errstate(all="ignore"):
+        cpu_optimizer.step(tape)
+    items = []
+    for p in tape.params():
+        label = f"param {p.id}" + (f" ({tape.nodes[p.id].name})" if tape.nodes[p.id].name else "")
+        items.append(parity_item(label + " after one step", p.id, replay.value(p.id),
+                                 tape.values[p.id], replay.dtype))
+    return items
+
+
+def time_episodes(replay: DeviceReplay, episodes: int, warmup: int, train: bool) -> dict:
+    """Run ``warmup`` then ``episodes`` episodes; per-episode wall times and losses."""
+    import time
+
+    for _ in range(warmup):
+        replay.episode(train)
+    times, losses = [], []
+    clock = time.perf_counter
+    for _ in range(episodes):
+        t0 = clock()
+        loss = replay.episode(train)
+        times.append(clock() - t0)
+        losses.append(loss)
+    arr = np.array(times)
+    median = float(np.median(arr))
+    return {"episodes": episodes, "warmup": warmup, "median": median,
+            "p10": float(np.percentile(arr, 10)), "p90": float(np.percentile(arr, 90)),
+            "episodes_per_second": (1.0 / median) if median > 0 else float("inf"),
+            "loss_first": losses[0], "loss_last": losses[-1]}

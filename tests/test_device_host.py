@@ -1,0 +1,607 @@
+"""The device replay engine on the host backend: every kernel against the CPU tape, bit for bit.
+
+The host backend compiles gradtool/csrc/kernels.cu with the system C
+compiler, so these tests run every kernel on every commit.  Each check
+changes the leaves (on the tape and on the device) before the forward
+replay, so a forward kernel that computed nothing would still show the
+captured values and fail; then it compares every node's value and every
+node's gradient with the CPU tape to the bit.
+"""
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import gradtool as gt
+from conftest import assert_bits_equal
+from gradtool.device import CaptureError, capture
+from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error, ulp_distance
+from gradtool.device.host import CSRC, kernel_names, library_path, load_library
+from gradtool.device.program import MAX_DIMS, capture_program
+from gradtool.errors import GradtoolError
+from gradtool.optim import SGD, Adam
+from gradtool.train import make_engine
+
+
+def perturb_leaves(tp, rp, rng):
+    """New leaf values (same signs, so log/sqrt inputs stay positive) on both sides."""
+    for i, node in enumerate(tp.nodes):
+        if node.a < 0:
+            new = tp.values[i] * rng.uniform(0.5, 1.5, tp.values[i].shape)
+            tp.set_value(tp.var(i), new)
+            rp.set_input(i, new)
+
+
+def assert_replay_matches(tp, loss, rng, dtype="f64", kernels="tiled"):
+    """Forward and backward on the host backend == the CPU tape, every node, to the bit."""
+    rp = capture(tp, loss, "host", dtype, host_kernels=kernels)
+    perturb_leaves(tp, rp, rng)
+    tp.forward()
+    tp.zero_grad()
+    tp.backward(loss)
+    rp.forward()
+    rp.backward()
+    for i in range(len(tp.nodes)):
+        what = f"node {i} ({tp.nodes[i].op})"
+        assert_bits_equal(rp.value(i), tp.values[i], what + " value")
+        cpu_grad = tp.grads[i] if tp.grads[i] is not None else np.zeros(tp.values[i].shape)
+        assert_bits_equal(rp.grad(i), cpu_grad, what + " grad")
+        assert rp.touched(i) == (tp.grads[i] is not None), what
+    return rp
+
+
+def weighted_loss(tp, y, rng):
+    """mean(y * k) with a random const k: every element of y gets its own gradient."""
+    return tp.mean(y * tp.const(rng.uniform(-1.0, 1.0, y.shape)))
+
+
+# ── one op at a time ──────────────────────────────────────────────────────
+
+UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt"]
+
+
+@pytest.mark.parametrize("shape", [(1,), (3, 4), (2, 3, 5)])
+@pytest.mark.parametrize("op", UNARY + ["adds", "muls"])
+def test_unary_op(op, shape, rng):
+    tp = gt.Tape()
+    if op in ("log", "sqrt"):
+        data = rng.uniform(0.1, 3.0, shape)
+    else:
+        data = rng.uniform(-3.0, 3.0, shape)
+        data.reshape(-1)[0] = 0.0           # relu's x <= 0 edge; exact zeros elsewhere too
+        if data.size > 2:
+            data.reshape(-1)[1] = -0.0
+    x = tp.param(data)
+    if op == "adds":
+        y = tp.adds(x, 0.37)
+    elif op == "muls":
+        y = tp.muls(x, -1.7)
+    else:
+        y = getattr(tp, op)(x)
+    assert_replay_matches(tp, weighted_loss(tp, y, rng), rng)
+
+
+OUT = (2, 3, 4)
+PATTERNS = [(2, 3, 4), (1, 3, 4), (2, 1, 4), (2, 3, 1), (1, 1, 4), (1, 3, 1), (2, 1, 1),
+            (1, 1, 1), (3, 4), (4,), (3, 1), (1,)]
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_broadcast_binary_every_axis_pattern(op, rng):
+    """Every combination of broadcast axes on either side, both inputs requiring grad."""
+    for sa in PATTERNS:
+        for sb in PATTERNS:
+            tp = gt.Tape()
+            a = tp.param(rng.uniform(-2.0, 2.0, sa))
+            b = tp.param(rng.uniform(0.5, 2.0, sb) * rng.choice([-1.0, 1.0], sb))
+            y = getattr(tp, op)(a, b)
+            assert_replay_matches(tp, weighted_loss(tp, y, rng), rng)
+
+
+def test_broadcast_one_side_const(rng):
+    for sa, sb in [((2, 3, 4), (3, 1)), ((1, 4), (2, 3, 4)), ((4,), (2, 1, 1))]:
+        for op in ("add", "sub", "mul", "div"):
+            tp = gt.Tape()
+            a = tp.const(rng.uniform(0.5, 2.0, sa))
+            b = tp.param(rng.uniform(0.5, 2.0, sb))
+            assert_replay_matches(tp, weighted_loss(tp, getattr(tp, op)(a, b), rng), rng)
+            tp = gt.Tape()
+            a = tp.param(rng.uniform(0.5, 2.0, sa))
+            b = tp.const(rng.uniform(0.5, 2.0, sb))
+            assert_replay_matches(tp, weighted_loss(tp, getattr(tp, op)(a, b), rng), rng)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_reductions(op, rng):
+    for shape in [(1,), (7,), (3, 5), (2, 3, 4)]:
+        tp = gt.Tape()
+        x = tp.param(rng.uniform(-1.0, 1.0, shape))
+        y = getattr(tp, op)(x * x)
+        assert_replay_matches(tp, tp.mul(y, tp.const([0.7])), rng)
+
+
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (1, 7, 1), (3, 5, 2), (5, 9, 17), (13, 33, 40),
+                                 (4, 16, 32), (64, 3, 10), (2, 1, 9)])
+def test_matmul(mkn, rng):
+    m, k, n = mkn
+    tp = gt.Tape()
+    a = tp.param(rng.uniform(-1.0, 1.0, (m, k)))
+    b = tp.param(rng.uniform(-1.0, 1.0, (k, n)))
+    assert_replay_matches(tp, weighted_loss(tp, a @ b, rng), rng)
+
+
+@pytest.mark.parametrize("bmkn", [(2, 3, 4, 5), (3, 1, 7, 2), (1, 5, 5, 5), (4, 6, 2, 11)])
+def test_bmm(bmkn, rng):
+    bt, m, k, n = bmkn
+    tp = gt.Tape()
+    a = tp.param(rng.uniform(-1.0, 1.0, (bt, m, k)))
+    b = tp.param(rng.uniform(-1.0, 1.0, (bt, k, n)))
+    assert_replay_matches(tp, weighted_loss(tp, tp.bmm(a, b), rng), rng)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (2, 1, 3, 5), (1, 1)])
+def test_transpose(shape, rng):
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-1.0, 1.0, shape))
+    assert_replay_matches(tp, weighted_loss(tp, tp.transpose(x) * 2.5, rng), rng)
+
+
+def test_reshape(rng):
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-1.0, 1.0, (2, 3, 4)))
+    y = tp.reshape(tp.exp(x), [4, 6])
+    assert_replay_matches(tp, weighted_loss(tp, tp.reshape(y, [24]), rng), rng)
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4), 0), ((2, 3, 4), 1), ((2, 3, 4), 2),
+                                        ((5,), 0), ((1, 4), 0), ((3, 1), 1)])
+def test_softmax_each_axis(shape, axis, rng):
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-3.0, 3.0, shape))
+    assert_replay_matches(tp, weighted_loss(tp, tp.softmax(x, axis=axis), rng), rng)
+
+
+@pytest.mark.parametrize("shape,starts,stops", [
+    ((6,), [1], [4]), ((6,), [0], [6]), ((4, 5), [1, 0], [3, 5]), ((4, 5), [3, 4], [4, 5]),
+    ((2, 3, 4), [0, 1, 1], [2, 3, 3]), ((2, 3, 4, 5), [1, 0, 2, 1], [2, 3, 4, 4])])
+def test_slice(shape, starts, stops, rng):
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-1.0, 1.0, shape))
+    assert_replay_matches(tp, weighted_loss(tp, tp.slice(tp.tanh(x), starts, stops), rng), rng)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_each_axis(axis, rng):
+    sa = [2, 3, 4]
+    sb = list(sa)
+    sb[axis] = 1 + axis
+    tp = gt.Tape()
+    a = tp.param(rng.uniform(-1.0, 1.0, sa))
+    b = tp.param(rng.uniform(-1.0, 1.0, sb))
+    assert_replay_matches(tp, weighted_loss(tp, tp.concat(a, b, axis=axis), rng), rng)
+
+
+def test_fan_out(rng):
+    """One value read by many consumers, including both inputs of one node."""
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(0.5, 1.5, (3, 3)))
+    terms = [x * x, x + x, x - x, x / x, x @ x, tp.concat(x, x, axis=1), tp.softmax(x, 0),
+             tp.slice(x, [0, 1], [2, 3])]
+    loss = tp.mean(terms[0])
+    for t in terms[1:]:
+        loss = loss + weighted_loss(tp, t, rng)
+    assert_replay_matches(tp, loss, rng)
+
+
+def test_const_branches_dead_nodes_and_untouched_params(rng):
+    tp = gt.Tape()
+    w = tp.param(rng.uniform(-1.0, 1.0, (3, 2)), name="w")
+    unused = tp.param(rng.uniform(-1.0, 1.0, (2,)), name="unused")
+    c = tp.const(rng.uniform(0.5, 1.0, (4, 3)), name="x")
+    const_branch = tp.log(tp.exp(c) * 2.0)             # requires no grad
+    h = tp.tanh(const_branch @ w)
+    loss = tp.mean(h * h)
+    after = tp.sigmoid(h) + unused                      # recorded after the loss: forward only
+    rp = assert_replay_matches(tp, loss, rng)
+    assert not rp.touched(unused) and not rp.touched(c) and not rp.touched(after)
+    assert rp.touched(w)
+
+
+def test_loss_is_a_leaf_or_const_only(rng):
+    tp = gt.Tape()
+    p = tp.param([2.5])
+    assert_replay_matches(tp, p, rng)
+    tp = gt.Tape()
+    c = tp.const(rng.uniform(0.5, 1.0, (3,)))
+    tp.param([1.0])
+    assert_replay_matches(tp, tp.sum(tp.log(c)), rng)
+
+
+def assert_bits_equal_nan_any(actual, expected, what):
+    """Bit equality, except that any NaN matches any NaN (payloads are not promised)."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    both = np.isnan(a) & np.isnan(e)
+    assert_bits_equal(np.where(both, 0.0, a), np.where(both, 0.0, e), what)
+
+
+def test_special_values_propagate_like_the_tape(rng):
+    """Infinities, NaNs and signed zeros go through the same IEEE operations."""
+    tp = gt.Tape()
+    x = tp.param(np.array([[0.0, -0.0, 1e308, -1e308], [3.0, -2.0, 1e-310, 5e-324]]))
+    with np.errstate(all="ignore"):         # 4 * 1e308 overflows; softmax of inf is NaN
+        y = tp.relu(x) * 4.0 + tp.sigmoid(x) + tp.tanh(x) * tp.exp(tp.neg(tp.relu(x)))
+        loss = tp.sum(tp.softmax(y, axis=1) * tp.const(np.arange(8.0).reshape(2, 4)))
+    rp = capture(tp, loss, "host")
+    rp.forward()
+    rp.backward()
+    with np.errstate(all="ignore"):
+        tp.zero_grad()
+        tp.backward(loss)
+    for i in range(len(tp.nodes)):
+        assert_bits_equal_nan_any(rp.value(i), tp.values[i], f"node {i}")
+        assert_bits_equal_nan_any(rp.grad(i), tp.grad(tp.var(i)), f"grad {i}")
+    assert np.isnan(rp.grad(x)).any() and np.isinf(rp.value(y.id - 8)).any()
+
+
+# ── random graphs covering every op ───────────────────────────────────────
+
+def random_graph(rng, n_ops=14):
+    """A random tape over every op; returns (tape, loss)."""
+    tp = gt.Tape()
+    pool = []
+
+    def leaf(shape, const=None):
+        const = rng.random() < 0.25 if const is None else const
+        data = rng.uniform(-1.0, 1.0, shape)
+        v = tp.const(data) if const else tp.param(data)
+        pool.append(v)
+        return v
+
+    def pick(pred=lambda s: True):
+        cands = [v for v in pool if pred(v.shape)]
+        return cands[rng.integers(len(cands))] if cands else None
+
+    for shape in [(2, 3), (3,), (2, 1), (1, 3), (2, 3, 4)]:
+        leaf(shape)
+    for _ in range(n_ops):
+        kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
+                           "softmax", "slice", "concat", "reduce"])
+        x = pick()
+        if kind == "unary":
+            op = rng.choice(UNARY + ["adds", "muls"])
+            if op in ("log", "sqrt"):
+                y = getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
+            elif op == "exp":
+                y = tp.exp(tp.tanh(x))
+            elif op in ("adds", "muls"):
+                y = getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+            else:
+                y = getattr(tp, op)(x)
+        elif kind == "binary":
+            shape = list(x.shape)
+            other_shape = [1 if rng.random() < 0.4 else d for d in shape]
+            if rng.random() < 0.3 and len(other_shape) > 1:
+                other_shape = other_shape[1:]
+            other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
+            a, b = (x, other) if rng.random() < 0.5 else (other, x)
+            op = rng.choice(["add", "sub", "mul", "div"])
+            if op == "div":
+                b = tp.adds(tp.sigmoid(b), 0.5)
+            y = getattr(tp, op)(a, b)
+        elif kind == "matmul":
+            x = pick(lambda s: len(s) == 2) or leaf((2, 3))
+            y = x @ leaf((x.shape[1], int(rng.integers(1, 5))), const=False)
+        elif kind == "bmm":
+            x = pick(lambda s: len(s) == 3) or leaf((2, 3, 4))
+            y = tp.bmm(x, leaf((x.shape[0], x.shape[2], int(rng.integers(1, 4))), const=False))
+        elif kind == "transpose":
+            x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
+            y = tp.transpose(x)
+        elif kind == "reshape":
+            y = tp.reshape(x, [int(np.prod(x.shape))])
+        elif kind == "softmax":
+            y = tp.softmax(x, axis=int(rng.integers(len(x.shape))))
+        elif kind == "slice":
+            starts = [int(rng.integers(d)) for d in x.shape]
+            stops = [int(rng.integers(lo + 1, d + 1)) for lo, d in zip(starts, x.shape)]
+            y = tp.slice(x, starts, stops)
+        elif kind == "concat":
+            axis = int(rng.integers(len(x.shape)))
+            y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
+        else:
+            y = tp.sum(x) if rng.random() < 0.5 else tp.mean(x)
+        pool.append(y)
+    picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]
+    loss = weighted_loss(tp, picks[0], rng)
+    for v in picks[1:]:
+        loss = loss + weighted_loss(tp, v, rng)
+    return tp, loss
+
+
+@pytest.mark.parametrize("kernels", ["tiled", "per-thread"])
+def test_random_graphs_cover_every_op(kernels):
+    """Also with the GPU's one-thread-per-output kernel bodies compiled for the host."""
+    seen = set()
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        tp, loss = random_graph(rng)
+        seen |= {n.op for n in tp.nodes}
+        assert_replay_matches(tp, loss, rng, kernels=kernels)
+    assert seen >= set(gt.OP_NAMES), f"ops never generated: {set(gt.OP_NAMES) - seen}"
+
+
+def test_gpu_kernel_bodies_on_broadcasts_and_products(rng):
+    """The per-thread bodies (what CUDA runs) on every broadcast pattern and odd products."""
+    for op in ("add", "sub", "mul", "div"):
+        for sa in PATTERNS:
+            for sb in PATTERNS[::3]:
+                tp = gt.Tape()
+                a = tp.param(rng.uniform(-2.0, 2.0, sa))
+                b = tp.param(rng.uniform(0.5, 2.0, sb))
+                y = getattr(tp, op)(a, b)
+                assert_replay_matches(tp, weighted_loss(tp, y, rng), rng, kernels="per-thread")
+    for m, k, n in [(1, 1, 1), (5, 9, 17), (13, 33, 40)]:
+        tp = gt.Tape()
+        a = tp.param(rng.uniform(-1.0, 1.0, (m, k)))
+        b = tp.param(rng.uniform(-1.0, 1.0, (k, n)))
+        c = tp.param(rng.uniform(-1.0, 1.0, (2, m, k)))
+        y = tp.sum(a @ b) + weighted_loss(tp, tp.bmm(c, tp.concat(tp.reshape(b, [1, k, n]),
+                                                                   tp.reshape(b, [1, k, n]), 0)),
+                                          rng)
+        assert_replay_matches(tp, y, rng, kernels="per-thread")
+
+
+# ── training: the device optimizer against gradtool.optim ─────────────────
+
+def mlp(rng, n_in=6, n_hid=8, n_out=3, batch=5, l2=(1e-3, 0.0), unused=False):
+    tp = gt.Tape()
+    x = tp.const(rng.standard_normal((batch, n_in)), name="x")
+    y = tp.const(np.eye(n_out)[rng.integers(0, n_out, batch)], name="y")
+    w1 = tp.param(rng.standard_normal((n_in, n_hid)) * 0.5, name="w1", l2=l2[0])
+    b1 = tp.param(np.zeros((1, n_hid)), name="b1", l2=l2[1])
+    w2 = tp.param(rng.standard_normal((n_hid, n_out)) * 0.5, name="w2", l2=l2[0])
+    b2 = tp.param(np.zeros((1, n_out)), name="b2")
+    if unused:
+        tp.param(np.ones((2, 2)), name="unused")
+    p = tp.softmax(tp.tanh(x @ w1 + b1) @ w2 + b2, axis=1)
+    loss = tp.neg(tp.mean(tp.log((y * p) @ tp.const(np.ones((n_out, 1))))))
+    return tp, x, y, loss
+
+
+def batches(rng, n, batch=5, n_in=6, n_out=3):
+    return [(rng.standard_normal((batch, n_in)) * 2.0, np.eye(n_out)[rng.integers(0, n_out, batch)])
+            for _ in range(n)]
+
+
+def run_cpu(tp, x, y, loss, opt, data):
+    losses = []
+    for xb, yb in data:
+        tp.set_value(x, xb)
+        tp.set_value(y, yb)
+        tp.forward()
+        losses.append(float(tp.values[loss.id][0]))
+        tp.zero_grad()
+        tp.backward(loss)
+        opt.step(tp)
+    return losses
+
+
+@pytest.mark.parametrize("kind,clip", [("adam", 1.2), ("adam", 0.0), ("sgd", 1.1)])
+def test_training_steps_bit_exact_with_optim(kind, clip):
+    """50 steps: every loss and, at the end, every param and moment identical to the bit."""
+    rng = np.random.default_rng(7)
+    tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
+    rng = np.random.default_rng(7)
+    tp_dev, x_dev, y_dev, loss_dev = mlp(rng, unused=True)
+    data = batches(np.random.default_rng(8), 50)
+    opts = []
+    for tp in (tp_cpu, tp_dev):
+        opt = Adam(0.05) if kind == "adam" else SGD(0.2)
+        for p in tp.params():
+            opt.add(tp, p)
+        opt.set_clip(clip)
+        opts.append(opt)
+    cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
+
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1])
+    dev_losses, clipped = [], 0
+    for xb, yb in data:
+        rp.set_input(x_dev, xb)
+        rp.set_input(y_dev, yb)
+        dev_losses.append(rp.episode(train=True))
+        clipped += rp.dev.scalar(rp.program.ctl_off + 2) == 1.0     # the norm kernel's verdict
+    assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
+    rp.sync_params_to_tape(tp_dev)
+    rp.sync_optimizer(opts[1])
+    for p in tp_cpu.params():
+        assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
+    assert (opts[1].t, opts[1].b1t, opts[1].b2t) == (opts[0].t, opts[0].b1t, opts[0].b2t)
+    for e_dev, e_cpu in zip(opts[1].entries, opts[0].entries):
+        if e_cpu.m is not None:
+            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
+            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
+    if clip:      # both branches of the clip were taken
+        assert 0 < clipped < len(data), clipped
+
+
+def test_clip_really_clips():
+    """A tiny clip changes the trajectory (so the clipped path is exercised above)."""
+    rng = np.random.default_rng(3)
+    tp, x, y, loss = mlp(rng, l2=(0.0, 0.0))
+    opt = SGD(0.5)
+    for p in tp.params():
+        opt.add(tp, p)
+    opt.set_clip(1e-3)
+    rp = capture(tp, loss, "host", optimizer=opt)
+    rp.forward()
+    rp.backward()
+    norm = math.sqrt(sum(float(np.sum(rp.grad(p) ** 2)) for p in tp.params()))
+    assert norm > 1e-3
+    before = rp.value(tp.params()[0])
+    rp.step()
+    moved = np.abs(rp.value(tp.params()[0]) - before).max()
+    assert 0.0 < moved <= 0.5 * 1e-3 * (1 + 1e-12)
+
+
+def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():
+    """make_engine('host') == make_engine('cpu'), including a NaN batch that updates nothing."""
+    engines, tapes = [], []
+    for backend in ("cpu", "host"):
+        tp, x, y, loss = mlp(np.random.default_rng(11))
+        opt = Adam(0.01)
+        for p in tp.params():
+            opt.add(tp, p)
+        opt.set_clip(1.0)
+        engines.append((make_engine(backend, tp, loss.id, opt), x, y, opt))
+        tapes.append(tp)
+    data = batches(np.random.default_rng(12), 12)
+    data[5] = (np.full_like(data[5][0], np.nan), data[5][1])
+    for xb, yb in data:
+        losses = []
+        for engine, x, y, _ in engines:
+            engine.set_input(x.id, xb)
+            engine.set_input(y.id, yb)
+            losses.append(engine.train_step())
+        assert_bits_equal(np.array(losses[1]), np.array(losses[0]), "loss")
+        probs = next(i for i, n in enumerate(tapes[0].nodes) if n.op == "softmax")
+        out = [engine.output(probs) for engine, *_ in engines]
+        assert_bits_equal(out[1], out[0], "output")
+    for engine, *_ in engines:
+        engine.finish()
+    for p in tapes[0].params():
+        assert_bits_equal(tapes[1].values[p.id], tapes[0].values[p.id], f"param {p.id}")
+    assert engines[1][3].t == engines[0][3].t == 11
+    for engine, x, y, _ in engines:
+        engine.set_input(x.id, data[0][0])
+        engine.set_input(y.id, data[0][1])
+    assert_bits_equal(np.array(engines[1][0].evaluate()), np.array(engines[0][0].evaluate()))
+    assert isinstance(engines[1][0], DeviceEngine) and engines[1][0].name == "host"
+
+
+# ── float32 ───────────────────────────────────────────────────────────────
+
+def test_f32_within_bound(rng):
+    for seed in range(6):
+        r = np.random.default_rng(100 + seed)
+        tp, loss = random_graph(r, n_ops=10)
+        rp = capture(tp, loss, "host", "f32")
+        rp.forward()
+        rp.backward()
+        tp.zero_grad()
+        tp.backward(loss)
+        assert relative_error(rp.loss(), tp.values[loss.id]) <= F32_BOUND
+        for p in tp.params():
+            assert relative_error(rp.grad(p), tp.grad(p)) <= F32_BOUND, f"seed {seed} param {p.id}"
+    # and it is really float32, not float64 in disguise
+    tp = gt.Tape()
+    x = tp.param([1.0 / 3.0])
+    rp = capture(tp, tp.muls(x, 3.0), "host", "f32")
+    rp.forward()
+    assert rp.value(x)[0] == float(np.float32(1.0 / 3.0)) != 1.0 / 3.0
+
+
+# ── restrictions, errors, the build ───────────────────────────────────────
+
+def test_capture_restrictions_raise_clear_errors(rng):
+    tp = gt.Tape(raise_on_error=False)
+    a = tp.param(np.ones((2, 3)))
+    tp.matmul(a, a)
+    with pytest.raises(CaptureError, match="poisoned"):
+        capture_program(tp, 0)
+
+    tp = gt.Tape()
+    a = tp.param(np.ones((2, 3)))
+    b = tp.exp(a)
+    tp.values[b.id] = tp.values[b.id].astype(np.float32)
+    with pytest.raises(CaptureError, match=rf"node {b.id}: .*float32.*float64 tape"):
+        capture(tp, tp.sum(a), "host")
+
+    tp = gt.Tape()
+    a = tp.param(np.ones((2, 3)))
+    with pytest.raises(CaptureError, match="one-element loss"):
+        capture(tp, a, "host")
+    with pytest.raises(CaptureError, match="does not exist"):
+        capture(tp, 7, "host")
+    with pytest.raises(CaptureError, match="dtype"):
+        capture(tp, tp.sum(a), "host", "f16")
+    with pytest.raises(GradtoolError, match="unknown backend"):
+        capture(tp, tp.sum(a), "tpu")
+
+    # a broadcast that alternates kept and stretched axes cannot be collapsed below rank 9
+    tp = gt.Tape()
+    sa = (2, 1) * 9
+    sb = (1, 2) * 9
+    a = tp.param(np.ones(sa))
+    b = tp.param(np.ones(sb))
+    with pytest.raises(CaptureError, match=f"at most {MAX_DIMS}"):
+        capture(tp, tp.sum(a * b), "host")
+
+
+def test_set_input_checks_shape(rng):
+    tp = gt.Tape()
+    x = tp.const(np.ones((2, 3)), name="x")
+    rp = capture(tp, tp.sum(x), "host")
+    with pytest.raises(GradtoolError, match=r"shape \[2, 3\], got \[3, 2\]"):
+        rp.set_input(x, np.ones((3, 2)))
+
+
+def test_cuda_backend_request_fails_cleanly_without_a_gpu():
+    from gradtool.device.cuda import cuda_status
+    if cuda_status()[0]:
+        pytest.skip("a CUDA device is present")
+    tp = gt.Tape()
+    x = tp.param([1.0])
+    with pytest.raises(GradtoolError, match="cuda backend is unavailable"):
+        capture(tp, x, "cuda")
+    assert capture(tp, x, "auto").backend == "host"
+
+
+def test_library_is_cached_and_lists_every_kernel():
+    lib = load_library("f64")
+    assert load_library("f64") is lib
+    assert library_path("f64").exists()
+    names = kernel_names("f64")
+    used = set()
+    for seed in range(5):
+        tp, loss = random_graph(np.random.default_rng(seed))
+        opt = Adam(0.1)
+        for p in tp.params():
+            opt.add(tp, p)
+        opt.set_clip(1.0)
+        prog = capture_program(tp, loss.id, optimizer=opt)
+        used |= {ln.kernel for ph in prog.launches.values() for ln in ph}
+    assert used <= set(names)
+    src = (CSRC / "kernels.cu").read_text()
+    for name in names:
+        assert f"GT_KERNEL {name}(" in src or f"({name}," in src
+
+
+def test_ulp_distance():
+    assert ulp_distance(np.array([1.0]), np.array([1.0])) == 0.0
+    assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])) == 1.0
+    assert ulp_distance(np.array([0.0]), np.array([-0.0])) == 1.0
+    assert ulp_distance(np.array([-1.0]), np.array([np.nextafter(-1.0, -2.0)])) == 1.0
+    assert ulp_distance(np.array([1.0]), np.array([np.nan])) == math.inf
+    assert ulp_distance(np.array([np.nan]), -np.array([np.nan])) == 0.0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_kernel_file_compiles_to_ptx_without_fma(dtype, tmp_path):
+    """The CUDA side of the one kernel file: nvcc accepts it, and contracts nothing."""
+    from gradtool.device.cuda import kernel_source
+    src = tmp_path / "kernels.cu"
+    src.write_text(kernel_source())
+    out = tmp_path / "kernels.ptx"
+    cmd = ["nvcc", "--ptx", "-arch=sm_90", "--fmad=false", str(src), "-o", str(out)]
+    if dtype == "f32":
+        cmd.insert(1, "-DGT_REAL_F32")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ptx = out.read_text()
+    for name in kernel_names("f64"):
+        assert f".entry {name}(" in ptx
+    assert "fma." not in ptx
