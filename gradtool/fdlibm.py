@@ -1,4 +1,5 @@
-"""exp, expm1, log and tanh without libm: Sun's fdlibm 5.3 in numpy.
+"""exp, expm1, log and tanh without libm: Sun's fdlibm 5.3 (and a compensated
+tanh on top of its expm1) in numpy.
 
 Why this module exists
 ----------------------
@@ -8,12 +9,15 @@ promises the same bits everywhere, so its transcendentals are computed from
 IEEE-754 basic operations only, in an order written down here and mirrored
 operation for operation by the C/CUDA header ``gradtool/csrc/gt_math.h``.
 
-The algorithms are fdlibm 5.3's ``e_exp.c``, ``s_expm1.c``, ``e_log.c`` and
-``s_tanh.c`` (Copyright (C) 1993-2004 Sun Microsystems, Inc.  Permission to
+exp, expm1 and log are fdlibm 5.3's ``e_exp.c``, ``s_expm1.c`` and
+``e_log.c`` (Copyright (C) 1993-2004 Sun Microsystems, Inc.  Permission to
 use, copy, modify, and distribute this software is freely granted, provided
-that this notice is preserved.).  For every non-NaN input the results are
+that this notice is preserved.).  For every non-NaN input their results are
 bit-identical to fdlibm, hence to Java's ``StrictMath``, which is specified to
-return fdlibm's results.
+return fdlibm's results.  tanh is not fdlibm's ``s_tanh.c`` (up to 2.16 ulp
+off): it is t/(t + 2) with t = expm1(2|x|) as a double-double, built from
+fdlibm expm1's reduction and polynomial and compensated arithmetic (see
+``tanh``).
 
 Rules
 -----
@@ -26,17 +30,16 @@ Rules
   ``np.trunc`` of the same double here.
 * Every NaN result is the canonical quiet NaN ``0x7ff8000000000000`` (fdlibm
   returns ``x+x`` or ``(x-x)/0``, whose payload and sign are processor
-  specific); this is the only deliberate difference from fdlibm.
+  specific); this is the only deliberate difference from fdlibm's exp,
+  expm1 and log.
 * All four functions take any array-like, compute in float64 and return a
   new float64 ndarray of the same shape (0-d for a scalar).
 
 Accuracy (fdlibm's error analysis, checked against 50-digit mpmath in
 tests/test_fdlibm.py and on 10^6 further points): exp, expm1 and log are
 within 1 ulp of the exact result (measured max 0.87 ulp), so at most one
-double away from the correctly rounded result.  tanh is at most two doubles
-away from the correctly rounded result; against the exact value its error
-reaches 2.12 ulp near |x| = 0.23 (fdlibm's -t/(t+2) adds two roundings to
-expm1's error).
+double away from the correctly rounded result.  tanh: measured max 0.596
+ulp of the exact value (1.4e8 points), also at most one double away.
 
 How the vectorisation keeps the bits
 ------------------------------------
@@ -848,6 +851,7 @@ def log(x) -> np.ndarray:
 # ===========================================================================
 _TANH_TINY = _hex("0x1p-55")   # |x| < 2^-55 (hx < 0x3c800000): tanh(x) = x
 _TANH_BIG = 22.0               # |x| >= 22 (hx >= 0x40360000): tanh(x) = +-1
+SPLIT = _hex("0x1.0000002p+27")  # 2^27 + 1 = 134217729, Veltkamp's splitter  0x41A0000002000000
 
 
 def _tanh_special(x: np.ndarray):
@@ -868,60 +872,254 @@ def _tanh_ref(x: np.ndarray) -> np.ndarray:
         y, rest = _tanh_special(x)
         if rest.any():
             xr = x[rest]
-            ax = np.abs(xr)
-            ge1 = ax >= 1.0
-            t = _expm1_ref(np.where(ge1, 2.0 * ax, -2.0 * ax))
-            z = np.where(ge1, 1.0 - 2.0 / (t + 2.0), -t / (t + 2.0))
+            z = _tanh_core(2.0 * np.abs(xr))
             y[rest] = np.where(xr < 0.0, -z, z)
     return y
 
 
+def _split(v):
+    """Veltkamp's split v = hi + lo (exact): hi keeps the top 26 bits of the
+    significand, lo the rest, so a product of two halves is exact."""
+    g = SPLIT * v
+    hi = g - (g - v)
+    return hi, v - hi
+
+
+def _tanh_core(a: np.ndarray) -> np.ndarray:
+    """tanh(a/2) for 2^-54 <= a < 44: steps 1-5 of tanh's docstring."""
+    # 1.-2. expm1's reduction (k >= 0 here) and expm1's e
+    k = np.trunc(INVLN2 * a + 0.5)
+    hi = a - k * LN2_HI
+    lo = k * LN2_LO
+    r = hi - lo
+    c = (hi - r) - lo
+    hfx = 0.5 * r
+    hxs = r * hfx
+    r1 = 1.0 + hxs * (Q1 + hxs * (Q2 + hxs * (Q3 + hxs * (Q4 + hxs * Q5))))
+    u = 3.0 - r1 * hfx
+    e = hxs * ((r1 - u) / (6.0 - r * u))
+    # 3. expm1(r + c) = mh + ml
+    p = r * e
+    rh, rl = _split(r)
+    hxs_lo = ((0.5 * (rh * rh) - hxs) + rh * rl) + 0.5 * (rl * rl)
+    s = hxs - p
+    s_lo = (hxs - s) - p
+    mh = r + s
+    ml = (s - (mh - r)) + ((s_lo + hxs_lo) + (c + r * c))
+    # 4. expm1(a) = (2^k - 1) + 2^k*(mh + ml) = th + tl
+    p2 = ((k.astype(np.int64) + 0x3FF).view(_U64) << _U64(52)).view(_F64)
+    big = p2 - 1.0
+    b = p2 * mh
+    th = big + b
+    tl = (b - (th - big)) + p2 * ml
+    # 5. tanh = t/(t + 2), t + 2 = dh + dl, with the exact remainder of q
+    dh = th + 2.0
+    bv = dh - th
+    dl = ((th - (dh - bv)) + (2.0 - bv)) + tl
+    q = th / dh
+    qh, ql = _split(q)
+    ah, al = _split(dh)
+    prod = q * dh
+    prod_lo = (((qh * ah - prod) + qh * al) + ql * ah) + ql * al
+    rem = (((th - prod) - prod_lo) + tl) - q * dl
+    return q + rem / dh
+
+
 def _tanh_block(x, out, bufs):
-    fl, ul, bl, il = bufs
-    ax, s, a, t = fl[7:11]
-    pos = bl[3]
-    np.abs(x, out=ax)
-    flagged = not (ax.min() >= _TANH_TINY and ax.max() < _TANH_BIG)
-    # a = 2|x| if |x| >= 1 else -2|x|: the sign of |x| - 1 (+0 at |x| = 1)
-    np.subtract(ax, 1.0, out=s)
-    np.greater_equal(s, 0.0, out=pos)
-    np.multiply(ax, 2.0, out=a)
-    np.copysign(a, s, out=a)
-    idx = _expm1_block(a, t, (fl[:7], ul, bl[:3], il))
-    if idx is not None and idx.size:
-        t[idx] = _expm1_ref(a[idx])
-    # |x| >= 1: z = 1 - 2/(t + 2);  |x| < 1: z = -t/(t + 2) = 0 - t/(t + 2)
-    np.add(t, 2.0, out=a)
-    num = np.where(pos, 2.0, t)
-    np.divide(num, a, out=a)
-    np.copyto(s, pos)                            # 1.0 or 0.0
-    np.subtract(s, a, out=s)
-    np.copysign(s, x, out=out)                   # z > 0: the sign of x
-    return _patch(x, out, flagged, ~((ax >= _TANH_TINY) & (ax < _TANH_BIG))
+    (a, k, h, lo, r, c, s, w, f, g, m), _, _, _ = bufs
+    np.abs(x, out=a)
+    flagged = not (a.min() >= _TANH_TINY and a.max() < _TANH_BIG)
+    np.multiply(a, 2.0, out=a)                   # a = 2|x|
+    # 1. k = trunc(INVLN2*a + 0.5), hi = a - k*LN2_HI, lo = k*LN2_LO,
+    #    r = hi - lo, c = (hi - r) - lo
+    np.multiply(a, INVLN2, out=k)
+    np.add(k, 0.5, out=k)
+    np.trunc(k, out=k)
+    np.multiply(k, LN2_HI, out=h)
+    np.subtract(a, h, out=h)
+    np.multiply(k, LN2_LO, out=lo)
+    np.subtract(h, lo, out=r)
+    np.subtract(h, r, out=c)
+    np.subtract(c, lo, out=c)
+    # 2. hfx = 0.5*r (f), hxs = r*hfx (s), r1 (w), u = 3 - r1*hfx (f),
+    #    e = hxs*((r1 - u)/(6 - r*u)) (w)
+    np.multiply(r, 0.5, out=f)
+    np.multiply(r, f, out=s)
+    np.multiply(s, Q5, out=w)
+    np.add(w, Q4, out=w)
+    np.multiply(w, s, out=w)
+    np.add(w, Q3, out=w)
+    np.multiply(w, s, out=w)
+    np.add(w, Q2, out=w)
+    np.multiply(w, s, out=w)
+    np.add(w, Q1, out=w)
+    np.multiply(w, s, out=w)
+    np.add(w, 1.0, out=w)
+    np.multiply(w, f, out=f)
+    np.subtract(3.0, f, out=f)
+    np.subtract(w, f, out=w)
+    np.multiply(r, f, out=f)
+    np.subtract(6.0, f, out=f)
+    np.divide(w, f, out=w)
+    np.multiply(s, w, out=w)
+    # 3. p = r*e (w); (rh, rl) = split(r) (g, f)
+    np.multiply(r, w, out=w)
+    np.multiply(r, SPLIT, out=g)
+    np.subtract(g, r, out=f)
+    np.subtract(g, f, out=g)
+    np.subtract(r, g, out=f)
+    # hxs_lo = ((0.5*(rh*rh) - hxs) + rh*rl) + 0.5*(rl*rl)   (h)
+    np.multiply(g, g, out=h)
+    np.multiply(h, 0.5, out=h)
+    np.subtract(h, s, out=h)
+    np.multiply(g, f, out=g)
+    np.add(h, g, out=h)
+    np.multiply(f, f, out=f)
+    np.multiply(f, 0.5, out=f)
+    np.add(h, f, out=h)
+    # s = hxs - p (g), s_lo = (hxs - s) - p, low = (s_lo + hxs_lo) + (c + r*c) (s)
+    np.subtract(s, w, out=g)
+    np.subtract(s, g, out=s)
+    np.subtract(s, w, out=s)
+    np.add(s, h, out=s)
+    np.multiply(r, c, out=h)
+    np.add(c, h, out=h)
+    np.add(s, h, out=s)
+    # mh = r + s (m), ml = (s - (mh - r)) + low (r)
+    np.add(r, g, out=m)
+    np.subtract(m, r, out=r)
+    np.subtract(g, r, out=r)
+    np.add(r, s, out=r)
+    # 4. 2^k (k): the bits of k + 1.5*2^52 are 0x4338000000000000 + k;
+    #    shifted left by 52 only k<<52 remains, plus 0x3ff<<52 = 2^k.
+    np.add(k, MAGIC, out=k)
+    kb = k.view(_U64)
+    np.left_shift(kb, _U64(52), out=kb)
+    np.add(kb, _U64(0x3FF << 52), out=kb)
+    # big = 2^k - 1 (a), b = 2^k*mh (m), th = big + b (h),
+    # tl = (b - (th - big)) + 2^k*ml (a)
+    np.subtract(k, 1.0, out=a)
+    np.multiply(k, m, out=m)
+    np.add(a, m, out=h)
+    np.subtract(h, a, out=a)
+    np.subtract(m, a, out=a)
+    np.multiply(k, r, out=r)
+    np.add(a, r, out=a)
+    # 5. dh = th + 2 (lo), bv = dh - th (c), dl = ((th - (dh - bv)) + (2 - bv)) + tl (s)
+    np.add(h, 2.0, out=lo)
+    np.subtract(lo, h, out=c)
+    np.subtract(lo, c, out=s)
+    np.subtract(h, s, out=s)
+    np.subtract(2.0, c, out=c)
+    np.add(s, c, out=s)
+    np.add(s, a, out=s)
+    # q = th/dh (w); (qh, ql) = split(q) (g, f); (ah, al) = split(dh) (c, k)
+    np.divide(h, lo, out=w)
+    np.multiply(w, SPLIT, out=g)
+    np.subtract(g, w, out=f)
+    np.subtract(g, f, out=g)
+    np.subtract(w, g, out=f)
+    np.multiply(lo, SPLIT, out=c)
+    np.subtract(c, lo, out=k)
+    np.subtract(c, k, out=c)
+    np.subtract(lo, c, out=k)
+    # prod = q*dh (r), prod_lo = (((qh*ah - prod) + qh*al) + ql*ah) + ql*al (m)
+    np.multiply(w, lo, out=r)
+    np.multiply(g, c, out=m)
+    np.subtract(m, r, out=m)
+    np.multiply(g, k, out=g)
+    np.add(m, g, out=m)
+    np.multiply(f, c, out=c)
+    np.add(m, c, out=m)
+    np.multiply(f, k, out=f)
+    np.add(m, f, out=m)
+    # rem = (((th - prod) - prod_lo) + tl) - q*dl (h);  z = q + rem/dh
+    np.subtract(h, r, out=h)
+    np.subtract(h, m, out=h)
+    np.add(h, a, out=h)
+    np.multiply(w, s, out=s)
+    np.subtract(h, s, out=h)
+    np.divide(h, lo, out=h)
+    np.add(w, h, out=out)
+    np.copysign(out, x, out=out)                 # z > 0: the sign of x
+    return _patch(x, out, flagged, ~((np.abs(x) >= _TANH_TINY) & (np.abs(x) < _TANH_BIG))
                   if flagged else None, _tanh_special)
 
 
 def tanh(x) -> np.ndarray:
-    """Hyperbolic tangent: fdlibm 5.3 ``s_tanh.c`` on top of ``expm1``;
-    C twin ``gt_tanh``.  Error (fdlibm states none; measured): at most 2
-    doubles from the correctly rounded result, below 2.12 ulp of the exact
-    value (worst near |x| = 0.23; below 0.85 ulp for |x| >= 1).
+    """Hyperbolic tangent as t/(t + 2), t = expm1(2|x|) carried as a
+    double-double; C twin ``gt_tanh``.  Error: measured max 0.596 ulp of the
+    exact value (1.4e8 points against a 64-bit-significand long double
+    reference, the worst ones confirmed with 50-digit mpmath; worst near
+    |x| = 0.177, where |r| below is largest), so at most one double from
+    the correctly rounded result.  fdlibm's ``s_tanh.c`` (-t/(t+2) with
+    t = expm1(-2|x|), and 1 - 2/(t+2) for |x| >= 1) reaches 2.16 ulp near
+    |x| = 0.23: there one ulp of expm1's error (< 1 ulp of t) becomes about
+    1.5 ulp of the quotient, and t + 2 and the division add two roundings.
+    Here every rounding after fdlibm's expm1 polynomial is captured exactly
+    (Fast2Sum, Knuth's TwoSum, Dekker's two-product with Veltkamp's split;
+    no FMA), so what remains is the final rounding (0.5 ulp) plus about 0.1
+    ulp from the polynomial term e.  Not bit-identical to fdlibm/StrictMath.
 
     Method (ix = high word of |x|)::
 
       ix >= 0x7ff00000:  NaN -> NaN (0x7ff8000000000000), +-inf -> +-1
-      |x| < 2^-55  (ix < 0x3c800000):  x             (fdlibm: x*(1+x), the same double)
-      1 <= |x| < 22:                   t = expm1(2*|x|);   z = 1 - 2/(t + 2)
-      2^-55 <= |x| < 1:                t = expm1(-2*|x|);  z = -t/(t + 2)
-      |x| >= 22    (ix >= 0x40360000): z = 1             (fdlibm: 1 - 1e-300)
+      |x| >= 22    (ix >= 0x40360000): z = 1   (tanh(22) = 1 - 1.6e-19)
+      |x| < 2^-55  (ix < 0x3c800000):  x       (tanh(x) = x*(1 - x^2/3 + ...) rounds to x)
+      otherwise, with a = 2*|x| (exact), 2^-54 <= a < 44:
+      1. fdlibm expm1's reduction, k >= 0 (no k = 0 or k = 1 special case):
+             k  = (int)(INVLN2*a + 0.5)   (C truncation; 0 <= k <= 63)
+             dk = (double)k
+             hi = a - dk*LN2_HI           (exact)
+             lo = dk*LN2_LO
+             r  = hi - lo;  c = (hi - r) - lo
+      2. fdlibm expm1's polynomial (see expm1, step 2):
+             hfx = 0.5*r;  hxs = r*hfx
+             r1  = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5))))
+             u   = 3 - r1*hfx
+             e   = hxs*((r1 - u)/(6 - r*u))
+         so that expm1(r) ~ r + (hxs - r*e).
+      3. expm1(r + c) = mh + ml:
+             p      = r*e
+             (rh, rl) = split(r)
+             hxs_lo = ((0.5*(rh*rh) - hxs) + rh*rl) + 0.5*(rl*rl)   (= r*hfx - hxs, exact)
+             s      = hxs - p;  s_lo = (hxs - s) - p                (Fast2Sum, exact)
+             mh     = r + s
+             ml     = (s - (mh - r)) + ((s_lo + hxs_lo) + (c + r*c))
+      4. expm1(a) = 2^k*(1 + mh + ml) - 1 = th + tl:
+             p2  = 2^k                     (from the bits: (0x3ff + k) << 52)
+             big = p2 - 1                  (exact for k <= 53)
+             b   = p2*mh                   (exact)
+             th  = big + b;  tl = (b - (th - big)) + p2*ml           (Fast2Sum)
+      5. z = (th + tl)/((th + tl) + 2):
+             dh  = th + 2;  bv = dh - th
+             dl  = ((th - (dh - bv)) + (2 - bv)) + tl                 (TwoSum)
+             q   = th/dh
+             (qh, ql) = split(q);  (ah, al) = split(dh)
+             prod    = q*dh
+             prod_lo = (((qh*ah - prod) + qh*al) + ql*ah) + ql*al   (= q*dh - prod, exact)
+             rem = (((th - prod) - prod_lo) + tl) - q*dl
+             z   = q + rem/dh
       result: x >= 0 ? z : -z          (so tanh(-0.0) = -0.0)
 
-    2*|x| is exact; -t is exact; each other operation is one rounding.
-    No constants besides 1, 2 and the thresholds above.
+      split(v) = (vh, vl): g = SPLIT*v;  vh = g - (g - v);  vl = v - vh   (Veltkamp, exact)
 
-    Vectorised kernel: domain 2^-55 <= |x| < 22.  1 - q and -q (q = 2/(t+2)
-    resp. t/(t+2), computed by one division) are evaluated as c0 - q with
-    c0 = 1 resp. 0 (0 - q = -q exactly, q != 0); z > 0, so copysign(z, x)
-    is fdlibm's sign restoration.
+    Every operation is one rounded binary64 operation, innermost
+    parenthesis first, left to right; 2*|x|, 0.5*(...), p2*(...) and -z are
+    exact.  Why each step is exact or harmless: |hxs| >= |p| (|e| ~ r^2/6)
+    and |r| >= |s| make the Fast2Sums valid; big = 2^k - 1 >= 2^(k-1) >=
+    |b| for k >= 1, and big = 0 for k = 0; th - prod is exact (Sterbenz:
+    prod ~ th); for k >= 54 big rounds to 2^k, an absolute error of 1 in
+    t ~ 2^k that moves t/(t+2) by ~2/t^2, far below its ulp.
+
+    Constants (besides those of expm1)::
+
+      LN2_HI, LN2_LO, INVLN2, Q1..Q5   as in expm1
+      SPLIT        0x1.0000002p+27         0x41A0000002000000  134217729 = 2^27 + 1
+
+    Vectorised kernel: domain 2^-55 <= |x| < 22, the formulas above for
+    every lane; 2^k is built as in exp's kernel (bits of dk + 1.5*2^52
+    shifted left by 52, plus 0x3ff<<52); z > 0, so copysign(z, x) is the
+    sign restoration.
     """
     return _run(x, _tanh_block, _tanh_ref)
