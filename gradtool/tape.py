@@ -20,6 +20,12 @@ from .errors import GradtoolError, ShapeError, TapeError
 from .ops import OPS, infer_shape
 
 
+# Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
+# faithfully, like the C and CUDA mirrors do; numpy's warnings about them are noise.
+def ieee_silent():
+    return np.errstate(all="ignore")
+
+
 class Node:
     """One tape record: op name, input ids (-1 = none), scalar operand, attributes.
 
@@ -187,7 +193,8 @@ class Tape:
             inputs = f"node {ia} {list(sa)}" + (f", node {ib} {list(sb)}" if ib >= 0 else "")
             return self._poison(f"{op} at node {len(self.nodes)}: {exc} (inputs {inputs})")
         vb = self.values[ib] if ib >= 0 else None
-        value = OPS[op].forward(self.values[ia], vb, s, aux)
+        with ieee_silent():
+            value = OPS[op].forward(self.values[ia], vb, s, aux)
         requires = self.requires[ia] or (ib >= 0 and self.requires[ib])
         return self._append(Node(op, ia, ib, float(s), aux), value, requires)
 
@@ -314,6 +321,10 @@ class Tape:
         e.g. the descendants of one perturbed parameter.
         """
         self._require_ok()
+        with ieee_silent():
+            self._replay(start, only)
+
+    def _replay(self, start, only) -> None:
         values, nodes = self.values, self.nodes
         for i in range(start, len(nodes)):
             node = nodes[i]
@@ -337,6 +348,10 @@ class Tape:
         if self.values[li].size != 1:
             raise TapeError(f"loss node {li} has shape {list(self.values[li].shape)}; "
                             f"backward needs a one-element loss")
+        with ieee_silent():
+            self._backward_walk(li)
+
+    def _backward_walk(self, li: int) -> None:
         nodes, values, grads, requires = self.nodes, self.values, self.grads, self.requires
         for i, node in enumerate(nodes):
             if node.a >= 0:
