@@ -1,14 +1,16 @@
-"""Compile small C sources with the system compiler, cache them, load them with ctypes.
+"""Compile C sources with the system compiler, cache the libraries, load them with ctypes.
 
-Used to accelerate the CPU reference's serial matrix products without
-changing their order (``csrc/serial_matmul.c``).  Nothing here is required:
-without a C compiler (or with ``GRADTOOL_NATIVE=0``) every caller falls back
-to its numpy formulation, which gives the same bits, only slower.
+Two users: the CPU reference's serial matrix products (``csrc/serial_matmul.c``,
+optional: without a compiler numerics.py falls back to numpy with the same
+bits) and the device engine's host backend (``csrc/kernels.cu`` compiled as C).
 
-Shared libraries are cached under ``$GRADTOOL_CACHE`` (default
-``~/.cache/gradtool``), keyed by a hash of the sources, the flags, the
-compiler's version and the machine, and written atomically so concurrent
-processes never load a half-written file.
+Flags never change a result: ``-ffp-contract=off`` (no FMA contraction), no
+``-ffast-math``; ``-march=native`` only widens SIMD, and since it makes the
+library machine-specific the machine's CPU flags join the cache key.
+Libraries are cached under ``$GRADTOOL_CACHE`` (default ``~/.cache/gradtool``,
+or a temp folder when that is not writable), named by a hash of every source
+and header text, the flags, the compiler's version and the machine, and
+renamed into place atomically, so concurrent processes never load half a file.
 """
 
 from __future__ import annotations
@@ -22,70 +24,125 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-CSRC = Path(__file__).with_name("csrc")
-# Optimization flags that cannot change results: no -ffast-math, no FMA contraction.
-SAFE_FLAGS = ("-std=c99", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+from .errors import GradtoolError
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SAFE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+FORBIDDEN_FLAGS = ("-ffast-math", "-Ofast", "-ffp-contract=fast", "-funsafe-math-optimizations")
+NATIVE_ARCH = "-march=native"
+
+
+class NativeUnavailable(GradtoolError):
+    """No C compiler, or compiling failed."""
+
+
+def cache_dir() -> Path:
+    """``$GRADTOOL_CACHE``, else ``~/.cache/gradtool``, else (not writable) a temp folder."""
+    root = os.environ.get("GRADTOOL_CACHE")
+    if root:
+        return Path(root)
+    home = Path.home() / ".cache" / "gradtool"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"gradtool-cache-{os.getuid()}"
+
+
+def compiler() -> str:
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise NativeUnavailable(f"no C compiler: {cc!r} is not on PATH (set CC or install gcc/clang)")
+    return cc
+
+
+def compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_tag() -> str:
+    """What -march=native depends on: the architecture and the CPU's feature flags."""
+    tag = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features", "model name")):
+                    tag += "|" + line.strip()
+                    if line.startswith("flags"):
+                        break
+    except OSError:
+        tag += "|" + platform.processor()
+    return tag
+
+
+def native_arch_wanted() -> bool:
+    """``GRADTOOL_HOST_NATIVE=0`` leaves -march=native out."""
+    return os.environ.get("GRADTOOL_HOST_NATIVE", "1") != "0"
+
+
+def library_path(stem: str, source: Path, flags, key_files=()) -> Path:
+    """Where the cached library for these sources, flags, compiler and machine lives."""
+    flags = list(flags)
+    if any(f in FORBIDDEN_FLAGS for f in flags):
+        raise NativeUnavailable(f"refusing result-changing flags in {flags}")
+    key = hashlib.sha256()
+    for path in (source, *key_files):
+        key.update(Path(path).read_bytes())
+    key.update(" ".join(flags).encode())
+    key.update(compiler_version(compiler()).encode())
+    if NATIVE_ARCH in flags:
+        key.update(machine_tag().encode())
+    return cache_dir() / f"{stem}_{key.hexdigest()[:20]}.so"
+
+
+def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
+    """Compile ``source`` into a cached shared library (once) and return its path."""
+    path = library_path(stem, source, flags, key_files)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
+    os.close(fd)
+    cmd = [compiler(), *flags, *[f"-I{d}" for d in include_dirs], str(source), "-o", tmp, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            detail = " ".join((proc.stderr or proc.stdout).split())[:400]
+            raise NativeUnavailable(f"compiling {source} failed: {detail}")
+        os.replace(tmp, path)                   # atomic: readers see all of it or nothing
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def build_best(stem: str, source: Path, flags, key_files=()) -> Path:
+    """:func:`build` with -march=native when wanted, retrying without it if the compiler refuses."""
+    if native_arch_wanted():
+        try:
+            return build(stem, source, [*flags, NATIVE_ARCH], key_files)
+        except NativeUnavailable:
+            pass
+    return build(stem, source, flags, key_files)
+
 
 _loaded: dict = {}
 
 
-class NativeUnavailable(RuntimeError):
-    """No C compiler, or compiling failed: callers fall back to numpy."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("GRADTOOL_CACHE") or os.path.join(Path.home(), ".cache", "gradtool")
-    return Path(root)
-
-
-def compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise NativeUnavailable("no C compiler (cc) on PATH")
-    return cc
-
-
-def _compiler_version(cc: str) -> str:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def build(name: str, source_text: str, flags=SAFE_FLAGS, include_dirs=()) -> Path:
-    """Compile ``source_text`` into a cached shared library and return its path."""
-    cc = compiler()
-    key_parts = [source_text, " ".join(flags), _compiler_version(cc), platform.machine(),
-                 platform.system()]
-    for d in include_dirs:
-        for header in sorted(Path(d).glob("*.h")):
-            key_parts.append(header.read_text())
-    digest = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:20]
-    out_dir = cache_dir()
-    target = out_dir / f"{name}-{digest}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        src = Path(tmp) / f"{name}.c"
-        src.write_text(source_text)
-        built = Path(tmp) / f"{name}.so"
-        cmd = [cc, *flags, *[f"-I{d}" for d in include_dirs], "-o", str(built), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise NativeUnavailable(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-        os.replace(built, target)
-    return target
-
-
-def load(name: str, source_text: str, flags=SAFE_FLAGS, include_dirs=()) -> ctypes.CDLL:
+def load(stem: str, source: Path, flags=SAFE_FLAGS, key_files=()) -> ctypes.CDLL:
     """Build (or reuse) and load a library once per process."""
-    key = (name, source_text, tuple(flags), tuple(str(d) for d in include_dirs))
+    key = (stem, str(source), tuple(flags), native_arch_wanted())
     if key not in _loaded:
-        _loaded[key] = ctypes.CDLL(str(build(name, source_text, flags, include_dirs)))
+        _loaded[key] = ctypes.CDLL(str(build_best(stem, source, flags, key_files)))
     return _loaded[key]
 
 
 def enabled() -> bool:
+    """``GRADTOOL_NATIVE=0`` makes the CPU reference use numpy only."""
     return os.environ.get("GRADTOOL_NATIVE", "1") != "0"

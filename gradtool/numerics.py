@@ -168,7 +168,8 @@ def _native_kernels():
         lib = None
         if native.enabled():
             try:
-                lib = native.load("serial_matmul", (native.CSRC / "serial_matmul.c").read_text())
+                lib = native.load("serial_matmul", native.CSRC / "serial_matmul.c",
+                                  ("-std=c99", *native.SAFE_FLAGS))
                 for fn in (lib.gt_matmul_serial, lib.gt_bmm_serial):
                     fn.restype = None
                 lib.gt_matmul_serial.argtypes = [ctypes.c_long] * 3 + [ctypes.c_void_p] * 3

@@ -9,6 +9,7 @@ failure is ONE line on stderr, ``gradtool: <file>: node <id>: <problem>``;
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import click
 
@@ -22,7 +23,7 @@ class CheckFailed(GradtoolError):
     """A check ran to completion and its verdict is failure (exit status 1)."""
 
 
-def fail(message: str, status: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
+def fail(message: str, status: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print one diagnostic line on stderr and exit."""
     click.echo(f"gradtool: {message}", err=True)
     sys.exit(status)

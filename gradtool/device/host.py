@@ -9,9 +9,8 @@ one IEEE rounding, exactly as under nvcc's ``__d*_rn``), plus
 round like scalars; contraction stays off); the machine is part of the
 cache key.  ``GRADTOOL_HOST_NATIVE=0`` leaves ``-march=native`` out.
 
-The shared library is cached on disk under ``$GRADTOOL_CACHE`` (default
-``~/.cache/gradtool``), named by a hash of the three source files, the flags,
-the compiler's version and the machine, and written atomically.
+Building and caching (by a hash of the three source files, the flags, the
+compiler's version and the machine) is :mod:`gradtool.native`'s job.
 
 A whole episode (forward, backward, optimizer) is ONE ctypes call into the
 interpreter at the end of kernels.cu, which walks the launch table.  The
@@ -22,122 +21,43 @@ and writes.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .. import native
 from ..errors import GradtoolError
 from .program import DTYPES, PHASES, Program
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+CSRC = native.CSRC
 SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h")
-BASE_FLAGS = ("-x", "c", "-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
-FORBIDDEN_FLAGS = ("-ffast-math", "-Ofast", "-ffp-contract=fast", "-funsafe-math-optimizations")
+BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
+VARIANTS = ("tiled", "per-thread")
 
 
 class HostBuildError(GradtoolError):
     """The host kernel library could not be built or loaded."""
 
 
-def cache_dir() -> Path:
-    """``$GRADTOOL_CACHE``, else ``~/.cache/gradtool``, else (not writable) a temp folder."""
-    root = os.environ.get("GRADTOOL_CACHE")
-    if root:
-        return Path(root)
-    home = Path.home() / ".cache" / "gradtool"
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"gradtool-cache-{os.getuid()}"
-
-
-def _compiler() -> str:
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise HostBuildError(f"the host backend needs a C compiler, and {cc!r} is not on PATH "
-                             f"(set CC or install gcc/clang)")
-    return cc
-
-
-def _machine_tag() -> str:
-    """What -march=native depends on: the architecture and the CPU's feature flags."""
-    tag = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features", "model name")):
-                    tag += "|" + line.strip()
-    except OSError:
-        tag += "|" + platform.processor()
-    return tag
-
-
-VARIANTS = ("tiled", "per-thread")
-
-
-def _flags(dtype: str, native: bool, variant: str = "tiled") -> list:
-    flags = list(BASE_FLAGS) + (["-march=native"] if native else [])
+def _flags(dtype: str, variant: str = "tiled") -> list:
+    flags = list(BASE_FLAGS)
     if dtype == "f32":
         flags.append("-DGT_REAL_F32")
     if variant == "per-thread":
         flags.append("-DGT_PER_THREAD")       # the GPU's one-thread-per-output loop bodies
-    assert not any(f in FORBIDDEN_FLAGS for f in flags)
     return flags
 
 
-def _compiler_version(cc: str) -> str:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True,
-                              timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+def _stem(dtype: str, variant: str) -> str:
+    return f"gt_kernels_{dtype}" + ("" if variant == "tiled" else "_pt")
 
 
-def _source_text() -> bytes:
-    return b"".join((CSRC / name).read_bytes() for name in SOURCES)
-
-
-def library_path(dtype: str, native: bool = True, variant: str = "tiled") -> Path:
+def library_path(dtype: str, native_arch: bool = True, variant: str = "tiled") -> Path:
     """Where the cached library for this source, dtype, compiler and machine lives."""
-    cc = _compiler()
-    key = hashlib.sha256()
-    key.update(_source_text())
-    key.update(" ".join(_flags(dtype, native, variant)).encode())
-    key.update(_compiler_version(cc).encode())
-    if native:
-        key.update(_machine_tag().encode())
-    tag = "" if variant == "tiled" else "_pt"
-    return cache_dir() / f"gt_kernels_{dtype}{tag}_{key.hexdigest()[:20]}.so"
-
-
-def _build(dtype: str, native: bool, variant: str) -> Path:
-    path = library_path(dtype, native, variant)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
-    os.close(fd)
-    cmd = [_compiler(), *_flags(dtype, native, variant), f"-I{CSRC}", str(CSRC / "kernels.cu"),
-           "-o", tmp, "-lm"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            detail = " ".join((proc.stderr or proc.stdout).split())[:400]
-            raise HostBuildError(f"compiling {CSRC / 'kernels.cu'} failed: {detail}")
-        os.replace(tmp, path)                   # atomic: readers see all of it or nothing
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    flags = _flags(dtype, variant) + ([native.NATIVE_ARCH] if native_arch else [])
+    return native.library_path(_stem(dtype, variant), CSRC / "kernels.cu", flags,
+                               [CSRC / name for name in SOURCES[1:]])
 
 
 _LIBS: dict = {}
@@ -153,13 +73,11 @@ def load_library(dtype: str, variant: str = "tiled"):
         raise HostBuildError(f"unknown host kernel variant {variant!r}")
     if (dtype, variant) in _LIBS:
         return _LIBS[dtype, variant]
-    native = os.environ.get("GRADTOOL_HOST_NATIVE", "1") != "0"
     try:
-        path = _build(dtype, native, variant)
-    except HostBuildError:
-        if not native:
-            raise
-        path = _build(dtype, False, variant)   # a compiler that rejects -march=native
+        path = native.build_best(_stem(dtype, variant), CSRC / "kernels.cu",
+                                 _flags(dtype, variant), [CSRC / name for name in SOURCES[1:]])
+    except native.NativeUnavailable as exc:
+        raise HostBuildError(f"the host backend needs a working C compiler: {exc}") from None
     lib = ctypes.CDLL(str(path))
     lib.gt_kernel_names.restype = ctypes.c_char_p
     lib.gt_kernel_names.argtypes = []
@@ -228,4 +146,4 @@ class HostBackend:
 
 
 __all__ = ["HostBackend", "HostBuildError", "load_library", "kernel_names", "library_path",
-           "cache_dir", "PHASES"]
+           "PHASES"]
