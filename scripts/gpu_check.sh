@@ -79,7 +79,7 @@ run() {
     # 3. replay-gpu --check on every sample, four ways
     : > "$out/replay_check.txt"
     local sample opts
-    for sample in samples/*.msgpack samples/lora_block/block.msgpack; do
+    for sample in samples/*.msgpack samples/lora_block/block.msgpack samples/autoencoder/ae.msgpack; do
         for opts in "" "--no-graph" "--train adam" "--dtype f32"; do
             # shellcheck disable=SC2086
             if ! python3 -c "from gradtool.cli import main; main()" replay-gpu "$sample" \
@@ -91,7 +91,9 @@ run() {
     done
     grep -E "^samples|check:|failed" "$out/replay_check.txt" || true
 
-    # 4. the benchmark (last, so its table ends the output)
+    # 4. the benchmarks (last, so their tables end the output)
+    python3 scripts/bench_ae.py --repeats 5 --json "$out/bench_ae.json" \
+        2>&1 | tee "$out/bench_ae.txt" || status=1
     python3 scripts/bench_replay.py --repeats 7 --steps 50 --json "$out/bench.json" \
         2>&1 | tee "$out/bench.txt" || status=1
     echo "gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED); logs in $out"
