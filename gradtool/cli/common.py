@@ -19,6 +19,14 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+def load_tape(path: str):
+    """TAPE as given on the command line: a path, or ``-`` for standard input."""
+    from ..tapefile import load
+    if path == "-":
+        return load(sys.stdin.buffer, name="<stdin>")
+    return load(path)
+
+
 class CheckFailed(GradtoolError):
     """A check ran to completion and its verdict is failure (exit status 1)."""
 

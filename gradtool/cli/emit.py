@@ -9,6 +9,7 @@ import click
 from ..emit.cuda import emit_cuda as emit_cuda_source
 from ..emit.render import EmitError
 from ..fileio import atomic_write_bytes
+from .common import load_tape
 
 
 def _parse_binds(items) -> dict:
@@ -41,15 +42,9 @@ def emit_cuda(tape, binds, name, kernel, output):
     stdin).  The result compiles with `cc -std=c99 -O2 -ffp-contract=off` and
     `nvcc -c`, and reproduces `gradtool backward TAPE` to the bit.
     """
-    from ..tapefile import load
-
     bind_map = _parse_binds(binds)
-    if tape == "-":
-        tf = load(click.get_binary_stream("stdin"), name="<stdin>")
-        source = "<stdin>"
-    else:
-        tf = load(tape)
-        source = tape
+    tf = load_tape(tape)
+    source = "<stdin>" if tape == "-" else tape
     if tf.loss is None:
         raise EmitError(f"{source}: the tape file names no loss; emit-cuda differentiates "
                         f"the file's loss")

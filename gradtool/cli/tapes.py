@@ -19,17 +19,10 @@ import numpy as np
 from ..errors import GradtoolError
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
-from ..tapefile import TapeFile, load
-from .common import CheckFailed
+from ..tapefile import TapeFile
+from .common import CheckFailed, load_tape
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
-
-
-def load_tape(path: str) -> TapeFile:
-    """TAPE as given on the command line: a path, or ``-`` for stdin."""
-    if path == "-":
-        return load(click.get_binary_stream("stdin"), name="<stdin>")
-    return load(path)
 
 
 def _shape(shape) -> str:
