@@ -17,7 +17,8 @@ from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, chec
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
 from .common import CheckFailed
-from .tapes import TAPE_HELP, load_tape
+from .common import load_tape
+from .tapes import TAPE_HELP
 
 
 def _seconds(x: float) -> str:
