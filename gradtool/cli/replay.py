@@ -16,8 +16,7 @@ from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, chec
                              time_episodes)
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
-from .common import CheckFailed
-from .common import load_tape
+from .common import CheckFailed, load_tape
 from .tapes import TAPE_HELP
 
 
