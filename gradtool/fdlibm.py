@@ -65,6 +65,8 @@ ufunc computes each element with one correctly rounded IEEE operation.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 __all__ = ["exp", "expm1", "log", "tanh"]
@@ -137,24 +139,67 @@ def _add_exponent(y: np.ndarray, k: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # blocked driver
 # ---------------------------------------------------------------------------
-# numpy evaluates one operation over a whole array at a time; on blocks that
-# stay in the L2 cache each pass costs ~0.25 ns/element instead of ~1 ns.
+# numpy evaluates one operation over a whole array at a time, so every
+# operation of a kernel is one pass over a block held in the caches.  Each
+# block also costs ~25 us of fixed call overhead (~45 ufunc calls), hence
+# large blocks; measured here, 2^16 elements is the fastest: from ~72k on,
+# the ~9 live rows of a block no longer fit in the caches and passes slow
+# down abruptly.
 _BLOCK = 1 << 16
 
 
 class _Scratch:
-    """Block buffers allocated once per call (float64, uint64, bool, intp
-    rows); ``views(n)`` gives the first n elements of every row."""
+    """Block buffers: 11 float64 rows (kernels view some as uint64/int64),
+    4 bool rows, and the memory of float rows 7-10 as one (n, 4) array
+    (for expm1's table rows; a kernel uses either those rows or this).
+    ``views(n)`` gives the first n elements (rows) of each."""
 
     def __init__(self, n: int):
         self.n = n
-        self.rows = ([*np.empty((11, n), _F64)], [*np.empty((3, n), _U64)],
-                     [*np.empty((4, n), np.bool_)], [*np.empty((1, n), np.intp)])
+        f = np.empty((11, n), _F64)
+        self.full = ([*f], [*np.empty((4, n), np.bool_)], f[7:].reshape(n, 4))
 
     def views(self, n: int):
         if n == self.n:
-            return self.rows
-        return tuple([a[:n] for a in group] for group in self.rows)
+            return self.full
+        rows, bools, quad = self.full
+        return ([a[:n] for a in rows], [a[:n] for a in bools],
+                quad.reshape(-1)[:4 * n].reshape(n, 4))
+
+
+# The scratch (~6 MB for a full block) is kept per thread between calls:
+# allocating it afresh costs page faults, up to ~4 ns per element of a 10^6
+# call depending on the allocator's state (measured: log took 8 to 11 ns per
+# element with fresh scratch, a steady ~7.5 with reused scratch).
+_tls = threading.local()
+
+
+def _take_scratch(n: int) -> _Scratch:
+    """This thread's scratch if it is large enough, else a new one; while a
+    call uses it the slot is empty, so a nested call cannot share it."""
+    s = getattr(_tls, "scratch", None)
+    _tls.scratch = None
+    return s if s is not None and s.n >= n else _Scratch(n)
+
+
+def _return_scratch(s: _Scratch) -> None:
+    kept = getattr(_tls, "scratch", None)
+    if kept is None or kept.n < s.n:
+        _tls.scratch = s
+
+
+def _c(v, dtype=_F64):
+    """A read-only 0-d array for a kernel's scalar operand: numpy's call
+    overhead is ~0.2 us lower than with a Python or numpy scalar (no scalar
+    conversion); with ~40 calls per block that is 2-4% of a kernel."""
+    a = np.array(v, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+_K_ONE, _K_TWO, _K_MAGIC = _c(1.0), _c(2.0), _c(MAGIC)
+_K_INVLN2, _K_LN2_HI, _K_LN2_LO = _c(INVLN2), _c(LN2_HI), _c(LN2_LO)
+_K_52 = _c(52, _U64)
 
 
 def _run(x, kernel, ref) -> np.ndarray:
@@ -165,26 +210,53 @@ def _run(x, kernel, ref) -> np.ndarray:
     out = np.empty(flat.shape, _F64)
     n = flat.size
     if n:
-        scratch = _Scratch(min(n, _BLOCK))
+        scratch = _take_scratch(min(n, _BLOCK))
         redo = []
-        with np.errstate(all="ignore"):  # kernels compute garbage in flagged lanes
-            for start in range(0, n, _BLOCK):
-                stop = min(start + _BLOCK, n)
-                idx = kernel(flat[start:stop], out[start:stop], scratch.views(stop - start))
-                if idx is not None and idx.size:
-                    redo.append(idx + start)
+        try:
+            with np.errstate(all="ignore"):  # kernels compute garbage in flagged lanes
+                for start in range(0, n, _BLOCK):
+                    stop = min(start + _BLOCK, n)
+                    idx = kernel(flat[start:stop], out[start:stop], scratch.views(stop - start))
+                    if idx is not None and idx.size:
+                        redo.append(idx + start)
+        finally:
+            _return_scratch(scratch)
         if redo:
             idx = np.concatenate(redo)
             out[idx] = ref(flat[idx])
     return out.reshape(x.shape)
 
 
+def _sparse_nonzero(mask, words):
+    """np.flatnonzero(mask) for a sparse mask, such as log's hfsq band (~4%
+    of random lanes).  Below 10% density numpy's nonzero takes a branchy
+    path, one mispredicted branch per hit (~0.65 ns per lane of a 4% mask
+    here); this scans the mask as 8-lane words instead (~28% of them
+    nonzero) and then the bytes of those words (~14%), both dense enough for
+    numpy's branch-free loop (~0.45 ns per lane in all).  ``words``: a bool
+    buffer of at least mask.size // 8 elements."""
+    if mask.size % 8:
+        return np.flatnonzero(mask)
+    w = mask.view(_U64)
+    nz = words[:w.size]
+    np.not_equal(w, 0, out=nz)
+    iw = np.flatnonzero(nz)                     # words holding a hit
+    j = np.flatnonzero(w[iw].view(np.bool_))    # hits within those words
+    i = iw[j >> 3]
+    i <<= 3
+    i += j & 7
+    return i
+
+
+_K_SIGN, _K_HALF_BITS = _c(_SIGN, _U64), _c(0x3FE0000000000000, _U64)
+
+
 def _half_with_sign_of(x, out):
     """out = copysign(0.5, x) (fdlibm's halF[sign]) from the bits: cheaper
     than np.copysign, which is not vectorised in every numpy build."""
     ob = out.view(_U64)
-    np.bitwise_and(x.view(_U64), _SIGN, out=ob)
-    np.bitwise_or(ob, 0x3FE0000000000000, out=ob)
+    np.bitwise_and(x.view(_U64), _K_SIGN, out=ob)
+    np.bitwise_or(ob, _K_HALF_BITS, out=ob)
 
 
 def _patch(x, out, flagged, bad, special):
@@ -222,9 +294,14 @@ _W_LEN = (0x3FD62E43 << 32) - _W_LO
 # below 2^-54 the kernel's formula provably returns 1.0 = round(1 + x) too
 # (t = +-0, r = x, |(lo - q) - hi| <= 2^-54, and 1 - v rounds to 1.0 for
 # |v| <= 2^-54, ties going to the even 1.0).
-_EXP_TB_LO = 0x3C90000000000000             # bits of 2^-54
-_EXP_TB_LEN = 0x3E30000000000000 - _EXP_TB_LO   # up to 2^-28
+_EXP_TB_LO = _hex("0x1p-54")
+_EXP_TB_HI = _hex("0x1p-28")
 _EXP_KHI = 704.0
+# the same bands as doubles: for |x| >= 0 (not NaN), bits(|x|) >= B is
+# |x| >= the double with bits B, so float compares test them exactly
+_W_LO_F, _W_HI_F = np.array([_W_LO, _W_LO + _W_LEN], dtype=_U64).view(_F64).tolist()
+_K_W_LO, _K_W_HI = _c(_W_LO_F), _c(_W_HI_F)
+_K_P1, _K_P2, _K_P3, _K_P4, _K_P5 = map(_c, (P1, P2, P3, P4, P5))
 
 
 def _exp_special(x: np.ndarray):
@@ -278,50 +355,55 @@ def _exp_core(x: np.ndarray) -> np.ndarray:
 
 
 def _exp_block(x, out, bufs):
-    (v, h, lo, r, z, p, *_), (ub, *_), (bm, bm2, *_), _ = bufs
-    # which lanes may use the kernel: one reduction and two band tests
+    (v, h, lo, r, z, p, *_), (bm, bm2, bm3, *_), _ = bufs
+    # which lanes may use the kernel: |x| < 704 (max() is NaN if a NaN is
+    # there), and none in the band W or in [2^-54, 2^-28); the latter needs
+    # a lane below 2^-28, which min() rules out for most blocks
     np.abs(x, out=z)
-    zb = z.view(_U64)
-    np.subtract(zb, _EXP_TB_LO, out=ub)
-    np.less(ub, _EXP_TB_LEN, out=bm)
-    np.subtract(zb, _W_LO, out=ub)
-    np.less(ub, _W_LEN, out=bm2)
-    np.logical_or(bm, bm2, out=bm)
-    flagged = not z.max() < _EXP_KHI or bm.any()
+    flagged = not z.max() < _EXP_KHI
+    np.greater_equal(z, _K_W_LO, out=bm)
+    np.less(z, _K_W_HI, out=bm2)
+    np.logical_and(bm, bm2, out=bm)
+    if not z.min() >= _EXP_TB_HI:
+        np.greater_equal(z, _EXP_TB_LO, out=bm2)
+        np.less(z, _EXP_TB_HI, out=bm3)
+        np.logical_and(bm2, bm3, out=bm2)
+        np.logical_or(bm, bm2, out=bm)
+    flagged = flagged or bm.any()
     # t = (double)k, k = (int)(INVLN2*x + halF[sign]): np.trunc is C's cast
-    np.multiply(x, INVLN2, out=v)
+    np.multiply(x, _K_INVLN2, out=v)
     _half_with_sign_of(x, h)
     np.add(v, h, out=v)
     np.trunc(v, out=v)
     # hi = x - t*LN2_HI (exact), lo = t*LN2_LO, r = hi - lo
-    np.multiply(v, LN2_HI, out=h)
+    np.multiply(v, _K_LN2_HI, out=h)
     np.subtract(x, h, out=h)
-    np.multiply(v, LN2_LO, out=lo)
+    np.multiply(v, _K_LN2_LO, out=lo)
     np.subtract(h, lo, out=r)
     # c = r - t*(P1 + t*(P2 + t*(P3 + t*(P4 + t*P5)))), t = r*r
     np.multiply(r, r, out=z)
-    np.multiply(z, P5, out=p)
-    np.add(p, P4, out=p)
+    np.multiply(z, _K_P5, out=p)
+    np.add(p, _K_P4, out=p)
     np.multiply(p, z, out=p)
-    np.add(p, P3, out=p)
+    np.add(p, _K_P3, out=p)
     np.multiply(p, z, out=p)
-    np.add(p, P2, out=p)
+    np.add(p, _K_P2, out=p)
     np.multiply(p, z, out=p)
-    np.add(p, P1, out=p)
+    np.add(p, _K_P1, out=p)
     np.multiply(p, z, out=p)
     np.subtract(r, p, out=p)                     # p = c
     # y = 1 - ((lo - (r*c)/(2 - c)) - hi)
     np.multiply(r, p, out=z)
-    np.subtract(2.0, p, out=p)
+    np.subtract(_K_TWO, p, out=p)
     np.divide(z, p, out=z)
     np.subtract(lo, z, out=z)
     np.subtract(z, h, out=z)
-    np.subtract(1.0, z, out=out)
+    np.subtract(_K_ONE, z, out=out)
     # y * 2^k: the bits of t + 1.5*2^52 are 0x4338000000000000 + k; shifted
     # left by 52 the constant vanishes (mod 2^64) and k<<52 remains.
-    np.add(v, MAGIC, out=v)
+    np.add(v, _K_MAGIC, out=v)
     vb = v.view(_U64)
-    np.left_shift(vb, _U64(52), out=vb)
+    np.left_shift(vb, _K_52, out=vb)
     ob = out.view(_U64)
     np.add(ob, vb, out=ob)
     return _patch(x, out, flagged, ~(np.abs(x) < _EXP_KHI) | bm if flagged else None,
@@ -428,6 +510,12 @@ for _k in range(20, 57):
     _EM1_T[_k - _EM1_KMIN] = 2.0 ** -_k
 _EM1_C = ((_em1_k <= -2) | (_em1_k > 56)).astype(_F64)
 del _k, _em1_k
+# the kernel gathers A[k], T[k], C[k] with one np.take of 32-byte rows
+# (~0.8 ns per element, plus ~0.25 ns for each strided use of a column)
+# instead of three np.take of 8-byte ones (~0.65 ns each, measured)
+_EM1_ATC = np.stack([_EM1_A, _EM1_T, _EM1_C, np.zeros_like(_EM1_A)], axis=1)
+_K_Q1, _K_Q2, _K_Q3, _K_Q4, _K_Q5 = map(_c, (Q1, Q2, Q3, Q4, Q5))
+_K_HALF, _K_THREE, _K_SIX, _K_QUARTER = _c(0.5), _c(3.0), _c(6.0), _c(-0.25)
 
 
 def _expm1_special(x: np.ndarray):
@@ -496,44 +584,45 @@ def _expm1_core(x: np.ndarray) -> np.ndarray:
 
 
 def _expm1_block(x, out, bufs):
-    (v, h, lo, r, c, e, w, *_), (ub, *_), (bm, bm2, bm3, *_), (ib, *_) = bufs
-    # which lanes may use the kernel
+    (v, h, lo, r, c, e, w, *_), (bm, bm2, bm3, words), atc = bufs
+    # which lanes may use the kernel (max() and min() are NaN if a NaN is there)
     np.abs(x, out=w)
-    np.subtract(w.view(_U64), _W_LO, out=ub)
-    np.less(ub, _W_LEN, out=bm)
+    np.greater_equal(w, _K_W_LO, out=bm)
+    np.less(w, _K_W_HI, out=bm2)
+    np.logical_and(bm, bm2, out=bm)
     flagged = (not (w.min() >= _EM1_KLO and x.min() > -_EM1_NEG and x.max() < _EXP_BIG)
                or bm.any())
     # argument reduction (as exp): t = (double)(int)(INVLN2*x + halF[sign])
-    np.multiply(x, INVLN2, out=v)
+    np.multiply(x, _K_INVLN2, out=v)
     _half_with_sign_of(x, h)
     np.add(v, h, out=v)
     np.trunc(v, out=v)
-    np.multiply(v, LN2_HI, out=h)
+    np.multiply(v, _K_LN2_HI, out=h)
     np.subtract(x, h, out=h)                     # hi = x - t*LN2_HI (exact)
-    np.multiply(v, LN2_LO, out=lo)               # lo = t*LN2_LO
+    np.multiply(v, _K_LN2_LO, out=lo)            # lo = t*LN2_LO
     np.subtract(h, lo, out=r)                    # r = hi - lo
     np.subtract(h, r, out=c)
     np.subtract(c, lo, out=c)                    # c = (hi - r) - lo
     # hfx = 0.5*r, hxs = r*hfx
-    np.multiply(r, 0.5, out=h)
+    np.multiply(r, _K_HALF, out=h)
     np.multiply(r, h, out=lo)
     # r1 = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5))))
-    np.multiply(lo, Q5, out=e)
-    np.add(e, Q4, out=e)
+    np.multiply(lo, _K_Q5, out=e)
+    np.add(e, _K_Q4, out=e)
     np.multiply(e, lo, out=e)
-    np.add(e, Q3, out=e)
+    np.add(e, _K_Q3, out=e)
     np.multiply(e, lo, out=e)
-    np.add(e, Q2, out=e)
+    np.add(e, _K_Q2, out=e)
     np.multiply(e, lo, out=e)
-    np.add(e, Q1, out=e)
+    np.add(e, _K_Q1, out=e)
     np.multiply(e, lo, out=e)
-    np.add(e, 1.0, out=e)                        # e = r1
+    np.add(e, _K_ONE, out=e)                     # e = r1
     # t = 3 - r1*hfx;  e = hxs*((r1 - t)/(6 - r*t))
     np.multiply(e, h, out=w)
-    np.subtract(3.0, w, out=w)
+    np.subtract(_K_THREE, w, out=w)
     np.subtract(e, w, out=e)
     np.multiply(r, w, out=w)
-    np.subtract(6.0, w, out=w)
+    np.subtract(_K_SIX, w, out=w)
     np.divide(e, w, out=e)
     np.multiply(lo, e, out=e)
     # E = (r*(e - c) - c) - hxs
@@ -542,30 +631,28 @@ def _expm1_block(x, out, bufs):
     np.subtract(e, c, out=e)
     np.subtract(e, lo, out=e)
     # lanes with k == 1 and r < -0.25 take -2*(E - (r + 0.5)): remember them
-    np.less(r, -0.25, out=bm2)
-    np.equal(v, 1.0, out=bm3)
+    np.less(r, _K_QUARTER, out=bm2)
+    np.equal(v, _K_ONE, out=bm3)
     np.logical_and(bm2, bm3, out=bm2)
-    patch = np.flatnonzero(bm2) if bm2.any() else None
-    if patch is not None:
+    patch = _sparse_nonzero(bm2, words)
+    if patch.size:
         r_p, e_p = r[patch], e[patch]
-    # k from the bits of t + 1.5*2^52, as an index into the tables
-    np.add(v, MAGIC, out=v)
-    vb = v.view(np.int64)
-    np.subtract(vb, _MAGIC_BITS + _EM1_KMIN, out=ib)
+    # k from the bits of t + 1.5*2^52, as a row index into _EM1_ATC
+    np.add(v, _K_MAGIC, out=v)
+    ib = c.view(np.int64)                        # c is not needed any more
+    np.subtract(v.view(np.int64), _MAGIC_BITS + _EM1_KMIN, out=ib)
+    np.take(_EM1_ATC, ib, axis=0, out=atc, mode="clip")
     # y = A[k] + (r - (E + T[k]))
-    np.take(_EM1_T, ib, out=w, mode="clip")
-    np.add(e, w, out=e)
+    np.add(e, atc[:, 1], out=e)
     np.subtract(r, e, out=e)
-    np.take(_EM1_A, ib, out=w, mode="clip")
-    np.add(w, e, out=out)
+    np.add(atc[:, 0], e, out=out)
     # y *= 2^k (k<<52 into the exponent field), then y - C[k]
     vu = v.view(_U64)
-    np.left_shift(vu, _U64(52), out=vu)
+    np.left_shift(vu, _K_52, out=vu)
     ou = out.view(_U64)
     np.add(ou, vu, out=ou)
-    np.take(_EM1_C, ib, out=w, mode="clip")
-    np.subtract(out, w, out=out)
-    if patch is not None:
+    np.subtract(out, atc[:, 2], out=out)
+    if patch.size:
         out[patch] = -2.0 * (e_p - (r_p + 0.5))
     return _patch(x, out, flagged, ~((np.abs(x) >= _EM1_KLO) & (x > -_EM1_NEG) & (x < _EXP_BIG))
                   | bm if flagged else None, _expm1_special)
@@ -637,13 +724,19 @@ def expm1(x) -> np.ndarray:
 # ===========================================================================
 # log
 # ===========================================================================
-_LN2_HI_52 = LN2_HI * 2.0 ** -52   # exact scalings: (k*2^52)*(c*2^-52) is
-_LN2_LO_52 = LN2_LO * 2.0 ** -52   # rounded exactly like k*c
 _LOG_MIN = _hex("0x1p-1022")
 # fdlibm takes the hfsq formula for mantissa high words 0x6147a..0x6b851;
 # in terms of the (exact) f of the kernel that is f >= F1 or f < F2:
 _BAND_F1 = 0x6147A * 2.0 ** -20                 # f of high word 0x6147a
 _BAND_F2 = (0x6B852 * 2.0 ** -20 - 1.0) / 2.0   # f of high word 0x6b852 (exact)
+# integer constants of the kernel's reduction (see _log_block)
+_LOG_C = 0x95F64 << 32                          # fdlibm's 0x95f64, in the high word
+_LOG_K = (0x3FF << 52) - _LOG_C
+_MANT = (1 << 52) - 1
+_K_F1, _K_F2 = _c(_BAND_F1), _c(_BAND_F2)
+_K_LG1, _K_LG2, _K_LG3, _K_LG4, _K_LG5, _K_LG6, _K_LG7 = map(
+    _c, (LG1, LG2, LG3, LG4, LG5, LG6, LG7))
+_K_C, _K_MANT, _K_K, _K_MB = (_c(v, _U64) for v in (_LOG_C, _MANT, _LOG_K, _MAGIC_BITS - 1023))
 
 
 def _log_special(x: np.ndarray):
@@ -705,29 +798,37 @@ def _log_core(x: np.ndarray) -> np.ndarray:
 
 
 def _log_block(x, out, bufs):
-    (dk, f, s, z, w, t1, t2, *_), (kb, xn, *_), (band, b2, *_), _ = bufs
+    (dk, s, z, w, t1, p, xb, *_), (band, b2, words, *_), _ = bufs
+    xb = xb.view(_U64)
     u = x.view(_U64)
-    # positive normal finite lanes only (a NaN makes max() NaN)
-    flagged = not (x.min() >= _LOG_MIN and x.max() < INF)
+    # positive normal finite lanes only: min() catches 0, negatives,
+    # subnormals and NaN (it returns NaN); +inf gives f = 0 below, so it can
+    # only occur if has_small, where x.max() is checked.
+    flagged = not x.min() >= _LOG_MIN
     # fdlibm's normalisation, i = (hx + 0x95f64) & 0x100000, on all 64 bits:
-    # adding 0x95f64<<32 carries into the exponent field exactly when the
-    # mantissa's high word is >= 0x6a09c, so
-    #   exponent field of (u + 0x95f64<<32)  =  k + 1023
-    #   bits(xn) = u - (k<<52)   (x or x/2 with exponent 0x3ff or 0x3fe)
-    np.add(u, 0x95F64 << 32, out=kb)
-    np.bitwise_and(kb, 0x7FF << 52, out=kb)
-    np.subtract(kb, 0x3FF << 52, out=kb)        # k<<52, two's complement
-    np.subtract(u, kb, out=xn)
-    np.copyto(dk, kb.view(np.int64))            # dk = k * 2^52, exact
-    np.subtract(xn.view(_F64), 1.0, out=f)      # f = xn - 1, exact
+    # v = u + 0x95f64<<32 carries into the exponent field exactly when the
+    # mantissa's high word is >= 0x6a09c, so for positive normal x
+    #   v >> 52 = k + 1023                          (v < 2^63)
+    #   bits(xn) = u - (k<<52) = (v & MANT) + (0x3ff<<52) - 0x95f64<<32
+    # (x or x/2 with exponent field 0x3ff or 0x3fe); and dk = (double)k is
+    # the double with bits 0x4338000000000000 + k, minus 1.5*2^52 (exact).
+    v = dk.view(_U64)
+    np.add(u, _K_C, out=v)
+    np.bitwise_and(v, _K_MANT, out=xb)
+    np.add(xb, _K_K, out=xb)
+    f = xb.view(_F64)
+    np.subtract(f, _K_ONE, out=f)               # f = xn - 1, exact
+    np.right_shift(v, _K_52, out=v)
+    np.add(v, _K_MB, out=v)
+    np.subtract(dk, _K_MAGIC, out=dk)           # dk = k
     # fdlibm's hfsq band 0x6147a <= hx <= 0x6b851 (hx = mantissa high word):
     # for hx < 0x6a09c, f = mantissa in [0, 0.4142), band iff f >= _BAND_F1;
     # else f = (mantissa - 1)/2 in [-0.2929, 0), band iff f < _BAND_F2.
-    np.greater_equal(f, _BAND_F1, out=band)
-    np.less(f, _BAND_F2, out=b2)
+    np.greater_equal(f, _K_F1, out=band)
+    np.less(f, _K_F2, out=b2)
     np.logical_or(band, b2, out=band)
     # s = f/(2 + f), z = s*s, w = z*z
-    np.add(f, 2.0, out=s)
+    np.add(f, _K_TWO, out=s)
     np.divide(f, s, out=s)
     np.multiply(s, s, out=z)
     np.multiply(z, z, out=w)
@@ -736,35 +837,47 @@ def _log_block(x, out, bufs):
     # (written so that a NaN would count as "maybe")
     has_small = not z.min() >= 2.0 ** -41
     # t1 = w*(LG2 + w*(LG4 + w*LG6))
-    np.multiply(w, LG6, out=t1)
-    np.add(t1, LG4, out=t1)
+    np.multiply(w, _K_LG6, out=t1)
+    np.add(t1, _K_LG4, out=t1)
     np.multiply(t1, w, out=t1)
-    np.add(t1, LG2, out=t1)
+    np.add(t1, _K_LG2, out=t1)
     np.multiply(t1, w, out=t1)
-    # t2 = z*(LG1 + w*(LG3 + w*(LG5 + w*LG7)))
-    np.multiply(w, LG7, out=t2)
-    np.add(t2, LG5, out=t2)
-    np.multiply(t2, w, out=t2)
-    np.add(t2, LG3, out=t2)
-    np.multiply(t2, w, out=t2)
-    np.add(t2, LG1, out=t2)
-    np.multiply(t2, z, out=t2)
-    np.add(t2, t1, out=t2)                      # t2 = R = t2 + t1
-    # Y = s*(f - R) - dk*LN2_LO   (the hfsq band is patched below)
-    np.multiply(dk, _LN2_LO_52, out=w)          # w = dk*LN2_LO
-    np.subtract(f, t2, out=z)
+    # t2 = z*(LG1 + w*(LG3 + w*(LG5 + w*LG7)))   (z)
+    np.multiply(w, _K_LG7, out=p)
+    np.add(p, _K_LG5, out=p)
+    np.multiply(p, w, out=p)
+    np.add(p, _K_LG3, out=p)
+    np.multiply(p, w, out=p)
+    np.add(p, _K_LG1, out=p)
+    np.multiply(p, z, out=z)
+    np.add(z, t1, out=z)                        # z = R = t2 + t1
+    # the hfsq band, on its lanes only:
+    # Y = hfsq - (s*(hfsq + R) + dk*LN2_LO),  hfsq = (0.5*f)*f
+    i = _sparse_nonzero(band, words)
+    if i.size:
+        fi = f[i]
+        hfsq = fi * 0.5
+        hfsq *= fi
+        yb = z[i]
+        yb += hfsq                              # hfsq + R (IEEE + and * commute)
+        yb *= s[i]
+        di = dk[i]
+        di *= LN2_LO
+        yb += di
+        np.subtract(hfsq, yb, out=yb)
+    # elsewhere Y = s*(f - R) - dk*LN2_LO
+    np.multiply(dk, _K_LN2_LO, out=w)           # w = dk*LN2_LO
+    np.subtract(f, z, out=z)
     np.multiply(s, z, out=z)
     np.subtract(z, w, out=z)
-    if band.any():
-        i = np.flatnonzero(band)
-        fi = f[i]
-        hfsq = (0.5 * fi) * fi
-        z[i] = hfsq - (s[i] * (hfsq + t2[i]) + w[i])
+    if i.size:
+        z[i] = yb
     # log = dk*LN2_HI - (Y - f)
     np.subtract(z, f, out=z)
-    np.multiply(dk, _LN2_HI_52, out=w)
-    np.subtract(w, z, out=out)
+    np.multiply(dk, _K_LN2_HI, out=dk)          # dk = dk*LN2_HI
+    np.subtract(dk, z, out=out)
     if has_small:
+        flagged = flagged or not x.max() < INF
         # R = (f*f)*(0.5 - THIRD*f);  log = dk*LN2_HI - ((R - dk*LN2_LO) - f);
         # this is also fdlibm's k == 0 result f - R, and its f == 0 results
         # +0.0 and dk*LN2_HI + dk*LN2_LO: 0 - ((R - 0) - f) = f - R and
@@ -773,9 +886,9 @@ def _log_block(x, out, bufs):
         np.less(f, 2.0 ** -20, out=b2)
         np.logical_and(band, b2, out=band)
         i = np.flatnonzero(band)
-        fi, dki = f[i], dk[i]
+        fi = f[i]
         R = (fi * fi) * (0.5 - THIRD * fi)
-        out[i] = dki * _LN2_HI_52 - ((R - dki * _LN2_LO_52) - fi)
+        out[i] = dk[i] - ((R - w[i]) - fi)
     # zero, negative, subnormal, inf, NaN: (bits - 2^-1022 bits) >= ..., unsigned
     return _patch(x, out, flagged, (u - _U64(0x0010000000000000)) >= _U64(0x7FE0000000000000)
                   if flagged else None, _log_special)
@@ -838,10 +951,12 @@ def log(x) -> np.ndarray:
     Vectorised kernel: domain = positive normal finite x outside step 2.
     It uses the k != 0 formulas for every lane: with dk = +0 they are
     0 - ((P - 0) - f) = f - P exactly (IEEE subtraction is symmetric under
-    negation, and the result is nonzero), i.e. the k == 0 formulas.  dk is
-    carried as k*2^52 (the integer difference of the bit patterns converted
-    exactly) and multiplied by LN2_HI*2^-52, LN2_LO*2^-52: scaling by a power
-    of two does not change a rounding, so the products are bit-identical.
+    negation, and the result is nonzero), i.e. the k == 0 formulas.  k and
+    the bits of x or x/2 come from integer operations on the bits of x (see
+    ``_log_block``); dk = (double)k is the double with bits
+    0x4338000000000000 + k minus 1.5*2^52, which is exact and +0.0 for
+    k == 0.  The hfsq band (~4% of random inputs) is evaluated on its
+    gathered lanes only.
     """
     return _run(x, _log_block, _log_ref)
 
@@ -926,7 +1041,7 @@ def _tanh_core(a: np.ndarray) -> np.ndarray:
 
 
 def _tanh_block(x, out, bufs):
-    (a, k, h, lo, r, c, s, w, f, g, m), _, _, _ = bufs
+    (a, k, h, lo, r, c, s, w, f, g, m), _, _ = bufs
     np.abs(x, out=a)
     flagged = not (a.min() >= _TANH_TINY and a.max() < _TANH_BIG)
     np.multiply(a, 2.0, out=a)                   # a = 2|x|

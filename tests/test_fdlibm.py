@@ -313,6 +313,91 @@ def test_blocks_and_scattered_specials_match_reference():
         assert np.array_equal(bits(y), bits(ref)), fname
 
 
+def test_lanes_found_lazily_match_reference():
+    """Blocks whose only lanes outside a kernel's domain are the ones it
+    looks for only when a cheap reduction says they may be there: log's +inf
+    (found through fdlibm's |f| < 2^-20 branch, which inf takes), exp's
+    [2^-54, 2^-28) band (tested only when min |x| < 2^-28), and the band W
+    of exp and expm1; plus blocks with lanes just outside those ranges."""
+    rng = np.random.default_rng(6)
+    n = 2 * F._BLOCK
+
+    def scatter(base, values):
+        x = base.copy()
+        x[rng.choice(n, values.size, replace=False)] = values
+        return x
+
+    sgn = lambda k: rng.choice([-1.0, 1.0], k)  # noqa: E731
+    hx = lambda *v: np.array([float.fromhex(s) for s in v])  # noqa: E731
+    # inputs where the kernel's formula (k from the general reduction, no
+    # 1 + x shortcut) is 1 ulp off fdlibm: only the band checks save them
+    w_off = hx("-0x1.62e42fffff807p-2", "-0x1.62e42ffffcef3p-2", "0x1.62e42ffffc6f6p-2",
+               "0x1.62e42ffffd34cp-2")                                  # exp and expm1
+    tiny_off = hx("-0x1.8dac5484164bap-29", "0x1.af688cf6511f0p-29", "-0x1.5b0b0485d2c4ep-29",
+                  "-0x1.41e7b3800706dp-29")                             # exp
+    w_lo = float(from_bits(np.array([F._W_LO], U64))[0])
+    band_w = np.concatenate([w_off, sgn(60) * (w_lo + rng.integers(-3, 20, 60) * 2.0 ** -54),
+                             sgn(60) * from_bits(F._W_LO + rng.integers(0, F._W_LEN, 60)
+                                                 .astype(U64))])        # W and just below
+    tiny = np.concatenate([tiny_off, sgn(60) * 2.0 ** rng.uniform(-57, -26, 60)])
+    tiny_edges = np.array([2.0 ** -54, np.nextafter(2.0 ** -54, 0), 2.0 ** -28,
+                           np.nextafter(2.0 ** -28, 0), -(2.0 ** -54), -(2.0 ** -28), 0.0, -0.0])
+    pos = rng.uniform(0.5, 100.0, n)
+    sym = rng.uniform(-5.0, 5.0, n)
+    cases = {
+        "log": [scatter(pos, np.full(3, np.inf)), scatter(pos, np.array([np.inf, 1.0, 2.0])),
+                scatter(pos, 1.0 + rng.uniform(-2e-6, 2e-6, 50)),
+                scatter(pos, from_bits(np.array([0x7FEFFFFFFFFFFFFF, 0x0010000000000000], U64)))],
+        "exp": [scatter(sym, band_w), scatter(sym, tiny), scatter(sym, tiny_edges)],
+        "expm1": [scatter(sym, band_w), scatter(sym, tiny), scatter(sym, tiny_edges)],
+    }
+    for fname, xs in cases.items():
+        for x in xs:
+            y = getattr(F, fname)(x)
+            ref = getattr(F, f"_{fname}_ref")(x)
+            bad = np.flatnonzero(bits(y) != bits(ref))
+            assert bad.size == 0, f"{fname}({x[bad[0]]!r}) = {y[bad[0]]!r}, ref {ref[bad[0]]!r}"
+
+
+@pytest.mark.parametrize("n", [0, 5, 8, 64, 1000, F._BLOCK])
+def test_sparse_nonzero_matches_flatnonzero(n):
+    rng = np.random.default_rng(n)
+    words = np.empty(n // 8 + 1, dtype=bool)
+    for density in (0.0, 0.001, 0.04, 0.3, 1.0):
+        mask = rng.random(n) < density
+        assert np.array_equal(F._sparse_nonzero(mask, words), np.flatnonzero(mask))
+    # a mask that is not 8-byte aligned (a row of an odd-sized bool buffer)
+    buf = np.zeros(3 * n + 3, dtype=bool)
+    mask = buf[n + 1:2 * n + 1]
+    mask[rng.integers(0, n, n // 10 + 1) if n else []] = True
+    assert np.array_equal(F._sparse_nonzero(mask, words), np.flatnonzero(mask))
+
+
+def test_scratch_reuse_across_sizes_and_threads():
+    """The block buffers are kept per thread between calls: calls of every
+    size, in any order and from several threads at once, must not see each
+    other's data."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-4.0, 4.0, F._BLOCK + 77)
+    x[rng.integers(0, x.size, 300)] = rng.choice(parity_inputs(seed=3, n_random=500), 300)
+    inputs = {f: (np.abs(x) if f == "log" else x) for f in FUNCS}
+    want = {f: bits(getattr(F, f"_{f}_ref")(v)) for f, v in inputs.items()}
+    sizes = [x.size, 7, 8 * 1001, 1, x.size, 4096 + 3]
+
+    def job(seed):
+        order = np.random.default_rng(seed).permutation(len(FUNCS) * len(sizes))
+        for j in order:
+            f, m = FUNCS[j % len(FUNCS)], sizes[j // len(FUNCS)]
+            got = bits(getattr(F, f)(inputs[f][:m]))
+            if not np.array_equal(got, want[f][:m]):
+                return f, m
+        return None
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(job, range(8))) == [None] * 8
+
 # ---------------------------------------------------------------------------
 # (c) C parity: the same header, compiled with a C99 compiler
 # ---------------------------------------------------------------------------
