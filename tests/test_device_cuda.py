@@ -1,31 +1,109 @@
-"""The CUDA backend against the CPU tape: the same bits as the host backend, on a real GPU.
+"""The CUDA backend: what can be checked without a GPU, and the same bits as the CPU tape on one.
 
-Skipped (cleanly, at collection) without PyCUDA or a CUDA device: CI has
-neither, and the same kernels are tested there through the host backend
-(tests/test_device_host.py).  scripts/gpu_check.sh runs this file where a
-GPU is lent.
+Without a GPU (CI): the exact module PyCUDA's ``SourceModule`` would build --
+``kernel_source()`` with ``nvcc_options()``, no ``extern "C"`` wrapper,
+``--cubin -arch sm_90`` -- is compiled by nvcc where it is on PATH (and by
+PyCUDA's own compiler front end where PyCUDA imports), and the launch
+geometry of the serial kernels is checked.  The GPU tests skip cleanly
+without PyCUDA or a device (reason "no CUDA backend here"); the same kernel
+bodies are tested on every commit through the host backend
+(tests/test_device_host.py, also with -DGT_PER_THREAD, the GPU's loop
+bodies).  scripts/gpu_check.sh runs this file where a GPU is lent.
 """
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradtool.device.cuda import cuda_status
+import gradtool as gt
+from conftest import assert_bits_equal
+from gradtool.device import capture
+from gradtool.device.cuda import cuda_status, geometry, kernel_source, nvcc_options
+from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error
+from gradtool.device.host import kernel_names
+from gradtool.device.program import capture_program
+from gradtool.optim import Adam, SGD
+from gradtool.tapefile import load
 
 OK, WHY = cuda_status()
-pytestmark = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
-
-import gradtool as gt  # noqa: E402
-from conftest import assert_bits_equal  # noqa: E402
-from gradtool.device import capture  # noqa: E402
-from gradtool.device.engine import F32_BOUND, relative_error  # noqa: E402
-from gradtool.optim import Adam, SGD  # noqa: E402
-from gradtool.tapefile import load  # noqa: E402
+needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
+NVCC = shutil.which("nvcc")
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))
+SERIAL_KERNELS = ("k_sum", "k_clip_norm", "k_guard")    # one thread walks the whole sum
 
+
+# ── without a GPU ─────────────────────────────────────────────────────────
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
+    """nvcc --cubin on exactly what SourceModule(no_extern_c=True) gets: no warning, every
+    kernel an unmangled entry, no stack frame (no recursion, no local arrays), no FMA."""
+    (tmp_path / "kernel.cu").write_text(kernel_source())
+    opts = [*nvcc_options(dtype), "-arch", "sm_90"]
+    cubin = subprocess.run([NVCC, "--cubin", *opts, "-Xptxas", "-v", "kernel.cu"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert cubin.returncode == 0, cubin.stderr
+    assert (tmp_path / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert "warning" not in (cubin.stdout + cubin.stderr).lower(), cubin.stderr
+    frames = re.findall(r"(\d+) bytes stack frame", cubin.stderr)
+    names = kernel_names("f64")
+    assert len(frames) >= len(names) and set(frames) == {"0"}, cubin.stderr
+    ptx = subprocess.run([NVCC, "--ptx", *opts, "kernel.cu"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert ptx.returncode == 0, ptx.stderr
+    text = (tmp_path / "kernel.ptx").read_text()
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", text))
+    assert entries == set(names)                  # extern "C": get_function finds them by name
+    assert not re.search(r"\bfma\.", text)
+    assert ".local" not in text
+
+
+def test_pycuda_front_end_compiles_the_module():
+    """PyCUDA's own compile(), the one SourceModule calls, where PyCUDA imports (no GPU needed)."""
+    try:
+        import pycuda.driver  # noqa: F401 - compile() imports it
+        from pycuda.compiler import compile as pycuda_compile
+    except Exception as exc:  # noqa: BLE001 - not installed, or no driver library
+        pytest.skip(f"PyCUDA does not import here: {type(exc).__name__}")
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    for dtype in ("f64", "f32"):
+        cubin = pycuda_compile(kernel_source(), options=nvcc_options(dtype), no_extern_c=True,
+                               arch="sm_90", cache_dir=False)
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_serial_kernels_run_on_one_thread():
+    """A serial sum must see exactly one thread: its launch bound (meta[0]) is 1, so the
+    grid-stride loop runs its body for global thread index 0 only."""
+    tp = gt.Tape()
+    rng = np.random.default_rng(1)
+    w = tp.param(rng.standard_normal((7, 5)))
+    x = tp.const(rng.standard_normal((3, 7)), name="x")
+    loss = tp.mean(tp.tanh(x @ w)) + tp.sum(w)
+    opt = Adam(0.1)
+    opt.add(tp, w)
+    opt.set_clip(0.5)
+    prog = capture_program(tp, loss.id, optimizer=opt)
+    serial = [ln for ph in prog.launches.values() for ln in ph if ln.kernel in SERIAL_KERNELS]
+    assert {ln.kernel for ln in serial} == set(SERIAL_KERNELS)
+    for ln in serial:
+        assert ln.work == 1, ln
+        assert geometry(ln.work) == ((1, 1), (32, 1, 1))
+    for work in (2, 255, 256, 257, 70_000, 10**9):       # every index reached, grid in range
+        (blocks, _), (threads, _, _) = geometry(work)
+        assert 1 <= blocks <= 2**31 - 1 and threads == 256
+        assert blocks * threads >= min(work, (1 << 16) * 256)
+
+
+# ── on a GPU ──────────────────────────────────────────────────────────────
 
 def grads_match(tp, loss, rp):
     tp.zero_grad()
@@ -40,6 +118,7 @@ def grads_match(tp, loss, rp):
         assert_bits_equal(rp.grad(i), cpu, f"node {i} grad")
 
 
+@needs_gpu
 @pytest.mark.parametrize("graph", [True, False])
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 def test_every_sample_bit_exact(sample, graph):
@@ -48,6 +127,7 @@ def test_every_sample_bit_exact(sample, graph):
     grads_match(tf.tape, tf.loss, rp)
 
 
+@needs_gpu
 def test_random_graphs_bit_exact():
     from test_device_host import random_graph
     for seed in range(25):
@@ -55,6 +135,7 @@ def test_random_graphs_bit_exact():
         grads_match(tp, loss, capture(tp, loss, "cuda"))
 
 
+@needs_gpu
 @pytest.mark.parametrize("graph", [True, False])
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 def test_training_episodes_bit_exact(kind, graph):
@@ -83,8 +164,53 @@ def test_training_episodes_bit_exact(kind, graph):
     for p in tapes[0][0].params():
         assert_bits_equal(tp.values[p.id], tapes[0][0].values[p.id], f"param {p.id}")
     assert opts[1].t == opts[0].t == 30
+    for e_dev, e_cpu in zip(opts[1].entries, opts[0].entries):
+        if e_cpu.m is not None:
+            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
+            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
+@needs_gpu
+@pytest.mark.parametrize("graph", [True, False])
+def test_nonfinite_loss_updates_nothing_inside_the_graph(graph):
+    """A NaN batch: the captured guard kernel stops every update on the device, the host
+    rolls its counters back, and the run goes on exactly like the CPU engine's."""
+    from test_device_host import batches, mlp
+    from gradtool.train import make_engine
+    engines, tapes = [], []
+    for backend in ("cpu", "cuda"):
+        tp, x, y, loss = mlp(np.random.default_rng(11))
+        opt = Adam(0.01)
+        for p in tp.params():
+            opt.add(tp, p)
+        opt.set_clip(1.0)
+        engine = (make_engine("cpu", tp, loss.id, opt) if backend == "cpu" else
+                  DeviceEngine(tp, loss.id, opt, backend="cuda", graph=graph))
+        engines.append((engine, x, y, opt))
+        tapes.append(tp)
+    data = batches(np.random.default_rng(12), 12)
+    data[5] = (np.full_like(data[5][0], np.nan), data[5][1])
+    losses = []
+    for xb, yb in data:
+        row = []
+        for engine, x, y, _ in engines:
+            engine.set_input(x.id, xb)
+            engine.set_input(y.id, yb)
+            row.append(engine.train_step())
+        losses.append(row)
+    losses = np.array(losses)
+    assert np.isnan(losses[5]).all()            # NaN payloads differ between x86 and CUDA
+    finite = np.delete(losses, 5, axis=0)
+    assert np.isfinite(finite).all()
+    assert_bits_equal(finite[:, 1], finite[:, 0], "losses")
+    for engine, *_ in engines:
+        engine.finish()
+    for p in tapes[0].params():
+        assert_bits_equal(tapes[1].values[p.id], tapes[0].values[p.id], f"param {p.id}")
+    assert engines[1][3].t == engines[0][3].t == 11
+
+
+@needs_gpu
 def test_graph_and_per_node_launches_agree():
     tf = load(ROOT / "samples" / "attention.msgpack")
     results = []
@@ -94,12 +220,33 @@ def test_graph_and_per_node_launches_agree():
             opt.add(tf.tape, p)
         rp = capture(tf.tape, tf.loss, "cuda", optimizer=opt, graph=graph)
         losses = [rp.episode(train=True) for _ in range(5)]
+        rp.forward()                    # the phases one at a time: three more graphs
+        rp.backward()
+        rp.step()
+        losses.append(rp.loss())
         results.append((losses, [rp.value(p) for p in tf.tape.params()]))
     assert_bits_equal(np.array(results[0][0]), np.array(results[1][0]), "losses")
     for a, b in zip(results[0][1], results[1][1]):
         assert_bits_equal(a, b, "param")
 
 
+@needs_gpu
+def test_train_backend_cuda_saves_the_same_bytes_as_cpu(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from gradtool.cli import main
+    monkeypatch.chdir(ROOT)
+    saved = {}
+    for backend in ("cpu", "cuda"):
+        out = tmp_path / f"{backend}.msgpack"
+        result = CliRunner().invoke(main, ["train", "samples/digits_mlp.msgpack", "--data",
+                                           "samples/digits.npz", "--epochs", "1", "--clip", "2.0",
+                                           "--save", str(out), "--backend", backend])
+        assert result.exit_code == 0, result.output
+        saved[backend] = out.read_bytes()
+    assert saved["cuda"] == saved["cpu"]
+
+
+@needs_gpu
 def test_f32_within_bound():
     for sample in SAMPLES:
         tf = load(sample)
@@ -113,6 +260,7 @@ def test_f32_within_bound():
             assert relative_error(rp.grad(p), tf.tape.grad(p)) <= F32_BOUND, (sample, p.id)
 
 
+@needs_gpu
 def test_device_matches_host_backend_too():
     tp = gt.Tape()
     rng = np.random.default_rng(5)

@@ -1,28 +1,38 @@
 """The CUDA backend: kernels.cu compiled by PyCUDA, run per launch or as a CUDA graph.
 
-``pip install gradtool[gpu]`` brings PyCUDA.  The kernel file is compiled
-once per process and dtype (``SourceModule``, cached by a hash of the source
-with gt_math.h inlined, so a header change cannot hit a stale cubin), with
-``--fmad=false`` on top of the explicit ``__d*_rn`` intrinsics.  Every
-kernel takes two pointers (the arena and its metadata block) prepared as
-``"PP"``.
+``pip install gradtool[gpu]`` brings PyCUDA.  Everything runs in the
+device's PRIMARY context (``pycuda.autoprimaryctx``), the one the CUDA
+runtime -- PyTorch, CuPy -- uses too: with a context of PyCUDA's own
+(``pycuda.autoinit``), the first runtime call of another library in the
+same process (``cudaSetDevice``) makes the primary context current, and
+every later PyCUDA call then runs against the wrong context.
 
-Per-node launches (``graph=False``) call ``prepared_async_call`` on one
-stream for every launch of the program.  With ``graph=True`` (the default)
-the launches of a phase range -- e.g. a whole training episode: forward,
-backward and optimizer -- are recorded once into a CUDA graph by stream
-capture, instantiated, and replayed per step.  The recorded kernels,
-arguments and order are the per-node path's, so both give identical bits;
-per step the host only uploads the inputs and the optimizer's control
-scalar (async copies on the same stream) and reads back the loss.
+The kernel file is compiled once per process and dtype (``SourceModule``,
+cached by a hash of the source with gt_math.h inlined, so a header change
+cannot hit a stale cubin) with :func:`nvcc_options`: ``--fmad=false`` on
+top of the explicit ``__d*_rn`` intrinsics.  The kernels are declared
+``extern "C"`` in the file itself (hence ``no_extern_c=True``), so their
+names are not mangled.  Every kernel takes two pointers (the arena and its
+metadata block); each launch's 16-byte argument buffer is packed once, here,
+and handed to PyCUDA's ``cuLaunchKernel`` wrapper (``Function._launch_kernel``,
+what ``prepared_async_call`` ends in, minus its per-call argument packing and
+its deprecated ``cuFuncSetBlockShape``).
 
-Stream capture goes through PyCUDA's ``Stream.begin_capture`` /
-``end_capture`` / ``Graph.instantiate`` / ``GraphExec.launch`` where the
-installed PyCUDA has them (its git main does; the 2026.1 release on PyPI
-does not), and otherwise through the same four CUDA driver calls
-(``cuStreamBeginCapture_v2``, ``cuStreamEndCapture``,
-``cuGraphInstantiateWithFlags``, ``cuGraphLaunch``) made with ctypes on
-PyCUDA's own stream handle, in PyCUDA's context.
+Per-node launches (``graph=False``) enqueue every launch of a phase range on
+one stream.  With ``graph=True`` (the default) the same launches -- e.g. a
+whole training episode: forward, backward and optimizer -- are recorded once
+into a CUDA graph by stream capture, instantiated, and replayed per step, so
+both give identical bits.  The captured kernels read everything that changes
+between steps from device memory (input slots and the optimizer's control
+buffer, written by async copies on the same stream before the launch), and
+nothing inside the capture allocates or synchronizes: the recorded callable
+makes no CUDA call but ``cuLaunchKernel``, and the capture is checked to
+hold exactly one node per launch.
+
+PyCUDA's 2026.1 release has no graph API, so the capture is four CUDA
+driver calls made with ctypes on PyCUDA's own stream handle, in the same
+(current) context: ``cuStreamBeginCapture_v2``, ``cuStreamEndCapture``,
+``cuGraphInstantiateWithFlags`` and ``cuGraphLaunch``.
 """
 
 from __future__ import annotations
@@ -30,7 +40,10 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ctypes.util
+import functools
 import hashlib
+import os
+import struct
 import weakref
 
 import numpy as np
@@ -47,9 +60,11 @@ def cuda_status() -> tuple:
     """(usable, description): PyCUDA importable and at least one CUDA device."""
     try:
         import pycuda.driver as drv
-    except ImportError:
-        return False, "PyCUDA is not installed (pip install 'gradtool[gpu]')"
-    except Exception as exc:  # noqa: BLE001 - a broken install must not crash `auto`
+    except ModuleNotFoundError as exc:
+        if exc.name in ("pycuda", "pycuda.driver"):
+            return False, "PyCUDA is not installed (pip install 'gradtool[gpu]')"
+        return False, f"PyCUDA failed to import: {exc}"
+    except Exception as exc:  # noqa: BLE001 - no libcuda, a broken install: `auto` goes on
         return False, f"PyCUDA failed to import: {type(exc).__name__}: {exc}"
     try:
         drv.init()
@@ -62,133 +77,185 @@ def cuda_status() -> tuple:
 
 
 def kernel_source() -> str:
-    """kernels.cu with gt_math.h inlined (host_prelude.h is host-only)."""
+    """kernels.cu with gt_math.h inlined (host_prelude.h is host-only): what nvcc compiles."""
     src = (CSRC / "kernels.cu").read_text()
     header = (CSRC / "gt_math.h").read_text()
     return src.replace('#include "gt_math.h"', header, 1)
 
 
+def nvcc_options(dtype: str) -> list:
+    """The options SourceModule hands nvcc (PyCUDA adds --cubin, -arch sm_XY and -I)."""
+    return ["--fmad=false"] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
+
+
+# ── context and modules ───────────────────────────────────────────────────
+
 _MODULES: dict = {}
 _LIVE = weakref.WeakSet()           # backends whose device memory must go before the context
-_CLEANUP_REGISTERED = []
+_STATE = {"registered": False, "context_alive": False}
 
 
 def _release_all() -> None:
+    """atexit: free every backend's memory, graphs and the modules while the context lives."""
     for backend in list(_LIVE):
-        backend.close()
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - a device in an error state must not spoil the exit
+            pass
     _MODULES.clear()
+    _STATE["context_alive"] = False
+
+
+def _ensure_context() -> None:
+    # the primary context, pushed on this thread; pycuda.autoprimaryctx pops it at exit
+    import pycuda.autoprimaryctx  # noqa: F401
+
+    if not _STATE["registered"]:
+        # atexit runs last-registered first: this runs before autoprimaryctx's pop
+        atexit.register(_release_all)
+        _STATE["registered"] = True
+    _STATE["context_alive"] = True
 
 
 def _module(dtype: str):
-    import pycuda.autoinit  # noqa: F401 - creates the context on device 0, pops it at exit
+    _ensure_context()
     from pycuda.compiler import SourceModule
-
-    if not _CLEANUP_REGISTERED:
-        # atexit runs last-registered first: this frees our buffers, graphs and modules
-        # while pycuda.autoinit's context still exists
-        atexit.register(_release_all)
-        _CLEANUP_REGISTERED.append(True)
 
     src = kernel_source()
     key = (hashlib.sha256(src.encode()).hexdigest(), dtype)
     if key not in _MODULES:
-        options = ["--fmad=false"] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
         try:
-            _MODULES[key] = SourceModule(src, options=options, no_extern_c=True)
+            _MODULES[key] = SourceModule(src, options=nvcc_options(dtype), no_extern_c=True)
         except Exception as exc:  # noqa: BLE001 - CompileError carries nvcc's output
             raise GradtoolError(f"nvcc could not compile {CSRC / 'kernels.cu'}: "
                                 f"{' '.join(str(exc).split())[:400]}") from None
     return _MODULES[key]
 
 
-CAPTURE_MODE_RELAXED = 2          # CUstreamCaptureMode: our thread makes no unsafe calls anyway
+# ── CUDA graphs through the driver API ────────────────────────────────────
+
+CU_STREAM_CAPTURE_MODE_RELAXED = 2   # CUstreamCaptureMode: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2
+
+
+def _load_libcuda():
+    # libcuda.so.1 first: PyCUDA's extension already loaded it, so this is the same library
+    # (a bare find_library("cuda") can name the toolkit's link-time stub instead)
+    names = ["libcuda.so.1", ctypes.util.find_library("cuda")]
+    if os.name == "nt":
+        names.append("nvcuda.dll")
+    errors = []
+    for name in names:
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(str(exc))
+    raise GradtoolError(f"CUDA graphs need the driver library libcuda ({'; '.join(errors)}); "
+                        f"use --no-graph")
 
 
 class DriverGraphs:
-    """Stream capture through the CUDA driver API, for a PyCUDA without graph support."""
+    """Stream capture, instantiation and launch through the CUDA driver API (ctypes)."""
 
     def __init__(self):
-        name = ctypes.util.find_library("cuda") or "libcuda.so.1"
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError as exc:
-            raise GradtoolError(f"CUDA graphs need the driver library ({exc}); use --no-graph")
+        lib = _load_libcuda()
         vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-        sigs = {"cuStreamBeginCapture_v2": (vp, ctypes.c_int),
-                "cuStreamEndCapture": (vp, pvp),
-                "cuGraphInstantiateWithFlags": (pvp, vp, ctypes.c_ulonglong),
-                "cuGraphLaunch": (vp, vp),
-                "cuGraphExecDestroy": (vp,),
-                "cuGraphDestroy": (vp,)}
+        sigs = {   # CUresult f(...), from cuda.h
+            "cuStreamBeginCapture_v2": (vp, ctypes.c_int),            # (CUstream, mode)
+            "cuStreamEndCapture": (vp, pvp),                          # (CUstream, CUgraph *)
+            "cuGraphGetNodes": (vp, pvp, ctypes.POINTER(ctypes.c_size_t)),
+            "cuGraphInstantiateWithFlags": (pvp, vp, ctypes.c_ulonglong),
+            "cuGraphLaunch": (vp, vp),                                # (CUgraphExec, CUstream)
+            "cuGraphExecDestroy": (vp,),
+            "cuGraphDestroy": (vp,),
+            "cuGetErrorName": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+        }
         for fname, args in sigs.items():
-            fn = getattr(lib, fname)
+            try:
+                fn = getattr(lib, fname)
+            except AttributeError:
+                raise GradtoolError(f"the CUDA driver has no {fname} (too old for CUDA graphs); "
+                                    f"use --no-graph") from None
             fn.argtypes, fn.restype = list(args), ctypes.c_int
         self.lib = lib
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise GradtoolError(f"{what} failed (CUresult {rc}); rerun with --no-graph")
+            name = ctypes.c_char_p()
+            known = self.lib.cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value
+            label = name.value.decode() if known else "unknown"
+            raise GradtoolError(f"{what} failed (CUresult {rc}, {label}); rerun with --no-graph")
 
-    def capture(self, stream, record) -> tuple:
-        """Record everything ``record()`` enqueues on ``stream``; (graph, executable)."""
+    def capture(self, stream, record, expected_nodes: int) -> "DriverGraph":
+        """Record what ``record()`` enqueues on ``stream`` (PyCUDA Stream) and instantiate it.
+
+        ``record`` must enqueue exactly ``expected_nodes`` kernel launches and
+        nothing else; anything else (a copy, a launch on another stream) fails.
+        """
         handle = ctypes.c_void_p(stream.handle)
-        self._check(self.lib.cuStreamBeginCapture_v2(handle, CAPTURE_MODE_RELAXED),
+        self._check(self.lib.cuStreamBeginCapture_v2(handle, CU_STREAM_CAPTURE_MODE_RELAXED),
                     "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
         try:
             record()
-        finally:
-            rc = self.lib.cuStreamEndCapture(handle, ctypes.byref(graph))
-        self._check(rc, "cuStreamEndCapture")
+        except BaseException:
+            if self.lib.cuStreamEndCapture(handle, ctypes.byref(graph)) == 0 and graph.value:
+                self.lib.cuGraphDestroy(graph)
+            raise
+        self._check(self.lib.cuStreamEndCapture(handle, ctypes.byref(graph)),
+                    "cuStreamEndCapture")
+        result = DriverGraph(self.lib, graph)
+        count = ctypes.c_size_t(0)
+        self._check(self.lib.cuGraphGetNodes(graph, None, ctypes.byref(count)), "cuGraphGetNodes")
+        if count.value != expected_nodes:
+            result.close()
+            raise GradtoolError(f"the captured CUDA graph has {count.value} nodes, expected one "
+                                f"per launch ({expected_nodes}); rerun with --no-graph")
         exe = ctypes.c_void_p()
         rc = self.lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0)
         if rc != 0:
-            self.lib.cuGraphDestroy(graph)
+            result.close()
         self._check(rc, "cuGraphInstantiateWithFlags")
-        return graph, exe
-
-    def launch(self, pair, stream) -> None:
-        self._check(self.lib.cuGraphLaunch(pair[1], ctypes.c_void_p(stream.handle)),
-                    "cuGraphLaunch")
-
-    def destroy(self, pair) -> None:
-        self.lib.cuGraphExecDestroy(pair[1])
-        self.lib.cuGraphDestroy(pair[0])
+        result.exe = exe
+        return result
 
 
-class PycudaGraphs:
-    """Stream capture through PyCUDA's own API (Stream.begin_capture and friends)."""
+class DriverGraph:
+    """One captured graph and its executable; freed by :meth:`close` (or when collected)."""
 
-    def __init__(self, drv):
-        self.drv = drv
+    def __init__(self, lib, graph):
+        self.lib, self.graph, self.exe = lib, graph, None
 
-    def capture(self, stream, record) -> tuple:
-        mode = getattr(getattr(self.drv, "capture_mode", None), "RELAXED", None)
-        if mode is None:
-            stream.begin_capture()
-        else:
-            stream.begin_capture(mode)
+    def launch(self, stream) -> None:
+        rc = self.lib.cuGraphLaunch(self.exe, ctypes.c_void_p(stream.handle))
+        if rc != 0:
+            raise GradtoolError(f"cuGraphLaunch failed (CUresult {rc}); rerun with --no-graph")
+
+    def close(self) -> None:
+        if self.exe is not None:
+            self.lib.cuGraphExecDestroy(self.exe)
+            self.exe = None
+        if self.graph is not None:
+            self.lib.cuGraphDestroy(self.graph)
+            self.graph = None
+
+    def __del__(self):
         try:
-            record()
-        finally:
-            graph = stream.end_capture()
-        return graph, graph.instantiate()
-
-    def launch(self, pair, stream) -> None:
-        pair[1].launch(stream)
-
-    def destroy(self, pair) -> None:
-        pass                            # PyCUDA frees its Graph/GraphExec objects itself
+            if _STATE["context_alive"]:  # after _release_all the context may be gone
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
-def graph_api(drv):
-    """PyCUDA's graph API where it exists, else the driver's through ctypes."""
-    if hasattr(drv.Stream, "begin_capture") and hasattr(drv, "Graph"):
-        return PycudaGraphs(drv)
-    return DriverGraphs()
+# ── the backend ───────────────────────────────────────────────────────────
 
+def geometry(work: int) -> tuple:
+    """(grid, block) for a grid-stride loop over ``work`` thread indices.
 
-def _geometry(work: int) -> tuple:
+    A serial kernel (sum, clip norm, guard) has work 1: its GT_LOOP runs the
+    body for global thread index 0 only, whatever the block size.
+    """
     if work <= 1:
         return (1, 1), (32, 1, 1)
     blocks = min((work + BLOCK - 1) // BLOCK, MAX_GRID)
@@ -206,35 +273,42 @@ class CudaBackend:
         self.drv = drv
         self.program = program
         self.graph = graph
-        module = _module(program.dtype)
+        self.arena = None
+        module = _module(program.dtype)          # also makes the context current
         self.dtype = np.dtype(DTYPES[program.dtype])
         names = sorted({launch.kernel for ph in PHASES for launch in program.launches[ph]})
-        funcs = {}
-        for name in names:
-            funcs[name] = module.get_function(name)
-            funcs[name].prepare("PP")
+        funcs = {name: module.get_function(name) for name in names}
         index = {name: i for i, name in enumerate(names)}
         meta, table, self.ranges = program.flatten(index)
+        self._graphs = {}
+        self._graph_api = DriverGraphs() if graph else None
 
+        self.stream = drv.Stream()
         self.arena_bytes = max(program.size, 1) * self.dtype.itemsize
         self.arena = drv.mem_alloc(self.arena_bytes)
-        drv.memset_d8(self.arena, 0, self.arena_bytes)
+        drv.memset_d8_async(self.arena, 0, self.arena_bytes, self.stream)
         self.meta = drv.to_device(meta)
         self.meta_bytes = meta.nbytes
-        self.stream = drv.Stream()
+        self._pinned = drv.pagelocked_empty(1, self.dtype)    # the loss comes back through it
         self._held = []                # host buffers of async copies still in flight
         for off, data in program.init:
             self.write(off, np.asarray(data, dtype=np.float64).astype(self.dtype))
 
         base_w, base_m = int(self.arena), int(self.meta)
-        self.launches = []
+        self.launches = []             # one bound call per launch, in table order
         flat = [launch for ph in PHASES for launch in program.launches[ph]]
         for q, launch in enumerate(flat):
-            grid, block = _geometry(launch.work)
+            grid, block = geometry(launch.work)
             meta_ptr = base_m + 8 * int(table[2 * q + 1])
-            self.launches.append((funcs[launch.kernel], grid, block, (base_w, meta_ptr)))
-        self._graphs = {}
-        self._graph_api = graph_api(drv) if graph else None
+            func = funcs[launch.kernel]
+            if hasattr(func, "_launch_kernel"):
+                args = struct.pack("@PP", base_w, meta_ptr)    # (gt_real *W, const long long *M)
+                call = functools.partial(func._launch_kernel, grid, block, args, 0, self.stream)
+            else:                                              # a PyCUDA without it: same launch
+                func.prepare("PP")
+                call = functools.partial(func.prepared_async_call, grid, block, self.stream,
+                                         base_w, meta_ptr)
+            self.launches.append(call)
         self.synchronize()
         _LIVE.add(self)
 
@@ -243,13 +317,15 @@ class CudaBackend:
         if self.arena is None:
             return
         self.stream.synchronize()
-        for pair in self._graphs.values():
-            self._graph_api.destroy(pair)
+        for g in self._graphs.values():
+            g.close()
         self._graphs.clear()
         self.launches = []
+        self._held.clear()
         self.arena.free()
         self.meta.free()
-        self.arena = self.meta = None
+        # the rest goes now too, while the context still exists (not at some later collection)
+        self.arena = self.meta = self._pinned = self.stream = None
 
     # ── running ────────────────────────────────────────────────────────────
     def run(self, first: str, last: str) -> None:
@@ -262,13 +338,12 @@ class CudaBackend:
         key = (start, end)
         if key not in self._graphs:
             self._graphs[key] = self._graph_api.capture(
-                self.stream, lambda: self._launch_range(start, end))
-        self._graph_api.launch(self._graphs[key], self.stream)
+                self.stream, lambda: self._launch_range(start, end), end - start)
+        self._graphs[key].launch(self.stream)
 
     def _launch_range(self, start: int, end: int) -> None:
-        stream = self.stream
-        for func, grid, block, args in self.launches[start:end]:
-            func.prepared_async_call(grid, block, stream, *args)
+        for call in self.launches[start:end]:
+            call()
 
     # ── memory ─────────────────────────────────────────────────────────────
     def _ptr(self, off: int) -> int:
@@ -282,11 +357,15 @@ class CudaBackend:
     def read(self, off: int, n: int) -> np.ndarray:
         self.synchronize()
         out = np.empty(n, dtype=self.dtype)
-        self.drv.memcpy_dtoh(out, self._ptr(off))
+        if n:
+            self.drv.memcpy_dtoh(out, self._ptr(off))
         return out.astype(np.float64)
 
     def scalar(self, off: int) -> float:
-        return float(self.read(off, 1)[0])
+        # one async copy into page-locked memory and one stream sync: the per-episode loss
+        self.drv.memcpy_dtoh_async(self._pinned, self._ptr(off), self.stream)
+        self.synchronize()
+        return float(self._pinned[0])
 
     def set_scalar(self, off: int, value: float) -> None:
         self.write(off, np.array([value], dtype=self.dtype))
@@ -300,10 +379,8 @@ class CudaBackend:
         return self.arena_bytes + self.meta_bytes
 
     def describe(self) -> str:
-        how = {None: "", "PycudaGraphs": ", graphs via PyCUDA",
-               "DriverGraphs": ", graphs via the driver API"}[
-            type(self._graph_api).__name__ if self._graph_api else None]
+        how = ", graphs via the driver API" if self._graph_api else ""
         return f"cuda ({self.drv.Context.get_device().name()}, {self.program.dtype}{how})"
 
 
-__all__ = ["CudaBackend", "cuda_status", "kernel_source"]
+__all__ = ["CudaBackend", "cuda_status", "kernel_source", "nvcc_options", "geometry"]
