@@ -23,62 +23,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (LR, POOL, ROOT, SHAPES, gradtool_mlp, make_problem,  # noqa: E402
+                          mlp_name, time_interleaved, torch_mlp_loss)
 
 from gradtool.device import capture  # noqa: E402
 from gradtool.device.cuda import cuda_status  # noqa: E402
 from gradtool.optim import Adam  # noqa: E402
-from gradtool.tape import Tape  # noqa: E402
 from gradtool.tapefile import load  # noqa: E402
 
-SHAPES = [(64, 128, 10, 64), (784, 256, 10, 128)]
-POOL = 8
 
-
-def time_steps(step, n_steps, repeats, warmup=5, sync=None):
-    for i in range(warmup):
-        step(i)
-    if sync:
-        sync()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(n_steps):
-            step(i)
-        if sync:
-            sync()
-        runs.append((time.perf_counter() - t0) / n_steps)
-    return statistics.median(runs)
-
-
-def make_problem(shape):
-    n_in, n_hid, n_out, batch = shape
-    rng = np.random.default_rng(0)
-    params = [rng.standard_normal((n_in, n_hid)) * np.sqrt(2.0 / n_in), np.zeros((1, n_hid)),
-              rng.standard_normal((n_hid, n_out)) * np.sqrt(1.0 / n_hid), np.zeros((1, n_out))]
-    xs = rng.standard_normal((POOL, batch, n_in))
-    ys = np.eye(n_out)[rng.integers(0, n_out, (POOL, batch))]
-    return params, xs, ys
+def time_steps(step, n_steps, repeats, sync=None):
+    """Median seconds per step of ``step(i)`` (see bench_common.time_interleaved)."""
+    return time_interleaved([step], n_steps, repeats, sync=sync)[0][0]
 
 
 def bench_gradtool_mlp(shape, backend, dtype, n_steps, repeats):
     params, xs, ys = make_problem(shape)
-    tp = Tape()
-    x = tp.const(xs[0], name="x")
-    y = tp.const(ys[0], name="y")
-    w1, b1, w2, b2 = (tp.param(p) for p in params)
-    loss = tp.mse(tp.relu(x @ w1 + b1) @ w2 + b2, y)
-    opt = Adam(1e-3)
-    for p in (w1, b1, w2, b2):
-        opt.add(tp, p)
+    tp, x, y, loss, opt = gradtool_mlp(params, xs, ys)
     rp = capture(tp, loss, backend, dtype, optimizer=opt)
 
     def step(i):
@@ -94,16 +59,15 @@ def bench_torch_mlp(shape, device, n_steps, repeats, graph=False):
     params, xs, ys = make_problem(shape)
     dev = torch.device(device)
     ws = [torch.tensor(p, dtype=torch.float64, device=dev, requires_grad=True) for p in params]
-    w1, b1, w2, b2 = ws
     host_x = [torch.from_numpy(a) for a in xs]
     host_y = [torch.from_numpy(a) for a in ys]
 
     def loss_of(x, y):
-        return torch.mean((torch.relu(x @ w1 + b1) @ w2 + b2 - y) ** 2)
+        return torch_mlp_loss(torch, ws, x, y)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
     if not graph:
-        opt = torch.optim.Adam(ws, lr=1e-3)
+        opt = torch.optim.Adam(ws, lr=LR)
 
         def step(i):
             x = host_x[i % POOL].to(dev)
@@ -116,7 +80,7 @@ def bench_torch_mlp(shape, device, n_steps, repeats, graph=False):
 
         return time_steps(step, n_steps, repeats, sync=sync)
 
-    opt = torch.optim.Adam(ws, lr=1e-3, capturable=True)
+    opt = torch.optim.Adam(ws, lr=LR, capturable=True)
     static_x = host_x[0].to(dev).clone()
     static_y = host_y[0].to(dev).clone()
     side = torch.cuda.Stream()
@@ -182,7 +146,7 @@ def main(argv=None):
                      "ratio": None if ref is None else ours / ref})
 
     for shape in SHAPES:
-        name = "mlp " + "-".join(str(d) for d in shape[:3]) + f" b{shape[3]}"
+        name = f"mlp {mlp_name(shape)} b{shape[3]}"
         for backend in backends:
             ours, launches = bench_gradtool_mlp(shape, backend, args.dtype, args.steps,
                                                 args.repeats)

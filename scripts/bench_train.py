@@ -17,59 +17,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (LR, POOL, SHAPES, gradtool_mlp, make_problem,  # noqa: E402
+                          mlp_name, time_interleaved, torch_mlp_loss)
 
-from gradtool.optim import Adam        # noqa: E402
-from gradtool.tape import Tape         # noqa: E402
 from gradtool.train import make_engine  # noqa: E402
 
-SHAPES = [(64, 128, 10, 64), (784, 256, 10, 128)]
-POOL = 8                               # distinct minibatches cycled through
 
-
-def make_data(n_in, n_out, batch, rng):
-    xs = rng.standard_normal((POOL, batch, n_in))
-    ys = np.eye(n_out)[rng.integers(0, n_out, (POOL, batch))]
-    return xs, ys
-
-
-def init_params(n_in, n_hid, n_out, rng):
-    return [rng.standard_normal((n_in, n_hid)) * np.sqrt(2.0 / n_in), np.zeros((1, n_hid)),
-            rng.standard_normal((n_hid, n_out)) * np.sqrt(1.0 / n_hid), np.zeros((1, n_out))]
-
-
-def time_pair(steps, n_steps, repeats, warmup=5):
-    """Interleaved timing of each ``step(i)`` function: per function (median, best) s/step."""
-    for step in steps:
-        for i in range(warmup):
-            step(i)
-    runs = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, out in zip(steps, runs):
-            t0 = time.perf_counter()
-            for i in range(n_steps):
-                step(i)
-            out.append((time.perf_counter() - t0) / n_steps)
-    return [(statistics.median(r), min(r)) for r in runs]
-
-
-def gradtool_step(shape, params, data, backend):
-    n_in, n_hid, n_out, batch = shape
-    xs, ys = data
-    tp = Tape()
-    x = tp.const(xs[0], name="x")
-    y = tp.const(ys[0], name="y")
-    w1, b1, w2, b2 = (tp.param(p) for p in params)
-    loss = tp.mse(tp.relu(x @ w1 + b1) @ w2 + b2, y)
-    opt = Adam(1e-3)
-    for p in (w1, b1, w2, b2):
-        opt.add(tp, p)
+def gradtool_step(params, xs, ys, backend):
+    tp, x, y, loss, opt = gradtool_mlp(params, xs, ys)
     engine = make_engine(backend, tp, loss.id, opt)
 
     def step(i):
@@ -80,19 +40,19 @@ def gradtool_step(shape, params, data, backend):
     return step
 
 
-def torch_step(params, data):
+def torch_step(params, xs, ys):
     try:
         import torch
     except ImportError:
         return None
-    xs, ys = (torch.from_numpy(a) for a in data)
-    w1, b1, w2, b2 = (torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in params)
-    opt = torch.optim.Adam([w1, b1, w2, b2], lr=1e-3)
+    xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
+    ws = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in params]
+    opt = torch.optim.Adam(ws, lr=LR)
 
     def step(i):
         x, y = xs[i % POOL], ys[i % POOL]
         opt.zero_grad()
-        loss = torch.mean((torch.relu(x @ w1 + b1) @ w2 + b2 - y) ** 2)
+        loss = torch_mlp_loss(torch, ws, x, y)
         loss.backward()
         opt.step()
 
@@ -118,15 +78,13 @@ def main(argv=None):
     print(f"{'MLP':<12} {'batch':>5} {'gradtool ' + args.backend:>20} {'torch f64 eager':>20} "
           f"{'ratio':>13}")
     for shape in SHAPES:
-        rng = np.random.default_rng(0)
-        params = init_params(shape[0], shape[1], shape[2], rng)
-        data = make_data(shape[0], shape[2], shape[3], rng)
-        steps = [gradtool_step(shape, params, data, args.backend)]
-        theirs = torch_step(params, data)
+        params, xs, ys = make_problem(shape)
+        steps = [gradtool_step(params, xs, ys, args.backend)]
+        theirs = torch_step(params, xs, ys)
         if theirs is not None:
             steps.append(theirs)
-        timings = time_pair(steps, args.steps, args.repeats)
-        name = "-".join(str(d) for d in shape[:3])
+        timings = time_interleaved(steps, args.steps, args.repeats)
+        name = mlp_name(shape)
         cols = [f"{med * 1e6:9.0f} ({best * 1e6:6.0f})" for med, best in timings]
         if len(timings) == 2:
             (m0, b0), (m1, b1) = timings

@@ -130,14 +130,18 @@ def _bench_module():
     return bench
 
 
+def _run_bench(bench, tmp_path, *args):
+    """bench.main on a short run without PyTorch: (exit status, its --json report)."""
+    out = tmp_path / "bench.json"
+    status = bench.main([*args, "--warmup", "0", "--no-torch", "--json", str(out)])
+    return status, json.loads(out.read_text())
+
+
 def test_bench_script_checks_bit_equality_on_a_short_run(tmp_path):
     _require_host()
-    bench = _bench_module()
-    out = tmp_path / "bench.json"
-    status = bench.main(["--episodes", "8", "--repeats", "2", "--warmup", "0", "--no-torch",
-                         "--backends", "cpu,host", "--json", str(out)])
+    status, report = _run_bench(_bench_module(), tmp_path, "--episodes", "8", "--repeats", "2",
+                                "--backends", "cpu,host")
     assert status == 0
-    report = json.loads(out.read_text())
     assert report["all_gradtool_bit_equal"] is True
     assert [r["backend"] for r in report["rows"]] == ["cpu", "host"]
     assert [r["bit_equal"] for r in report["rows"]] == [True, True]
@@ -149,11 +153,9 @@ def test_bench_script_exits_1_when_a_backend_ends_on_other_bits(tmp_path, capsys
     bench = _bench_module()
     # float32 replay is close to the CPU tape but not equal to it: the check must notice
     bench.GRADTOOL_BACKENDS["host-f32"] = ("host", {"dtype": "f32"})
-    out = tmp_path / "bench.json"
-    status = bench.main(["--episodes", "4", "--repeats", "1", "--warmup", "0", "--no-torch",
-                         "--backends", "cpu,host-f32", "--json", str(out)])
+    status, report = _run_bench(bench, tmp_path, "--episodes", "4", "--repeats", "1",
+                                "--backends", "cpu,host-f32")
     assert status == 1
-    report = json.loads(out.read_text())
     assert report["all_gradtool_bit_equal"] is False
     assert [r["bit_equal"] for r in report["rows"]] == [True, False]
     assert "host-f32 ended on other parameter bits than cpu" in capsys.readouterr().err

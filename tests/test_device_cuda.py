@@ -140,16 +140,12 @@ def test_random_graphs_bit_exact():
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 def test_training_episodes_bit_exact(kind, graph):
     """30 fused episodes (one CUDA graph each with graph=True) against gradtool.optim."""
-    from test_device_host import batches, mlp, run_cpu
+    from test_device_host import (assert_replay_trained_like_cpu, batches, mlp, run_cpu,
+                                  with_params)
     tapes = [mlp(np.random.default_rng(7), unused=True) for _ in range(2)]
     data = batches(np.random.default_rng(8), 30)
-    opts = []
-    for tp, *_ in tapes:
-        opt = Adam(0.05) if kind == "adam" else SGD(0.2)
-        for p in tp.params():
-            opt.add(tp, p)
-        opt.set_clip(1.2)
-        opts.append(opt)
+    opts = [with_params(Adam(0.05) if kind == "adam" else SGD(0.2), tp, clip=1.2)
+            for tp, *_ in tapes]
     cpu_losses = run_cpu(*tapes[0], opts[0], data)
     tp, x, y, loss = tapes[1]
     rp = capture(tp, loss, "cuda", optimizer=opts[1], graph=graph)
@@ -159,15 +155,8 @@ def test_training_episodes_bit_exact(kind, graph):
         rp.set_input(y, yb)
         dev_losses.append(rp.episode(train=True))
     assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
-    rp.sync_params_to_tape(tp)
-    rp.sync_optimizer(opts[1])
-    for p in tapes[0][0].params():
-        assert_bits_equal(tp.values[p.id], tapes[0][0].values[p.id], f"param {p.id}")
-    assert opts[1].t == opts[0].t == 30
-    for e_dev, e_cpu in zip(opts[1].entries, opts[0].entries):
-        if e_cpu.m is not None:
-            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
-            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
+    assert_replay_trained_like_cpu(rp, tp, opts[1], tapes[0][0], opts[0])
+    assert opts[1].t == 30
 
 
 @needs_gpu
@@ -175,49 +164,25 @@ def test_training_episodes_bit_exact(kind, graph):
 def test_nonfinite_loss_updates_nothing_inside_the_graph(graph):
     """A NaN batch: the captured guard kernel stops every update on the device, the host
     rolls its counters back, and the run goes on exactly like the CPU engine's."""
-    from test_device_host import batches, mlp
-    from gradtool.train import make_engine
-    engines, tapes = [], []
-    for backend in ("cpu", "cuda"):
-        tp, x, y, loss = mlp(np.random.default_rng(11))
-        opt = Adam(0.01)
-        for p in tp.params():
-            opt.add(tp, p)
-        opt.set_clip(1.0)
-        engine = (make_engine("cpu", tp, loss.id, opt) if backend == "cpu" else
-                  DeviceEngine(tp, loss.id, opt, backend="cuda", graph=graph))
-        engines.append((engine, x, y, opt))
-        tapes.append(tp)
-    data = batches(np.random.default_rng(12), 12)
-    data[5] = (np.full_like(data[5][0], np.nan), data[5][1])
-    losses = []
-    for xb, yb in data:
-        row = []
-        for engine, x, y, _ in engines:
-            engine.set_input(x.id, xb)
-            engine.set_input(y.id, yb)
-            row.append(engine.train_step())
-        losses.append(row)
-    losses = np.array(losses)
+    from test_device_host import (assert_engines_end_alike, nonfinite_batch_setup,
+                                  train_step_all)
+    engines, tapes, data = nonfinite_batch_setup(
+        lambda tp, loss_id, opt: DeviceEngine(tp, loss_id, opt, backend="cuda", graph=graph))
+    losses = np.array([train_step_all(engines, xb, yb) for xb, yb in data])
     assert np.isnan(losses[5]).all()            # NaN payloads differ between x86 and CUDA
     finite = np.delete(losses, 5, axis=0)
     assert np.isfinite(finite).all()
     assert_bits_equal(finite[:, 1], finite[:, 0], "losses")
-    for engine, *_ in engines:
-        engine.finish()
-    for p in tapes[0].params():
-        assert_bits_equal(tapes[1].values[p.id], tapes[0].values[p.id], f"param {p.id}")
-    assert engines[1][3].t == engines[0][3].t == 11
+    assert_engines_end_alike(engines, tapes)
 
 
 @needs_gpu
 def test_graph_and_per_node_launches_agree():
+    from test_device_host import with_params
     tf = load(ROOT / "samples" / "attention.msgpack")
     results = []
     for graph in (True, False):
-        opt = Adam(0.01)
-        for p in tf.tape.params():
-            opt.add(tf.tape, p)
+        opt = with_params(Adam(0.01), tf.tape)
         rp = capture(tf.tape, tf.loss, "cuda", optimizer=opt, graph=graph)
         losses = [rp.episode(train=True) for _ in range(5)]
         rp.forward()                    # the phases one at a time: three more graphs

@@ -376,6 +376,15 @@ def batches(rng, n, batch=5, n_in=6, n_out=3):
             for _ in range(n)]
 
 
+def with_params(opt, tp, clip=None):
+    """``opt`` with every param of ``tp`` registered, and the clip set if given."""
+    for p in tp.params():
+        opt.add(tp, p)
+    if clip is not None:
+        opt.set_clip(clip)
+    return opt
+
+
 def run_cpu(tp, x, y, loss, opt, data):
     losses = []
     for xb, yb in data:
@@ -389,6 +398,20 @@ def run_cpu(tp, x, y, loss, opt, data):
     return losses
 
 
+def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
+    """After training: the replay's params, step counters and moments, synced back into
+    ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
+    rp.sync_params_to_tape(tp_dev)
+    rp.sync_optimizer(opt_dev)
+    for p in tp_cpu.params():
+        assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
+    assert (opt_dev.t, opt_dev.b1t, opt_dev.b2t) == (opt_cpu.t, opt_cpu.b1t, opt_cpu.b2t)
+    for e_dev, e_cpu in zip(opt_dev.entries, opt_cpu.entries):
+        if e_cpu.m is not None:
+            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
+            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
+
+
 @pytest.mark.parametrize("kind,clip", [("adam", 1.2), ("adam", 0.0), ("sgd", 1.1)])
 def test_training_steps_bit_exact_with_optim(kind, clip):
     """50 steps: every loss and, at the end, every param and moment identical to the bit."""
@@ -397,13 +420,8 @@ def test_training_steps_bit_exact_with_optim(kind, clip):
     rng = np.random.default_rng(7)
     tp_dev, x_dev, y_dev, loss_dev = mlp(rng, unused=True)
     data = batches(np.random.default_rng(8), 50)
-    opts = []
-    for tp in (tp_cpu, tp_dev):
-        opt = Adam(0.05) if kind == "adam" else SGD(0.2)
-        for p in tp.params():
-            opt.add(tp, p)
-        opt.set_clip(clip)
-        opts.append(opt)
+    opts = [with_params(Adam(0.05) if kind == "adam" else SGD(0.2), tp, clip)
+            for tp in (tp_cpu, tp_dev)]
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
 
     rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1])
@@ -414,15 +432,7 @@ def test_training_steps_bit_exact_with_optim(kind, clip):
         dev_losses.append(rp.episode(train=True))
         clipped += rp.dev.scalar(rp.program.ctl_off + 2) == 1.0     # the norm kernel's verdict
     assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
-    rp.sync_params_to_tape(tp_dev)
-    rp.sync_optimizer(opts[1])
-    for p in tp_cpu.params():
-        assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
-    assert (opts[1].t, opts[1].b1t, opts[1].b2t) == (opts[0].t, opts[0].b1t, opts[0].b2t)
-    for e_dev, e_cpu in zip(opts[1].entries, opts[0].entries):
-        if e_cpu.m is not None:
-            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
-            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
+    assert_replay_trained_like_cpu(rp, tp_dev, opts[1], tp_cpu, opts[0])
     if clip:      # both branches of the clip were taken
         assert 0 < clipped < len(data), clipped
 
@@ -431,10 +441,7 @@ def test_clip_really_clips():
     """A tiny clip changes the trajectory (so the clipped path is exercised above)."""
     rng = np.random.default_rng(3)
     tp, x, y, loss = mlp(rng, l2=(0.0, 0.0))
-    opt = SGD(0.5)
-    for p in tp.params():
-        opt.add(tp, p)
-    opt.set_clip(1e-3)
+    opt = with_params(SGD(0.5), tp, clip=1e-3)
     rp = capture(tp, loss, "host", optimizer=opt)
     rp.forward()
     rp.backward()
@@ -446,34 +453,53 @@ def test_clip_really_clips():
     assert 0.0 < moved <= 0.5 * 1e-3 * (1 + 1e-12)
 
 
-def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():
-    """make_engine('host') == make_engine('cpu'), including a NaN batch that updates nothing."""
+def nonfinite_batch_setup(device_engine):
+    """The NaN-batch scenario of the engine tests: two identical MLP tapes, each with
+    Adam(0.01) and clip 1.0, one on the CPU engine and one on ``device_engine(tp,
+    loss_id, opt)``; 12 batches, the sixth all NaN.  Returns (engines, tapes, data),
+    engines = [(engine, x, y, opt)], the CPU's first."""
     engines, tapes = [], []
-    for backend in ("cpu", "host"):
+    for make in (lambda tp, loss_id, opt: make_engine("cpu", tp, loss_id, opt), device_engine):
         tp, x, y, loss = mlp(np.random.default_rng(11))
-        opt = Adam(0.01)
-        for p in tp.params():
-            opt.add(tp, p)
-        opt.set_clip(1.0)
-        engines.append((make_engine(backend, tp, loss.id, opt), x, y, opt))
+        opt = with_params(Adam(0.01), tp, clip=1.0)
+        engines.append((make(tp, loss.id, opt), x, y, opt))
         tapes.append(tp)
     data = batches(np.random.default_rng(12), 12)
     data[5] = (np.full_like(data[5][0], np.nan), data[5][1])
-    for xb, yb in data:
-        losses = []
-        for engine, x, y, _ in engines:
-            engine.set_input(x.id, xb)
-            engine.set_input(y.id, yb)
-            losses.append(engine.train_step())
-        assert_bits_equal(np.array(losses[1]), np.array(losses[0]), "loss")
-        probs = next(i for i, n in enumerate(tapes[0].nodes) if n.op == "softmax")
-        out = [engine.output(probs) for engine, *_ in engines]
-        assert_bits_equal(out[1], out[0], "output")
+    return engines, tapes, data
+
+
+def train_step_all(engines, xb, yb):
+    """One train_step of every engine on the batch (xb, yb): their losses."""
+    losses = []
+    for engine, x, y, _ in engines:
+        engine.set_input(x.id, xb)
+        engine.set_input(y.id, yb)
+        losses.append(engine.train_step())
+    return losses
+
+
+def assert_engines_end_alike(engines, tapes):
+    """After finish(): the device tape's params equal to the bit the CPU tape's, and both
+    optimizers at step 11 (the NaN batch's step rolled back)."""
     for engine, *_ in engines:
         engine.finish()
     for p in tapes[0].params():
         assert_bits_equal(tapes[1].values[p.id], tapes[0].values[p.id], f"param {p.id}")
     assert engines[1][3].t == engines[0][3].t == 11
+
+
+def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():
+    """make_engine('host') == make_engine('cpu'), including a NaN batch that updates nothing."""
+    engines, tapes, data = nonfinite_batch_setup(
+        lambda tp, loss_id, opt: make_engine("host", tp, loss_id, opt))
+    for xb, yb in data:
+        losses = train_step_all(engines, xb, yb)
+        assert_bits_equal(np.array(losses[1]), np.array(losses[0]), "loss")
+        probs = next(i for i, n in enumerate(tapes[0].nodes) if n.op == "softmax")
+        out = [engine.output(probs) for engine, *_ in engines]
+        assert_bits_equal(out[1], out[0], "output")
+    assert_engines_end_alike(engines, tapes)
     for engine, x, y, _ in engines:
         engine.set_input(x.id, data[0][0])
         engine.set_input(y.id, data[0][1])
@@ -567,11 +593,7 @@ def test_library_is_cached_and_lists_every_kernel():
     used = set()
     for seed in range(5):
         tp, loss = random_graph(np.random.default_rng(seed))
-        opt = Adam(0.1)
-        for p in tp.params():
-            opt.add(tp, p)
-        opt.set_clip(1.0)
-        prog = capture_program(tp, loss.id, optimizer=opt)
+        prog = capture_program(tp, loss.id, optimizer=with_params(Adam(0.1), tp, clip=1.0))
         used |= {ln.kernel for ph in prog.launches.values() for ln in ph}
     assert used <= set(names)
     src = (CSRC / "kernels.cu").read_text()

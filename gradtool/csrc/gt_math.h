@@ -99,6 +99,45 @@ GT_INLINE double gtm_add_exponent(double y, int k)
 GT_INLINE double gtm_nan(void) { return gtm_from_bits(0x7ff8000000000000ULL); }
 GT_INLINE double gtm_inf(void) { return gtm_from_bits(0x7ff0000000000000ULL); }
 
+/* ---- shared by exp, expm1 and tanh ------------------------------------ */
+/* fdlibm's general ln2 argument reduction x = k*ln2 + (*hi - *lo) (e_exp.c
+ * and s_expm1.c write it alike): k = (int)(invln2*x + half), C truncation,
+ * half = fdlibm's halF[sign], +-0.5 by the sign of x; t = (double)k;
+ * *hi = x - t*ln2_hi (exact: ln2_hi ends in 21 zero bits); *lo = t*ln2_lo.
+ * numpy twin: _reduce in gradtool/fdlibm.py. */
+GT_INLINE int gtm_reduce(double x, double half, double *hi, double *lo)
+{
+    const double ln2_hi = 6.93147180369123816490e-01; /* 0x3FE62E42FEE00000 */
+    const double ln2_lo = 1.90821492927058770002e-10; /* 0x3DEA39EF35793C76 */
+    const double invln2 = 1.44269504088896338700e+00; /* 0x3FF71547652B82FE */
+    int k = (int)GT_ADD(GT_MUL(invln2, x), half); /* truncation */
+    double t = (double)k;
+    *hi = GT_SUB(x, GT_MUL(t, ln2_hi));
+    *lo = GT_MUL(t, ln2_lo);
+    return k;
+}
+
+/* fdlibm expm1's polynomial (s_expm1.c), for expm1 and tanh: with
+ * hfx = 0.5*r, hxs = r*hfx (stored in *hxs_out),
+ * r1 = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5)))) and
+ * t = 3 - r1*hfx, returns e = hxs*((r1 - t)/(6 - r*t)).
+ * numpy twin: _expm1_poly in gradtool/fdlibm.py. */
+GT_INLINE double gtm_expm1_poly(double r, double *hxs_out)
+{
+    const double Q1 = -3.33333333333331316428e-02; /* 0xBFA11111111110F4 */
+    const double Q2 = 1.58730158725481460165e-03;  /* 0x3F5A01A019FE5585 */
+    const double Q3 = -7.93650757867487942473e-05; /* 0xBF14CE199EAADBB7 */
+    const double Q4 = 4.00821782732936239552e-06;  /* 0x3ED0CFCA86E65239 */
+    const double Q5 = -2.01099218183624371326e-07; /* 0xBE8AFDB76E09C32D */
+    double hfx = GT_MUL(0.5, r);
+    double hxs = GT_MUL(r, hfx);
+    double r1 = GT_ADD(1.0, GT_MUL(hxs, GT_ADD(Q1, GT_MUL(hxs, GT_ADD(Q2, GT_MUL(hxs,
+            GT_ADD(Q3, GT_MUL(hxs, GT_ADD(Q4, GT_MUL(hxs, Q5))))))))));
+    double t = GT_SUB(3.0, GT_MUL(r1, hfx));
+    *hxs_out = hxs;
+    return GT_MUL(hxs, GT_DIV(GT_SUB(r1, t), GT_SUB(6.0, GT_MUL(r, t))));
+}
+
 /* ---- exp (fdlibm e_exp.c) --------------------------------------------- */
 /* Method, error bound (< 1 ulp) and operation order: see exp() in
  * gradtool/fdlibm.py. */
@@ -108,7 +147,6 @@ GT_INLINE double gt_exp(double x)
     const double u_threshold = -7.45133219101941108420e+02; /* 0xC0874910D52D3051 */
     const double ln2HI = 6.93147180369123816490e-01;  /* 0x3FE62E42FEE00000 */
     const double ln2LO = 1.90821492927058770002e-10;  /* 0x3DEA39EF35793C76 */
-    const double invln2 = 1.44269504088896338700e+00; /* 0x3FF71547652B82FE */
     const double twom1000 = 9.33263618503218878990e-302; /* 0x0170000000000000 = 2^-1000 */
     const double P1 = 1.66666666666666019037e-01;  /* 0x3FC555555555553E */
     const double P2 = -2.77777777770155933842e-03; /* 0xBF66C16C16BEBD93 */
@@ -137,10 +175,7 @@ GT_INLINE double gt_exp(double x)
             lo = xsb ? -ln2LO : ln2LO;
             k = 1 - xsb - xsb;
         } else {
-            k = (int)GT_ADD(GT_MUL(invln2, x), xsb ? -0.5 : 0.5); /* truncation */
-            t = (double)k;
-            hi = GT_SUB(x, GT_MUL(t, ln2HI)); /* t*ln2HI is exact here */
-            lo = GT_MUL(t, ln2LO);
+            k = gtm_reduce(x, xsb ? -0.5 : 0.5, &hi, &lo);
         }
         r = GT_SUB(hi, lo);
     } else if (hx < 0x3e300000u) {         /* |x| < 2^-28 */
@@ -170,16 +205,10 @@ GT_INLINE double gt_expm1(double x)
     const double o_threshold = 7.09782712893383973096e+02; /* 0x40862E42FEFA39EF */
     const double ln2_hi = 6.93147180369123816490e-01;  /* 0x3FE62E42FEE00000 */
     const double ln2_lo = 1.90821492927058770002e-10;  /* 0x3DEA39EF35793C76 */
-    const double invln2 = 1.44269504088896338700e+00;  /* 0x3FF71547652B82FE */
-    const double Q1 = -3.33333333333331316428e-02; /* 0xBFA11111111110F4 */
-    const double Q2 = 1.58730158725481460165e-03;  /* 0x3F5A01A019FE5585 */
-    const double Q3 = -7.93650757867487942473e-05; /* 0xBF14CE199EAADBB7 */
-    const double Q4 = 4.00821782732936239552e-06;  /* 0x3ED0CFCA86E65239 */
-    const double Q5 = -2.01099218183624371326e-07; /* 0xBE8AFDB76E09C32D */
     unsigned long long ux = gtm_bits(x);
     int xsb = (int)(ux >> 63);
     unsigned int hx = (unsigned int)(ux >> 32) & 0x7fffffffu;
-    double hi, lo, c = 0.0, t, e, hxs, hfx, r1, y;
+    double hi, lo, c = 0.0, t, e, hxs, y;
     int k;
 
     if (hx >= 0x4043687Au) {               /* |x| >= 56*ln2 */
@@ -199,10 +228,7 @@ GT_INLINE double gt_expm1(double x)
             if (xsb == 0) { hi = GT_SUB(x, ln2_hi); lo = ln2_lo; k = 1; }
             else { hi = GT_ADD(x, ln2_hi); lo = -ln2_lo; k = -1; }
         } else {
-            k = (int)GT_ADD(GT_MUL(invln2, x), xsb == 0 ? 0.5 : -0.5); /* truncation */
-            t = (double)k;
-            hi = GT_SUB(x, GT_MUL(t, ln2_hi)); /* t*ln2_hi is exact here */
-            lo = GT_MUL(t, ln2_lo);
+            k = gtm_reduce(x, xsb == 0 ? 0.5 : -0.5, &hi, &lo);
         }
         x = GT_SUB(hi, lo);
         c = GT_SUB(GT_SUB(hi, x), lo);
@@ -213,12 +239,7 @@ GT_INLINE double gt_expm1(double x)
     }
 
     /* x is now in the primary range */
-    hfx = GT_MUL(0.5, x);
-    hxs = GT_MUL(x, hfx);
-    r1 = GT_ADD(1.0, GT_MUL(hxs, GT_ADD(Q1, GT_MUL(hxs, GT_ADD(Q2, GT_MUL(hxs,
-            GT_ADD(Q3, GT_MUL(hxs, GT_ADD(Q4, GT_MUL(hxs, Q5))))))))));
-    t = GT_SUB(3.0, GT_MUL(r1, hfx));
-    e = GT_MUL(hxs, GT_DIV(GT_SUB(r1, t), GT_SUB(6.0, GT_MUL(x, t))));
+    e = gtm_expm1_poly(x, &hxs);
     if (k == 0) return GT_SUB(x, GT_SUB(GT_MUL(x, e), hxs)); /* c is 0 */
     e = GT_SUB(GT_MUL(x, GT_SUB(e, c)), c);
     e = GT_SUB(e, hxs);
@@ -335,18 +356,10 @@ GT_INLINE void gtm_split(double v, double *hi, double *lo)
  * gradtool/fdlibm.py. */
 GT_INLINE double gt_tanh(double x)
 {
-    const double ln2_hi = 6.93147180369123816490e-01;  /* 0x3FE62E42FEE00000 */
-    const double ln2_lo = 1.90821492927058770002e-10;  /* 0x3DEA39EF35793C76 */
-    const double invln2 = 1.44269504088896338700e+00;  /* 0x3FF71547652B82FE */
-    const double Q1 = -3.33333333333331316428e-02; /* 0xBFA11111111110F4 */
-    const double Q2 = 1.58730158725481460165e-03;  /* 0x3F5A01A019FE5585 */
-    const double Q3 = -7.93650757867487942473e-05; /* 0xBF14CE199EAADBB7 */
-    const double Q4 = 4.00821782732936239552e-06;  /* 0x3ED0CFCA86E65239 */
-    const double Q5 = -2.01099218183624371326e-07; /* 0xBE8AFDB76E09C32D */
     unsigned long long ux = gtm_bits(x);
     int neg = (int)(ux >> 63);
     unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
-    double a, dk, hi, lo, r, c, hfx, hxs, r1, u, e, p, rh, rl, hxs_lo, s, s_lo;
+    double a, hi, lo, r, c, hxs, e, p, rh, rl, hxs_lo, s, s_lo;
     double mh, ml, p2, big, b, th, tl, dh, bv, dl, q, qh, ql, ah, al, prod, prod_lo, rem, z;
     int k;
 
@@ -360,19 +373,11 @@ GT_INLINE double gt_tanh(double x)
     a = GT_MUL(2.0, gtm_from_bits(ux & 0x7fffffffffffffffULL)); /* 2|x|, exact */
 
     /* 1. a = k*ln2 + r + c, 0 <= k <= 63 (fdlibm expm1's reduction) */
-    k = (int)GT_ADD(GT_MUL(invln2, a), 0.5); /* truncation */
-    dk = (double)k;
-    hi = GT_SUB(a, GT_MUL(dk, ln2_hi));   /* exact */
-    lo = GT_MUL(dk, ln2_lo);
+    k = gtm_reduce(a, 0.5, &hi, &lo);
     r = GT_SUB(hi, lo);
     c = GT_SUB(GT_SUB(hi, r), lo);
     /* 2. fdlibm expm1's polynomial: expm1(r) ~ r - (r*e - hxs) */
-    hfx = GT_MUL(0.5, r);
-    hxs = GT_MUL(r, hfx);
-    r1 = GT_ADD(1.0, GT_MUL(hxs, GT_ADD(Q1, GT_MUL(hxs, GT_ADD(Q2, GT_MUL(hxs,
-            GT_ADD(Q3, GT_MUL(hxs, GT_ADD(Q4, GT_MUL(hxs, Q5))))))))));
-    u = GT_SUB(3.0, GT_MUL(r1, hfx));
-    e = GT_MUL(hxs, GT_DIV(GT_SUB(r1, u), GT_SUB(6.0, GT_MUL(r, u))));
+    e = gtm_expm1_poly(r, &hxs);
     /* 3. expm1(r + c) = mh + ml: r + (hxs - p) + roundings of hxs and of
      * hxs - p + c*(1 + r) */
     p = GT_MUL(r, e);
