@@ -66,6 +66,18 @@ EPS = 1e-8
 KINDS = ("sgd", "adam")
 
 
+def advance_adam(lr: float, b1t: float, b2t: float) -> tuple:
+    """One step of Adam's host-side scalars: ``(b1t, b2t, lr_t)`` after the step.
+
+    The bias powers are running products (never pow) and ``lr_t`` is
+    ``(lr * sqrt(1 - b2t)) / (1 - b1t)``.  The CPU optimizer and the device
+    optimizer (which ships lr_t to its kernels) both call this.
+    """
+    b1t = b1t * B1
+    b2t = b2t * B2
+    return b1t, b2t, (lr * math.sqrt(1.0 - b2t)) / (1.0 - b1t)
+
+
 class OptimizerError(GradtoolError):
     """A bad optimizer setting, registration or saved state."""
 
@@ -241,9 +253,7 @@ class Adam(Optimizer):
 
     def _begin_step(self):
         self.t += 1
-        self.b1t = self.b1t * B1
-        self.b2t = self.b2t * B2
-        self._lr_t = (self.lr * math.sqrt(1.0 - self.b2t)) / (1.0 - self.b1t)
+        self.b1t, self.b2t, self._lr_t = advance_adam(self.lr, self.b1t, self.b2t)
         self._one_minus_b1 = 1.0 - B1
         self._one_minus_b2 = 1.0 - B2
 

@@ -22,12 +22,11 @@ params.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..optim import B1, B2, EPS
+from ..optim import B1, B2, EPS, advance_adam
 from .program import CaptureError, Launch, f64_bits
 
 
@@ -63,9 +62,8 @@ class OptimizerPlan:
         """Advance the step counter exactly like ``Optimizer._begin_step``; return ctl[0]."""
         self.t += 1
         if self.kind == "adam":
-            self.b1t = self.b1t * B1
-            self.b2t = self.b2t * B2
-            return (self.lr * math.sqrt(1.0 - self.b2t)) / (1.0 - self.b1t)
+            self.b1t, self.b2t, lr_t = advance_adam(self.lr, self.b1t, self.b2t)
+            return lr_t
         return self.lr
 
     def write_back(self, opt, read) -> None:
