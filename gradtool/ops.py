@@ -56,7 +56,8 @@ def _register(spec: OpSpec) -> None:
     OPS_BY_CODE[spec.code] = spec
 
 
-def _fmt(shape) -> str:
+def format_shape(shape) -> str:
+    """[2,3]: how every message in gradtool writes a shape."""
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
@@ -70,7 +71,7 @@ def broadcast_shape(sa, sb, _attrs=None):
     out = []
     for da, db in zip(pa, pb):
         if da != db and da != 1 and db != 1:
-            raise ShapeError(f"shapes {_fmt(sa)} and {_fmt(sb)} do not broadcast")
+            raise ShapeError(f"shapes {format_shape(sa)} and {format_shape(sb)} do not broadcast")
         out.append(max(da, db))
     return tuple(out)
 
@@ -85,34 +86,34 @@ def _scalar_shape(_sa, _sb, _attrs):
 
 def _matmul_shape(sa, sb, _attrs):
     if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0]:
-        raise ShapeError(f"matmul needs [M,K] @ [K,N], got {_fmt(sa)} @ {_fmt(sb)}")
+        raise ShapeError(f"matmul needs [M,K] @ [K,N], got {format_shape(sa)} @ {format_shape(sb)}")
     return (sa[0], sb[1])
 
 
 def _bmm_shape(sa, sb, _attrs):
     if len(sa) != 3 or len(sb) != 3 or sa[0] != sb[0] or sa[2] != sb[1]:
-        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N], got {_fmt(sa)} @ {_fmt(sb)}")
+        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N], got {format_shape(sa)} @ {format_shape(sb)}")
     return (sa[0], sa[1], sb[2])
 
 
 def _transpose_shape(sa, _sb, _attrs):
     if len(sa) < 2:
-        raise ShapeError(f"transpose needs rank >= 2, got {_fmt(sa)}")
+        raise ShapeError(f"transpose needs rank >= 2, got {format_shape(sa)}")
     return tuple(sa[:-2]) + (sa[-1], sa[-2])
 
 
 def _reshape_shape(sa, _sb, attrs):
     target = tuple(attrs["shape"])
     if not target or any(d < 1 for d in target):
-        raise ShapeError(f"reshape target {_fmt(target)} must have dims >= 1")
+        raise ShapeError(f"reshape target {format_shape(target)} must have dims >= 1")
     if int(np.prod(target, dtype=object)) != int(np.prod(sa, dtype=object)):
-        raise ShapeError(f"cannot reshape {_fmt(sa)} into {_fmt(target)}")
+        raise ShapeError(f"cannot reshape {format_shape(sa)} into {format_shape(target)}")
     return target
 
 
 def _axis_check(sa, axis, opname):
     if not 0 <= axis < len(sa):
-        raise ShapeError(f"{opname} axis {axis} out of range for {_fmt(sa)}")
+        raise ShapeError(f"{opname} axis {axis} out of range for {format_shape(sa)}")
 
 
 def _softmax_shape(sa, _sb, attrs):
@@ -123,12 +124,12 @@ def _softmax_shape(sa, _sb, attrs):
 def _slice_shape(sa, _sb, attrs):
     starts, stops = tuple(attrs["starts"]), tuple(attrs["stops"])
     if len(starts) != len(sa) or len(stops) != len(sa):
-        raise ShapeError(f"slice needs one start and stop per axis of {_fmt(sa)}, "
+        raise ShapeError(f"slice needs one start and stop per axis of {format_shape(sa)}, "
                          f"got starts {list(starts)} stops {list(stops)}")
     for lo, hi, dim in zip(starts, stops, sa):
         if not 0 <= lo < hi <= dim:
             raise ShapeError(f"slice [{lo}, {hi}) is empty or outside an axis of size {dim} "
-                             f"in {_fmt(sa)}")
+                             f"in {format_shape(sa)}")
     return tuple(hi - lo for lo, hi in zip(starts, stops))
 
 
@@ -137,7 +138,7 @@ def _concat_shape(sa, sb, attrs):
     _axis_check(sa, axis, "concat")
     if len(sa) != len(sb) or any(x != y for i, (x, y) in enumerate(zip(sa, sb)) if i != axis):
         raise ShapeError(f"concat along axis {axis} needs equal other dims, got "
-                         f"{_fmt(sa)} and {_fmt(sb)}")
+                         f"{format_shape(sa)} and {format_shape(sb)}")
     return tuple(sa[:axis]) + (sa[axis] + sb[axis],) + tuple(sa[axis + 1:])
 
 

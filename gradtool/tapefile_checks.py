@@ -36,7 +36,7 @@ from typing import Optional
 import msgpack
 
 from .errors import ShapeError, TapeFileError
-from .ops import LEAF_OPS, OPS, infer_shape
+from .ops import LEAF_OPS, OPS, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -82,10 +82,6 @@ class CheckedFile:
     outputs: dict
     meta: dict
     optimizer: Optional[dict]
-
-
-def fmt_shape(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def show(x, limit: int = 60) -> str:
@@ -390,7 +386,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         elements_total += elements
         if elements_total > limits.max_elements:
             raise TapeFileError(
-                f"shape {fmt_shape(node.shape)} brings the tape to {elements_total} elements, "
+                f"shape {format_shape(node.shape)} brings the tape to {elements_total} elements, "
                 f"over this reader's limit of {limits.max_elements}", source=source, node=i,
                 field="shape")
         work_total += _work(node, nodes)
@@ -406,7 +402,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                             source=source, field="loss")
     if _prod(nodes[loss].shape) != 1:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
-                            f"{nodes[loss].op} has shape {fmt_shape(nodes[loss].shape)}",
+                            f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
                             source=source, node=loss)
     outputs = doc.get("outputs", {})
     for name, ref in outputs.items():
@@ -442,7 +438,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         data = raw["data"]
         need = 8 * _prod(shape)
         if len(data) != need:
-            raise bad(f"holds {len(data)} bytes, but shape {fmt_shape(shape)} needs {need} "
+            raise bad(f"holds {len(data)} bytes, but shape {format_shape(shape)} needs {need} "
                       f"(8 per element)", "data")
         name = raw.get("name")
         if name is not None:
@@ -460,15 +456,15 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     try:
         inferred = infer_shape(op, sa, sb, attrs)
     except ShapeError as exc:
-        inputs = f"node {a} {fmt_shape(sa)}" + (f", node {b} {fmt_shape(sb)}" if b >= 0 else "")
+        inputs = f"node {a} {format_shape(sa)}" + (f", node {b} {format_shape(sb)}" if b >= 0 else "")
         text = str(exc) if str(exc).startswith(op) else f"{op}: {exc}"
         raise bad(f"{text} (inputs {inputs})") from None
     if inferred != shape:
-        raise bad(f"states {fmt_shape(shape)}, but {op} of its inputs gives "
-                  f"{fmt_shape(inferred)}", "shape")
+        raise bad(f"states {format_shape(shape)}, but {op} of its inputs gives "
+                  f"{format_shape(inferred)}", "shape")
     value = raw.get("value")
     if value is not None and len(value) != 8 * _prod(shape):
-        raise bad(f"holds {len(value)} bytes, but shape {fmt_shape(shape)} needs "
+        raise bad(f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
                   f"{8 * _prod(shape)}", "value")
     return CheckedNode(op, a, b, s, shape, attrs, value=value)
 

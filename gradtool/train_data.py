@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import GradtoolError
+from .ops import format_shape
 
 
 class DataError(GradtoolError):
@@ -53,10 +54,6 @@ class Dataset:
                        self.source)
 
 
-def _fmt(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
 def input_slots(tape) -> list:
     """The tape's named consts as Slots, with a common batch size (their leading dim)."""
     slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape))
@@ -65,7 +62,7 @@ def input_slots(tape) -> list:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
     sizes = {s.shape[0] for s in slots}
     if len(sizes) > 1:
-        listing = ", ".join(f"{s.name} {_fmt(s.shape)}" for s in slots)
+        listing = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in slots)
         raise DataError(f"input slots disagree on the batch size (leading dim): {listing}")
     return slots
 
@@ -112,13 +109,13 @@ def dataset_from(raw: dict, slots, source: str, suffix: str = "") -> Dataset:
         key = s.name + suffix
         if key not in raw:
             raise DataError(f"{source}: no array {key!r} for input slot {s.name!r} "
-                            f"(node {s.node_id}, shape {_fmt(s.shape)}); the file has "
+                            f"(node {s.node_id}, shape {format_shape(s.shape)}); the file has "
                             f"{', '.join(raw) or 'no arrays'}")
         a = raw[key]
         want = "[N" + "".join(f",{d}" for d in s.shape[1:]) + "]"
         if a.ndim != len(s.shape) or tuple(a.shape[1:]) != s.shape[1:]:
-            raise DataError(f"{source}: array {key!r} has shape {_fmt(a.shape)}, but input "
-                            f"slot {s.name!r} (node {s.node_id}) has shape {_fmt(s.shape)}, so "
+            raise DataError(f"{source}: array {key!r} has shape {format_shape(a.shape)}, but input "
+                            f"slot {s.name!r} (node {s.node_id}) has shape {format_shape(s.shape)}, so "
                             f"the array must be {want}")
         if a.dtype.kind not in "biuf":
             raise DataError(f"{source}: array {key!r} has dtype {a.dtype}; expected numbers")
@@ -182,14 +179,14 @@ def parse_accuracy(spec: str, outputs: dict, slots, tape) -> AccuracySpec:
     batch = tshape[0]
     if len(oshape) != 2 or oshape[0] != batch or oshape[1] < 2:
         raise DataError(f"accuracy {spec!r}: output {out_name!r} (node {out_id}) has shape "
-                        f"{_fmt(oshape)}; expected [{batch},C] with C >= 2 classes")
+                        f"{format_shape(oshape)}; expected [{batch},C] with C >= 2 classes")
     if tshape == oshape:
         one_hot = True
     elif tshape in ((batch,), (batch, 1)):
         one_hot = False
     else:
-        raise DataError(f"accuracy {spec!r}: target slot {target!r} has shape {_fmt(tshape)}; "
-                        f"expected one-hot {_fmt(oshape)} or labels [{batch}] / [{batch},1]")
+        raise DataError(f"accuracy {spec!r}: target slot {target!r} has shape {format_shape(tshape)}; "
+                        f"expected one-hot {format_shape(oshape)} or labels [{batch}] / [{batch},1]")
     return AccuracySpec(out_name, out_id, target, one_hot)
 
 

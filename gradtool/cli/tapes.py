@@ -19,14 +19,11 @@ import numpy as np
 from ..errors import GradtoolError
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
+from ..ops import format_shape
 from ..tapefile import TapeFile
 from .common import CheckFailed, load_tape
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
-
-
-def _shape(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _emit_json(obj) -> None:
@@ -140,16 +137,16 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += [f"meta {key}: {_short(value)}" for key, value in s["meta"].items()]
     total = sum(p["elements"] for p in s["params"])
     lines.append(f"params ({len(s['params'])}, {total} elements):")
-    lines += _table([[p["id"], p["name"] or "-", _shape(p["shape"]), p["elements"], repr(p["l2"])]
+    lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]), p["elements"], repr(p["l2"])]
                      for p in s["params"]], ["id", "name", "shape", "elements", "l2"])
     lines.append(f"inputs (named consts, {len(s['inputs'])}):")
-    lines += _table([[c["id"], c["name"], _shape(c["shape"])] for c in s["inputs"]],
+    lines += _table([[c["id"], c["name"], format_shape(c["shape"])] for c in s["inputs"]],
                     ["id", "name", "shape"])
     lines.append(f"outputs ({len(s['outputs'])}):")
-    lines += _table([[o["name"], o["id"], o["op"], _shape(o["shape"])] for o in s["outputs"]],
+    lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    lines += _table([[n["id"], n["op"], _inputs(n), _shape(n["shape"]), _detail(n)]
+    lines += _table([[n["id"], n["op"], _inputs(n), format_shape(n["shape"]), _detail(n)]
                      for n in s["nodes"]], ["id", "op", "inputs", "shape", "detail"])
     return lines
 
@@ -204,7 +201,7 @@ def to_dot(tf: TapeFile) -> str:
             head += f" {n.s!r}"
         if n.aux and n.op != "reshape":
             head += " " + " ".join(f"{k}={v}" for k, v in n.aux.items())
-        label = head + "\n" + _shape(tape.values[i].shape)
+        label = head + "\n" + format_shape(tape.values[i].shape)
         if i in out_names:
             label += "\noutput " + ", ".join(out_names[i])
         style = _DOT_STYLE.get(n.op, _DOT_STYLE["op"])
@@ -266,7 +263,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) 
         flat = g.reshape(-1).tolist()
         first = ", ".join(show(x) for x in flat[:4]) + (", ..." if len(flat) > 4 else "")
         norm = math.sqrt(math.fsum(x * x for x in flat))
-        rows.append([i, name or "-", _shape(g.shape), f"{norm:.6g}", first])
+        rows.append([i, name or "-", format_shape(g.shape), f"{norm:.6g}", first])
     lines += _table(rows, ["id", "name", "shape", "|grad|", "first values"]) if rows \
         else ["(no params)"]
     click.echo("\n".join(lines))
@@ -333,7 +330,7 @@ def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> 
                     "passed": not failed, "params": params})
     else:
         lines = [f"loss = {report.loss!r}  eps={eps!r} rtol={rtol!r} atol={atol!r}"]
-        lines += _table([[p["id"], p["name"] or "-", _shape(p["shape"]),
+        lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]),
                           f"{p['max_abs_err']:.3g}", f"{p['max_rel_err']:.3g}",
                           "ok" if p["passed"] else
                           f"FAIL at {p['worst_index']}: analytic {p['analytic']!r}, "

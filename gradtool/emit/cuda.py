@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Optional
 
+from ..ops import format_shape
 from ..tape import GVar, Tape
 from .render import EmitError, EmitScopeError, c_double, rule
 
@@ -81,17 +82,13 @@ def _loss_id(tape: Tape, loss) -> int:
     return loss
 
 
-def _shape(tape: Tape, i: int) -> str:
-    return "[" + ",".join(str(d) for d in tape.values[i].shape) + "]"
-
-
 def check_scope(tape: Tape) -> None:
     """EmitScopeError naming the first node that is not a one-element tensor or scalar op."""
     if not tape.ok:
         raise EmitError(f"the tape is poisoned: {tape.error}")
     for i, node in enumerate(tape.nodes):
         if tape.values[i].size != 1:
-            raise EmitScopeError(f"node {i} ({node.op}) has shape {_shape(tape, i)}; emit-cuda "
+            raise EmitScopeError(f"node {i} ({node.op}) has shape {format_shape(tape.values[i].shape)}; emit-cuda "
                                  f"needs every node to be a one-element tensor such as [1]")
         if node.op not in ("param", "const"):
             try:
