@@ -227,16 +227,13 @@ def _replay(checked: CheckedFile, source: str) -> TapeFile:
     """Record the validated nodes through the Tape methods (values from the core numerics)."""
     tape = Tape()
     recorded = {}
-    # Non-finite intermediates are legitimate values, not errors; numpy must
-    # not print warnings (the CLI promises exactly one stderr line).
-    with np.errstate(all="ignore"):
-        for i, node in enumerate(checked.nodes):
-            try:
-                _record(tape, node)
-            except GradtoolError as exc:           # defensive: checks should prevent it
-                raise TapeFileError(f"replay failed: {exc}", source=source, node=i) from None
-            if node.value is not None:
-                recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
+    for i, node in enumerate(checked.nodes):
+        try:
+            _record(tape, node)
+        except GradtoolError as exc:           # defensive: checks should prevent it
+            raise TapeFileError(f"replay failed: {exc}", source=source, node=i) from None
+        if node.value is not None:
+            recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
     outputs = {k: GVar(tape, v) for k, v in checked.outputs.items()}
     return TapeFile(tape, GVar(tape, checked.loss), outputs, checked.meta, checked.optimizer,
                     source, recorded)

@@ -239,9 +239,8 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) 
     tf = load_tape(tape)
     verified = verify_recorded(tf) if verify else None
     t = tf.tape
-    with np.errstate(all="ignore"):
-        t.zero_grad()
-        t.backward(tf.loss)
+    t.zero_grad()
+    t.backward(tf.loss)
     loss = float(t.values[tf.loss.id].reshape(-1)[0])
     grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output:
@@ -318,8 +317,7 @@ def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> 
             raise GradtoolError(f"{opt} must be a finite number "
                                 f"{'> 0' if opt == '--eps' else '>= 0'}, got {val!r}")
     tf = load_tape(tape)
-    with np.errstate(all="ignore"):
-        report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol)
+    report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol)
     params = [{"id": p.id, "name": p.name, "shape": list(p.shape),
                "max_abs_err": p.max_abs_err, "max_rel_err": p.max_rel_err,
                "worst_index": list(p.worst_index), "analytic": p.analytic,
