@@ -44,6 +44,7 @@ def assert_replay_matches(tp, loss, rng, dtype="f64", kernels="tiled"):
     tp.backward(loss)
     rp.forward()
     rp.backward()
+    rp.backward()       # idempotent: it starts by zeroing the gradients the first one left
     for i in range(len(tp.nodes)):
         what = f"node {i} ({tp.nodes[i].op})"
         assert_bits_equal(rp.value(i), tp.values[i], what + " value")
@@ -321,9 +322,11 @@ def random_graph(rng, n_ops=14):
     return tp, loss
 
 
-@pytest.mark.parametrize("kernels", ["tiled", "per-thread"])
+@pytest.mark.parametrize("kernels", ["tiled", "per-thread", "per-thread-reversed"])
 def test_random_graphs_cover_every_op(kernels):
-    """Also with the GPU's one-thread-per-output kernel bodies compiled for the host."""
+    """Also with the GPU's one-thread-per-output kernel bodies compiled for the host, and
+    with those bodies run last thread first: a kernel whose threads read or add into each
+    other's outputs (a race on a GPU, where threads run in no order) fails one of them."""
     seen = set()
     for seed in range(40):
         rng = np.random.default_rng(seed)
@@ -333,8 +336,10 @@ def test_random_graphs_cover_every_op(kernels):
     assert seen >= set(gt.OP_NAMES), f"ops never generated: {set(gt.OP_NAMES) - seen}"
 
 
-def test_gpu_kernel_bodies_on_broadcasts_and_products(rng):
-    """The per-thread bodies (what CUDA runs) on every broadcast pattern and odd products."""
+@pytest.mark.parametrize("kernels", ["per-thread", "per-thread-reversed"])
+def test_gpu_kernel_bodies_on_broadcasts_and_products(kernels, rng):
+    """The per-thread bodies (what CUDA runs), in thread order and reversed, on every
+    broadcast pattern and odd products."""
     for op in ("add", "sub", "mul", "div"):
         for sa in PATTERNS:
             for sb in PATTERNS[::3]:
@@ -342,7 +347,7 @@ def test_gpu_kernel_bodies_on_broadcasts_and_products(rng):
                 a = tp.param(rng.uniform(-2.0, 2.0, sa))
                 b = tp.param(rng.uniform(0.5, 2.0, sb))
                 y = getattr(tp, op)(a, b)
-                assert_replay_matches(tp, weighted_loss(tp, y, rng), rng, kernels="per-thread")
+                assert_replay_matches(tp, weighted_loss(tp, y, rng), rng, kernels=kernels)
     for m, k, n in [(1, 1, 1), (5, 9, 17), (13, 33, 40)]:
         tp = gt.Tape()
         a = tp.param(rng.uniform(-1.0, 1.0, (m, k)))
@@ -351,7 +356,7 @@ def test_gpu_kernel_bodies_on_broadcasts_and_products(rng):
         y = tp.sum(a @ b) + weighted_loss(tp, tp.bmm(c, tp.concat(tp.reshape(b, [1, k, n]),
                                                                    tp.reshape(b, [1, k, n]), 0)),
                                           rng)
-        assert_replay_matches(tp, y, rng, kernels="per-thread")
+        assert_replay_matches(tp, y, rng, kernels=kernels)
 
 
 # ── training: the device optimizer against gradtool.optim ─────────────────
@@ -412,9 +417,12 @@ def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
             assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
-@pytest.mark.parametrize("kind,clip", [("adam", 1.2), ("adam", 0.0), ("sgd", 1.1)])
-def test_training_steps_bit_exact_with_optim(kind, clip):
-    """50 steps: every loss and, at the end, every param and moment identical to the bit."""
+@pytest.mark.parametrize("kind,clip,kernels", [("adam", 1.2, "tiled"), ("adam", 0.0, "tiled"),
+                                              ("sgd", 1.1, "tiled"),
+                                              ("adam", 1.2, "per-thread-reversed")])
+def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
+    """50 steps: every loss and, at the end, every param and moment identical to the bit
+    (the optimizer kernels also run last thread first, as a GPU may)."""
     rng = np.random.default_rng(7)
     tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
     rng = np.random.default_rng(7)
@@ -424,7 +432,7 @@ def test_training_steps_bit_exact_with_optim(kind, clip):
             for tp in (tp_cpu, tp_dev)]
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
 
-    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1])
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels)
     dev_losses, clipped = [], 0
     for xb, yb in data:
         rp.set_input(x_dev, xb)

@@ -45,8 +45,16 @@
 #define GT_DEV static inline
 #define GT_RESTRICT restrict
 
-/* The launch geometry: every thread index of the grid, in order. */
-#define GT_LOOP(i, n) for (long long i = 0; i < (long long)(n); ++i)
+/* The launch geometry: every thread index of the grid, in order.
+ * GT_REVERSE_THREADS (a test build) walks them from last to first instead:
+ * a kernel in which one thread reads or adds into what another thread of
+ * the same launch writes -- a race on the GPU, where threads run in no
+ * order -- then gives other bits than the forward walk, on the host. */
+#ifdef GT_REVERSE_THREADS
+#  define GT_LOOP(i, n) for (long long i = (long long)(n) - 1; i >= 0; --i)
+#else
+#  define GT_LOOP(i, n) for (long long i = 0; i < (long long)(n); ++i)
+#endif
 
 #if defined(__GNUC__)
 #  define GT_EXPORT __attribute__((visibility("default")))

@@ -33,7 +33,7 @@ from .program import DTYPES, PHASES, Program
 CSRC = native.CSRC
 SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
-VARIANTS = ("tiled", "per-thread")
+VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
 
 class HostBuildError(GradtoolError):
@@ -44,13 +44,16 @@ def _flags(dtype: str, variant: str = "tiled") -> list:
     flags = list(BASE_FLAGS)
     if dtype == "f32":
         flags.append("-DGT_REAL_F32")
-    if variant == "per-thread":
+    if variant != "tiled":
         flags.append("-DGT_PER_THREAD")       # the GPU's one-thread-per-output loop bodies
+    if variant == "per-thread-reversed":
+        flags.append("-DGT_REVERSE_THREADS")  # ... walked last index first (race detector)
     return flags
 
 
 def _stem(dtype: str, variant: str) -> str:
-    return f"gt_kernels_{dtype}" + ("" if variant == "tiled" else "_pt")
+    return f"gt_kernels_{dtype}" + {"tiled": "", "per-thread": "_pt",
+                                    "per-thread-reversed": "_ptr"}[variant]
 
 
 def library_path(dtype: str, native_arch: bool = True, variant: str = "tiled") -> Path:
@@ -67,7 +70,10 @@ def load_library(dtype: str, variant: str = "tiled"):
     """The compiled kernel library for ``dtype`` (built and cached on first use).
 
     ``variant="per-thread"`` builds the GPU's one-thread-per-output loop bodies
-    instead of the host's tiled ones (for tests: the same bits, slower).
+    instead of the host's tiled ones (for tests: the same bits, slower);
+    ``"per-thread-reversed"`` runs those bodies with the thread indices in
+    reverse order, which changes the bits of any kernel whose threads depend
+    on each other (what would race on a GPU).
     """
     if variant not in VARIANTS:
         raise HostBuildError(f"unknown host kernel variant {variant!r}")
