@@ -117,19 +117,38 @@ def _ensure_context() -> None:
     _STATE["context_alive"] = True
 
 
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    return " ".join(str(exc).split())[:limit]
+
+
 def _module(dtype: str):
     _ensure_context()
+    import pycuda.driver as drv
     from pycuda.compiler import SourceModule
 
     src = kernel_source()
     key = (hashlib.sha256(src.encode()).hexdigest(), dtype)
-    if key not in _MODULES:
+    if key in _MODULES:
+        return _MODULES[key]
+    build = functools.partial(SourceModule, src, options=nvcc_options(dtype), no_extern_c=True)
+    try:
         try:
-            _MODULES[key] = SourceModule(src, options=nvcc_options(dtype), no_extern_c=True)
-        except Exception as exc:  # noqa: BLE001 - CompileError carries nvcc's output
-            raise GradtoolError(f"nvcc could not compile {CSRC / 'kernels.cu'}: "
-                                f"{' '.join(str(exc).split())[:400]}") from None
-    return _MODULES[key]
+            module = build()
+        except OSError:
+            # PyCUDA's on-disk cubin cache (PYCUDA_CACHE_DIR, else the user cache folder)
+            # cannot be created or written, e.g. a read-only home: compile without it
+            module = build(cache_dir=False)
+    except drv.CompileError as exc:       # nvcc ran and failed: its message names the line
+        raise GradtoolError(f"nvcc could not compile {CSRC / 'kernels.cu'}: "
+                            f"{_one_line(exc)}") from None
+    except OSError as exc:                # nvcc missing or not runnable
+        raise GradtoolError(f"the cuda backend could not run nvcc for {CSRC / 'kernels.cu'} "
+                            f"(is the CUDA toolkit's bin on PATH?): {_one_line(exc)}") from None
+    except drv.Error as exc:              # the driver refused the compiled module
+        raise GradtoolError(f"the CUDA driver could not load the kernels compiled from "
+                            f"{CSRC / 'kernels.cu'}: {_one_line(exc)}") from None
+    _MODULES[key] = module
+    return module
 
 
 # ── CUDA graphs through the driver API ────────────────────────────────────
