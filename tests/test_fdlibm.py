@@ -15,12 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gradtool
 from gradtool import fdlibm as F
+from gradtool.fdlibm import _common, _driver, _exp, _expm1, _log, _tanh
 
-HEADER = Path(F.__file__).resolve().parent / "csrc" / "gt_math.h"
+HEADER = Path(gradtool.__file__).resolve().parent / "csrc" / "gt_math.h"
 FUNCS = ("exp", "expm1", "log", "tanh")
+# the module holding each function, its constants and its reference path _<name>_ref
+MODULES = {"exp": _exp, "expm1": _expm1, "log": _log, "tanh": _tanh}
 CANON_NAN = 0x7FF8000000000000
 U64 = np.uint64
+
+
+def ref_impl(fname):
+    """The mask-by-mask reference transcription of gt_<fname>."""
+    return getattr(MODULES[fname], f"_{fname}_ref")
 
 
 def bits(a) -> np.ndarray:
@@ -61,15 +70,15 @@ def hiword(hw):
 
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 5e-324, -5e-324,
                      2.2250738585072014e-308, -2.2250738585072014e-308, 1.7976931348623157e308,
-                     -1.7976931348623157e308, F.O_THRESHOLD, F.U_THRESHOLD, 22.0, -22.0, 2.0 ** -54,
-                     2.0 ** -55, 2.0 ** -28, 0.5, 2.0])
+                     -1.7976931348623157e308, _common.O_THRESHOLD, _common.U_THRESHOLD, 22.0,
+                     -22.0, 2.0 ** -54, 2.0 ** -55, 2.0 ** -28, 0.5, 2.0])
 # a NaN with a payload and a signalling NaN, both signs
 SPECIALS = np.concatenate([SPECIALS, from_bits(np.array(
     [0x7FF0000000000001, 0xFFF0000000000001, 0x7FF8DEADBEEF0000, 0xFFFC000000000123], U64))])
 
 
 # tanh's k = trunc(2|x|/ln2 + 0.5) steps at |x| = (k - 1/2)*ln2/2, 1 <= k <= 63
-TANH_K_STEPS = (np.arange(1, 64) - 0.5) * F.LN2_HI / 2
+TANH_K_STEPS = (np.arange(1, 64) - 0.5) * _common.LN2_HI / 2
 # inputs where fdlibm's s_tanh.c is more than 2 ulp from the exact value
 TANH_FDLIBM_WORST = np.array([0.2292752006275934, -0.2460230746389431, 0.48229395637779127,
                               0.5425668835808728])
@@ -91,8 +100,9 @@ def parity_inputs(seed=1234, n_random=64_000) -> np.ndarray:
         random_doubles(rng, n_random // 4, 0, 0),               # subnormals
         1.0 + rng.uniform(-3e-6, 3e-6, n_random // 8),          # log near 1
         around(rng, [hiword(h) for h in thresholds], 300, 3000),
-        around(rng, [F.O_THRESHOLD, -F.U_THRESHOLD, -F._EM1_NEG, F._hex("0x1.62e42fefa39efp-2"),
-                     F._BAND_F1 + 1, F._BAND_F2 + 1, 1 + 2.0 ** -20, 1 - 2.0 ** -21],
+        around(rng, [_common.O_THRESHOLD, -_common.U_THRESHOLD, -_expm1._EM1_NEG,
+                     _common._hex("0x1.62e42fefa39efp-2"), _log._BAND_F1 + 1, _log._BAND_F2 + 1,
+                     1 + 2.0 ** -20, 1 - 2.0 ** -21],
                300, 3000),
         around(rng, TANH_K_STEPS, 60, 3000),                  # where tanh's k changes
         2.0 ** np.arange(-1074, 1024, dtype=np.float64),       # every power of two
@@ -145,11 +155,11 @@ def accuracy_inputs(fname, rng, n=700):
         x = np.concatenate([random_doubles(rng, n, 0x3C0, 0x408),
                             rng.uniform(-745.13, 709.78, n), rng.uniform(-745.13, -708.0, n // 4),
                             rng.uniform(-1, 1, n // 4)])
-        return x[(x > F.U_THRESHOLD) & (x < F.O_THRESHOLD)]
+        return x[(x > _common.U_THRESHOLD) & (x < _common.O_THRESHOLD)]
     if fname == "expm1":
         x = np.concatenate([random_doubles(rng, n, 0x380, 0x408),
                             rng.uniform(-60, 709.78, n), rng.uniform(-2, 2, n // 2)])
-        return x[x < F.O_THRESHOLD]
+        return x[x < _common.O_THRESHOLD]
     if fname == "log":
         return np.concatenate([random_doubles(rng, n, 1, 2046, sign=False),
                                random_doubles(rng, n // 4, 0, 0, sign=False),    # subnormals
@@ -227,15 +237,15 @@ nan, inf = float("nan"), float("inf")
 SPECIAL_CASES = {
     "exp": [(inf, inf), (-inf, 0.0), (nan, nan), (-nan, nan), (0.0, 1.0), (-0.0, 1.0),
             (1e-300, 1.0), (-1e-300, 1.0), (5e-324, 1.0), (2.0 ** -29, 1.0 + 2.0 ** -29),
-            (710.0, inf), (1e308, inf), (float(np.nextafter(F.O_THRESHOLD, inf)), inf),
-            (F.O_THRESHOLD, 1.7976931348622732e308),
-            (-746.0, 0.0), (-1e308, 0.0), (float(np.nextafter(F.U_THRESHOLD, -inf)), 0.0),
-            (F.U_THRESHOLD, 5e-324), (-708.5, 2.006132305331306e-308), (-740.0, 4.2e-322),
+            (710.0, inf), (1e308, inf), (float(np.nextafter(_common.O_THRESHOLD, inf)), inf),
+            (_common.O_THRESHOLD, 1.7976931348622732e308),
+            (-746.0, 0.0), (-1e308, 0.0), (float(np.nextafter(_common.U_THRESHOLD, -inf)), 0.0),
+            (_common.U_THRESHOLD, 5e-324), (-708.5, 2.006132305331306e-308), (-740.0, 4.2e-322),
             # fdlibm's (and Java StrictMath's) e is 1 ulp above the correctly rounded one
             (1.0, 2.7182818284590455), (-1.0, 0.36787944117144233)],
     "expm1": [(inf, inf), (-inf, -1.0), (nan, nan), (-nan, nan), (0.0, 0.0), (-0.0, -0.0),
               (1e-300, 1e-300), (-1e-300, -1e-300), (5e-324, 5e-324), (-5e-324, -5e-324),
-              (710.0, inf), (float(np.nextafter(F.O_THRESHOLD, inf)), inf), (-40.0, -1.0),
+              (710.0, inf), (float(np.nextafter(_common.O_THRESHOLD, inf)), inf), (-40.0, -1.0),
               (-1e308, -1.0), (-745.5, -1.0),
               (1.0, 1.718281828459045),  # fdlibm's; correctly rounded is ...0453
               (-1.0, -0.6321205588285577)],
@@ -258,7 +268,7 @@ def test_special_values_bitwise(fname):
     want = np.array([c[1] for c in SPECIAL_CASES[fname]])
     want_bits = bits(want).copy()
     want_bits[np.isnan(want)] = CANON_NAN
-    for impl in (getattr(F, fname), getattr(F, f"_{fname}_ref")):
+    for impl in (getattr(F, fname), ref_impl(fname)):
         got = impl(xs)
         for x, g, w in zip(xs, bits(got), want_bits):
             assert g == w, (f"{impl.__name__}({x!r}) = {float(from_bits(g))!r} "
@@ -270,7 +280,7 @@ def test_every_nan_is_canonical(fname):
     x = parity_inputs(seed=7, n_random=4000)
     y = getattr(F, fname)(x)
     assert (bits(y[np.isnan(y)]) == CANON_NAN).all()
-    assert bits1(F.NAN) == CANON_NAN
+    assert bits1(_common.NAN) == CANON_NAN
 
 
 @pytest.mark.parametrize("fname", FUNCS)
@@ -292,9 +302,9 @@ def test_shapes_and_inputs(fname):
 
 def test_kernel_band_threshold():
     """_W_LO is the first double where fdlibm's truncation gives k = 1."""
-    x = F._hex("0x1.62e42fefa39efp-2")
-    assert np.array([x]).view(U64)[0] == F._W_LO
-    k = lambda v: np.trunc(F.INVLN2 * v + 0.5)  # noqa: E731
+    x = _common._hex("0x1.62e42fefa39efp-2")
+    assert np.array([x]).view(U64)[0] == _exp._W_LO
+    k = lambda v: np.trunc(_common.INVLN2 * v + 0.5)  # noqa: E731
     assert k(x) == 1.0 and k(np.nextafter(x, 0.0)) == 0.0
 
 
@@ -302,14 +312,14 @@ def test_blocks_and_scattered_specials_match_reference():
     """Several kernel blocks, every kind of flagged lane scattered through
     them, against the mask-by-mask reference transcription."""
     rng = np.random.default_rng(5)
-    n = 3 * F._BLOCK + 123
+    n = 3 * _driver._BLOCK + 123
     x = rng.standard_normal(n) * 3
     pool = parity_inputs(seed=9, n_random=2000)
     where = rng.integers(0, n, 5000)
     x[where] = rng.choice(pool, where.size)
     for fname in FUNCS:
         y = getattr(F, fname)(x)
-        ref = getattr(F, f"_{fname}_ref")(x)
+        ref = ref_impl(fname)(x)
         assert np.array_equal(bits(y), bits(ref)), fname
 
 
@@ -320,7 +330,7 @@ def test_lanes_found_lazily_match_reference():
     [2^-54, 2^-28) band (tested only when min |x| < 2^-28), and the band W
     of exp and expm1; plus blocks with lanes just outside those ranges."""
     rng = np.random.default_rng(6)
-    n = 2 * F._BLOCK
+    n = 2 * _driver._BLOCK
 
     def scatter(base, values):
         x = base.copy()
@@ -335,9 +345,9 @@ def test_lanes_found_lazily_match_reference():
                "0x1.62e42ffffd34cp-2")                                  # exp and expm1
     tiny_off = hx("-0x1.8dac5484164bap-29", "0x1.af688cf6511f0p-29", "-0x1.5b0b0485d2c4ep-29",
                   "-0x1.41e7b3800706dp-29")                             # exp
-    w_lo = float(from_bits(np.array([F._W_LO], U64))[0])
+    w_lo = float(from_bits(np.array([_exp._W_LO], U64))[0])
     band_w = np.concatenate([w_off, sgn(60) * (w_lo + rng.integers(-3, 20, 60) * 2.0 ** -54),
-                             sgn(60) * from_bits(F._W_LO + rng.integers(0, F._W_LEN, 60)
+                             sgn(60) * from_bits(_exp._W_LO + rng.integers(0, _exp._W_LEN, 60)
                                                  .astype(U64))])        # W and just below
     tiny = np.concatenate([tiny_off, sgn(60) * 2.0 ** rng.uniform(-57, -26, 60)])
     tiny_edges = np.array([2.0 ** -54, np.nextafter(2.0 ** -54, 0), 2.0 ** -28,
@@ -354,23 +364,23 @@ def test_lanes_found_lazily_match_reference():
     for fname, xs in cases.items():
         for x in xs:
             y = getattr(F, fname)(x)
-            ref = getattr(F, f"_{fname}_ref")(x)
+            ref = ref_impl(fname)(x)
             bad = np.flatnonzero(bits(y) != bits(ref))
             assert bad.size == 0, f"{fname}({x[bad[0]]!r}) = {y[bad[0]]!r}, ref {ref[bad[0]]!r}"
 
 
-@pytest.mark.parametrize("n", [0, 5, 8, 64, 1000, F._BLOCK])
+@pytest.mark.parametrize("n", [0, 5, 8, 64, 1000, _driver._BLOCK])
 def test_sparse_nonzero_matches_flatnonzero(n):
     rng = np.random.default_rng(n)
     words = np.empty(n // 8 + 1, dtype=bool)
     for density in (0.0, 0.001, 0.04, 0.3, 1.0):
         mask = rng.random(n) < density
-        assert np.array_equal(F._sparse_nonzero(mask, words), np.flatnonzero(mask))
+        assert np.array_equal(_common._sparse_nonzero(mask, words), np.flatnonzero(mask))
     # a mask that is not 8-byte aligned (a row of an odd-sized bool buffer)
     buf = np.zeros(3 * n + 3, dtype=bool)
     mask = buf[n + 1:2 * n + 1]
     mask[rng.integers(0, n, n // 10 + 1) if n else []] = True
-    assert np.array_equal(F._sparse_nonzero(mask, words), np.flatnonzero(mask))
+    assert np.array_equal(_common._sparse_nonzero(mask, words), np.flatnonzero(mask))
 
 
 def test_scratch_reuse_across_sizes_and_threads():
@@ -380,10 +390,10 @@ def test_scratch_reuse_across_sizes_and_threads():
     from concurrent.futures import ThreadPoolExecutor
 
     rng = np.random.default_rng(12)
-    x = rng.uniform(-4.0, 4.0, F._BLOCK + 77)
+    x = rng.uniform(-4.0, 4.0, _driver._BLOCK + 77)
     x[rng.integers(0, x.size, 300)] = rng.choice(parity_inputs(seed=3, n_random=500), 300)
     inputs = {f: (np.abs(x) if f == "log" else x) for f in FUNCS}
-    want = {f: bits(getattr(F, f"_{f}_ref")(v)) for f, v in inputs.items()}
+    want = {f: bits(ref_impl(f)(v)) for f, v in inputs.items()}
     sizes = [x.size, 7, 8 * 1001, 1, x.size, 4096 + 3]
 
     def job(seed):
@@ -468,7 +478,7 @@ def test_c_parity_bitwise(tmp_path, parity_data, flags):
     c_out = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype="<f8").reshape(4, x.size)
     for row, fname in enumerate(FUNCS):
         want = bits(c_out[row])
-        for impl in (getattr(F, fname), getattr(F, f"_{fname}_ref")):
+        for impl in (getattr(F, fname), ref_impl(fname)):
             got = bits(impl(x))
             bad = np.flatnonzero(got != want)
             assert bad.size == 0, (
@@ -483,7 +493,8 @@ def test_header_constants_are_the_documented_bits():
     text = HEADER.read_text()
     found = re.findall(r"const double (\w+) = ([-+0-9.eE]+);\s*/\* (0x[0-9A-Fa-f]{16})", text)
     assert len(found) >= 30
-    py_bits = {bits1(v) for k, v in vars(F).items() if k.isupper() and isinstance(v, float)}
+    py_bits = {bits1(v) for m in (_common, *MODULES.values()) for k, v in vars(m).items()
+               if k.isupper() and isinstance(v, float)}
     for name, dec, hexbits in found:
         assert bits1(float(dec)) == int(hexbits, 16), name
         assert int(hexbits, 16) in py_bits, name

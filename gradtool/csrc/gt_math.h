@@ -9,9 +9,11 @@
  * (fdlibm expm1's reduction and polynomial, then compensated sums and
  * Dekker's exact product, no FMA), within 0.6 ulp where fdlibm's s_tanh.c
  * reaches 2.16.  Every result is the same double on every host C compiler
- * and on every CUDA GPU, and the same as the numpy mirror
- * gradtool/fdlibm.py (which documents each operation sequence; this file
- * must stay in step with it, and tests/test_fdlibm.py checks both).
+ * and on every CUDA GPU, and the same as the numpy mirror, the package
+ * gradtool/fdlibm/ (one module per function, _exp.py, _expm1.py, _log.py,
+ * _tanh.py, plus _common.py for the shared pieces; it documents each
+ * operation sequence; this file must stay in step with it, and
+ * tests/test_fdlibm.py checks both).
  *
  * Rules that make the results reproducible:
  *   - every + - * / is spelled GT_ADD/GT_SUB/GT_MUL/GT_DIV: under nvcc those
@@ -104,7 +106,7 @@ GT_INLINE double gtm_inf(void) { return gtm_from_bits(0x7ff0000000000000ULL); }
  * and s_expm1.c write it alike): k = (int)(invln2*x + half), C truncation,
  * half = fdlibm's halF[sign], +-0.5 by the sign of x; t = (double)k;
  * *hi = x - t*ln2_hi (exact: ln2_hi ends in 21 zero bits); *lo = t*ln2_lo.
- * numpy twin: _reduce in gradtool/fdlibm.py. */
+ * numpy twin: _reduce in gradtool/fdlibm/_common.py. */
 GT_INLINE int gtm_reduce(double x, double half, double *hi, double *lo)
 {
     const double ln2_hi = 6.93147180369123816490e-01; /* 0x3FE62E42FEE00000 */
@@ -121,7 +123,7 @@ GT_INLINE int gtm_reduce(double x, double half, double *hi, double *lo)
  * hfx = 0.5*r, hxs = r*hfx (stored in *hxs_out),
  * r1 = 1 + hxs*(Q1 + hxs*(Q2 + hxs*(Q3 + hxs*(Q4 + hxs*Q5)))) and
  * t = 3 - r1*hfx, returns e = hxs*((r1 - t)/(6 - r*t)).
- * numpy twin: _expm1_poly in gradtool/fdlibm.py. */
+ * numpy twin: _expm1_poly in gradtool/fdlibm/_expm1.py. */
 GT_INLINE double gtm_expm1_poly(double r, double *hxs_out)
 {
     const double Q1 = -3.33333333333331316428e-02; /* 0xBFA11111111110F4 */
@@ -140,7 +142,7 @@ GT_INLINE double gtm_expm1_poly(double r, double *hxs_out)
 
 /* ---- exp (fdlibm e_exp.c) --------------------------------------------- */
 /* Method, error bound (< 1 ulp) and operation order: see exp() in
- * gradtool/fdlibm.py. */
+ * gradtool/fdlibm/_exp.py. */
 GT_INLINE double gt_exp(double x)
 {
     const double o_threshold = 7.09782712893383973096e+02; /* 0x40862E42FEFA39EF */
@@ -199,7 +201,7 @@ GT_INLINE double gt_exp(double x)
 
 /* ---- expm1 (fdlibm s_expm1.c) ----------------------------------------- */
 /* Method, error bound (< 1 ulp) and operation order: see expm1() in
- * gradtool/fdlibm.py. */
+ * gradtool/fdlibm/_expm1.py. */
 GT_INLINE double gt_expm1(double x)
 {
     const double o_threshold = 7.09782712893383973096e+02; /* 0x40862E42FEFA39EF */
@@ -266,7 +268,7 @@ GT_INLINE double gt_expm1(double x)
 
 /* ---- log (fdlibm e_log.c) --------------------------------------------- */
 /* Method, error bound (< 1 ulp) and operation order: see log() in
- * gradtool/fdlibm.py. */
+ * gradtool/fdlibm/_log.py. */
 GT_INLINE double gt_log(double x)
 {
     const double ln2_hi = 6.93147180369123816490e-01; /* 0x3FE62E42FEE00000 */
@@ -353,7 +355,7 @@ GT_INLINE void gtm_split(double v, double *hi, double *lo)
  * expm1 reduction and polynomial, then every rounding of the reconstruction
  * and of the division is compensated.  Method, error (measured below 0.6
  * ulp of the exact value) and operation order: see tanh() in
- * gradtool/fdlibm.py. */
+ * gradtool/fdlibm/_tanh.py. */
 GT_INLINE double gt_tanh(double x)
 {
     unsigned long long ux = gtm_bits(x);

@@ -25,7 +25,7 @@
  * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
  * plain operators on the host, compiled with -ffp-contract=off), exp, log and
  * tanh are gt_math.h's libm-free functions (the C twins of
- * gradtool/fdlibm.py), every sum and inner product runs serially in one
+ * gradtool/fdlibm/), every sum and inner product runs serially in one
  * thread in the documented index order, and every gradient contribution is
  * first computed whole and then added into its slot once (grad = grad + c),
  * as gradtool/tape.py does.  The host build may walk a kernel's indices in a
