@@ -111,6 +111,7 @@ def grads_match(tp, loss, rp):
     tp.backward(loss)
     rp.forward()
     rp.backward()
+    rp.backward()       # idempotent: it starts by zeroing the gradients the first one left
     assert_bits_equal(np.array([rp.loss()]), tp.values[loss.id], "loss")
     for i in range(len(tp.nodes)):
         assert_bits_equal(rp.value(i), tp.values[i], f"node {i} value")
@@ -133,6 +134,23 @@ def test_random_graphs_bit_exact():
     for seed in range(25):
         tp, loss = random_graph(np.random.default_rng(seed))
         grads_match(tp, loss, capture(tp, loss, "cuda"))
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [True, False])
+def test_grid_stride_loops_on_a_tiny_grid(graph, monkeypatch):
+    """Every kernel with at most 2 blocks of 32 threads: each thread walks many indices
+    through the grid-stride loop (a full-size grid only does that past 2^24 indices)."""
+    from gradtool.device import cuda as cuda_backend
+    from test_device_host import random_graph
+    monkeypatch.setattr(cuda_backend, "BLOCK", 32)
+    monkeypatch.setattr(cuda_backend, "MAX_GRID", 2)
+    assert geometry(10_000) == ((2, 1), (32, 1, 1))
+    for seed in range(5):
+        tp, loss = random_graph(np.random.default_rng(100 + seed))
+        grads_match(tp, loss, capture(tp, loss, "cuda", graph=graph))
+    tf = load(ROOT / "samples" / "autoencoder" / "ae.msgpack")     # launches of 12,800 indices
+    grads_match(tf.tape, tf.loss, capture(tf.tape, tf.loss, "cuda", graph=graph))
 
 
 @needs_gpu
