@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from gradtool import native
+
 
 def bits(x):
     """The raw IEEE-754 bit patterns of a float64 array (for bit-exact comparisons)."""
@@ -19,3 +21,14 @@ def assert_bits_equal(actual, expected, what=""):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def require_c_compiler():
+    """Skip when this machine has no C compiler (or GRADTOOL_NATIVE=0 turns native code
+    off); with one, a native build that fails is the test's failure, not a skip."""
+    if not native.enabled():
+        pytest.skip("GRADTOOL_NATIVE=0: native code is off")
+    try:
+        native.compiler()
+    except native.NativeUnavailable as exc:
+        pytest.skip(str(exc))

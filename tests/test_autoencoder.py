@@ -18,10 +18,9 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, require_c_compiler
 from gradtool.cli import main as cli
 from gradtool.tapefile import load
 from gradtool.train import Trainer, TrainOptions
@@ -32,16 +31,6 @@ SCRIPT = os.path.join(SAMPLE_DIR, "make_autoencoder.py")
 TAPE_PATH = os.path.join(SAMPLE_DIR, "ae.msgpack")
 DATA_PATH = os.path.join(SAMPLE_DIR, "ae_data.npz")
 EPISODES = 12                      # two epochs of the 6 batches
-
-
-def _require_host():
-    device = pytest.importorskip("gradtool.device")
-    from gradtool.device.host import HostBuildError
-    tf = load(TAPE_PATH)
-    try:
-        device.capture(tf.tape, tf.loss, backend="host")
-    except HostBuildError as exc:           # no C compiler on this machine
-        pytest.skip(f"host backend unavailable: {exc}")
 
 
 def _short_run(backend: str):
@@ -77,7 +66,7 @@ def test_the_shipped_workload():
 
 
 def test_cpu_and_host_engines_end_on_the_same_bits_and_the_mse_falls():
-    _require_host()
+    require_c_compiler()
     cpu, cpu_result = _short_run("cpu")
     host, host_result = _short_run("host")
     assert host.engine.name == "host"
@@ -85,7 +74,7 @@ def test_cpu_and_host_engines_end_on_the_same_bits_and_the_mse_falls():
     cpu_losses = np.array([loss for _, loss in cpu_result.step_losses])
     host_losses = np.array([loss for _, loss in host_result.step_losses])
     assert_bits_equal(host_losses, cpu_losses, "step losses")
-    for a, b in zip(cpu.opt.entries, host.opt.entries):
+    for a, b in zip(cpu.opt.entries, host.opt.entries, strict=True):
         name = cpu.tape.nodes[a.node_id].name
         assert_bits_equal(host.tape.values[b.node_id], cpu.tape.values[a.node_id], name)
         assert_bits_equal(b.m, a.m, f"{name} m")
@@ -100,7 +89,7 @@ def test_cpu_and_host_engines_end_on_the_same_bits_and_the_mse_falls():
 
 
 def test_gradtool_train_host_saves_the_same_bytes_as_cpu(tmp_path):
-    _require_host()
+    require_c_compiler()
     outs = {}
     for backend in ("cpu", "host"):
         outs[backend] = tmp_path / f"{backend}.msgpack"
@@ -115,7 +104,7 @@ def test_gradtool_train_host_saves_the_same_bytes_as_cpu(tmp_path):
 
 
 def test_replay_gpu_check_on_the_host_backend():
-    _require_host()
+    require_c_compiler()
     result = CliRunner().invoke(cli, ["replay-gpu", TAPE_PATH, "--backend", "host", "--check",
                                       "--episodes", "10", "--warmup", "1"])
     assert result.exit_code == 0, result.output
@@ -138,7 +127,7 @@ def _run_bench(bench, tmp_path, *args):
 
 
 def test_bench_script_checks_bit_equality_on_a_short_run(tmp_path):
-    _require_host()
+    require_c_compiler()
     status, report = _run_bench(_bench_module(), tmp_path, "--episodes", "8", "--repeats", "2",
                                 "--backends", "cpu,host")
     assert status == 0
@@ -149,7 +138,7 @@ def test_bench_script_checks_bit_equality_on_a_short_run(tmp_path):
 
 
 def test_bench_script_exits_1_when_a_backend_ends_on_other_bits(tmp_path, capsys):
-    _require_host()
+    require_c_compiler()
     bench = _bench_module()
     # float32 replay is close to the CPU tape but not equal to it: the check must notice
     bench.GRADTOOL_BACKENDS["host-f32"] = ("host", {"dtype": "f32"})

@@ -72,7 +72,7 @@ def test_backward_json_floats_round_trip_and_hex_is_the_same_bits(mlp_file):
     hexed = json.loads(run("backward", "--json", "--hex", mlp_file).stdout)
     assert_bits_equal(np.array([dec["loss"]]), tf.tape.values[tf.loss.id])
     assert hexed["loss"] == float(tf.tape.values[tf.loss.id][0]).hex()
-    for p, h in zip(dec["params"], hexed["params"]):
+    for p, h in zip(dec["params"], hexed["params"], strict=True):
         expected = tf.tape.grad(tf.tape.var(p["id"])).reshape(-1)
         assert_bits_equal(np.array(p["grad"]), expected, f"param {p['id']}")
         assert h["grad"] == [float(x).hex() for x in expected]

@@ -66,12 +66,15 @@ def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
 
 
 def test_pycuda_front_end_compiles_the_module():
-    """PyCUDA's own compile(), the one SourceModule calls, where PyCUDA imports (no GPU needed)."""
+    """PyCUDA's own compile(), the one SourceModule calls, where PyCUDA imports.  Compiling
+    needs no GPU, but importing pycuda.driver needs the driver library libcuda, so in CI
+    (no driver) this skips and test_module_source_compiles_as_sourcemodule_would above,
+    which runs nvcc the same way, is the check."""
     try:
         import pycuda.driver  # noqa: F401 - compile() imports it
         from pycuda.compiler import compile as pycuda_compile
-    except Exception as exc:  # noqa: BLE001 - not installed, or no driver library
-        pytest.skip(f"PyCUDA does not import here: {type(exc).__name__}")
+    except (ImportError, OSError) as exc:    # not installed, or no libcuda
+        pytest.skip(f"PyCUDA does not import here: {type(exc).__name__}: {exc}")
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
     for dtype in ("f64", "f32"):
@@ -209,7 +212,7 @@ def test_graph_and_per_node_launches_agree():
         losses.append(rp.loss())
         results.append((losses, [rp.value(p) for p in tf.tape.params()]))
     assert_bits_equal(np.array(results[0][0]), np.array(results[1][0]), "losses")
-    for a, b in zip(results[0][1], results[1][1]):
+    for a, b in zip(results[0][1], results[1][1], strict=True):
         assert_bits_equal(a, b, "param")
 
 
@@ -256,5 +259,5 @@ def test_device_matches_host_backend_too():
         rp.forward()
         rp.backward()
         values.append([rp.grad(x), rp.grad(w)])
-    for a, b in zip(*values):
+    for a, b in zip(*values, strict=True):
         assert_bits_equal(a, b)

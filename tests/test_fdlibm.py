@@ -131,7 +131,7 @@ def ulp_errors(fname, x, y):
     errs = np.empty(x.size)
     dists = np.zeros(x.size, dtype=np.int64)
     with mp.workdps(50):
-        for i, (xi, yi) in enumerate(zip(x.tolist(), y.tolist())):
+        for i, (xi, yi) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
             exact = f(mp.mpf(xi))
             _, e = mp.frexp(exact)                     # exact = m * 2^e, 0.5 <= |m| < 1
             ulp = mp.ldexp(1, max(int(e) - 53, -1074))
@@ -270,7 +270,7 @@ def test_special_values_bitwise(fname):
     want_bits[np.isnan(want)] = CANON_NAN
     for impl in (getattr(F, fname), ref_impl(fname)):
         got = impl(xs)
-        for x, g, w in zip(xs, bits(got), want_bits):
+        for x, g, w in zip(xs, bits(got), want_bits, strict=True):
             assert g == w, (f"{impl.__name__}({x!r}) = {float(from_bits(g))!r} "
                             f"[{int(g):#018x}], want {float(from_bits(w))!r} [{int(w):#018x}]")
 

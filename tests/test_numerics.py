@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gradtool import numerics as nx
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, require_c_compiler
 
 
 def loop_sum(values):
@@ -31,7 +31,6 @@ def test_serial_sum_is_the_scalar_loop(rng):
     # values of wildly different magnitude make any reordering visible
     x = rng.standard_normal(1000) * 10.0 ** rng.integers(-8, 9, 1000)
     assert_bits_equal(nx.serial_sum(x), [loop_sum(x)])
-    assert nx.serial_sum(x)[0] != np.sum(x) or True  # numpy's pairwise sum may differ
 
 
 def test_serial_sum_differs_from_pairwise_somewhere(rng):
@@ -115,8 +114,8 @@ def test_softmax_rows_sum_close_to_one(rng):
 
 
 def test_native_and_numpy_matmul_give_identical_bits(rng):
-    if nx._native_kernels() is None:
-        pytest.skip("no C compiler: only the numpy formulation exists here")
+    require_c_compiler()
+    assert nx._native_kernels() is not None, "a C compiler is here, yet the native build failed"
     for m, k, n in [(1, 1, 1), (7, 13, 5), (64, 64, 128), (3, 300, 17)]:
         a = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 9, (m, k))
         b = rng.standard_normal((k, n)) * 10.0 ** rng.integers(-8, 9, (k, n))

@@ -23,7 +23,7 @@ def linear_tape(ws, ks, l2s=None):
     """Params w_i with loss = sum_i sum(w_i * k_i): the gradient of w_i is exactly k_i."""
     tp = gt.Tape()
     params = [tp.param(w, name=f"w{i}", l2=(l2s or [0.0] * len(ws))[i]) for i, w in enumerate(ws)]
-    terms = [tp.sum(p * tp.const(k)) for p, k in zip(params, ks)]
+    terms = [tp.sum(p * tp.const(k)) for p, k in zip(params, ks, strict=True)]
     loss = terms[0]
     for t in terms[1:]:
         loss = loss + t
@@ -132,7 +132,7 @@ def test_adam_many_steps_with_clip_and_l2_matches_hand(rng):
         run_step(tp, loss, opt)
     grads = [[flat(k[0]), flat(k[1])]] * 12
     ws, ms, vs = hand_adam([flat(w) for w in w0], grads, [0.1, 0.0], 0.01, 12, clip=1.5)
-    for p, w in zip(params, ws):
+    for p, w in zip(params, ws, strict=True):
         assert_bits_equal(tp.value(p).ravel(), w, "w")
     b1t = b2t = 1.0
     for _ in range(12):
@@ -167,7 +167,7 @@ def test_sgd_with_l2_is_bit_exact(rng):
             for j, kj in enumerate(flat(k[i])):
                 g = kj + l2 * ws[i][j] if l2 != 0.0 else kj
                 ws[i][j] = ws[i][j] - 0.07 * g
-    for p, w in zip(params, ws):
+    for p, w in zip(params, ws, strict=True):
         assert_bits_equal(tp.value(p).ravel(), w)
 
 
@@ -197,8 +197,9 @@ def test_clip_norm_is_serial_in_registration_then_row_major_order():
         scaled = hand_clip(grads, 0.5)
         if order is not params:
             scaled = scaled[::-1]
-        for p, b, g in zip(params, before, scaled):
-            assert_bits_equal(tp.value(p).ravel(), [x - 1.0 * y for x, y in zip(flat(b), g)])
+        for p, b, g in zip(params, before, scaled, strict=True):
+            assert_bits_equal(tp.value(p).ravel(),
+                              [x - 1.0 * y for x, y in zip(flat(b), g, strict=True)])
     # the two orders give different norms, so the test above can tell them apart
     assert hand_clip([flat(big), flat(tiny)], 0.5) != hand_clip([flat(tiny), flat(big)], 0.5)[::-1]
 
@@ -212,7 +213,7 @@ def test_clip_applies_to_raw_gradient_before_l2(rng):
     opt.set_clip(1.0)
     run_step(tp, loss, opt)
     scale = 1.0 / 5.0
-    expected = [w - 0.1 * (g * scale + 0.2 * w) for w, g in zip(flat(w0), flat(k))]
+    expected = [w - 0.1 * (g * scale + 0.2 * w) for w, g in zip(flat(w0), flat(k), strict=True)]
     assert_bits_equal(tp.value(p), expected)
 
 
@@ -300,13 +301,13 @@ def test_state_dict_round_trip_continues_bit_for_bit(kind, rng):
         run_step(tp, loss, opt)
     state = msgpack.unpackb(msgpack.packb(opt.state_dict()))
     tp2, params2, loss2, _ = fresh()
-    for p, p2 in zip(params, params2):
+    for p, p2 in zip(params, params2, strict=True):
         tp2.set_value(p2, tp.value(p))
     opt2 = optimizer_from_state(tp2, state)
     assert opt2.kind == opt.kind and opt2.t == 3 and opt2.clip == 0.7
     for _ in range(2):
         run_step(tp2, loss2, opt2)
-    for p2, s in zip(params2, straight):
+    for p2, s in zip(params2, straight, strict=True):
         assert_bits_equal(tp2.value(p2), s)
 
 
@@ -363,13 +364,13 @@ def test_adam_agrees_with_scikit_learn(rng):
     for p in params:
         opt.add(tp, p)
     for step, grads in enumerate(seq, start=1):
-        for k, g in zip(ks, grads):
+        for k, g in zip(ks, grads, strict=True):
             tp.set_value(k, g)
         tp.forward()
         run_step(tp, loss, opt)
         ref.update_params(ref_params, grads)
         # the moments use no power at all: identical at every step
-        for e, m, v in zip(opt.entries, ref.ms, ref.vs):
+        for e, m, v in zip(opt.entries, ref.ms, ref.vs, strict=True):
             assert_bits_equal(e.m, m, f"m at step {step}")
             assert_bits_equal(e.v, v, f"v at step {step}")
         got = np.concatenate([tp.value(p).ravel() for p in params])

@@ -137,7 +137,7 @@ def test_same_recording_twice_is_identical(rng):
         loss = tp.mean(tp.log(p))
         tp.backward(loss)
         return [np.array(tp.value(loss))] + [np.array(tp.grad(v)) for v in (w1, w2)]
-    for a, b in zip(record(7), record(7)):
+    for a, b in zip(record(7), record(7), strict=True):
         assert_bits_equal(a, b)
 
 

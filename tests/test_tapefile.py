@@ -56,7 +56,7 @@ def mlp_tape(rng):
 
 def assert_same_tape(t1: Tape, t2: Tape):
     assert len(t1.nodes) == len(t2.nodes)
-    for i, (n1, n2) in enumerate(zip(t1.nodes, t2.nodes)):
+    for i, (n1, n2) in enumerate(zip(t1.nodes, t2.nodes, strict=True)):
         assert (n1.op, n1.a, n1.b, n1.name, n1.aux) == (n2.op, n2.a, n2.b, n2.name, n2.aux), i
         assert_bits_equal(np.array([n1.s, n1.l2]), np.array([n2.s, n2.l2]), f"node {i} s/l2")
         assert_bits_equal(t2.values[i], t1.values[i], f"node {i} value")
@@ -96,7 +96,7 @@ def test_loaded_tape_backward_matches_the_original_bitwise(rng):
     tp.backward(loss)
     tf = load(dumps(tp, loss=loss))
     tf.tape.backward(tf.loss)
-    for p, q in zip(tp.params(), tf.tape.params()):
+    for p, q in zip(tp.params(), tf.tape.params(), strict=True):
         assert_bits_equal(tf.tape.grad(q), tp.grad(p), f"grad of node {p.id}")
 
 
