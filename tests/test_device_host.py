@@ -517,6 +517,7 @@ def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():
 # ── float32 ───────────────────────────────────────────────────────────────
 
 def test_f32_within_bound(rng):
+    assert F32_BOUND <= 1e-5            # the documented float32 target (docs/device.md)
     for seed in range(6):
         r = np.random.default_rng(100 + seed)
         tp, loss = random_graph(r, n_ops=10)
