@@ -41,10 +41,11 @@ from typing import Optional
 import numpy as np
 
 from .errors import GradtoolError
+from .npzio import NpzArchive
 from .optim import make_optimizer, optimizer_from_state
 from .train_data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
                          dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
-                         load_npz, parse_accuracy, require_batches, split_validation)
+                         parse_accuracy, require_batches, split_validation)
 from .train_options import (DEFAULTS, META_KEYS, Precedence, TrainError, TrainOptions,
                             check_options, meta_defaults, position_int)
 from .train_report import Reporter, TrainResult, plot_losses, require_plotting
@@ -166,20 +167,20 @@ class Trainer:
         """Training and validation sets (see train_data for the precedence of the latter)."""
         self.slots = input_slots(self.tape)
         self.batch = batch_size(self.slots)
-        source, raw = load_npz(data_path)
-        data = dataset_from(raw, self.slots, source)
         val_file, val_split = self.options.val, self.options.val_split
         if val_file is None and val_split is None:
             val_file, val_split = meta.get("val"), meta.get("val_split")
             if val_file is not None and not os.path.isabs(val_file):     # relative to the tape
                 val_file = os.path.join(os.path.dirname(os.path.abspath(self.source)), val_file)
         self.val = None
-        if val_split is not None:
-            data, self.val = split_validation(data, val_split)
-        elif val_file is not None:
-            self.val = load_dataset(val_file, self.slots)
-        elif has_val_arrays(raw, self.slots):
-            self.val = dataset_from(raw, self.slots, source, VAL_SUFFIX)
+        with NpzArchive(data_path) as raw:
+            data = dataset_from(raw, self.slots)
+            if val_split is not None:
+                data, self.val = split_validation(data, val_split)
+            elif val_file is not None:
+                self.val = load_dataset(val_file, self.slots)
+            elif has_val_arrays(raw, self.slots):
+                self.val = dataset_from(raw, self.slots, VAL_SUFFIX)
         self.data = data
         self.n_batches = require_batches(data, self.batch, "the training data")
         self.n_val_batches = (require_batches(self.val, self.batch, "the validation data")

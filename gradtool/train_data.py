@@ -20,13 +20,12 @@ on its own, which is what makes a resumed run identical to a straight one.
 from __future__ import annotations
 
 import math
-import os
-import zipfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import GradtoolError
+from .npzio import NpzArchive
 from .ops import format_shape
 
 
@@ -74,18 +73,6 @@ def batch_size(slots) -> int:
 VAL_SUFFIX = "_val"
 
 
-def load_npz(path) -> tuple:
-    """(source name, {array name: array}) of an .npz file, or a clear error."""
-    source = os.fspath(path)
-    try:
-        with np.load(source, allow_pickle=False) as npz:
-            return source, {name: npz[name] for name in npz.files}
-    except FileNotFoundError:
-        raise DataError(f"{source}: no such file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DataError(f"{source}: cannot read as a .npz file ({exc})") from None
-
-
 def has_val_arrays(raw: dict, slots) -> bool:
     """Whether DATA carries its own validation set: ``<slot>_val`` for every slot."""
     present = [s.name + VAL_SUFFIX in raw for s in slots]
@@ -98,13 +85,14 @@ def has_val_arrays(raw: dict, slots) -> bool:
 
 def load_dataset(path, slots) -> Dataset:
     """Read an .npz and check one array per slot: [N, *slot.shape[1:]], equal N."""
-    source, raw = load_npz(path)
-    return dataset_from(raw, slots, source)
+    with NpzArchive(path) as raw:
+        return dataset_from(raw, slots)
 
 
-def dataset_from(raw: dict, slots, source: str, suffix: str = "") -> Dataset:
-    """The arrays named ``<slot><suffix>``, checked against the slots' shapes."""
-    arrays = {}
+def dataset_from(raw: NpzArchive, slots, suffix: str = "") -> Dataset:
+    """The arrays named ``<slot><suffix>``, checked against the slots' shapes from their
+    headers before any of them is read."""
+    source = raw.source
     for s in slots:
         key = s.name + suffix
         if key not in raw:
@@ -119,11 +107,12 @@ def dataset_from(raw: dict, slots, source: str, suffix: str = "") -> Dataset:
                             f"the array must be {want}")
         if a.dtype.kind not in "biuf":
             raise DataError(f"{source}: array {key!r} has dtype {a.dtype}; expected numbers")
-        arrays[s.name] = np.ascontiguousarray(a, dtype=np.float64)
-    counts = {s.name + suffix: a.shape[0] for s, a in zip(slots, arrays.values())}
+    counts = {s.name + suffix: raw[s.name + suffix].shape[0] for s in slots}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{k} {n}" for k, n in counts.items())
         raise DataError(f"{source}: arrays have different example counts (axis 0): {listing}")
+    arrays = {s.name: np.ascontiguousarray(raw.load(s.name + suffix), dtype=np.float64)
+              for s in slots}
     return Dataset(arrays, next(iter(counts.values())), source)
 
 
