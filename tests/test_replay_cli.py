@@ -134,3 +134,36 @@ def test_train_backend_host_saves_the_same_bits_as_cpu(tmp_path):
     for p in cpu.tape.params():
         assert_bits_equal(host.tape.values[p.id], cpu.tape.values[p.id], f"param {p.id}")
     assert cpu.optimizer["t"] == host.optimizer["t"] == 46
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+@pytest.mark.parametrize("bad", ["nan", "-inf"])
+def test_check_on_a_nonfinite_loss_follows_the_training_contract(tmp_path, dtype, bad):
+    """log of a negative (NaN) or of zero (-inf): the loss is non-finite on both sides, so
+    neither engine takes the step; --check compares equal non-finite values as equal."""
+    tp = gt.Tape()
+    w = tp.param(np.array([1.0, 2.0]), name="w")
+    x = tp.const(np.array([-1.0 if bad == "nan" else 0.0, 1.0]), name="x")
+    loss = tp.sum(tp.log(w * x))
+    path = tmp_path / "bad.msgpack"
+    save(tp, path, loss=loss)
+    code, out, err = run("replay-gpu", str(path), "--backend", "host", "--dtype", dtype,
+                         "--check", "--train", "adam", "--episodes", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["check"]["ok"] is True
+    last = float(report["loss_last"])
+    assert (np.isnan(last) if bad == "nan" else last == float(bad)), report["loss_last"]
+    steps = [item for item in report["check"]["items"] if "after one step" in item["what"]]
+    assert len(steps) == 1 and steps[0]["ok"], report["check"]["items"]
+
+
+def test_relative_error_treats_equal_infinities_as_equal():
+    from gradtool.device.engine import relative_error
+    inf = float("inf")
+    assert relative_error([inf, 1.0], [inf, 1.0]) == 0.0
+    assert relative_error([-inf, 2.0], [-inf, 2.0 + 2e-16 * 2]) <= 1e-15
+    assert relative_error([inf, 1.0], [-inf, 1.0]) == inf
+    assert relative_error([5.0, 1.0], [inf, 1.0]) == inf
+    assert relative_error([np.nan], [1.0]) == inf
+    assert relative_error([1.5], [1.0]) == 0.5

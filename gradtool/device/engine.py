@@ -238,21 +238,25 @@ def ulp_distance(a, b) -> float:
 
 
 def relative_error(dev, ref) -> float:
-    """max|dev - ref| / max|ref| over one tensor (0 when equal; inf on a NaN mismatch)."""
+    """max|dev - ref| / max|ref| over one tensor: 0 when every element is equal (equal
+    infinities included), inf on a NaN or infinity mismatch; the scale is the largest
+    finite |ref|."""
     dev = np.asarray(dev, dtype=np.float64).reshape(-1)
     ref = np.asarray(ref, dtype=np.float64).reshape(-1)
     if not np.array_equal(np.isnan(dev), np.isnan(ref)):
         return float("inf")
     ok = ~np.isnan(ref)
-    if not ok.any():
+    dev, ref = dev[ok], ref[ok]
+    differ = dev != ref
+    if not differ.any():
         return 0.0
     with np.errstate(all="ignore"):
-        diff = np.abs(dev[ok] - ref[ok])
-        scale = float(np.max(np.abs(ref[ok])))
-        worst = float(np.max(diff)) if diff.size else 0.0
-    if worst == 0.0:
-        return 0.0
-    return worst / scale if scale > 0.0 else float("inf")
+        worst = float(np.max(np.abs(dev[differ] - ref[differ])))
+    finite = np.abs(ref[np.isfinite(ref)])
+    scale = float(np.max(finite)) if finite.size else 0.0
+    if not math.isfinite(worst) or scale == 0.0:
+        return float("inf")
+    return worst / scale
 
 
 def parity_item(what: str, node: int, dev, ref, dtype: str) -> dict:
@@ -283,8 +287,12 @@ def check_gradients(replay: DeviceReplay, tape, loss_id: int) -> list:
 def check_step(replay: DeviceReplay, tape, cpu_optimizer) -> list:
     """After :func:`check_gradients`: one optimizer step on both sides; every param."""
     replay.step()
-    with np.errstate(all="ignore"):
-        cpu_optimizer.step(tape)
+    loss = float(np.asarray(tape.values[replay.loss_id]).reshape(-1)[0])
+    if math.isfinite(loss):
+        # the training contract on both engines: a non-finite loss updates nothing (the
+        # device's guard kernel skips the step; the CPU engine stops before it)
+        with np.errstate(all="ignore"):
+            cpu_optimizer.step(tape)
     items = []
     for p in tape.params():
         label = f"param {p.id}" + (f" ({tape.nodes[p.id].name})" if tape.nodes[p.id].name else "")
