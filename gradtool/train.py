@@ -110,28 +110,37 @@ def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
 
 # ── the loop ───────────────────────────────────────────────────────────────
 
-class StopFlag:
-    """Set by the first SIGINT (Ctrl-C); the loop stops at the next step boundary.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
-    A second Ctrl-C raises KeyboardInterrupt at once (the default behaviour).
+
+class StopFlag:
+    """Set by the first SIGINT (Ctrl-C), SIGTERM or SIGHUP; the loop stops at the next
+    step boundary, so the run is saved as after Ctrl-C.  ``signum`` says which came.
+
+    A second signal gets the handler that was there before (Ctrl-C: KeyboardInterrupt
+    at once).
     """
 
     def __init__(self):
         self.stop = False
+        self.signum = None
 
     def __enter__(self):
-        self._old = None
+        self._old = {}
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handle)
+            self._old = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         return self
 
     def _handle(self, signum, frame):
         self.stop = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.signum = self.signum or signum
+        again = signal.default_int_handler if signum == signal.SIGINT else self._old.get(signum)
+        signal.signal(signum, again if again is not None else signal.SIG_DFL)
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
         return False
 
 

@@ -8,11 +8,11 @@ saved optimizer state of a file written by ``--save``; the tape file's
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from .errors import GradtoolError
+from .fileio import check_writable
 from .optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
@@ -103,8 +103,11 @@ def check_options(options: TrainOptions) -> None:
         raise TrainError("give --val or --val-split, not both")
     for flag, path in (("--save", options.save), ("--plot", options.plot), ("--log", options.log)):
         # fail now, not after the training the file was meant to keep
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise TrainError(f"{flag} {path}: no such directory")
+        if path is not None:
+            try:
+                check_writable(path)
+            except OSError as exc:
+                raise TrainError(f"{flag} {path}: {exc.strerror}") from None
 
 
 class Precedence:

@@ -157,11 +157,19 @@ def test_resuming_with_another_optimizer_is_refused(tmp_path):
 
 # ── Ctrl-C in a real process ───────────────────────────────────────────────
 
-def test_sigint_stops_at_a_step_boundary_saves_and_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("signame,said", [("SIGINT", "interrupted"),
+                                            ("SIGTERM", "terminated by SIGTERM"),
+                                            ("SIGHUP", "terminated by SIGHUP")])
+def test_a_signal_stops_at_a_step_boundary_saves_and_resumes_bit_for_bit(tmp_path, signame,
+                                                                         said):
+    """Ctrl-C, kill and a closed terminal all stop the run at a step boundary and save it
+    (--every 1: a save is under way at almost any moment), leaving no temporary file."""
+    sig = getattr(signal, signame)
     out, log = tmp_path / "out.msgpack", tmp_path / "log.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-c", "from gradtool.cli import main; main()", "train", str(DIGITS),
-         "--data", str(DIGITS_DATA), "--epochs", "100000", "--save", str(out), "--log", str(log)],
+         "--data", str(DIGITS_DATA), "--epochs", "100000", "--save", str(out), "--every", "1",
+         "--log", str(log)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -169,15 +177,16 @@ def test_sigint_stops_at_a_step_boundary_saves_and_resumes_bit_for_bit(tmp_path)
             if log.exists() and log.read_text().count('"event": "step"') >= 60:
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 128 + sig, stderr
     lines = stderr.splitlines()
-    assert lines[-1].startswith("gradtool: interrupted after step ") and "saved" in lines[-1]
+    assert lines[-1].startswith(f"gradtool: {said} after step ") and "saved" in lines[-1]
     assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "out.msgpack"]
     pos = load(out).optimizer["position"]
     steps = [json.loads(ln) for ln in log.read_text().splitlines()
              if json.loads(ln)["event"] == "step"]

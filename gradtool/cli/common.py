@@ -8,7 +8,12 @@ failure is ONE line on stderr, ``gradtool: <file>: node <id>: <problem>``;
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import sys
+import threading
+import traceback
 from typing import NoReturn
 
 import click
@@ -23,12 +28,62 @@ def load_tape(path: str):
     """TAPE as given on the command line: a path, or ``-`` for standard input."""
     from ..tapefile import load
     if path == "-":
+        if sys.stdin is None:
+            raise GradtoolError("<stdin>: cannot read: standard input is closed")
         return load(sys.stdin.buffer, name="<stdin>")
     return load(path)
 
 
+class ClosedStdout:
+    """Stands in for ``sys.stdout`` when the process started with it closed (``>&-``):
+    the first write fails with one clear error instead of an AttributeError, or output
+    silently going nowhere."""
+
+    def _closed(self, *args, **kwargs):
+        raise OSError(errno.EBADF, "cannot write: standard output is closed", "<stdout>")
+
+    write = fileno = _closed
+
+    def flush(self) -> None:       # nothing was written (the interpreter flushes at exit)
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def buffer(self):
+        self._closed()
+
+
+def silence_stdout() -> None:
+    """Send the rest of stdout to /dev/null: after its reader is gone, nothing more is
+    wanted there, and the interpreter's final flush must not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")   # noqa: SIM115 - lives until exit
+
+
 class CheckFailed(GradtoolError):
     """A check ran to completion and its verdict is failure (exit status 1)."""
+
+
+def output_file(ctx, param, value):
+    """click callback for an option naming a file to write: an empty name is a usage error
+    (it used to be skipped silently, so nothing was written and nothing said)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty file name", ctx=ctx, param=param)
+    return value
+
+
+def output_file_not_stdout(ctx, param, value):
+    """:func:`output_file` for a file written next to the stdout report: no ``-``."""
+    if value == "-":
+        raise click.BadParameter("'-' would mix a binary file into the report on stdout; "
+                                 "give a file name", ctx=ctx, param=param)
+    return output_file(ctx, param, value)
 
 
 def fail(message: str, status: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -41,10 +96,39 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, so that cleanups run on the way
+    out (an atomic write removes its temporary file) instead of the process vanishing."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                            if hasattr(signal, name))
+
+
 class GradtoolGroup(click.Group):
     """A click group that turns every exception into one stderr line and an exit code."""
 
     def invoke(self, ctx):
+        if sys.stdout is None:
+            sys.stdout = ClosedStdout()
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            old = {sig: signal.signal(sig, _raise_terminated) for sig in TERMINATION_SIGNALS}
+        try:
+            return self._invoke_reporting_errors(ctx)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _invoke_reporting_errors(self, ctx):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
@@ -57,11 +141,18 @@ class GradtoolGroup(click.Group):
         except SystemExit:
             raise
         except BaseException as exc:  # noqa: BLE001 - the one place errors become exit codes
-            debug = bool(ctx.params.get("debug"))
-            if debug:
-                raise
+            if ctx.params.get("debug"):
+                # the traceback, then the same line and exit status as without --debug
+                traceback.print_exception(exc)
+            if isinstance(exc, Terminated):
+                fail(f"terminated by {signal.Signals(exc.signum).name}", 128 + exc.signum)
             if isinstance(exc, KeyboardInterrupt):
                 fail("interrupted", 130)
+            if isinstance(exc, BrokenPipeError):
+                # the reader went away (`| head -1`): nothing to report; exit as a C tool
+                # killed by SIGPIPE would, so `set -o pipefail` sees the same status
+                silence_stdout()
+                sys.exit(128 + getattr(signal, "SIGPIPE", 13))
             if isinstance(exc, CheckFailed):
                 fail(one_line(exc), EXIT_CHECK_FAILED)
             if isinstance(exc, GradtoolError):

@@ -9,7 +9,7 @@ import click
 from ..emit.cuda import emit_cuda as emit_cuda_source
 from ..emit.render import EmitError
 from ..fileio import atomic_write_bytes
-from .common import load_tape
+from .common import load_tape, output_file
 
 
 def _parse_binds(items) -> dict:
@@ -33,8 +33,8 @@ def _parse_binds(items) -> dict:
               help="Name of the emitted function.")
 @click.option("--kernel", is_flag=True,
               help="Also emit NAME_batch, a __global__ wrapper running one example per thread.")
-@click.option("-o", "--output", metavar="FILE",
-              help="Write the source to FILE (atomically) instead of stdout.")
+@click.option("-o", "--output", metavar="FILE", callback=output_file,
+              help="Write the source to FILE (atomically) instead of stdout ('-': stdout).")
 def emit_cuda(tape, binds, name, kernel, output):
     """Emit TAPE's loss gradient as a self-contained CUDA-C/C99 function.
 
@@ -53,7 +53,7 @@ def emit_cuda(tape, binds, name, kernel, output):
                                 source=source)
     except EmitError as exc:
         raise EmitError(f"{source}: {exc}") from None
-    if output:
+    if output is not None and output != "-":
         try:
             atomic_write_bytes(output, text.encode("utf-8"))
         except OSError as exc:

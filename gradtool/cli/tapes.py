@@ -21,7 +21,7 @@ from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
 from ..ops import format_shape
 from ..tapefile import TapeFile
-from .common import CheckFailed, load_tape
+from .common import CheckFailed, load_tape, output_file_not_stdout
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -229,6 +229,7 @@ def to_dot(tf: TapeFile) -> str:
 @click.option("--hex", "as_hex", is_flag=True,
               help="Write every float as a C99 hex string (float.hex), for bit comparisons.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
+              callback=output_file_not_stdout,
               help="Also write the gradients to this .npz, keyed by param name (or node<ID>).")
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "
@@ -243,7 +244,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) 
     t.backward(tf.loss)
     loss = float(t.values[tf.loss.id].reshape(-1)[0])
     grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
-    if output:
+    if output is not None:
         write_npz(output, _npz_arrays(grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 import time
 
 import click
 
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
-from .common import EXIT_CHECK_FAILED, fail
+from .common import EXIT_CHECK_FAILED, fail, output_file, silence_stdout
 
 
 def _json_safe(x):
@@ -48,6 +49,7 @@ class Console(Reporter):
         self._shown = 0.0
         self._mark = (time.perf_counter(), 0)      # for examples/s
         self._running = None
+        self.stdout_gone = False
 
     def note(self, text):
         click.echo(f"gradtool: {text}", err=True)
@@ -81,7 +83,14 @@ class Console(Reporter):
             if key in r:
                 parts.append(f"{key[:-8]}acc {r[key]:.4f}")
         parts.append(f"({r['seconds']:.2f} s)")
-        click.echo("  ".join(parts))
+        if not self.stdout_gone:
+            try:
+                click.echo("  ".join(parts))
+            except OSError:
+                # a reader that went away (`| head -1`) or a closed stdout must not cost
+                # the run: training goes on and saves; only these lines are lost
+                self.stdout_gone = True
+                silence_stdout()
 
     def end(self, result):
         self._clear()
@@ -108,17 +117,18 @@ class Console(Reporter):
 @click.option("--val", "val", metavar="VAL.npz", help="Validation arrays (same layout as DATA).")
 @click.option("--accuracy", metavar="OUTPUT:TARGET",
               help="Report argmax accuracy of a named output against a one-hot or label slot.")
-@click.option("--save", metavar="OUT.msgpack",
+@click.option("--save", metavar="OUT.msgpack", callback=output_file,
               help="Write the trained tape and optimizer state here (atomically).")
 @click.option("--every", type=click.IntRange(min=1), metavar="N",
               help="Also checkpoint to --save every N steps.")
-@click.option("--log", "log", metavar="FILE.jsonl",
+@click.option("--log", "log", metavar="FILE.jsonl", callback=output_file,
               help="Write one JSON object per step and per epoch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary as the last line of stdout.")
 @click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
               show_default=True, help="Engine that runs the steps.")
-@click.option("--plot", metavar="LOSS.png", help="Plot the loss curve (needs matplotlib).")
+@click.option("--plot", metavar="LOSS.png", callback=output_file,
+              help="Plot the loss curve (needs matplotlib).")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
           accuracy, save, every, log, as_json, backend, plot):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
@@ -161,7 +171,10 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
              EXIT_CHECK_FAILED)
     where = f"step {pos['global_step']} (epoch {pos['epoch'] + 1}, step {pos['step']})"
     if result.stopped == "interrupted":
-        fail(f"interrupted after {where}{saved}", 130)
+        signum = stop.signum or signal.SIGINT
+        how = ("interrupted" if signum == signal.SIGINT
+               else f"terminated by {signal.Signals(signum).name}")
+        fail(f"{how} after {where}{saved}", 128 + signum)
     if result.stopped == "steps":
         click.echo(f"gradtool: stopped after {result.steps} steps, at {where}{saved}", err=True)
 

@@ -1,0 +1,111 @@
+"""The command line under a hostile shell: signals, closed or vanishing streams, output
+paths that cannot be written.  Each case is a real process (signals and file descriptors
+are what is under test), and each must end in at most one stderr line, the documented
+exit status, and no temporary file left behind."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+GRADTOOL = [sys.executable, "-c", "from gradtool.cli import main; main()"]
+
+
+def gradtool(*args, **kwargs):
+    return subprocess.run([*GRADTOOL, *map(str, args)], capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def shell(script: str, *args):
+    """Run ``script`` in bash with $GT the gradtool command (for >&- and <&-)."""
+    gt = " ".join(f"'{part}'" for part in GRADTOOL)
+    return subprocess.run(["bash", "-c", f"GT=({gt}); {script}", "bash", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_sigterm_while_waiting_exits_143_in_one_line():
+    # the handler exists once gradtool has started (Python's own startup and imports come
+    # first): on a slow machine a signal may land before that, so wait longer and retry
+    for wait in (1.0, 3.0, 8.0):
+        proc = subprocess.Popen([*GRADTOOL, "inspect", "-"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(wait)                  # started and blocked reading stdin
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        if proc.returncode != -signal.SIGTERM:
+            break
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert one_line(stderr) == "gradtool: terminated by SIGTERM"
+
+
+@pytest.mark.parametrize("command", [["emit-cuda", SAMPLES / "logistic.msgpack"],
+                                     ["backward", SAMPLES / "lora_block" / "block.msgpack"],
+                                     ["inspect", "--json", SAMPLES / "attention.msgpack"]])
+def test_a_reader_that_went_away_is_sigpipe_not_an_error(command):
+    proc = subprocess.Popen([*GRADTOOL, *map(str, command)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()                       # before gradtool writes a byte
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGPIPE and stderr == ""
+
+
+def test_closed_stdout_and_stdin_are_one_line_errors():
+    r = shell('"${GT[@]}" emit-cuda "$1" >&-', SAMPLES / "logistic.msgpack")
+    assert r.returncode == 2 and "standard output is closed" in one_line(r.stderr)
+    r = shell('"${GT[@]}" inspect - <&-')
+    assert r.returncode == 2
+    assert one_line(r.stderr) == "gradtool: <stdin>: cannot read: standard input is closed"
+
+
+def test_train_outlives_a_reader_that_stops_after_one_line(tmp_path):
+    out = tmp_path / "out.msgpack"
+    r = shell('"${GT[@]}" train "$1" --data "$2" --epochs 3 --save "$3" | head -1; '
+              'exit "${PIPESTATUS[0]}"', SAMPLES / "digits_mlp.msgpack",
+              SAMPLES / "digits.npz", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("epoch 1/3") and len(r.stdout.splitlines()) == 1
+    straight = tmp_path / "straight.msgpack"
+    assert gradtool("train", SAMPLES / "digits_mlp.msgpack", "--data", SAMPLES / "digits.npz",
+                    "--epochs", 3, "--save", straight).returncode == 0
+    assert out.read_bytes() == straight.read_bytes()
+
+
+def test_unwritable_outputs_are_refused_up_front_naming_the_users_path(tmp_path):
+    (tmp_path / "adir").mkdir()
+    r = gradtool("train", SAMPLES / "digits_mlp.msgpack", "--data", SAMPLES / "digits.npz",
+                 "--save", tmp_path / "adir")
+    assert r.returncode == 2 and r.stdout == ""           # before any training
+    assert one_line(r.stderr) == f"gradtool: --save {tmp_path / 'adir'}: is a directory"
+    r = gradtool("backward", SAMPLES / "logistic.msgpack", "-o", tmp_path / "no" / "g.npz")
+    assert r.returncode == 2
+    assert one_line(r.stderr) == f"gradtool: {tmp_path / 'no' / 'g.npz'}: no such directory"
+    for command in (["train", SAMPLES / "digits_mlp.msgpack", "--data", SAMPLES / "digits.npz",
+                     "--save", ""],
+                    ["backward", SAMPLES / "logistic.msgpack", "-o", ""],
+                    ["emit-cuda", SAMPLES / "logistic.msgpack", "-o", ""]):
+        r = gradtool(*command)
+        assert r.returncode == 2 and "an empty file name" in one_line(r.stderr)
+    r = gradtool("backward", SAMPLES / "logistic.msgpack", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 2 and "give a file name" in one_line(r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+
+
+def test_emit_cuda_dash_o_dash_is_stdout():
+    r = gradtool("emit-cuda", SAMPLES / "logistic.msgpack", "-o", "-")
+    assert r.returncode == 0 and r.stdout.startswith("/*") and r.stderr == ""
