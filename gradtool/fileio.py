@@ -55,9 +55,11 @@ def atomic_write_with(path, write: Callable) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None:   # a full disk, say
+            raise OSError(exc.errno, exc.strerror, path) from None
         raise
