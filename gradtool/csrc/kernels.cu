@@ -238,15 +238,19 @@ GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
  * M: [n, out, a, b, nd, dims[nd], sa[nd], sb[nd]]; out is contiguous over
  * the (collapsed) dims, sa/sb are the inputs' strides (0 where broadcast).
  * ====================================================================== */
+/* the metadata block, decoded the same way by both bodies below */
+#define GT_BINARY_ARGS                                                         \
+    gt_real *GT_RESTRICT out = W + M[1];                                       \
+    const gt_real *GT_RESTRICT a = W + M[2];                                   \
+    const gt_real *GT_RESTRICT b = W + M[3];                                   \
+    const int nd = (int)M[4];                                                  \
+    const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;
+
 #ifdef GT_THREAD_BODIES
 #define GT_BINARY_FWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT out = W + M[1];                                   \
-        const gt_real *GT_RESTRICT a = W + M[2];                               \
-        const gt_real *GT_RESTRICT b = W + M[3];                               \
-        const int nd = (int)M[4];                                              \
-        const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;         \
+        GT_BINARY_ARGS                                                         \
         GT_LOOP(i, M[0]) {                                                     \
             long long rem = i, oa = 0, ob = 0;                                 \
             for (int d = nd - 1; d >= 0; --d) {                                \
@@ -270,11 +274,7 @@ GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
 #define GT_BINARY_FWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT out = W + M[1];                                   \
-        const gt_real *GT_RESTRICT a = W + M[2];                               \
-        const gt_real *GT_RESTRICT b = W + M[3];                               \
-        const int nd = (int)M[4];                                              \
-        const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;         \
+        GT_BINARY_ARGS                                                         \
         const long long inner = dims[nd - 1], isa = sa[nd - 1], isb = sb[nd - 1]; \
         const long long outer = M[0] / inner;                                  \
         long long idx[GT_MAXD] = {0}, oa = 0, ob = 0;                          \
@@ -318,18 +318,22 @@ GT_BINARY_FWD(k_div, R_DIV(x, y))
  *     nb, bd[nb], bg[nb], bo[nb], scratch]
  * (g and t share the out layout, so kg/bg serve both.)
  * ====================================================================== */
+/* the metadata block, decoded the same way by both bodies below */
+#define GT_REDUCE_ARGS                                                         \
+    gt_real *GT_RESTRICT ga = W + M[1];                                        \
+    const gt_real *GT_RESTRICT g = W + M[2];                                   \
+    const gt_real *GT_RESTRICT o = W + M[3];                                   \
+    const gt_real *GT_RESTRICT t = W + M[4];                                   \
+    const int nk = (int)M[5];                                                  \
+    const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;                 \
+    const int nb = (int)ko[nk];                                                \
+    const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;
+
 #ifdef GT_THREAD_BODIES
 #define GT_REDUCE(name, EXPR)                                                  \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT ga = W + M[1];                                    \
-        const gt_real *GT_RESTRICT g = W + M[2];                               \
-        const gt_real *GT_RESTRICT o = W + M[3];                               \
-        const gt_real *GT_RESTRICT t = W + M[4];                               \
-        const int nk = (int)M[5];                                              \
-        const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;             \
-        const int nb = (int)ko[nk];                                            \
-        const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;       \
+        GT_REDUCE_ARGS                                                         \
         long long nq = 1;                                                      \
         for (int d = 0; d < nb; ++d) nq *= bd[d];                              \
         GT_LOOP(j, M[0]) {                                                     \
@@ -390,14 +394,7 @@ GT_BINARY_FWD(k_div, R_DIV(x, y))
 #define GT_REDUCE(name, EXPR)                                                  \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT ga = W + M[1];                                    \
-        const gt_real *GT_RESTRICT g = W + M[2];                               \
-        const gt_real *GT_RESTRICT o = W + M[3];                               \
-        const gt_real *GT_RESTRICT t = W + M[4];                               \
-        const int nk = (int)M[5];                                              \
-        const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;             \
-        const int nb = (int)ko[nk];                                            \
-        const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;       \
+        GT_REDUCE_ARGS                                                         \
         gt_real *GT_RESTRICT r = W + bo[nb];                                   \
         const long long n = M[0];                                              \
         const long long inner = kd[nk - 1], ig = kg[nk - 1], io = ko[nk - 1];  \
