@@ -49,9 +49,27 @@ fetch() {
     exclude="$(git rev-parse --git-path info/exclude)"
     mkdir -p "$(dirname "$exclude")"
     grep -qxF "/$GPU_DIR/" "$exclude" 2>/dev/null || echo "/$GPU_DIR/" >> "$exclude"
-    # --no-build-isolation: pip only reads the sdist's metadata, with this machine's setuptools
-    python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
-        "pycuda==$PYCUDA_VERSION" -d "$GPU_DIR"
+    # the sdist straight from the index's simple page (checked against the index's sha256):
+    # `pip download` of an sdist builds its metadata, which needs setuptools' bdist_wheel
+    # and PyCUDA's build requirements here, where nothing of it is compiled
+    python3 - "$PYCUDA_VERSION" "$GPU_DIR" <<'EOF_PY'
+import hashlib, os, re, sys, urllib.request
+version, folder = sys.argv[1:]
+name = f"pycuda-{version}.tar.gz"
+page = urllib.request.urlopen("https://pypi.org/simple/pycuda/", timeout=60).read().decode()
+found = re.search(r'href="([^"#]*/%s)#sha256=([0-9a-f]{64})"' % re.escape(name), page)
+if not found:
+    sys.exit(f"gpu_check: {name} is not on https://pypi.org/simple/pycuda/")
+url, digest = found.groups()
+data = urllib.request.urlopen(url, timeout=120).read()
+if hashlib.sha256(data).hexdigest() != digest:
+    sys.exit(f"gpu_check: {name}: sha256 differs from the index's")
+tmp = os.path.join(folder, name + ".part")
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, os.path.join(folder, name))
+print(f"gpu_check: {name} ({len(data)} bytes, sha256 checked)")
+EOF_PY
     local py
     for py in 3.11 3.12 3.13; do
         # shellcheck disable=SC2086
