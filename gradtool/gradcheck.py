@@ -13,12 +13,13 @@ FAILS there, as it should: the gradient is not the derivative at a kink.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import TapeError
-from .tape import GVar, Tape
+from .tape import GVar, Tape, _is_number
 
 
 @dataclass
@@ -56,11 +57,25 @@ def _descendants(tape: Tape, root: int) -> list:
     return flags
 
 
+def _positive(x, what: str, strict: bool = False) -> float:
+    if not _is_number(x):
+        raise TapeError(f"fd_check: {what} must be a real number, got {type(x).__name__}")
+    value = float(x)
+    if not math.isfinite(value) or value < 0.0 or (strict and value == 0.0):
+        raise TapeError(f"fd_check: {what} must be finite and {'> 0' if strict else '>= 0'}, "
+                        f"got {x!r}")
+    return value
+
+
 def fd_check(tape: Tape, loss: GVar, eps: float = 1e-6, rtol: float = 1e-5,
              atol: float = 1e-6) -> FDReport:
     """Check every parameter element of ``tape`` by central differences."""
-    if not eps > 0:
-        raise TapeError(f"eps must be > 0, got {eps}")
+    if not isinstance(tape, Tape):
+        raise TapeError(f"fd_check: expected a Tape, got {type(tape).__name__}")
+    tape.node_id(loss, "fd_check loss")
+    eps = _positive(eps, "eps", strict=True)
+    rtol = _positive(rtol, "rtol")
+    atol = _positive(atol, "atol")
     # inf - inf and 0/0 in the differences are results to report, not warnings
     with np.errstate(all="ignore"):
         return _check_all_params(tape, loss, eps, rtol, atol)

@@ -92,8 +92,12 @@ def _write(data: bytes, dest) -> None:
 
 
 def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
-          optimizer=None) -> bytes:
-    """The bytes :func:`save` would write."""
+          optimizer=None, limits: Optional[Limits] = None) -> bytes:
+    """The bytes :func:`save` would write.
+
+    The bytes pass :func:`load`'s checks under ``limits`` (default: the
+    loader's defaults) or TapeError says which one fails.
+    """
     if not isinstance(tape, Tape):
         raise TapeError(f"expected a Tape, got {type(tape).__name__}")
     if not tape.ok:
@@ -115,9 +119,17 @@ def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
     if optimizer is not None:
         doc["optimizer"] = _mapping(optimizer, "optimizer")
     try:
-        return msgpack.packb(doc, use_bin_type=True)
+        raw = msgpack.packb(doc, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TapeError(f"meta/optimizer cannot be written as msgpack: {exc}") from None
+    # whatever save writes, load reads: the writer runs the reader's own checks (not the
+    # replay) on the bytes, so a limit exists once, in the reader
+    try:
+        check(decode(raw, "<save>", limits or _DEFAULT), "<save>", limits or _DEFAULT)
+    except TapeFileError as exc:
+        raise TapeError(f"cannot save: gradtool.load would refuse the file: "
+                        f"{str(exc).removeprefix('<save>: ')}") from None
+    return raw
 
 
 def _encode_node(tape: Tape, i: int, values: bool) -> dict:
@@ -147,9 +159,7 @@ def _le_bytes(arr: np.ndarray) -> bytes:
 
 def _node_id(tape: Tape, ref, what: str) -> int:
     if isinstance(ref, GVar):
-        if ref.tape is not tape:
-            raise TapeError(f"{what}: the GVar belongs to another tape")
-        ref = ref.id
+        return tape.node_id(ref, what)
     if isinstance(ref, bool) or not isinstance(ref, numbers.Integral) \
             or not 0 <= int(ref) < len(tape.nodes):
         raise TapeError(f"{what}: {ref!r} is not a node of this tape "
@@ -234,8 +244,8 @@ def _replay(checked: CheckedFile, source: str) -> TapeFile:
             raise TapeFileError(f"replay failed: {exc}", source=source, node=i) from None
         if node.value is not None:
             recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
-    outputs = {k: GVar(tape, v) for k, v in checked.outputs.items()}
-    return TapeFile(tape, GVar(tape, checked.loss), outputs, checked.meta, checked.optimizer,
+    outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
+    return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
                     source, recorded)
 
 
@@ -246,8 +256,8 @@ def _record(tape: Tape, node) -> GVar:
         if op == "param":
             return tape.param(value, name=node.name, l2=node.l2)
         return tape.const(value, name=node.name)
-    a = GVar(tape, node.a)
-    b = GVar(tape, node.b) if node.b >= 0 else None
+    a = tape.var(node.a)
+    b = tape.var(node.b) if node.b >= 0 else None
     if op in ("adds", "muls"):
         return getattr(tape, op)(a, node.s)
     if op == "reshape":

@@ -36,6 +36,7 @@ from typing import Optional
 import msgpack
 
 from .errors import ShapeError, TapeFileError
+from .limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from .ops import LEAF_OPS, OPS, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
@@ -55,9 +56,9 @@ class Limits:
     max_nodes: int = 1 << 20
     max_elements: int = 1 << 27       # sum of every node's element count
     max_work: int = 1 << 32           # multiply-adds and element visits of one forward replay
-    max_depth: int = 32               # msgpack container nesting (the format itself needs 4)
-    max_str_len: int = 1 << 20
-    max_map_len: int = 1 << 16
+    max_depth: int = MAX_DEPTH        # msgpack container nesting (the format itself needs 4)
+    max_str_len: int = MAX_NAME_BYTES
+    max_map_len: int = MAX_MAP_LEN
     max_containers: int = 1 << 22     # maps + arrays in the whole file
 
 

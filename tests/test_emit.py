@@ -226,7 +226,7 @@ def reference(tp, loss, lay):
     with np.errstate(all="ignore"):
         tp.backward(loss)
     return (H.to_bits(tp.values[lay.loss].item()),
-            [H.to_bits(tp.grad(gt.GVar(tp, i)).item()) for i in lay.params])
+            [H.to_bits(tp.grad(tp.var(i)).item()) for i in lay.params])
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ..errors import GradtoolError
+from ..tape import as_float64_array
 from .program import CaptureError, DTYPES, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
@@ -51,8 +52,20 @@ class DeviceReplay:
 
     def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
                  optimizer=None, graph: bool = True, host_kernels: str = "tiled"):
-        loss_id = int(getattr(loss, "id", loss))
+        from ..tape import Tape
+
+        if not isinstance(tape, Tape):
+            raise GradtoolError(f"capture: expected a Tape, got {type(tape).__name__}")
+        try:
+            loss_id = tape.var(loss).id          # a live GVar of this tape, or an id
+        except GradtoolError as exc:
+            raise CaptureError(f"loss: {exc}") from None
+        if optimizer is not None and hasattr(optimizer, "check_tape"):
+            optimizer.check_tape(tape)
         self.program = capture_program(tape, loss_id, dtype, optimizer)
+        # the accessors take GVars of this tape as captured (or plain node ids)
+        self.tape, self._serials = tape, list(tape.serials)
+        self._leaf = [node.a < 0 for node in tape.nodes]
         self.backend, self.backend_reason = resolve_backend(backend)
         if self.backend == "cuda":
             from .cuda import CudaBackend
@@ -65,13 +78,29 @@ class DeviceReplay:
         self.optimizer = self.program.optimizer
 
     # ── inputs and phases ──────────────────────────────────────────────────
+    def node_id(self, node, role: str = "node") -> int:
+        """The captured node a GVar (of the captured tape, as captured) or a node id names."""
+        from ..tape import GVar, _is_index
+
+        n = len(self.program.shapes)
+        if isinstance(node, GVar):
+            i = self.tape.node_id(node, role)
+            if i >= n or self.tape.serials[i] != self._serials[i]:
+                raise GradtoolError(f"{role}: node {i} was recorded after this replay was "
+                                    f"captured")
+            return i
+        if not _is_index(node) or not 0 <= int(node) < n:
+            raise GradtoolError(f"{role}: no node {node!r} (the captured tape has {n} nodes; "
+                                f"pass a GVar or a node id)"[:300])
+        return int(node)
+
     def set_input(self, node, data) -> None:
         """Fresh values for a leaf (an input slot's minibatch rows, or a param)."""
-        i = int(getattr(node, "id", node))
+        i = self.node_id(node, "set_input")
         prog = self.program
-        if not 0 <= i < len(prog.shapes):
-            raise GradtoolError(f"no node {i} (the tape has {len(prog.shapes)} nodes)")
-        arr = np.asarray(data, dtype=np.float64)
+        if not self._leaf[i]:
+            raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
+        arr = as_float64_array(data, f"set_input node {i}")
         if arr.shape != prog.shapes[i]:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
@@ -122,20 +151,20 @@ class DeviceReplay:
         return self.dev.scalar(self.program.val_off[self.loss_id])
 
     def value(self, node) -> np.ndarray:
-        i = int(getattr(node, "id", node))
+        i = self.node_id(node, "value")
         prog = self.program
         return self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
 
     def grad(self, node) -> np.ndarray:
         """dL/d(node) from the last backward; zeros for a node backward never touches."""
-        i = int(getattr(node, "id", node))
+        i = self.node_id(node, "grad")
         prog = self.program
         if prog.grad_off[i] < 0:
             return np.zeros(prog.shapes[i])
         return self.dev.read(prog.grad_off[i], prog.size_of(i)).reshape(prog.shapes[i])
 
     def touched(self, node) -> bool:
-        return self.program.grad_off[int(getattr(node, "id", node))] >= 0
+        return self.program.grad_off[self.node_id(node, "touched")] >= 0
 
     def sync_params_to_tape(self, tape) -> None:
         """Write every param's device value into the tape's own array, in place."""

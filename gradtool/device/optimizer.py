@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import GradtoolError
 from ..optim import B1, B2, EPS, advance_adam
 from .program import CaptureError, Launch, f64_bits
 
@@ -87,6 +88,11 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
         raise CaptureError(f"the device optimizer supports sgd and adam, not {kind!r}")
     plan = OptimizerPlan(kind=kind, lr=float(opt.lr), clip=float(opt.clip), t=int(opt.t),
                          b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off)
+    if hasattr(opt, "check_tape"):
+        try:
+            opt.check_tape(builder.tape)
+        except GradtoolError as exc:
+            raise CaptureError(str(exc)) from None
     for e in opt.entries:
         nid = e.node_id
         if not 0 <= nid < len(prog.shapes) or builder.tape.nodes[nid].op != "param":

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping, Optional
 
+from ..errors import GradtoolError
 from ..ops import format_shape
-from ..tape import GVar, Tape
+from ..tape import Tape
 from .render import EmitError, EmitScopeError, c_double, rule
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -73,13 +74,12 @@ def gt_math_source() -> str:
 
 
 def _loss_id(tape: Tape, loss) -> int:
-    if isinstance(loss, GVar):
-        if loss.tape is not tape:
-            raise EmitError("the loss GVar belongs to another tape")
-        loss = loss.id
-    if isinstance(loss, bool) or not isinstance(loss, int) or not 0 <= loss < len(tape.nodes):
+    if isinstance(loss, str):
         raise EmitError(f"loss {loss!r} is not a node of this tape ({len(tape.nodes)} nodes)")
-    return loss
+    try:
+        return tape.var(loss).id        # a live GVar of this tape, or a node id in range
+    except GradtoolError as exc:
+        raise EmitError(f"loss: {exc}") from None
 
 
 def check_scope(tape: Tape) -> None:
