@@ -29,6 +29,10 @@ matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j
 bmm               the matmul order in every batch slice
 axis sum          the serial sum along one axis, other indices fixed
 broadcast reduce  see :func:`reduce_to_shape`
+softmax           along an axis: ``e = exp(x - max); y = e / axis_sum(e)``; backward
+                  ``t * (g - axis_sum(g * t))`` (the elementwise parts are expressions
+                  in the op table, :mod:`gradtool.ops`)
+elementwise ops   one expression per rule in the op table, each node one rounding
 """
 
 from __future__ import annotations
@@ -41,8 +45,7 @@ from . import fdlibm, native
 
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
-    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
-    "softmax", "softmax_backward",
+    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1",
 ]
 
 exp = fdlibm.exp
@@ -179,32 +182,3 @@ def _native_kernels():
         _NATIVE_STATE.append(lib)
     return _NATIVE_STATE[0]
 
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """``1.0 / (1.0 + exp(0.0 - x))``: three roundings plus exp's.
-
-    ``0.0 - x`` and ``-x`` agree except at x = +0.0 (exp of either zero is
-    1.0), so the negation is written as numpy's exact ``-x``.
-    """
-    return 1.0 / (1.0 + exp(-x))
-
-
-def relu(x: np.ndarray) -> np.ndarray:
-    """``x if not (x <= 0) else +0.0``: NaN passes through, -0.0 becomes +0.0."""
-    return np.where(x <= 0.0, 0.0, x)
-
-
-def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    """Softmax along ``axis``: ``e = exp(x - max); y = e / serial_sum_axis(e)``.
-
-    The max is exact whatever the order (a NaN anywhere on the axis makes
-    that row NaN).  The sum is the serial 0.0-started sum along the axis.
-    """
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = exp(shifted)
-    return e / serial_sum_axis(e, axis)
-
-
-def softmax_backward(g: np.ndarray, t: np.ndarray, axis: int) -> np.ndarray:
-    """``t * (g - serial_sum_axis(g * t))`` with t the softmax output."""
-    return t * (g - serial_sum_axis(g * t, axis))

@@ -11,6 +11,7 @@ what lets it be saved to a file, emitted as C, or replayed on a device.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Optional, Sequence
@@ -351,41 +352,41 @@ class Tape:
             raise kind(message)
         return GVar(self, -1, -1)
 
-    def add(self, a, b): return self._record("add", a, b)
-    def sub(self, a, b): return self._record("sub", a, b)
-    def mul(self, a, b): return self._record("mul", a, b)
-    def div(self, a, b): return self._record("div", a, b)
-    def neg(self, a): return self._record("neg", a)
-    def relu(self, a): return self._record("relu", a)
-    def sigmoid(self, a): return self._record("sigmoid", a)
-    def tanh(self, a): return self._record("tanh", a)
-    def exp(self, a): return self._record("exp", a)
-    def log(self, a): return self._record("log", a)
-    def sqrt(self, a): return self._record("sqrt", a)
-    def sum(self, a): return self._record("sum", a)
-    def mean(self, a): return self._record("mean", a)
-    def matmul(self, a, b): return self._record("matmul", a, b)
-    def bmm(self, a, b): return self._record("bmm", a, b)
-    def transpose(self, a): return self._record("transpose", a)
+    # the op methods (add, exp, softmax, ...) are generated from the op table below the
+    # class: one per op, with the op's inputs, scalar operand and attributes as arguments
 
-    def adds(self, a, s: float) -> GVar:
-        return self._record("adds", a, s=_scalar(s, "adds"))
+    def record(self, op: str, a, b=None, *, s: float = 0.0, attrs: Optional[dict] = None) -> GVar:
+        """Record any op of the table by name (what the op methods and the file loader use).
 
-    def muls(self, a, s: float) -> GVar:
-        return self._record("muls", a, s=_scalar(s, "muls"))
+        ``attrs`` holds the op's attributes by name (``{"axis": 1}``), checked
+        and normalised like the op method's arguments.
+        """
+        spec = OPS.get(op) if isinstance(op, str) else None
+        if spec is None or spec.arity == 0:
+            raise TapeError(f"record: {op!r} is not an op of the table")
+        if (b is None) != (spec.arity == 1):
+            raise TapeError(f"record: {op} takes {spec.arity} input(s)")
+        attrs = dict(attrs or {})
+        unknown = set(attrs) - {at.name for at in spec.attrs}
+        if unknown:
+            raise TapeError(f"record: {op} has no attribute(s) {sorted(unknown)}")
+        missing = [at.name for at in spec.attrs if at.required and at.name not in attrs]
+        if missing:
+            raise TapeError(f"record: {op} needs attribute(s) {missing}")
+        values = {at.name: attrs.get(at.name, at.default) for at in spec.attrs}
+        return self._record_op(spec, a, b if spec.arity == 2 else _UNARY,
+                               _scalar(s, op) if spec.scalar_operand else 0.0, values)
 
-    def reshape(self, a, shape: Sequence[int]) -> GVar:
-        return self._record("reshape", a, aux={"shape": _int_list(shape, "reshape shape")})
+    def _record_op(self, spec, a, b, s: float, values: dict) -> GVar:
+        aux = None
+        if spec.attrs:
+            aux = {at.name: self._attr(spec.name, at, values[at.name], a) for at in spec.attrs}
+        return self._record(spec.name, a, b, s, aux)
 
-    def softmax(self, a, axis: int = -1) -> GVar:
-        return self._record("softmax", a, aux={"axis": self._axis(a, axis, "softmax")})
-
-    def slice(self, a, starts: Sequence[int], stops: Sequence[int]) -> GVar:
-        return self._record("slice", a, aux={"starts": _int_list(starts, "slice starts"),
-                                             "stops": _int_list(stops, "slice stops")})
-
-    def concat(self, a, b, axis: int = 0) -> GVar:
-        return self._record("concat", a, b, aux={"axis": self._axis(a, axis, "concat")})
+    def _attr(self, op: str, at, value, a):
+        if at.kind == "axis":
+            return self._axis(a, value, op)
+        return _int_list(value, f"{op} {at.name}")
 
     def mse(self, y, t) -> GVar:
         """mean((y - t) * (y - t)), recorded as its primitive nodes."""
@@ -393,6 +394,7 @@ class Tape:
         return self.mean(self.mul(d, d))
 
     def _axis(self, a, axis, what) -> int:
+        """An axis argument as an int, a negative one counted from the end of ``a``'s shape."""
         axis = _int_list([axis], f"{what} axis")[0]
         if not self.ok or not isinstance(a, GVar) or not self._live(a) or a.tape is not self:
             return axis          # _record reports the bad input
@@ -577,6 +579,55 @@ class Tape:
     def _require_ok(self):
         if not self.ok:
             raise TapeError(f"the tape is poisoned: {self.error}")
+
+
+def _op_method(spec):
+    """The Tape method that records ``spec``'s op (generated once per table entry)."""
+    name = spec.name
+    params = ["a", "b"][:spec.arity] + (["s"] if spec.scalar_operand else [])
+    if not spec.attrs and not spec.scalar_operand:
+        if spec.arity == 1:
+            def method(self, a):
+                return self._record(name, a)
+        else:
+            def method(self, a, b):
+                return self._record(name, a, b)
+    elif not spec.attrs:
+        def method(self, a, s):
+            return self._record(name, a, s=_scalar(s, name))
+    else:
+        sig = inspect.Signature(
+            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for p in ["self"] + params] +
+            [inspect.Parameter(at.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               **({} if at.required else {"default": at.default}))
+             for at in spec.attrs])
+
+        def method(self, *args, **kwargs):
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError as exc:
+                raise TapeError(f"{name}: {exc}") from None
+            bound.apply_defaults()
+            v = bound.arguments
+            return self._record_op(spec, v["a"], v.get("b", _UNARY), 0.0,
+                                   {at.name: v[at.name] for at in spec.attrs})
+
+        method.__signature__ = sig
+    method.__name__ = name
+    method.__qualname__ = f"Tape.{name}"
+    lines = [f"Record ``{name}``: {spec.doc}."]
+    lines += [f"``{at.name}``: {at.doc}." for at in spec.attrs if at.kind != "shape"]
+    if any(at.kind == "shape" for at in spec.attrs):
+        lines.append("``shape``: the target shape, a sequence of ints.")
+    method.__doc__ = "\n\n".join(lines)
+    return method
+
+
+for _spec in OPS.values():
+    if _spec.arity:
+        setattr(Tape, _spec.name, _op_method(_spec))
+del _spec
 
 
 def _scalar(s, what) -> float:

@@ -145,9 +145,10 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
         out["data"] = _le_bytes(value)
         return out
     aux = node.aux or {}
-    for key in OPS[node.op].attrs:
-        if key != "shape":                      # reshape's target IS the node's shape
-            out[key] = aux[key] if key == "axis" else [int(x) for x in aux[key]]
+    for at in OPS[node.op].attrs:
+        if at.stored:                           # a reshape's target IS the node's shape
+            attr = aux[at.name]
+            out[at.name] = int(attr) if at.kind == "axis" else [int(x) for x in attr]
     if values:
         out["value"] = _le_bytes(value)
     return out
@@ -256,16 +257,5 @@ def _record(tape: Tape, node) -> GVar:
         if op == "param":
             return tape.param(value, name=node.name, l2=node.l2)
         return tape.const(value, name=node.name)
-    a = tape.var(node.a)
     b = tape.var(node.b) if node.b >= 0 else None
-    if op in ("adds", "muls"):
-        return getattr(tape, op)(a, node.s)
-    if op == "reshape":
-        return tape.reshape(a, node.attrs["shape"])
-    if op == "softmax":
-        return tape.softmax(a, node.attrs["axis"])
-    if op == "slice":
-        return tape.slice(a, node.attrs["starts"], node.attrs["stops"])
-    if op == "concat":
-        return tape.concat(a, b, node.attrs["axis"])
-    return getattr(tape, op)(a, b) if b is not None else getattr(tape, op)(a)
+    return tape.record(op, tape.var(node.a), b, s=node.s, attrs=node.attrs)

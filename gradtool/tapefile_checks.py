@@ -472,13 +472,11 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
 
 def _attrs(op: str, raw: dict) -> Optional[dict]:
     """The node's aux dict, built exactly as the Tape's recording methods build it."""
-    if op == "reshape":
-        return {"shape": list(raw["shape"])}
-    if op in ("softmax", "concat"):
-        return {"axis": raw["axis"]}
-    if op == "slice":
-        return {"starts": list(raw["starts"]), "stops": list(raw["stops"])}
-    return None
+    attrs = OPS[op].attrs
+    if not attrs:
+        return None
+    return {at.name: (list(raw[at.name]) if at.kind != "axis" else raw[at.name]) if at.stored
+            else list(raw["shape"]) for at in attrs}
 
 
 def _work(node: CheckedNode, earlier: list) -> int:

@@ -238,11 +238,6 @@ def test_independent_writer_loads_and_gradients_match_numpy(tmp_path, rng):
 
 # ── the schema ─────────────────────────────────────────────────────────────
 
-def test_the_two_schema_copies_are_identical():
-    assert (ROOT / "schemas" / "tape.schema.json").read_bytes() == \
-        (ROOT / "gradtool" / "schemas" / "tape.schema.json").read_bytes()
-
-
 def test_schema_is_valid_2020_12_and_accepts_written_files(rng):
     jsonschema.Draft202012Validator.check_schema(schema())
     plain = jsonschema.Draft202012Validator(schema())      # no gradtool extensions

@@ -77,10 +77,12 @@ def cuda_status() -> tuple:
 
 
 def kernel_source() -> str:
-    """kernels.cu with gt_math.h inlined (host_prelude.h is host-only): what nvcc compiles."""
+    """kernels.cu with gt_math.h and gt_ops.h inlined (host_prelude.h is host-only): what
+    nvcc compiles, and what the module cache is keyed by."""
     src = (CSRC / "kernels.cu").read_text()
-    header = (CSRC / "gt_math.h").read_text()
-    return src.replace('#include "gt_math.h"', header, 1)
+    for header in ("gt_math.h", "gt_ops.h"):
+        src = src.replace(f'#include "{header}"', (CSRC / header).read_text(), 1)
+    return src
 
 
 def nvcc_options(dtype: str) -> list:

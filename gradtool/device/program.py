@@ -25,59 +25,19 @@ anything is allocated.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from ..errors import GradtoolError
-from ..ops import infer_shape
+from ..ops import OPS, infer_shape
+from .launch import CaptureError, Launch, launch
+from .optimizer import plan_optimizer
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
 HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
 DTYPES = {"f64": np.float64, "f32": np.float32}
 PHASES = ("forward", "backward", "optimizer")
-
-UNARY_FORWARD = {op: f"k_{op}" for op in
-                 ("neg", "adds", "muls", "relu", "sigmoid", "tanh", "exp", "log", "sqrt")}
-UNARY_BACKWARD = {"neg": "k_bwd_neg", "adds": "k_bwd_id", "muls": "k_bwd_muls",
-                  "relu": "k_bwd_relu", "sigmoid": "k_bwd_sigmoid", "tanh": "k_bwd_tanh",
-                  "exp": "k_bwd_exp", "log": "k_bwd_log", "sqrt": "k_bwd_sqrt",
-                  "reshape": "k_bwd_id"}
-BINARY_FORWARD = {"add": "k_add", "sub": "k_sub", "mul": "k_mul", "div": "k_div"}
-# (kernel, other operand) for each input's contribution: "b"/"a" = that
-# input's value, None = no other operand read.
-BINARY_BACKWARD = {
-    "add": (("k_red_g", None), ("k_red_g", None)),          # g, g
-    "sub": (("k_red_g", None), ("k_red_neg", None)),        # g, -g
-    "mul": (("k_red_mul", "b"), ("k_red_mul", "a")),        # g*b, g*a
-    "div": (("k_red_div", "b"), ("k_red_divb", "b")),       # g/b, -((g*t)/b)
-}
-SUPPORTED_OPS = (set(UNARY_FORWARD) | set(BINARY_FORWARD) |
-                 {"param", "const", "sum", "mean", "matmul", "bmm", "transpose", "reshape",
-                  "softmax", "slice", "concat"})
-
-
-class CaptureError(GradtoolError):
-    """The tape cannot be replayed on the device (the message names the node)."""
-
-
-def f64_bits(x: float) -> int:
-    """The IEEE-754 bit pattern of a float64, as the signed int64 a metadata slot holds."""
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
-@dataclass(frozen=True)
-class Launch:
-    kernel: str                   # a kernel name of kernels.cu
-    meta: tuple                   # its int64 metadata block; meta[0] = thread indices
-    node: int = -1                # the tape node it belongs to (-1: bookkeeping)
-    what: str = ""                # for messages and listings
-
-    @property
-    def work(self) -> int:
-        return int(self.meta[0])
 
 
 @dataclass
@@ -222,7 +182,7 @@ def _check(tape, loss: int, dtype: str) -> None:
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
-        if node.op not in SUPPORTED_OPS:
+        if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
         if not isinstance(value, np.ndarray) or value.dtype != np.float64:
             kind = getattr(value, "dtype", type(value).__name__)
@@ -246,7 +206,6 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     registered) adds the device optimizer's buffers and launches.
     """
     _check(tape, loss, dtype)
-    from .optimizer import plan_optimizer      # optimizer.py builds on this module
 
     b = _Builder(tape, loss, dtype)
     val_off = [b.alloc(b.n(i)) for i in range(len(tape.nodes))]
@@ -258,9 +217,9 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
                for launch in _forward_node(b, i, val_off)]
-    backward = [Launch("k_fill", (grad_end - grad_start, grad_start, f64_bits(0.0)),
-                       -1, "zero gradients"),
-                Launch("k_fill", (1, grad_off[loss], f64_bits(1.0)), loss, "seed loss")]
+    backward = [launch("k_fill", grad_end - grad_start, -1, "zero gradients", dst=grad_start,
+                       value=0.0),
+                launch("k_fill", 1, loss, "seed loss", dst=grad_off[loss], value=1.0)]
     for i in range(loss, -1, -1):
         node = tape.nodes[i]
         if grad_off[i] < 0 or node.a < 0 or not tape.requires[i]:
@@ -286,57 +245,99 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     return prog
 
 
-# ── forward launches, op by op ────────────────────────────────────────────
+# ── forward launches, by the op's kind (gradtool.ops) ─────────────────────
 
 def _forward_node(b: _Builder, i: int, val) -> list:
+    spec = OPS[b.tape.nodes[i].op]
+    lower = _FORWARD.get(spec.kind)
+    if lower is None:
+        raise CaptureError(f"node {i}: op {spec.name!r} has no device kernel")
+    return lower(b, i, spec, val)
+
+
+def _fwd_unary(b, i, spec, val):
     node = b.tape.nodes[i]
-    op, ia, ib = node.op, node.a, node.b
-    out, n = val[i], b.n(i)
-    shape, sa = b.shapes[i], b.shapes[ia]
-    if op in UNARY_FORWARD:
-        return [Launch(UNARY_FORWARD[op], (n, out, val[ia], f64_bits(node.s)), i, op)]
-    if op in BINARY_FORWARD:
-        dims, (st_a, st_b) = collapse(shape, aligned_strides(sa, shape),
-                                      aligned_strides(b.shapes[ib], shape))
-        b.check_rank(dims, i, op)
-        return [Launch(BINARY_FORWARD[op],
-                       (n, out, val[ia], val[ib], len(dims), *dims, *st_a, *st_b), i, op)]
-    if op in ("sum", "mean"):
-        return [Launch("k_sum", (1, out, val[ia], b.n(ia), int(op == "mean")), i, op)]
-    if op == "matmul":
-        (m, k), nn = sa, shape[1]
-        return [_matmul(b, i, out, val[ia], val[ib], 1, m, k, nn,
-                        (0, k, 1), (0, nn, 1), acc=False, what="matmul")]
-    if op == "bmm":
-        bt, m, k = sa
-        nn = shape[2]
-        return [_matmul(b, i, out, val[ia], val[ib], bt, m, k, nn,
-                        (m * k, k, 1), (k * nn, nn, 1), acc=False, what="bmm")]
-    if op == "transpose":
-        batch = int(np.prod(sa[:-2], dtype=np.int64))
-        m, nn = sa[-2], sa[-1]
-        # out[bt, j, i] = a[bt, i, j], walked in out order
-        return [_copy(b, i, out, val[ia], [batch, nn, m], [nn * m, m, 1], [m * nn, 1, nn],
-                      acc=False, what="transpose")]
-    if op == "reshape":
-        return [_copy(b, i, out, val[ia], [n], [1], [1], acc=False, what="reshape")]
-    if op == "softmax":
-        outer, length, inner = _axis_split(sa, node.aux["axis"])
-        return [Launch("k_softmax", (outer * inner, out, val[ia], length, inner), i, "softmax")]
-    if op == "slice":
-        st = row_major_strides(sa)
-        start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
-        return [_copy(b, i, out, val[ia] + start, shape, row_major_strides(shape), st,
-                      acc=False, what="slice")]
-    if op == "concat":
-        axis = node.aux["axis"]
-        ost = row_major_strides(shape)
-        sbb = b.shapes[ib]
-        return [_copy(b, i, out, val[ia], sa, ost, row_major_strides(sa), acc=False,
-                      what="concat a"),
-                _copy(b, i, out + sa[axis] * ost[axis], val[ib], sbb, ost,
-                      row_major_strides(sbb), acc=False, what="concat b")]
-    raise CaptureError(f"node {i}: op {op!r} has no device kernel")
+    return [launch(f"k_{spec.name}", b.n(i), i, spec.name, out=val[i], a=val[node.a],
+                   s=node.s)]
+
+
+def _fwd_binary(b, i, spec, val):
+    node = b.tape.nodes[i]
+    shape = b.shapes[i]
+    dims, (st_a, st_b) = collapse(shape, aligned_strides(b.shapes[node.a], shape),
+                                  aligned_strides(b.shapes[node.b], shape))
+    b.check_rank(dims, i, spec.name)
+    return [launch(f"k_{spec.name}", b.n(i), i, spec.name, out=val[i], a=val[node.a],
+                   b=val[node.b], dims=dims, sa=st_a, sb=st_b)]
+
+
+def _fwd_reduce(b, i, spec, val):
+    ia = b.tape.nodes[i].a
+    return [launch("k_sum", 1, i, spec.name, out=val[i], a=val[ia], len=b.n(ia),
+                   is_mean=int(spec.name == "mean"))]
+
+
+def _fwd_matmul(b, i, spec, val):
+    node = b.tape.nodes[i]
+    (m, k), nn = b.shapes[node.a], b.shapes[i][1]
+    return [_matmul(b, i, val[i], val[node.a], val[node.b], 1, m, k, nn,
+                    (0, k, 1), (0, nn, 1), acc=False, what="matmul")]
+
+
+def _fwd_bmm(b, i, spec, val):
+    node = b.tape.nodes[i]
+    bt, m, k = b.shapes[node.a]
+    nn = b.shapes[i][2]
+    return [_matmul(b, i, val[i], val[node.a], val[node.b], bt, m, k, nn,
+                    (m * k, k, 1), (k * nn, nn, 1), acc=False, what="bmm")]
+
+
+def _fwd_transpose(b, i, spec, val):
+    sa = b.shapes[b.tape.nodes[i].a]
+    batch = int(np.prod(sa[:-2], dtype=np.int64))
+    m, nn = sa[-2], sa[-1]
+    # out[bt, j, i] = a[bt, i, j], walked in out order
+    return [_copy(b, i, val[i], val[b.tape.nodes[i].a], [batch, nn, m], [nn * m, m, 1],
+                  [m * nn, 1, nn], acc=False, what="transpose")]
+
+
+def _fwd_reshape(b, i, spec, val):
+    n = b.n(i)
+    return [_copy(b, i, val[i], val[b.tape.nodes[i].a], [n], [1], [1], acc=False,
+                  what="reshape")]
+
+
+def _fwd_softmax(b, i, spec, val):
+    node = b.tape.nodes[i]
+    outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
+    return [launch("k_softmax", outer * inner, i, "softmax", out=val[i], a=val[node.a],
+                   len=length, inner=inner)]
+
+
+def _fwd_slice(b, i, spec, val):
+    node = b.tape.nodes[i]
+    sa, shape = b.shapes[node.a], b.shapes[i]
+    st = row_major_strides(sa)
+    start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
+    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape), st,
+                  acc=False, what="slice")]
+
+
+def _fwd_concat(b, i, spec, val):
+    node = b.tape.nodes[i]
+    axis, shape = node.aux["axis"], b.shapes[i]
+    sa, sbb = b.shapes[node.a], b.shapes[node.b]
+    ost = row_major_strides(shape)
+    return [_copy(b, i, val[i], val[node.a], sa, ost, row_major_strides(sa), acc=False,
+                  what="concat a"),
+            _copy(b, i, val[i] + sa[axis] * ost[axis], val[node.b], sbb, ost,
+                  row_major_strides(sbb), acc=False, what="concat b")]
+
+
+_FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
+            "matmul": _fwd_matmul, "bmm": _fwd_bmm, "transpose": _fwd_transpose,
+            "reshape": _fwd_reshape, "softmax": _fwd_softmax, "slice": _fwd_slice,
+            "concat": _fwd_concat}
 
 
 def _axis_split(shape, axis):
@@ -349,108 +350,160 @@ def _copy(b, node, dst, src, dims, sd, ss, *, acc, what) -> Launch:
     n = int(np.prod(dims, dtype=np.int64))
     cdims, (csd, css) = collapse(dims, sd, ss)
     b.check_rank(cdims, node, what)
-    return Launch("k_copy_nd", (n, dst, src, int(acc), len(cdims), *cdims, *csd, *css), node, what)
+    return launch("k_copy_nd", n, node, what, dst=dst, src=src, acc=int(acc), dims=cdims,
+                  sd=csd, ss=css)
 
 
 def _matmul(b, node, c, a, bb, batch, m, k, n, sa, sb, *, acc, what) -> Launch:
     """C[bt] (=|+=) A[bt] @ B[bt] with A strides (batch, row, k), B strides (batch, k, col)."""
     scratch = b.need_scratch(k * HOST_MATMUL_STRIP)    # the host packs B strip by strip
-    return Launch("k_matmul", (batch * m * n, c, a, bb, batch, m, k, n, *sa, *sb, int(acc),
-                               scratch), node, what)
+    return launch("k_matmul", batch * m * n, node, what, c=c, a=a, b=bb, batch=batch, m=m,
+                  k=k, n=n, sab=sa[0], sai=sa[1], sak=sa[2], sbb=sb[0], sbk=sb[1], sbj=sb[2],
+                  acc=int(acc), scratch=scratch)
 
 
-# ── backward launches, op by op ───────────────────────────────────────────
+# ── backward launches, by the op's kind ───────────────────────────────────
 
 def _backward_node(b: _Builder, i: int, need_a: bool, need_b: bool, val, grad) -> list:
+    spec = OPS[b.tape.nodes[i].op]
+    lower = _BACKWARD.get(spec.kind)
+    if lower is None:
+        raise CaptureError(f"node {i}: op {spec.name!r} has no device backward kernel")
+    return lower(b, i, spec, need_a, need_b, val, grad)
+
+
+def _bwd_unary(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
-    op, ia, ib = node.op, node.a, node.b
-    g = grad[i]
-    shape, sa = b.shapes[i], b.shapes[ia]
+    return [launch(f"k_{spec.name}_bwd", b.n(node.a), i, f"{spec.name} backward",
+                   ga=grad[node.a], g=grad[i], a=val[node.a], t=val[i], s=node.s)]
+
+
+def _bwd_binary(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
     out = []
-    if op in UNARY_BACKWARD:
-        return [Launch(UNARY_BACKWARD[op], (b.n(ia), grad[ia], g, val[ia], val[i],
-                                            f64_bits(node.s)), i, f"{op} backward")]
-    if op in BINARY_BACKWARD:
-        for side, need, target in (("a", need_a, ia), ("b", need_b, ib)):
-            if not need:
-                continue
-            kernel, other = BINARY_BACKWARD[op][0 if side == "a" else 1]
-            other_id = {"a": ia, "b": ib, None: target}[other]
-            out.append(_reduce(b, i, kernel, grad[target], b.shapes[target], g, val[other_id],
-                               b.shapes[other_id], val[i], shape, f"{op} backward {side}"))
-        return out
-    if op in ("sum", "mean"):
-        return [Launch("k_sum_bwd", (b.n(ia), grad[ia], g, int(op == "mean")), i,
-                       f"{op} backward")]
-    if op == "matmul":
-        (m, k), nn = sa, shape[1]
-        if need_a:      # dA += G @ B^T: [m, nn] @ [nn, k], serial over nn
-            out.append(_matmul(b, i, grad[ia], g, val[ib], 1, m, nn, k, (0, nn, 1), (0, 1, nn),
-                               acc=True, what="matmul backward a"))
-        if need_b:      # dB += A^T @ G: [k, m] @ [m, nn], serial over m
-            out.append(_matmul(b, i, grad[ib], val[ia], g, 1, k, m, nn, (0, 1, k), (0, nn, 1),
-                               acc=True, what="matmul backward b"))
-        return out
-    if op == "bmm":
-        bt, m, k = sa
-        nn = shape[2]
-        if need_a:
-            out.append(_matmul(b, i, grad[ia], g, val[ib], bt, m, nn, k, (m * nn, nn, 1),
-                               (k * nn, 1, nn), acc=True, what="bmm backward a"))
-        if need_b:
-            out.append(_matmul(b, i, grad[ib], val[ia], g, bt, k, m, nn, (m * k, 1, k),
-                               (m * nn, nn, 1), acc=True, what="bmm backward b"))
-        return out
-    if op == "transpose":
-        batch = int(np.prod(sa[:-2], dtype=np.int64))
-        m, nn = sa[-2], sa[-1]
-        # ga[bt, i, j] += g[bt, j, i], walked in ga order
-        return [_copy(b, i, grad[ia], g, [batch, m, nn], [m * nn, nn, 1], [nn * m, 1, m],
-                      acc=True, what="transpose backward")]
-    if op == "softmax":
-        outer, length, inner = _axis_split(sa, node.aux["axis"])
-        return [Launch("k_softmax_bwd", (outer * inner, grad[ia], g, val[i], length, inner), i,
-                       "softmax backward")]
-    if op == "slice":
-        starts, stops = node.aux["starts"], node.aux["stops"]
-        nd = len(sa)
-        if nd > MAX_DIMS:
-            raise CaptureError(f"node {i} (slice backward): rank {nd} is more than the device "
-                               f"kernels handle ({MAX_DIMS})")
-        return [Launch("k_slice_bwd", (b.n(ia), grad[ia], g, nd, *sa, *starts, *stops,
-                                       *row_major_strides(shape)), i, "slice backward")]
-    if op == "concat":
-        axis = node.aux["axis"]
-        gst = row_major_strides(shape)
-        if need_a:
-            out.append(_copy(b, i, grad[ia], g, sa, row_major_strides(sa), gst, acc=True,
-                             what="concat backward a"))
-        if need_b:
-            sbb = b.shapes[ib]
-            out.append(_copy(b, i, grad[ib], g + sa[axis] * gst[axis], sbb,
-                             row_major_strides(sbb), gst, acc=True, what="concat backward b"))
-        return out
-    raise CaptureError(f"node {i}: op {op!r} has no device backward kernel")
+    for side, need, target in (("a", need_a, node.a), ("b", need_b, node.b)):
+        if need:
+            out.append(_reduce(b, i, f"k_{spec.name}_bwd_{side}", target, val, grad,
+                               f"{spec.name} backward {side}"))
+    return out
 
 
-def _reduce(b, node, kernel, ga, target_shape, g, o, other_shape, t, out_shape, what) -> Launch:
-    """One input's contribution, reduced to its shape (numerics.reduce_to_shape), added once."""
+def _bwd_reduce(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    return [launch("k_sum_bwd", b.n(ia), i, f"{spec.name} backward", ga=grad[ia], g=grad[i],
+                   is_mean=int(spec.name == "mean"))]
+
+
+def _bwd_matmul(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    ia, ib, g = node.a, node.b, grad[i]
+    (m, k), nn = b.shapes[ia], b.shapes[i][1]
+    out = []
+    if need_a:      # dA += G @ B^T: [m, nn] @ [nn, k], serial over nn
+        out.append(_matmul(b, i, grad[ia], g, val[ib], 1, m, nn, k, (0, nn, 1), (0, 1, nn),
+                           acc=True, what="matmul backward a"))
+    if need_b:      # dB += A^T @ G: [k, m] @ [m, nn], serial over m
+        out.append(_matmul(b, i, grad[ib], val[ia], g, 1, k, m, nn, (0, 1, k), (0, nn, 1),
+                           acc=True, what="matmul backward b"))
+    return out
+
+
+def _bwd_bmm(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    ia, ib, g = node.a, node.b, grad[i]
+    bt, m, k = b.shapes[ia]
+    nn = b.shapes[i][2]
+    out = []
+    if need_a:
+        out.append(_matmul(b, i, grad[ia], g, val[ib], bt, m, nn, k, (m * nn, nn, 1),
+                           (k * nn, 1, nn), acc=True, what="bmm backward a"))
+    if need_b:
+        out.append(_matmul(b, i, grad[ib], val[ia], g, bt, k, m, nn, (m * k, 1, k),
+                           (m * nn, nn, 1), acc=True, what="bmm backward b"))
+    return out
+
+
+def _bwd_transpose(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    sa = b.shapes[ia]
+    batch = int(np.prod(sa[:-2], dtype=np.int64))
+    m, nn = sa[-2], sa[-1]
+    # ga[bt, i, j] += g[bt, j, i], walked in ga order
+    return [_copy(b, i, grad[ia], grad[i], [batch, m, nn], [m * nn, nn, 1], [nn * m, 1, m],
+                  acc=True, what="transpose backward")]
+
+
+def _bwd_reshape(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    n = b.n(ia)         # ga = ga + g, element for element
+    return [_copy(b, i, grad[ia], grad[i], [n], [1], [1], acc=True, what="reshape backward")]
+
+
+def _bwd_softmax(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
+    return [launch("k_softmax_bwd", outer * inner, i, "softmax backward", ga=grad[node.a],
+                   g=grad[i], t=val[i], len=length, inner=inner)]
+
+
+def _bwd_slice(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    sa = b.shapes[node.a]
+    if len(sa) > MAX_DIMS:
+        raise CaptureError(f"node {i} (slice backward): rank {len(sa)} is more than the device "
+                           f"kernels handle ({MAX_DIMS})")
+    return [launch("k_slice_bwd", b.n(node.a), i, "slice backward", ga=grad[node.a],
+                   g=grad[i], dims=sa, starts=node.aux["starts"], stops=node.aux["stops"],
+                   gst=row_major_strides(b.shapes[i]))]
+
+
+def _bwd_concat(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    axis, g = node.aux["axis"], grad[i]
+    sa = b.shapes[node.a]
+    gst = row_major_strides(b.shapes[i])
+    out = []
+    if need_a:
+        out.append(_copy(b, i, grad[node.a], g, sa, row_major_strides(sa), gst, acc=True,
+                         what="concat backward a"))
+    if need_b:
+        sbb = b.shapes[node.b]
+        out.append(_copy(b, i, grad[node.b], g + sa[axis] * gst[axis], sbb,
+                         row_major_strides(sbb), gst, acc=True, what="concat backward b"))
+    return out
+
+
+_BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
+             "matmul": _bwd_matmul, "bmm": _bwd_bmm, "transpose": _bwd_transpose,
+             "reshape": _bwd_reshape, "softmax": _bwd_softmax, "slice": _bwd_slice,
+             "concat": _bwd_concat}
+
+
+def _reduce(b, node, kernel, target, val, grad, what) -> Launch:
+    """One input's contribution, reduced to its shape (numerics.reduce_to_shape), added once.
+
+    The kernel reads both inputs (xv, yv), the node's gradient (gv) and value (tv)."""
+    i = node
+    n_a, n_b = b.tape.nodes[i].a, b.tape.nodes[i].b
+    out_shape, target_shape = b.shapes[i], b.shapes[target]
     nd = len(out_shape)
     padded = (1,) * (nd - len(target_shape)) + tuple(target_shape)
     g_st = row_major_strides(out_shape)
-    o_st = aligned_strides(other_shape, out_shape)
+    a_st = aligned_strides(b.shapes[n_a], out_shape)
+    b_st = aligned_strides(b.shapes[n_b], out_shape)
     kept = [d for d in range(nd) if out_shape[d] > 1 and padded[d] == out_shape[d]]
     bcast = [d for d in range(nd) if out_shape[d] > 1 and padded[d] == 1]
-    kd, (kg, ko) = collapse([out_shape[d] for d in kept], [g_st[d] for d in kept],
-                            [o_st[d] for d in kept])
+    kd, (kg, ka, kb) = collapse([out_shape[d] for d in kept], [g_st[d] for d in kept],
+                                [a_st[d] for d in kept], [b_st[d] for d in kept])
     if bcast:
-        bd, (bg, bo) = collapse([out_shape[d] for d in bcast], [g_st[d] for d in bcast],
-                                [o_st[d] for d in bcast])
+        bd, (bg, ba, bb) = collapse([out_shape[d] for d in bcast], [g_st[d] for d in bcast],
+                                    [a_st[d] for d in bcast], [b_st[d] for d in bcast])
     else:
-        bd, bg, bo = [], [], []
+        bd, bg, ba, bb = [], [], [], []
     b.check_rank(kd, node, what)
     b.check_rank(bd, node, what)
     n = int(np.prod(target_shape, dtype=np.int64))
     scratch = b.need_scratch(n) if bd else b.scratch_off
-    return Launch(kernel, (n, ga, g, o, t, len(kd), *kd, *kg, *ko, len(bd), *bd, *bg, *bo,
-                           scratch), node, what)
+    return launch(kernel, n, node, what, ga=grad[target], g=grad[i], a=val[n_a], b=val[n_b],
+                  t=val[i], kd=kd, kg=kg, ka=ka, kb=kb, bd=bd, bg=bg, ba=ba, bb=bb,
+                  scratch=scratch)
