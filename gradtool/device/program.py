@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import GradtoolError
 from ..ops import infer_shape
+from ..tape import reach
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
 HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
@@ -196,22 +197,6 @@ class _Builder:
         if len(dims) > MAX_DIMS:
             raise CaptureError(f"node {node} ({what}): index space of rank {len(dims)} after "
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
-
-
-def reach(tape, loss: int) -> list:
-    """Which nodes the CPU backward walk touches (their gradient is not None)."""
-    nodes, requires = tape.nodes, tape.requires
-    reached = [False] * len(nodes)
-    reached[loss] = True
-    for i in range(loss, -1, -1):
-        node = nodes[i]
-        if not reached[i] or node.a < 0 or not requires[i]:
-            continue
-        if requires[node.a]:
-            reached[node.a] = True
-        if node.b >= 0 and requires[node.b]:
-            reached[node.b] = True
-    return reached
 
 
 def _check(tape, loss: int, dtype: str) -> None:
