@@ -237,7 +237,7 @@ class Body:
     grad:    chosen param node id -> its gradient slot ``gN``, or None where the
              loss does not depend on it (backward never reaches it)
     uses:    which of the arrays ``p``/``x`` the forward statements read
-    emitted: how many nodes the forward pass computes (the loss and its ancestors)
+    emitted: how many nodes the forward pass computes
     bound:   the bound expressions the forward statements read (a bound const
              the loss does not depend on is not emitted)
     """
@@ -250,36 +250,16 @@ class Body:
     bound: list
 
 
-def statements(tape: Tape, lay: Layout) -> Body:
-    """Forward and backward statements of ``lay.loss`` (see the module docstring)."""
+def statements(tape: Tape, lay: Layout, loss_value: bool = True) -> Body:
+    """Forward and backward statements of ``lay.loss`` (see the module docstring).
+
+    With ``loss_value=False`` (a function that does not return the loss) the forward
+    pass computes only the values the backward statements read, and what those need.
+    """
     nodes, li = tape.nodes, lay.loss
     anc = ancestors(tape, li)
     p_index = {i: j for j, i in enumerate(lay.params)}
     x_index = {i: k for k, i in enumerate(lay.data)}
-    forward = ["    /* forward, tape order */"]
-    uses, bound = set(), []
-    for i in range(li + 1):
-        if not anc[i]:
-            continue
-        node = nodes[i]
-        if i in p_index:
-            uses.add("p")
-            forward.append(f"    double t{i} = p[{p_index[i]}];  /* param {leaf_label(tape, i)} */")
-        elif i in lay.binds:
-            bound.append(lay.binds[i])
-            forward.append(f"    double t{i} = ({lay.binds[i]});  "
-                           f"/* const {leaf_label(tape, i)}, bound */")
-        elif i in x_index:
-            uses.add("x")
-            forward.append(f"    double t{i} = x[{x_index[i]}];  /* const {leaf_label(tape, i)} */")
-        elif i in lay.frozen:
-            forward.append(f"    double t{i} = {lay.frozen[i]};  "
-                           f"/* {node.op} {leaf_label(tape, i)}, frozen */")
-        else:
-            b = f"t{node.b}" if node.b >= 0 else None
-            expr = rule(node.op).forward(f"t{node.a}", b, c_double(node.s))
-            forward.append(f"    double t{i} = {expr};")
-
     requires = requires_wrt(tape, lay.params)
     reached = reach(tape, li, requires)
     backward = []
@@ -302,8 +282,45 @@ def statements(tape: Tape, lay: Layout) -> Body:
             else:
                 declared.add(dst)
                 backward.append(f"    double g{dst} = GT_ADD(0.0, {c});")
+
+    if loss_value:
+        live = anc
+        forward = ["    /* forward, tape order */"]
+    else:
+        live = [False] * (li + 1)
+        for m in re.findall(r"\bt([0-9]+)\b", "\n".join(backward)):
+            live[int(m)] = True
+        for i in range(li, -1, -1):
+            if live[i] and nodes[i].a >= 0:
+                live[nodes[i].a] = True
+                if nodes[i].b >= 0:
+                    live[nodes[i].b] = True
+        forward = ["    /* forward, tape order: the values the gradient reads */"]
+    uses, bound = set(), []
+    for i in range(li + 1):
+        if not live[i]:
+            continue
+        node = nodes[i]
+        if i in p_index:
+            uses.add("p")
+            forward.append(f"    double t{i} = p[{p_index[i]}];  /* param {leaf_label(tape, i)} */")
+        elif i in lay.binds:
+            bound.append(lay.binds[i])
+            forward.append(f"    double t{i} = ({lay.binds[i]});  "
+                           f"/* const {leaf_label(tape, i)}, bound */")
+        elif i in x_index:
+            uses.add("x")
+            forward.append(f"    double t{i} = x[{x_index[i]}];  /* const {leaf_label(tape, i)} */")
+        elif i in lay.frozen:
+            forward.append(f"    double t{i} = {lay.frozen[i]};  "
+                           f"/* {node.op} {leaf_label(tape, i)}, frozen */")
+        else:
+            b = f"t{node.b}" if node.b >= 0 else None
+            expr = rule(node.op).forward(f"t{node.a}", b, c_double(node.s))
+            forward.append(f"    double t{i} = {expr};")
+
     grad = {i: (f"g{i}" if i in declared else None) for i in lay.params}
-    return Body(forward, backward, grad, uses, sum(anc), bound)
+    return Body(forward, backward, grad, uses, sum(live), bound)
 
 
 def leaf_table(tape: Tape, lay: Layout, data_title: Optional[str] = None) -> list:
@@ -329,12 +346,13 @@ def leaf_table(tape: Tape, lay: Layout, data_title: Optional[str] = None) -> lis
     return lines
 
 
-def tape_lines(tape: Tape, lay: Layout, source, emitted: int) -> list:
+def tape_lines(tape: Tape, lay: Layout, source, emitted: int,
+               which: str = "the loss and its ancestors") -> list:
     """The header comment's source and tape-summary lines."""
     return [
         f" * Source: {comment_text(source) if source else '(in-memory tape)'}",
         f" * Tape: {len(tape.nodes)} nodes; loss = node {lay.loss} ({tape.nodes[lay.loss].op}); "
-        f"{emitted} nodes emitted (the loss and its ancestors).",
+        f"{emitted} nodes emitted ({which}).",
     ]
 
 
