@@ -16,7 +16,8 @@ Leaves (:func:`layout`):
   (:func:`.render.c_double`: a C99 hex float, or the bits of an inf/NaN).
 
 Statements (:func:`statements`): ``double tN = <forward>;`` for the loss and
-its ancestors in tape order, then the backward walk of
+its ancestors in tape order (for a function that returns no loss, only the
+values the gradient reads), then the backward walk of
 :meth:`gradtool.tape.Tape.backward` restricted to the chosen params
 (:func:`gradtool.tape.requires_wrt`, :func:`gradtool.tape.reach`): the loss
 seeded with 1.0, nodes in reverse id order, each contribution added into
