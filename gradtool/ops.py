@@ -49,7 +49,7 @@ backward(g, a, b, t, s, attrs, need_a, need_b) -> (ca, cb)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np

@@ -250,6 +250,9 @@ class Tape:
         if v.id < 0:
             raise TapeError(f"{role}: this GVar is poisoned (the op that returned it failed"
                             + (f": {self.error})" if self.error else "; see tape.error then)"))
+        if v.serial < 0:
+            raise TapeError(f"{role}: GVar {v.id} was not made by this tape (build handles with "
+                            f"tape.var(id), not GVar(tape, id))")
         if v.id >= len(self.nodes) or self.serials[v.id] != v.serial:
             now = ("another node has its id now" if v.id < len(self.nodes)
                    else f"the tape has {len(self.nodes)} nodes")
@@ -628,6 +631,48 @@ for _spec in OPS.values():
     if _spec.arity:
         setattr(Tape, _spec.name, _op_method(_spec))
 del _spec
+
+
+# ── what backward reaches ──────────────────────────────────────────────────
+
+def requires_wrt(tape: Tape, wrt) -> list:
+    """``tape.requires`` as if only the params ``wrt`` (node ids) were params.
+
+    A node requires a gradient when one of the chosen params is among its
+    ancestors (a chosen param requires one itself).  With every param chosen
+    this equals ``tape.requires``.
+    """
+    chosen = set(wrt)
+    req = []
+    for i, node in enumerate(tape.nodes):
+        if node.a < 0:
+            req.append(i in chosen)
+        else:
+            req.append(req[node.a] or (node.b >= 0 and req[node.b]))
+    return req
+
+
+def reach(tape: Tape, loss: int, requires: Optional[Sequence[bool]] = None) -> list:
+    """Which nodes the backward walk from ``loss`` touches (their gradient is not None).
+
+    The loss itself, and every input of a touched node that requires a
+    gradient: ``requires`` (default ``tape.requires``; see
+    :func:`requires_wrt` for a chosen subset of params).  This is the set the
+    CPU walk, the device program and the emitter all give gradient slots.
+    """
+    nodes = tape.nodes
+    requires = tape.requires if requires is None else requires
+    reached = [False] * len(nodes)
+    reached[loss] = True
+    for i in range(loss, -1, -1):
+        node = nodes[i]
+        if not reached[i] or node.a < 0 or not requires[i]:
+            continue
+        if requires[node.a]:
+            reached[node.a] = True
+        if node.b >= 0 and requires[node.b]:
+            reached[node.b] = True
+    return reached
 
 
 def _scalar(s, what) -> float:

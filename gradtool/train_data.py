@@ -139,6 +139,54 @@ def epoch_order(seed: int, epoch: int, count: int, shuffle: bool) -> np.ndarray:
     return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(count)
 
 
+# ── the gradient summed over a dataset ────────────────────────────────────
+
+@dataclass
+class GradientSum:
+    """``loss``: the serial sum of the batch losses; ``grads``: param node id -> the
+    serial sum of its batch gradients; ``batches``/``examples``: how many were replayed."""
+
+    loss: float
+    grads: dict
+    batches: int
+    examples: int
+
+
+def gradient_sum(tape, loss, data: Dataset, slots) -> GradientSum:
+    """Replay ``data`` one batch at a time, in example order, and sum the results.
+
+    Each batch (the slots' leading dim; one example for a scalar tape) is
+    written into the input slots, the tape is replayed forward and backward
+    from ``loss``, and every param's gradient is added into its sum as
+    ``acc = acc + g`` (each sum starting at +0.0; an untouched param adds
+    zeros), the loss likewise: the order a worker that calls
+    ``swarm_g_add(g, j, val)`` once per example and param accumulates in.
+    Every example must be used: a count that is not a multiple of the batch
+    is a DataError, not a silently dropped remainder.  With no slots, every
+    one of ``data.count`` batches replays the recorded leaves.
+    """
+    batch = batch_size(slots) if slots else 1
+    n = require_batches(data, batch, "DATA")
+    if data.count % batch:
+        raise DataError(f"{data.source}: {data.count} examples are not a whole number of "
+                        f"batches of {batch} (the input slots' leading dim)")
+    params = tape.params()
+    sums = {p.id: np.zeros(tape.values[p.id].shape) for p in params}
+    total = 0.0
+    for k in range(n):
+        rows = slice(k * batch, (k + 1) * batch)
+        for s in slots:
+            tape.set_value(tape.var(s.node_id), data.arrays[s.name][rows])
+        tape.forward()
+        tape.zero_grad()
+        tape.backward(loss)
+        total = total + float(tape.values[loss.id].reshape(-1)[0])
+        with np.errstate(all="ignore"):          # inf + -inf = nan, as in C
+            for p in params:
+                np.add(sums[p.id], tape.grad(p), out=sums[p.id])
+    return GradientSum(total, sums, n, n * batch)
+
+
 # ── --accuracy OUTPUT:TARGET ───────────────────────────────────────────────
 
 @dataclass(frozen=True)

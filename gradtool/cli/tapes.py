@@ -21,6 +21,7 @@ from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
 from ..ops import format_shape
 from ..tapefile import TapeFile
+from ..train_data import gradient_sum, input_slots, load_dataset
 from .common import CheckFailed, load_tape, output_file_not_stdout
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
@@ -234,28 +235,43 @@ def to_dot(tf: TapeFile) -> str:
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "
                    "replay; exit 1 naming the first node that differs.")
-def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) -> None:
+@click.option("--data", "data_path", metavar="DATA.npz",
+              help="Sum over a dataset instead: one array per input slot (as for train); "
+                   "replay each batch in order and add its loss and gradients into running "
+                   "sums starting at 0.0 (the order of one swarm_g_add per example).")
+def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
+             data_path: str) -> None:
     """Replay the forward pass from the leaves, run backward, print the loss and every
-    parameter's gradient."""
+    parameter's gradient (with --data: their sums over the dataset's examples)."""
     tf = load_tape(tape)
     verified = verify_recorded(tf) if verify else None
     t = tf.tape
-    t.zero_grad()
-    t.backward(tf.loss)
-    loss = float(t.values[tf.loss.id].reshape(-1)[0])
-    grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
+    summed = None
+    if data_path is not None:
+        slots = input_slots(t)
+        summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots), slots)
+        loss = summed.loss
+        grads = [(p.id, t.nodes[p.id].name, summed.grads[p.id]) for p in t.params()]
+    else:
+        t.zero_grad()
+        t.backward(tf.loss)
+        loss = float(t.values[tf.loss.id].reshape(-1)[0])
+        grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
         write_npz(output, _npz_arrays(grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
-        _emit_json({"loss": num(loss),
+        counts = {} if summed is None else {"batches": summed.batches,
+                                            "examples": summed.examples}
+        _emit_json({"loss": num(loss), **counts,
                     "params": [{"id": i, "name": name, "shape": list(g.shape),
                                 "grad": [num(x) for x in g.reshape(-1).tolist()]}
                                for i, name, g in grads]})
         return
     exact = float.hex if as_hex else repr
     show = float.hex if as_hex else (lambda x: f"{x:.6g}")
-    lines = [f"loss = {exact(loss)}  (node {tf.loss.id}, {t.nodes[tf.loss.id].op})"]
+    what = "loss" if summed is None else f"sum of {summed.batches} batch losses"
+    lines = [f"{what} = {exact(loss)}  (node {tf.loss.id}, {t.nodes[tf.loss.id].op})"]
     if verified is not None:
         lines.append(f"verify: {verified} recorded values match the replay bit for bit")
     rows = []

@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from ..ops import OPS, infer_shape
+from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
 
@@ -79,11 +80,11 @@ class Program:
         meta, table, ranges = [], [], {}
         for ph in PHASES:
             start = len(table) // 2
-            for launch in self.launches[ph]:
-                if launch.kernel not in kernel_index:
-                    raise CaptureError(f"kernel {launch.kernel} is missing from the kernel file")
-                table += [kernel_index[launch.kernel], len(meta)]
-                meta += list(launch.meta)
+            for ln in self.launches[ph]:
+                if ln.kernel not in kernel_index:
+                    raise CaptureError(f"kernel {ln.kernel} is missing from the kernel file")
+                table += [kernel_index[ln.kernel], len(meta)]
+                meta += list(ln.meta)
             ranges[ph] = (start, len(table) // 2)
         return (np.array(meta or [0], dtype=np.int64), np.array(table or [0, 0], dtype=np.int64),
                 ranges)
@@ -156,22 +157,6 @@ class _Builder:
         if len(dims) > MAX_DIMS:
             raise CaptureError(f"node {node} ({what}): index space of rank {len(dims)} after "
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
-
-
-def reach(tape, loss: int) -> list:
-    """Which nodes the CPU backward walk touches (their gradient is not None)."""
-    nodes, requires = tape.nodes, tape.requires
-    reached = [False] * len(nodes)
-    reached[loss] = True
-    for i in range(loss, -1, -1):
-        node = nodes[i]
-        if not reached[i] or node.a < 0 or not requires[i]:
-            continue
-        if requires[node.a]:
-            reached[node.a] = True
-        if node.b >= 0 and requires[node.b]:
-            reached[node.b] = True
-    return reached
 
 
 def _check(tape, loss: int, dtype: str) -> None:
