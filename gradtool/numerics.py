@@ -29,6 +29,9 @@ matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j
 bmm               the matmul order in every batch slice
 axis sum          the serial sum along one axis, other indices fixed
 broadcast reduce  see :func:`reduce_to_shape`
+shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc / S``
+                  per element, over the S shards of a minibatch in shard order
+                  (see :func:`shard_mean`)
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from . import fdlibm, native
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
-    "softmax", "softmax_backward",
+    "softmax", "softmax_backward", "shard_mean", "shard_accumulate", "shard_divide",
 ]
 
 exp = fdlibm.exp
@@ -208,3 +211,34 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
 def softmax_backward(g: np.ndarray, t: np.ndarray, axis: int) -> np.ndarray:
     """``t * (g - serial_sum_axis(g * t))`` with t the softmax output."""
     return t * (g - serial_sum_axis(g * t, axis))
+
+
+def shard_mean(parts) -> np.ndarray:
+    """The mean of S equally shaped shard results (gradients, losses), in shard order.
+
+    Per element: ``acc = x[0]; acc = acc + x[1]; ...; acc = acc + x[S-1]``, then
+    ``acc / S`` (one rounded division).  The sum starts from the FIRST shard (no 0.0
+    seed), so with S = 1 the result is ``x[0] / 1``, which is ``x[0]`` bit for bit
+    (signed zeros and infinities included): one shard is plain training.
+
+    The order depends only on S, never on who computes which shard: data-parallel
+    training (:mod:`gradtool.train_distributed`) splits this same left fold across
+    ranks with :func:`shard_accumulate` (a rank continues the fold it receives) and
+    :func:`shard_divide`.
+    """
+    parts = list(parts)
+    acc = np.array(parts[0], dtype=np.float64, copy=True)
+    for x in parts[1:]:
+        shard_accumulate(acc, x)
+    return shard_divide(acc, len(parts))
+
+
+def shard_accumulate(acc: np.ndarray, x: np.ndarray) -> None:
+    """One step of :func:`shard_mean`'s fold, in place: ``acc = acc + x`` per element."""
+    np.add(acc, x, out=acc)
+
+
+def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
+    """The last step of :func:`shard_mean`, in place: ``acc = acc / S``; returns acc."""
+    np.divide(acc, float(shards), out=acc)
+    return acc
