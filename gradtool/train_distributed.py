@@ -66,6 +66,7 @@ FORWARDED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIG
 
 HEAD = 4               # per-step message header: loss, correct rows, stop signal, updated
 CHUNK = 1 << 17        # values per message (1 MiB): the chains are pipelined in these
+LOST_GRACE = 3.0       # seconds a rank that lost a peer waits for the launcher to stop it
 
 TAG_START, TAG_VERDICT, TAG_GRAD, TAG_PARAMS, TAG_VAL, TAG_AGREE = 11, 12, 21, 22, 31, 41
 
@@ -195,7 +196,7 @@ class SingleWorld:
 class MpiWorld:
     """The ranks of ``MPI.COMM_WORLD``, point to point, every wait bounded by ``timeout``.
 
-    Waits poll ``Test`` (spinning briefly, then sleeping up to 1 ms between polls), so a
+    Waits poll ``Test`` (spinning briefly, then sleeping up to 50 us between polls), so a
     rank waiting for another leaves the CPU to the ranks still computing, and gives up
     after ``timeout`` seconds with a :class:`RankFailure` naming the rank it waited for.
     """
@@ -211,19 +212,31 @@ class MpiWorld:
     # ── buffers (numpy float64, contiguous) ────────────────────────────────
     def isend(self, buf: np.ndarray, dest: int, tag: int):
         self.bytes_sent += buf.nbytes
-        return self.comm.Isend(buf, dest, tag)
+        return self._call(lambda: self.comm.Isend(buf, dest, tag), dest, "sending")
 
     def irecv(self, buf: np.ndarray, source: int, tag: int):
-        return self.comm.Irecv(buf, source, tag)
+        return self._call(lambda: self.comm.Irecv(buf, source, tag), source, "receiving")
 
     def wait(self, request, peer: int, what: str) -> None:
         self._poll(request.Test, peer, what)
 
+    def _call(self, fn: Callable, peer: int, what: str):
+        """``fn()``; an MPI error (MPICH reports a dead peer so) ends the job."""
+        try:
+            return fn()
+        except self.MPI.Exception as exc:
+            # the launcher is stopping the job: a rank's supervisor is saying why (one
+            # line); speak only if nobody stops this rank within LOST_GRACE seconds
+            time.sleep(LOST_GRACE)
+            short = " ".join(str(exc).split(", error stack")[0].split())
+            raise RankFailure(f"lost rank {peer} ({what}): MPI error: {short}; the job "
+                              f"stops") from None
+
     def _poll(self, ready: Callable[[], bool], peer: int, what: str) -> None:
-        if ready():
+        if self._call(ready, peer, what):
             return
         spins, delay, deadline = 0, 2e-5, time.monotonic() + self.timeout
-        while not ready():
+        while not self._call(ready, peer, what):
             spins += 1
             if spins < 64:
                 continue
@@ -233,7 +246,7 @@ class MpiWorld:
                                   f"validation or checkpoint that takes longer needs a "
                                   f"larger --timeout)")
             time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+            delay = min(delay * 2, 5e-5)
 
     # ── small Python objects (pickled) ─────────────────────────────────────
     def send_obj(self, obj, dest: int, tag: int, what: str) -> None:
@@ -242,7 +255,7 @@ class MpiWorld:
 
     def recv_obj(self, source: int, tag: int, what: str):
         self._poll(lambda: self.comm.Iprobe(source, tag), source, what)
-        return self.comm.recv(source=source, tag=tag)
+        return self._call(lambda: self.comm.recv(source=source, tag=tag), source, what)
 
     def gather_obj(self, obj, tag: int, what: str):
         """Every rank's ``obj``, in rank order, on rank 0 (None elsewhere)."""
@@ -512,7 +525,7 @@ class DataParallel:
             if r < last:
                 sends.append((w.isend(self.out[lo:hi], r + 1, TAG_PARAMS), r + 1))
         for request, peer in sends:
-            w.wait(request, peer, f"sending {what}")
+            w.wait(request, peer, f"delivering {what}'s messages")
         loss, correct, stop, updated = self.out[:HEAD]
         if updated:
             if r > 0:
