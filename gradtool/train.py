@@ -184,8 +184,9 @@ class Trainer:
             raise TrainError(f"{self.source}: optimizer 'position' must be a map")
         self.settings = Precedence(options, meta)
         # a saved file without "shards" in its position was trained with one shard
-        self.shards = int(self.settings.pick("shards", position.get(
-            "shards", 1 if self.saved is not None else None)))
+        saved_shards = (position_int(position, "shards", self.source, minimum=1)
+                        if "shards" in position else 1 if self.saved is not None else None)
+        self.shards = self.settings.pick("shards", saved_shards)
         self._load_data(data_path, meta)
         accuracy = self.settings.pick("accuracy")
         self.acc: Optional[AccuracySpec] = (parse_accuracy(accuracy, tf.outputs, self.slots,

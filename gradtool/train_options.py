@@ -129,9 +129,9 @@ class Precedence:
         return DEFAULTS[key]
 
 
-def position_int(position: dict, key: str, source: str) -> int:
-    value = position.get(key, 0)
-    if not _is_int(value) or value < 0:
-        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer >= 0, "
-                         f"got {value!r}")
+def position_int(position: dict, key: str, source: str, minimum: int = 0) -> int:
+    value = position.get(key, minimum)
+    if not _is_int(value) or value < minimum:
+        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer "
+                         f">= {minimum}, got {value!r}")
     return value

@@ -101,6 +101,13 @@ def test_shard_errors_and_resume_rules(tmp_path):
     assert r.exit_code == 2 and "continue with --shards 2" in r.stderr.splitlines()[-1]
     r = run("train", part, "--data", DIGITS_DATA, "--epochs", 1)    # its own 2 shards
     assert r.exit_code == 0 and "2 shards of 32 rows" in r.stderr
+    # a saved "shards" that is not a count is refused like any bad position field
+    tf = load(part)
+    tf.optimizer["position"]["shards"] = 0
+    tf.tape.save(tmp_path / "bad.msgpack", loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
+                 optimizer=tf.optimizer)
+    r = run("train", tmp_path / "bad.msgpack", "--data", DIGITS_DATA)
+    assert r.exit_code == 2 and "'shards' must be an integer >= 1, got 0" in r.stderr
 
 
 def test_a_nonfinite_shard_stops_the_step_like_a_nonfinite_batch(tmp_path):
