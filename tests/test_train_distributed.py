@@ -252,6 +252,8 @@ def test_a_mismatched_tape_or_missing_data_is_refused_in_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.splitlines() == ["gradtool: --shards 3 cannot be shared by 2 ranks: the "
                                      "number of ranks must divide the number of shards"]
+    p = mpirun(2, "train", DIGITS, "--data", DIGITS_DATA, "--shards", 0)   # usage: rank 0 says it
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--shards" in p.stderr
 
 
 def _ppid(pid):
