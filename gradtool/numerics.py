@@ -33,6 +33,9 @@ softmax           along an axis: ``e = exp(x - max); y = e / axis_sum(e)``; back
                   ``t * (g - axis_sum(g * t))`` (the elementwise parts are expressions
                   in the op table, :mod:`gradtool.ops`)
 elementwise ops   one expression per rule in the op table, each node one rounding
+shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc / S``
+                  per element, over the S shards of a minibatch in shard order
+                  (see :func:`shard_mean`)
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from . import fdlibm, native
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1",
+    "shard_mean", "shard_accumulate", "shard_divide",
 ]
 
 exp = fdlibm.exp
@@ -182,3 +186,33 @@ def _native_kernels():
         _NATIVE_STATE.append(lib)
     return _NATIVE_STATE[0]
 
+
+def shard_mean(parts) -> np.ndarray:
+    """The mean of S equally shaped shard results (gradients, losses), in shard order.
+
+    Per element: ``acc = x[0]; acc = acc + x[1]; ...; acc = acc + x[S-1]``, then
+    ``acc / S`` (one rounded division).  The sum starts from the FIRST shard (no 0.0
+    seed), so with S = 1 the result is ``x[0] / 1``, which is ``x[0]`` bit for bit
+    (signed zeros and infinities included): one shard is plain training.
+
+    The order depends only on S, never on who computes which shard: data-parallel
+    training (:mod:`gradtool.train_distributed`) splits this same left fold across
+    ranks with :func:`shard_accumulate` (a rank continues the fold it receives) and
+    :func:`shard_divide`.
+    """
+    parts = list(parts)
+    acc = np.array(parts[0], dtype=np.float64, copy=True)
+    for x in parts[1:]:
+        shard_accumulate(acc, x)
+    return shard_divide(acc, len(parts))
+
+
+def shard_accumulate(acc: np.ndarray, x: np.ndarray) -> None:
+    """One step of :func:`shard_mean`'s fold, in place: ``acc = acc + x`` per element."""
+    np.add(acc, x, out=acc)
+
+
+def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
+    """The last step of :func:`shard_mean`, in place: ``acc = acc / S``; returns acc."""
+    np.divide(acc, float(shards), out=acc)
+    return acc

@@ -124,11 +124,12 @@ def split_validation(data: Dataset, fraction: float) -> tuple:
     return data.take(0, data.count - n_val), data.take(data.count - n_val, data.count)
 
 
-def require_batches(data: Dataset, batch: int, what: str) -> int:
+def require_batches(data: Dataset, batch: int, what: str,
+                    unit: str = "the input slots' leading dim") -> int:
     """The number of full batches in ``data``; at least one, or a clear error."""
     if data.count < batch:
         raise DataError(f"{data.source}: {what} has {data.count} examples, fewer than one "
-                        f"batch of {batch} (the input slots' leading dim)")
+                        f"batch of {batch} ({unit})")
     return data.count // batch
 
 

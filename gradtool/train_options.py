@@ -16,7 +16,8 @@ from .fileio import check_writable
 from .optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
-            "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None}
+            "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None,
+            "shards": 1}
 META_KEYS = tuple(DEFAULTS)
 
 
@@ -44,6 +45,7 @@ class TrainOptions:
     log: Optional[str] = None
     backend: str = "cpu"
     plot: Optional[str] = None
+    shards: Optional[int] = None      # S shards per minibatch (gradtool.train_distributed)
 
 
 def _is_int(x) -> bool:
@@ -67,6 +69,7 @@ _CHECKS = {
     "val": (lambda x: isinstance(x, str) and x, "a file name"),
     "accuracy": (lambda x: isinstance(x, str) and x, "'OUTPUT:TARGET'"),
     "every": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+    "shards": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
 }
 
 
@@ -93,15 +96,18 @@ def meta_defaults(meta: dict, source: str) -> dict:
     return dict(train)
 
 
-def check_options(options: TrainOptions) -> None:
-    """Reject bad or conflicting options before anything is loaded."""
+def check_options(options: TrainOptions, outputs: bool = True) -> None:
+    """Reject bad or conflicting options before anything is loaded.  ``outputs=False``
+    (a data-parallel rank other than 0, which writes nothing) skips checking that the
+    output files can be written."""
     for key in _CHECKS:
         _check(key, getattr(options, key, None), "--" + key.replace("_", "-"))
     if options.every is not None and not options.save:
         raise TrainError("--every needs --save (the file checkpoints are written to)")
     if options.val is not None and options.val_split is not None:
         raise TrainError("give --val or --val-split, not both")
-    for flag, path in (("--save", options.save), ("--plot", options.plot), ("--log", options.log)):
+    written = (("--save", options.save), ("--plot", options.plot), ("--log", options.log))
+    for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep
         if path is not None:
             try:
@@ -123,9 +129,9 @@ class Precedence:
         return DEFAULTS[key]
 
 
-def position_int(position: dict, key: str, source: str) -> int:
-    value = position.get(key, 0)
-    if not _is_int(value) or value < 0:
-        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer >= 0, "
-                         f"got {value!r}")
+def position_int(position: dict, key: str, source: str, minimum: int = 0) -> int:
+    value = position.get(key, minimum)
+    if not _is_int(value) or value < minimum:
+        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer "
+                         f">= {minimum}, got {value!r}")
     return value

@@ -222,6 +222,16 @@ class DeviceEngine:
         self.replay.forward()
         return self.replay.loss()
 
+    def forward_backward(self) -> float:
+        return self.replay.episode(train=False)
+
+    def grad(self, node_id: int) -> np.ndarray:
+        return self.replay.grad(node_id)
+
+    def params_from_tape(self) -> None:
+        for i in self.replay.program.param_ids:
+            self.replay.set_input(i, self.tape.values[i])
+
     def output(self, node_id: int) -> np.ndarray:
         return self.replay.value(node_id)
 
