@@ -56,7 +56,7 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
-from .expr import (G, S, T, X, Y, Expr, Sym, abs_, evaluate, exp, log, ne, select, sqrt,
+from .expr import (G, S, T, X, Y, Expr, Sym, abs_, evaluate, exp, log, select, sqrt,
                    substitute, tanh)
 
 LEAF_OPS = ("param", "const")
@@ -423,8 +423,8 @@ unary("exp", "exp(a)", exp(X), G * T)
 unary("log", "natural log", log(X), G / X, domain="positive")
 unary("sqrt", "square root (correctly rounded)", sqrt(X), G / (2.0 * T), domain="positive")
 # |x| (exact; abs(-0.0) = +0.0); the gradient is g * sign(x): g where x > 0, -g where
-# x < 0, +0.0 at +-0.0, and NaN at a NaN
-unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, select(ne(X, X), X, 0.0))))
+# x < 0, +0.0 elsewhere (at +-0.0, and at a NaN, as relu and PyTorch do)
+unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, 0.0)))
 # a where a >= b, b where a < b, and NaN when either is NaN (neither comparison holds;
 # x + y is then a NaN); ties (+0.0 against -0.0 too) give a.  The gradient goes to a
 # where a >= b, else to b: on a tie all of it to a; when either is NaN all of it to b

@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from click.testing import CliRunner
 
 import gradtool as gt
+from gradtool.cli import main
 from gradtool.ops import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +86,19 @@ def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return tp, out, tp.mul(out, w)
     w = tp.const(rng.uniform(0.5, 1.5, tp.value(out).shape))
     return tp, out, tp.sum(tp.mul(out, w))
+
+
+def run(*args, input=None):
+    """The gradtool command line, in process: ``run("inspect", path)``."""
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(result, status, *needles):
+    """Exit ``status`` with ONE stderr line ``gradtool: ...`` holding every needle."""
+    assert result.exit_code == status, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradtool: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

@@ -35,7 +35,7 @@
     X(k_exp_bwd, R_MUL(gv, tv)) \
     X(k_log_bwd, R_DIV(gv, xv)) \
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
-    X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((xv != xv) ? xv : ((gt_real)0x0p+0))))) \
+    X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
     /* end */
 
 /* broadcasting binary ops: X(forward kernel, out from xv, yv) */
