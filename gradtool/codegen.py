@@ -178,7 +178,9 @@ def schema() -> dict:
         text = f"{'/'.join(ops)}: {' / '.join(docs)}."
         optional = [op for op in ops if op not in attr_required[aname]]
         if optional:
-            text += f" Optional on {'/'.join(optional)} (absent: {at.default})."
+            absent = {json.dumps(a.default) for op in optional for a in OPS[op].attrs
+                      if a.name == aname}
+            text += f" Optional on {'/'.join(optional)}: absent means {'/'.join(sorted(absent))}."
         props[aname] = dict(base, description=text)
     props["value"] = {"$ref": "#/$defs/float64Bytes",
                       "description": "Optional on op nodes: the value recorded at write time "

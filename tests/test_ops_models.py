@@ -521,3 +521,43 @@ def test_the_oracle_covers_every_new_op():
         ops |= {n.op for n in tp.nodes}
     assert {"sum", "mean", "max", "abs", "maximum", "log_softmax", "take", "take_along",
             "bmm"} <= ops
+
+
+# ── one graph of every new op: float32 replay, fd-check from the command line ──
+
+def models_tape(rng):
+    tp = gt.Tape()
+    table = tp.param(rng.uniform(-1, 1, (6, 4)), name="table")
+    ids = tp.const(rng.integers(0, 6, (2, 3)), name="tokens", dtype="i64")
+    h = tp.take(table, ids)                                               # [2, 3, 4]
+    w = tp.param(rng.uniform(-1, 1, (1, 4, 5)), name="w")
+    z = tp.bmm(tp.abs(h), w)                                              # [2, 3, 5]
+    z = tp.maximum(z, tp.param(rng.uniform(-0.5, 0.5, (5,)), name="floor"))
+    n = tp.div(z, tp.adds(tp.mean(tp.mul(z, z), axis=-1, keepdims=True), 1.0))
+    lp = tp.log_softmax(tp.sub(n, tp.max(n, axis=1, keepdims=True)), axis=2)
+    target = tp.const(rng.integers(0, 5, (2, 3, 1)), name="target", dtype="i64")
+    return tp, tp.neg(tp.sum(tp.take_along(lp, target, axis=2), axis=None))
+
+
+def test_float32_replay_of_every_new_op_is_within_the_bound():
+    require_c_compiler()
+    from gradtool.device.engine import F32_BOUND, relative_error
+    tp, loss = models_tape(np.random.default_rng(9))
+    grads = backward_grads(tp, loss)
+    rp = capture(tp, loss, "host", "f32")
+    rp.forward()
+    rp.backward()
+    assert relative_error(rp.loss(), tp.values[loss.id]) <= F32_BOUND
+    for pid, g in grads.items():
+        assert relative_error(rp.grad(pid), g) <= F32_BOUND, pid
+    assert relative_error(rp.grad(0), grads[0]) > 0.0       # really float32
+
+
+def test_fd_check_command_on_every_new_op(tmp_path):
+    tp, loss = models_tape(np.random.default_rng(10))
+    path = tmp_path / "models.msgpack"
+    tp.save(path, loss=loss)
+    result = run("fd-check", path)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert {n.op for n in tp.nodes} >= {"take", "bmm", "abs", "maximum", "mean", "max",
+                                         "log_softmax", "take_along", "sum"}
