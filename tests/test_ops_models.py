@@ -338,6 +338,26 @@ def test_device_set_input_checks_ids_and_rebuilds_the_take_index():
     assert want[:, 0].tolist() == [1.0, 3.0, 0.0]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_unchecked_id_in_the_arena_reads_a_nan_row_never_out_of_bounds(variant):
+    """Every entry point checks ids; should one reach a kernel anyway (written into the
+    arena directly), the gather yields NaN instead of reading outside the table."""
+    require_c_compiler()
+    tp = gt.Tape()
+    table = tp.param(np.arange(6.0).reshape(3, 2))
+    tokens = tp.const(np.array([0, 2, 1, 0]), dtype="i64")
+    y = tp.take(table, tokens)
+    a = tp.param(np.ones((3, 2)))
+    z = tp.take_along(a, tp.const(np.array([[1], [0], [1]]), dtype="i64"), axis=1)
+    rp = capture(tp, tp.add(tp.sum(y), tp.sum(z)), "host", host_kernels=variant)
+    rp.dev.write(rp.program.val_off[tokens.id], np.array([1.0, 3.0, -1.0, 1e300]))
+    rp.dev.write(rp.program.val_off[z.id - 1], np.array([2.0, NAN, 1.0]))
+    rp.forward()
+    assert_bits_equal(rp.value(y)[0], np.array([2.0, 3.0]), "a valid id")
+    assert np.isnan(rp.value(y)[1:]).all() and np.isnan(rp.value(z)[:2]).all()
+    assert rp.value(z)[2, 0] == 1.0
+
+
 def test_a_file_with_out_of_range_or_float_ids_is_refused(tmp_path):
     tp, table, tokens, loss = ids_tape()
     doc = msgpack.unpackb(dumps(tp, loss=loss))
