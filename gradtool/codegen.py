@@ -10,7 +10,8 @@ differs from what this module renders from the current table:
 
 * ``gradtool/csrc/gt_ops.h``: the elementwise kernels' expressions (X-macro
   lists that ``kernels.cu`` expands through its kernel families), the
-  elementwise parts of hand-written kernels (softmax, log_softmax), one metadata decoder ``GT_ARGS_<kernel>`` per declared
+  elementwise parts of hand-written kernels (softmax, log_softmax), one
+  metadata decoder ``GT_ARGS_<kernel>`` per declared
   kernel contract, and the kernel list ``GT_KERNELS``;
 * ``gradtool/schemas/tape.schema.json``: the tape file's JSON Schema (op list,
   which ops carry ``s`` and which attributes);
@@ -115,8 +116,8 @@ def header() -> str:
         for part, e in spec.parts.items():
             names = E.symbols(e)
             env = {n: f"({n}_)" for n in names}
-            out.append(f"#define GT_{spec.name.upper()}_{part}({', '.join(n + '_' for n in names)}) "
-                       f"{_render(e, env)}")
+            params = ", ".join(n + "_" for n in names)
+            out.append(f"#define GT_{spec.name.upper()}_{part}({params}) {_render(e, env)}")
     out += ["", "/* metadata decoders: M[0] is the thread-index count; the fields follow */"]
     for spec in FAMILIES.values():
         out += _decoder(spec) + [""]

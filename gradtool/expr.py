@@ -274,5 +274,5 @@ def text(expr: Expr, parent: int = 0) -> str:
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
 __all__ = ["Expr", "Sym", "Const", "Op", "lift", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
-           "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render", "text", "Dialect",
-           "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]
+           "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
+           "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -295,10 +295,6 @@ def _same_shape(sa, _sb, _attrs):
     return tuple(sa)
 
 
-def _scalar_shape(_sa, _sb, _attrs):
-    return (1,)
-
-
 def _matmul_shape(sa, sb, _attrs):
     if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0]:
         raise ShapeError(f"matmul needs [M,K] @ [K,N], got {format_shape(sa)} @ {format_shape(sb)}")
@@ -489,7 +485,7 @@ def _mean_f(a, b, s, at):
 
 
 def _spread(g, a, at):
-    """g (one value per row) in the rows' keepdims layout, then broadcast over a."""
+    """g (one value per row) in a's keepdims layout, ready to broadcast over a."""
     axis = attr(at, "axis")
     kept = (1,) * a.ndim if axis is None else a.shape[:axis] + (1,) + a.shape[axis + 1:]
     return g.reshape(kept)

@@ -484,8 +484,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         ids = np.frombuffer(earlier[b].data, dtype="<i8")
         problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
         if problem:
-            raise bad(f"node {b} holds {problem}, the rows of {op}'s input a "
-                      f"{format_shape(sa)}", "b")
+            raise bad(f"node {b}: {problem} for {op}'s input a {format_shape(sa)}", "b")
     value = raw.get("value")
     if value is not None and len(value) != 8 * _prod(shape):
         raise bad(f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "

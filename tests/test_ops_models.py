@@ -368,7 +368,8 @@ def test_a_file_with_out_of_range_or_float_ids_is_refused(tmp_path):
     with pytest.raises(gt.TapeFileError) as err:
         load(path)
     assert (err.value.node, err.value.field) == (2, "b")
-    assert "holds id 3 at position [1, 1] is outside [0, 3)" in str(err.value)
+    assert "node 1: id 3 at position [1, 1] is outside [0, 3) for take's input a [3,2]" \
+        in str(err.value)
     assert_one_line_error(run("backward", path), 2, "node 2: field 'b'", "outside [0, 3)")
     no_dtype = dict(doc, nodes=list(doc["nodes"]))
     no_dtype["nodes"][1] = {k: v for k, v in doc["nodes"][1].items() if k != "dtype"}

@@ -19,6 +19,10 @@ The launch list mirrors the CPU tape exactly (:mod:`gradtool.tape`):
   input b (:meth:`Tape.backward`);
 * optimizer: see :mod:`gradtool.device.optimizer`.
 
+Integer ids (the i64 consts take and take_along read) sit in the arena as
+exact float values, with each learning take's backward index
+(:class:`TakeIndex`); setting new ids uploads both (:meth:`Program.id_writes`).
+
 Restrictions raise :class:`CaptureError` (exit 2 from the CLI) before
 anything is allocated.
 """
@@ -257,9 +261,11 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
     grad_end = b.size
     ctl_off = b.alloc(4)
-    takes = [TakeIndex(n.b, i, b.shapes[n.a][0], b.alloc(b.n(n.b)), b.alloc(b.shapes[n.a][0] + 1))
-             for i, n in enumerate(tape.nodes)
-             if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]]
+    takes = []          # the backward index of every take whose table learns
+    for i, n in enumerate(tape.nodes):
+        if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+            rows = b.shapes[n.a][0]
+            takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
     b.take_index = {ti.node: ti for ti in takes}
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
