@@ -14,10 +14,11 @@ from .gradcheck import FDReport, ParamCheck, fd_check
 from .ops import OPS, OP_NAMES
 from .tape import GVar, Node, Tape
 from .tapefile import TapeFile, load
+from . import nn
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Tape", "GVar", "Node", "TapeFile", "load", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
-    "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "__version__",
+    "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "nn", "__version__",
 ]

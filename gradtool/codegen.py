@@ -10,7 +10,8 @@ differs from what this module renders from the current table:
 
 * ``gradtool/csrc/gt_ops.h``: the elementwise kernels' expressions (X-macro
   lists that ``kernels.cu`` expands through its kernel families), the
-  softmax parts, one metadata decoder ``GT_ARGS_<kernel>`` per declared
+  elementwise parts of hand-written kernels (softmax, log_softmax), one
+  metadata decoder ``GT_ARGS_<kernel>`` per declared
   kernel contract, and the kernel list ``GT_KERNELS``;
 * ``gradtool/schemas/tape.schema.json``: the tape file's JSON Schema (op list,
   which ops carry ``s`` and which attributes);
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import expr as E
 from .limits import MAX_DIMS
-from .ops import FAMILIES, KERNELS, OPS, SOFTMAX_PARTS, kernel_names
+from .ops import FAMILIES, INT_DTYPE, KERNELS, OPS, kernel_names
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -108,12 +109,15 @@ def header() -> str:
         for side, e in zip("ab", s.bwd):
             rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
     out += _xlist("GT_BINARY_BWD_OPS", rows)
-    out += ["", "/* softmax's elementwise parts (ops.SOFTMAX_PARTS) */"]
-    for part, e in SOFTMAX_PARTS.items():
-        names = E.symbols(e)
-        env = {n: f"({n}_)" for n in names}
-        out.append(f"#define GT_SOFTMAX_{part}({', '.join(n + '_' for n in names)}) "
-                   f"{_render(e, env)}")
+    for spec in OPS.values():
+        if not spec.parts:
+            continue
+        out += ["", f"/* {spec.name}'s elementwise parts (its entry's parts) */"]
+        for part, e in spec.parts.items():
+            names = E.symbols(e)
+            env = {n: f"({n}_)" for n in names}
+            params = ", ".join(n + "_" for n in names)
+            out.append(f"#define GT_{spec.name.upper()}_{part}({params}) {_render(e, env)}")
     out += ["", "/* metadata decoders: M[0] is the thread-index count; the fields follow */"]
     for spec in FAMILIES.values():
         out += _decoder(spec) + [""]
@@ -135,12 +139,16 @@ def schema() -> dict:
     """The tape file's JSON Schema (2020-12), from the table."""
     leaves = [n for n, s in OPS.items() if s.kind == "leaf"]
     scalar_ops = [n for n, s in OPS.items() if s.scalar_operand]
-    attr_ops: dict = {}
+    attr_ops: dict = {}          # attribute -> the ops whose nodes may carry it
+    attr_required: dict = {}     # attribute -> the ops whose nodes must carry it
     attr_kind: dict = {}
     for name, spec in OPS.items():
         for at in spec.attrs:
             if at.stored:
                 attr_ops.setdefault(at.name, []).append(name)
+                attr_required.setdefault(at.name, [])
+                if at.file_required:
+                    attr_required[at.name].append(name)
                 attr_kind[at.name] = at
     props = {
         "op": {"enum": list(OPS)},
@@ -151,7 +159,11 @@ def schema() -> dict:
               f"{'/'.join(scalar_ops)}; 0.0 (the default) otherwise."},
         "shape": {"$ref": "#/$defs/dims",
                   "description": "The node's value shape; for reshape, the target shape."},
-        "data": {"$ref": "#/$defs/float64Bytes",
+        "dtype": {"enum": ["f64", INT_DTYPE],
+                  "description": f"const only: the element type of data; default f64. "
+                                 f"{INT_DTYPE}: integer ids, read only by the ids input of "
+                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)}."},
+        "data": {"$ref": "#/$defs/leafBytes",
                  "description": "The leaf's value (param/const only, required there)."},
         "name": {"type": "string", "minLength": 1,
                  "description": "Leaf name, unique in the file (param/const only)."},
@@ -160,9 +172,17 @@ def schema() -> dict:
     }
     for aname, ops in attr_ops.items():
         at = attr_kind[aname]
-        base = ({"type": "integer", "minimum": 0} if at.kind == "axis"
-                else {"$ref": "#/$defs/indices"})
-        props[aname] = dict(base, description=f"{'/'.join(ops)}: {at.doc.split(';')[0]}.")
+        base = {"axis": {"type": "integer", "minimum": 0},
+                "flag": {"type": "boolean"}}.get(at.kind, {"$ref": "#/$defs/indices"})
+        docs = sorted({a.doc.split(";")[0] for op in ops for a in OPS[op].attrs
+                       if a.name == aname})
+        text = f"{'/'.join(ops)}: {' / '.join(docs)}."
+        optional = [op for op in ops if op not in attr_required[aname]]
+        if optional:
+            absent = {json.dumps(a.default) for op in optional for a in OPS[op].attrs
+                      if a.name == aname}
+            text += f" Optional on {'/'.join(optional)}: absent means {'/'.join(sorted(absent))}."
+        props[aname] = dict(base, description=text)
     props["value"] = {"$ref": "#/$defs/float64Bytes",
                       "description": "Optional on op nodes: the value recorded at write time "
                                      "(for --verify)."}
@@ -171,19 +191,29 @@ def schema() -> dict:
          "then": {"required": ["data"], "properties": {"value": {"not": {}}}},
          "else": {"properties": {"data": {"not": {}}, "name": {"not": {}}, "l2": {"not": {}}}}},
         {"if": {"properties": {"op": {"const": "const"}}},
-         "then": {"properties": {"l2": {"not": {}}}}},
+         "then": {"properties": {"l2": {"not": {}}}},
+         "else": {"properties": {"dtype": {"not": {}}}}},
         {"if": {"properties": {"op": {"enum": scalar_ops}}},
          "else": {"properties": {"s": {"const": 0}}}},
     ]
-    # ops sharing the same attribute set get one rule (required there, absent elsewhere)
+    # attributes the same ops carry get one rule: required where every node has them,
+    # absent on every other op; an attribute some ops may omit gets the two halves apart
     groups: dict = {}
     for aname, ops in attr_ops.items():
-        groups.setdefault(tuple(ops), []).append(aname)
-    for ops, names in groups.items():
-        cond = {"const": ops[0]} if len(ops) == 1 else {"enum": list(ops)}
-        rules.append({"if": {"properties": {"op": cond}},
-                      "then": {"required": names},
-                      "else": {"properties": {n: {"not": {}} for n in names}}})
+        groups.setdefault((tuple(ops), tuple(attr_required[aname])), []).append(aname)
+
+    def cond(ops):
+        return {"properties": {"op": {"const": ops[0]} if len(ops) == 1
+                               else {"enum": list(ops)}}}
+
+    for (ops, required), names in groups.items():
+        absent = {"properties": {n: {"not": {}} for n in names}}
+        if ops == required:
+            rules.append({"if": cond(ops), "then": {"required": names}, "else": absent})
+            continue
+        if required:
+            rules.append({"if": cond(required), "then": {"required": names}})
+        rules.append({"if": cond(ops), "else": absent})
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "urn:gradtool:schema:tape:1",
@@ -197,7 +227,8 @@ def schema() -> dict:
             "an integer here). Keys a reader does not know are ignored: extensions go under "
             "new optional keys. Semantic rules the schema cannot express (input ids smaller "
             "than the node's own id, shapes recomputed from the op's shape rule, data "
-            "lengths, unique leaf names, a one-element loss) are checked by "
+            "lengths, unique leaf names, a one-element loss, integer ids only where an op "
+            "reads ids and every id in range) are checked by "
             "gradtool.tapefile.load and listed in docs/format.md."),
         "type": "object",
         "required": ["format", "version", "nodes"],
@@ -230,6 +261,10 @@ def schema() -> dict:
             "float64Bytes": {"msgpackType": "bin", "description": (
                 "A msgpack bin: little-endian IEEE-754 binary64 values in row-major order, "
                 "exactly 8 * prod(shape) bytes.")},
+            "leafBytes": {"msgpackType": "bin", "description": (
+                "A msgpack bin of exactly 8 * prod(shape) bytes in row-major order: "
+                "little-endian IEEE-754 binary64 values, or, for a const with dtype "
+                f"{INT_DTYPE}, little-endian two's-complement int64 ids.")},
             "node": {"type": "object", "required": ["op", "shape"], "properties": props,
                      "allOf": rules},
         },
@@ -255,6 +290,8 @@ def docs_table() -> str:
         if spec.kind == "leaf":
             continue
         inputs = {1: "a", 2: "a, b"}[spec.arity] + (", s" if spec.scalar_operand else "")
+        if spec.int_inputs:
+            inputs += " (" + ", ".join(f"{k}: {INT_DTYPE} ids" for k in spec.int_inputs) + ")"
         attrs = ", ".join(f"`{at.name}`" + ("" if at.required else f" = {at.default}")
                           for at in spec.attrs) or "-"
         if spec.elementwise:

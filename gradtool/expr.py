@@ -10,8 +10,8 @@ softmax) is a small expression tree over
 * the separately rounded operations ``+ - * /`` and ``sqrt`` (each ONE
   correctly rounded binary64 operation), the libm-free ``exp``, ``expm1``,
   ``log`` and ``tanh`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
-* the exact operations: negation, the comparisons ``< <= > >= == !=`` and
-  ``select(cond, a, b)``.
+* the exact operations: negation, ``abs`` (clears the sign bit: ``abs(-0.0)``
+  is +0.0), the comparisons ``< <= > >= == !=`` and ``select(cond, a, b)``.
 
 The same tree is
 
@@ -41,7 +41,7 @@ import numpy as np
 from . import fdlibm
 
 ARITH = ("add", "sub", "mul", "div")
-FUNCS = ("sqrt", "exp", "expm1", "log", "tanh")
+FUNCS = ("sqrt", "exp", "expm1", "log", "tanh", "abs")
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -95,6 +95,7 @@ def exp(a) -> Expr: return Op("exp", (lift(a),))
 def expm1(a) -> Expr: return Op("expm1", (lift(a),))
 def log(a) -> Expr: return Op("log", (lift(a),))
 def tanh(a) -> Expr: return Op("tanh", (lift(a),))
+def abs_(a) -> Expr: return Op("abs", (lift(a),))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
 
@@ -102,6 +103,16 @@ def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
 def select(cond, a, b) -> Expr:
     """``a`` where ``cond`` holds, else ``b`` (exact: no rounding)."""
     return Op("select", (lift(cond), lift(a), lift(b)))
+
+
+def substitute(expr: Expr, mapping: Mapping[str, Expr]) -> Expr:
+    """``expr`` with each symbol named in ``mapping`` replaced by that expression (the
+    tree otherwise unchanged: the same operations in the same order)."""
+    if isinstance(expr, Sym):
+        return mapping.get(expr.name, expr)
+    if isinstance(expr, Op):
+        return Op(expr.op, tuple(substitute(a, mapping) for a in expr.args))
+    return expr
 
 
 def symbols(expr: Expr) -> list:
@@ -130,7 +141,7 @@ def operations(expr: Expr) -> set:
 _NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
-    "log": fdlibm.log, "tanh": fdlibm.tanh,
+    "log": fdlibm.log, "tanh": fdlibm.tanh, "abs": np.abs,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
 }
@@ -156,7 +167,7 @@ def evaluate(expr: Expr, env: Mapping[str, object]):
 class Dialect:
     """How a C rendering spells each operation and constant."""
 
-    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh -> callee
+    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh/abs -> callee
     const: object                     # float -> C expression
 
     def call(self, op: str, args: list) -> str:
@@ -185,13 +196,15 @@ def c_double(x: float) -> str:
 # float32 operations for the f32 build (kernels.cu)
 KERNEL = Dialect(
     arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
-           "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH"},
+           "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
+           "abs": "R_ABS"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
 # scalar double code (the emitter): gt_math.h's macros and functions directly
 SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
-           "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh"},
+           "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
+           "abs": "fabs"},
     const=c_double)
 
 
@@ -260,6 +273,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "sqrt", "exp", "expm1", "log", "tanh", "eq",
-           "ne", "select", "symbols", "operations", "evaluate", "render", "text", "Dialect",
-           "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+           "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
+           "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -56,11 +56,13 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
-from .expr import G, S, T, X, Y, Expr, Sym, evaluate, exp, log, select, sqrt, tanh
+from .expr import (G, S, T, X, Y, Expr, Sym, abs_, evaluate, exp, log, select, sqrt,
+                   substitute, tanh)
 
 LEAF_OPS = ("param", "const")
-KINDS = ("leaf", "unary", "binary", "reduce", "matmul", "bmm", "transpose", "reshape",
-         "softmax", "slice", "concat")
+INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
+KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
+         "softmax", "slice", "concat", "take", "take_along")
 _REQUIRED = object()
 
 
@@ -72,13 +74,19 @@ class Attr:
     kind ``axis``: one int, negative counting from the end when recording (stored
     normalised, >= 0); ``indices``: one int >= 0 per axis of the input;
     ``shape``: the node's own shape (a reshape's target), which the file
-    already stores as ``shape``.
+    already stores as ``shape``; ``flag``: True or False.
+
+    ``default`` is the Tape method's default.  An ``optional`` attribute may
+    be absent from a file, meaning ``default``: it is written, and kept in
+    the node's ``aux`` dict, only when it differs from the default (so files
+    written before it existed read unchanged, and write the same bytes).
     """
 
     name: str
     kind: str
     doc: str
     default: object = _REQUIRED
+    optional: bool = False
 
     @property
     def stored(self) -> bool:
@@ -87,7 +95,13 @@ class Attr:
 
     @property
     def required(self) -> bool:
+        """Whether the Tape method needs it (it has no default)."""
         return self.default is _REQUIRED
+
+    @property
+    def file_required(self) -> bool:
+        """Whether every file node of the op must carry it."""
+        return self.stored and not self.optional
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,9 @@ class OpSpec:
     scalar: Optional[tuple] = None   # non-elementwise ops with a one-element form: (fwd, bwd)
     domain: str = "real"             # where the rule is smooth: "real" or "positive" (tests)
     kernels: tuple = ()              # non-elementwise ops: the kernels its launches use
+    parts: Optional[dict] = None     # elementwise parts of a hand-written kernel (GT_<OP>_<PART>)
+    int_inputs: tuple = ()           # inputs ("b") that read integer ids: an i64 const leaf
+    index_bound: Optional[Callable] = None   # (sa, attrs) -> ids must lie in [0, bound)
 
     @property
     def elementwise(self) -> bool:
@@ -131,6 +148,22 @@ def _register(spec: OpSpec) -> None:
 def format_shape(shape) -> str:
     """[2,3]: how every message in gradtool writes a shape."""
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def attr(attrs, name: str, default=None):
+    """An attribute from a node's aux dict; an optional one at its default is absent."""
+    return default if not attrs else attrs.get(name, default)
+
+
+def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
+    """None when every id lies in [0, bound); else what the first bad one is and where."""
+    flat = np.ravel(ids)
+    bad = np.flatnonzero((flat < 0) | (flat >= bound))
+    if not bad.size:
+        return None
+    where = list(np.unravel_index(int(bad[0]), np.shape(ids)))
+    return (f"id {int(flat[bad[0]])} at position {[int(k) for k in where]} is outside "
+            f"[0, {bound})")
 
 
 # ── device kernels: the metadata contract of every kernel, by field name ────
@@ -262,10 +295,6 @@ def _same_shape(sa, _sb, _attrs):
     return tuple(sa)
 
 
-def _scalar_shape(_sa, _sb, _attrs):
-    return (1,)
-
-
 def _matmul_shape(sa, sb, _attrs):
     if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0]:
         raise ShapeError(f"matmul needs [M,K] @ [K,N], got {format_shape(sa)} @ {format_shape(sb)}")
@@ -273,9 +302,11 @@ def _matmul_shape(sa, sb, _attrs):
 
 
 def _bmm_shape(sa, sb, _attrs):
-    if len(sa) != 3 or len(sb) != 3 or sa[0] != sb[0] or sa[2] != sb[1]:
-        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N], got {format_shape(sa)} @ {format_shape(sb)}")
-    return (sa[0], sa[1], sb[2])
+    if (len(sa) != 3 or len(sb) != 3 or sa[2] != sb[1]
+            or (sa[0] != sb[0] and 1 not in (sa[0], sb[0]))):
+        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N] (a batch of 1 on either side "
+                         f"stretches), got {format_shape(sa)} @ {format_shape(sb)}")
+    return (max(sa[0], sb[0]), sa[1], sb[2])
 
 
 def _transpose_shape(sa, _sb, _attrs):
@@ -387,39 +418,115 @@ unary("tanh", "tanh(a)", tanh(X), G * (1.0 - T * T))
 unary("exp", "exp(a)", exp(X), G * T)
 unary("log", "natural log", log(X), G / X, domain="positive")
 unary("sqrt", "square root (correctly rounded)", sqrt(X), G / (2.0 * T), domain="positive")
+# |x| (exact; abs(-0.0) = +0.0); the gradient is g * sign(x): g where x > 0, -g where
+# x < 0, +0.0 elsewhere (at +-0.0, and at a NaN, as relu and PyTorch do)
+unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, 0.0)))
+# a where a >= b, b where a < b, and NaN when either is NaN (neither comparison holds;
+# x + y is then a NaN); ties (+0.0 against -0.0 too) give a.  The gradient goes to a
+# where a >= b, else to b: on a tie all of it to a; when either is NaN all of it to b
+binary("maximum", "elementwise max, numpy broadcasting; NaN wins",
+       select(X >= Y, X, select(X < Y, Y, X + Y)), select(X >= Y, G, 0.0),
+       select(X >= Y, 0.0, G))
 
 
-# ── the table: reductions to one element ───────────────────────────────────
+# ── the table: reductions ──────────────────────────────────────────────────
+#
+# sum, mean and max reduce one axis (``axis``) or, without one, every element.
+# ``keepdims`` keeps the reduced axis (every axis, for a whole reduction) as
+# size 1; without it the axis is dropped, and a result with no dims left is
+# [1] (where numpy would give a 0-d array).  Every line of the reduced axis
+# is a row of ``len`` elements at stride ``inner`` (a whole reduction: one row
+# of every element); the kernels run one thread per row.
 
-kernel("k_sum", "out:w a:r len:i is_mean:i",
-       "out[0] = (0.0 + a0 + a1 + ...) [/ len], serial (numerics.serial_sum/mean)")
-kernel("k_sum_bwd", "ga:w g:r is_mean:i", "ga[i] = ga[i] + v, v = g[0] (sum) or g[0] / n (mean)")
+kernel("k_sum", "out:w a:r len:i inner:i is_mean:i acc:i",
+       "per row: v = (0.0 + a0 + a1 + ...) [/ len], serial; out (=|+=) v "
+       "(numerics.serial_sum_axis)")
+kernel("k_sum_bwd", "ga:w g:r len:i inner:i is_mean:i",
+       "ga[i] = ga[i] + v, v = g[row of i] (sum) or g[row of i] / len (mean)")
+kernel("k_max", "out:w a:r len:i inner:i", "per row: out = the first maximal element "
+       "(numerics.first_max)")
+kernel("k_max_bwd", "ga:w g:r a:r len:i inner:i",
+       "per row: ga = ga + (g at the first maximal element, +0.0 elsewhere)")
+
+REDUCE_ATTRS = (
+    Attr("axis", "axis", "the axis to reduce; negative counts from the end; None (absent "
+         "from a file): every element", default=None, optional=True),
+    Attr("keepdims", "flag", "keep the reduced axis as size 1, as numpy does", default=False,
+         optional=True),
+)
+
+
+def _reduce_shape(sa, _sb, attrs):
+    axis, keep = attr(attrs, "axis"), attr(attrs, "keepdims", False)
+    if axis is None:
+        return (1,) * len(sa) if keep else (1,)
+    _axis_check(sa, axis, "reduction")
+    if keep:
+        return tuple(sa[:axis]) + (1,) + tuple(sa[axis + 1:])
+    return tuple(sa[:axis]) + tuple(sa[axis + 1:]) or (1,)
+
+
+def _rows(a, at):
+    """(a as [..., len, ...] with the reduced axis, that axis): a whole reduction is one
+    row of every element."""
+    axis = attr(at, "axis")
+    return (a.reshape(-1), 0) if axis is None else (a, axis)
 
 
 def _sum_f(a, b, s, at):
-    return nx.serial_sum(a)
-
-
-def _sum_b(g, a, b, t, s, at, na, nb):
-    return (np.full(a.shape, g[0]), None)
+    rows, axis = _rows(a, at)
+    return nx.serial_sum_axis(rows, axis).reshape(_reduce_shape(a.shape, None, at))
 
 
 def _mean_f(a, b, s, at):
-    return nx.serial_mean(a)
+    rows, axis = _rows(a, at)
+    return (nx.serial_sum_axis(rows, axis) / float(rows.shape[axis])).reshape(
+        _reduce_shape(a.shape, None, at))
+
+
+def _spread(g, a, at):
+    """g (one value per row) in a's keepdims layout, ready to broadcast over a."""
+    axis = attr(at, "axis")
+    kept = (1,) * a.ndim if axis is None else a.shape[:axis] + (1,) + a.shape[axis + 1:]
+    return g.reshape(kept)
+
+
+def _sum_b(g, a, b, t, s, at, na, nb):
+    return (np.broadcast_to(_spread(g, a, at), a.shape).copy(), None)
 
 
 def _mean_b(g, a, b, t, s, at, na, nb):
-    return (np.full(a.shape, g[0] / float(a.size)), None)
+    rows, axis = _rows(a, at)
+    return (np.broadcast_to(_spread(g, a, at) / float(rows.shape[axis]), a.shape).copy(),
+            None)
+
+
+def _max_f(a, b, s, at):
+    rows, axis = _rows(a, at)
+    return nx.first_max(rows, axis)[0].reshape(_reduce_shape(a.shape, None, at))
+
+
+def _max_b(g, a, b, t, s, at, na, nb):
+    rows, axis = _rows(a, at)
+    idx = nx.first_max(rows, axis)[1]
+    c = np.zeros(rows.shape)                        # g at each row's max, +0.0 elsewhere
+    np.put_along_axis(c, idx, g.reshape(idx.shape), axis)
+    return (c.reshape(a.shape), None)
 
 
 # one-element forms (the emitter): the serial sum of one element is 0.0 + x; the mean
-# divides that by n = 1 (a division, not a copy), and its gradient is g / 1.0
-_register(OpSpec("sum", "reduce", 1, "sum of every element (serial), shape [1]",
-                 _scalar_shape, _sum_f, _sum_b, scalar=(0.0 + X, (G,)),
-                 kernels=("k_sum", "k_sum_bwd")))
-_register(OpSpec("mean", "reduce", 1, "serial sum / element count, shape [1]",
-                 _scalar_shape, _mean_f, _mean_b, scalar=((0.0 + X) / 1.0, (G / 1.0,)),
-                 kernels=("k_sum", "k_sum_bwd")))
+# divides that by n = 1 (a division, not a copy), and its gradient is g / 1.0; the max of
+# one element is that element, and its gradient all of g
+_register(OpSpec("sum", "reduce", 1, "serial sum along an axis, or of every element",
+                 _reduce_shape, _sum_f, _sum_b, scalar=(0.0 + X, (G,)),
+                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
+_register(OpSpec("mean", "reduce", 1, "serial sum / count, along an axis or of every element",
+                 _reduce_shape, _mean_f, _mean_b, scalar=((0.0 + X) / 1.0, (G / 1.0,)),
+                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
+_register(OpSpec("max", "max", 1, "the first maximal element along an axis, or of every "
+                 "element; a NaN wins; the gradient goes to that one element",
+                 _reduce_shape, _max_f, _max_b, scalar=(X, (G,)),
+                 kernels=("k_max", "k_max_bwd"), attrs=REDUCE_ATTRS))
 
 
 # ── the table: matrix products ─────────────────────────────────────────────
@@ -439,19 +546,34 @@ def _matmul_b(g, a, b, t, s, at, na, nb):
     return (nx.matmul(g, b.T) if na else None, nx.matmul(a.T, g) if nb else None)
 
 
+def _batched(a, b):
+    """a and b with a batch of 1 stretched to the other's batch (read-only views)."""
+    bt = max(a.shape[0], b.shape[0])
+    return np.broadcast_to(a, (bt,) + a.shape[1:]), np.broadcast_to(b, (bt,) + b.shape[1:])
+
+
 def _bmm_f(a, b, s, at):
-    return nx.bmm(a, b)
+    return nx.bmm(*_batched(a, b))
+
+
+def _batch_sum(p, shape):
+    """A stretched side's gradient: the per-batch products summed over the batch
+    (serial, from 0.0, batch ascending); a side that was not stretched keeps its own."""
+    return nx.serial_sum_axis(p, 0) if p.shape[0] != shape[0] else p
 
 
 def _bmm_b(g, a, b, t, s, at, na, nb):
-    return (nx.bmm(g, np.swapaxes(b, 1, 2)) if na else None,
-            nx.bmm(np.swapaxes(a, 1, 2), g) if nb else None)
+    # dA[bt] = G[bt] @ B[bt]^T (serial over N), dB[bt] = A[bt]^T @ G[bt] (serial over M)
+    wa, wb = _batched(a, b)
+    return (_batch_sum(nx.bmm(g, np.swapaxes(wb, 1, 2)), a.shape) if na else None,
+            _batch_sum(nx.bmm(np.swapaxes(wa, 1, 2), g), b.shape) if nb else None)
 
 
 _register(OpSpec("matmul", "matmul", 2, "[M,K] @ [K,N], serial over K", _matmul_shape,
                  _matmul_f, _matmul_b, kernels=("k_matmul",)))
-_register(OpSpec("bmm", "bmm", 2, "[B,M,K] @ [B,K,N], the matmul order per batch",
-                 _bmm_shape, _bmm_f, _bmm_b, kernels=("k_matmul",)))
+_register(OpSpec("bmm", "bmm", 2, "[B,M,K] @ [B,K,N], the matmul order per batch; a batch of "
+                 "1 on either side stretches, and its gradient is the batch's serial sum",
+                 _bmm_shape, _bmm_f, _bmm_b, kernels=("k_matmul", "k_sum")))
 
 
 # ── the table: data movement ───────────────────────────────────────────────
@@ -537,7 +659,46 @@ def _softmax_b(g, a, b, t, s, at, na, nb):
 
 _register(OpSpec("softmax", "softmax", 1, "exp(a - max) / serial sum, along an axis",
                  _softmax_shape, _softmax_f, _softmax_b, kernels=("k_softmax", "k_softmax_bwd"),
-                 attrs=(Attr("axis", "axis", AXIS, default=-1),)))
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), parts=SOFTMAX_PARTS))
+
+# log_softmax along an axis: m = the first max (numerics.first_max, exact), d = x - m,
+# y = d - log(serial_sum_axis(exp(d))): no division, so a confident row's small
+# probabilities stay finite logs instead of underflowing to log(0).  Backward: gs =
+# serial_sum_axis(g), contribution g - exp(t) * gs (exp(t) is the softmax).  The parts:
+LOG_SOFTMAX_PARTS = {"SHIFT": X - Sym("m"), "EXP": exp(Sym("d")),
+                     "OUT": Sym("d") - log(Sym("sum")), "BWD": G - exp(T) * Sym("gsum")}
+
+kernel("k_log_softmax", "out:w a:r len:i inner:i",
+       "per row: d = x - max; y = d - log(0.0 + exp(d0) + exp(d1) + ...)")
+kernel("k_log_softmax_bwd", "ga:w g:r t:r len:i inner:i",
+       "ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) per row")
+
+
+def _log_softmax_f(a, b, s, at):
+    axis, part = at["axis"], LOG_SOFTMAX_PARTS
+    d = evaluate(part["SHIFT"], {"x": a, "m": nx.first_max(a, axis)[0]})
+    e = evaluate(part["EXP"], {"d": d})
+    return evaluate(part["OUT"], {"d": d, "sum": nx.serial_sum_axis(e, axis)})
+
+
+def _log_softmax_b(g, a, b, t, s, at, na, nb):
+    gsum = nx.serial_sum_axis(g, at["axis"])
+    return (evaluate(LOG_SOFTMAX_PARTS["BWD"], {"g": g, "t": t, "gsum": gsum}), None)
+
+
+def _one_element_log_softmax():
+    """The parts on a row of one element (the emitter): m = x, the serial sum 0.0 + e."""
+    part = LOG_SOFTMAX_PARTS
+    d = substitute(part["SHIFT"], {"m": X})
+    fwd = substitute(part["OUT"], {"d": d, "sum": 0.0 + substitute(part["EXP"], {"d": d})})
+    return fwd, (substitute(part["BWD"], {"gsum": 0.0 + G}),)
+
+
+_register(OpSpec("log_softmax", "softmax", 1, "a - max - log(serial sum of exp(a - max)), "
+                 "along an axis", _softmax_shape, _log_softmax_f, _log_softmax_b,
+                 kernels=("k_log_softmax", "k_log_softmax_bwd"),
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), parts=LOG_SOFTMAX_PARTS,
+                 scalar=_one_element_log_softmax()))
 
 
 _register(OpSpec("slice", "slice", 1, "a[starts:stops] on every axis", _slice_shape,
@@ -547,6 +708,82 @@ _register(OpSpec("slice", "slice", 1, "a[starts:stops] on every axis", _slice_sh
 _register(OpSpec("concat", "concat", 2, "a and b joined along an axis", _concat_shape,
                  _concat_f, _concat_b, kernels=("k_copy_nd",),
                  attrs=(Attr("axis", "axis", AXIS, default=0),)))
+
+
+# ── the table: gathers by integer ids ──────────────────────────────────────
+#
+# ``take(table, ids)`` is ``np.take(table, ids, axis=0)``: ids of any shape pick rows of
+# the table, out = [*ids.shape, *table.shape[1:]].  ``take_along(a, ids, axis)`` is
+# ``np.take_along_axis``: ids shaped like a except along the axis pick one element of a's
+# line each.  ids are an i64 const (docs/format.md), every id in [0, rows): checked when
+# recording, loading and setting an input.  Backward scatters g back, each destination
+# element summing what reaches it serially from 0.0 in ascending position order (take:
+# numerics.take_index, which the device replay uploads with the ids; take_along: j
+# ascending along the axis), one device thread per destination element: no atomics.
+
+kernel("k_take", "out:w table:r ids:r rows:i width:i",
+       "out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows))")
+kernel("k_take_bwd", "ga:w g:r order:r start:r width:i",
+       "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
+       "positions order[start[v]:start[v+1]] (numerics.take_index)")
+kernel("k_take_along", "out:w a:r ids:r len:i k:i inner:i",
+       "out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len))")
+kernel("k_take_along_bwd", "ga:w g:r ids:r len:i k:i inner:i",
+       "per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, "
+       "j ascending)")
+
+
+def _take_shape(sa, sb, _attrs):
+    return tuple(sb) + tuple(sa[1:])
+
+
+def _take_f(a, b, s, at):
+    return np.take(a, b, axis=0)
+
+
+def _take_b(g, a, b, t, s, at, na, nb):
+    rows = a.shape[0]
+    order, start = nx.take_index(b, rows)
+    counts = np.diff(start)
+    g_rows = g.reshape(-1, a.size // rows)
+    c = np.zeros((rows, a.size // rows))
+    for k in range(int(counts.max(initial=0))):      # each row's k-th position, in order
+        hit = np.flatnonzero(counts > k)
+        c[hit] = c[hit] + g_rows[order[start[hit] + k]]
+    return (c.reshape(a.shape), None)
+
+
+def _take_along_shape(sa, sb, attrs):
+    axis = attrs["axis"]
+    _axis_check(sa, axis, "take_along")
+    if len(sb) != len(sa) or any(x != y for i, (x, y) in enumerate(zip(sa, sb)) if i != axis):
+        raise ShapeError(f"take_along on axis {axis} needs ids shaped like {format_shape(sa)} "
+                         f"except on that axis, got {format_shape(sb)}")
+    return tuple(sb)
+
+
+def _take_along_f(a, b, s, at):
+    return np.take_along_axis(a, b, axis=at["axis"])
+
+
+def _take_along_b(g, a, b, t, s, at, na, nb):
+    axis = at["axis"]
+    c = np.zeros(a.shape)
+    for j in range(b.shape[axis]):                  # one id per line at a time, in order
+        idx, gj = np.take(b, [j], axis=axis), np.take(g, [j], axis=axis)
+        np.put_along_axis(c, idx, np.take_along_axis(c, idx, axis=axis) + gj, axis=axis)
+    return (c, None)
+
+
+_register(OpSpec("take", "take", 2, "rows of a table picked by integer ids (np.take on axis "
+                 "0): [*ids.shape, *table.shape[1:]]", _take_shape, _take_f, _take_b,
+                 kernels=("k_take", "k_take_bwd"), int_inputs=("b",),
+                 index_bound=lambda sa, at: sa[0]))
+_register(OpSpec("take_along", "take_along", 2, "one element of each line along an axis per "
+                 "integer id (np.take_along_axis)", _take_along_shape, _take_along_f,
+                 _take_along_b, kernels=("k_take_along", "k_take_along_bwd"),
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), int_inputs=("b",),
+                 index_bound=lambda sa, at: sa[at["axis"]]))
 
 
 # ── kernels of the engine that belong to no op ─────────────────────────────
@@ -569,5 +806,6 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack",
-           "kernel_names", "f64_bits", "infer_shape", "broadcast_shape", "format_shape", "SOFTMAX_PARTS"]
+           "contract", "pack", "attr", "bad_id", "INT_DTYPE",
+           "kernel_names", "f64_bits", "infer_shape", "broadcast_shape", "format_shape",
+           "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
-from .ops import OPS, infer_shape
+from .ops import INT_DTYPE, OPS, bad_id, infer_shape
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -170,26 +170,50 @@ def as_float64_array(data, what: str) -> np.ndarray:
     and string data are refused (a bool mask or a complex array converted
     silently would be a wrong result, not a convenience).
     """
+    return _leaf_array(data, what, ids=False)
+
+
+def as_ids_array(data, what: str) -> np.ndarray:
+    """A C-contiguous int64 copy of integer ids with at least one dim, or a clear error.
+
+    Integer dtypes only: float data is refused even when its values are whole
+    (ids computed in floating point are a bug to surface, not to round), and so
+    are bool, complex, object and string data.  Ranges are the reader's check.
+    """
+    return _leaf_array(data, what, ids=True)
+
+
+_KIND_NAMES = {"b": "bool", "c": "complex", "O": "object", "U": "string", "S": "bytes",
+               "f": "float"}
+
+
+def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
     if isinstance(data, GVar):
         raise TapeError(f"{what}: got a GVar; leaves take array data (use tape.value(v))")
     try:
         arr = np.asarray(data)
     except Exception as exc:  # e.g. ragged nested lists
         raise TapeError(f"{what}: cannot convert to an array ({_one_line(exc)})") from None
+    kind = _KIND_NAMES.get(arr.dtype.kind, str(arr.dtype))
+    if ids and arr.dtype.kind not in "iu":
+        hint = (": float ids are refused, even whole ones; pass integers (.astype(np.int64))"
+                if arr.dtype.kind == "f" else "")
+        raise TapeError(f"{what}: expected integer ids, got {kind} data (dtype {arr.dtype})"
+                        f"{hint}")
     if arr.dtype.kind not in "iuf":
-        kind = {"b": "bool", "c": "complex", "O": "object", "U": "string", "S": "bytes"}.get(
-            arr.dtype.kind, str(arr.dtype))
         raise TapeError(f"{what}: expected real numbers (int or float), got {kind} data "
                         f"(dtype {arr.dtype})")
     if arr.ndim > MAX_DIMS:
         raise TapeError(f"{what}: {arr.ndim} dims; a tape file allows at most {MAX_DIMS}")
     if arr.size == 0:
         raise TapeError(f"{what}: empty array (shape {list(arr.shape)}); every dim must be >= 1")
+    if ids and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TapeError(f"{what}: id {int(arr.max())} does not fit in an int64")
     try:
-        arr = np.array(arr, dtype=np.float64, order="C", copy=True)
+        arr = np.array(arr, dtype=np.int64 if ids else np.float64, order="C", copy=True)
     except MemoryError:
         raise TapeError(f"{what}: out of memory copying {arr.size} elements "
-                        f"({8 * arr.size} bytes as float64)") from None
+                        f"({8 * arr.size} bytes)") from None
     return arr.reshape((1,)) if arr.ndim == 0 else arr
 
 
@@ -282,18 +306,24 @@ class Tape:
         l2 = _real(l2, f"param {name or len(self.nodes)} l2", nonneg=True)
         return self._leaf("param", array, name, l2)
 
-    def const(self, array, name: Optional[str] = None) -> GVar:
-        """Register a constant.  A named const is an input slot training refills."""
-        return self._leaf("const", array, name, 0.0)
+    def const(self, array, name: Optional[str] = None, dtype: str = "f64") -> GVar:
+        """Register a constant.  A named const is an input slot training refills.
 
-    def _leaf(self, op, array, name, l2) -> GVar:
+        ``dtype="i64"``: integer ids (int data only; float data is refused), which
+        only the ids input of ``take`` and ``take_along`` reads.
+        """
+        if dtype not in ("f64", INT_DTYPE):
+            raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}', got {dtype!r}"[:200])
+        return self._leaf("const", array, name, 0.0, ids=dtype == INT_DTYPE)
+
+    def _leaf(self, op, array, name, l2, ids=False) -> GVar:
         if not self.ok:
             return self._poisoned_noop()
         if name is not None:
             check_name(name, f"{op} name")
             if name in self._names:
                 raise TapeError(f"{op} name {name!r} is already node {self._names[name]}")
-        value = as_float64_array(array, f"{op} {name or len(self.nodes)}")
+        value = _leaf_array(array, f"{op} {name or len(self.nodes)}", ids)
         self._names.update({name: len(self.nodes)} if name else {})
         return self._append(Node(op, name=name, l2=l2), value, op == "param")
 
@@ -322,6 +352,13 @@ class Tape:
         sa = self.values[ia].shape
         sb = self.values[ib].shape if ib >= 0 else None
         here = f"{op} at node {len(self.nodes)}"
+        spec = OPS[op]
+        for role, ix in (("a", ia), ("b", ib)):
+            if ix >= 0 and (role in spec.int_inputs) != self.holds_ids(ix):
+                return self._poison(f"{here}: input {role} (node {ix}) " + (
+                    "holds integer ids, which only the ids input of take and take_along reads"
+                    if self.holds_ids(ix) else
+                    f"must be integer ids: a const recorded with dtype='{INT_DTYPE}'"), TapeError)
         try:
             shape = infer_shape(op, sa, sb, aux)
         except ShapeError as exc:
@@ -330,6 +367,11 @@ class Tape:
         if len(shape) > MAX_DIMS:
             return self._poison(f"{here}: the result has {len(shape)} dims; a tape file "
                                 f"allows at most {MAX_DIMS}")
+        if spec.int_inputs:
+            problem = bad_id(self.values[ib], spec.index_bound(sa, aux))
+            if problem:
+                return self._poison(f"{here}: ids node {ib}: {problem} (table {list(sa)})",
+                                    TapeError)
         vb = self.values[ib] if ib >= 0 else None
         try:
             with ieee_silent():
@@ -381,14 +423,20 @@ class Tape:
                                _scalar(s, op) if spec.scalar_operand else 0.0, values)
 
     def _record_op(self, spec, a, b, s: float, values: dict) -> GVar:
-        aux = None
-        if spec.attrs:
-            aux = {at.name: self._attr(spec.name, at, values[at.name], a) for at in spec.attrs}
-        return self._record(spec.name, a, b, s, aux)
+        aux = {}
+        for at in spec.attrs:
+            value = self._attr(spec.name, at, values[at.name], a)
+            if not (at.optional and value == at.default and type(value) is type(at.default)):
+                aux[at.name] = value        # an optional attribute at its default is absent
+        return self._record(spec.name, a, b, s, aux or None)
 
     def _attr(self, op: str, at, value, a):
         if at.kind == "axis":
-            return self._axis(a, value, op)
+            return None if value is None and at.optional else self._axis(a, value, op)
+        if at.kind == "flag":
+            if not isinstance(value, (bool, np.bool_)):
+                raise TapeError(f"{op} {at.name}: expected True or False, got {value!r}"[:200])
+            return bool(value)
         return _int_list(value, f"{op} {at.name}")
 
     def mse(self, y, t) -> GVar:
@@ -457,15 +505,33 @@ class Tape:
 
     # ── replay ─────────────────────────────────────────────────────────────
     def set_value(self, v: GVar, array) -> None:
-        """Overwrite a leaf's value in place (same shape): a new minibatch, a new weight."""
+        """Overwrite a leaf's value in place (same shape): a new minibatch, a new weight.
+
+        An ids leaf takes integer data only, every id in range for every op reading it.
+        """
         i = self.node_id(v, "set_value")
         if self.nodes[i].op not in ("param", "const"):
             raise TapeError(f"node {i} is a {self.nodes[i].op}, not a leaf; only leaves can be set")
-        data = as_float64_array(array, f"value for node {i}")
+        data = _leaf_array(array, f"value for node {i}", self.holds_ids(i))
         if data.shape != self.values[i].shape:
             raise ShapeError(f"node {i} ({self.nodes[i].name or self.nodes[i].op}) has shape "
                              f"{list(self.values[i].shape)}, got {list(data.shape)}")
+        if self.holds_ids(i):
+            check_ids(data, self.id_bounds(i), f"value for node {i}")
         self.values[i][...] = data
+
+    def holds_ids(self, i: int) -> bool:
+        """Whether node ``i`` is a const of integer ids (dtype i64)."""
+        return self.values[i].dtype == np.int64
+
+    def id_bounds(self, i: int) -> list:
+        """[(node, bound)] for every op reading node ``i`` as ids: each id must be < bound."""
+        out = []
+        for j, node in enumerate(self.nodes):
+            spec = OPS[node.op]
+            if spec.int_inputs and node.b == i:
+                out.append((j, spec.index_bound(self.values[node.a].shape, node.aux)))
+        return out
 
     def forward(self, start: int = 0, only: Optional[Sequence[bool]] = None) -> None:
         """Recompute every op node's value from the leaves, in tape order, in place.
@@ -719,6 +785,16 @@ def check_name(name, what: str) -> str:
         raise TapeError(f"{what} is {size} bytes long; a tape file allows at most "
                         f"{MAX_NAME_BYTES}")
     return name
+
+
+def check_ids(ids: np.ndarray, bounds, what: str, error=TapeError) -> None:
+    """Raise ``error`` naming the first id outside [0, bound) for any (node, bound) in
+    ``bounds`` (the ops that read these ids)."""
+    for node, bound in bounds:
+        problem = bad_id(ids, bound)
+        if problem:
+            raise error(f"{what}: {problem}, the range of the {bound}-row table that node "
+                        f"{node} reads")
 
 
 def _int_list(values, what) -> list:

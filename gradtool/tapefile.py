@@ -5,8 +5,8 @@ interchange contract: any program that writes one msgpack map with the keys
 below produces a file gradtool loads.
 
     {"format": "gradtool-tape", "version": 1,
-     "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2",
-                "axis", "starts", "stops"}, ...],
+     "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2", "dtype",
+                "axis", "keepdims", "starts", "stops"}, ...],
      "loss": id, "outputs": {name: id}, "meta": {...}, "optimizer": {...}}
 
 Writing is byte-for-byte reproducible: keys in a fixed order, floats as
@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import GradtoolError, TapeError, TapeFileError
 from .fileio import atomic_write_bytes
-from .ops import LEAF_OPS, OPS
+from .ops import INT_DTYPE, LEAF_OPS, OPS
 from .tape import GVar, Tape
 from .tapefile_checks import FORMAT, VERSION, CheckedFile, Limits, check, decode
 
@@ -142,20 +142,30 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
             out["name"] = node.name
         if node.op == "param":
             out["l2"] = float(node.l2)
+        if tape.holds_ids(i):
+            out["dtype"] = INT_DTYPE
         out["data"] = _le_bytes(value)
         return out
     aux = node.aux or {}
     for at in OPS[node.op].attrs:
-        if at.stored:                           # a reshape's target IS the node's shape
+        # a reshape's target IS the node's shape; an optional attribute at its default
+        # is absent from aux and from the file
+        if at.stored and at.name in aux:
             attr = aux[at.name]
-            out[at.name] = int(attr) if at.kind == "axis" else [int(x) for x in attr]
+            if at.kind == "axis":
+                out[at.name] = int(attr)
+            elif at.kind == "flag":
+                out[at.name] = bool(attr)
+            else:
+                out[at.name] = [int(x) for x in attr]
     if values:
         out["value"] = _le_bytes(value)
     return out
 
 
 def _le_bytes(arr: np.ndarray) -> bytes:
-    return np.ascontiguousarray(arr, dtype="<f8").tobytes()
+    """Little-endian bytes: int64 for ids, float64 for everything else."""
+    return np.ascontiguousarray(arr, dtype="<i8" if arr.dtype == np.int64 else "<f8").tobytes()
 
 
 def _node_id(tape: Tape, ref, what: str) -> int:
@@ -253,9 +263,10 @@ def _replay(checked: CheckedFile, source: str) -> TapeFile:
 def _record(tape: Tape, node) -> GVar:
     op = node.op
     if op in LEAF_OPS:
-        value = np.frombuffer(node.data, dtype="<f8").reshape(node.shape)
+        ids = node.dtype == INT_DTYPE
+        value = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
         if op == "param":
             return tape.param(value, name=node.name, l2=node.l2)
-        return tape.const(value, name=node.name)
+        return tape.const(value, name=node.name, dtype=node.dtype)
     b = tape.var(node.b) if node.b >= 0 else None
     return tape.record(op, tape.var(node.a), b, s=node.s, attrs=node.attrs)

@@ -14,8 +14,10 @@ Three gates, in order, each before anything the file claims is allocated:
    node's own id and matching the op's arity, every op's shape recomputed
    from its inputs' stated shapes with :func:`gradtool.ops.infer_shape`
    (no arithmetic) and compared with the stated one, ``data``/``value``
-   lengths equal to 8 bytes per element, unique leaf names, finite l2, a
-   one-element loss, output ids in range, and budgets on the total number
+   lengths equal to 8 bytes per element, integer ids (``dtype`` i64) read
+   only by an op's ids input, which reads nothing else, every id in range,
+   unique leaf names, finite l2, a one-element float loss, output ids in
+   range, and budgets on the total number
    of elements and on the arithmetic the replay would do — so a 200-byte
    file that broadcasts two leaves into a 10^10-element array is rejected
    here, naming the node, instead of exhausting memory in numpy.
@@ -34,10 +36,11 @@ from importlib import resources
 from typing import Optional
 
 import msgpack
+import numpy as np
 
 from .errors import ShapeError, TapeFileError
 from .limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from .ops import LEAF_OPS, OPS, format_shape, infer_shape
+from .ops import INT_DTYPE, LEAF_OPS, OPS, bad_id, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -72,8 +75,9 @@ class CheckedNode:
     attrs: Optional[dict]             # exactly the aux dict recording produces
     name: Optional[str] = None
     l2: float = 0.0
-    data: Optional[bytes] = None      # leaves: little-endian float64, 8 * prod(shape) bytes
+    data: Optional[bytes] = None      # leaves: little-endian float64 (int64 for dtype i64)
     value: Optional[bytes] = None     # op nodes: the recorded value, if the writer stored it
+    dtype: str = "f64"                # "i64": a const of integer ids
 
 
 @dataclass
@@ -278,15 +282,16 @@ def _scalar_class(x):
 
 
 def skeleton(node):
-    """What the schema's verdict on one node depends on: its keys, its exact op, and
-    each value's type and class against the schema's thresholds.  None: do not memoize."""
+    """What the schema's verdict on one node depends on: its keys, its exact op and
+    dtype (the schema's string enums), and each value's type and class against the
+    schema's thresholds.  None: do not memoize."""
     if type(node) is not dict:
         return None
     parts = []
     for key, value in node.items():
         if type(key) is not str:
             return None
-        if key == "op":
+        if key in ("op", "dtype"):
             parts.append((key, value if type(value) is str else _scalar_class(value)))
         else:
             cls = _scalar_class(value)
@@ -334,6 +339,9 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
                    f"got {kind(instance)}")
     elif validator == "enum" and path == ["op"]:
         message = f"unknown op {show(instance)}"
+    elif validator == "enum" and path == ["dtype"]:
+        message = (f"unknown dtype {show(instance)} (this reader knows "
+                   f"{' and '.join(repr(v) for v in expected)})")
     elif validator in ("enum", "const"):
         allowed = expected if validator == "enum" else [expected]
         message = f"must be {' or '.join(show(v) for v in allowed)}, got {show(instance)}"
@@ -405,6 +413,8 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
                             f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
                             source=source, node=loss)
+    if nodes[loss].dtype == INT_DTYPE:
+        raise TapeFileError("is the loss, but it holds integer ids", source=source, node=loss)
     outputs = doc.get("outputs", {})
     for name, ref in outputs.items():
         if ref >= len(nodes):
@@ -449,8 +459,15 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         l2 = float(raw.get("l2", 0.0))
         if not math.isfinite(l2):
             raise bad(f"must be finite, got {l2}", "l2")
-        return CheckedNode(op, -1, -1, 0.0, shape, None, name=name, l2=l2, data=data)
+        return CheckedNode(op, -1, -1, 0.0, shape, None, name=name, l2=l2, data=data,
+                           dtype=raw.get("dtype", "f64"))
 
+    for field, ref in (("a", a), ("b", b)):
+        if ref >= 0 and (field in spec.int_inputs) != (earlier[ref].dtype == INT_DTYPE):
+            raise bad(f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only the ids "
+                      f"input of take and take_along reads" if earlier[ref].dtype == INT_DTYPE
+                      else f"{op} reads integer ids here, but node {ref} is not a const with "
+                           f"dtype {INT_DTYPE}", field)
     attrs = _attrs(op, raw)
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
@@ -463,6 +480,11 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     if inferred != shape:
         raise bad(f"states {format_shape(shape)}, but {op} of its inputs gives "
                   f"{format_shape(inferred)}", "shape")
+    if spec.int_inputs:
+        ids = np.frombuffer(earlier[b].data, dtype="<i8")
+        problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
+        if problem:
+            raise bad(f"node {b}: {problem} for {op}'s input a {format_shape(sa)}", "b")
     value = raw.get("value")
     if value is not None and len(value) != 8 * _prod(shape):
         raise bad(f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
@@ -471,12 +493,16 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
 
 
 def _attrs(op: str, raw: dict) -> Optional[dict]:
-    """The node's aux dict, built exactly as the Tape's recording methods build it."""
-    attrs = OPS[op].attrs
-    if not attrs:
-        return None
-    return {at.name: (list(raw[at.name]) if at.kind != "axis" else raw[at.name]) if at.stored
-            else list(raw["shape"]) for at in attrs}
+    """The node's aux dict, built exactly as the Tape's recording methods build it (an
+    optional attribute absent or at its default is left out)."""
+    aux = {}
+    for at in OPS[op].attrs:
+        if not at.stored:
+            aux[at.name] = list(raw["shape"])
+        elif at.name in raw and not (at.optional and raw[at.name] == at.default
+                                     and type(raw[at.name]) is type(at.default)):
+            aux[at.name] = list(raw[at.name]) if at.kind == "indices" else raw[at.name]
+    return aux or None
 
 
 def _work(node: CheckedNode, earlier: list) -> int:
@@ -487,6 +513,6 @@ def _work(node: CheckedNode, earlier: list) -> int:
     if node.op == "matmul":
         return sa[0] * sa[1] * node.shape[1]
     if node.op == "bmm":
-        return sa[0] * sa[1] * sa[2] * node.shape[2]
+        return node.shape[0] * sa[1] * sa[2] * node.shape[2]
     sb = earlier[node.b].shape if node.b >= 0 else ()
     return max(_prod(node.shape), _prod(sa), _prod(sb))

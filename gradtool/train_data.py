@@ -2,7 +2,9 @@
 
 A tape's input slots are its named consts.  DATA.npz holds one array per
 slot, with the same name, examples along axis 0; every other dim must equal
-the slot's.  The batch size is the slots' (common) leading dim.  Arrays in
+the slot's.  A slot of integer ids (a const with dtype i64) takes an integer
+array only, every id in the range of every op reading it: float ids are
+refused, even whole ones.  The batch size is the slots' (common) leading dim.  Arrays in
 the file that name no slot are ignored.
 
 Validation data is, in order of precedence, a separate file with the same
@@ -26,7 +28,7 @@ import numpy as np
 
 from .errors import GradtoolError
 from .npzio import NpzArchive
-from .ops import format_shape
+from .ops import bad_id, format_shape
 
 
 class DataError(GradtoolError):
@@ -38,6 +40,8 @@ class Slot:
     name: str
     node_id: int
     shape: tuple
+    id_bounds: tuple = ()      # ids slots: (node, bound) per op reading them; () for floats
+    ids: bool = False
 
 
 @dataclass
@@ -55,7 +59,8 @@ class Dataset:
 
 def input_slots(tape) -> list:
     """The tape's named consts as Slots, with a common batch size (their leading dim)."""
-    slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape))
+    slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape),
+                  tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id))
              for v in tape.input_slots()]
     if not slots:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
@@ -107,13 +112,33 @@ def dataset_from(raw: NpzArchive, slots, suffix: str = "") -> Dataset:
                             f"the array must be {want}")
         if a.dtype.kind not in "biuf":
             raise DataError(f"{source}: array {key!r} has dtype {a.dtype}; expected numbers")
+        if s.ids and a.dtype.kind not in "iu":
+            hint = ("; float ids are refused, even whole ones: store integers "
+                    "(.astype(np.int64))" if a.dtype.kind == "f" else "")
+            raise DataError(f"{source}: array {key!r} has dtype {a.dtype}, but input slot "
+                            f"{s.name!r} (node {s.node_id}) takes integer ids{hint}")
     counts = {s.name + suffix: raw[s.name + suffix].shape[0] for s in slots}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{k} {n}" for k, n in counts.items())
         raise DataError(f"{source}: arrays have different example counts (axis 0): {listing}")
-    arrays = {s.name: np.ascontiguousarray(raw.load(s.name + suffix), dtype=np.float64)
+    arrays = {s.name: _slot_array(raw.load(s.name + suffix), s, s.name + suffix, source)
               for s in slots}
     return Dataset(arrays, next(iter(counts.values())), source)
+
+
+def _slot_array(a: np.ndarray, slot: Slot, key: str, source: str) -> np.ndarray:
+    """The array as the slot takes it: float64, or int64 ids all in range."""
+    if not slot.ids:
+        return np.ascontiguousarray(a, dtype=np.float64)
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise DataError(f"{source}: array {key!r}: id {int(a.max())} does not fit in an int64")
+    ids = np.ascontiguousarray(a, dtype=np.int64)
+    for node, bound in slot.id_bounds:
+        problem = bad_id(ids, bound)
+        if problem:
+            raise DataError(f"{source}: array {key!r}: {problem}, the range of the "
+                            f"{bound}-row table that node {node} reads")
+    return ids
 
 
 def split_validation(data: Dataset, fraction: float) -> tuple:

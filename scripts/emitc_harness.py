@@ -46,6 +46,7 @@ import numpy as np
 
 from gradtool.emit import layout
 from gradtool.emit.render import SCALAR_OPS, c_double
+from gradtool.ops import OPS
 from gradtool.tape import Tape
 
 # ── the harness ──────────────────────────────────────────────────────────────
@@ -174,7 +175,7 @@ def random_scalar_tape(rng: np.random.Generator, n_ops: int = 40, n_params: int 
     for _ in range(n_ops):
         op = str(rng.choice(SCALAR_OPS))
         const_only = rng.random() < 0.15
-        if op in ("add", "sub", "mul", "div"):
+        if OPS[op].arity == 2:
             a = pick(const_only=const_only) or pick() or pool[-1]
             if rng.random() < 0.2:
                 b = a                          # fan-out into both inputs

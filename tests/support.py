@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from click.testing import CliRunner
 
 import gradtool as gt
+from gradtool.cli import main
 from gradtool.ops import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +49,8 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (3, 4))], s, {}
     if kind == "binary":               # a broadcast on each side
         return [draw(spec, rng, (3, 1, 4)), draw(spec, rng, (2, 1))], s, {}
-    if kind == "reduce":
-        return [draw(spec, rng, (3, 4))], s, {}
+    if kind in ("reduce", "max"):
+        return [draw(spec, rng, (3, 4))], s, {"axis": 1, "keepdims": True}
     if kind == "matmul":
         return [draw(spec, rng, (3, 5)), draw(spec, rng, (5, 2))], s, {}
     if kind == "bmm":
@@ -63,18 +65,40 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (4, 5))], s, {"starts": [1, 0], "stops": [3, 4]}
     if kind == "concat":
         return [draw(spec, rng, (2, 3)), draw(spec, rng, (2, 2))], s, {"axis": 1}
+    if kind == "take":                 # repeated ids: rows whose gradient sums positions
+        return [draw(spec, rng, (5, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {}
+    if kind == "take_along":
+        return [draw(spec, rng, (3, 4)), np.array([[1, 1], [3, 0], [0, 2]])], s, {"axis": 1}
     raise NotImplementedError(f"tests/support.py: no inputs for op kind {kind!r} (op {name})")
 
 
 def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
-    """A tape whose params feed ONE node of op ``name``; the loss weighs its output with a
-    random const so every output element gets its own gradient.  -> (tape, out, loss)."""
+    """A tape whose params feed ONE node of op ``name`` (ids inputs are i64 consts); the loss
+    weighs its output with a random const so every output element gets its own gradient.
+    -> (tape, out, loss)."""
     inputs, s, attrs = op_case(name, rng, scalar=scalar)
     tp = gt.Tape()
-    leaves = [tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
+    leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].int_inputs
+              else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
     out = tp.record(name, *leaves, s=s, attrs=attrs)
     if scalar:
         w = tp.const(rng.uniform(0.5, 1.5, (1,)), name="w")
         return tp, out, tp.mul(out, w)
     w = tp.const(rng.uniform(0.5, 1.5, tp.value(out).shape))
     return tp, out, tp.sum(tp.mul(out, w))
+
+
+def run(*args, input=None):
+    """The gradtool command line, in process: ``run("inspect", path)``."""
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(result, status, *needles):
+    """Exit ``status`` with ONE stderr line ``gradtool: ...`` holding every needle."""
+    assert result.exit_code == status, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradtool: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

@@ -25,9 +25,15 @@ from gradtool.train import make_engine
 
 
 def perturb_leaves(tp, rp, rng):
-    """New leaf values (same signs, so log/sqrt inputs stay positive) on both sides."""
+    """New leaf values (same signs, so log/sqrt inputs stay positive; new ids in range) on
+    both sides."""
     for i, node in enumerate(tp.nodes):
-        if node.a < 0:
+        if node.a < 0 and tp.holds_ids(i):
+            bound = min(b for _, b in tp.id_bounds(i))
+            new = rng.integers(0, bound, tp.values[i].shape)
+            tp.set_value(tp.var(i), new)
+            rp.set_input(i, new)
+        elif node.a < 0:
             new = tp.values[i] * rng.uniform(0.5, 1.5, tp.values[i].shape)
             tp.set_value(tp.var(i), new)
             rp.set_input(i, new)
@@ -59,7 +65,7 @@ def weighted_loss(tp, y, rng):
 
 # ── one op at a time ──────────────────────────────────────────────────────
 
-UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt"]
+UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs"]
 
 
 @pytest.mark.parametrize("shape", [(1,), (3, 4), (2, 3, 5)])
@@ -265,9 +271,12 @@ def random_graph(rng, n_ops=14):
 
     for shape in [(2, 3), (3,), (2, 1), (1, 3), (2, 3, 4)]:
         leaf(shape)
+    def ids(bound, shape):
+        return tp.const(rng.integers(0, bound, shape), dtype="i64")
+
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
-                           "softmax", "slice", "concat", "reduce"])
+                           "softmax", "slice", "concat", "reduce", "take", "take_along"])
         x = pick()
         if kind == "unary":
             op = rng.choice(UNARY + ["adds", "muls"])
@@ -286,23 +295,28 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
             y = getattr(tp, op)(a, b)
         elif kind == "matmul":
             x = pick(lambda s: len(s) == 2) or leaf((2, 3))
             y = x @ leaf((x.shape[1], int(rng.integers(1, 5))), const=False)
-        elif kind == "bmm":
+        elif kind == "bmm":               # sometimes a batch of 1 stretched on either side
             x = pick(lambda s: len(s) == 3) or leaf((2, 3, 4))
-            y = tp.bmm(x, leaf((x.shape[0], x.shape[2], int(rng.integers(1, 4))), const=False))
+            batch = [x.shape[0], 1, 3][int(rng.integers(3))] if x.shape[0] == 1 else \
+                [x.shape[0], 1][int(rng.integers(2))]
+            y = tp.bmm(x, leaf((batch, x.shape[2], int(rng.integers(1, 4))), const=False))
+            if rng.random() < 0.5:
+                y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
             y = tp.transpose(x)
         elif kind == "reshape":
             y = tp.reshape(x, [int(np.prod(x.shape))])
         elif kind == "softmax":
-            y = tp.softmax(x, axis=int(rng.integers(len(x.shape))))
+            op = rng.choice(["softmax", "log_softmax"])
+            y = getattr(tp, op)(x, axis=int(rng.integers(len(x.shape))))
         elif kind == "slice":
             starts = [int(rng.integers(d)) for d in x.shape]
             stops = [int(rng.integers(lo + 1, d + 1))
@@ -311,8 +325,18 @@ def random_graph(rng, n_ops=14):
         elif kind == "concat":
             axis = int(rng.integers(len(x.shape)))
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
+        elif kind == "take":
+            table = pick(lambda s: len(s) <= 2) or leaf((4, 3))
+            y = tp.take(table, ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3)))))
+        elif kind == "take_along":
+            axis = int(rng.integers(len(x.shape)))
+            shape = list(x.shape)
+            shape[axis] = int(rng.integers(1, 4))
+            y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
         else:
-            y = tp.sum(x) if rng.random() < 0.5 else tp.mean(x)
+            op = rng.choice(["sum", "mean", "max"])
+            axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
+            y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
         pool.append(y)
     picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]
     loss = weighted_loss(tp, picks[0], rng)

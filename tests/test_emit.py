@@ -40,14 +40,15 @@ N_RANDOM = 220
 
 # ── the op table and the scope ───────────────────────────────────────────────
 
-SCALAR_TABLE_OPS = {"add", "sub", "mul", "div", "sum", "mean"}
+SCALAR_TABLE_OPS = {"add", "sub", "mul", "div", "abs", "maximum", "sum", "mean", "max",
+                    "log_softmax"}
 
 
-def test_every_elementwise_op_and_sum_mean_has_a_rendering():
+def test_every_elementwise_op_and_the_one_element_reductions_have_a_rendering():
     wanted = {n for n, spec in OPS.items() if spec.elementwise} | SCALAR_TABLE_OPS
     assert wanted <= set(RULES), sorted(wanted - set(RULES))
     assert set(RULES) <= set(OPS)
-    assert len(SCALAR_OPS) == 15
+    assert len(SCALAR_OPS) == 19
 
 
 def _one_element_tape(op):
@@ -66,6 +67,8 @@ def _one_element_tape(op):
         out = tp.softmax(tp.param(np.ones(1)))
     elif op == "slice":
         out = tp.slice(tp.param(np.ones(1)), [0], [1])
+    elif op in ("take", "take_along"):
+        out = tp.record(op, tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"))
     else:
         raise AssertionError(op)
     return tp, out
@@ -150,6 +153,9 @@ EDGE_VALUES = {
     "neg": [0.0, -0.0, INF],
     "sum": [0.0, -0.0, NAN, INF],
     "mean": [0.0, -0.0, NAN, -INF],
+    "abs": [0.0, -0.0, 5e-324, -5e-324, -3.0, INF, -INF, NAN],
+    "max": [0.0, -0.0, NAN, -INF],
+    "log_softmax": [0.0, -0.0, 1e308, -1e308, INF, -INF, NAN],
 }
 
 
@@ -178,6 +184,11 @@ def edge_cases():
             tp = gt.Tape()
             wa, wb = tp.param(np.array([a]), name="a"), tp.param(np.array([b]), name="b")
             add("div", tp, tp.div(wa, wb))
+    for a, b in ((0.0, -0.0), (-0.0, 0.0), (2.0, 2.0), (NAN, 1.0), (1.0, NAN), (INF, -INF),
+                 (-INF, 5e-324)):                 # maximum: ties, NaN on either side
+        tp = gt.Tape()
+        wa, wb = tp.param(np.array([a]), name="a"), tp.param(np.array([b]), name="b")
+        add("maximum", tp, tp.muls(tp.maximum(wa, wb), -1.5))
     for a, b in ((1e200, 1e200), (1e-200, 1e-200), (-0.0, -0.0), (3.0, -0.0)):
         tp = gt.Tape()
         wa, wb = tp.param(np.array([a]), name="a"), tp.param(np.array([b]), name="b")

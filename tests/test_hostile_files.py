@@ -17,6 +17,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from gradtool.cli import main
+from gradtool.ops import OPS
 from gradtool.tapefile import dumps
 from gradtool.tapefile_checks import SchemaCheck, _validator_class, skeleton
 from test_tapefile import all_ops_tape
@@ -91,6 +92,8 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "value on leaf", {**node, "value": data}
         yield "axis on leaf", {**node, "axis": 0}
         yield "s on leaf", {**node, "s": 2.0}
+        yield "dtype unknown", {**node, "dtype": "f32"}
+        yield "dtype int", {**node, "dtype": 8}
         yield "name empty", {**node, "name": ""}
         yield "name int", {**node, "name": 7}
         yield "name bin", {**node, "name": b"w"}
@@ -99,6 +102,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "l2 nan", {**node, "l2": float("nan")}
             yield "l2 inf", {**node, "l2": float("inf")}
             yield "l2 str", {**node, "l2": "1e-4"}
+            yield "dtype on param", {**node, "dtype": "i64"}
         else:
             yield "l2 on const", {**node, "l2": 0.0}
         earlier = [n.get("name") for n in doc["nodes"][:i] if isinstance(n, dict)]
@@ -109,6 +113,7 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "data on op", {**node, "data": bytes(8)}
         yield "name on op", {**node, "name": "z"}
         yield "l2 on op", {**node, "l2": 0.0}
+        yield "dtype on op", {**node, "dtype": "f64"}
         yield "a missing", {k: v for k, v in node.items() if k != "a"}
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}
@@ -121,13 +126,27 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "b on unary", {**node, "b": 0}
         else:
             yield "b missing", {k: v for k, v in node.items() if k != "b"}
-        if op in ("softmax", "concat"):
+        attrs = {at.name: at for at in OPS[op].attrs}
+        if "axis" in attrs:
             yield "axis too big", {**node, "axis": 99}
             yield "axis negative", {**node, "axis": -1}
-            yield "axis missing", {k: v for k, v in node.items() if k != "axis"}
             yield "axis float", {**node, "axis": 1.0}
+            if attrs["axis"].file_required:
+                yield "axis missing", {k: v for k, v in node.items() if k != "axis"}
         else:
             yield "axis stray", {**node, "axis": 0}
+        if "keepdims" in attrs:
+            yield "keepdims int", {**node, "keepdims": 1}
+            yield "keepdims str", {**node, "keepdims": "yes"}
+        else:
+            yield "keepdims stray", {**node, "keepdims": False}
+        ids = [k for k, n in enumerate(doc["nodes"][:i])
+               if isinstance(n, dict) and n.get("dtype") == "i64"]
+        if OPS[op].int_inputs:
+            yield "ids from a float node", {**node, "b": node["a"]}
+            yield "table from the ids", {**node, "a": node["b"]}
+        elif ids:
+            yield "ids read as floats", {**node, "a": ids[0]}
         if op == "slice":
             yield "starts short", {**node, "starts": node["starts"][:-1]}
             yield "stops past end", {**node, "stops": [d + 100 for d in node["stops"]]}
@@ -137,10 +156,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "starts stray", {**node, "starts": [0]}
 
 
-OPS_ARITY = {"param": 0, "const": 0, "add": 2, "sub": 2, "mul": 2, "div": 2, "neg": 1,
-             "adds": 1, "muls": 1, "relu": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "log": 1,
-             "sqrt": 1, "sum": 1, "mean": 1, "matmul": 2, "bmm": 2, "transpose": 1,
-             "reshape": 1, "softmax": 1, "slice": 1, "concat": 2}
+OPS_ARITY = {name: spec.arity for name, spec in OPS.items()}
 
 
 def nodes_to_mutate(name: str, doc: dict) -> list:

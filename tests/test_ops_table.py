@@ -77,10 +77,10 @@ def _hostile(name):
     else:
         cases.append(("a missing second input", dict(node, b=-1), "b"))
     for at in spec.attrs:
-        if at.stored:
+        if at.file_required:
             cases.append((f"no {at.name}", {k: v for k, v in node.items() if k != at.name},
                           at.name))
-    foreign = {"axis": 0, "starts": [0], "stops": [1]}
+    foreign = {"axis": 0, "keepdims": True, "starts": [0], "stops": [1]}
     for key, value in foreign.items():
         if key not in {at.name for at in spec.attrs}:
             cases.append((f"a foreign {key}", dict(node, **{key: value}), key))

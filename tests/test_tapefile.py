@@ -39,7 +39,17 @@ def all_ops_tape():
     sl = tp.slice(sm, [0, 0, 0], [1, 2, 1])
     cc = tp.concat(sl, sl, axis=2)
     loss = tp.add(tp.sum(cc), tp.mean(r))
-    return tp, loss, {"bmm": bm, "softmax": sm}
+    # the ops of real models: axis reductions, |x|, maximum, log_softmax, gathers by ids,
+    # a broadcast batch
+    ids = tp.const(np.array([[1, 0], [1, 1]]), name="ids", dtype="i64")
+    emb = tp.take(tp.maximum(tp.abs(t), r), ids)                  # [2,2,3]
+    lsm = tp.log_softmax(tp.max(emb, axis=1, keepdims=True), axis=2)     # [2,1,3]
+    picked = tp.take_along(lsm, tp.const(np.array([[[1]], [[2]]]), dtype="i64"), axis=2)
+    bb = tp.bmm(bm, tp.reshape(tp.sum(emb, axis=0), [1, 2, 3]))  # [1,2,2] @ [1,2,3]
+    bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
+    extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
+    loss = tp.add(loss, tp.sum(extra))
+    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
 
 
 def mlp_tape(rng):
@@ -84,11 +94,18 @@ def test_round_trip_all_ops_identical_bytes_and_bits():
 def test_round_trip_aux_is_exactly_what_recording_produces():
     tp, _, _ = all_ops_tape()
     tf = load(dumps(tp))
-    aux = {n.op: n.aux for n in tf.tape.nodes if n.aux}
-    assert aux == {"reshape": {"shape": [1, 2, 2]}, "softmax": {"axis": 2},
-                   "slice": {"starts": [0, 0, 0], "stops": [1, 2, 1]}, "concat": {"axis": 2}}
-    assert all(type(x) is int for d in aux.values() for v in d.values()
-               for x in (v if isinstance(v, list) else [v]))
+    aux = [(n.op, n.aux) for n in tf.tape.nodes if n.aux or n.op in ("sum", "mean")]
+    # an optional attribute at its default (no axis, keepdims False) is absent
+    assert aux == [("reshape", {"shape": [1, 2, 2]}), ("reshape", {"shape": [1, 2, 2]}),
+                   ("softmax", {"axis": 2}), ("slice", {"starts": [0, 0, 0], "stops": [1, 2, 1]}),
+                   ("concat", {"axis": 2}), ("sum", None), ("mean", None),
+                   ("max", {"axis": 1, "keepdims": True}), ("log_softmax", {"axis": 2}),
+                   ("take_along", {"axis": 2}), ("sum", {"axis": 0}),
+                   ("reshape", {"shape": [1, 2, 3]}), ("mean", {"axis": 0}),
+                   ("mean", {"axis": 2, "keepdims": True}), ("sum", None)]
+    assert [n.aux for n in tf.tape.nodes] == [n.aux for n in tp.nodes]
+    assert all(type(x) is (bool if k == "keepdims" else int) for _, d in aux if d
+               for k, v in d.items() for x in (v if isinstance(v, list) else [v]))
 
 
 def test_loaded_tape_backward_matches_the_original_bitwise(rng):

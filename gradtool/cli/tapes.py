@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import GradtoolError
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
-from ..ops import format_shape
+from ..ops import INT_DTYPE, format_shape
 from ..tapefile import TapeFile
 from ..train_data import gradient_sum, input_slots, load_dataset
 from .common import CheckFailed, load_tape, output_file_not_stdout
@@ -93,6 +93,8 @@ def inspect_summary(tf: TapeFile) -> dict:
             entry["name"] = n.name
         if n.op == "param":
             entry["l2"] = n.l2
+        if tape.holds_ids(i):
+            entry["dtype"] = INT_DTYPE
         nodes.append(entry)
     loss_id = tf.loss.id
     return {
@@ -104,7 +106,8 @@ def inspect_summary(tf: TapeFile) -> dict:
         "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
                     "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
                    for p in tape.params()],
-        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape)}
+        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
+                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
                    for c in tape.input_slots()],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
@@ -141,8 +144,8 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]), p["elements"], repr(p["l2"])]
                      for p in s["params"]], ["id", "name", "shape", "elements", "l2"])
     lines.append(f"inputs (named consts, {len(s['inputs'])}):")
-    lines += _table([[c["id"], c["name"], format_shape(c["shape"])] for c in s["inputs"]],
-                    ["id", "name", "shape"])
+    lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["dtype"]]
+                     for c in s["inputs"]], ["id", "name", "shape", "dtype"])
     lines.append(f"outputs ({len(s['outputs'])}):")
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
@@ -168,7 +171,7 @@ def _detail(n: dict) -> str:
         parts.append(repr(n["name"]))
     if n.get("l2"):
         parts.append(f"l2={n['l2']!r}")
-    for key in ("s", "axis", "starts", "stops"):
+    for key in ("s", "dtype", "axis", "keepdims", "starts", "stops"):
         if key in n:
             parts.append(f"{key}={n[key]!r}")
     return " ".join(parts)

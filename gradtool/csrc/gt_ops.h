@@ -21,6 +21,7 @@
     X(k_exp, R_EXP(xv)) \
     X(k_log, R_LOG(xv)) \
     X(k_sqrt, R_SQRT(xv)) \
+    X(k_abs, R_ABS(xv)) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */
@@ -34,6 +35,7 @@
     X(k_exp_bwd, R_MUL(gv, tv)) \
     X(k_log_bwd, R_DIV(gv, xv)) \
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
+    X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
     /* end */
 
 /* broadcasting binary ops: X(forward kernel, out from xv, yv) */
@@ -42,6 +44,7 @@
     X(k_sub, R_SUB(xv, yv)) \
     X(k_mul, R_MUL(xv, yv)) \
     X(k_div, R_DIV(xv, yv)) \
+    X(k_maximum, ((xv >= yv) ? xv : ((xv < yv) ? yv : R_ADD(xv, yv)))) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, yv, tv), per input, summed down
@@ -55,13 +58,21 @@
     X(k_mul_bwd_b, R_MUL(gv, xv)) \
     X(k_div_bwd_a, R_DIV(gv, yv)) \
     X(k_div_bwd_b, (-R_DIV(R_MUL(gv, tv), yv))) \
+    X(k_maximum_bwd_a, ((xv >= yv) ? gv : ((gt_real)0x0p+0))) \
+    X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
     /* end */
 
-/* softmax's elementwise parts (ops.SOFTMAX_PARTS) */
+/* softmax's elementwise parts (its entry's parts) */
 #define GT_SOFTMAX_EXP(x_, m_) R_EXP(R_SUB((x_), (m_)))
 #define GT_SOFTMAX_NORM(e_, sum_) R_DIV((e_), (sum_))
 #define GT_SOFTMAX_DOT(g_, t_) R_MUL((g_), (t_))
 #define GT_SOFTMAX_BWD(t_, g_, dot_) R_MUL((t_), R_SUB((g_), (dot_)))
+
+/* log_softmax's elementwise parts (its entry's parts) */
+#define GT_LOG_SOFTMAX_SHIFT(x_, m_) R_SUB((x_), (m_))
+#define GT_LOG_SOFTMAX_EXP(d_) R_EXP((d_))
+#define GT_LOG_SOFTMAX_OUT(d_, sum_) R_SUB((d_), R_LOG((sum_)))
+#define GT_LOG_SOFTMAX_BWD(g_, t_, gsum_) R_SUB((g_), R_MUL(R_EXP((t_)), (gsum_)))
 
 /* metadata decoders: M[0] is the thread-index count; the fields follow */
 /* UNARY_FWD: every unary forward kernel */
@@ -115,22 +126,45 @@
     const long long scratch = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)a; (void)b; (void)t; (void)nk; (void)kd; (void)kg; (void)ka; (void)kb; (void)nb; (void)bd; (void)bg; (void)ba; (void)bb; (void)scratch;
 
-/* k_sum: out[0] = (0.0 + a0 + a1 + ...) [/ len], serial (numerics.serial_sum/mean) */
+/* k_sum: per row: v = (0.0 + a0 + a1 + ...) [/ len], serial; out (=|+=) v (numerics.serial_sum_axis) */
 #define GT_ARGS_k_sum \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT out = W + *gt_m++; \
     const gt_real *GT_RESTRICT a = W + *gt_m++; \
     const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
     const long long is_mean = *gt_m++; \
-    (void)gt_m; (void)out; (void)a; (void)len; (void)is_mean;
+    const long long acc = *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)len; (void)inner; (void)is_mean; (void)acc;
 
-/* k_sum_bwd: ga[i] = ga[i] + v, v = g[0] (sum) or g[0] / n (mean) */
+/* k_sum_bwd: ga[i] = ga[i] + v, v = g[row of i] (sum) or g[row of i] / len (mean) */
 #define GT_ARGS_k_sum_bwd \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT ga = W + *gt_m++; \
     const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
     const long long is_mean = *gt_m++; \
-    (void)gt_m; (void)ga; (void)g; (void)is_mean;
+    (void)gt_m; (void)ga; (void)g; (void)len; (void)inner; (void)is_mean;
+
+/* k_max: per row: out = the first maximal element (numerics.first_max) */
+#define GT_ARGS_k_max \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT a = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)len; (void)inner;
+
+/* k_max_bwd: per row: ga = ga + (g at the first maximal element, +0.0 elsewhere) */
+#define GT_ARGS_k_max_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT a = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)a; (void)len; (void)inner;
 
 /* k_matmul: C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every sum serial over k (numerics.matmul) */
 #define GT_ARGS_k_matmul \
@@ -194,6 +228,67 @@
     const long long len = *gt_m++; \
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)t; (void)len; (void)inner;
+
+/* k_log_softmax: per row: d = x - max; y = d - log(0.0 + exp(d0) + exp(d1) + ...) */
+#define GT_ARGS_k_log_softmax \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT a = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)len; (void)inner;
+
+/* k_log_softmax_bwd: ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) per row */
+#define GT_ARGS_k_log_softmax_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT t = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)t; (void)len; (void)inner;
+
+/* k_take: out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows)) */
+#define GT_ARGS_k_take \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT table = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ids = W + *gt_m++; \
+    const long long rows = *gt_m++; \
+    const long long width = *gt_m++; \
+    (void)gt_m; (void)out; (void)table; (void)ids; (void)rows; (void)width;
+
+/* k_take_bwd: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions order[start[v]:start[v+1]] (numerics.take_index) */
+#define GT_ARGS_k_take_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT order = W + *gt_m++; \
+    const gt_real *GT_RESTRICT start = W + *gt_m++; \
+    const long long width = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)order; (void)start; (void)width;
+
+/* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len)) */
+#define GT_ARGS_k_take_along \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT a = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ids = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long k = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)ids; (void)len; (void)k; (void)inner;
+
+/* k_take_along_bwd: per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, j ascending) */
+#define GT_ARGS_k_take_along_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ids = W + *gt_m++; \
+    const long long len = *gt_m++; \
+    const long long k = *gt_m++; \
+    const long long inner = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)ids; (void)len; (void)k; (void)inner;
 
 /* k_fill: dst[i] = value */
 #define GT_ARGS_k_fill \
@@ -279,13 +374,26 @@
     X(k_log_bwd) \
     X(k_sqrt) \
     X(k_sqrt_bwd) \
+    X(k_abs) \
+    X(k_abs_bwd) \
+    X(k_maximum) \
+    X(k_maximum_bwd_a) \
+    X(k_maximum_bwd_b) \
     X(k_sum) \
     X(k_sum_bwd) \
+    X(k_max) \
+    X(k_max_bwd) \
     X(k_matmul) \
     X(k_copy_nd) \
     X(k_slice_bwd) \
     X(k_softmax) \
     X(k_softmax_bwd) \
+    X(k_log_softmax) \
+    X(k_log_softmax_bwd) \
+    X(k_take) \
+    X(k_take_bwd) \
+    X(k_take_along) \
+    X(k_take_along_bwd) \
     X(k_guard) \
     X(k_clip_norm) \
     X(k_sgd) \

@@ -80,6 +80,7 @@ typedef float gt_real;
 #  define R_LOG(x) ((gt_real)gt_log((double)(x)))
 #  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
 #  define R_EXPM1(x) ((gt_real)gt_expm1((double)(x)))
+#  define R_ABS(x) fabsf((x))
 #else
 typedef double gt_real;
 #  define R_ADD(a, b) GT_ADD((a), (b))
@@ -91,6 +92,7 @@ typedef double gt_real;
 #  define R_LOG(x) gt_log((x))
 #  define R_TANH(x) gt_tanh((x))
 #  define R_EXPM1(x) gt_expm1((x))
+#  define R_ABS(x) fabs((x))
 #endif
 
 /* literals of the element type (a double literal would promote float math) */
@@ -100,6 +102,36 @@ typedef double gt_real;
 
 /* a float64 scalar stored in the metadata as its bit pattern */
 #define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
+
+/* the canonical quiet NaN of the element type */
+#define R_NAN ((gt_real)gtm_nan())
+
+/* An integer id stored in the arena (program.py keeps ids, and take's index,
+ * as exact gt_real values): its value when it lies in [0, bound), else -1.
+ * Every id was checked on the host before it got here; the test guards the
+ * memory access anyway (a NaN, an infinity or a huge value never reaches the
+ * conversion to an integer). */
+GT_DEV long long gt_id(gt_real v, long long bound)
+{
+    return (v >= R0 && v < (gt_real)bound) ? (long long)v : -1;
+}
+
+/* numerics.first_max over the row a[base + l*inner], l = 0..L-1: the index of
+ * the first NaN, else of the first of the largest values (a tie, +0.0 against
+ * -0.0 included, keeps the earlier one). */
+GT_DEV long long gt_first_max(const gt_real *a, long long base, long long L, long long inner)
+{
+    gt_real m = a[base];
+    long long idx = 0;
+    for (long long l = 1; l < L; ++l) {
+        const gt_real x = a[base + l * inner];
+        if (m == m && (x > m || x != x)) { m = x; idx = l; }
+    }
+    return idx;
+}
+
+/* the first element of row r of an [outer, L, inner] index space */
+#define GT_ROW_BASE(r, L, inner) (((r) / (inner)) * (L) * (inner) + ((r) % (inner)))
 
 /* ========================================================================
  * Data movement and fills
@@ -379,45 +411,74 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 
 /* ========================================================================
- * Reductions to one element: sum and mean (serial, from 0.0, ascending)
+ * Reductions along one axis: rows of len elements at stride inner, one
+ * thread per row, M[0] = outer * inner rows (a whole reduction is one row of
+ * every element: outer = inner = 1).  Row r's result is element r of the
+ * output (the keepdims layout).
  * ====================================================================== */
 
-/* out[0] = (0.0 + a0 + a1 + ...) [/ len] */
+/* v = (0.0 + a0 + a1 + ...) [/ len], serial; out[r] = v, or out[r] + v with acc
+ * (bmm's batch sum of a stretched side's gradient) */
 GT_KERNEL k_sum(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum
-    GT_LOOP(z, M[0]) {
-        gt_real acc = R0;
-        for (long long i = 0; i < len; ++i) acc = R_ADD(acc, a[i]);
-        out[0] = is_mean ? R_DIV(acc, (gt_real)len) : acc;
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, len, inner);
+        gt_real s = R0;
+        for (long long l = 0; l < len; ++l) s = R_ADD(s, a[base + l * inner]);
+        const gt_real v = is_mean ? R_DIV(s, (gt_real)len) : s;
+        out[r] = acc ? R_ADD(out[r], v) : v;
     }
 }
 
-/* ga[i] = ga[i] + v with v = g[0] (sum) or g[0] / count (mean) */
+/* ga[i] = ga[i] + v with v = g[row of i] (sum) or g[row of i] / len (mean);
+ * M[0] = every element of the input */
 GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum_bwd
-    const gt_real v = is_mean ? R_DIV(g[0], (gt_real)M[0]) : g[0];
-    GT_LOOP(i, M[0]) { ga[i] = R_ADD(ga[i], v); }
+    GT_LOOP(i, M[0]) {
+        const gt_real gv = g[(i / (len * inner)) * inner + i % inner];
+        ga[i] = R_ADD(ga[i], is_mean ? R_DIV(gv, (gt_real)len) : gv);
+    }
+}
+
+/* out[r] = the row's first maximal element (gt_first_max), an exact copy */
+GT_KERNEL k_max(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_max
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, len, inner);
+        out[r] = a[base + gt_first_max(a, base, len, inner) * inner];
+    }
+}
+
+/* ga = ga + g[r] at the row's first maximal element, ga = ga + 0.0 elsewhere */
+GT_KERNEL k_max_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_max_bwd
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, len, inner);
+        const long long idx = gt_first_max(a, base, len, inner);
+        for (long long l = 0; l < len; ++l) {
+            const long long p = base + l * inner;
+            ga[p] = R_ADD(ga[p], l == idx ? g[r] : R0);
+        }
+    }
 }
 
 /* ========================================================================
  * Softmax along one axis (rows of length L, stride `inner`)
  * ====================================================================== */
 
-/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max propagates a
- * NaN anywhere in the row, like numpy's max.  M[0] = outer * inner rows. */
+/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max is the first
+ * maximal element, a NaN anywhere in the row.  M[0] = outer * inner rows. */
 GT_KERNEL k_softmax(gt_real *W, const long long *M)
 {
     GT_ARGS_k_softmax
     const long long L = len;
     GT_LOOP(r, M[0]) {
-        const long long base = (r / inner) * L * inner + (r % inner);
-        gt_real m = a[base];
-        for (long long l = 1; l < L; ++l) {
-            const gt_real x = a[base + l * inner];
-            if (x > m || x != x) m = x;
-        }
+        const long long base = GT_ROW_BASE(r, L, inner);
+        const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
         gt_real s = R0;
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
@@ -438,7 +499,7 @@ GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
     GT_ARGS_k_softmax_bwd
     const long long L = len;
     GT_LOOP(r, M[0]) {
-        const long long base = (r / inner) * L * inner + (r % inner);
+        const long long base = GT_ROW_BASE(r, L, inner);
         gt_real s = R0;
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
@@ -448,6 +509,106 @@ GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
             const long long p = base + l * inner;
             ga[p] = R_ADD(ga[p], GT_SOFTMAX_BWD(t[p], g[p], s));
         }
+    }
+}
+
+/* log_softmax: d = x - max (the first maximal element); y = d - log(0.0 +
+ * exp(d0) + exp(d1) + ...).  The parts are the op table's expressions. */
+GT_KERNEL k_log_softmax(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_log_softmax
+    const long long L = len;
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, L, inner);
+        const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            const gt_real d = GT_LOG_SOFTMAX_SHIFT(a[p], m);
+            out[p] = d;
+            s = R_ADD(s, GT_LOG_SOFTMAX_EXP(d));
+        }
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            out[p] = GT_LOG_SOFTMAX_OUT(out[p], s);
+        }
+    }
+}
+
+/* ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) */
+GT_KERNEL k_log_softmax_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_log_softmax_bwd
+    const long long L = len;
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, L, inner);
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) s = R_ADD(s, g[base + l * inner]);
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            ga[p] = R_ADD(ga[p], GT_LOG_SOFTMAX_BWD(g[p], t[p], s));
+        }
+    }
+}
+
+/* ========================================================================
+ * Gathers by integer ids (take, take_along) and their scatter-add backward.
+ * ids, and take's backward index (numerics.take_index: order, start), are
+ * exact gt_real values in the arena.  Every backward thread owns one
+ * destination element and sums what reaches it serially from 0.0, in
+ * ascending position order: the same bits as the numpy rule, no atomics.
+ * ====================================================================== */
+
+/* out[p, j] = table[ids[p], j]; M[0] = positions * width */
+GT_KERNEL k_take(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take
+    GT_LOOP(i, M[0]) {
+        const long long v = gt_id(ids[i / width], rows);
+        out[i] = v < 0 ? R_NAN : table[v * width + i % width];
+    }
+}
+
+/* table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) for the
+ * positions order[start[v]] .. order[start[v+1]-1]; M[0] = rows * width */
+GT_KERNEL k_take_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_bwd
+    GT_LOOP(i, M[0]) {
+        const long long v = i / width, j = i % width;
+        const long long lo = (long long)start[v], hi = (long long)start[v + 1];
+        gt_real s = R0;
+        for (long long q = lo; q < hi; ++q) s = R_ADD(s, g[(long long)order[q] * width + j]);
+        ga[i] = R_ADD(ga[i], s);
+    }
+}
+
+/* out[o, j, r] = a[o, ids[o, j, r], r]: a is [outer, len, inner], ids and
+ * out [outer, k, inner]; M[0] = outer * k * inner */
+GT_KERNEL k_take_along(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_along
+    GT_LOOP(i, M[0]) {
+        const long long l = gt_id(ids[i], len);
+        const long long base = (i / (k * inner)) * len * inner + i % inner;
+        out[i] = l < 0 ? R_NAN : a[base + l * inner];
+    }
+}
+
+/* a element (o, l, r): ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] ==
+ * l, j ascending); M[0] = outer * len * inner */
+GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_along_bwd
+    GT_LOOP(i, M[0]) {
+        const long long l = (i / inner) % len;
+        const long long base = (i / (len * inner)) * k * inner + i % inner;
+        gt_real s = R0;
+        for (long long j = 0; j < k; ++j) {
+            const long long p = base + j * inner;
+            if (gt_id(ids[p], len) == l) s = R_ADD(s, g[p]);
+        }
+        ga[i] = R_ADD(ga[i], s);
     }
 }
 

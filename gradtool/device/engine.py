@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ..errors import GradtoolError
-from ..tape import as_float64_array
+from ..tape import as_float64_array, as_ids_array, check_ids
 from .program import CaptureError, DTYPES, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
@@ -66,6 +66,7 @@ class DeviceReplay:
         # the accessors take GVars of this tape as captured (or plain node ids)
         self.tape, self._serials = tape, list(tape.serials)
         self._leaf = [node.a < 0 for node in tape.nodes]
+        self._ids = {i for i in range(len(tape.nodes)) if tape.holds_ids(i)}
         self.backend, self.backend_reason = resolve_backend(backend)
         if self.backend == "cuda":
             from .cuda import CudaBackend
@@ -95,16 +96,26 @@ class DeviceReplay:
         return int(node)
 
     def set_input(self, node, data) -> None:
-        """Fresh values for a leaf (an input slot's minibatch rows, or a param)."""
+        """Fresh values for a leaf (an input slot's minibatch rows, or a param).
+
+        Ids take integer data only, every id in range; their take index
+        (:meth:`Program.id_writes`) is rebuilt and uploaded with them.
+        """
         i = self.node_id(node, "set_input")
         prog = self.program
         if not self._leaf[i]:
             raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
-        arr = as_float64_array(data, f"set_input node {i}")
+        what = f"set_input node {i}"
+        arr = as_ids_array(data, what) if i in self._ids else as_float64_array(data, what)
         if arr.shape != prog.shapes[i]:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
-        self.dev.write(prog.val_off[i], np.ascontiguousarray(arr, dtype=DTYPES[self.dtype]))
+        if i not in self._ids:
+            self.dev.write(prog.val_off[i], np.ascontiguousarray(arr, dtype=DTYPES[self.dtype]))
+            return
+        check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
+        for off, values in prog.id_writes(i, arr):
+            self.dev.write(off, np.ascontiguousarray(values, dtype=DTYPES[self.dtype]))
 
     def forward(self) -> None:
         self.dev.run("forward", "forward")
@@ -153,7 +164,8 @@ class DeviceReplay:
     def value(self, node) -> np.ndarray:
         i = self.node_id(node, "value")
         prog = self.program
-        return self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+        out = self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+        return out.astype(np.int64) if i in self._ids else out
 
     def grad(self, node) -> np.ndarray:
         """dL/d(node) from the last backward; zeros for a node backward never touches."""

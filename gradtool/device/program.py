@@ -19,6 +19,10 @@ The launch list mirrors the CPU tape exactly (:mod:`gradtool.tape`):
   input b (:meth:`Tape.backward`);
 * optimizer: see :mod:`gradtool.device.optimizer`.
 
+Integer ids (the i64 consts take and take_along read) sit in the arena as
+exact float values, with each learning take's backward index
+(:class:`TakeIndex`); setting new ids uploads both (:meth:`Program.id_writes`).
+
 Restrictions raise :class:`CaptureError` (exit 2 from the CLI) before
 anything is allocated.
 """
@@ -30,7 +34,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..ops import OPS, infer_shape
+from .. import numerics as nx
+from ..ops import OPS, attr, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
@@ -39,6 +44,22 @@ MAX_DIMS = 8                      # GT_MAXD in kernels.cu
 HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
 DTYPES = {"f64": np.float64, "f32": np.float32}
 PHASES = ("forward", "backward", "optimizer")
+EXACT_INTS = {"f64": 2 ** 53, "f32": 2 ** 24}    # every int below this is exact in the arena
+
+
+@dataclass(frozen=True)
+class TakeIndex:
+    """Where take's backward index (numerics.take_index of its ids) lives in the arena.
+
+    The ids are a leaf: they change only when the host sets them, and then the
+    host recomputes this index and uploads it with them (:meth:`Program.id_writes`).
+    """
+
+    leaf: int                   # the ids leaf
+    node: int                   # the take node
+    rows: int                   # the table's rows (ids lie in [0, rows))
+    order_off: int              # positions sorted by the row they read (N values)
+    start_off: int              # row v's positions are order[start[v]:start[v+1]] (rows+1)
 
 
 @dataclass
@@ -57,6 +78,19 @@ class Program:
     optimizer: Optional[object] = None      # gradtool.device.optimizer.OptimizerPlan
     param_ids: list = field(default_factory=list)
     input_ids: list = field(default_factory=list)
+    id_bounds: dict = field(default_factory=dict)    # ids leaf -> [(reading node, bound)]
+    take_indexes: list = field(default_factory=list)  # TakeIndex per take whose table learns
+
+    def id_writes(self, leaf: int, ids: np.ndarray) -> list:
+        """(offset, float64 values) to upload for new ids of ``leaf``: the ids themselves
+        (exact integers, docs/device.md) and every take index built from them."""
+        out = [(self.val_off[leaf], np.asarray(ids, dtype=np.float64))]
+        for ti in self.take_indexes:
+            if ti.leaf == leaf:
+                order, start = nx.take_index(ids, ti.rows)
+                out += [(ti.order_off, order.astype(np.float64)),
+                        (ti.start_off, start.astype(np.float64))]
+        return out
 
     @property
     def itemsize(self) -> int:
@@ -140,6 +174,7 @@ class _Builder:
         self.size = 0
         self.scratch_need = 0
         self.scratch_off = -1
+        self.take_index = {}          # take node -> its TakeIndex
 
     def alloc(self, n: int) -> int:
         off = self.size
@@ -169,7 +204,8 @@ def _check(tape, loss: int, dtype: str) -> None:
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
         if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
-        if not isinstance(value, np.ndarray) or value.dtype != np.float64:
+        ids = node.op == "const" and getattr(value, "dtype", None) == np.int64
+        if not isinstance(value, np.ndarray) or (value.dtype != np.float64 and not ids):
             kind = getattr(value, "dtype", type(value).__name__)
             raise CaptureError(f"node {i}: holds {kind} values; the device replay needs a "
                                f"float64 tape")
@@ -182,6 +218,17 @@ def _check(tape, loss: int, dtype: str) -> None:
     if tape.values[loss].size != 1:
         raise CaptureError(f"loss node {loss} has shape {list(tape.values[loss].shape)}; "
                            f"backward needs a one-element loss")
+    if tape.values[loss].dtype != np.float64:
+        raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
+    for i, node in enumerate(tape.nodes):
+        spec = OPS[node.op]
+        if spec.int_inputs:
+            # ids (< bound) and take's index (positions, counts <= N) become arena values
+            most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
+                       tape.values[node.b].size if node.op == "take" else 0)
+            if most >= EXACT_INTS[dtype]:
+                raise CaptureError(f"node {i} ({node.op}): {most} ids or rows; a {dtype} arena "
+                                   f"holds integers exactly only below {EXACT_INTS[dtype]}")
 
 
 def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Program:
@@ -199,6 +246,12 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
     grad_end = b.size
     ctl_off = b.alloc(4)
+    takes = []          # the backward index of every take whose table learns
+    for i, n in enumerate(tape.nodes):
+        if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+            rows = b.shapes[n.a][0]
+            takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
+    b.take_index = {ti.node: ti for ti in takes}
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
                for launch in _forward_node(b, i, val_off)]
@@ -219,8 +272,17 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
                    loss=loss, ctl_off=ctl_off,
                    launches={"forward": forward, "backward": backward, "optimizer": []},
                    param_ids=[i for i, n in enumerate(tape.nodes) if n.op == "param"],
-                   input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name])
-    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))]
+                   input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name],
+                   take_indexes=takes)
+    for i, n in enumerate(tape.nodes):
+        spec = OPS[n.op]
+        if spec.int_inputs:
+            bound = spec.index_bound(b.shapes[n.a], n.aux)
+            prog.id_bounds.setdefault(n.b, []).append((i, bound))
+    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))
+                 if i not in prog.id_bounds]
+    for leaf in prog.id_bounds:
+        prog.init += prog.id_writes(leaf, tape.values[leaf])
     if optimizer is not None:
         prog.optimizer = plan_optimizer(b, prog, optimizer)
         prog.launches["optimizer"] = prog.optimizer.launches
@@ -256,10 +318,24 @@ def _fwd_binary(b, i, spec, val):
                    b=val[node.b], dims=dims, sa=st_a, sb=st_b)]
 
 
+def _reduce_rows(b, i):
+    """(outer, len, inner) of a reduction: one row of every element without an axis."""
+    node = b.tape.nodes[i]
+    axis = attr(node.aux, "axis")
+    return (1, b.n(node.a), 1) if axis is None else _axis_split(b.shapes[node.a], axis)
+
+
 def _fwd_reduce(b, i, spec, val):
     ia = b.tape.nodes[i].a
-    return [launch("k_sum", 1, i, spec.name, out=val[i], a=val[ia], len=b.n(ia),
-                   is_mean=int(spec.name == "mean"))]
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_sum", outer * inner, i, spec.name, out=val[i], a=val[ia], len=length,
+                   inner=inner, is_mean=int(spec.name == "mean"), acc=0)]
+
+
+def _fwd_max(b, i, spec, val):
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_max", outer * inner, i, spec.name, out=val[i], a=val[b.tape.nodes[i].a],
+                   len=length, inner=inner)]
 
 
 def _fwd_matmul(b, i, spec, val):
@@ -269,12 +345,20 @@ def _fwd_matmul(b, i, spec, val):
                     (0, k, 1), (0, nn, 1), acc=False, what="matmul")]
 
 
+def _bmm_dims(b, i):
+    """(batch, m, k, n, a's batch stride, b's batch stride): 0 on a stretched side."""
+    node = b.tape.nodes[i]
+    bt, m, nn = b.shapes[i]
+    k = b.shapes[node.a][2]
+    return (bt, m, k, nn, m * k if b.shapes[node.a][0] == bt else 0,
+            k * nn if b.shapes[node.b][0] == bt else 0)
+
+
 def _fwd_bmm(b, i, spec, val):
     node = b.tape.nodes[i]
-    bt, m, k = b.shapes[node.a]
-    nn = b.shapes[i][2]
+    bt, m, k, nn, sab, sbb = _bmm_dims(b, i)
     return [_matmul(b, i, val[i], val[node.a], val[node.b], bt, m, k, nn,
-                    (m * k, k, 1), (k * nn, nn, 1), acc=False, what="bmm")]
+                    (sab, k, 1), (sbb, nn, 1), acc=False, what="bmm")]
 
 
 def _fwd_transpose(b, i, spec, val):
@@ -295,7 +379,7 @@ def _fwd_reshape(b, i, spec, val):
 def _fwd_softmax(b, i, spec, val):
     node = b.tape.nodes[i]
     outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
-    return [launch("k_softmax", outer * inner, i, "softmax", out=val[i], a=val[node.a],
+    return [launch(spec.kernels[0], outer * inner, i, spec.name, out=val[i], a=val[node.a],
                    len=length, inner=inner)]
 
 
@@ -319,10 +403,26 @@ def _fwd_concat(b, i, spec, val):
                   row_major_strides(sbb), acc=False, what="concat b")]
 
 
+def _fwd_take(b, i, spec, val):
+    node = b.tape.nodes[i]
+    rows = b.shapes[node.a][0]
+    return [launch("k_take", b.n(i), i, "take", out=val[i], table=val[node.a], ids=val[node.b],
+                   rows=rows, width=b.n(node.a) // rows)]
+
+
+def _fwd_take_along(b, i, spec, val):
+    node = b.tape.nodes[i]
+    axis = node.aux["axis"]
+    _, length, inner = _axis_split(b.shapes[node.a], axis)
+    return [launch("k_take_along", b.n(i), i, "take_along", out=val[i], a=val[node.a],
+                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
+
+
 _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
-            "matmul": _fwd_matmul, "bmm": _fwd_bmm, "transpose": _fwd_transpose,
-            "reshape": _fwd_reshape, "softmax": _fwd_softmax, "slice": _fwd_slice,
-            "concat": _fwd_concat}
+            "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
+            "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
+            "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
+            "take_along": _fwd_take_along}
 
 
 def _axis_split(shape, axis):
@@ -375,8 +475,16 @@ def _bwd_binary(b, i, spec, need_a, need_b, val, grad):
 
 def _bwd_reduce(b, i, spec, need_a, need_b, val, grad):
     ia = b.tape.nodes[i].a
+    _, length, inner = _reduce_rows(b, i)
     return [launch("k_sum_bwd", b.n(ia), i, f"{spec.name} backward", ga=grad[ia], g=grad[i],
-                   is_mean=int(spec.name == "mean"))]
+                   len=length, inner=inner, is_mean=int(spec.name == "mean"))]
+
+
+def _bwd_max(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_max_bwd", outer * inner, i, "max backward", ga=grad[ia], g=grad[i],
+                   a=val[ia], len=length, inner=inner)]
 
 
 def _bwd_matmul(b, i, spec, need_a, need_b, val, grad):
@@ -396,16 +504,27 @@ def _bwd_matmul(b, i, spec, need_a, need_b, val, grad):
 def _bwd_bmm(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
     ia, ib, g = node.a, node.b, grad[i]
-    bt, m, k = b.shapes[ia]
-    nn = b.shapes[i][2]
+    bt, m, k, nn, sab, sbb = _bmm_dims(b, i)
     out = []
-    if need_a:
-        out.append(_matmul(b, i, grad[ia], g, val[ib], bt, m, nn, k, (m * nn, nn, 1),
-                           (k * nn, 1, nn), acc=True, what="bmm backward a"))
-    if need_b:
-        out.append(_matmul(b, i, grad[ib], val[ia], g, bt, k, m, nn, (m * k, 1, k),
-                           (m * nn, nn, 1), acc=True, what="bmm backward b"))
+    if need_a:      # dA[bt] += G[bt] @ B[bt]^T: [m, nn] @ [nn, k], serial over nn
+        out += _batch_product(b, i, grad[ia], sab == 0, bt, m, nn, k, g, (m * nn, nn, 1),
+                              val[ib], (sbb, 1, nn), "bmm backward a")
+    if need_b:      # dB[bt] += A[bt]^T @ G[bt]: [k, m] @ [m, nn], serial over m
+        out += _batch_product(b, i, grad[ib], sbb == 0, bt, k, m, nn, val[ia], (sab, 1, k),
+                              g, (m * nn, nn, 1), "bmm backward b")
     return out
+
+
+def _batch_product(b, i, dst, stretched, bt, m, k, n, x, sx, y, sy, what) -> list:
+    """dst += X[bt] @ Y[bt] for every batch; for a side the forward stretched (bt > 1, dst
+    one batch), the products land in scratch first and their serial batch sum is added."""
+    if not stretched or bt == 1:
+        return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=True, what=what)]
+    strip = k * HOST_MATMUL_STRIP
+    products = b.need_scratch(strip + bt * m * n) + strip      # after the matmul's strip
+    return [_matmul(b, i, products, x, y, bt, m, k, n, sx, sy, acc=False, what=what),
+            launch("k_sum", m * n, i, f"{what} (batch sum)", out=dst, a=products, len=bt,
+                   inner=m * n, is_mean=0, acc=1)]
 
 
 def _bwd_transpose(b, i, spec, need_a, need_b, val, grad):
@@ -427,8 +546,8 @@ def _bwd_reshape(b, i, spec, need_a, need_b, val, grad):
 def _bwd_softmax(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
     outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
-    return [launch("k_softmax_bwd", outer * inner, i, "softmax backward", ga=grad[node.a],
-                   g=grad[i], t=val[i], len=length, inner=inner)]
+    return [launch(spec.kernels[1], outer * inner, i, f"{spec.name} backward",
+                   ga=grad[node.a], g=grad[i], t=val[i], len=length, inner=inner)]
 
 
 def _bwd_slice(b, i, spec, need_a, need_b, val, grad):
@@ -458,10 +577,28 @@ def _bwd_concat(b, i, spec, need_a, need_b, val, grad):
     return out
 
 
+def _bwd_take(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    index = b.take_index[i]
+    rows = b.shapes[node.a][0]
+    return [launch("k_take_bwd", b.n(node.a), i, "take backward", ga=grad[node.a], g=grad[i],
+                   order=index.order_off, start=index.start_off, width=b.n(node.a) // rows)]
+
+
+def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    axis = node.aux["axis"]
+    _, length, inner = _axis_split(b.shapes[node.a], axis)
+    return [launch("k_take_along_bwd", b.n(node.a), i, "take_along backward",
+                   ga=grad[node.a], g=grad[i], ids=val[node.b], len=length,
+                   k=b.shapes[node.b][axis], inner=inner)]
+
+
 _BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
-             "matmul": _bwd_matmul, "bmm": _bwd_bmm, "transpose": _bwd_transpose,
-             "reshape": _bwd_reshape, "softmax": _bwd_softmax, "slice": _bwd_slice,
-             "concat": _bwd_concat}
+             "max": _bwd_max, "matmul": _bwd_matmul, "bmm": _bwd_bmm,
+             "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
+             "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
+             "take_along": _bwd_take_along}
 
 
 def _reduce(b, node, kernel, target, val, grad, what) -> Launch:

@@ -17,8 +17,8 @@ anywhere.  A contribution of ``None`` means the op has no such input.
 Only ops that act on one element at a time have a scalar rendering: every
 elementwise op of the table (a broadcast is the identity on one-element
 operands) and the ops whose entry gives a one-element form (``sum`` and
-``mean``: ``0.0 + x`` and ``(0.0 + x) / 1.0``).  Every other op is rejected
-by :func:`rule`.
+``mean``: ``0.0 + x`` and ``(0.0 + x) / 1.0``; ``max``: ``x``; ``log_softmax``:
+its parts on a line of one).  Every other op is rejected by :func:`rule`.
 """
 
 from __future__ import annotations
