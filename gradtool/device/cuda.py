@@ -43,6 +43,7 @@ import ctypes.util
 import functools
 import hashlib
 import os
+import re
 import struct
 import weakref
 
@@ -76,13 +77,32 @@ def cuda_status() -> tuple:
     return True, f"cuda device 0: {drv.Device(0).name()}"
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[^\n]*$', re.M)
+
+
+def inline_headers(src: str) -> str:
+    """``src`` with every ``#include "header"`` of gradtool/csrc inlined, recursively and
+    once each (host_prelude.h, host-only, stays a line nvcc never reaches): what nvcc
+    compiles, and what a module cache is keyed by."""
+    seen = set()
+
+    def expand(text: str) -> str:
+        def one(match):
+            name = match.group(1)
+            if name == "host_prelude.h" or not (CSRC / name).is_file():
+                return match.group(0)
+            if name in seen:
+                return ""
+            seen.add(name)
+            return expand((CSRC / name).read_text())
+        return _INCLUDE.sub(one, text)
+
+    return expand(src)
+
+
 def kernel_source() -> str:
-    """kernels.cu with gt_math.h and gt_ops.h inlined (host_prelude.h is host-only): what
-    nvcc compiles, and what the module cache is keyed by."""
-    src = (CSRC / "kernels.cu").read_text()
-    for header in ("gt_math.h", "gt_ops.h"):
-        src = src.replace(f'#include "{header}"', (CSRC / header).read_text(), 1)
-    return src
+    """kernels.cu with its headers inlined: what nvcc compiles."""
+    return inline_headers((CSRC / "kernels.cu").read_text())
 
 
 def nvcc_options(dtype: str) -> list:

@@ -31,7 +31,7 @@ from ..errors import GradtoolError
 from .program import DTYPES, PHASES, Program
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h", "gt_ops.h")
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
