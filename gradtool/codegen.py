@@ -45,6 +45,26 @@ def _render(e, env) -> str:
     return E.render(e, E.KERNEL, env)
 
 
+_ENVS = {"UNARY_FWD": UNARY_FWD_ENV, "UNARY_BWD": UNARY_BWD_ENV,
+         "BINARY_FWD": BINARY_FWD_ENV, "BINARY_BWD": BINARY_BWD_ENV}
+
+
+def elementwise_rule(kernel_name: str) -> tuple:
+    """(family, C expression) of one elementwise kernel: the table's rule rendered exactly
+    as gt_ops.h renders it for that kernel (the fusion pass expands the family's body,
+    gt_bodies.h, with this text)."""
+    for spec in OPS.values():
+        if not spec.elementwise:
+            continue
+        prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
+        for i, k in enumerate(kernel_names(spec)):
+            if k == kernel_name:
+                family = prefix + ("FWD" if i == 0 else "BWD")
+                rule = spec.fwd if i == 0 else spec.bwd[i - 1]
+                return family, _render(rule, _ENVS[family])
+    raise KeyError(f"{kernel_name!r} is not an elementwise kernel")
+
+
 def _xlist(name: str, rows: list) -> list:
     lines = [f"#define {name}(X) \\"]
     lines += [f"    X({a}, {b}) \\" for a, b in rows]

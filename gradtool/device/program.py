@@ -56,6 +56,7 @@ class Program:
     optimizer: Optional[object] = None      # gradtool.device.optimizer.OptimizerPlan
     param_ids: list = field(default_factory=list)
     input_ids: list = field(default_factory=list)
+    fusion: Optional[object] = None         # gradtool.device.fusion.FusionPlan (--fuse)
 
     @property
     def itemsize(self) -> int:
