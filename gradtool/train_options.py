@@ -43,6 +43,7 @@ class TrainOptions:
     every: Optional[int] = None
     log: Optional[str] = None
     backend: str = "cpu"
+    fuse: bool = False            # device backends: fused kernels (gradtool.device.fusion)
     plot: Optional[str] = None
 
 
@@ -101,6 +102,8 @@ def check_options(options: TrainOptions) -> None:
         raise TrainError("--every needs --save (the file checkpoints are written to)")
     if options.val is not None and options.val_split is not None:
         raise TrainError("give --val or --val-split, not both")
+    if options.fuse and options.backend == "cpu":
+        raise TrainError("--fuse needs a device backend (--backend host, cuda or auto)")
     for flag, path in (("--save", options.save), ("--plot", options.plot), ("--log", options.log)):
         # fail now, not after the training the file was meant to keep
         if path is not None:

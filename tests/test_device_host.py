@@ -416,12 +416,14 @@ def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
             assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
-@pytest.mark.parametrize("kind,clip,kernels", [("adam", 1.2, "tiled"), ("adam", 0.0, "tiled"),
-                                              ("sgd", 1.1, "tiled"),
-                                              ("adam", 1.2, "per-thread-reversed")])
-def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
+@pytest.mark.parametrize("kind,clip,kernels,fuse", [
+    ("adam", 1.2, "tiled", False), ("adam", 0.0, "tiled", False), ("sgd", 1.1, "tiled", False),
+    ("adam", 1.2, "per-thread-reversed", False),
+    ("adam", 1.2, "tiled", True), ("sgd", 1.1, "per-thread", True),
+    ("adam", 1.2, "per-thread-reversed", True)])
+def test_training_steps_bit_exact_with_optim(kind, clip, kernels, fuse):
     """50 steps: every loss and, at the end, every param and moment identical to the bit
-    (the optimizer kernels also run last thread first, as a GPU may)."""
+    (the optimizer kernels also run last thread first, as a GPU may; and fused)."""
     rng = np.random.default_rng(7)
     tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
     rng = np.random.default_rng(7)
@@ -431,7 +433,8 @@ def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
             for tp in (tp_cpu, tp_dev)]
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
 
-    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels)
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels, fuse=fuse)
+    assert (rp.launches() < sum(rp.unfused_counts.values())) == fuse
     dev_losses, clipped = [], 0
     for xb, yb in data:
         rp.set_input(x_dev, xb)

@@ -127,10 +127,13 @@ class Console(Reporter):
               help="Print a JSON summary as the last line of stdout.")
 @click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
               show_default=True, help="Engine that runs the steps.")
+@click.option("--fuse", is_flag=True,
+              help="host/cuda/auto: run each step as the few fused kernels generated for this "
+                   "tape (identical bits; compiled once per tape). Not implied by auto.")
 @click.option("--plot", metavar="LOSS.png", callback=output_file,
               help="Plot the loss curve (needs matplotlib).")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
-          accuracy, save, every, log, as_json, backend, plot):
+          accuracy, save, every, log, as_json, backend, fuse, plot):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
 
     The tape's named consts are the input slots; the batch size is their
@@ -147,7 +150,7 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           plot=plot)
+                           fuse=fuse, plot=plot)
     reporters = [Console()]
     trainer = Trainer(tf, data, options, reporters)
     if log:

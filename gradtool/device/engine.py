@@ -208,6 +208,21 @@ def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=
                         graph=graph, host_kernels=host_kernels, fuse=fuse)
 
 
+def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
+    """The program ``capture(..., fuse=True)`` would run, with its ``fusion`` plan
+    (:class:`gradtool.device.fusion.FusionPlan`); nothing is compiled or allocated."""
+    from ..tape import Tape
+    from .fusion import fuse
+
+    if not isinstance(tape, Tape):
+        raise GradtoolError(f"fusion_plan: expected a Tape, got {type(tape).__name__}")
+    try:
+        loss_id = tape.var(loss).id
+    except GradtoolError as exc:
+        raise CaptureError(f"loss: {exc}") from None
+    return fuse(tape, capture_program(tape, loss_id, dtype, optimizer))
+
+
 class DeviceEngine:
     """The training engine on a device backend (same interface as train.CpuEngine)."""
 
@@ -220,6 +235,9 @@ class DeviceEngine:
         self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph,
                               fuse=fuse)
         self.name = self.replay.backend
+        rp = self.replay
+        self.label = self.name + (f" (fused: {rp.launches()} launches per step instead of "
+                                  f"{sum(rp.unfused_counts.values())})" if fuse else "")
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
         self.replay.set_input(node_id, batch)
@@ -240,7 +258,7 @@ class DeviceEngine:
 
 
 __all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
-           "BACKENDS"]
+           "BACKENDS", "fusion_plan"]
 
 
 # ── parity with the CPU tape, and timing (used by `gradtool replay-gpu`) ───

@@ -122,10 +122,11 @@ class FusedKernel:
         return sum(1 for p in self.phases if p.barrier)
 
     def launch(self) -> FusedLaunch:
+        # M = [rows or indices, walk]: the walk (0 in order, 1 reversed) is the host's
         if self.phases:
-            return FusedLaunch(self.name, (self.rows,), -1, self.kind, self.threads)
+            return FusedLaunch(self.name, (self.rows, 0), -1, self.kind, self.threads)
         total = sum(s.size for s in self.segments)
-        return FusedLaunch(self.name, (total,), -1, self.kind, 0)
+        return FusedLaunch(self.name, (total, 0), -1, self.kind, 0)
 
 
 @dataclass
@@ -570,7 +571,7 @@ def _phase_text(p: Phase, k: FusedKernel, indent: str) -> list:
         lines.append(f"{indent}    {pre}")
     lines.append(f"{indent}    for (long long gt_c = gt_t; gt_c < {p.per_row}LL; "
                  f"gt_c += {k.threads}) {{")
-    lines.append(f"{indent}        const long long gt_i = gt_r * {p.per_row}LL + gt_c;")
+    lines.append(f"{indent}        const long long gt_i = gt_r * {p.per_row}LL + gt_c; (void)gt_i;")
     lines.append(f"{indent}        {body}")
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
@@ -610,7 +611,7 @@ def _flat_text(k: FusedKernel) -> list:
         ctl = unpack(k.skip_update)["ctl"]
         lines += ["    {", f"        const gt_real *GT_RESTRICT ctl = W + {ctl}LL;",
                   "        GT_SKIP_UPDATE", "    }"]
-    lines.append(f"    GT_LOOP(gt_z, {total}LL) {{")
+    lines.append(f"    GT_FLAT(gt_z, {total}LL) {{")
     start = 0
     for n, s in enumerate(k.segments):
         cond = "if" if n == 0 else "else if"
@@ -656,23 +657,19 @@ def render(plan: FusionPlan, drop_barriers=()) -> str:
 _HOST_LIBS: dict = {}
 
 
-def host_flags(dtype: str, reverse: bool) -> list:
-    flags = ["-x", "c", *native.SAFE_FLAGS]
-    if dtype == "f32":
-        flags.append("-DGT_REAL_F32")
-    if reverse:
-        flags.append("-DGT_REVERSE_THREADS")
-    return flags
+def host_flags(dtype: str) -> list:
+    return ["-x", "c", *native.SAFE_FLAGS] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
 
 
-def host_library(source: str, dtype: str, reverse: bool = False):
-    """The fused source compiled by the system C compiler (cached by a hash of the source,
-    the headers, the flags, the compiler and the machine); ``reverse``: threads and rows
-    walked last to first (the race detector).  Returns (ctypes library, seconds spent)."""
+def host_library(source: str, dtype: str):
+    """The fused source compiled by the system C compiler, cached by a hash of the source,
+    the headers, the flags, the compiler and the machine (:mod:`gradtool.native`), and
+    loaded once per process.  -> (ctypes library, {"seconds": build or load time,
+    "cached": found already built})."""
     digest = hashlib.sha256(source.encode()).hexdigest()
-    key = (digest, dtype, reverse)
+    key = (digest, dtype)
     if key in _HOST_LIBS:
-        return _HOST_LIBS[key], 0.0
+        return _HOST_LIBS[key], {"seconds": 0.0, "cached": True}
     t0 = time.perf_counter()
     folder = native.cache_dir() / "fused"
     folder.mkdir(parents=True, exist_ok=True)
@@ -682,10 +679,12 @@ def host_library(source: str, dtype: str, reverse: bool = False):
         with os.fdopen(fd, "w") as fh:
             fh.write(source)
         os.replace(tmp, path)
-    stem = f"gt_fused_{dtype}{'_rev' if reverse else ''}"
+    stem, flags = f"gt_fused_{dtype}", host_flags(dtype)
+    headers = [native.CSRC / h for h in HEADERS]
+    wanted = flags + ([native.NATIVE_ARCH] if native.native_arch_wanted() else [])
+    cached = native.library_path(stem, path, wanted, headers).exists()
     try:
-        lib_path = native.build_best(stem, path, host_flags(dtype, reverse),
-                                     [native.CSRC / h for h in HEADERS])
+        lib_path = native.build_best(stem, path, flags, headers)
     except native.NativeUnavailable as exc:
         raise GradtoolError(f"the fused kernels could not be built: {exc}") from None
     lib = ctypes.CDLL(str(lib_path))
@@ -693,7 +692,7 @@ def host_library(source: str, dtype: str, reverse: bool = False):
     lib.gtf_kernel_at.argtypes = [ctypes.c_longlong]
     lib.gtf_real_bytes.restype = ctypes.c_int
     _HOST_LIBS[key] = lib
-    return lib, time.perf_counter() - t0
+    return lib, {"seconds": time.perf_counter() - t0, "cached": cached}
 
 
 __all__ = ["fuse", "render", "FusionPlan", "FusedKernel", "FusedLaunch", "host_library",

@@ -139,18 +139,23 @@ class HostBackend:
         names = lib.gt_kernel_names().decode().split()
         index = {name: i for i, name in enumerate(names)}
         self._run = lib.gt_run
-        self.fusion_compile_s = None
+        self.fusion_build = None
         plan = program.fusion
         if plan is not None and plan.kernels:
             # fused kernels live in their own library: the launch table then holds
             # function pointers of both, run by gt_run_fns (gradtool/device/fusion.py)
             from .fusion import host_library
-            flib, self.fusion_compile_s = host_library(
-                plan.source, program.dtype, reverse=variant == "per-thread-reversed")
+            flib, self.fusion_build = host_library(plan.source, program.dtype)
             index = {name: lib.gt_kernel_at(i) for i, name in enumerate(names)}
             index.update({k.name: flib.gtf_kernel_at(j) for j, k in enumerate(plan.kernels)})
             self._run = lib.gt_run_fns
         self.meta, self.table, self.ranges = program.flatten(index)
+        if self.fusion_build is not None and variant == "per-thread-reversed":
+            fused = {k.name for k in plan.kernels}
+            flat = [la for ph in PHASES for la in program.launches[ph]]
+            for q, la in enumerate(flat):           # fused kernels walk last to first (M[1])
+                if la.kernel in fused:
+                    self.meta[self.table[2 * q + 1] + 1] = 1
         self.staging = Staging(program)
         # 8-byte aligned in every dtype: the float32 build's float64 staging area lives in it
         words = (self.staging.end * np.dtype(DTYPES[program.dtype]).itemsize + 7) // 8
