@@ -23,7 +23,7 @@ import gradtool as gt
 from conftest import assert_bits_equal
 from gradtool.cli import main
 from gradtool.device import capture
-from gradtool.device.cuda import fused_source, nvcc_options
+from gradtool.device.cuda import cuda_status, fused_source, nvcc_options
 from gradtool.device.engine import F32_BOUND, fusion_plan, relative_error
 from gradtool.device.fusion import render
 from gradtool.device.host import HostBackend, Staging
@@ -39,12 +39,16 @@ AE = ROOT / "samples" / "autoencoder" / "ae.msgpack"
 AE_DATA = ROOT / "samples" / "autoencoder" / "ae_data.npz"
 VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]
 NVCC = shutil.which("nvcc")
+OK, WHY = cuda_status()
+needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 
 
-def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=None):
+def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=None,
+                         backend="host", graph=True):
     """Fused forward + backward == the CPU tape (every node's value and gradient, to the
-    bit) after new leaf values; returns the replay."""
-    rp = capture(tp, loss, "host", dtype, host_kernels=kernels, fuse=True, optimizer=optimizer)
+    bit) after new leaf values (so a stale read cannot pass); returns the replay."""
+    rp = capture(tp, loss, backend, dtype, host_kernels=kernels, fuse=True, optimizer=optimizer,
+                 graph=graph)
     perturb_leaves(tp, rp, rng)
     with np.errstate(all="ignore"):
         tp.forward()
@@ -433,3 +437,89 @@ def test_train_fuse_needs_a_device_backend():
     code, out, err = cli("train", str(AE), "--data", str(AE_DATA), "--fuse")
     assert code == 2 and err.strip() == \
         "gradtool: --fuse needs a device backend (--backend host, cuda or auto)"
+
+
+# ── on a GPU (scripts/gpu_check.sh) ───────────────────────────────────────
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_cuda_every_sample_fused_bit_exact(sample, graph, rng):
+    from gradtool.device.engine import check_step
+    from gradtool.optim import optimizer_from_state
+
+    tf = load(sample)
+    opt = adam_on(tf.tape)
+    cpu_opt = optimizer_from_state(tf.tape, opt.state_dict())
+    rp = assert_fused_matches(tf.tape, tf.loss.id, rng, optimizer=opt, backend="cuda",
+                              graph=graph)
+    assert all(it["ulps"] == 0.0 for it in check_step(rp, tf.tape, cpu_opt))
+
+
+@needs_gpu
+def test_cuda_random_graphs_fused_bit_exact():
+    for seed in range(40):
+        rng = np.random.default_rng(1000 + seed)
+        tp, loss = random_row_graph(rng)
+        assert_fused_matches(tp, loss, rng, backend="cuda")
+    for seed in range(15):
+        rng = np.random.default_rng(seed)
+        tp, loss = random_graph(rng)
+        assert_fused_matches(tp, loss, rng, backend="cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [True, False])
+def test_cuda_rows_past_the_grid(graph, monkeypatch, rng):
+    """Two blocks for 200 rows (each block strides over its rows, barriers inside the row
+    loop) and 32-thread blocks for the flat kernels."""
+    from gradtool.device import cuda as cuda_backend
+    monkeypatch.setattr(cuda_backend, "BLOCK", 32)
+    monkeypatch.setattr(cuda_backend, "MAX_GRID", 2)
+    tf = load(AE)
+    assert_fused_matches(tf.tape, tf.loss.id, rng, backend="cuda", graph=graph)
+    for seed in range(5):
+        r = np.random.default_rng(2000 + seed)
+        tp, loss = random_row_graph(r)
+        assert_fused_matches(tp, loss, r, backend="cuda", graph=graph)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind,clip", [("adam", 1.2), ("sgd", 1.1)])
+def test_cuda_fused_training_bit_exact(kind, clip):
+    """50 fused episodes, one CUDA graph each, against gradtool.optim."""
+    tapes = [mlp(np.random.default_rng(7), unused=True) for _ in range(2)]
+    data = batches(np.random.default_rng(8), 50)
+    opts = [with_params(Adam(0.05) if kind == "adam" else SGD(0.2), tp, clip=clip)
+            for tp, *_ in tapes]
+    cpu_losses = run_cpu(*tapes[0], opts[0], data)
+    tp, x, y, loss = tapes[1]
+    rp = capture(tp, loss, "cuda", optimizer=opts[1], fuse=True)
+    dev_losses = []
+    for xb, yb in data:
+        rp.set_input(x, xb)
+        rp.set_input(y, yb)
+        dev_losses.append(rp.episode(train=True))
+    assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
+    assert_replay_trained_like_cpu(rp, tp, opts[1], tapes[0][0], opts[0])
+
+
+@needs_gpu
+def test_cuda_autoencoder_fused_trains_like_the_cpu(tmp_path):
+    from gradtool.train import TrainOptions, Trainer
+
+    saved = {}
+    for backend, fuse in (("cpu", False), ("cuda", True)):
+        out = tmp_path / f"{backend}.msgpack"
+        Trainer(load(AE), str(AE_DATA), TrainOptions(steps=50, epochs=10, clip=0.05,
+                                                     backend=backend, fuse=fuse,
+                                                     save=str(out))).run()
+        saved[backend] = out.read_bytes()
+    assert saved["cpu"] == saved["cuda"]
+
+
+@needs_gpu
+def test_cuda_f32_gate():
+    from gradtool.device.gate import measure
+    rows = measure("cuda")
+    assert all(r["ok"] and r["fused_bits_equal_per_node"] for r in rows), rows
