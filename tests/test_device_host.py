@@ -247,6 +247,18 @@ def test_special_values_propagate_like_the_tape(rng):
 
 # ── random graphs covering every op ───────────────────────────────────────
 
+def random_unary(tp, rng, x):
+    """A random unary op of x (inputs kept in the domain of log and sqrt)."""
+    op = rng.choice(UNARY + ["adds", "muls"])
+    if op in ("log", "sqrt"):
+        return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
+    if op == "exp":
+        return tp.exp(tp.tanh(x))
+    if op in ("adds", "muls"):
+        return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+    return getattr(tp, op)(x)
+
+
 def random_graph(rng, n_ops=14):
     """A random tape over every op; returns (tape, loss)."""
     tp = gt.Tape()
@@ -270,15 +282,7 @@ def random_graph(rng, n_ops=14):
                            "softmax", "slice", "concat", "reduce"])
         x = pick()
         if kind == "unary":
-            op = rng.choice(UNARY + ["adds", "muls"])
-            if op in ("log", "sqrt"):
-                y = getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-            elif op == "exp":
-                y = tp.exp(tp.tanh(x))
-            elif op in ("adds", "muls"):
-                y = getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
-            else:
-                y = getattr(tp, op)(x)
+            y = random_unary(tp, rng, x)
         elif kind == "binary":
             shape = list(x.shape)
             other_shape = [1 if rng.random() < 0.4 else d for d in shape]

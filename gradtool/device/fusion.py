@@ -59,7 +59,7 @@ from typing import Optional
 import numpy as np
 
 from .. import native
-from ..codegen import elementwise_rule
+from ..codegen import elementwise_rule, field_declaration
 from ..errors import GradtoolError
 from ..expr import c_double
 from ..ops import OPS, contract
@@ -154,9 +154,10 @@ class FusionPlan:
                     where = f"node {la.node}" if la.node >= 0 else "engine"
                     lines.append(f"  {ph:<9} {la.kernel:<12} per-node: {where} {la.what}")
                     continue
-                shape = (f"{k.rows} rows x {k.threads} threads, {len(k.phases)} phases, "
-                         f"{k.barriers} barriers" if k.phases else
-                         f"{la.work} threads, {len(k.segments)} targets")
+                shape = (f"{_n(k.rows, 'row')} x {k.threads} threads, "
+                         f"{_n(len(k.phases), 'phase')}, {_n(k.barriers, 'barrier')}"
+                         if k.phases else
+                         f"{la.work} threads, {_n(len(k.segments), 'target')}")
                 lines.append(f"  {ph:<9} {k.name:<12} {k.kind} ({shape}):")
                 lines.append("      " + _members_text(k))
         return lines
@@ -178,6 +179,10 @@ class FusionPlan:
                                             for m in k.members]})
         return {"launches_unfused": dict(self.unfused),
                 "launches_fused": program.count(), "kernels": out}
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _members_text(k: FusedKernel) -> str:
@@ -534,14 +539,9 @@ def _decls(launch: Launch) -> list:
     lines = []
     for name, kind in spec.fields:
         v = f[name]
-        if kind == "w":
-            lines.append(f"gt_real *GT_RESTRICT {name} = W + {v}LL;")
-        elif kind == "r":
-            lines.append(f"const gt_real *GT_RESTRICT {name} = W + {v}LL;")
-        elif kind == "i":
-            lines.append(f"const long long {name} = {v}LL;")
-        elif kind == "f":
-            lines.append(f"const gt_real {name} = (gt_real){c_double(_bits_to_float(v))};")
+        if not kind.startswith("i["):
+            value = f"(gt_real){c_double(_bits_to_float(v))}" if kind == "f" else f"{v}LL"
+            lines.append(field_declaration(name, kind, value))
         elif v:
             lines.append(f"const long long {name}[{len(v)}] = {{{', '.join(f'{x}LL' for x in v)}}};")
         else:
