@@ -493,3 +493,18 @@ def test_cuda_f32_gate():
     from gradtool.device.gate import measure
     rows = measure("cuda")
     assert all(r["ok"] and r["fused_bits_equal_per_node"] for r in rows), rows
+
+
+def test_very_wide_rows_keep_their_per_node_launches(rng):
+    """A block per row would leave most of a GPU idle on a few very wide rows: such nodes
+    (and a sum over more elements than a block takes on) stay per-node."""
+    from gradtool.device.fusion import MAX_ROW_WIDTH
+    tp = gt.Tape()
+    wide = tp.param(rng.uniform(-1.0, 1.0, (2, MAX_ROW_WIDTH + 1)))
+    narrow = tp.param(rng.uniform(-1.0, 1.0, (2, MAX_ROW_WIDTH)))
+    loss = tp.sum(tp.tanh(tp.relu(wide))) + tp.mean(tp.tanh(tp.relu(narrow)))
+    plan = fusion_plan(tp, loss).fusion
+    fused_nodes = {m.node for k in plan.kernels for m in k.members}
+    # 2-4 (too wide, a sum of too many) and 7 (a mean of 2 x MAX_ROW_WIDTH) stay per-node
+    assert fused_nodes == {5, 6, 8}, fused_nodes
+    assert_fused_matches(tp, loss, rng)

@@ -66,6 +66,7 @@ from ..ops import OPS, contract
 from .launch import Launch
 
 MAX_THREADS = 256          # threads per block of a block kernel
+MAX_ROW_WIDTH = 8192       # elements per row (per block) a block kernel takes on
 MIN_THREADS = 32
 HEADERS = ("gt_fused.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h", "host_prelude.h")
 
@@ -295,11 +296,16 @@ def _classify(tape, shapes, i) -> Optional[str]:
     node = tape.nodes[i]
     spec = OPS[node.op]
     out = shapes[i]
+    inputs = [x for x in (node.a, node.b) if x >= 0]
     if _size(out) == 1 and (spec.kind == "reduce" or (
-            spec.elementwise and all(_size(shapes[x]) == 1 for x in (node.a, node.b) if x >= 0))):
-        return "serial"
+            spec.elementwise and all(_size(shapes[x]) == 1 for x in inputs))):
+        # a sum's backward broadcast runs on one block: not over a huge input
+        return "serial" if _size(shapes[node.a]) <= MAX_ROW_WIDTH else None
     if spec.kind in ("unary", "binary", "matmul") and len(out) >= 1:
-        return "rows"
+        rows = out[0]
+        widths = [_size(shapes[x]) // rows for x in [i] + inputs if shapes[x][0] == rows]
+        # one block per row: very wide rows keep the per-node kernels' full grids
+        return "rows" if max(widths) <= MAX_ROW_WIDTH else None
     return None
 
 
