@@ -165,8 +165,8 @@ class FusionPlan:
 
     def to_json(self, program) -> dict:
         out = []
+        by_name = {k.name: k for k in self.kernels}
         for ph, launches in program.launches.items():
-            by_name = {k.name: k for k in self.kernels}
             for la in launches:
                 k = by_name.get(la.kernel)
                 if k is None:
@@ -447,22 +447,22 @@ def fuse(tape, program, *, max_threads: int = MAX_THREADS):
             runs[-1][1].append(la)
         else:
             runs.append((g, [la]))
+    # the seed joins the loss's single-block kernel when the loss's run comes first
     loss_group = group_of.get(program.loss)
-    pending_seed = list(seed)
     for g, launches in runs:
+        if seed and g is not None and g is loss_group and (g.kind == "serial" or g.rows == 1):
+            launches = seed + launches
+        else:
+            backward += seed
+        seed = []
         if g is None:
-            backward += pending_seed + launches
-            pending_seed = []
+            backward += launches
             continue
         if g.kind == "serial" or g.rows == 1:
-            lead = pending_seed if g is loss_group else []
-            backward += [la for la in pending_seed if la not in lead]
-            pending_seed = []
+            # one block: every contribution in the per-node order
             backward += block("backward", "serial" if g.kind == "serial" else "rows", 1,
-                              lead + launches)
+                              launches)
             continue
-        backward += pending_seed
-        pending_seed = []
         row, whole = [], {}
         for la in launches:
             target = grad_node[_written(la)]
@@ -478,12 +478,14 @@ def fuse(tape, program, *, max_threads: int = MAX_THREADS):
         segments = [Segment(_size(shapes[t]), ls, f"grad {t}" + _name(tape, t))
                     for t, ls in whole.items()]
         backward += flat("backward", "params", segments)
-    backward += pending_seed
+    backward += seed
 
     # optimizer: guard and clip norm in one single-block kernel, every update in one kernel
     opt = list(program.launches["optimizer"])
     serial = [la for la in opt if la.kernel in ("k_guard", "k_clip_norm")]
     updates = [la for la in opt if la.kernel in ("k_adam", "k_sgd")]
+    if opt != serial + updates:
+        raise GradtoolError("fusion: the optimizer launches are not guard, clip norm, updates")
     optimizer = block("optimizer", "serial", 1, serial)
     optimizer += flat("optimizer", "updates",
                       [Segment(la.work, [la], f"param {la.node}" + _name(tape, la.node))
