@@ -407,11 +407,12 @@ def run_cpu(tp, x, y, loss, opt, data):
 
 
 def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
-    """After training: the replay's params, step counters and moments, synced back into
-    ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
+    """After training: the replay's last gradients, params, step counters and moments,
+    synced back into ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
     rp.sync_params_to_tape(tp_dev)
     rp.sync_optimizer(opt_dev)
     for p in tp_cpu.params():
+        assert_bits_equal(rp.grad(p.id), tp_cpu.grad(p), f"grad {p.id}")
         assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
     assert (opt_dev.t, opt_dev.b1t, opt_dev.b2t) == (opt_cpu.t, opt_cpu.b1t, opt_cpu.b2t)
     for e_dev, e_cpu in zip(opt_dev.entries, opt_cpu.entries, strict=True):
