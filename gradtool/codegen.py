@@ -46,6 +46,26 @@ def _render(e, env) -> str:
     return E.render(e, E.KERNEL, env)
 
 
+_ENVS = {"UNARY_FWD": UNARY_FWD_ENV, "UNARY_BWD": UNARY_BWD_ENV,
+         "BINARY_FWD": BINARY_FWD_ENV, "BINARY_BWD": BINARY_BWD_ENV}
+
+
+def elementwise_rule(kernel_name: str) -> tuple:
+    """(family, C expression) of one elementwise kernel: the table's rule rendered exactly
+    as gt_ops.h renders it for that kernel (the fusion pass expands the family's body,
+    gt_bodies.h, with this text)."""
+    for spec in OPS.values():
+        if not spec.elementwise:
+            continue
+        prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
+        for i, k in enumerate(kernel_names(spec)):
+            if k == kernel_name:
+                family = prefix + ("FWD" if i == 0 else "BWD")
+                rule = spec.fwd if i == 0 else spec.bwd[i - 1]
+                return family, _render(rule, _ENVS[family])
+    raise KeyError(f"{kernel_name!r} is not an elementwise kernel")
+
+
 def _xlist(name: str, rows: list) -> list:
     lines = [f"#define {name}(X) \\"]
     lines += [f"    X({a}, {b}) \\" for a, b in rows]
@@ -53,23 +73,30 @@ def _xlist(name: str, rows: list) -> list:
     return lines
 
 
+_SCALAR_TYPES = {"w": "gt_real *GT_RESTRICT", "r": "const gt_real *GT_RESTRICT",
+                 "i": "const long long", "f": "const gt_real"}
+
+
+def field_declaration(name: str, kind: str, value: str) -> str:
+    """The C declaration of one scalar metadata field (kinds w, r, i, f) whose value is the
+    C expression ``value`` (an arena offset for w/r): shared by the GT_ARGS decoders and
+    the fused kernels' constant declarations (gradtool/device/fusion.py)."""
+    if kind not in _SCALAR_TYPES:
+        raise ValueError(f"{name}: unknown field kind {kind!r}")
+    init = f"W + {value}" if kind in ("w", "r") else value
+    return f"{_SCALAR_TYPES[kind]} {name} = {init};"
+
+
 def _decoder(spec) -> list:
     """``GT_ARGS_<kernel>``: one C declaration per field, in the declared order."""
     lines = [f"/* {spec.name}: {spec.doc} */", f"#define GT_ARGS_{spec.name} \\",
              "    const long long *gt_m = M + 1; \\"]
     for fname, kind in spec.fields:
-        if kind == "w":
-            lines.append(f"    gt_real *GT_RESTRICT {fname} = W + *gt_m++; \\")
-        elif kind == "r":
-            lines.append(f"    const gt_real *GT_RESTRICT {fname} = W + *gt_m++; \\")
-        elif kind == "i":
-            lines.append(f"    const long long {fname} = *gt_m++; \\")
-        elif kind == "f":
-            lines.append(f"    const gt_real {fname} = GT_S(*gt_m++); \\")
-        elif kind.startswith("i["):
+        if kind.startswith("i["):
             lines.append(f"    const long long *{fname} = gt_m; gt_m += {kind[2:-1]}; \\")
         else:
-            raise ValueError(f"{spec.name}: unknown field kind {kind!r}")
+            value = "GT_S(*gt_m++)" if kind == "f" else "*gt_m++"
+            lines.append(f"    {field_declaration(fname, kind, value)} \\")
     unused = " ".join(f"(void){f};" for f, _ in spec.fields)
     lines.append(f"    (void)gt_m; {unused}")
     return lines

@@ -789,6 +789,8 @@ _register(OpSpec("take_along", "take_along", 2, "one element of each line along 
 # ── kernels of the engine that belong to no op ─────────────────────────────
 
 kernel("k_fill", "dst:w value:f", "dst[i] = value")
+kernel("k_from_f64", "dst:w src:r",
+       "dst[i] = the float64 at src[i] (a staging area) rounded to gt_real: f32 uploads")
 kernel("k_guard", "ctl:w loss:r", "ctl[3] = 1 when the loss is finite, else 0")
 kernel("k_clip_norm", "ctl:w clip:f np:i offs:i[np] lens:i[np]",
        "norm of every active gradient (offs[p], lens[p] elements), the clip scale into ctl")

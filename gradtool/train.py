@@ -200,7 +200,8 @@ class Trainer:
             self.parallel = DataParallel(self)
             self.engine = self.parallel.engine
         else:
-            self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt)
+            self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt,
+                                      **({"fuse": True} if options.fuse else {}))
         self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
 
     def _load_data(self, data_path, meta) -> None:
@@ -302,7 +303,7 @@ class Trainer:
         self._emit("note", f"{self.opt.kind} lr {self.opt.lr:g}"
                    + (f" clip {self.opt.clip:g}" if self.opt.clip else "")
                    + f", seed {self.seed}, shuffle {'on' if self.shuffle else 'off'}, "
-                   f"backend {self.engine.name}"
+                   f"backend {getattr(self.engine, 'label', self.engine.name)}"
                    + (f"; continuing at epoch {self.epoch + 1} step {self.step}" if resumed
                       else ""))
         if self.parallel is not None:

@@ -435,7 +435,7 @@ class DataParallel:
     """
 
     def __init__(self, trainer):
-        from .device.program import reach
+        from .tape import reach
         from .train import make_engine
 
         world, shards = trainer.world, trainer.shards
@@ -448,7 +448,8 @@ class DataParallel:
         self.mine = range(block * per_rank, (block + 1) * per_rank)
         select_gpu(world, trainer.options.backend)
         tape, loss_id = trainer.tape, trainer.tf.loss.id
-        self.engine = make_engine(trainer.options.backend, tape, loss_id, None)
+        self.engine = make_engine(trainer.options.backend, tape, loss_id, None,
+                                  **({"fuse": True} if trainer.options.fuse else {}))
         # the flat layout of one message: HEAD values, then every parameter the backward
         # walk reaches, in registration order, row-major (what the optimizer steps)
         reached = reach(tape, loss_id)

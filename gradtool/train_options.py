@@ -44,6 +44,7 @@ class TrainOptions:
     every: Optional[int] = None
     log: Optional[str] = None
     backend: str = "cpu"
+    fuse: bool = False            # device backends: fused kernels (gradtool.device.fusion)
     plot: Optional[str] = None
     shards: Optional[int] = None      # S shards per minibatch (gradtool.train_distributed)
 
@@ -106,6 +107,8 @@ def check_options(options: TrainOptions, outputs: bool = True) -> None:
         raise TrainError("--every needs --save (the file checkpoints are written to)")
     if options.val is not None and options.val_split is not None:
         raise TrainError("give --val or --val-split, not both")
+    if options.fuse and options.backend == "cpu":
+        raise TrainError("--fuse needs a device backend (--backend host, cuda or auto)")
     written = (("--save", options.save), ("--plot", options.plot), ("--log", options.log))
     for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep

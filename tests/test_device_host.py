@@ -253,6 +253,18 @@ def test_special_values_propagate_like_the_tape(rng):
 
 # ── random graphs covering every op ───────────────────────────────────────
 
+def random_unary(tp, rng, x):
+    """A random unary op of x (inputs kept in the domain of log and sqrt)."""
+    op = rng.choice(UNARY + ["adds", "muls"])
+    if op in ("log", "sqrt"):
+        return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
+    if op == "exp":
+        return tp.exp(tp.tanh(x))
+    if op in ("adds", "muls"):
+        return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+    return getattr(tp, op)(x)
+
+
 def random_graph(rng, n_ops=14):
     """A random tape over every op; returns (tape, loss)."""
     tp = gt.Tape()
@@ -279,15 +291,7 @@ def random_graph(rng, n_ops=14):
                            "softmax", "slice", "concat", "reduce", "take", "take_along"])
         x = pick()
         if kind == "unary":
-            op = rng.choice(UNARY + ["adds", "muls"])
-            if op in ("log", "sqrt"):
-                y = getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-            elif op == "exp":
-                y = tp.exp(tp.tanh(x))
-            elif op in ("adds", "muls"):
-                y = getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
-            else:
-                y = getattr(tp, op)(x)
+            y = random_unary(tp, rng, x)
         elif kind == "binary":
             shape = list(x.shape)
             other_shape = [1 if rng.random() < 0.4 else d for d in shape]
@@ -427,11 +431,12 @@ def run_cpu(tp, x, y, loss, opt, data):
 
 
 def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
-    """After training: the replay's params, step counters and moments, synced back into
-    ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
+    """After training: the replay's last gradients, params, step counters and moments,
+    synced back into ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
     rp.sync_params_to_tape(tp_dev)
     rp.sync_optimizer(opt_dev)
     for p in tp_cpu.params():
+        assert_bits_equal(rp.grad(p.id), tp_cpu.grad(p), f"grad {p.id}")
         assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
     assert (opt_dev.t, opt_dev.b1t, opt_dev.b2t) == (opt_cpu.t, opt_cpu.b1t, opt_cpu.b2t)
     for e_dev, e_cpu in zip(opt_dev.entries, opt_cpu.entries, strict=True):
@@ -440,12 +445,14 @@ def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
             assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
-@pytest.mark.parametrize("kind,clip,kernels", [("adam", 1.2, "tiled"), ("adam", 0.0, "tiled"),
-                                              ("sgd", 1.1, "tiled"),
-                                              ("adam", 1.2, "per-thread-reversed")])
-def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
+@pytest.mark.parametrize("kind,clip,kernels,fuse", [
+    ("adam", 1.2, "tiled", False), ("adam", 0.0, "tiled", False), ("sgd", 1.1, "tiled", False),
+    ("adam", 1.2, "per-thread-reversed", False),
+    ("adam", 1.2, "tiled", True), ("sgd", 1.1, "per-thread", True),
+    ("adam", 1.2, "per-thread-reversed", True)])
+def test_training_steps_bit_exact_with_optim(kind, clip, kernels, fuse):
     """50 steps: every loss and, at the end, every param and moment identical to the bit
-    (the optimizer kernels also run last thread first, as a GPU may)."""
+    (the optimizer kernels also run last thread first, as a GPU may; and fused)."""
     rng = np.random.default_rng(7)
     tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
     rng = np.random.default_rng(7)
@@ -455,7 +462,8 @@ def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
             for tp in (tp_cpu, tp_dev)]
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
 
-    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels)
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels, fuse=fuse)
+    assert (rp.launches() < sum(rp.unfused_counts.values())) == fuse
     dev_losses, clipped = [], 0
     for xb, yb in data:
         rp.set_input(x_dev, xb)

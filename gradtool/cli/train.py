@@ -130,6 +130,9 @@ class Console(Reporter):
               help="Print a JSON summary as the last line of stdout.")
 @click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
               show_default=True, help="Engine that runs the steps.")
+@click.option("--fuse", is_flag=True,
+              help="host/cuda/auto: run each step as the few fused kernels generated for this "
+                   "tape (identical bits; compiled once per tape). Not implied by auto.")
 @click.option("--plot", metavar="LOSS.png", callback=output_file,
               help="Plot the loss curve (needs matplotlib).")
 @click.option("--shards", type=click.IntRange(min=1), metavar="S",
@@ -139,7 +142,7 @@ class Console(Reporter):
               default=DEFAULT_TIMEOUT, show_default=True, metavar="SEC",
               help="Under MPI: how long a rank waits for another before ending the job.")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
-          accuracy, save, every, log, as_json, backend, plot, shards, timeout):
+          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
 
     The tape's named consts are the input slots; the batch size is their
@@ -163,7 +166,7 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           plot=plot, shards=shards)
+                           fuse=fuse, plot=plot, shards=shards)
 
     def build():
         if plot and root:

@@ -297,6 +297,13 @@
     const gt_real value = GT_S(*gt_m++); \
     (void)gt_m; (void)dst; (void)value;
 
+/* k_from_f64: dst[i] = the float64 at src[i] (a staging area) rounded to gt_real: f32 uploads */
+#define GT_ARGS_k_from_f64 \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT dst = W + *gt_m++; \
+    const gt_real *GT_RESTRICT src = W + *gt_m++; \
+    (void)gt_m; (void)dst; (void)src;
+
 /* k_guard: ctl[3] = 1 when the loss is finite, else 0 */
 #define GT_ARGS_k_guard \
     const long long *gt_m = M + 1; \
@@ -394,6 +401,7 @@
     X(k_take_bwd) \
     X(k_take_along) \
     X(k_take_along_bwd) \
+    X(k_from_f64) \
     X(k_guard) \
     X(k_clip_norm) \
     X(k_sgd) \

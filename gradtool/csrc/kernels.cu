@@ -36,72 +36,8 @@
  * the GPU runs instead, so the tests run that exact code on the host too.
  */
 
-#ifdef __CUDACC__
-#  define GT_KERNEL extern "C" __global__ void
-#  define GT_DEV static __device__ __forceinline__
-#  define GT_RESTRICT __restrict__
-#  define GT_LOOP(i, n)                                                        \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (long long)(n); i += (long long)blockDim.x * gridDim.x)
-#else
-#  include "host_prelude.h"
-#endif
-
-#include "gt_math.h"
-#include "gt_ops.h"   /* generated from the op table: expressions, decoders, kernel list */
-
-/* Which loop bodies: one thread per output (the GPU's; on the host with
- * -DGT_PER_THREAD), or the host's reordered-but-equivalent loops. */
-#if defined(__CUDACC__) || defined(GT_PER_THREAD)
-#  define GT_THREAD_BODIES 1
-#endif
-
-/* The deepest (collapsed) index space a kernel walks; program.py checks it. */
-#define GT_MAXD 8
-
-/* ---- the element type and its correctly rounded operations ------------- */
-#ifdef GT_REAL_F32
-typedef float gt_real;
-#  ifdef __CUDACC__
-#    define R_ADD(a, b) __fadd_rn((a), (b))
-#    define R_SUB(a, b) __fsub_rn((a), (b))
-#    define R_MUL(a, b) __fmul_rn((a), (b))
-#    define R_DIV(a, b) __fdiv_rn((a), (b))
-#    define R_SQRT(a) __fsqrt_rn((a))
-#  else
-#    define R_ADD(a, b) ((a) + (b))
-#    define R_SUB(a, b) ((a) - (b))
-#    define R_MUL(a, b) ((a) * (b))
-#    define R_DIV(a, b) ((a) / (b))
-#    define R_SQRT(a) sqrtf((a))
-#  endif
-/* float32 transcendentals: the float64 fdlibm result rounded to float */
-#  define R_EXP(x) ((gt_real)gt_exp((double)(x)))
-#  define R_LOG(x) ((gt_real)gt_log((double)(x)))
-#  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
-#  define R_EXPM1(x) ((gt_real)gt_expm1((double)(x)))
-#  define R_ABS(x) fabsf((x))
-#else
-typedef double gt_real;
-#  define R_ADD(a, b) GT_ADD((a), (b))
-#  define R_SUB(a, b) GT_SUB((a), (b))
-#  define R_MUL(a, b) GT_MUL((a), (b))
-#  define R_DIV(a, b) GT_DIV((a), (b))
-#  define R_SQRT(a) GT_SQRT((a))
-#  define R_EXP(x) gt_exp((x))
-#  define R_LOG(x) gt_log((x))
-#  define R_TANH(x) gt_tanh((x))
-#  define R_EXPM1(x) gt_expm1((x))
-#  define R_ABS(x) fabs((x))
-#endif
-
-/* literals of the element type (a double literal would promote float math) */
-#define R0 ((gt_real)0)
-#define R1 ((gt_real)1)
-#define R2 ((gt_real)2)
-
-/* a float64 scalar stored in the metadata as its bit pattern */
-#define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
+#include "gt_real.h"     /* launch macros, gt_real and its R_* operations */
+#include "gt_bodies.h"   /* one thread index's work, shared with the fused kernels */
 
 /* the canonical quiet NaN of the element type */
 #define R_NAN ((gt_real)gtm_nan())
@@ -130,8 +66,6 @@ GT_DEV long long gt_first_max(const gt_real *a, long long base, long long L, lon
     return idx;
 }
 
-/* the first element of row r of an [outer, L, inner] index space */
-#define GT_ROW_BASE(r, L, inner) (((r) / (inner)) * (L) * (inner) + ((r) % (inner)))
 
 /* ========================================================================
  * Data movement and fills
@@ -141,7 +75,7 @@ GT_DEV long long gt_first_max(const gt_real *a, long long base, long long L, lon
 GT_KERNEL k_fill(gt_real *W, const long long *M)
 {
     GT_ARGS_k_fill
-    GT_LOOP(i, M[0]) { dst[i] = value; }
+    GT_LOOP(i, M[0]) GT_BODY_k_fill(i)
 }
 
 /* Strided copy or accumulate over an nd-dim index space, row-major:
@@ -186,6 +120,18 @@ GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
 #endif
 }
 
+/* dst[i] = src[i] rounded to gt_real, where src is a float64 staging area of
+ * the arena (8-byte aligned): every upload of the float32 build converts on
+ * the device, not element by element on the host (gradtool/device/host.py
+ * and cuda.py).  The cast rounds to nearest, ties to even, like numpy's
+ * astype(float32); in the float64 build it is a copy. */
+GT_KERNEL k_from_f64(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_from_f64
+    const double *GT_RESTRICT s64 = (const double *)(const void *)src;
+    GT_LOOP(i, M[0]) { dst[i] = (gt_real)s64[i]; }
+}
+
 /* slice backward: ga = ga + scattered, where scattered is g inside the
  * region and +0.0 outside it (ops._slice_b scatters into np.zeros and the
  * tape adds the whole array), for every element of the input (dims: the
@@ -216,7 +162,7 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
         GT_ARGS_UNARY_FWD                                                      \
-        GT_LOOP(i, M[0]) { const gt_real xv = a[i]; out[i] = (EXPR); }         \
+        GT_LOOP(i, M[0]) GT_BODY_UNARY_FWD(i, EXPR)                            \
     }
 
 /* ga[i] = ga[i] + EXPR of gv = g[i], xv = a[i] (input), tv = t[i] (output), s */
@@ -224,11 +170,7 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
         GT_ARGS_UNARY_BWD                                                      \
-        GT_LOOP(i, M[0]) {                                                     \
-            const gt_real gv = g[i], xv = a[i], tv = t[i];                     \
-            (void)xv; (void)tv;                                                \
-            ga[i] = R_ADD(ga[i], (EXPR));                                      \
-        }                                                                      \
+        GT_LOOP(i, M[0]) GT_BODY_UNARY_BWD(i, EXPR)                            \
     }
 
 /* one kernel per op and direction, the expressions from the op table (gt_ops.h) */
@@ -245,17 +187,7 @@ GT_UNARY_BWD_OPS(GT_UNARY_BWD)
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
         GT_ARGS_BINARY_FWD                                                     \
-        GT_LOOP(i, M[0]) {                                                     \
-            long long rem = i, oa = 0, ob = 0;                                 \
-            for (int d = (int)nd - 1; d >= 0; --d) {                           \
-                const long long c = rem % dims[d];                             \
-                rem /= dims[d];                                                \
-                oa += c * sa[d];                                               \
-                ob += c * sb[d];                                               \
-            }                                                                  \
-            const gt_real xv = a[oa], yv = b[ob];                              \
-            out[i] = (EXPR);                                                   \
-        }                                                                      \
+        GT_LOOP(i, M[0]) GT_BODY_BINARY_FWD(i, EXPR)                           \
     }
 #else
 /* host: an odometer over the outer dims and a tight loop over the last one,
@@ -312,34 +244,8 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
         GT_ARGS_BINARY_BWD                                                     \
-        long long nq = 1;                                                      \
-        for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
-        GT_LOOP(j, M[0]) {                                                     \
-            long long rem = j, pg = 0, pa = 0, pb = 0;                         \
-            for (int d = (int)nk - 1; d >= 0; --d) {                           \
-                const long long c = rem % kd[d];                               \
-                rem /= kd[d];                                                  \
-                pg += c * kg[d];                                               \
-                pa += c * ka[d];                                               \
-                pb += c * kb[d];                                               \
-            }                                                                  \
-            gt_real r = R0;                                                    \
-            for (long long q = 0; q < nq; ++q) {                               \
-                long long rq = q, qg = pg, qa = pa, qb = pb;                   \
-                for (int d = (int)nb - 1; d >= 0; --d) {                       \
-                    const long long c = rq % bd[d];                            \
-                    rq /= bd[d];                                               \
-                    qg += c * bg[d];                                           \
-                    qa += c * ba[d];                                           \
-                    qb += c * bb[d];                                           \
-                }                                                              \
-                const gt_real gv = g[qg], xv = a[qa], yv = b[qb], tv = t[qg];  \
-                (void)xv; (void)yv; (void)tv;                                  \
-                const gt_real cv = (EXPR);                                     \
-                r = (q == 0) ? cv : R_ADD(r, cv);                              \
-            }                                                                  \
-            ga[j] = R_ADD(ga[j], r);                                           \
-        }                                                                      \
+        GT_PRE_BINARY_BWD                                                      \
+        GT_LOOP(j, M[0]) GT_BODY_BINARY_BWD(j, EXPR)                           \
     }
 #else
 /* host: walk the broadcast coordinates q in lexicographic order (outer) and
@@ -422,13 +328,7 @@ GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 GT_KERNEL k_sum(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum
-    GT_LOOP(r, M[0]) {
-        const long long base = GT_ROW_BASE(r, len, inner);
-        gt_real s = R0;
-        for (long long l = 0; l < len; ++l) s = R_ADD(s, a[base + l * inner]);
-        const gt_real v = is_mean ? R_DIV(s, (gt_real)len) : s;
-        out[r] = acc ? R_ADD(out[r], v) : v;
-    }
+    GT_LOOP(r, M[0]) GT_BODY_k_sum(r)
 }
 
 /* ga[i] = ga[i] + v with v = g[row of i] (sum) or g[row of i] / len (mean);
@@ -436,10 +336,7 @@ GT_KERNEL k_sum(gt_real *W, const long long *M)
 GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum_bwd
-    GT_LOOP(i, M[0]) {
-        const gt_real gv = g[(i / (len * inner)) * inner + i % inner];
-        ga[i] = R_ADD(ga[i], is_mean ? R_DIV(gv, (gt_real)len) : gv);
-    }
+    GT_LOOP(i, M[0]) GT_BODY_k_sum_bwd(i)
 }
 
 /* out[r] = the row's first maximal element (gt_first_max), an exact copy */
@@ -700,22 +597,13 @@ static void gt_mm_host(gt_real *GT_RESTRICT C, const gt_real *A, long long sai, 
 GT_KERNEL k_matmul(gt_real *W, const long long *M)
 {
     GT_ARGS_k_matmul
+#ifdef GT_THREAD_BODIES
+    GT_LOOP(idx, M[0]) GT_BODY_k_matmul(idx)
+#else
     gt_real *GT_RESTRICT C = c;
     const gt_real *GT_RESTRICT A = a;
     const gt_real *GT_RESTRICT B = b;
     const long long Bn = batch, Mm = m, K = k, N = n;
-#ifdef GT_THREAD_BODIES
-    (void)Bn;
-    GT_LOOP(idx, M[0]) {
-        const long long j = idx % N, rest = idx / N;
-        const long long i = rest % Mm, bt = rest / Mm;
-        const gt_real *pa = A + bt * sab + i * sai;
-        const gt_real *pb = B + bt * sbb + j * sbj;
-        gt_real s = R0;
-        for (long long k = 0; k < K; ++k) s = R_ADD(s, R_MUL(pa[k * sak], pb[k * sbk]));
-        C[idx] = acc ? R_ADD(C[idx], s) : s;
-    }
-#else
     gt_real *GT_RESTRICT bp = W + scratch;
     for (long long bt = 0; bt < Bn; ++bt)
         gt_mm_host(C + bt * Mm * N, A + bt * sab, sai, sak, B + bt * sbb, sbk, sbj,
@@ -736,8 +624,7 @@ GT_KERNEL k_matmul(gt_real *W, const long long *M)
 GT_KERNEL k_guard(gt_real *W, const long long *M)
 {
     GT_ARGS_k_guard
-    const gt_real x = loss[0];
-    GT_LOOP(z, M[0]) { ctl[3] = (R_SUB(x, x) == R0) ? R1 : R0; }
+    GT_LOOP(z, M[0]) GT_BODY_k_guard(z)
 }
 
 /* sumsq = 0.0 + g*g ... over every active param's gradient (offs[p], lens[p]
@@ -746,52 +633,23 @@ GT_KERNEL k_guard(gt_real *W, const long long *M)
 GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
 {
     GT_ARGS_k_clip_norm
-    GT_LOOP(z, M[0]) {
-        gt_real s = R0;
-        for (long long p = 0; p < np; ++p) {
-            const gt_real *GT_RESTRICT g = W + offs[p];
-            const long long n = lens[p];
-            for (long long i = 0; i < n; ++i) s = R_ADD(s, R_MUL(g[i], g[i]));
-        }
-        const gt_real norm = R_SQRT(s);
-        if (norm > clip) { ctl[1] = R_DIV(clip, norm); ctl[2] = R1; }
-        else { ctl[1] = R1; ctl[2] = R0; }
-    }
-}
-
-/* The gradient the update sees: clipped (when the norm kernel said so),
- * then L2 (g + l2*w) when l2 != 0. */
-GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
-{
-    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
-    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
-    return g;
+    GT_LOOP(z, M[0]) GT_BODY_k_clip_norm(z)
 }
 
 /* w = w - lr*g */
 GT_KERNEL k_sgd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sgd
-    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        w[i] = R_SUB(w[i], R_MUL(ctl[0], gi));
-    }
+    GT_SKIP_UPDATE                                     /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) GT_BODY_k_sgd(i)
 }
 
 /* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps) */
 GT_KERNEL k_adam(gt_real *W, const long long *M)
 {
     GT_ARGS_k_adam
-    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        const gt_real mi = R_ADD(R_MUL(m[i], b1), R_MUL(omb1, gi));
-        const gt_real vi = R_ADD(R_MUL(v[i], b2), R_MUL(omb2, R_MUL(gi, gi)));
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = R_SUB(w[i], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps)));
-    }
+    GT_SKIP_UPDATE                                     /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) GT_BODY_k_adam(i)
 }
 
 /* ========================================================================
@@ -820,5 +678,18 @@ GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
 {
     for (long long q = start; q < end; ++q)
         gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+}
+
+/* The kernel at table position i: for launch tables that mix these kernels
+ * with the fused kernels of another library (gradtool/device/fusion.py). */
+GT_EXPORT gt_kernel_fn gt_kernel_at(long long i) { return gt_kernel_table[i]; }
+
+/* As gt_run, but the launch table holds (kernel function pointer, metadata
+ * offset) pairs, so one call runs launches of several libraries. */
+GT_EXPORT void gt_run_fns(gt_real *W, const long long *M, const long long *L,
+                          long long start, long long end)
+{
+    for (long long q = start; q < end; ++q)
+        ((gt_kernel_fn)(size_t)L[2 * q])(W, M + L[2 * q + 1]);
 }
 #endif

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import GradtoolError
 from ..tape import as_float64_array, as_ids_array, check_ids
-from .program import CaptureError, DTYPES, capture_program
+from .program import CaptureError, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
 
@@ -51,7 +51,8 @@ class DeviceReplay:
     """One captured episode on one backend.  Build it with :func:`capture`."""
 
     def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
-                 optimizer=None, graph: bool = True, host_kernels: str = "tiled"):
+                 optimizer=None, graph: bool = True, host_kernels: str = "tiled",
+                 fuse: bool = False):
         from ..tape import Tape
 
         if not isinstance(tape, Tape):
@@ -63,6 +64,11 @@ class DeviceReplay:
         if optimizer is not None and hasattr(optimizer, "check_tape"):
             optimizer.check_tape(tape)
         self.program = capture_program(tape, loss_id, dtype, optimizer)
+        self.unfused_counts = {ph: len(la) for ph, la in self.program.launches.items()}
+        if fuse:
+            from .fusion import fuse as fuse_program
+            self.program = fuse_program(tape, self.program)
+        self.fused = bool(fuse)
         # the accessors take GVars of this tape as captured (or plain node ids)
         self.tape, self._serials = tape, list(tape.serials)
         self._leaf = [node.a < 0 for node in tape.nodes]
@@ -111,11 +117,11 @@ class DeviceReplay:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
         if i not in self._ids:
-            self.dev.write(prog.val_off[i], np.ascontiguousarray(arr, dtype=DTYPES[self.dtype]))
+            self.dev.write(prog.val_off[i], arr)      # float64: the device converts
             return
         check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
         for off, values in prog.id_writes(i, arr):
-            self.dev.write(off, np.ascontiguousarray(values, dtype=DTYPES[self.dtype]))
+            self.dev.write(off, np.asarray(values, dtype=np.float64))
 
     def forward(self) -> None:
         self.dev.run("forward", "forward")
@@ -199,30 +205,51 @@ class DeviceReplay:
 
 
 def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
-            graph: bool = True, host_kernels: str = "tiled") -> DeviceReplay:
+            graph: bool = True, host_kernels: str = "tiled", fuse: bool = False) -> DeviceReplay:
     """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
 
     ``optimizer``: a gradtool.optim SGD/Adam with its params registered (for
     :meth:`DeviceReplay.step` and training episodes).  ``graph``: cuda only, one
     CUDA graph per episode.  ``host_kernels="per-thread"``: the host backend runs
     the GPU's one-thread-per-output kernel bodies instead of its tiled ones (same
-    bits, slower; how the tests check the GPU's code without a GPU).
+    bits, slower; how the tests check the GPU's code without a GPU).  ``fuse``: run the
+    episode as the few kernels :mod:`gradtool.device.fusion` generates for this tape
+    (same bits; compiled once per tape, cached).
     """
     return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
-                        graph=graph, host_kernels=host_kernels)
+                        graph=graph, host_kernels=host_kernels, fuse=fuse)
+
+
+def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
+    """The program ``capture(..., fuse=True)`` would run, with its ``fusion`` plan
+    (:class:`gradtool.device.fusion.FusionPlan`); nothing is compiled or allocated."""
+    from ..tape import Tape
+    from .fusion import fuse
+
+    if not isinstance(tape, Tape):
+        raise GradtoolError(f"fusion_plan: expected a Tape, got {type(tape).__name__}")
+    try:
+        loss_id = tape.var(loss).id
+    except GradtoolError as exc:
+        raise CaptureError(f"loss: {exc}") from None
+    return fuse(tape, capture_program(tape, loss_id, dtype, optimizer))
 
 
 class DeviceEngine:
     """The training engine on a device backend (same interface as train.CpuEngine)."""
 
     def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
-                 graph: bool = True, **options):
+                 graph: bool = True, fuse: bool = False, **options):
         if options:
             raise GradtoolError(f"unknown device engine option(s): {', '.join(sorted(options))}")
         self.tape = tape
         self.optimizer = optimizer
-        self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph)
+        self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph,
+                              fuse=fuse)
         self.name = self.replay.backend
+        rp = self.replay
+        self.label = self.name + (f" (fused: {rp.launches()} launches per step instead of "
+                                  f"{sum(rp.unfused_counts.values())})" if fuse else "")
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
         self.replay.set_input(node_id, batch)
@@ -253,7 +280,7 @@ class DeviceEngine:
 
 
 __all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
-           "BACKENDS"]
+           "BACKENDS", "fusion_plan"]
 
 
 # ── parity with the CPU tape, and timing (used by `gradtool replay-gpu`) ───

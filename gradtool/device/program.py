@@ -91,6 +91,7 @@ class Program:
                 out += [(ti.order_off, order.astype(np.float64)),
                         (ti.start_off, start.astype(np.float64))]
         return out
+    fusion: Optional[object] = None         # gradtool.device.fusion.FusionPlan (--fuse)
 
     @property
     def itemsize(self) -> int:
