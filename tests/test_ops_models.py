@@ -255,6 +255,10 @@ def test_bmm_broadcasts_a_batch_of_one_and_sums_its_gradient_serially(sa, sb, rn
     if sa[0] == 1 and batch > 1:          # 0.0 + P[0] + P[1] + ..., batch ascending
         per_a = 0.0 + sum(per_a[k:k + 1] for k in range(batch))
     assert_bits_equal(grads[a.id], per_a, "stretched side's gradient")
+    per_b = nx.bmm(np.swapaxes(wa, 1, 2), w)
+    if sb[0] == 1 and batch > 1:
+        per_b = 0.0 + sum(per_b[k:k + 1] for k in range(batch))
+    assert_bits_equal(grads[b.id], per_b, "b's gradient")
     for variant in VARIANTS:
         host_matches(tp, tp.sum(tp.mul(y, tp.const(w))), variant)
 
