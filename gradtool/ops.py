@@ -346,10 +346,16 @@ def _slice_shape(sa, _sb, attrs):
     return tuple(hi - lo for lo, hi in zip(starts, stops))
 
 
+def _equal_but_axis(sa, sb, axis) -> bool:
+    """Same rank, and equal dims everywhere except on ``axis``."""
+    return len(sa) == len(sb) and all(x == y for i, (x, y) in enumerate(zip(sa, sb))
+                                      if i != axis)
+
+
 def _concat_shape(sa, sb, attrs):
     axis = attrs["axis"]
     _axis_check(sa, axis, "concat")
-    if len(sa) != len(sb) or any(x != y for i, (x, y) in enumerate(zip(sa, sb)) if i != axis):
+    if not _equal_but_axis(sa, sb, axis):
         raise ShapeError(f"concat along axis {axis} needs equal other dims, got "
                          f"{format_shape(sa)} and {format_shape(sb)}")
     return tuple(sa[:axis]) + (sa[axis] + sb[axis],) + tuple(sa[axis + 1:])
@@ -756,7 +762,7 @@ def _take_b(g, a, b, t, s, at, na, nb):
 def _take_along_shape(sa, sb, attrs):
     axis = attrs["axis"]
     _axis_check(sa, axis, "take_along")
-    if len(sb) != len(sa) or any(x != y for i, (x, y) in enumerate(zip(sa, sb)) if i != axis):
+    if not _equal_but_axis(sa, sb, axis):
         raise ShapeError(f"take_along on axis {axis} needs ids shaped like {format_shape(sa)} "
                          f"except on that axis, got {format_shape(sb)}")
     return tuple(sb)
