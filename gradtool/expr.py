@@ -161,6 +161,38 @@ def evaluate(expr: Expr, env: Mapping[str, object]):
     return np.float64(out) if isinstance(out, float) else out
 
 
+def compile_numpy(expr: Expr, names) -> "callable":
+    """``evaluate`` compiled once: a Python function of the symbols ``names`` (in that
+    order) that makes exactly the same ufunc calls, without walking the tree per call
+    (the CPU reference records and replays one node at a time).  Expressions come from
+    the op table, never from input, so generating the function's source is safe."""
+    names = tuple(names)
+    missing = set(symbols(expr)) - set(names)
+    if missing:
+        raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
+    consts: dict = {}
+
+    def py(e) -> str:
+        if isinstance(e, Sym):
+            return e.name
+        if isinstance(e, Const):
+            key = f"_c{len(consts)}"
+            consts[key] = e.value
+            return key
+        args = ", ".join(py(a) for a in e.args)
+        return f"_where({args})" if e.op == "select" else f"_{e.op}({args})"
+
+    body = py(expr)
+    namespace = {f"_{op}": fn for op, fn in _NUMPY.items()}
+    namespace["_where"] = np.where
+    namespace.update(consts)
+    source = f"def rule({', '.join(names)}):\n    return {body}\n"
+    exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
+    rule = namespace["rule"]
+    rule.__doc__ = text(expr)
+    return rule
+
+
 # ── C ──────────────────────────────────────────────────────────────────────
 
 @dataclass(frozen=True)
@@ -273,6 +305,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

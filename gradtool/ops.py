@@ -56,8 +56,8 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
-from .expr import (G, S, T, X, Y, Expr, Sym, abs_, evaluate, exp, log, select, sqrt,
-                   substitute, tanh)
+from .expr import (G, S, T, X, Y, Expr, Sym, abs_, compile_numpy, evaluate, exp, log, select,
+                   sqrt, substitute, tanh)
 
 LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
@@ -364,24 +364,31 @@ def _concat_shape(sa, sb, attrs):
 # ── numpy rules from expressions (elementwise ops) ─────────────────────────
 
 def _unary_rules(fwd: Expr, bwd: Expr):
+    f = compile_numpy(fwd, ("x", "s"))
+    c = compile_numpy(bwd, ("g", "x", "t", "s"))
+
     def forward(a, b, s, at):
-        return evaluate(fwd, {"x": a, "s": s})
+        return f(a, s)
 
     def backward(g, a, b, t, s, at, na, nb):
-        return (evaluate(bwd, {"g": g, "x": a, "t": t, "s": s}), None)
+        return (c(g, a, t, s), None)
 
     return forward, backward
 
 
 def _binary_rules(fwd: Expr, bwd_a: Expr, bwd_b: Expr):
+    f = compile_numpy(fwd, ("x", "y"))
+    ca = compile_numpy(bwd_a, ("g", "x", "y", "t"))
+    cb = compile_numpy(bwd_b, ("g", "x", "y", "t"))
+    red = nx.reduce_to_shape
+
     def forward(a, b, s, at):
-        return evaluate(fwd, {"x": a, "y": b})
+        return f(a, b)
 
     def backward(g, a, b, t, s, at, na, nb):
-        env = {"g": g, "x": a, "y": b, "t": t}
         # each contribution is out-shaped, then summed down to its input's shape
-        return (nx.reduce_to_shape(evaluate(bwd_a, env), a.shape) if na else None,
-                nx.reduce_to_shape(evaluate(bwd_b, env), b.shape) if nb else None)
+        return (red(ca(g, a, b, t), a.shape) if na else None,
+                red(cb(g, a, b, t), b.shape) if nb else None)
 
     return forward, backward
 

@@ -380,7 +380,7 @@ class Tape:
             n = math.prod(shape)
             return self._poison(f"{here}: out of memory for the result {list(shape)} "
                                 f"({n} elements, {8 * n} bytes)", TapeError)
-        if value.base is not None:       # never alias an input: values are written in place
+        if value.base is not None:       # never alias an input (a transpose of a [1,n] leaf)
             value = value.copy()
         requires = self.requires[ia] or (ib >= 0 and self.requires[ib])
         return self._append(Node(op, ia, ib, float(s), aux), value, requires)
@@ -460,14 +460,13 @@ class Tape:
         return self.values[self.node_id(v)]
 
     def value(self, v: GVar) -> np.ndarray:
-        """The node's value as a read-only view.
+        """The node's value now: a read-only COPY (a snapshot that a later
+        :meth:`set_value` or :meth:`forward` does not change), like :meth:`grad`.
 
-        The view stays current: :meth:`set_value` and :meth:`forward` write
-        values in place, so it shows the latest replay.  It is valid until
-        the node is dropped by :meth:`reset_to`.  Copy it (``np.array(...)``)
-        to keep a snapshot.
+        (A live view would make every replay copy each node's result into the
+        old buffer, an extra memory pass per node on the hot path.)
         """
-        return _readonly(self._checked_value(v))
+        return _readonly(self._checked_value(v).copy())
 
     def grad(self, v: GVar) -> np.ndarray:
         """dL/d(node) from the last backward: a read-only COPY (a snapshot that a later
@@ -534,7 +533,7 @@ class Tape:
         return out
 
     def forward(self, start: int = 0, only: Optional[Sequence[bool]] = None) -> None:
-        """Recompute every op node's value from the leaves, in tape order, in place.
+        """Recompute every op node's value from the leaves, in tape order.
 
         ``start`` skips the nodes before it (their values must be current).
         ``only`` (one flag per node) limits the replay to the flagged nodes,
@@ -562,7 +561,8 @@ class Tape:
             if node.a < 0 or (only is not None and not only[i]):
                 continue
             vb = values[node.b] if node.b >= 0 else None
-            np.copyto(values[i], OPS[node.op].forward(values[node.a], vb, node.s, node.aux))
+            value = OPS[node.op].forward(values[node.a], vb, node.s, node.aux)
+            values[i] = value if value.base is None else value.copy()   # never an alias
 
     # ── backward ───────────────────────────────────────────────────────────
     def backward(self, loss: GVar) -> None:

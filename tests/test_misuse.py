@@ -224,15 +224,19 @@ def test_device_capture_and_replay_accessors_refuse_bad_handles():
 
 # ── views and numpy interop ────────────────────────────────────────────────
 
-def test_value_views_stay_current_after_set_value_and_forward():
+def test_value_is_a_snapshot_and_forward_replays():
     tp = gt.Tape()
     x = tp.const(np.array([1.0, 2.0]), name="x")
     y = tp.exp(x)
     vx, vy = tp.value(x), tp.value(y)
     tp.set_value(x, np.array([0.0, -1.0]))
     tp.forward()
-    assert_bits_equal(vx, [0.0, -1.0])
-    assert_bits_equal(vy, gt.numerics.exp(np.array([0.0, -1.0])))
+    assert_bits_equal(vx, [1.0, 2.0])                       # snapshots: unchanged
+    assert_bits_equal(vy, gt.numerics.exp(np.array([1.0, 2.0])))
+    assert_bits_equal(tp.value(x), [0.0, -1.0])             # the tape itself replayed
+    assert_bits_equal(tp.value(y), gt.numerics.exp(np.array([0.0, -1.0])))
+    with pytest.raises(ValueError):
+        tp.value(y)[0] = 1.0                                # read-only
 
 
 def test_grad_is_a_snapshot():
