@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .budget import node_work
 from .errors import TapeError
 from .tape import GVar, Tape
 
@@ -56,22 +57,89 @@ def _descendants(tape: Tape, root: int) -> list:
     return flags
 
 
+# A node's fixed cost in one replay (a Python call and numpy's dispatch, about 5
+# microseconds), in the unit of the work estimate: element operations (about half a
+# nanosecond each).
+NODE_OVERHEAD = 10_000
+# What `gradtool fd-check` does without --max-evals: about 10 s of replays here.
+FD_WORK_BUDGET = 1 << 34
+
+
+@dataclass(frozen=True)
+class FDCost:
+    """What :func:`fd_check` will do, known before it starts: loss evaluations (two per
+    parameter element) and the work of their replays, in element operations
+    (:mod:`gradtool.budget`; a node's replay also costs :data:`NODE_OVERHEAD`)."""
+
+    params: int
+    elements: int
+    evals: int
+    work: int
+
+    @property
+    def work_per_eval(self) -> float:
+        return self.work / self.evals if self.evals else 0.0
+
+
+def fd_cost(tape: Tape, params=None) -> FDCost:
+    """The cost of checking ``params`` (GVars; default every param of ``tape``)."""
+    chosen = tape.params() if params is None else list(params)
+    shapes = [v.shape for v in tape.values]
+    works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
+                       shapes[n.b] if n.b >= 0 else None) + NODE_OVERHEAD * (n.a >= 0)
+             for i, n in enumerate(tape.nodes)]
+    elements = evals = work = 0
+    for p in chosen:
+        size = tape.values[p.id].size
+        per_eval = sum(w for w, flag in zip(works, _descendants(tape, p.id)) if flag)
+        elements += size
+        evals += 2 * size
+        work += (2 * size + 1) * per_eval
+    return FDCost(len(chosen), elements, evals, work)
+
+
 def fd_check(tape: Tape, loss: GVar, eps: float = 1e-6, rtol: float = 1e-5,
-             atol: float = 1e-6) -> FDReport:
-    """Check every parameter element of ``tape`` by central differences."""
+             atol: float = 1e-6, *, params=None, progress=None) -> FDReport:
+    """Check every parameter element of ``tape`` by central differences.
+
+    ``params``: only these params (GVars or leaf names), in tape order; default all.
+    ``progress(done, total, param_id)`` is called after every element with the loss
+    evaluations done and due (two per element).  :func:`fd_cost` says beforehand
+    what a check will cost.
+    """
     if not eps > 0:
         raise TapeError(f"eps must be > 0, got {eps}")
+    chosen = _chosen_params(tape, params)
     # inf - inf and 0/0 in the differences are results to report, not warnings
     with np.errstate(all="ignore"):
-        return _check_all_params(tape, loss, eps, rtol, atol)
+        return _check_all_params(tape, loss, eps, rtol, atol, chosen, progress)
 
 
-def _check_all_params(tape, loss, eps, rtol, atol) -> FDReport:
+def _chosen_params(tape: Tape, params) -> list:
+    if params is None:
+        return tape.params()
+    if isinstance(params, (str, GVar)):
+        params = [params]
+    ids = set()
+    for ref in params:
+        v = tape.var(ref) if isinstance(ref, str) else ref
+        if not isinstance(v, GVar) or v.tape is not tape:
+            raise TapeError(f"fd_check params: expected GVars of this tape or leaf names, "
+                            f"got {ref!r}")
+        if not 0 <= v.id < len(tape.nodes) or tape.nodes[v.id].op != "param":
+            raise TapeError(f"fd_check params: {ref!r} is not a param of this tape")
+        ids.add(v.id)
+    return [p for p in tape.params() if p.id in ids]
+
+
+def _check_all_params(tape, loss, eps, rtol, atol, chosen, progress) -> FDReport:
     tape.zero_grad()
     tape.backward(loss)
     li = loss.id
     report = FDReport(loss=float(tape.values[li].reshape(-1)[0]), eps=eps, rtol=rtol, atol=atol)
-    for p in tape.params():
+    total = 2 * sum(tape.values[p.id].size for p in chosen)
+    done = 0
+    for p in chosen:
         analytic = np.array(tape.grad(p))
         w = tape.values[p.id]          # the live copy, perturbed in place
         flat = w.reshape(-1)
@@ -87,6 +155,9 @@ def _check_all_params(tape, loss, eps, rtol, atol) -> FDReport:
             down = tape.values[li].reshape(-1)[0]
             flat[k] = orig
             numeric[k] = (up - down) / (2.0 * eps)
+            done += 2
+            if progress is not None:
+                progress(done, total, p.id)
         tape.forward(p.id + 1, only)   # restore the recorded values exactly
         an = analytic.reshape(-1)
         abs_err = np.abs(an - numeric)

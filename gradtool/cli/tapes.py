@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from collections import Counter
 
 import click
 import numpy as np
 
 from ..errors import GradtoolError
+from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import write_npz
 from ..ops import format_shape
 from ..tapefile import TapeFile
-from .common import CheckFailed, load_tape, output_file_not_stdout
+from .common import CheckFailed, load_tape, output_file_not_stdout, without_gc_pauses
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -32,15 +35,15 @@ def _emit_json(obj) -> None:
 
 def _table(rows, header) -> list:
     """Left-aligned text columns (numbers right-aligned) as lines."""
-    cells = [header] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    numeric = [len(cells) > 1 and all(_is_num(r[i]) for r in cells[1:]) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if numeric[i] else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  " + "  ".join(parts).rstrip())
-    return lines
+    rows = [[str(c) for c in row] for row in rows]
+    columns = [[h] for h in header]
+    if rows:
+        columns = [[h, *column] for h, column in zip(header, zip(*rows))]
+    fmt = "  " + "  ".join(
+        "{:%s%d}" % (">" if len(col) > 1 and all(map(_is_num, col[1:])) else "<",
+                     max(map(len, col)))
+        for col in columns)
+    return [fmt.format(*row).rstrip() for row in [header, *rows]]
 
 
 def _is_num(text: str) -> bool:
@@ -65,6 +68,7 @@ def _node_label(tf: TapeFile, i: int) -> str:
 @click.option("--dot", is_flag=True,
               help="Print the graph as Graphviz DOT (params, consts and ops drawn "
                    "differently; the loss marked).")
+@without_gc_pauses
 def inspect(tape: str, as_json: bool, dot: bool) -> None:
     """Describe a tape file: nodes, op histogram, params, input slots, outputs, loss."""
     if as_json and dot:
@@ -158,10 +162,16 @@ def _short(value, limit: int = 100) -> str:
 
 
 def _inputs(n: dict) -> str:
-    return ",".join(str(x) for x in (n["a"], n["b"]) if x >= 0) or "-"
+    a, b = n["a"], n["b"]
+    return f"{a},{b}" if b >= 0 else str(a) if a >= 0 else "-"
+
+
+_PLAIN_NODE_KEYS = 5            # id, op, a, b, shape: nothing for the detail column
 
 
 def _detail(n: dict) -> str:
+    if len(n) == _PLAIN_NODE_KEYS:
+        return ""
     parts = []
     if "name" in n:
         parts.append(repr(n["name"]))
@@ -234,6 +244,7 @@ def to_dot(tf: TapeFile) -> str:
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "
                    "replay; exit 1 naming the first node that differs.")
+@without_gc_pauses
 def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) -> None:
     """Replay the forward pass from the leaves, run backward, print the loss and every
     parameter's gradient."""
@@ -310,15 +321,29 @@ def verify_recorded(tf: TapeFile) -> int:
               help="Absolute tolerance (see --rtol).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object with the per-parameter errors and verdicts.")
-def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> None:
+@click.option("--params", "only", metavar="NAME,...",
+              help="Check only these params: leaf names, or node ids for unnamed ones "
+                   "(7 or node7).")
+@click.option("--max-evals", type=click.IntRange(min=1), metavar="N",
+              help="Allow up to N loss evaluations (two per parameter element) whatever "
+                   "they cost; without it the estimated work must stay within "
+                   f"{FD_WORK_BUDGET:.3g} operations.")
+@without_gc_pauses
+def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool, only: str,
+             max_evals: int) -> None:
     """Check backward against central finite differences for every parameter element;
-    exit 0 when all pass, 1 when any fails."""
+    exit 0 when all pass, 1 when any fails.  The cost is estimated first: a check
+    over the budget is refused (exit 2) before it starts."""
     for opt, val in (("--eps", eps), ("--rtol", rtol), ("--atol", atol)):
         if not (math.isfinite(val) and val >= 0) or (opt == "--eps" and val == 0):
             raise GradtoolError(f"{opt} must be a finite number "
                                 f"{'> 0' if opt == '--eps' else '>= 0'}, got {val!r}")
     tf = load_tape(tape)
-    report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol)
+    chosen = _params_option(tf, only)
+    _check_fd_budget(tf, fd_cost(tf.tape, chosen), max_evals)
+    with FDProgress(tf) as progress:
+        report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol, params=chosen,
+                              progress=progress.update)
     params = [{"id": p.id, "name": p.name, "shape": list(p.shape),
                "max_abs_err": p.max_abs_err, "max_rel_err": p.max_rel_err,
                "worst_index": list(p.worst_index), "analytic": p.analytic,
@@ -345,6 +370,72 @@ def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> 
                           f"{len(params)} params; first {label} at index "
                           f"{list(p.worst_index)}: analytic {p.analytic!r}, "
                           f"numeric {p.numeric!r}")
+
+
+def _params_option(tf: TapeFile, only):
+    """--params NAME,...: GVars of the named params (names, or ids as 7 / node7)."""
+    if only is None:
+        return None
+    params = {p.id: p for p in tf.tape.params()}
+    by_name = {tf.tape.nodes[i].name: p for i, p in params.items() if tf.tape.nodes[i].name}
+    chosen = []
+    for item in (part.strip() for part in only.split(",")):
+        ref = item[4:] if item.startswith("node") and item[4:].isdigit() else item
+        p = by_name.get(item) or (params.get(int(ref)) if ref.isdigit() else None)
+        if p is None:
+            known = ", ".join(tf.tape.nodes[i].name or f"node{i}" for i in params) or "none"
+            raise GradtoolError(f"{tf.source}: --params: no param {item!r} (params: {known})")
+        chosen.append(p)
+    return chosen
+
+
+def _check_fd_budget(tf: TapeFile, cost, max_evals) -> None:
+    """Refuse, before it starts, a check over --max-evals or (without it) the work budget."""
+    if max_evals is not None:
+        if cost.evals <= max_evals:
+            return
+        over = f"over --max-evals {max_evals}"
+    elif cost.work <= FD_WORK_BUDGET:
+        return
+    else:
+        afford = int(FD_WORK_BUDGET / cost.work_per_eval)
+        over = (f"over the budget of {FD_WORK_BUDGET:.3g} operations (about {afford:,} "
+                f"evaluations of this tape)")
+    raise GradtoolError(
+        f"{tf.source}: fd-check would take {cost.evals:,} loss evaluations (2 per element of "
+        f"{cost.params} param{'s' * (cost.params != 1)}, {cost.elements:,} elements) of about "
+        f"{cost.work_per_eval:.3g} operations each, {over}; check fewer params with "
+        f"--params NAME,... or allow it with --max-evals {cost.evals}")
+
+
+class FDProgress:
+    """fd-check's progress line on stderr, only when stderr is a terminal (at most ten
+    updates a second; erased at the end)."""
+
+    def __init__(self, tf: TapeFile):
+        self.tf = tf
+        self.tty = sys.stderr.isatty()
+        self.shown = 0.0
+
+    def __enter__(self) -> "FDProgress":
+        return self
+
+    def update(self, done: int, total: int, param_id: int) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if now - self.shown < 0.1 and done != total:
+            return
+        self.shown = now
+        name = self.tf.tape.nodes[param_id].name or f"node{param_id}"
+        sys.stderr.write(f"\r\033[Kfd-check: param {name}: {done:,}/{total:,} evaluations "
+                         f"({100 * done // max(total, 1)}%)")
+        sys.stderr.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 commands = [inspect, backward, fd_check]

@@ -22,6 +22,7 @@ With dtype f64 every backend gives the CPU tape's bits.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -50,9 +51,10 @@ class DeviceReplay:
     """One captured episode on one backend.  Build it with :func:`capture`."""
 
     def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
-                 optimizer=None, graph: bool = True, host_kernels: str = "tiled"):
+                 optimizer=None, graph: bool = True, host_kernels: str = "tiled",
+                 max_bytes: Optional[int] = None):
         loss_id = int(getattr(loss, "id", loss))
-        self.program = capture_program(tape, loss_id, dtype, optimizer)
+        self.program = capture_program(tape, loss_id, dtype, optimizer, max_bytes)
         self.backend, self.backend_reason = resolve_backend(backend)
         if self.backend == "cuda":
             from .cuda import CudaBackend
@@ -158,29 +160,33 @@ class DeviceReplay:
 
 
 def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
-            graph: bool = True, host_kernels: str = "tiled") -> DeviceReplay:
+            graph: bool = True, host_kernels: str = "tiled",
+            max_bytes: Optional[int] = None) -> DeviceReplay:
     """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
 
     ``optimizer``: a gradtool.optim SGD/Adam with its params registered (for
     :meth:`DeviceReplay.step` and training episodes).  ``graph``: cuda only, one
     CUDA graph per episode.  ``host_kernels="per-thread"``: the host backend runs
     the GPU's one-thread-per-output kernel bodies instead of its tiled ones (same
-    bits, slower; how the tests check the GPU's code without a GPU).
+    bits, slower; how the tests check the GPU's code without a GPU).  ``max_bytes``: the
+    device memory budget (default :data:`gradtool.budget.DEFAULT_MEMORY`); a program
+    that needs more is a CaptureError before anything is allocated.
     """
     return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
-                        graph=graph, host_kernels=host_kernels)
+                        graph=graph, host_kernels=host_kernels, max_bytes=max_bytes)
 
 
 class DeviceEngine:
     """The training engine on a device backend (same interface as train.CpuEngine)."""
 
     def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
-                 graph: bool = True, **options):
+                 graph: bool = True, max_bytes: Optional[int] = None, **options):
         if options:
             raise GradtoolError(f"unknown device engine option(s): {', '.join(sorted(options))}")
         self.tape = tape
         self.optimizer = optimizer
-        self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph)
+        self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph,
+                              max_bytes=max_bytes)
         self.name = self.replay.backend
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
