@@ -44,6 +44,7 @@ class TrainOptions:
     log: Optional[str] = None
     backend: str = "cpu"
     plot: Optional[str] = None
+    max_memory: Optional[int] = None    # bytes (gradtool.budget); None: the default budget
 
 
 def _is_int(x) -> bool:

@@ -11,7 +11,8 @@ import time
 import click
 
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
-from .common import EXIT_CHECK_FAILED, fail, output_file, silence_stdout
+from .common import (EXIT_CHECK_FAILED, fail, load_tape, memory_budget, output_file,
+                     silence_stdout)
 
 
 def _json_safe(x):
@@ -138,16 +139,15 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     by --save continues where it stopped (docs/training.md).  Ctrl-C stops
     at a step boundary and saves; a non-finite loss stops with exit 1.
     """
-    from ..tapefile import load
     from ..train import plot_losses, require_plotting
 
     if plot:
         require_plotting()
-    tf = load(tape)
+    tf = load_tape(tape)
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           plot=plot)
+                           plot=plot, max_memory=memory_budget())
     reporters = [Console()]
     trainer = Trainer(tf, data, options, reporters)
     if log:
