@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
-from ..npzio import write_npz
+from ..npzio import member_name_problem, write_npz
 from ..ops import format_shape
 from ..tapefile import TapeFile
 from .common import CheckFailed, load_tape, output_file_not_stdout, without_gc_pauses
@@ -256,7 +256,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) 
     loss = float(t.values[tf.loss.id].reshape(-1)[0])
     grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
-        write_npz(output, _npz_arrays(grads))
+        write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
         _emit_json({"loss": num(loss),
@@ -280,14 +280,22 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) 
     click.echo("\n".join(lines))
 
 
-def _npz_arrays(grads) -> dict:
-    arrays = {}
+def _npz_arrays(tf: TapeFile, grads) -> dict:
+    """{npz key: gradient}: the param's name, or ``node<ID>`` for an unnamed param and for
+    a name no npz can hold (NUL, over 65,531 bytes; a note on stderr says so).  Two
+    params that would share a key are refused before anything is written."""
+    arrays, owner = {}, {}
     for i, name, g in grads:
         key = name or f"node{i}"
+        problem = member_name_problem(key)
+        if problem:
+            key = f"node{i}"
+            click.echo(f"gradtool: note: param {i}'s name cannot be an npz key ({problem}); "
+                       f"its gradient is stored as {key!r}", err=True)
         if key in arrays:
-            raise GradtoolError(f"cannot write the npz: param {i} would be stored as {key!r}, "
-                                f"which another param already uses")
-        arrays[key] = g
+            raise GradtoolError(f"{tf.source}: node {i}: cannot write the npz: this param would "
+                                f"be stored as {key!r}, which param {owner[key]} already uses")
+        arrays[key], owner[key] = g, i
     return arrays
 
 
