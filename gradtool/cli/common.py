@@ -161,6 +161,8 @@ class GradtoolGroup(click.Group):
             if isinstance(exc, _NO_ARGS_IS_HELP):     # a bare `gradtool`: click's help
                 raise
             fail(one_line(exc.format_message()), EXIT_BAD_INPUT)
+        except KeyboardInterrupt:                      # not click's "Aborted!" (exit 1)
+            fail("interrupted", 130)
 
     def invoke(self, ctx):
         if sys.stdout is None:
