@@ -11,6 +11,9 @@ Libraries are cached under ``$GRADTOOL_CACHE`` (default ``~/.cache/gradtool``,
 or a temp folder when that is not writable), named by a hash of every source
 and header text, the flags, the compiler's version and the machine, and
 renamed into place atomically, so concurrent processes never load half a file.
+A build writes ``<library>.<pid>.<random>.tmp.so`` first; one killed half-way
+(SIGKILL, a power cut) leaves that file behind, and the next build in the folder
+removes it once its process is gone (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import GradtoolError
@@ -101,17 +106,61 @@ def library_path(stem: str, source: Path, flags, key_files=()) -> Path:
     return cache_dir() / f"{stem}_{key.hexdigest()[:20]}.so"
 
 
+TEMP_SUFFIX = ".tmp.so"
+_TEMP_NAME = re.compile(r".*\.(\d+)\.[^.]+" + re.escape(TEMP_SUFFIX) + "$")
+BUILD_TIMEOUT = 600.0         # seconds a compiler run may take
+# A temporary file whose process may still be alive (its pid reused, or no pid in the
+# name) is removed once it is older than any build could take.
+STALE_AFTER = 2 * BUILD_TIMEOUT
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True            # someone else's process: alive
+    return True
+
+
+def remove_stale_temporaries(directory: Path) -> list:
+    """Remove the ``*.tmp.so`` files that killed builds left in ``directory``: those whose
+    process is gone, and any older than :data:`STALE_AFTER`.  Returns the removed paths."""
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.endswith(TEMP_SUFFIX) or not entry.is_file(follow_symlinks=False):
+            continue
+        match = _TEMP_NAME.match(entry.name)
+        try:
+            stale = (match is not None and not _process_alive(int(match.group(1)))) \
+                or now - entry.stat(follow_symlinks=False).st_mtime > STALE_AFTER
+            if stale:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:        # gone already (another build cleaned it), or not ours
+            pass
+    return removed
+
+
 def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
     """Compile ``source`` into a cached shared library (once) and return its path."""
     path = library_path(stem, source, flags, key_files)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
+    remove_stale_temporaries(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.stem}.{os.getpid()}.", suffix=TEMP_SUFFIX,
+                               dir=path.parent)
     os.close(fd)
     cmd = [compiler(), *flags, *[f"-I{d}" for d in include_dirs], str(source), "-o", tmp, "-lm"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         if proc.returncode != 0:
             detail = " ".join((proc.stderr or proc.stdout).split())[:400]
             raise NativeUnavailable(f"compiling {source} failed: {detail}")
