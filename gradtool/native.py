@@ -12,8 +12,8 @@ or a temp folder when that is not writable), named by a hash of every source
 and header text, the flags, the compiler's version and the machine, and
 renamed into place atomically, so concurrent processes never load half a file.
 A build writes ``<library>.<pid>.<random>.tmp.so`` first; one killed half-way
-(SIGKILL, a power cut) leaves that file behind, and the next build in the folder
-removes it once its process is gone (:func:`remove_stale_temporaries`).
+(SIGKILL, a power cut) leaves that file behind, and the next build of that library
+removes it once its process is gone (:func:`gradtool.fileio.remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import ctypes
 import hashlib
 import os
 import platform
-import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from .errors import GradtoolError
+from .fileio import remove_stale_temporaries, temporary_prefix
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SAFE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
@@ -107,45 +106,7 @@ def library_path(stem: str, source: Path, flags, key_files=()) -> Path:
 
 
 TEMP_SUFFIX = ".tmp.so"
-_TEMP_NAME = re.compile(r".*\.(\d+)\.[^.]+" + re.escape(TEMP_SUFFIX) + "$")
 BUILD_TIMEOUT = 600.0         # seconds a compiler run may take
-# A temporary file whose process may still be alive (its pid reused, or no pid in the
-# name) is removed once it is older than any build could take.
-STALE_AFTER = 2 * BUILD_TIMEOUT
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True            # someone else's process: alive
-    return True
-
-
-def remove_stale_temporaries(directory: Path) -> list:
-    """Remove the ``*.tmp.so`` files that killed builds left in ``directory``: those whose
-    process is gone, and any older than :data:`STALE_AFTER`.  Returns the removed paths."""
-    removed = []
-    now = time.time()
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.name.endswith(TEMP_SUFFIX) or not entry.is_file(follow_symlinks=False):
-            continue
-        match = _TEMP_NAME.match(entry.name)
-        try:
-            stale = (match is not None and not _process_alive(int(match.group(1)))) \
-                or now - entry.stat(follow_symlinks=False).st_mtime > STALE_AFTER
-            if stale:
-                os.unlink(entry.path)
-                removed.append(Path(entry.path))
-        except OSError:        # gone already (another build cleaned it), or not ours
-            pass
-    return removed
 
 
 def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
@@ -154,8 +115,10 @@ def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) ->
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.stem}.{os.getpid()}.", suffix=TEMP_SUFFIX,
+    # a build killed half-way leaves its temporary file; remove those of dead processes,
+    # and any older than a build can take (this folder is gradtool's own)
+    remove_stale_temporaries(path.parent, None, TEMP_SUFFIX, older_than=2 * BUILD_TIMEOUT)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path.stem), suffix=TEMP_SUFFIX,
                                dir=path.parent)
     os.close(fd)
     cmd = [compiler(), *flags, *[f"-I{d}" for d in include_dirs], str(source), "-o", tmp, "-lm"]

@@ -103,9 +103,10 @@ def _check_position(position, bad) -> dict:
     shuffle = position.get("shuffle")
     if shuffle is not None and not isinstance(shuffle, bool):
         raise bad("position.shuffle", f"must be true or false, got {shuffle!r}")
-    if position.get("global_step", 0) < position.get("step", 0):
-        raise bad("position.global_step", f"is {position['global_step']}, fewer than the "
-                                          f"{position['step']} steps of the current epoch")
+    total, step = position.get("global_step", 0), position.get("step", 0)
+    if total < step:
+        raise bad("position.global_step", f"is {total}, fewer than the {step} steps of the "
+                                          f"current epoch")
     return position
 
 
