@@ -231,14 +231,25 @@ def _read(src, name: Optional[str], limits: Limits) -> tuple:
     return raw, source
 
 
+_CHUNK = 1 << 24
+
+
 def _read_bounded(f, source: str, limits: Limits) -> bytes:
-    raw = f.read(limits.max_bytes + 1)       # never more than the limit plus one byte
-    if isinstance(raw, str):
-        raise TapeFileError("opened in text mode; tape files are binary", source=source)
-    if len(raw) > limits.max_bytes:
+    """Never more than the limit plus one byte, in chunks: ``f.read(limit + 1)`` would
+    ask for a buffer of the limit's size (1 GiB) whatever the file holds."""
+    chunks, total = [], 0
+    while total <= limits.max_bytes:
+        chunk = f.read(min(_CHUNK, limits.max_bytes + 1 - total))
+        if isinstance(chunk, str):
+            raise TapeFileError("opened in text mode; tape files are binary", source=source)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > limits.max_bytes:
         raise TapeFileError(f"larger than this reader's limit of {limits.max_bytes} bytes",
                             source=source)
-    return bytes(raw)
+    return b"".join(chunks)
 
 
 def _replay(checked: CheckedFile, source: str) -> TapeFile:

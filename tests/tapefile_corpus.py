@@ -343,12 +343,38 @@ class Mutator:
 
     def mutate(self, doc: dict) -> dict:
         doc = copy.deepcopy(doc)
+        edits = (self.node_field, self.node_field, self.node_field, self.node_id,
+                 self.node_shape, self.node_data, self.node_list, self.top, self.anywhere,
+                 self.anywhere)
+        if isinstance(doc.get("optimizer"), dict):        # a checkpoint: its state, mostly
+            edits = (self.state,) * 10 + edits
         for _ in range(int(self.rng.integers(1, 4))):
-            edit = self.pick((self.node_field, self.node_field, self.node_field, self.node_id,
-                              self.node_shape, self.node_data, self.node_list, self.top,
-                              self.anywhere, self.anywhere))
-            edit(doc)
+            self.pick(edits)(doc)
         return doc
+
+    def state(self, doc):
+        """An edit inside a checkpoint's optimizer state or training position."""
+        state = doc.get("optimizer")
+        if not isinstance(state, dict):          # an earlier edit replaced it
+            return self.anywhere(doc)
+        inside = state.get("position") if isinstance(state.get("position"), dict) \
+            and self.rng.integers(2) else state
+        if not isinstance(inside, dict) or not inside:
+            return self.anywhere(doc)
+        key = self.pick(sorted(inside))
+        how = self.pick(("value", "near", "retype", "drop", "anywhere"))
+        value = inside[key]
+        if how == "value":
+            inside[key] = self.value()
+        elif how == "near" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            inside[key] = self.pick((value + 1, value - 1, value * 1.5, -value, value / 0.9,
+                                     float("nan")))
+        elif how == "retype":
+            inside[key] = self.retype(value)
+        elif how == "drop":
+            del inside[key]
+        else:
+            self.anywhere(inside)
 
     # values
     def value(self, depth: int = 0):
@@ -582,3 +608,34 @@ def stderr_through_a_terminal(args, timeout=120) -> tuple:
     proc.stdout.close()
     os.close(master)
     return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+# ── a batch of CLI runs in one limited worker process ─────────────────────
+
+def cli_batch(jobs_path: str) -> None:
+    """Worker: for each ``[args...]`` in the JSON list at ``jobs_path``, run the gradtool
+    command in this process (click's CliRunner) and print one JSON line: the exit
+    status, stderr's lines, whether a traceback or an internal error showed, and the
+    exception if one escaped."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gradtool.cli import main
+    runner = CliRunner()
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    for args in jobs:
+        result = runner.invoke(main, args)
+        escaped = result.exception
+        if isinstance(escaped, SystemExit):
+            escaped = None
+        print(json.dumps({"args": args, "status": result.exit_code,
+                          "stderr": result.stderr.splitlines(),
+                          "traceback": "Traceback" in result.stderr + result.stdout,
+                          "escaped": None if escaped is None else repr(escaped)}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["cli-batch"]:
+        cli_batch(sys.argv[2])
