@@ -112,12 +112,15 @@ def _check_position(position, bad) -> dict:
 
 def running_power(base: float, t: int) -> float:
     """``base`` multiplied into 1.0 ``t`` times, one rounding each (as Adam keeps it).
-    Once the product underflows to 0 it stays there, so the loop is short for any t."""
+    The product reaches a fixed point (a subnormal that times the base rounds back to
+    itself) after about 7,000 steps of 0.9 and 740,000 of 0.999, so the loop ends there
+    for any t."""
     value = 1.0
     for _ in range(t):
-        value = value * base
-        if value == 0.0:
+        following = value * base
+        if following == value:
             break
+        value = following
     return value
 
 

@@ -8,12 +8,17 @@ memory budget is only a bound if this holds.
 
 import tracemalloc
 
+import msgpack
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from gradtool import Tape
 from gradtool.budget import (BudgetError, estimate_memory, human_bytes, parse_size,
                              tape_memory)
+from gradtool.cli import main
+from gradtool.errors import TapeFileError
+from gradtool.tapefile import Limits, load
 
 M = 256
 
@@ -97,3 +102,99 @@ def test_sizes_parse_in_binary_units():
         with pytest.raises(BudgetError):
             parse_size(bad)
     assert human_bytes(1023) == "1023 bytes" and human_bytes(3 << 29) == "1.5 GiB"
+
+
+# ── the budgets where they apply ───────────────────────────────────────────
+
+def leaf(shape, op="param", name=None) -> dict:
+    node = {"op": op, "a": -1, "b": -1, "s": 0.0, "shape": list(shape),
+            "data": np.ones(shape).astype("<f8").tobytes()}
+    return {**node, "name": name} if name else node
+
+
+def broadcast_bomb(tmp_path, op="param", n=8192):
+    """The issue's reproducer: [8192,1] * [1,8192], then sum: a 131 KB file whose values
+    fit the element budget (2^26 + 2^14 of 2^27) but whose backward needs over 2 GiB."""
+    doc = {"format": "gradtool-tape", "version": 1, "nodes": [
+        leaf([n, 1], op), leaf([1, n], op),
+        {"op": "mul", "a": 0, "b": 1, "s": 0.0, "shape": [n, n]},
+        {"op": "sum", "a": 2, "b": -1, "s": 0.0, "shape": [1]}]}
+    path = tmp_path / "bomb.msgpack"
+    path.write_bytes(msgpack.packb(doc, use_bin_type=True))
+    return path
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line(result, status=2) -> str:
+    assert result.exit_code == status, (result.exit_code, result.output)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["backward"], ["fd-check"],
+                                     ["replay-gpu", "--backend", "host"], ["emit-cuda"]])
+def test_a_small_file_whose_backward_needs_gigabytes_is_refused_at_load(tmp_path, command):
+    path = broadcast_bomb(tmp_path)
+    assert path.stat().st_size < 140_000
+    line = one_line(run(*command, path))
+    assert line.startswith(f"gradtool: {path}: node 3: replay and backward would need about "
+                           f"3.0 GiB (values 512.1 MiB, gradients 512.1 MiB, the largest "
+                           f"temporary 2.0 GiB)")
+    assert "over this reader's memory limit of 2.0 GiB" in line and "[8192,8192]" in line
+    assert "--max-memory" in line
+
+
+def test_the_loader_budget_counts_gradients_only_where_backward_goes(tmp_path):
+    # [512,1] * [1,512]: with params 12.6 MB (values, gradients, 4x temporaries); with
+    # consts backward stops at the loss: values and forward's 2x temporaries, 6.3 MB
+    limits = Limits(max_memory=8 << 20)
+    with pytest.raises(TapeFileError, match=r"about 12\.0 MiB \(values 2\.0 MiB, gradients "
+                                            r"2\.0 MiB, the largest temporary 8\.0 MiB\)"):
+        load(broadcast_bomb(tmp_path, "param", 512), limits=limits)
+    load(broadcast_bomb(tmp_path, "const", 512), limits=limits)
+    est = tape_memory(_two_leaf_tape(), 3)
+    assert est.grads == 1 + 6 + 2 + 3
+
+
+def _two_leaf_tape():
+    tp = Tape()
+    a, b = tp.param(np.ones((2, 1))), tp.param(np.ones((1, 3)))
+    tp.sum(tp.mul(a, b))
+    return tp
+
+
+def test_max_memory_is_one_option_for_loading_and_its_errors_are_one_line(tmp_path):
+    tp = Tape()
+    tp.sum(tp.tanh(tp.param(np.ones((64, 64)), name="w")))
+    path = tmp_path / "t.msgpack"
+    tp.save(path)
+    assert run("inspect", path).exit_code == 0
+    line = one_line(run("--max-memory", "100K", "inspect", path))
+    assert "about 256.0 KiB" in line and "memory limit of 100.0 KiB" in line
+    assert run("--max-memory", "1M", "backward", path).exit_code == 0
+    for bad in ("lots", "0", "-5M"):
+        assert "--max-memory" in one_line(run("--max-memory", bad, "inspect", path))
+    with pytest.raises(TapeFileError, match="memory limit of 1.0 KiB"):
+        load(path, limits=Limits(max_memory=1024))
+
+
+def test_a_device_program_over_the_budget_is_refused_before_anything_is_allocated():
+    from gradtool.device.engine import capture
+    from gradtool.device.program import CaptureError
+    from gradtool.optim import Adam
+    tp = Tape()
+    w = tp.param(np.ones((128, 128)), name="w")
+    loss = tp.sum(tp.tanh(w))
+    opt = Adam(1e-3)
+    opt.add(tp, w)
+    with pytest.raises(CaptureError) as info:
+        capture(tp, loss, "host", optimizer=opt, max_bytes=400_000)
+    message = str(info.value)
+    assert message.startswith("the device program needs 768.4 KiB (values 256.0 KiB, gradients "
+                              "256.0 KiB, optimizer state and scratch 256.0 KiB, launch "
+                              "metadata 328 bytes), over the memory limit of 390.6 KiB")
+    capture(tp, loss, "host", optimizer=opt, max_bytes=800_000)

@@ -284,18 +284,20 @@ def _npz_arrays(tf: TapeFile, grads) -> dict:
     """{npz key: gradient}: the param's name, or ``node<ID>`` for an unnamed param and for
     a name no npz can hold (NUL, over 65,531 bytes; a note on stderr says so).  Two
     params that would share a key are refused before anything is written."""
-    arrays, owner = {}, {}
+    arrays, owner, notes = {}, {}, []
     for i, name, g in grads:
         key = name or f"node{i}"
         problem = member_name_problem(key)
         if problem:
             key = f"node{i}"
-            click.echo(f"gradtool: note: param {i}'s name cannot be an npz key ({problem}); "
-                       f"its gradient is stored as {key!r}", err=True)
+            notes.append(f"gradtool: note: param {i}'s name cannot be an npz key ({problem}); "
+                         f"its gradient is stored as {key!r}")
         if key in arrays:
             raise GradtoolError(f"{tf.source}: node {i}: cannot write the npz: this param would "
                                 f"be stored as {key!r}, which param {owner[key]} already uses")
         arrays[key], owner[key] = g, i
+    for note in notes:
+        click.echo(note, err=True)
     return arrays
 
 
