@@ -94,13 +94,14 @@ def estimate_memory(ops, a, b, sizes, works, loss: int) -> MemoryEstimate:
     n = len(ops)
     requires = [False] * n
     temporary, temporary_node = 0, -1
-    for i in range(n):
-        ia, ib = a[i], b[i]
+    for i, ia, ib, op in zip(range(n), a, b, ops):
         if ia < 0:
-            requires[i] = ops[i] == "param"
+            requires[i] = op == "param"
             continue
         requires[i] = requires[ia] or (ib >= 0 and requires[ib])
-        big = max(sizes[i], sizes[ia], sizes[ib] if ib >= 0 else 0)
+        big = sizes[i] if sizes[i] >= sizes[ia] else sizes[ia]
+        if ib >= 0 and sizes[ib] > big:
+            big = sizes[ib]
         if FORWARD_TEMPORARIES * big > temporary:
             temporary, temporary_node = FORWARD_TEMPORARIES * big, i
     reached = [False] * n

@@ -492,6 +492,7 @@ _PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
                                   {"data", "name"} if name == "const" else {"value"}))
                for name, spec in OPS.items() if not spec.attrs}
 _SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
+_ELEMENTWISE = frozenset(name for name, spec in OPS.items() if spec.elementwise)
 
 
 def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]:
@@ -538,10 +539,14 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     value = get("value")
     if value is not None and (type(value) is not bytes or len(value) != 8 * size):
         return None
-    try:
-        inferred = infer_shape(op, earlier[a].shape, earlier[b].shape if b >= 0 else None, None)
-    except ShapeError:
-        return None
+    if op in _ELEMENTWISE:          # the op table's promise: the input's shape
+        inferred = earlier[a].shape
+    else:
+        try:
+            inferred = infer_shape(op, earlier[a].shape, earlier[b].shape if b >= 0 else None,
+                                   None)
+        except ShapeError:
+            return None
     if inferred != shape:
         return None
     return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value)

@@ -35,7 +35,7 @@ def _emit_json(obj) -> None:
 
 def _table(rows, header) -> list:
     """Left-aligned text columns (numbers right-aligned) as lines."""
-    rows = [[str(c) for c in row] for row in rows]
+    rows = [[c if type(c) is str else str(c) for c in row] for row in rows]
     columns = [[h] for h in header]
     if rows:
         columns = [[h, *column] for h, column in zip(header, zip(*rows))]
@@ -82,23 +82,31 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
         click.echo("\n".join(_inspect_lines(tf)))
 
 
-def inspect_summary(tf: TapeFile) -> dict:
-    """Everything `inspect` reports, as JSON-ready data."""
+def _node_entry(i: int, n, shape) -> dict:
+    """One node as `inspect --json` lists it."""
+    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(shape)}
+    if n.op in ("adds", "muls"):
+        entry["s"] = n.s
+    if n.aux and n.op != "reshape":
+        entry.update(n.aux)
+    if n.name:
+        entry["name"] = n.name
+    if n.op == "param":
+        entry["l2"] = n.l2
+    return entry
+
+
+def _plain_node(n) -> bool:
+    """Whether :func:`_node_entry` has nothing beyond id, op, inputs and shape."""
+    return not (n.name or n.aux or n.op in ("adds", "muls", "param"))
+
+
+def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
+    """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
+    node list)."""
     tape = tf.tape
-    nodes = []
-    for i, n in enumerate(tape.nodes):
-        entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
-        if n.op in ("adds", "muls"):
-            entry["s"] = n.s
-        if n.aux and n.op != "reshape":
-            entry.update(n.aux)
-        if n.name:
-            entry["name"] = n.name
-        if n.op == "param":
-            entry["l2"] = n.l2
-        nodes.append(entry)
     loss_id = tf.loss.id
-    return {
+    summary = {
         "file": tf.source,
         "format": "gradtool-tape",
         "version": 1,
@@ -114,8 +122,11 @@ def inspect_summary(tf: TapeFile) -> dict:
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
                  "value": float(tape.values[loss_id].reshape(-1)[0])},
         "meta": _json_safe(tf.meta),
-        "nodes": nodes,
     }
+    if nodes:
+        summary["nodes"] = [_node_entry(i, n, v.shape)
+                            for i, (n, v) in enumerate(zip(tape.nodes, tape.values))]
+    return summary
 
 
 def _json_safe(value):
@@ -130,7 +141,7 @@ def _json_safe(value):
 
 
 def _inspect_lines(tf: TapeFile) -> list:
-    s = inspect_summary(tf)
+    s = inspect_summary(tf, nodes=False)
     ops = s["ops"]
     n_leaf = ops.get("param", 0) + ops.get("const", 0)
     lines = [f"{s['file']}: gradtool-tape v{s['version']}, {s['node_count']} nodes "
@@ -150,8 +161,10 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    lines += _table([[n["id"], n["op"], _inputs(n), format_shape(n["shape"]), _detail(n)]
-                     for n in s["nodes"]], ["id", "op", "inputs", "shape", "detail"])
+    lines += _table([[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
+                      "" if _plain_node(n) else _detail(_node_entry(i, n, v.shape))]
+                     for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))],
+                    ["id", "op", "inputs", "shape", "detail"])
     return lines
 
 
@@ -161,17 +174,11 @@ def _short(value, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _inputs(n: dict) -> str:
-    a, b = n["a"], n["b"]
+def _inputs(a: int, b: int) -> str:
     return f"{a},{b}" if b >= 0 else str(a) if a >= 0 else "-"
 
 
-_PLAIN_NODE_KEYS = 5            # id, op, a, b, shape: nothing for the detail column
-
-
 def _detail(n: dict) -> str:
-    if len(n) == _PLAIN_NODE_KEYS:
-        return ""
     parts = []
     if "name" in n:
         parts.append(repr(n["name"]))
