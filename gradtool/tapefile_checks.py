@@ -4,8 +4,10 @@ Three gates, in order, each before anything the file claims is allocated:
 
 1. :func:`decode` — msgpack with hard limits on string/bin/array/map lengths,
    no extension types, string map keys only, a cap on the number of
-   containers, then a nesting-depth and value-type walk.  Nothing is ever
-   executed (msgpack is data only; there is no pickle anywhere).
+   containers, then a nesting-depth and value-type walk (of everything but
+   the node maps, which :func:`check` walks one by one unless plainly flat).
+   Nothing is ever executed (msgpack is data only; there is no pickle
+   anywhere).
 2. :func:`check` — the format tag and version, then the JSON Schema
    (``gradtool/schemas/tape.schema.json``) through the ``jsonschema``
    library, the first violation becoming a :class:`TapeFileError` that names
@@ -15,10 +17,17 @@ Three gates, in order, each before anything the file claims is allocated:
    from its inputs' stated shapes with :func:`gradtool.ops.infer_shape`
    (no arithmetic) and compared with the stated one, ``data``/``value``
    lengths equal to 8 bytes per element, unique leaf names, finite l2, a
-   one-element loss, output ids in range, and budgets on the total number
-   of elements and on the arithmetic the replay would do — so a 200-byte
-   file that broadcasts two leaves into a 10^10-element array is rejected
-   here, naming the node, instead of exhausting memory in numpy.
+   one-element loss, output ids in range, and the budgets of
+   :mod:`gradtool.budget`: elements, the memory replay and backward will
+   hold (values, gradients, the largest temporary) and their work — so a
+   200-byte file that broadcasts two leaves into a 10^10-element array, or a
+   131 KB one whose backward needs 3 GiB, is rejected here, naming the node,
+   instead of exhausting memory in numpy.
+
+Gates 2 and 3 go through the nodes once, node by node, so the first bad node
+in file order is the one reported; an ordinary node takes a fast path
+(:func:`plain_node`) that returns only what the schema and the general checks
+would, which keeps a tape at the node limit (2^20 nodes) to seconds.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
