@@ -11,7 +11,8 @@ Reading: ``np.load`` allocates whatever an array's header claims before it
 reads a byte of data (a 4 KB file whose header says [10^9, 4] asks for 30
 GiB), and turns a stray ``.npy``, a picture or a pickle into puzzling
 messages.  :class:`NpzArchive` opens regular files only (a FIFO would hang
-the reader, ``/dev/zero`` would never end), reads the zip directory, and
+the reader, ``/dev/zero`` would never end), reads the zip directory (at most
+:data:`MAX_DIRECTORY` bytes of it), and
 reads an array's header only when the caller asks for that array
 (``archive[name]``): arrays nobody asks for are never examined, whatever
 they hold.  A header's claims are checked against what the archive can
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import struct
 import zipfile
 from dataclasses import dataclass
 
@@ -37,6 +39,9 @@ from .errors import GradtoolError
 from .fileio import atomic_write_with
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)          # the earliest time a zip entry can carry
+# zipfile turns every entry of the central directory into a ZipInfo (about ten times
+# the entry's 46+ bytes): a bound on the directory bounds that memory
+MAX_DIRECTORY = 1 << 24
 NPY_MAGIC = b"\x93NUMPY"
 # deflate cannot expand more than 1032:1 (a 258-byte match costs at least 2 bits)
 MAX_DEFLATE_RATIO = 1032
@@ -128,13 +133,44 @@ class NpzArchive:
         self.source = os.fspath(path)
         self._file = self._open()
         try:
+            self._check_directory()
             self._zip = zipfile.ZipFile(self._file)
             self._infos = {info.filename[:-len(".npy")]: info for info in self._zip.infolist()
                            if info.filename.endswith(".npy")}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError) as exc:
+        except NpzError:
+            self.close()
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError,
+                struct.error) as exc:
             self.close()
             raise NpzError(f"{self.source}: cannot read as a .npz file ({exc})") from None
         self._members = {}
+
+    def _check_directory(self) -> None:
+        """The central directory's size, from the end-of-central-directory record (and its
+        zip64 twin), within :data:`MAX_DIRECTORY` before zipfile reads it."""
+        f = self._file
+        size = f.seek(0, os.SEEK_END)
+        tail_start = max(0, size - (22 + 0xFFFF))          # the record and a maximal comment
+        f.seek(tail_start)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) < at + 22:
+            return                                         # zipfile says what is wrong
+        entries, directory = struct.unpack("<HI", tail[at + 10:at + 16])
+        locator = at - 20
+        if (entries == 0xFFFF or directory == 0xFFFFFFFF) and locator >= 0 \
+                and tail[locator:locator + 4] == b"PK\x06\x07":
+            f.seek(struct.unpack("<Q", tail[locator + 8:locator + 16])[0])
+            record = f.read(56)
+            if len(record) == 56 and record[:4] == b"PK\x06\x06":
+                entries, directory = struct.unpack("<QQ", record[32:48])
+        if directory > MAX_DIRECTORY:
+            raise NpzError(f"{self.source}: the archive's directory of {entries} entries takes "
+                           f"{human_bytes(directory)}; gradtool reads at most "
+                           f"{human_bytes(MAX_DIRECTORY)} of it (an .npz of training arrays "
+                           f"has a few entries)")
+        f.seek(0)
 
     def _open(self):
         src = self.source

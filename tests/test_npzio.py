@@ -160,3 +160,18 @@ def test_write_npz_refuses_names_np_load_would_not_give_back(tmp_path):
     write_npz(tmp_path / "g.npz", {"x" * 65531: np.zeros(1), "a/b é": np.ones(2)})
     with np.load(tmp_path / "g.npz") as z:
         assert sorted(z.files) == ["a/b é", "x" * 65531]
+
+
+def test_a_directory_of_too_many_entries_is_refused_before_zipfile_reads_it(tmp_path,
+                                                                             monkeypatch):
+    import gradtool.npzio as npzio
+    monkeypatch.setattr(npzio, "MAX_DIRECTORY", 1 << 20)
+    for count in (30_000, 70_000):             # 70,000 entries need the zip64 record
+        path = tmp_path / f"many{count}.npz"
+        with zipfile.ZipFile(path, "w") as z:
+            for i in range(count):
+                z.writestr(f"a{i}.npy", b"")
+        assert_npz_error(path, f"directory of {count} entries takes", "at most 1.0 MiB")
+    monkeypatch.setattr(npzio, "MAX_DIRECTORY", 4 << 20)
+    with NpzArchive(tmp_path / "many70000.npz") as archive:
+        assert len(list(archive)) == 70_000
