@@ -28,7 +28,7 @@ _EXPORTS = {
 
 __all__ = [
     "Tape", "GVar", "Node", "TapeFile", "load", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
-    "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "__version__",
+    "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "nn", "__version__",
 ]
 
 

@@ -59,8 +59,8 @@ def node_work(op: str, shape, sa, sb) -> int:
         return 0
     if op == "matmul":
         return sa[0] * sa[1] * shape[1]
-    if op == "bmm":
-        return sa[0] * sa[1] * sa[2] * shape[2]
+    if op == "bmm":                 # the batch of the output: b may broadcast over a's
+        return shape[0] * sa[1] * sa[2] * shape[2]
     return max(prod(shape), prod(sa), prod(sb) if sb is not None else 0)
 
 

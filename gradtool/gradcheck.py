@@ -13,13 +13,14 @@ FAILS there, as it should: the gradient is not the derivative at a kink.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .budget import node_work
 from .errors import TapeError
-from .tape import GVar, Tape
+from .tape import GVar, Tape, _is_number
 
 
 @dataclass
@@ -57,6 +58,16 @@ def _descendants(tape: Tape, root: int) -> list:
     return flags
 
 
+def _positive(x, what: str, strict: bool = False) -> float:
+    if not _is_number(x):
+        raise TapeError(f"fd_check: {what} must be a real number, got {type(x).__name__}")
+    value = float(x)
+    if not math.isfinite(value) or value < 0.0 or (strict and value == 0.0):
+        raise TapeError(f"fd_check: {what} must be finite and {'> 0' if strict else '>= 0'}, "
+                        f"got {x!r}")
+    return value
+
+
 # A node's fixed cost in one replay (a Python call and numpy's dispatch, about 5
 # microseconds), in the unit of the work estimate: element operations (about half a
 # nanosecond each).
@@ -82,8 +93,8 @@ class FDCost:
 
 
 def fd_cost(tape: Tape, params=None) -> FDCost:
-    """The cost of checking ``params`` (GVars; default every param of ``tape``)."""
-    chosen = tape.params() if params is None else list(params)
+    """The cost of checking ``params`` (GVars or leaf names; default every param)."""
+    chosen = _chosen_params(tape, params)
     shapes = [v.shape for v in tape.values]
     works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
                        shapes[n.b] if n.b >= 0 else None) + NODE_OVERHEAD * (n.a >= 0)
@@ -107,9 +118,15 @@ def fd_check(tape: Tape, loss: GVar, eps: float = 1e-6, rtol: float = 1e-5,
     evaluations done and due (two per element).  :func:`fd_cost` says beforehand
     what a check will cost.
     """
-    if not eps > 0:
-        raise TapeError(f"eps must be > 0, got {eps}")
+    if not isinstance(tape, Tape):
+        raise TapeError(f"fd_check: expected a Tape, got {type(tape).__name__}")
+    tape.node_id(loss, "fd_check loss")
+    eps = _positive(eps, "eps", strict=True)
+    rtol = _positive(rtol, "rtol")
+    atol = _positive(atol, "atol")
     chosen = _chosen_params(tape, params)
+    if progress is not None and not callable(progress):
+        raise TapeError(f"fd_check: progress must be callable, got {type(progress).__name__}")
     # inf - inf and 0/0 in the differences are results to report, not warnings
     with np.errstate(all="ignore"):
         return _check_all_params(tape, loss, eps, rtol, atol, chosen, progress)
@@ -120,15 +137,17 @@ def _chosen_params(tape: Tape, params) -> list:
         return tape.params()
     if isinstance(params, (str, GVar)):
         params = [params]
+    try:
+        items = list(params)
+    except TypeError:
+        raise TapeError(f"fd_check params: expected GVars or leaf names, got "
+                        f"{type(params).__name__}") from None
     ids = set()
-    for ref in params:
-        v = tape.var(ref) if isinstance(ref, str) else ref
-        if not isinstance(v, GVar) or v.tape is not tape:
-            raise TapeError(f"fd_check params: expected GVars of this tape or leaf names, "
-                            f"got {ref!r}")
-        if not 0 <= v.id < len(tape.nodes) or tape.nodes[v.id].op != "param":
-            raise TapeError(f"fd_check params: {ref!r} is not a param of this tape")
-        ids.add(v.id)
+    for ref in items:
+        i = tape.node_id(tape.var(ref) if isinstance(ref, str) else ref, "fd_check params")
+        if tape.nodes[i].op != "param":
+            raise TapeError(f"fd_check params: node {i} is a {tape.nodes[i].op}, not a param")
+        ids.add(i)
     return [p for p in tape.params() if p.id in ids]
 
 

@@ -27,8 +27,25 @@ mean              ``serial_sum(x) / n`` (one division, not a multiply by 1/n)
 matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j]``
                   (the product rounded, then the sum rounded)
 bmm               the matmul order in every batch slice
-axis sum          the serial sum along one axis, other indices fixed
-broadcast reduce  see :func:`reduce_to_shape`
+bmm, broadcast    a batch of 1 on one side is read for every batch; that side's
+                  gradient is the per-batch products' axis sum over the batch
+                  (``0.0 + P[0] + P[1] + ...``, batch ascending)
+axis sum          the serial sum along one axis, other indices fixed (from 0.0,
+                  ascending); axis mean = axis sum / length (one division)
+first max         see :func:`first_max`: the first NaN, else the first largest element
+                  (ties, +0.0 against -0.0 included, go to the earliest); exact
+softmax           along an axis: ``e = exp(x - max); y = e / axis_sum(e)``; backward
+                  ``t * (g - axis_sum(g * t))`` (the elementwise parts are expressions
+                  in the op table, :mod:`gradtool.ops`)
+log_softmax       along an axis: ``m = first_max``, ``d = x - m``,
+                  ``y = d - log(axis_sum(exp(d)))``; backward
+                  ``g - exp(t) * axis_sum(g)`` (expressions in the op table)
+gather backward   see :func:`take_index`: each table row's gradient is
+                  ``0.0 + g[p0] + g[p1] + ...`` over the positions reading it, ascending
+elementwise ops   one expression per rule in the op table, each node one rounding
+shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc / S``
+                  per element, over the S shards of a minibatch in shard order
+                  (see :func:`shard_mean`)
 """
 
 from __future__ import annotations
@@ -40,9 +57,9 @@ import numpy as np
 from . import fdlibm, native
 
 __all__ = [
-    "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
-    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
-    "softmax", "softmax_backward",
+    "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
+    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1",
+    "shard_mean", "shard_accumulate", "shard_divide",
 ]
 
 exp = fdlibm.exp
@@ -73,6 +90,40 @@ def serial_sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     """Serial 0.0-started sum along ``axis`` (ascending), keepdims=True."""
     last = np.take(np.add.accumulate(x, axis=axis), [-1], axis=axis)
     return np.add(last, 0.0, out=last)
+
+
+def first_max(x: np.ndarray, axis: int) -> tuple:
+    """The first maximal element along ``axis``: (values, indices), both keepdims.
+
+    Per line ``m = x[0]; i = 0; for l = 1..L-1: if m == m and (x[l] > m or
+    x[l] != x[l]): m = x[l]; i = l``.  So a line holding a NaN gives its FIRST
+    NaN; otherwise the first of the largest values wins every tie (+0.0 and
+    -0.0 compare equal: the earlier one is the max, sign and all).  The value
+    is that element itself, an exact copy.  ``np.argmax`` computes exactly this
+    index (tests/test_numerics.py checks it against the loop); the kernels
+    (``gt_first_max`` in kernels.cu) run the loop.
+    """
+    idx = np.expand_dims(np.argmax(x, axis=axis), axis)
+    return np.take_along_axis(x, idx, axis=axis), idx
+
+
+def take_index(ids: np.ndarray, rows: int) -> tuple:
+    """The gather's backward order: which positions read each table row, ascending.
+
+    ``ids`` (any shape, ints in [0, rows)) is read flat, row-major: position p
+    reads row ``ids.flat[p]``.  Returns ``(order, start)``: ``order`` lists the
+    positions sorted by the row they read, ascending within a row (a stable
+    sort), and the positions reading row v are ``order[start[v]:start[v+1]]``.
+    A row's gradient is then the serial sum ``0.0 + g[p0] + g[p1] + ...`` over
+    those positions in that order (+0.0 for a row nobody reads).  The device
+    replay uploads this index with the ids and its kernel walks it, one thread
+    per table element: deterministic, no atomics.
+    """
+    flat = np.ravel(ids)
+    order = np.argsort(flat, kind="stable")
+    start = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(flat, minlength=rows), out=start[1:])
+    return order, start
 
 
 def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
@@ -180,31 +231,32 @@ def _native_kernels():
     return _NATIVE_STATE[0]
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """``1.0 / (1.0 + exp(0.0 - x))``: three roundings plus exp's.
+def shard_mean(parts) -> np.ndarray:
+    """The mean of S equally shaped shard results (gradients, losses), in shard order.
 
-    ``0.0 - x`` and ``-x`` agree except at x = +0.0 (exp of either zero is
-    1.0), so the negation is written as numpy's exact ``-x``.
+    Per element: ``acc = x[0]; acc = acc + x[1]; ...; acc = acc + x[S-1]``, then
+    ``acc / S`` (one rounded division).  The sum starts from the FIRST shard (no 0.0
+    seed), so with S = 1 the result is ``x[0] / 1``, which is ``x[0]`` bit for bit
+    (signed zeros and infinities included): one shard is plain training.
+
+    The order depends only on S, never on who computes which shard: data-parallel
+    training (:mod:`gradtool.train_distributed`) splits this same left fold across
+    ranks with :func:`shard_accumulate` (a rank continues the fold it receives) and
+    :func:`shard_divide`.
     """
-    return 1.0 / (1.0 + exp(-x))
+    parts = list(parts)
+    acc = np.array(parts[0], dtype=np.float64, copy=True)
+    for x in parts[1:]:
+        shard_accumulate(acc, x)
+    return shard_divide(acc, len(parts))
 
 
-def relu(x: np.ndarray) -> np.ndarray:
-    """``x if not (x <= 0) else +0.0``: NaN passes through, -0.0 becomes +0.0."""
-    return np.where(x <= 0.0, 0.0, x)
+def shard_accumulate(acc: np.ndarray, x: np.ndarray) -> None:
+    """One step of :func:`shard_mean`'s fold, in place: ``acc = acc + x`` per element."""
+    np.add(acc, x, out=acc)
 
 
-def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    """Softmax along ``axis``: ``e = exp(x - max); y = e / serial_sum_axis(e)``.
-
-    The max is exact whatever the order (a NaN anywhere on the axis makes
-    that row NaN).  The sum is the serial 0.0-started sum along the axis.
-    """
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = exp(shifted)
-    return e / serial_sum_axis(e, axis)
-
-
-def softmax_backward(g: np.ndarray, t: np.ndarray, axis: int) -> np.ndarray:
-    """``t * (g - serial_sum_axis(g * t))`` with t the softmax output."""
-    return t * (g - serial_sum_axis(g * t, axis))
+def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
+    """The last step of :func:`shard_mean`, in place: ``acc = acc / S``; returns acc."""
+    np.divide(acc, float(shards), out=acc)
+    return acc

@@ -1,13 +1,37 @@
 """The op table: the one place that says what every op is.
 
-Each entry gives the op's name (as used by the Tape method and the tape
-file), its numeric code, its arity, the attributes it carries, a shape rule
+Each entry (:class:`OpSpec`) gives the op's name (the Tape method and the
+tape file's ``op``), its arity, its attributes (:class:`Attr`), a shape rule
 (used both when recording and when loading a file, so a bad file is rejected
-before any arithmetic or allocation), the forward rule, and right under it the
-backward rule.  Rounding orders come from :mod:`gradtool.numerics`.
+before any arithmetic or allocation), and its rules:
 
-Conventions for the rule functions
-----------------------------------
+* an **elementwise** op (kind ``unary``: same shape, or ``binary``: numpy
+  broadcasting) states its forward rule and, right under it, each input's
+  backward contribution as ONE expression each (:mod:`gradtool.expr`) over
+  ``x``/``y`` (the inputs), ``s`` (the scalar operand), ``t`` (the output)
+  and ``g`` (the output's gradient).  Those expressions are evaluated by
+  numpy for the CPU reference and rendered to C for the device kernels (host
+  and CUDA) and for the emitter: every layer runs the same rule by
+  construction;
+* every other op keeps a hand-written numpy rule here (its order documented
+  in :mod:`gradtool.numerics`) and a hand-written kernel in
+  ``gradtool/csrc/kernels.cu`` whose launches and metadata fields are
+  declared by name right next to the entry (:data:`KERNELS`); the C
+  decoders of those fields are generated from the declaration, and
+  ``gradtool/device/program.py`` packs them by name.  Where such an op has
+  elementwise parts (softmax) or a one-element form for the emitter (sum,
+  mean), those are expressions in the entry too.
+
+Everything else is generated from this table: the Tape's recording methods,
+the file writer's node records and the loader's attribute checks, the JSON
+Schema (``gradtool/schemas/tape.schema.json``), ``gradtool/csrc/gt_ops.h``
+(elementwise kernels, field decoders, the kernel list), the emitter's scalar
+rules, the device program's lowering, and the op reference ``docs/ops.md``.
+``python -m gradtool.codegen`` regenerates the committed files; a test fails
+when they are stale.  docs/ops.md ("Adding an op") lists what to write.
+
+Conventions for the hand-written numpy rules
+--------------------------------------------
 shape(sa, sb, attrs) -> tuple      sa/sb are input shapes (None if absent).
                                    Raises ShapeError with a message naming
                                    the shapes; the caller adds the node id.
@@ -32,33 +56,224 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
+from .expr import (G, S, T, X, Y, Expr, Sym, abs_, evaluate, exp, log, select, sqrt,
+                   substitute, tanh)
+
+LEAF_OPS = ("param", "const")
+INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
+KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
+         "softmax", "slice", "concat", "take", "take_along")
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One attribute of an op's nodes: in the Tape method's signature, the node's ``aux``
+    dict, the tape file's node record and the schema.
+
+    kind ``axis``: one int, negative counting from the end when recording (stored
+    normalised, >= 0); ``indices``: one int >= 0 per axis of the input;
+    ``shape``: the node's own shape (a reshape's target), which the file
+    already stores as ``shape``; ``flag``: True or False.
+
+    ``default`` is the Tape method's default.  An ``optional`` attribute may
+    be absent from a file, meaning ``default``: it is written, and kept in
+    the node's ``aux`` dict, only when it differs from the default (so files
+    written before it existed read unchanged, and write the same bytes).
+    """
+
+    name: str
+    kind: str
+    doc: str
+    default: object = _REQUIRED
+    optional: bool = False
+
+    @property
+    def stored(self) -> bool:
+        """Whether the file's node record carries this attribute under its own key."""
+        return self.kind != "shape"
+
+    @property
+    def required(self) -> bool:
+        """Whether the Tape method needs it (it has no default)."""
+        return self.default is _REQUIRED
+
+    @property
+    def file_required(self) -> bool:
+        """Whether every file node of the op must carry it."""
+        return self.stored and not self.optional
 
 
 @dataclass(frozen=True)
 class OpSpec:
     name: str
-    code: int
-    arity: int                      # number of node inputs (0 for leaves)
-    shape: Optional[Callable]
-    forward: Optional[Callable]
-    backward: Optional[Callable]
-    attrs: tuple = ()               # attribute names kept in the node's aux
-    scalar_operand: bool = False    # uses the node's `s`
-    elementwise: bool = False       # out[i] depends only on in[i] (same shapes)
+    kind: str                        # one of KINDS: how the op is lowered and checked
+    arity: int                       # number of node inputs (0 for leaves)
+    doc: str                         # one line for the docs and the Tape method
+    shape: Optional[Callable] = None
+    forward: Optional[Callable] = None
+    backward: Optional[Callable] = None
+    attrs: tuple = ()                # Attr, in the Tape method's argument order
+    scalar_operand: bool = False     # reads the node's `s` (adds, muls)
+    fwd: Optional[Expr] = None       # elementwise ops: the forward rule
+    bwd: tuple = ()                  # elementwise ops: each input's contribution
+    scalar: Optional[tuple] = None   # non-elementwise ops with a one-element form: (fwd, bwd)
+    domain: str = "real"             # where the rule is smooth: "real" or "positive" (tests)
+    kernels: tuple = ()              # non-elementwise ops: the kernels its launches use
+    parts: Optional[dict] = None     # elementwise parts of a hand-written kernel (GT_<OP>_<PART>)
+    int_inputs: tuple = ()           # inputs ("b") that read integer ids: an i64 const leaf
+    index_bound: Optional[Callable] = None   # (sa, attrs) -> ids must lie in [0, bound)
+
+    @property
+    def elementwise(self) -> bool:
+        """out[i] depends only on the inputs' elements at i (after broadcasting)."""
+        return self.kind in ("unary", "binary")
+
+    @property
+    def rules(self) -> Optional[tuple]:
+        """(forward, contributions) as expressions: elementwise ops and one-element forms."""
+        if self.elementwise:
+            return self.fwd, self.bwd
+        return self.scalar
 
 
 OPS: dict[str, OpSpec] = {}
-OPS_BY_CODE: dict[int, OpSpec] = {}
 
 
 def _register(spec: OpSpec) -> None:
+    assert spec.kind in KINDS and spec.name not in OPS, spec.name
     OPS[spec.name] = spec
-    OPS_BY_CODE[spec.code] = spec
 
 
 def format_shape(shape) -> str:
     """[2,3]: how every message in gradtool writes a shape."""
     return "[" + ",".join(map(str, shape)) + "]"
+
+
+def attr(attrs, name: str, default=None):
+    """An attribute from a node's aux dict; an optional one at its default is absent."""
+    return default if not attrs else attrs.get(name, default)
+
+
+def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
+    """None when every id lies in [0, bound); else what the first bad one is and where."""
+    flat = np.ravel(ids)
+    bad = np.flatnonzero((flat < 0) | (flat >= bound))
+    if not bad.size:
+        return None
+    where = list(np.unravel_index(int(bad[0]), np.shape(ids)))
+    return (f"id {int(flat[bad[0]])} at position {[int(k) for k in where]} is outside "
+            f"[0, {bound})")
+
+
+# ── device kernels: the metadata contract of every kernel, by field name ────
+#
+# A launch is (kernel, int64 metadata block).  M[0] is always the number of
+# thread indices; the fields below follow in order.  Field kinds: ``w`` an
+# arena offset the kernel writes (a gt_real pointer), ``r`` one it only
+# reads, ``i`` an int, ``f`` a float64 stored as its bit pattern, ``i[c]`` an
+# int array whose length is the int field ``c``.  codegen turns each
+# declaration into a C decoder macro ``GT_ARGS_<kernel>``; the device
+# program packs a block with :func:`pack` by field name.
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    fields: tuple          # (name, kind) pairs, after M[0]
+    doc: str
+
+    def field_names(self) -> list:
+        return [f for f, _ in self.fields]
+
+
+KERNELS: dict[str, KernelSpec] = {}
+
+
+def kernel(name: str, fields: str, doc: str) -> KernelSpec:
+    """Declare a kernel's metadata fields: ``"out:w a:r len:i dims:i[nd]"``."""
+    spec = _spec(name, fields, doc)
+    assert name not in KERNELS, name
+    KERNELS[name] = spec
+    return spec
+
+
+def f64_bits(x: float) -> int:
+    """The IEEE-754 bit pattern of a float64, as the signed int64 a metadata slot holds."""
+    return int(np.array([float(x)], dtype=np.float64).view(np.int64)[0])
+
+
+def pack(kernel_name: str, threads: int, /, **values) -> tuple:
+    """The metadata block of one launch: M[0] = threads, then every declared field by name.
+
+    An array field's length field is filled in from the array (and must agree
+    between arrays sharing it); float fields take Python floats (packed as
+    bit patterns).  A missing or unknown field is an error.
+    """
+    spec = contract(kernel_name)
+    counts = {}
+    for fname, kind in spec.fields:
+        if kind.startswith("i["):
+            count = kind[2:-1]
+            length = len(values[fname])
+            if counts.setdefault(count, length) != length:
+                raise ValueError(f"{kernel_name}: arrays sharing {count} differ in length")
+    block = [int(threads)]
+    for fname, kind in spec.fields:
+        if fname in counts:
+            if fname in values and values[fname] != counts[fname]:
+                raise ValueError(f"{kernel_name}: {fname} disagrees with its arrays")
+            block.append(counts[fname])
+        elif kind.startswith("i["):
+            block.extend(int(v) for v in values[fname])
+        elif kind == "f":
+            block.append(f64_bits(values[fname]))
+        else:
+            block.append(int(values[fname]))
+    unknown = set(values) - set(spec.field_names())
+    if unknown:
+        raise ValueError(f"{kernel_name}: unknown fields {sorted(unknown)}")
+    return tuple(block)
+
+
+def _spec(name: str, fields: str, doc: str) -> KernelSpec:
+    return KernelSpec(name, tuple(tuple(f.split(":")) for f in fields.split()), doc)
+
+
+# the elementwise families: one contract each (decoder GT_ARGS_<family>), one kernel per op
+# and direction (and per input, backward of a binary op)
+FAMILIES = {
+    "UNARY_FWD": _spec("UNARY_FWD", "out:w a:r s:f", "every unary forward kernel"),
+    "UNARY_BWD": _spec("UNARY_BWD", "ga:w g:r a:r t:r s:f", "every unary backward kernel"),
+    "BINARY_FWD": _spec("BINARY_FWD", "out:w a:r b:r nd:i dims:i[nd] sa:i[nd] sb:i[nd]",
+                        "every broadcasting binary forward kernel (strides 0 where an input "
+                        "broadcasts)"),
+    "BINARY_BWD": _spec("BINARY_BWD",
+                        "ga:w g:r a:r b:r t:r nk:i kd:i[nk] kg:i[nk] ka:i[nk] kb:i[nk] "
+                        "nb:i bd:i[nb] bg:i[nb] ba:i[nb] bb:i[nb] scratch:i",
+                        "every broadcasting binary backward kernel: kept dims (k*) and "
+                        "broadcast dims (b*) of the out index space"),
+}
+
+
+def kernel_names(spec: OpSpec) -> tuple:
+    """The kernels an op's launches use (forward, then backward)."""
+    if spec.kind == "unary":
+        return (f"k_{spec.name}", f"k_{spec.name}_bwd")
+    if spec.kind == "binary":
+        return (f"k_{spec.name}", f"k_{spec.name}_bwd_a", f"k_{spec.name}_bwd_b")
+    return spec.kernels
+
+
+def contract(kernel_name: str) -> KernelSpec:
+    """The metadata contract of any kernel: declared, or its elementwise family's."""
+    if kernel_name in KERNELS:
+        return KERNELS[kernel_name]
+    for spec in OPS.values():
+        if spec.elementwise and kernel_name in kernel_names(spec):
+            fwd = kernel_name == f"k_{spec.name}"
+            family = ("UNARY_" if spec.kind == "unary" else "BINARY_") + ("FWD" if fwd else "BWD")
+            return FAMILIES[family]
+    raise KeyError(f"no kernel {kernel_name!r} in the op table")
 
 
 # ── shape rules ────────────────────────────────────────────────────────────
@@ -80,10 +295,6 @@ def _same_shape(sa, _sb, _attrs):
     return tuple(sa)
 
 
-def _scalar_shape(_sa, _sb, _attrs):
-    return (1,)
-
-
 def _matmul_shape(sa, sb, _attrs):
     if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0]:
         raise ShapeError(f"matmul needs [M,K] @ [K,N], got {format_shape(sa)} @ {format_shape(sb)}")
@@ -91,9 +302,11 @@ def _matmul_shape(sa, sb, _attrs):
 
 
 def _bmm_shape(sa, sb, _attrs):
-    if len(sa) != 3 or len(sb) != 3 or sa[0] != sb[0] or sa[2] != sb[1]:
-        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N], got {format_shape(sa)} @ {format_shape(sb)}")
-    return (sa[0], sa[1], sb[2])
+    if (len(sa) != 3 or len(sb) != 3 or sa[2] != sb[1]
+            or (sa[0] != sb[0] and 1 not in (sa[0], sb[0]))):
+        raise ShapeError(f"bmm needs [B,M,K] @ [B,K,N] (a batch of 1 on either side "
+                         f"stretches), got {format_shape(sa)} @ {format_shape(sb)}")
+    return (max(sa[0], sb[0]), sa[1], sb[2])
 
 
 def _transpose_shape(sa, _sb, _attrs):
@@ -133,141 +346,201 @@ def _slice_shape(sa, _sb, attrs):
     return tuple(hi - lo for lo, hi in zip(starts, stops))
 
 
+def _equal_but_axis(sa, sb, axis) -> bool:
+    """Same rank, and equal dims everywhere except on ``axis``."""
+    return len(sa) == len(sb) and all(x == y for i, (x, y) in enumerate(zip(sa, sb))
+                                      if i != axis)
+
+
 def _concat_shape(sa, sb, attrs):
     axis = attrs["axis"]
     _axis_check(sa, axis, "concat")
-    if len(sa) != len(sb) or any(x != y for i, (x, y) in enumerate(zip(sa, sb)) if i != axis):
+    if not _equal_but_axis(sa, sb, axis):
         raise ShapeError(f"concat along axis {axis} needs equal other dims, got "
                          f"{format_shape(sa)} and {format_shape(sb)}")
     return tuple(sa[:axis]) + (sa[axis] + sb[axis],) + tuple(sa[axis + 1:])
 
 
-# ── forward and backward rules, op by op ───────────────────────────────────
+# ── numpy rules from expressions (elementwise ops) ─────────────────────────
 
-def _red(c, shape):
-    return nx.reduce_to_shape(c, shape)
+def _unary_rules(fwd: Expr, bwd: Expr):
+    def forward(a, b, s, at):
+        return evaluate(fwd, {"x": a, "s": s})
 
+    def backward(g, a, b, t, s, at, na, nb):
+        return (evaluate(bwd, {"g": g, "x": a, "t": t, "s": s}), None)
 
-def _add_f(a, b, s, at):
-    return a + b
-
-
-def _add_b(g, a, b, t, s, at, na, nb):
-    return (_red(g, a.shape) if na else None, _red(g, b.shape) if nb else None)
+    return forward, backward
 
 
-def _sub_f(a, b, s, at):
-    return a - b
+def _binary_rules(fwd: Expr, bwd_a: Expr, bwd_b: Expr):
+    def forward(a, b, s, at):
+        return evaluate(fwd, {"x": a, "y": b})
+
+    def backward(g, a, b, t, s, at, na, nb):
+        env = {"g": g, "x": a, "y": b, "t": t}
+        # each contribution is out-shaped, then summed down to its input's shape
+        return (nx.reduce_to_shape(evaluate(bwd_a, env), a.shape) if na else None,
+                nx.reduce_to_shape(evaluate(bwd_b, env), b.shape) if nb else None)
+
+    return forward, backward
 
 
-def _sub_b(g, a, b, t, s, at, na, nb):
-    return (_red(g, a.shape) if na else None, _red(-g, b.shape) if nb else None)
+def unary(name: str, doc: str, fwd: Expr, bwd: Expr, **extra) -> None:
+    """An elementwise one-input op (same shape): ``out = fwd``, ``ga += bwd``."""
+    forward, backward = _unary_rules(fwd, bwd)
+    _register(OpSpec(name, "unary", 1, doc, _same_shape, forward, backward, fwd=fwd,
+                     bwd=(bwd,), **extra))
 
 
-def _mul_f(a, b, s, at):
-    return a * b
+def binary(name: str, doc: str, fwd: Expr, bwd_a: Expr, bwd_b: Expr, **extra) -> None:
+    """An elementwise two-input op with numpy broadcasting; each contribution is summed
+    down to its input's shape in :func:`numerics.reduce_to_shape`'s order."""
+    forward, backward = _binary_rules(fwd, bwd_a, bwd_b)
+    _register(OpSpec(name, "binary", 2, doc, broadcast_shape, forward, backward, fwd=fwd,
+                     bwd=(bwd_a, bwd_b), **extra))
 
 
-def _mul_b(g, a, b, t, s, at, na, nb):
-    return (_red(g * b, a.shape) if na else None, _red(g * a, b.shape) if nb else None)
+# ── the table: elementwise ops ─────────────────────────────────────────────
+
+_register(OpSpec("param", "leaf", 0, "a trained leaf (requires grad)"))
+_register(OpSpec("const", "leaf", 0, "a constant leaf; a named const is an input slot"))
+
+binary("add", "a + b", X + Y, G, G)
+binary("sub", "a - b", X - Y, G, -G)
+binary("mul", "a * b", X * Y, G * Y, G * X)
+# dL/db = -g * t / b, rounded as -((g * t) / b)
+binary("div", "a / b", X / Y, G / Y, -((G * T) / Y))
+
+unary("neg", "-a", -X, -G)
+unary("adds", "a + s (a Python number)", X + S, G, scalar_operand=True)
+unary("muls", "a * s (a Python number)", X * S, G * S, scalar_operand=True)
+# x if not (x <= 0) else +0.0: NaN passes through, -0.0 becomes +0.0; the gradient is
+# g where x > 0, else 0 (also at 0 and at NaN)
+unary("relu", "max(a, 0)", select(X <= 0.0, 0.0, X), select(X > 0.0, G, 0.0))
+# 1/(1+exp(-x)): -x and 0-x agree except at +0.0, where exp gives 1.0 either way
+unary("sigmoid", "1 / (1 + exp(-a))", 1.0 / (1.0 + exp(-X)), (G * T) * (1.0 - T))
+unary("tanh", "tanh(a)", tanh(X), G * (1.0 - T * T))
+unary("exp", "exp(a)", exp(X), G * T)
+unary("log", "natural log", log(X), G / X, domain="positive")
+unary("sqrt", "square root (correctly rounded)", sqrt(X), G / (2.0 * T), domain="positive")
+# |x| (exact; abs(-0.0) = +0.0); the gradient is g * sign(x): g where x > 0, -g where
+# x < 0, +0.0 elsewhere (at +-0.0, and at a NaN, as relu and PyTorch do)
+unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, 0.0)))
+# a where a >= b, b where a < b, and NaN when either is NaN (neither comparison holds;
+# x + y is then a NaN); ties (+0.0 against -0.0 too) give a.  The gradient goes to a
+# where a >= b, else to b: on a tie all of it to a; when either is NaN all of it to b
+binary("maximum", "elementwise max, numpy broadcasting; NaN wins",
+       select(X >= Y, X, select(X < Y, Y, X + Y)), select(X >= Y, G, 0.0),
+       select(X >= Y, 0.0, G))
 
 
-def _div_f(a, b, s, at):
-    return a / b
+# ── the table: reductions ──────────────────────────────────────────────────
+#
+# sum, mean and max reduce one axis (``axis``) or, without one, every element.
+# ``keepdims`` keeps the reduced axis (every axis, for a whole reduction) as
+# size 1; without it the axis is dropped, and a result with no dims left is
+# [1] (where numpy would give a 0-d array).  Every line of the reduced axis
+# is a row of ``len`` elements at stride ``inner`` (a whole reduction: one row
+# of every element); the kernels run one thread per row.
+
+kernel("k_sum", "out:w a:r len:i inner:i is_mean:i acc:i",
+       "per row: v = (0.0 + a0 + a1 + ...) [/ len], serial; out (=|+=) v "
+       "(numerics.serial_sum_axis)")
+kernel("k_sum_bwd", "ga:w g:r len:i inner:i is_mean:i",
+       "ga[i] = ga[i] + v, v = g[row of i] (sum) or g[row of i] / len (mean)")
+kernel("k_max", "out:w a:r len:i inner:i", "per row: out = the first maximal element "
+       "(numerics.first_max)")
+kernel("k_max_bwd", "ga:w g:r a:r len:i inner:i",
+       "per row: ga = ga + (g at the first maximal element, +0.0 elsewhere)")
+
+REDUCE_ATTRS = (
+    Attr("axis", "axis", "the axis to reduce; negative counts from the end; None (absent "
+         "from a file): every element", default=None, optional=True),
+    Attr("keepdims", "flag", "keep the reduced axis as size 1, as numpy does", default=False,
+         optional=True),
+)
 
 
-def _div_b(g, a, b, t, s, at, na, nb):
-    # dL/db = -g * t / b, rounded as -((g * t) / b)
-    return (_red(g / b, a.shape) if na else None,
-            _red(-((g * t) / b), b.shape) if nb else None)
+def _reduce_shape(sa, _sb, attrs):
+    axis, keep = attr(attrs, "axis"), attr(attrs, "keepdims", False)
+    if axis is None:
+        return (1,) * len(sa) if keep else (1,)
+    _axis_check(sa, axis, "reduction")
+    if keep:
+        return tuple(sa[:axis]) + (1,) + tuple(sa[axis + 1:])
+    return tuple(sa[:axis]) + tuple(sa[axis + 1:]) or (1,)
 
 
-def _neg_f(a, b, s, at):
-    return -a
-
-
-def _neg_b(g, a, b, t, s, at, na, nb):
-    return (-g, None)
-
-
-def _adds_f(a, b, s, at):
-    return a + s
-
-
-def _adds_b(g, a, b, t, s, at, na, nb):
-    return (g, None)
-
-
-def _muls_f(a, b, s, at):
-    return a * s
-
-
-def _muls_b(g, a, b, t, s, at, na, nb):
-    return (g * s, None)
-
-
-def _relu_f(a, b, s, at):
-    return nx.relu(a)
-
-
-def _relu_b(g, a, b, t, s, at, na, nb):
-    return (np.where(a > 0.0, g, 0.0), None)        # 0 at 0 (and at NaN)
-
-
-def _sigmoid_f(a, b, s, at):
-    return nx.sigmoid(a)
-
-
-def _sigmoid_b(g, a, b, t, s, at, na, nb):
-    return ((g * t) * (1.0 - t), None)
-
-
-def _tanh_f(a, b, s, at):
-    return nx.tanh(a)
-
-
-def _tanh_b(g, a, b, t, s, at, na, nb):
-    return (g * (1.0 - t * t), None)
-
-
-def _exp_f(a, b, s, at):
-    return nx.exp(a)
-
-
-def _exp_b(g, a, b, t, s, at, na, nb):
-    return (g * t, None)
-
-
-def _log_f(a, b, s, at):
-    return nx.log(a)
-
-
-def _log_b(g, a, b, t, s, at, na, nb):
-    return (g / a, None)
-
-
-def _sqrt_f(a, b, s, at):
-    return np.sqrt(a)                               # IEEE sqrt: correctly rounded
-
-
-def _sqrt_b(g, a, b, t, s, at, na, nb):
-    return (g / (2.0 * t), None)
+def _rows(a, at):
+    """(a as [..., len, ...] with the reduced axis, that axis): a whole reduction is one
+    row of every element."""
+    axis = attr(at, "axis")
+    return (a.reshape(-1), 0) if axis is None else (a, axis)
 
 
 def _sum_f(a, b, s, at):
-    return nx.serial_sum(a)
-
-
-def _sum_b(g, a, b, t, s, at, na, nb):
-    return (np.full(a.shape, g[0]), None)
+    rows, axis = _rows(a, at)
+    return nx.serial_sum_axis(rows, axis).reshape(_reduce_shape(a.shape, None, at))
 
 
 def _mean_f(a, b, s, at):
-    return nx.serial_mean(a)
+    rows, axis = _rows(a, at)
+    return (nx.serial_sum_axis(rows, axis) / float(rows.shape[axis])).reshape(
+        _reduce_shape(a.shape, None, at))
+
+
+def _spread(g, a, at):
+    """g (one value per row) in a's keepdims layout, ready to broadcast over a."""
+    axis = attr(at, "axis")
+    kept = (1,) * a.ndim if axis is None else a.shape[:axis] + (1,) + a.shape[axis + 1:]
+    return g.reshape(kept)
+
+
+def _sum_b(g, a, b, t, s, at, na, nb):
+    return (np.broadcast_to(_spread(g, a, at), a.shape).copy(), None)
 
 
 def _mean_b(g, a, b, t, s, at, na, nb):
-    return (np.full(a.shape, g[0] / float(a.size)), None)
+    rows, axis = _rows(a, at)
+    return (np.broadcast_to(_spread(g, a, at) / float(rows.shape[axis]), a.shape).copy(),
+            None)
+
+
+def _max_f(a, b, s, at):
+    rows, axis = _rows(a, at)
+    return nx.first_max(rows, axis)[0].reshape(_reduce_shape(a.shape, None, at))
+
+
+def _max_b(g, a, b, t, s, at, na, nb):
+    rows, axis = _rows(a, at)
+    idx = nx.first_max(rows, axis)[1]
+    c = np.zeros(rows.shape)                        # g at each row's max, +0.0 elsewhere
+    np.put_along_axis(c, idx, g.reshape(idx.shape), axis)
+    return (c.reshape(a.shape), None)
+
+
+# one-element forms (the emitter): the serial sum of one element is 0.0 + x; the mean
+# divides that by n = 1 (a division, not a copy), and its gradient is g / 1.0; the max of
+# one element is that element, and its gradient all of g
+_register(OpSpec("sum", "reduce", 1, "serial sum along an axis, or of every element",
+                 _reduce_shape, _sum_f, _sum_b, scalar=(0.0 + X, (G,)),
+                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
+_register(OpSpec("mean", "reduce", 1, "serial sum / count, along an axis or of every element",
+                 _reduce_shape, _mean_f, _mean_b, scalar=((0.0 + X) / 1.0, (G / 1.0,)),
+                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
+_register(OpSpec("max", "max", 1, "the first maximal element along an axis, or of every "
+                 "element; a NaN wins; the gradient goes to that one element",
+                 _reduce_shape, _max_f, _max_b, scalar=(X, (G,)),
+                 kernels=("k_max", "k_max_bwd"), attrs=REDUCE_ATTRS))
+
+
+# ── the table: matrix products ─────────────────────────────────────────────
+
+kernel("k_matmul", "c:w a:r b:r batch:i m:i k:i n:i sab:i sai:i sak:i sbb:i sbk:i sbj:i "
+       "acc:i scratch:i",
+       "C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every sum serial over k "
+       "(numerics.matmul)")
 
 
 def _matmul_f(a, b, s, at):
@@ -279,13 +552,42 @@ def _matmul_b(g, a, b, t, s, at, na, nb):
     return (nx.matmul(g, b.T) if na else None, nx.matmul(a.T, g) if nb else None)
 
 
+def _batched(a, b):
+    """a and b with a batch of 1 stretched to the other's batch (read-only views)."""
+    bt = max(a.shape[0], b.shape[0])
+    return np.broadcast_to(a, (bt,) + a.shape[1:]), np.broadcast_to(b, (bt,) + b.shape[1:])
+
+
 def _bmm_f(a, b, s, at):
-    return nx.bmm(a, b)
+    return nx.bmm(*_batched(a, b))
+
+
+def _batch_sum(p, shape):
+    """A stretched side's gradient: the per-batch products summed over the batch
+    (serial, from 0.0, batch ascending); a side that was not stretched keeps its own."""
+    return nx.serial_sum_axis(p, 0) if p.shape[0] != shape[0] else p
 
 
 def _bmm_b(g, a, b, t, s, at, na, nb):
-    return (nx.bmm(g, np.swapaxes(b, 1, 2)) if na else None,
-            nx.bmm(np.swapaxes(a, 1, 2), g) if nb else None)
+    # dA[bt] = G[bt] @ B[bt]^T (serial over N), dB[bt] = A[bt]^T @ G[bt] (serial over M)
+    wa, wb = _batched(a, b)
+    return (_batch_sum(nx.bmm(g, np.swapaxes(wb, 1, 2)), a.shape) if na else None,
+            _batch_sum(nx.bmm(np.swapaxes(wa, 1, 2), g), b.shape) if nb else None)
+
+
+_register(OpSpec("matmul", "matmul", 2, "[M,K] @ [K,N], serial over K", _matmul_shape,
+                 _matmul_f, _matmul_b, kernels=("k_matmul",)))
+_register(OpSpec("bmm", "bmm", 2, "[B,M,K] @ [B,K,N], the matmul order per batch; a batch of "
+                 "1 on either side stretches, and its gradient is the batch's serial sum",
+                 _bmm_shape, _bmm_f, _bmm_b, kernels=("k_matmul", "k_sum")))
+
+
+# ── the table: data movement ───────────────────────────────────────────────
+
+kernel("k_copy_nd", "dst:w src:r acc:i nd:i dims:i[nd] sd:i[nd] ss:i[nd]",
+       "dst[...] (=|+=) src[...] over an nd-dim row-major index space with strides")
+kernel("k_slice_bwd", "ga:w g:r nd:i dims:i[nd] starts:i[nd] stops:i[nd] gst:i[nd]",
+       "ga = ga + (g inside the region, +0.0 outside), every input element")
 
 
 def _transpose_f(a, b, s, at):
@@ -302,14 +604,6 @@ def _reshape_f(a, b, s, at):
 
 def _reshape_b(g, a, b, t, s, at, na, nb):
     return (g.reshape(a.shape), None)
-
-
-def _softmax_f(a, b, s, at):
-    return nx.softmax(a, at["axis"])
-
-
-def _softmax_b(g, a, b, t, s, at, na, nb):
-    return (nx.softmax_backward(g, t, at["axis"]), None)
 
 
 def _slice_region(at):
@@ -335,44 +629,191 @@ def _concat_b(g, a, b, t, s, at, na, nb):
     return (np.ascontiguousarray(ga) if na else None, np.ascontiguousarray(gb) if nb else None)
 
 
-def _table():
-    E = dict(elementwise=True)
-    rows = [
-        OpSpec("param", 0, 0, None, None, None),
-        OpSpec("const", 1, 0, None, None, None),
-        OpSpec("add", 2, 2, broadcast_shape, _add_f, _add_b),
-        OpSpec("sub", 3, 2, broadcast_shape, _sub_f, _sub_b),
-        OpSpec("mul", 4, 2, broadcast_shape, _mul_f, _mul_b),
-        OpSpec("div", 5, 2, broadcast_shape, _div_f, _div_b),
-        OpSpec("neg", 6, 1, _same_shape, _neg_f, _neg_b, **E),
-        OpSpec("adds", 7, 1, _same_shape, _adds_f, _adds_b, scalar_operand=True, **E),
-        OpSpec("muls", 8, 1, _same_shape, _muls_f, _muls_b, scalar_operand=True, **E),
-        OpSpec("relu", 9, 1, _same_shape, _relu_f, _relu_b, **E),
-        OpSpec("sigmoid", 10, 1, _same_shape, _sigmoid_f, _sigmoid_b, **E),
-        OpSpec("tanh", 11, 1, _same_shape, _tanh_f, _tanh_b, **E),
-        OpSpec("exp", 12, 1, _same_shape, _exp_f, _exp_b, **E),
-        OpSpec("log", 13, 1, _same_shape, _log_f, _log_b, **E),
-        OpSpec("sqrt", 14, 1, _same_shape, _sqrt_f, _sqrt_b, **E),
-        OpSpec("sum", 15, 1, _scalar_shape, _sum_f, _sum_b),
-        OpSpec("mean", 16, 1, _scalar_shape, _mean_f, _mean_b),
-        OpSpec("matmul", 17, 2, _matmul_shape, _matmul_f, _matmul_b),
-        OpSpec("bmm", 18, 2, _bmm_shape, _bmm_f, _bmm_b),
-        OpSpec("transpose", 19, 1, _transpose_shape, _transpose_f, _transpose_b),
-        OpSpec("reshape", 20, 1, _reshape_shape, _reshape_f, _reshape_b, attrs=("shape",)),
-        OpSpec("softmax", 21, 1, _softmax_shape, _softmax_f, _softmax_b, attrs=("axis",)),
-        OpSpec("slice", 22, 1, _slice_shape, _slice_f, _slice_b, attrs=("starts", "stops")),
-        OpSpec("concat", 23, 2, _concat_shape, _concat_f, _concat_b, attrs=("axis",)),
-    ]
-    for spec in rows:
-        _register(spec)
+AXIS = "an axis of the input; negative counts from the end"
+_register(OpSpec("transpose", "transpose", 1, "swap the last two axes", _transpose_shape,
+                 _transpose_f, _transpose_b, kernels=("k_copy_nd",)))
+_register(OpSpec("reshape", "reshape", 1, "the same elements in a new shape", _reshape_shape,
+                 _reshape_f, _reshape_b, kernels=("k_copy_nd",),
+                 attrs=(Attr("shape", "shape", "the target shape (the node's own shape)"),)))
+# softmax (between reshape and slice: the table's order is the file format's op list)
+# Along an axis: m = max (exact in any order; a NaN makes the row NaN), e = exp(x - m),
+# then y = e / serial_sum_axis(e).  Backward: d = serial_sum_axis(g * t), then
+# contribution t * (g - d).  The elementwise parts, shared with the kernel:
+SOFTMAX_EXP = exp(X - Sym("m"))
+SOFTMAX_NORM = Sym("e") / Sym("sum")
+SOFTMAX_DOT = G * T
+SOFTMAX_BWD = T * (G - Sym("dot"))
+SOFTMAX_PARTS = {"EXP": SOFTMAX_EXP, "NORM": SOFTMAX_NORM, "DOT": SOFTMAX_DOT,
+                 "BWD": SOFTMAX_BWD}
+
+kernel("k_softmax", "out:w a:r len:i inner:i",
+       "per row of len elements at stride inner: e = exp(x - max); y = e / (0.0 + e0 + ...)")
+kernel("k_softmax_bwd", "ga:w g:r t:r len:i inner:i",
+       "ga = ga + t * (g - (0.0 + g0*t0 + g1*t1 + ...)) per row")
 
 
-_table()
+def _softmax_f(a, b, s, at):
+    axis = at["axis"]
+    e = evaluate(SOFTMAX_EXP, {"x": a, "m": np.max(a, axis=axis, keepdims=True)})
+    return evaluate(SOFTMAX_NORM, {"e": e, "sum": nx.serial_sum_axis(e, axis)})
+
+
+def _softmax_b(g, a, b, t, s, at, na, nb):
+    dot = nx.serial_sum_axis(evaluate(SOFTMAX_DOT, {"g": g, "t": t}), at["axis"])
+    return (evaluate(SOFTMAX_BWD, {"t": t, "g": g, "dot": dot}), None)
+
+
+_register(OpSpec("softmax", "softmax", 1, "exp(a - max) / serial sum, along an axis",
+                 _softmax_shape, _softmax_f, _softmax_b, kernels=("k_softmax", "k_softmax_bwd"),
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), parts=SOFTMAX_PARTS))
+
+# log_softmax along an axis: m = the first max (numerics.first_max, exact), d = x - m,
+# y = d - log(serial_sum_axis(exp(d))): no division, so a confident row's small
+# probabilities stay finite logs instead of underflowing to log(0).  Backward: gs =
+# serial_sum_axis(g), contribution g - exp(t) * gs (exp(t) is the softmax).  The parts:
+LOG_SOFTMAX_PARTS = {"SHIFT": X - Sym("m"), "EXP": exp(Sym("d")),
+                     "OUT": Sym("d") - log(Sym("sum")), "BWD": G - exp(T) * Sym("gsum")}
+
+kernel("k_log_softmax", "out:w a:r len:i inner:i",
+       "per row: d = x - max; y = d - log(0.0 + exp(d0) + exp(d1) + ...)")
+kernel("k_log_softmax_bwd", "ga:w g:r t:r len:i inner:i",
+       "ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) per row")
+
+
+def _log_softmax_f(a, b, s, at):
+    axis, part = at["axis"], LOG_SOFTMAX_PARTS
+    d = evaluate(part["SHIFT"], {"x": a, "m": nx.first_max(a, axis)[0]})
+    e = evaluate(part["EXP"], {"d": d})
+    return evaluate(part["OUT"], {"d": d, "sum": nx.serial_sum_axis(e, axis)})
+
+
+def _log_softmax_b(g, a, b, t, s, at, na, nb):
+    gsum = nx.serial_sum_axis(g, at["axis"])
+    return (evaluate(LOG_SOFTMAX_PARTS["BWD"], {"g": g, "t": t, "gsum": gsum}), None)
+
+
+def _one_element_log_softmax():
+    """The parts on a row of one element (the emitter): m = x, the serial sum 0.0 + e."""
+    part = LOG_SOFTMAX_PARTS
+    d = substitute(part["SHIFT"], {"m": X})
+    fwd = substitute(part["OUT"], {"d": d, "sum": 0.0 + substitute(part["EXP"], {"d": d})})
+    return fwd, (substitute(part["BWD"], {"gsum": 0.0 + G}),)
+
+
+_register(OpSpec("log_softmax", "softmax", 1, "a - max - log(serial sum of exp(a - max)), "
+                 "along an axis", _softmax_shape, _log_softmax_f, _log_softmax_b,
+                 kernels=("k_log_softmax", "k_log_softmax_bwd"),
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), parts=LOG_SOFTMAX_PARTS,
+                 scalar=_one_element_log_softmax()))
+
+
+_register(OpSpec("slice", "slice", 1, "a[starts:stops] on every axis", _slice_shape,
+                 _slice_f, _slice_b, kernels=("k_copy_nd", "k_slice_bwd"),
+                 attrs=(Attr("starts", "indices", "first index per axis"),
+                        Attr("stops", "indices", "one past the last index per axis"))))
+_register(OpSpec("concat", "concat", 2, "a and b joined along an axis", _concat_shape,
+                 _concat_f, _concat_b, kernels=("k_copy_nd",),
+                 attrs=(Attr("axis", "axis", AXIS, default=0),)))
+
+
+# ── the table: gathers by integer ids ──────────────────────────────────────
+#
+# ``take(table, ids)`` is ``np.take(table, ids, axis=0)``: ids of any shape pick rows of
+# the table, out = [*ids.shape, *table.shape[1:]].  ``take_along(a, ids, axis)`` is
+# ``np.take_along_axis``: ids shaped like a except along the axis pick one element of a's
+# line each.  ids are an i64 const (docs/format.md), every id in [0, rows): checked when
+# recording, loading and setting an input.  Backward scatters g back, each destination
+# element summing what reaches it serially from 0.0 in ascending position order (take:
+# numerics.take_index, which the device replay uploads with the ids; take_along: j
+# ascending along the axis), one device thread per destination element: no atomics.
+
+kernel("k_take", "out:w table:r ids:r rows:i width:i",
+       "out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows))")
+kernel("k_take_bwd", "ga:w g:r order:r start:r width:i",
+       "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
+       "positions order[start[v]:start[v+1]] (numerics.take_index)")
+kernel("k_take_along", "out:w a:r ids:r len:i k:i inner:i",
+       "out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len))")
+kernel("k_take_along_bwd", "ga:w g:r ids:r len:i k:i inner:i",
+       "per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, "
+       "j ascending)")
+
+
+def _take_shape(sa, sb, _attrs):
+    return tuple(sb) + tuple(sa[1:])
+
+
+def _take_f(a, b, s, at):
+    return np.take(a, b, axis=0)
+
+
+def _take_b(g, a, b, t, s, at, na, nb):
+    rows = a.shape[0]
+    order, start = nx.take_index(b, rows)
+    counts = np.diff(start)
+    g_rows = g.reshape(-1, a.size // rows)
+    c = np.zeros((rows, a.size // rows))
+    for k in range(int(counts.max(initial=0))):      # each row's k-th position, in order
+        hit = np.flatnonzero(counts > k)
+        c[hit] = c[hit] + g_rows[order[start[hit] + k]]
+    return (c.reshape(a.shape), None)
+
+
+def _take_along_shape(sa, sb, attrs):
+    axis = attrs["axis"]
+    _axis_check(sa, axis, "take_along")
+    if not _equal_but_axis(sa, sb, axis):
+        raise ShapeError(f"take_along on axis {axis} needs ids shaped like {format_shape(sa)} "
+                         f"except on that axis, got {format_shape(sb)}")
+    return tuple(sb)
+
+
+def _take_along_f(a, b, s, at):
+    return np.take_along_axis(a, b, axis=at["axis"])
+
+
+def _take_along_b(g, a, b, t, s, at, na, nb):
+    axis = at["axis"]
+    c = np.zeros(a.shape)
+    for j in range(b.shape[axis]):                  # one id per line at a time, in order
+        idx, gj = np.take(b, [j], axis=axis), np.take(g, [j], axis=axis)
+        np.put_along_axis(c, idx, np.take_along_axis(c, idx, axis=axis) + gj, axis=axis)
+    return (c, None)
+
+
+_register(OpSpec("take", "take", 2, "rows of a table picked by integer ids (np.take on axis "
+                 "0): [*ids.shape, *table.shape[1:]]", _take_shape, _take_f, _take_b,
+                 kernels=("k_take", "k_take_bwd"), int_inputs=("b",),
+                 index_bound=lambda sa, at: sa[0]))
+_register(OpSpec("take_along", "take_along", 2, "one element of each line along an axis per "
+                 "integer id (np.take_along_axis)", _take_along_shape, _take_along_f,
+                 _take_along_b, kernels=("k_take_along", "k_take_along_bwd"),
+                 attrs=(Attr("axis", "axis", AXIS, default=-1),), int_inputs=("b",),
+                 index_bound=lambda sa, at: sa[at["axis"]]))
+
+
+# ── kernels of the engine that belong to no op ─────────────────────────────
+
+kernel("k_fill", "dst:w value:f", "dst[i] = value")
+kernel("k_from_f64", "dst:w src:r",
+       "dst[i] = the float64 at src[i] (a staging area) rounded to gt_real: f32 uploads")
+kernel("k_guard", "ctl:w loss:r", "ctl[3] = 1 when the loss is finite, else 0")
+kernel("k_clip_norm", "ctl:w clip:f np:i offs:i[np] lens:i[np]",
+       "norm of every active gradient (offs[p], lens[p] elements), the clip scale into ctl")
+kernel("k_sgd", "w:w g:r ctl:r use_clip:i l2:f", "w = w - lr*g after clip and L2")
+kernel("k_adam", "w:w g:r m:w v:w ctl:r use_clip:i l2:f b1:f b2:f omb1:f omb2:f eps:f",
+       "Adam's moments and update after clip and L2 (gradtool.optim's order)")
+
 
 OP_NAMES = tuple(OPS)
-LEAF_OPS = ("param", "const")
 
 
 def infer_shape(opname: str, sa, sb, attrs) -> tuple:
     """The op's output shape, or ShapeError.  No arithmetic, no allocation."""
     return tuple(map(int, OPS[opname].shape(sa, sb, attrs)))
+
+
+__all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
+           "contract", "pack", "attr", "bad_id", "INT_DTYPE",
+           "kernel_names", "f64_bits", "infer_shape", "broadcast_shape", "format_shape",
+           "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]

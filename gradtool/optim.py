@@ -94,6 +94,7 @@ class Entry:
     l2: float
     m: Optional[np.ndarray] = None
     v: Optional[np.ndarray] = None
+    serial: int = -1      # the node's birth stamp on its tape (Tape.serials)
 
 
 def _finite_nonneg(x, what) -> float:
@@ -117,15 +118,26 @@ class Optimizer:
         self.b1t = 1.0            # B1 ** t as a running product
         self.b2t = 1.0
         self.entries: list[Entry] = []
+        self._tape = None         # the tape the params belong to (set by the first add)
 
     # ── configuration ──────────────────────────────────────────────────────
     def add(self, tape, param, l2: Optional[float] = None) -> Entry:
-        """Register one tape parameter (a GVar or node id) with its L2 coefficient."""
-        node_id = getattr(param, "id", param)
-        if isinstance(node_id, bool) or not isinstance(node_id, numbers.Integral) \
-                or not 0 <= int(node_id) < len(tape.nodes):
-            raise OptimizerError(f"cannot register {param!r}: not a node of this tape")
-        node_id = int(node_id)
+        """Register one tape parameter (a GVar or node id) with its L2 coefficient.
+
+        Every param of one optimizer belongs to one tape; :meth:`step` refuses
+        another tape, and a param that ``reset_to`` has dropped since.
+        """
+        from .tape import Tape
+
+        if not isinstance(tape, Tape):
+            raise OptimizerError(f"add: expected a Tape, got {type(tape).__name__}")
+        if self._tape is not None and tape is not self._tape:
+            raise OptimizerError("add: this optimizer's params belong to another tape")
+        try:
+            node_id = tape.var(param).id     # a live GVar of this tape, or an id in range
+        except GradtoolError as exc:
+            raise OptimizerError(f"cannot register {param!r}: not a node of this tape "
+                                 f"({exc})"[:300]) from None
         node = tape.nodes[node_id]
         if node.op != "param":
             raise OptimizerError(f"node {node_id} is a {node.op}, not a param; only params "
@@ -133,12 +145,25 @@ class Optimizer:
         if any(e.node_id == node_id for e in self.entries):
             raise OptimizerError(f"param node {node_id} is already registered")
         l2 = node.l2 if l2 is None else l2
-        entry = Entry(node_id, _finite_nonneg(l2, f"l2 of param node {node_id}"))
+        entry = Entry(node_id, _finite_nonneg(l2, f"l2 of param node {node_id}"),
+                      serial=tape.serials[node_id])
         if self.kind == "adam":
             shape = tape.values[node_id].shape
             entry.m, entry.v = np.zeros(shape), np.zeros(shape)
         self.entries.append(entry)
+        self._tape = tape
         return entry
+
+    def check_tape(self, tape) -> None:
+        """Refuse a tape other than the one the params were registered on, or one whose
+        registered param nodes were dropped by ``reset_to``."""
+        if self.entries and tape is not self._tape:
+            raise OptimizerError("the optimizer's params belong to another tape")
+        for e in self.entries:
+            try:
+                tape.check_serial(e.node_id, e.serial, f"optimizer param {e.node_id}")
+            except GradtoolError as exc:
+                raise OptimizerError(str(exc)) from None
 
     def set_clip(self, maxn: float) -> None:
         """Clip the global gradient norm at ``maxn`` (0 turns clipping off)."""
@@ -147,6 +172,7 @@ class Optimizer:
     # ── one step ───────────────────────────────────────────────────────────
     def step(self, tape) -> None:
         """One update from the gradients on ``tape``, in the module docstring's order."""
+        self.check_tape(tape)
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
         grads = [tape.grads[e.node_id] for e in active]
         if self.clip > 0.0 and active:

@@ -7,7 +7,7 @@ continues from it.
      "b1t": B1 multiplied t times, "b2t": B2 multiplied t times,    # 1.0 for sgd
      "params": [{"id": param node, "l2": >= 0, "m": bytes, "v": bytes}, ...],
      "position": {"epoch", "step", "global_step", "target_epoch", "examples": ints >= 0,
-                  "batch": int >= 1, "seed": int >= 0, "shuffle": bool}}
+                  "batch", "shards": ints >= 1, "seed": int >= 0, "shuffle": bool}}
 
 Every field is checked here, so that a state no run could have written (``b2t``
 above 1, ``b1t`` that is not ``0.9**t`` as a running product, a NaN or negative
@@ -29,7 +29,7 @@ import numpy as np
 from .optim import B1, B2, KINDS, OptimizerError
 
 POSITION_INTS = {"epoch": 0, "step": 0, "global_step": 0, "target_epoch": 0, "examples": 0,
-                 "batch": 1}
+                 "batch": 1, "shards": 1}
 
 
 def check_saved_state(state, source: str) -> dict:

@@ -11,13 +11,16 @@ what lets it be saved to a file, emitted as C, or replayed on a device.
 
 from __future__ import annotations
 
+import inspect
+import math
 import numbers
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .errors import GradtoolError, ShapeError, TapeError
-from .ops import OPS, infer_shape
+from .limits import MAX_DIMS, MAX_NAME_BYTES
+from .ops import INT_DTYPE, OPS, bad_id, infer_shape
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -46,79 +49,176 @@ class Node:
 
 
 class GVar:
-    """A handle to one tape node: (tape, id).  Supports + - * / @ and unary -."""
+    """A handle to one tape node: (tape, id, serial).  Supports + - * / @ and unary -.
 
-    __slots__ = ("tape", "id")
+    ``serial`` is the node's birth stamp on its tape: every appended node gets
+    a fresh one, so a handle whose node :meth:`Tape.reset_to` dropped does not
+    match the node that later takes its id.  A poisoned handle (the result of a
+    failed op with ``raise_on_error=False``) has id -1 and serial -1.  Every
+    entry point that takes a handle checks it through :meth:`Tape.node_id`.
+    """
 
-    def __init__(self, tape: "Tape", node_id: int):
-        self.tape, self.id = tape, node_id
+    __slots__ = ("tape", "id", "serial")
+
+    # numpy's operators (ndarray + GVar) return NotImplemented instead of building an
+    # object array of GVars; Python then calls the reflected method below, which refuses
+    __array_ufunc__ = None
+
+    def __init__(self, tape: "Tape", node_id: int, serial: int = -1):
+        self.tape, self.id, self.serial = tape, node_id, serial
 
     @property
     def shape(self) -> tuple:
         return self.tape._checked_value(self).shape
 
+    @property
+    def poisoned(self) -> bool:
+        return self.id < 0
+
     def __repr__(self):
         if self.id < 0:
             return "GVar(poisoned)"
+        if not self.tape._live(self):
+            return f"GVar(id={self.id}, dropped)"
         return f"GVar(id={self.id}, op={self.tape.nodes[self.id].op}, shape={list(self.shape)})"
 
     # Operators.  A Python number on either side becomes a scalar op:
     # x + c -> adds(x, c); x - c -> adds(x, -c) (negation is exact);
     # c - x -> adds(neg(x), c); x * c -> muls(x, c); x / c divides by a const
-    # leaf holding c, because muls(x, 1/c) would round twice.
+    # leaf holding c, because muls(x, 1/c) would round twice.  Anything else
+    # that is not a GVar (a numpy array, a string) is refused with a TapeError:
+    # record arrays as leaves first (tape.const / tape.param).
     def __add__(self, other):
-        return self.tape.adds(self, other) if _is_number(other) else self.tape.add(self, other)
+        if _is_number(other):
+            return self.tape.adds(self, other)
+        return self.tape.add(self, _operand(other, "+"))
 
     def __radd__(self, other):
-        return self.tape.adds(self, other) if _is_number(other) else NotImplemented
+        return self.tape.adds(self, _rscalar(other, "+"))
 
     def __sub__(self, other):
-        return self.tape.adds(self, -float(other)) if _is_number(other) else self.tape.sub(self, other)
+        if _is_number(other):
+            return self.tape.adds(self, -_scalar(other, "-"))
+        return self.tape.sub(self, _operand(other, "-"))
 
     def __rsub__(self, other):
-        return self.tape.adds(self.tape.neg(self), other) if _is_number(other) else NotImplemented
+        c = _rscalar(other, "-")
+        return self.tape.adds(self.tape.neg(self), c)
 
     def __mul__(self, other):
-        return self.tape.muls(self, other) if _is_number(other) else self.tape.mul(self, other)
+        if _is_number(other):
+            return self.tape.muls(self, other)
+        return self.tape.mul(self, _operand(other, "*"))
 
     def __rmul__(self, other):
-        return self.tape.muls(self, other) if _is_number(other) else NotImplemented
+        return self.tape.muls(self, _rscalar(other, "*"))
 
     def __truediv__(self, other):
         if _is_number(other):
-            return self.tape.div(self, self.tape.const(np.array([float(other)])))
-        return self.tape.div(self, other)
+            return self.tape.div(self, self.tape.const(np.array([_scalar(other, "/")])))
+        return self.tape.div(self, _operand(other, "/"))
 
     def __rtruediv__(self, other):
-        if _is_number(other):
-            return self.tape.div(self.tape.const(np.array([float(other)])), self)
-        return NotImplemented
+        c = _rscalar(other, "/")
+        return self.tape.div(self.tape.const(np.array([c])), self)
 
     def __matmul__(self, other):
+        other = _operand(other, "@")
         if self.tape.ok and len(self.shape) == 3:
             return self.tape.bmm(self, other)
         return self.tape.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        raise _unsupported(other, "@")
 
     def __neg__(self):
         return self.tape.neg(self)
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, np.ndarray)
+    """A real scalar operand: int, float, numpy real scalar (never bool, never an array)."""
+    return (isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_, np.ndarray)))
+
+
+def _operand(x, op: str) -> "GVar":
+    """The other side of a GVar operator when it is not a number: a GVar, else refused."""
+    if isinstance(x, GVar):
+        return x
+    raise _unsupported(x, op)
+
+
+def _rscalar(x, op: str) -> float:
+    """The left side of a reflected operator (number OP GVar): a real number, else refused.
+
+    (Never a GVar: Python tries the left operand's own method first.)
+    """
+    if not _is_number(x):
+        raise _unsupported(x, op)
+    return _scalar(x, op)
+
+
+def _unsupported(x, op: str) -> "TapeError":
+    hint = (": record it first with tape.const(array) (or tape.param)"
+            if isinstance(x, (np.ndarray, list, tuple)) else "")
+    return TapeError(f"unsupported operand for {op}: GVar and {type(x).__name__}{hint}")
 
 
 def as_float64_array(data, what: str) -> np.ndarray:
-    """A C-contiguous float64 copy of ``data`` with at least one dim, or a clear error."""
+    """A C-contiguous float64 copy of ``data`` with at least one dim, or a clear error.
+
+    Real numbers only: integer and float dtypes convert; bool, complex, object
+    and string data are refused (a bool mask or a complex array converted
+    silently would be a wrong result, not a convenience).
+    """
+    return _leaf_array(data, what, ids=False)
+
+
+def as_ids_array(data, what: str) -> np.ndarray:
+    """A C-contiguous int64 copy of integer ids with at least one dim, or a clear error.
+
+    Integer dtypes only: float data is refused even when its values are whole
+    (ids computed in floating point are a bug to surface, not to round), and so
+    are bool, complex, object and string data.  Ranges are the reader's check.
+    """
+    return _leaf_array(data, what, ids=True)
+
+
+_KIND_NAMES = {"b": "bool", "c": "complex", "O": "object", "U": "string", "S": "bytes",
+               "f": "float"}
+
+
+def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
+    if isinstance(data, GVar):
+        raise TapeError(f"{what}: got a GVar; leaves take array data (use tape.value(v))")
     try:
         arr = np.asarray(data)
     except Exception as exc:  # e.g. ragged nested lists
-        raise TapeError(f"{what}: cannot convert to an array ({exc})") from None
-    if arr.dtype.kind not in "biuf":
-        raise TapeError(f"{what}: expected real numbers, got dtype {arr.dtype}")
+        raise TapeError(f"{what}: cannot convert to an array ({_one_line(exc)})") from None
+    kind = _KIND_NAMES.get(arr.dtype.kind, str(arr.dtype))
+    if ids and arr.dtype.kind not in "iu":
+        hint = (": float ids are refused, even whole ones; pass integers (.astype(np.int64))"
+                if arr.dtype.kind == "f" else "")
+        raise TapeError(f"{what}: expected integer ids, got {kind} data (dtype {arr.dtype})"
+                        f"{hint}")
+    if arr.dtype.kind not in "iuf":
+        raise TapeError(f"{what}: expected real numbers (int or float), got {kind} data "
+                        f"(dtype {arr.dtype})")
+    if arr.ndim > MAX_DIMS:
+        raise TapeError(f"{what}: {arr.ndim} dims; a tape file allows at most {MAX_DIMS}")
     if arr.size == 0:
         raise TapeError(f"{what}: empty array (shape {list(arr.shape)}); every dim must be >= 1")
-    arr = np.array(arr, dtype=np.float64, order="C", copy=True)
+    if ids and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TapeError(f"{what}: id {int(arr.max())} does not fit in an int64")
+    try:
+        arr = np.array(arr, dtype=np.int64 if ids else np.float64, order="C", copy=True)
+    except MemoryError:
+        raise TapeError(f"{what}: out of memory copying {arr.size} elements "
+                        f"({8 * arr.size} bytes)") from None
     return arr.reshape((1,)) if arr.ndim == 0 else arr
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    return " ".join(str(exc).split())[:limit]
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -127,37 +227,103 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
     return view
 
 
+_UNARY = object()      # _record's "no second input" (None is a bad input, not an absent one)
+
+
 class Tape:
-    """A define-by-run tape.  See the module docstring."""
+    """A define-by-run tape.  See the module docstring.
+
+    Handles: every node is born with a serial number that is never reused,
+    and a :class:`GVar` carries its node's serial.  :meth:`node_id` -- the one
+    check every entry point goes through -- refuses a handle that is poisoned,
+    dropped by :meth:`reset_to` (even when a new node has taken its id),
+    from another tape, or not a GVar at all.
+
+    Poison: an op whose inputs' shapes do not combine (or whose result cannot
+    be allocated) records nothing and poisons the tape (``ok`` False,
+    ``error`` the message).  With ``raise_on_error=True`` (the default) it
+    raises :class:`~gradtool.errors.ShapeError` (or ``TapeError``); otherwise
+    it returns a poisoned GVar.  Poison propagates: while the tape is
+    poisoned, every op and leaf returns a poisoned GVar without computing
+    (or raises ``TapeError`` with ``raise_on_error=True``), and ``forward``,
+    ``backward``, saving and capture refuse the tape.  :meth:`reset_to` clears
+    it.  A poisoned GVar is refused everywhere else, also after the reset.
+    """
 
     def __init__(self, raise_on_error: bool = True):
-        self.raise_on_error = raise_on_error
+        if not isinstance(raise_on_error, (bool, np.bool_)):
+            raise TapeError(f"raise_on_error must be True or False, got {raise_on_error!r}")
+        self.raise_on_error = bool(raise_on_error)
         self.nodes: list[Node] = []
         self.values: list[np.ndarray] = []
         self.grads: list[Optional[np.ndarray]] = []   # None = untouched (reads as zeros)
         self.requires: list[bool] = []                # a param is an ancestor
+        self.serials: list[int] = []                  # each node's birth stamp, never reused
+        self._next_serial = 0
         self.ok = True
         self.error: Optional[str] = None
         self._names: dict[str, int] = {}
 
+    # ── handles ────────────────────────────────────────────────────────────
+    def node_id(self, v, role: str = "node") -> int:
+        """The id of ``v`` if it is a live handle of this tape; TapeError otherwise."""
+        if not isinstance(v, GVar):
+            raise TapeError(f"{role}: expected a GVar, got {type(v).__name__}")
+        if v.tape is not self:
+            raise TapeError(f"{role}: GVar {v.id} belongs to another tape")
+        if v.id < 0:
+            raise TapeError(f"{role}: this GVar is poisoned (the op that returned it failed"
+                            + (f": {self.error})" if self.error else "; see tape.error then)"))
+        if v.serial < 0:
+            raise TapeError(f"{role}: GVar {v.id} was not made by this tape (build handles with "
+                            f"tape.var(id), not GVar(tape, id))")
+        if v.id >= len(self.nodes) or self.serials[v.id] != v.serial:
+            now = ("another node has its id now" if v.id < len(self.nodes)
+                   else f"the tape has {len(self.nodes)} nodes")
+            raise TapeError(f"{role}: node {v.id} was dropped by reset_to ({now})")
+        return v.id
+
+    def _live(self, v: GVar) -> bool:
+        return 0 <= v.id < len(self.nodes) and self.serials[v.id] == v.serial
+
+    def check_serial(self, node_id: int, serial: int, role: str) -> None:
+        """Refuse a node id recorded earlier (an optimizer's entry, a capture) that no
+        longer names the same node."""
+        if not (0 <= node_id < len(self.nodes) and self.serials[node_id] == serial):
+            raise TapeError(f"{role}: node {node_id} was dropped by reset_to since it was "
+                            f"registered")
+
+    def _handle(self, i: int) -> GVar:
+        return GVar(self, i, self.serials[i])
+
     # ── leaves ─────────────────────────────────────────────────────────────
     def param(self, array, name: Optional[str] = None, l2: float = 0.0) -> GVar:
-        """Register a parameter (requires grad).  The array is copied in."""
-        return self._leaf("param", array, name, float(l2))
+        """Register a parameter (requires grad).  The array is copied in.
 
-    def const(self, array, name: Optional[str] = None) -> GVar:
-        """Register a constant.  A named const is an input slot training refills."""
-        return self._leaf("const", array, name, 0.0)
+        ``l2`` (a finite number >= 0) is the weight-decay coefficient optimizers
+        default to for this param.
+        """
+        l2 = _real(l2, f"param {name or len(self.nodes)} l2", nonneg=True)
+        return self._leaf("param", array, name, l2)
 
-    def _leaf(self, op, array, name, l2) -> GVar:
+    def const(self, array, name: Optional[str] = None, dtype: str = "f64") -> GVar:
+        """Register a constant.  A named const is an input slot training refills.
+
+        ``dtype="i64"``: integer ids (int data only; float data is refused), which
+        only the ids input of ``take`` and ``take_along`` reads.
+        """
+        if dtype not in ("f64", INT_DTYPE):
+            raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}', got {dtype!r}"[:200])
+        return self._leaf("const", array, name, 0.0, ids=dtype == INT_DTYPE)
+
+    def _leaf(self, op, array, name, l2, ids=False) -> GVar:
         if not self.ok:
             return self._poisoned_noop()
         if name is not None:
-            if not isinstance(name, str) or not name:
-                raise TapeError(f"{op} name must be a non-empty string, got {name!r}")
+            check_name(name, f"{op} name")
             if name in self._names:
                 raise TapeError(f"{op} name {name!r} is already node {self._names[name]}")
-        value = as_float64_array(array, f"{op} {name or len(self.nodes)}")
+        value = _leaf_array(array, f"{op} {name or len(self.nodes)}", ids)
         self._names.update({name: len(self.nodes)} if name else {})
         return self._append(Node(op, name=name, l2=l2), value, op == "param")
 
@@ -166,85 +332,118 @@ class Tape:
         self.values.append(value)
         self.grads.append(None)
         self.requires.append(requires)
-        return GVar(self, len(self.nodes) - 1)
+        self.serials.append(self._next_serial)
+        self._next_serial += 1
+        return GVar(self, len(self.nodes) - 1, self.serials[-1])
 
     # ── recording ──────────────────────────────────────────────────────────
-    def _id(self, v, role: str) -> int:
-        if not isinstance(v, GVar):
-            raise TapeError(f"{role}: expected a GVar, got {type(v).__name__}")
-        if v.tape is not self:
-            raise TapeError(f"{role}: GVar {v.id} belongs to another tape")
-        if v.id >= len(self.nodes):
-            raise TapeError(f"{role}: node {v.id} no longer exists (dropped by reset_to; "
-                            f"the tape has {len(self.nodes)} nodes)")
-        return v.id
+    def _input(self, v, role: str) -> int:
+        """An op input: a live handle; on a poisoned tape also a poisoned one (-1)."""
+        if not self.ok and isinstance(v, GVar) and v.tape is self and v.id < 0:
+            return -1
+        return self.node_id(v, role)
 
-    def _record(self, op: str, a: GVar, b: Optional[GVar] = None, s: float = 0.0,
+    def _record(self, op: str, a: GVar, b=_UNARY, s: float = 0.0,
                 aux: Optional[dict] = None) -> GVar:
+        ia = self._input(a, f"{op} input a")
+        ib = self._input(b, f"{op} input b") if b is not _UNARY else -1
         if not self.ok:
             return self._poisoned_noop()
-        ia = self._id(a, f"{op} input a")
-        ib = self._id(b, f"{op} input b") if b is not None else -1
         sa = self.values[ia].shape
         sb = self.values[ib].shape if ib >= 0 else None
+        here = f"{op} at node {len(self.nodes)}"
+        spec = OPS[op]
+        for role, ix in (("a", ia), ("b", ib)):
+            if ix >= 0 and (role in spec.int_inputs) != self.holds_ids(ix):
+                return self._poison(f"{here}: input {role} (node {ix}) " + (
+                    "holds integer ids, which only the ids input of take and take_along reads"
+                    if self.holds_ids(ix) else
+                    f"must be integer ids: a const recorded with dtype='{INT_DTYPE}'"), TapeError)
         try:
-            infer_shape(op, sa, sb, aux)
+            shape = infer_shape(op, sa, sb, aux)
         except ShapeError as exc:
             inputs = f"node {ia} {list(sa)}" + (f", node {ib} {list(sb)}" if ib >= 0 else "")
-            return self._poison(f"{op} at node {len(self.nodes)}: {exc} (inputs {inputs})")
+            return self._poison(f"{here}: {exc} (inputs {inputs})")
+        if len(shape) > MAX_DIMS:
+            return self._poison(f"{here}: the result has {len(shape)} dims; a tape file "
+                                f"allows at most {MAX_DIMS}")
+        if spec.int_inputs:
+            problem = bad_id(self.values[ib], spec.index_bound(sa, aux))
+            if problem:
+                return self._poison(f"{here}: ids node {ib}: {problem} (table {list(sa)})",
+                                    TapeError)
         vb = self.values[ib] if ib >= 0 else None
-        with ieee_silent():
-            value = OPS[op].forward(self.values[ia], vb, s, aux)
+        try:
+            with ieee_silent():
+                value = OPS[op].forward(self.values[ia], vb, s, aux)
+        except MemoryError:
+            n = math.prod(shape)
+            return self._poison(f"{here}: out of memory for the result {list(shape)} "
+                                f"({n} elements, {8 * n} bytes)", TapeError)
+        return self._append_op(op, ia, ib, s, aux, value)
+
+    def _append_op(self, op: str, ia: int, ib: int, s: float, aux: Optional[dict],
+                   value: np.ndarray) -> GVar:
+        """Append an op node whose inputs, shape and ids are checked and whose value is
+        computed (by :meth:`_record`, or by the file loader, which checked them itself)."""
+        if value.base is not None:       # never alias an input: values are written in place
+            value = value.copy()
         requires = self.requires[ia] or (ib >= 0 and self.requires[ib])
         return self._append(Node(op, ia, ib, float(s), aux), value, requires)
 
     def _poisoned_noop(self) -> GVar:
         if self.raise_on_error:
             raise TapeError(f"the tape is poisoned: {self.error}")
-        return GVar(self, -1)
+        return GVar(self, -1, -1)
 
-    def _poison(self, message: str) -> GVar:
+    def _poison(self, message: str, kind=ShapeError) -> GVar:
         self.ok = False
         self.error = message
         if self.raise_on_error:
-            raise ShapeError(message)
-        return GVar(self, -1)
+            raise kind(message)
+        return GVar(self, -1, -1)
 
-    def add(self, a, b): return self._record("add", a, b)
-    def sub(self, a, b): return self._record("sub", a, b)
-    def mul(self, a, b): return self._record("mul", a, b)
-    def div(self, a, b): return self._record("div", a, b)
-    def neg(self, a): return self._record("neg", a)
-    def relu(self, a): return self._record("relu", a)
-    def sigmoid(self, a): return self._record("sigmoid", a)
-    def tanh(self, a): return self._record("tanh", a)
-    def exp(self, a): return self._record("exp", a)
-    def log(self, a): return self._record("log", a)
-    def sqrt(self, a): return self._record("sqrt", a)
-    def sum(self, a): return self._record("sum", a)
-    def mean(self, a): return self._record("mean", a)
-    def matmul(self, a, b): return self._record("matmul", a, b)
-    def bmm(self, a, b): return self._record("bmm", a, b)
-    def transpose(self, a): return self._record("transpose", a)
+    # the op methods (add, exp, softmax, ...) are generated from the op table below the
+    # class: one per op, with the op's inputs, scalar operand and attributes as arguments
 
-    def adds(self, a, s: float) -> GVar:
-        return self._record("adds", a, s=_scalar(s, "adds"))
+    def record(self, op: str, a, b=None, *, s: float = 0.0, attrs: Optional[dict] = None) -> GVar:
+        """Record any op of the table by name (what the op methods and the file loader use).
 
-    def muls(self, a, s: float) -> GVar:
-        return self._record("muls", a, s=_scalar(s, "muls"))
+        ``attrs`` holds the op's attributes by name (``{"axis": 1}``), checked
+        and normalised like the op method's arguments.
+        """
+        spec = OPS.get(op) if isinstance(op, str) else None
+        if spec is None or spec.arity == 0:
+            raise TapeError(f"record: {op!r} is not an op of the table")
+        if (b is None) != (spec.arity == 1):
+            raise TapeError(f"record: {op} takes {spec.arity} input(s)")
+        attrs = dict(attrs or {})
+        unknown = set(attrs) - {at.name for at in spec.attrs}
+        if unknown:
+            raise TapeError(f"record: {op} has no attribute(s) {sorted(unknown)}")
+        missing = [at.name for at in spec.attrs if at.required and at.name not in attrs]
+        if missing:
+            raise TapeError(f"record: {op} needs attribute(s) {missing}")
+        values = {at.name: attrs.get(at.name, at.default) for at in spec.attrs}
+        return self._record_op(spec, a, b if spec.arity == 2 else _UNARY,
+                               _scalar(s, op) if spec.scalar_operand else 0.0, values)
 
-    def reshape(self, a, shape: Sequence[int]) -> GVar:
-        return self._record("reshape", a, aux={"shape": _int_list(shape, "reshape shape")})
+    def _record_op(self, spec, a, b, s: float, values: dict) -> GVar:
+        aux = {}
+        for at in spec.attrs:
+            value = self._attr(spec.name, at, values[at.name], a)
+            if not (at.optional and value == at.default and type(value) is type(at.default)):
+                aux[at.name] = value        # an optional attribute at its default is absent
+        return self._record(spec.name, a, b, s, aux or None)
 
-    def softmax(self, a, axis: int = -1) -> GVar:
-        return self._record("softmax", a, aux={"axis": self._axis(a, axis, "softmax")})
-
-    def slice(self, a, starts: Sequence[int], stops: Sequence[int]) -> GVar:
-        return self._record("slice", a, aux={"starts": _int_list(starts, "slice starts"),
-                                             "stops": _int_list(stops, "slice stops")})
-
-    def concat(self, a, b, axis: int = 0) -> GVar:
-        return self._record("concat", a, b, aux={"axis": self._axis(a, axis, "concat")})
+    def _attr(self, op: str, at, value, a):
+        if at.kind == "axis":
+            return None if value is None and at.optional else self._axis(a, value, op)
+        if at.kind == "flag":
+            if not isinstance(value, (bool, np.bool_)):
+                raise TapeError(f"{op} {at.name}: expected True or False, got {value!r}"[:200])
+            return bool(value)
+        return _int_list(value, f"{op} {at.name}")
 
     def mse(self, y, t) -> GVar:
         """mean((y - t) * (y - t)), recorded as its primitive nodes."""
@@ -252,10 +451,11 @@ class Tape:
         return self.mean(self.mul(d, d))
 
     def _axis(self, a, axis, what) -> int:
+        """An axis argument as an int, a negative one counted from the end of ``a``'s shape."""
         axis = _int_list([axis], f"{what} axis")[0]
-        if not self.ok or not isinstance(a, GVar) or a.tape is not self or a.id < 0:
+        if not self.ok or not isinstance(a, GVar) or not self._live(a) or a.tape is not self:
             return axis          # _record reports the bad input
-        rank = len(self._checked_value(a).shape)
+        rank = len(self.values[a.id].shape)
         return axis + rank if -rank <= axis < 0 else axis
 
     # ── reading ────────────────────────────────────────────────────────────
@@ -263,66 +463,103 @@ class Tape:
         return len(self.nodes)
 
     def _checked_value(self, v) -> np.ndarray:
-        if isinstance(v, GVar) and v.id < 0:
-            raise TapeError("this GVar is poisoned: " + (self.error or "the tape is poisoned"))
-        return self.values[self._id(v, "node")]
+        return self.values[self.node_id(v)]
 
     def value(self, v: GVar) -> np.ndarray:
-        """The node's value as a read-only view (valid until the node is dropped)."""
+        """The node's value as a read-only view.
+
+        The view stays current: :meth:`set_value` and :meth:`forward` write
+        values in place, so it shows the latest replay.  It is valid until
+        the node is dropped by :meth:`reset_to`.  Copy it (``np.array(...)``)
+        to keep a snapshot.
+        """
         return _readonly(self._checked_value(v))
 
     def grad(self, v: GVar) -> np.ndarray:
-        """dL/d(node) from the last backward, read-only; zeros if untouched."""
+        """dL/d(node) from the last backward: a read-only COPY (a snapshot that a later
+        backward does not change); zeros if backward did not reach the node."""
         value = self._checked_value(v)
         g = self.grads[v.id]
-        return _readonly(g if g is not None else np.zeros(value.shape))
+        return _readonly(g.copy() if g is not None else np.zeros(value.shape))
 
     def touched(self, v: GVar) -> bool:
         """Whether backward reached this node (optimizers skip untouched params)."""
-        self._checked_value(v)
-        return self.grads[v.id] is not None
+        return self.grads[self.node_id(v, "touched")] is not None
 
     def var(self, ref) -> GVar:
         """A GVar from a node id or a leaf name."""
         if isinstance(ref, str):
             if ref not in self._names:
                 raise TapeError(f"no leaf named {ref!r}")
-            return GVar(self, self._names[ref])
-        if isinstance(ref, numbers.Integral) and 0 <= int(ref) < len(self.nodes):
-            return GVar(self, int(ref))
-        raise TapeError(f"no node {ref!r} (the tape has {len(self.nodes)} nodes)")
+            return self._handle(self._names[ref])
+        if isinstance(ref, GVar):
+            return self._handle(self.node_id(ref, "var"))
+        if _is_index(ref) and 0 <= int(ref) < len(self.nodes):
+            return self._handle(int(ref))
+        raise TapeError(f"node {ref!r} does not exist (the tape has {len(self.nodes)} nodes; "
+                        f"pass a GVar, a node id or a leaf name)"[:300])
 
     def params(self) -> list[GVar]:
-        return [GVar(self, i) for i, n in enumerate(self.nodes) if n.op == "param"]
+        return [self._handle(i) for i, n in enumerate(self.nodes) if n.op == "param"]
 
     def consts(self) -> list[GVar]:
-        return [GVar(self, i) for i, n in enumerate(self.nodes) if n.op == "const"]
+        return [self._handle(i) for i, n in enumerate(self.nodes) if n.op == "const"]
 
     def input_slots(self) -> list[GVar]:
         """Named consts: the slots training fills per minibatch."""
-        return [GVar(self, i) for i, n in enumerate(self.nodes) if n.op == "const" and n.name]
+        return [self._handle(i) for i, n in enumerate(self.nodes) if n.op == "const" and n.name]
 
     # ── replay ─────────────────────────────────────────────────────────────
     def set_value(self, v: GVar, array) -> None:
-        """Overwrite a leaf's value in place (same shape): a new minibatch, a new weight."""
-        i = self._id(v, "set_value")
+        """Overwrite a leaf's value in place (same shape): a new minibatch, a new weight.
+
+        An ids leaf takes integer data only, every id in range for every op reading it.
+        """
+        i = self.node_id(v, "set_value")
         if self.nodes[i].op not in ("param", "const"):
             raise TapeError(f"node {i} is a {self.nodes[i].op}, not a leaf; only leaves can be set")
-        data = as_float64_array(array, f"value for node {i}")
+        data = _leaf_array(array, f"value for node {i}", self.holds_ids(i))
         if data.shape != self.values[i].shape:
             raise ShapeError(f"node {i} ({self.nodes[i].name or self.nodes[i].op}) has shape "
                              f"{list(self.values[i].shape)}, got {list(data.shape)}")
+        if self.holds_ids(i):
+            check_ids(data, self.id_bounds(i), f"value for node {i}")
         self.values[i][...] = data
 
-    def forward(self, start: int = 0, only: Optional[Sequence[bool]] = None) -> None:
-        """Recompute every op node's value from the leaves, in tape order.
+    def holds_ids(self, i: int) -> bool:
+        """Whether node ``i`` is a const of integer ids (dtype i64)."""
+        return self.values[i].dtype == np.int64
 
+    def id_bounds(self, i: int) -> list:
+        """[(node, bound)] for every op reading node ``i`` as ids: each id must be < bound."""
+        out = []
+        for j, node in enumerate(self.nodes):
+            spec = OPS[node.op]
+            if spec.int_inputs and node.b == i:
+                out.append((j, spec.index_bound(self.values[node.a].shape, node.aux)))
+        return out
+
+    def forward(self, start: int = 0, only: Optional[Sequence[bool]] = None) -> None:
+        """Recompute every op node's value from the leaves, in tape order, in place.
+
+        ``start`` skips the nodes before it (their values must be current).
         ``only`` (one flag per node) limits the replay to the flagged nodes,
         e.g. the descendants of one perturbed parameter.
         """
         self._require_ok()
+        if not _is_index(start) or not 0 <= int(start) <= len(self.nodes):
+            raise TapeError(f"forward start must be a node id in [0, {len(self.nodes)}], "
+                            f"got {start!r}")
+        if only is not None:
+            try:
+                ok = len(only) == len(self.nodes)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise TapeError(f"forward only= must be a sequence of {len(self.nodes)} flags "
+                                f"(one per node)")
         with ieee_silent():
-            self._replay(start, only)
+            self._replay(int(start), only)
 
     def _replay(self, start, only) -> None:
         values, nodes = self.values, self.nodes
@@ -331,7 +568,7 @@ class Tape:
             if node.a < 0 or (only is not None and not only[i]):
                 continue
             vb = values[node.b] if node.b >= 0 else None
-            values[i] = OPS[node.op].forward(values[node.a], vb, node.s, node.aux)
+            np.copyto(values[i], OPS[node.op].forward(values[node.a], vb, node.s, node.aux))
 
     # ── backward ───────────────────────────────────────────────────────────
     def backward(self, loss: GVar) -> None:
@@ -343,8 +580,8 @@ class Tape:
         contribution is added into its input's slot as ``grad = grad + c``
         (a slot starts as +0.0), in reverse node order.
         """
+        li = self.node_id(loss, "backward loss")
         self._require_ok()
-        li = self._id(loss, "backward loss")
         if self.values[li].size != 1:
             raise TapeError(f"loss node {li} has shape {list(self.values[li].shape)}; "
                             f"backward needs a one-element loss")
@@ -398,13 +635,19 @@ class Tape:
         return len(self.nodes)
 
     def reset_to(self, mark: int) -> None:
-        """Drop every node with id >= mark and zero the gradients of the rest."""
-        if not isinstance(mark, numbers.Integral) or not 0 <= mark <= len(self.nodes):
-            raise TapeError(f"mark {mark!r} is outside [0, {len(self.nodes)}]")
+        """Drop every node with id >= mark and zero the gradients of the rest.
+
+        Handles to the dropped nodes are refused from now on, also once new
+        nodes take their ids.  Clears the poison.
+        """
+        if not _is_index(mark) or not 0 <= int(mark) <= len(self.nodes):
+            raise TapeError(f"mark {mark!r} is not a mark of this tape (an int in "
+                            f"[0, {len(self.nodes)}] from tape.mark())")
+        mark = int(mark)
         for node in self.nodes[mark:]:
             if node.name:
                 self._names.pop(node.name, None)
-        del self.nodes[mark:], self.values[mark:], self.requires[mark:]
+        del self.nodes[mark:], self.values[mark:], self.requires[mark:], self.serials[mark:]
         self.grads = [None] * mark
         self.ok, self.error = True, None
 
@@ -413,10 +656,151 @@ class Tape:
             raise TapeError(f"the tape is poisoned: {self.error}")
 
 
+def _op_method(spec):
+    """The Tape method that records ``spec``'s op (generated once per table entry)."""
+    name = spec.name
+    params = ["a", "b"][:spec.arity] + (["s"] if spec.scalar_operand else [])
+    if not spec.attrs and not spec.scalar_operand:
+        if spec.arity == 1:
+            def method(self, a):
+                return self._record(name, a)
+        else:
+            def method(self, a, b):
+                return self._record(name, a, b)
+    elif not spec.attrs:
+        def method(self, a, s):
+            return self._record(name, a, s=_scalar(s, name))
+    else:
+        sig = inspect.Signature(
+            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for p in ["self"] + params] +
+            [inspect.Parameter(at.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               **({} if at.required else {"default": at.default}))
+             for at in spec.attrs])
+
+        def method(self, *args, **kwargs):
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError as exc:
+                raise TapeError(f"{name}: {exc}") from None
+            bound.apply_defaults()
+            v = bound.arguments
+            return self._record_op(spec, v["a"], v.get("b", _UNARY), 0.0,
+                                   {at.name: v[at.name] for at in spec.attrs})
+
+        method.__signature__ = sig
+    method.__name__ = name
+    method.__qualname__ = f"Tape.{name}"
+    lines = [f"Record ``{name}``: {spec.doc}."]
+    lines += [f"``{at.name}``: {at.doc}." for at in spec.attrs if at.kind != "shape"]
+    if any(at.kind == "shape" for at in spec.attrs):
+        lines.append("``shape``: the target shape, a sequence of ints.")
+    method.__doc__ = "\n\n".join(lines)
+    return method
+
+
+for _spec in OPS.values():
+    if _spec.arity:
+        setattr(Tape, _spec.name, _op_method(_spec))
+del _spec
+
+
+# ── what backward reaches ──────────────────────────────────────────────────
+
+def requires_wrt(tape: Tape, wrt) -> list:
+    """``tape.requires`` as if only the params ``wrt`` (node ids) were params.
+
+    A node requires a gradient when one of the chosen params is among its
+    ancestors (a chosen param requires one itself).  With every param chosen
+    this equals ``tape.requires``.
+    """
+    chosen = set(wrt)
+    req = []
+    for i, node in enumerate(tape.nodes):
+        if node.a < 0:
+            req.append(i in chosen)
+        else:
+            req.append(req[node.a] or (node.b >= 0 and req[node.b]))
+    return req
+
+
+def reach(tape: Tape, loss: int, requires: Optional[Sequence[bool]] = None) -> list:
+    """Which nodes the backward walk from ``loss`` touches (their gradient is not None).
+
+    The loss itself, and every input of a touched node that requires a
+    gradient: ``requires`` (default ``tape.requires``; see
+    :func:`requires_wrt` for a chosen subset of params).  This is the set the
+    CPU walk, the device program and the emitter all give gradient slots.
+    """
+    nodes = tape.nodes
+    requires = tape.requires if requires is None else requires
+    reached = [False] * len(nodes)
+    reached[loss] = True
+    for i in range(loss, -1, -1):
+        node = nodes[i]
+        if not reached[i] or node.a < 0 or not requires[i]:
+            continue
+        if requires[node.a]:
+            reached[node.a] = True
+        if node.b >= 0 and requires[node.b]:
+            reached[node.b] = True
+    return reached
+
+
 def _scalar(s, what) -> float:
+    """A finite-or-not real scalar operand as a float; never bool, never an overflow."""
     if not _is_number(s):
         raise TapeError(f"{what}: scalar operand must be a real number, got {type(s).__name__}")
-    return float(s)
+    try:
+        return float(s)
+    except OverflowError:
+        raise TapeError(f"{what}: scalar operand {show_int(s)} is too large for a float64") \
+            from None
+
+
+def show_int(x) -> str:
+    text = str(x)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
+
+
+def _real(x, what: str, nonneg: bool = False) -> float:
+    """A finite real number (>= 0 with ``nonneg``) as a float, else TapeError."""
+    if not _is_number(x):
+        raise TapeError(f"{what} must be a real number, got {type(x).__name__}")
+    value = _scalar(x, what)
+    if not math.isfinite(value) or (nonneg and value < 0.0):
+        raise TapeError(f"{what} must be finite{' and >= 0' if nonneg else ''}, got {x!r}")
+    return value
+
+
+def _is_index(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def check_name(name, what: str) -> str:
+    """A leaf or output name a tape file can hold: a non-empty str of at most
+    MAX_NAME_BYTES UTF-8 bytes."""
+    if not isinstance(name, str) or not name:
+        raise TapeError(f"{what} must be a non-empty string, got {name!r}"[:200])
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise TapeError(f"{what} is not valid Unicode text ({exc.reason} at index "
+                        f"{exc.start})") from None
+    if size > MAX_NAME_BYTES:
+        raise TapeError(f"{what} is {size} bytes long; a tape file allows at most "
+                        f"{MAX_NAME_BYTES}")
+    return name
+
+
+def check_ids(ids: np.ndarray, bounds, what: str, error=TapeError) -> None:
+    """Raise ``error`` naming the first id outside [0, bound) for any (node, bound) in
+    ``bounds`` (the ops that read these ids)."""
+    for node, bound in bounds:
+        problem = bad_id(ids, bound)
+        if problem:
+            raise error(f"{what}: {problem}, the range of the {bound}-row table that node "
+                        f"{node} reads")
 
 
 def _int_list(values, what) -> list:
@@ -426,8 +810,8 @@ def _int_list(values, what) -> list:
         raise TapeError(f"{what}: expected a sequence of integers, got {values!r}") from None
     out = []
     for x in items:
-        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-            raise TapeError(f"{what}: expected integers, got {x!r}")
+        if not _is_index(x):
+            raise TapeError(f"{what}: expected integers, got {x!r}"[:200])
         out.append(int(x))
     return out
 

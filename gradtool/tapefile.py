@@ -5,8 +5,8 @@ interchange contract: any program that writes one msgpack map with the keys
 below produces a file gradtool loads.
 
     {"format": "gradtool-tape", "version": 1,
-     "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2",
-                "axis", "starts", "stops"}, ...],
+     "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2", "dtype",
+                "axis", "keepdims", "starts", "stops"}, ...],
      "loss": id, "outputs": {name: id}, "meta": {...}, "optimizer": {...}}
 
 Writing is byte-for-byte reproducible: keys in a fixed order, floats as
@@ -32,8 +32,8 @@ import numpy as np
 
 from .errors import TapeError, TapeFileError
 from .fileio import atomic_write_bytes
-from .ops import LEAF_OPS, OPS
-from .tape import GVar, Node, Tape, ieee_silent
+from .ops import INT_DTYPE, LEAF_OPS, OPS
+from .tape import GVar, Tape, ieee_silent
 from .tapefile_checks import FORMAT, VERSION, CheckedFile, Limits, check, decode
 
 __all__ = ["FORMAT", "VERSION", "Limits", "TapeFile", "save", "dumps", "load"]
@@ -95,8 +95,12 @@ def _write(data: bytes, dest) -> None:
 
 
 def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
-          optimizer=None) -> bytes:
-    """The bytes :func:`save` would write."""
+          optimizer=None, limits: Optional[Limits] = None) -> bytes:
+    """The bytes :func:`save` would write.
+
+    The bytes pass :func:`load`'s checks under ``limits`` (default: the
+    loader's defaults) or TapeError says which one fails.
+    """
     if not isinstance(tape, Tape):
         raise TapeError(f"expected a Tape, got {type(tape).__name__}")
     if not tape.ok:
@@ -118,9 +122,17 @@ def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
     if optimizer is not None:
         doc["optimizer"] = _mapping(optimizer, "optimizer")
     try:
-        return msgpack.packb(doc, use_bin_type=True)
+        raw = msgpack.packb(doc, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TapeError(f"meta/optimizer cannot be written as msgpack: {exc}") from None
+    # whatever save writes, load reads: the writer runs the reader's own checks (not the
+    # replay) on the bytes, so a limit exists once, in the reader
+    try:
+        check(decode(raw, "<save>", limits or _DEFAULT), "<save>", limits or _DEFAULT)
+    except TapeFileError as exc:
+        raise TapeError(f"cannot save: gradtool.load would refuse the file: "
+                        f"{str(exc).removeprefix('<save>: ')}") from None
+    return raw
 
 
 def _encode_node(tape: Tape, i: int, values: bool) -> dict:
@@ -133,26 +145,35 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
             out["name"] = node.name
         if node.op == "param":
             out["l2"] = float(node.l2)
+        if tape.holds_ids(i):
+            out["dtype"] = INT_DTYPE
         out["data"] = _le_bytes(value)
         return out
     aux = node.aux or {}
-    for key in OPS[node.op].attrs:
-        if key != "shape":                      # reshape's target IS the node's shape
-            out[key] = aux[key] if key == "axis" else [int(x) for x in aux[key]]
+    for at in OPS[node.op].attrs:
+        # a reshape's target IS the node's shape; an optional attribute at its default
+        # is absent from aux and from the file
+        if at.stored and at.name in aux:
+            attr = aux[at.name]
+            if at.kind == "axis":
+                out[at.name] = int(attr)
+            elif at.kind == "flag":
+                out[at.name] = bool(attr)
+            else:
+                out[at.name] = [int(x) for x in attr]
     if values:
         out["value"] = _le_bytes(value)
     return out
 
 
 def _le_bytes(arr: np.ndarray) -> bytes:
-    return np.ascontiguousarray(arr, dtype="<f8").tobytes()
+    """Little-endian bytes: int64 for ids, float64 for everything else."""
+    return np.ascontiguousarray(arr, dtype="<i8" if arr.dtype == np.int64 else "<f8").tobytes()
 
 
 def _node_id(tape: Tape, ref, what: str) -> int:
     if isinstance(ref, GVar):
-        if ref.tape is not tape:
-            raise TapeError(f"{what}: the GVar belongs to another tape")
-        ref = ref.id
+        return tape.node_id(ref, what)
     if isinstance(ref, bool) or not isinstance(ref, numbers.Integral) \
             or not 0 <= int(ref) < len(tape.nodes):
         raise TapeError(f"{what}: {ref!r} is not a node of this tape "
@@ -254,32 +275,33 @@ def _read_bounded(f, source: str, limits: Limits) -> bytes:
 
 def _replay(checked: CheckedFile, source: str) -> TapeFile:
     """Build the Tape from the validated nodes: leaves through ``param``/``const``, op
-    values recomputed by the op table's forward rules, appended the way ``Tape._record``
-    appends them.  Every check ``_record`` would repeat (handles, shapes) has passed in
-    :mod:`gradtool.tapefile_checks` already, so this costs a third of recording node by
-    node, which matters for a tape of a million nodes."""
+    values recomputed by the op table's forward rules and appended by
+    ``Tape._append_op``, as ``Tape._record`` appends them.  Every check ``_record`` would
+    repeat (handles, shapes, ids) has passed in :mod:`gradtool.tapefile_checks`
+    already, so this costs a third of recording node by node, which matters for a tape
+    of a million nodes."""
     tape = Tape()
     recorded = {}
-    values, requires, append = tape.values, tape.requires, tape._append
+    values = tape.values
     with ieee_silent():
         for i, node in enumerate(checked.nodes):
             op, a, b = node.op, node.a, node.b
             if a < 0:
-                data = np.frombuffer(node.data, dtype="<f8").reshape(node.shape)
+                ids = node.dtype == INT_DTYPE
+                data = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
                 if op == "param":
                     tape.param(data, name=node.name, l2=node.l2)
                 else:
-                    tape.const(data, name=node.name)
+                    tape.const(data, name=node.name, dtype=node.dtype)
                 continue
             value = OPS[op].forward(values[a], values[b] if b >= 0 else None, node.s,
                                     node.attrs)
             if value.shape != node.shape:        # defensive: the checks prevent it
                 raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
                                     f"checked {list(node.shape)}", source=source, node=i)
-            append(Node(op, a, b, node.s, node.attrs), value,
-                   requires[a] or (b >= 0 and requires[b]))
+            tape._append_op(op, a, b, node.s, node.attrs, value)
             if node.value is not None:
                 recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
-    outputs = {k: GVar(tape, v) for k, v in checked.outputs.items()}
-    return TapeFile(tape, GVar(tape, checked.loss), outputs, checked.meta, checked.optimizer,
+    outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
+    return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
                     source, recorded)

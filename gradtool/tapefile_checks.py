@@ -16,13 +16,14 @@ Three gates, in order, each before anything the file claims is allocated:
    node's own id and matching the op's arity, every op's shape recomputed
    from its inputs' stated shapes with :func:`gradtool.ops.infer_shape`
    (no arithmetic) and compared with the stated one, ``data``/``value``
-   lengths equal to 8 bytes per element, unique leaf names, finite l2, a
-   one-element loss, output ids in range, and the budgets of
-   :mod:`gradtool.budget`: elements, the memory replay and backward will
-   hold (values, gradients, the largest temporary) and their work — so a
-   200-byte file that broadcasts two leaves into a 10^10-element array, or a
-   131 KB one whose backward needs 3 GiB, is rejected here, naming the node,
-   instead of exhausting memory in numpy.
+   lengths equal to 8 bytes per element, integer ids (``dtype`` i64) read
+   only by an op's ids input, which reads nothing else, every id in range,
+   unique leaf names, finite l2, a one-element float loss, output ids in
+   range, and the budgets of :mod:`gradtool.budget`: elements, the memory
+   replay and backward will hold (values, gradients, the largest temporary)
+   and their work — so a 200-byte file that broadcasts two leaves into a
+   10^10-element array, or a 131 KB one whose backward needs 3 GiB, is
+   rejected here, naming the node, instead of exhausting memory in numpy.
 
 Gates 2 and 3 go through the nodes once, node by node, so the first bad node
 in file order is the one reported; an ordinary node takes a fast path
@@ -43,10 +44,12 @@ from importlib import resources
 from typing import Optional
 
 import msgpack
+import numpy as np
 
 from .errors import ShapeError, TapeFileError
 from .budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
-from .ops import LEAF_OPS, OPS, format_shape, infer_shape
+from .limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
+from .ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -66,9 +69,9 @@ class Limits:
     max_elements: int = 1 << 27       # sum of every node's element count
     max_work: int = 1 << 32           # element operations of one replay plus one backward
     max_memory: int = DEFAULT_MEMORY  # bytes of values, gradients and temporaries (budget.py)
-    max_depth: int = 32               # msgpack container nesting (the format itself needs 4)
-    max_str_len: int = 1 << 20
-    max_map_len: int = 1 << 16
+    max_depth: int = MAX_DEPTH        # msgpack container nesting (the format itself needs 4)
+    max_str_len: int = MAX_NAME_BYTES
+    max_map_len: int = MAX_MAP_LEN
     max_containers: int = 1 << 22     # maps + arrays in the whole file
 
 
@@ -82,8 +85,9 @@ class CheckedNode:
     attrs: Optional[dict]             # exactly the aux dict recording produces
     name: Optional[str] = None
     l2: float = 0.0
-    data: Optional[bytes] = None      # leaves: little-endian float64, 8 * prod(shape) bytes
+    data: Optional[bytes] = None      # leaves: little-endian float64 (int64 for dtype i64)
     value: Optional[bytes] = None     # op nodes: the recorded value, if the writer stored it
+    dtype: str = "f64"                # "i64": a const of integer ids
 
 
 @dataclass
@@ -302,8 +306,9 @@ def _scalar_class(x):
 
 
 def skeleton(node):
-    """What the schema's verdict on one node depends on: its keys, its exact op, and
-    each value's type and class against the schema's thresholds.
+    """What the schema's verdict on one node depends on: its keys, its exact op and
+    dtype (the schema's string enums), and each value's type and class against the
+    schema's thresholds.
 
     None (do not memoize; validate in full) for anything but a map whose values are
     scalars or flat arrays of at most 33 scalars: a node holding a nested container is
@@ -326,14 +331,15 @@ def skeleton(node):
                     return None
                 cls += (item_cls,)
         elif t is str:              # the schema checks strings for being non-empty only
-            cls = ("s", bool(value))   # (except the op, which goes in whole below)
+            cls = ("s", bool(value))   # (but the op and dtype enums: whole, below)
         else:
             cls = _scalar_class(value)
             if cls is None:
                 return None
         classes.append(cls)
-    op = node.get("op")
-    return tuple(node), tuple(classes), op if type(op) is str else None
+    op, dtype = node.get("op"), node.get("dtype")
+    return (tuple(node), tuple(classes), op if type(op) is str else None,
+            dtype if type(dtype) is str else None)
 
 
 @lru_cache(maxsize=1)
@@ -374,6 +380,9 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
                    f"got {kind(instance)}")
     elif validator == "enum" and path == ["op"]:
         message = f"unknown op {show(instance)}"
+    elif validator == "enum" and path == ["dtype"]:
+        message = (f"unknown dtype {show(instance)} (this reader knows "
+                   f"{' and '.join(repr(v) for v in expected)})")
     elif validator in ("enum", "const"):
         allowed = expected if validator == "enum" else [expected]
         message = f"must be {' or '.join(show(v) for v in allowed)}, got {show(instance)}"
@@ -456,6 +465,8 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
                             f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
                             source=source, node=loss)
+    if nodes[loss].dtype == INT_DTYPE:
+        raise TapeFileError("is the loss, but it holds integer ids", source=source, node=loss)
     outputs = doc.get("outputs", {})
     for name, ref in outputs.items():
         if ref >= len(nodes):
@@ -499,16 +510,16 @@ _ARITY = {name: spec.arity for name, spec in OPS.items()}
 _PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
                                | ({"data", "name", "l2"} if name == "param" else
                                   {"data", "name"} if name == "const" else {"value"}))
-               for name, spec in OPS.items() if not spec.attrs}
+               for name, spec in OPS.items() if not spec.attrs and not spec.int_inputs}
 _SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
-_ELEMENTWISE = frozenset(name for name, spec in OPS.items() if spec.elementwise)
+_SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 
 
 def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]:
     """The CheckedNode of an ordinary valid node (a leaf, or an op without attributes),
     or None: then the node goes through the schema and :func:`_check_node`, which give
     the same CheckedNode or the precise error.  Every test here is one the schema or
-    :func:`_check_node` makes (``tests/test_tapefile.py`` checks that over thousands of
+    :func:`_check_node` makes (``tests/test_fuzz_files.py`` checks that over thousands of
     valid and mutated nodes); together they cost a third of the general path, which
     matters for a tape of a million nodes."""
     if type(raw) is not dict:
@@ -545,10 +556,12 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
         return CheckedNode(op, -1, -1, 0.0, shape, None, name, float(l2), data)
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
         return None
+    if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
+        return None                 # integer ids: only take's ids input reads them
     value = get("value")
     if value is not None and (type(value) is not bytes or len(value) != 8 * size):
         return None
-    if op in _ELEMENTWISE:          # the op table's promise: the input's shape
+    if op in _SAME_SHAPE:           # the op table's promise for a unary op: a's shape
         inferred = earlier[a].shape
     else:
         try:
@@ -586,9 +599,18 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         l2 = float(get("l2", 0.0))
         if not math.isfinite(l2):
             raise _bad(i, source, f"must be finite, got {l2}", "l2")
-        return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data)
+        return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data,
+                           dtype=get("dtype", "f64"))
 
-    attrs = _attrs(op, raw) if op in _ATTR_OPS else None
+    spec = OPS[op]
+    for field, ref in (("a", a), ("b", b)):
+        if ref >= 0 and (field in spec.int_inputs) != (earlier[ref].dtype == INT_DTYPE):
+            raise _bad(i, source, f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only "
+                                  f"the ids input of take and take_along reads"
+                       if earlier[ref].dtype == INT_DTYPE
+                       else f"{op} reads integer ids here, but node {ref} is not a const with "
+                            f"dtype {INT_DTYPE}", field)
+    attrs = _attrs(op, raw) if spec.attrs else None
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
     try:
@@ -600,6 +622,12 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     if inferred != shape:
         raise _bad(i, source, f"states {format_shape(shape)}, but {op} of its inputs gives "
                               f"{format_shape(inferred)}", "shape")
+    if spec.int_inputs:
+        ids = np.frombuffer(earlier[b].data, dtype="<i8")
+        problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
+        if problem:
+            raise _bad(i, source, f"node {b}: {problem} for {op}'s input a {format_shape(sa)}",
+                       "b")
     value = get("value")
     if value is not None and len(value) != 8 * prod(shape):
         raise _bad(i, source, f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
@@ -629,15 +657,16 @@ def _bad_inputs(i: int, op: str, arity: int, a: int, b: int, source: str) -> Tap
 
 
 _PRODUCTS = frozenset(("matmul", "bmm"))
-_ATTR_OPS = frozenset(("reshape", "softmax", "concat", "slice"))
 
 
 def _attrs(op: str, raw: dict) -> Optional[dict]:
-    """The node's aux dict, built exactly as the Tape's recording methods build it."""
-    if op == "reshape":
-        return {"shape": list(raw["shape"])}
-    if op in ("softmax", "concat"):
-        return {"axis": raw["axis"]}
-    if op == "slice":
-        return {"starts": list(raw["starts"]), "stops": list(raw["stops"])}
-    return None
+    """The node's aux dict, built exactly as the Tape's recording methods build it (an
+    optional attribute absent or at its default is left out)."""
+    aux = {}
+    for at in OPS[op].attrs:
+        if not at.stored:
+            aux[at.name] = list(raw["shape"])
+        elif at.name in raw and not (at.optional and raw[at.name] == at.default
+                                     and type(raw[at.name]) is type(at.default)):
+            aux[at.name] = list(raw[at.name]) if at.kind == "indices" else raw[at.name]
+    return aux or None

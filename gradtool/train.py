@@ -24,6 +24,15 @@ with the same methods.  An engine's contract:
   (``entries[i].m/.v`` in place, ``t``, ``b1t``, ``b2t``) current.  Called at
   every checkpoint; training may continue afterwards.
 
+For data-parallel training (:mod:`gradtool.train_distributed`) an engine is
+built without an optimizer and driven shard by shard instead:
+
+* ``forward_backward() -> float``: forward, then (only when the loss is
+  finite) backward; no optimizer step.  ``grad(node_id)``: a param's
+  gradient from that backward.
+* ``params_from_tape()``: the tape's parameter values changed on the host
+  (the optimizer ran there): use them from now on.
+
 Settings and their precedence: :mod:`gradtool.train_options`; data:
 :mod:`gradtool.train_data`; results and reporting: :mod:`gradtool.train_report`.
 ``docs/training.md`` is the user-level description.
@@ -72,15 +81,25 @@ class CpuEngine:
         slot[...] = batch
 
     def train_step(self) -> float:
+        loss = self.forward_backward()
+        if math.isfinite(loss):           # else no update: keep the last good state
+            self.optimizer.step(self.tape)
+        return loss
+
+    def forward_backward(self) -> float:
         tape = self.tape
         tape.forward()
         loss = float(tape.values[self.loss_id][0])
-        if not math.isfinite(loss):
-            return loss                   # no backward, no update: keep the last good state
-        tape.zero_grad()                  # leaf gradients would otherwise accumulate
-        tape.backward(self._loss)
-        self.optimizer.step(tape)
+        if math.isfinite(loss):           # else no backward
+            tape.zero_grad()              # leaf gradients would otherwise accumulate
+            tape.backward(self._loss)
         return loss
+
+    def grad(self, node_id: int) -> np.ndarray:
+        return self.tape.grads[node_id]
+
+    def params_from_tape(self) -> None:
+        pass                              # the tape is this engine's state
 
     def evaluate(self) -> float:
         self.tape.forward()
@@ -94,7 +113,8 @@ class CpuEngine:
 
 
 def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
-    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine."""
+    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine (``options``:
+    DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs none)."""
     if backend == "cpu":
         return CpuEngine(tape, loss_id, optimizer)
     if backend not in ("host", "cuda", "auto"):
@@ -151,8 +171,10 @@ class StopFlag:
 class Trainer:
     """Everything resolved and validated up front; :meth:`run` then only trains."""
 
-    def __init__(self, tf, data_path, options: TrainOptions, reporters=()):
-        check_options(options)
+    def __init__(self, tf, data_path, options: TrainOptions, reporters=(), world=None):
+        from .train_distributed import SingleWorld
+        self.world = world if world is not None else SingleWorld()
+        check_options(options, outputs=self.world.rank == 0)
         self.tf, self.tape, self.options = tf, tf.tape, options
         self.reporters = list(reporters)
         self.source = tf.source
@@ -160,6 +182,10 @@ class Trainer:
         self.saved = tf.optimizer
         position = check_saved_state(self.saved, self.source) if self.saved is not None else {}
         self.settings = Precedence(options, meta)
+        # a saved file without "shards" in its position was trained with one shard
+        saved_shards = (position_int(position, "shards", self.source, minimum=1)
+                        if "shards" in position else 1 if self.saved is not None else None)
+        self.shards = self.settings.pick("shards", saved_shards)
         self._load_data(data_path, meta)
         accuracy = self.settings.pick("accuracy")
         self.acc: Optional[AccuracySpec] = (parse_accuracy(accuracy, tf.outputs, self.slots,
@@ -167,15 +193,22 @@ class Trainer:
         self.opt = self._build_optimizer()
         self._restore_position(position)
         self.max_steps = self.settings.pick("steps")
-        self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt,
-                                  **({"max_bytes": options.max_memory}
-                                     if options.backend != "cpu" else {}))
+        self.parallel = None              # data-parallel steps: S > 1 shards, or MPI ranks
+        if self.shards > 1 or self.world.size > 1:
+            from .train_distributed import DataParallel
+            self.parallel = DataParallel(self)
+            self.engine = self.parallel.engine
+        else:
+            self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt,
+                                      **({"fuse": True} if options.fuse else {}),
+                                      max_bytes=options.max_memory)
         self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
 
     def _load_data(self, data_path, meta) -> None:
         """Training and validation sets (see train_data for the precedence of the latter)."""
         self.slots = input_slots(self.tape)
-        self.batch = batch_size(self.slots)
+        self.shard_rows = batch_size(self.slots)           # b: the rows the tape holds
+        self.batch = self.shard_rows * self.shards          # B: one step's minibatch
         val_file, val_split = self.options.val, self.options.val_split
         if val_file is None and val_split is None:
             val_file, val_split = meta.get("val"), meta.get("val_split")
@@ -197,8 +230,10 @@ class Trainer:
             elif has_val_arrays(raw, self.slots):
                 self.val = dataset_from(raw, self.slots, VAL_SUFFIX, budget)
         self.data = data
-        self.n_batches = require_batches(data, self.batch, "the training data")
-        self.n_val_batches = (require_batches(self.val, self.batch, "the validation data")
+        unit = (f"{self.shards} shards of {self.shard_rows} rows" if self.shards > 1
+                else "the input slots' leading dim")
+        self.n_batches = require_batches(data, self.batch, "the training data", unit)
+        self.n_val_batches = (require_batches(self.val, self.shard_rows, "the validation data")
                               if self.val is not None else 0)
 
     def _build_optimizer(self):
@@ -241,6 +276,12 @@ class Trainer:
                              f"(step {self.step}) of {position.get('examples')} training "
                              f"examples, but the data now gives {self.data.count}; continue "
                              f"on the same data")
+        if self.step and position.get("batch", self.batch) != self.batch:
+            raise TrainError(f"{self.source}: saved in the middle of epoch {self.epoch + 1} "
+                             f"(step {self.step}) with minibatches of {position.get('batch')} "
+                             f"rows ({position.get('shards', 1)} shard(s)), but --shards "
+                             f"{self.shards} makes them {self.batch}; continue with --shards "
+                             f"{position.get('shards', 1)}")
         if self.step >= self.n_batches:
             self.epoch, self.step = self.epoch + 1, 0
         target = position.get("target_epoch")
@@ -261,27 +302,35 @@ class Trainer:
                            f"{self.n_batches} steps per epoch"
                    + (f"; the last partial batch of {dropped} is dropped" if dropped else ""))
         if self.val is not None:
-            vdrop = self.val.count - self.n_val_batches * b
+            vdrop = self.val.count - self.n_val_batches * self.shard_rows
             self._emit("note", f"validation: {self.val.count} examples in {self.n_val_batches} "
                                f"batches" + (f" ({vdrop} left out)" if vdrop else ""))
         resumed = self.saved is not None
         self._emit("note", f"{self.opt.kind} lr {self.opt.lr:g}"
                    + (f" clip {self.opt.clip:g}" if self.opt.clip else "")
                    + f", seed {self.seed}, shuffle {'on' if self.shuffle else 'off'}, "
-                   f"backend {self.engine.name}"
+                   f"backend {getattr(self.engine, 'label', self.engine.name)}"
                    + (f"; continuing at epoch {self.epoch + 1} step {self.step}" if resumed
                       else ""))
+        if self.parallel is not None:
+            self._emit("note", self.parallel.describe())
 
     # ── checkpoints ────────────────────────────────────────────────────────
     def position(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step,
-                "target_epoch": self.end_epoch, "seed": self.seed, "shuffle": self.shuffle,
-                "examples": self.data.count, "batch": self.batch}
+        position = {"epoch": self.epoch, "step": self.step, "global_step": self.global_step,
+                    "target_epoch": self.end_epoch, "seed": self.seed, "shuffle": self.shuffle,
+                    "examples": self.data.count, "batch": self.batch}
+        if self.shards > 1:
+            position["shards"] = self.shards
+        return position
 
     def save(self, path) -> None:
         """Write the tape with the current parameters and optimizer state, atomically."""
         from .tapefile import save
-        self.engine.finish()
+        if self.parallel is None:
+            self.engine.finish()
+        elif not self.parallel.agree():
+            return                        # every rank checked its parameters; rank 0 writes
         for node_id, original in self._slot_originals.items():
             self.tape.values[node_id][...] = original    # the file keeps its own example inputs
         state = self.opt.state_dict()
@@ -290,7 +339,8 @@ class Trainer:
              optimizer=state)
 
     def params_finite(self) -> bool:
-        self.engine.finish()
+        if self.parallel is None:         # data-parallel: the tape is always current
+            self.engine.finish()
         return all(np.isfinite(self.tape.values[e.node_id]).all() for e in self.opt.entries)
 
     # ── the loop ───────────────────────────────────────────────────────────
@@ -299,15 +349,25 @@ class Trainer:
             self.engine.set_input(s.node_id, data.arrays[s.name][rows])
 
     def validate(self) -> tuple:
-        """(mean batch loss, accuracy or None) over the validation batches; forward only."""
-        total, correct, b = 0.0, 0, self.batch
-        for i in range(self.n_val_batches):
+        """(mean batch loss, accuracy or None) over the validation batches; forward only.
+
+        Batches of the tape's own rows, whatever the shards; data-parallel ranks share
+        them out and the losses are summed in batch order all the same."""
+        b, losses, correct = self.shard_rows, [], 0
+        batches = (range(self.n_val_batches) if self.parallel is None
+                   else self.parallel.val_batches(self.n_val_batches))
+        for i in batches:
             rows = slice(i * b, (i + 1) * b)
             self._fill(self.val, rows)
-            total = total + self.engine.evaluate()
+            losses.append(self.engine.evaluate())
             if self.acc:
                 correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
                                          self.val.arrays[self.acc.target][rows])
+        if self.parallel is not None:
+            losses, correct = self.parallel.gather_val(batches, losses, correct)
+        total = 0.0
+        for loss in losses:
+            total = total + loss
         acc = correct / (self.n_val_batches * b) if self.acc else None
         return total / self.n_val_batches, acc
 
@@ -316,6 +376,8 @@ class Trainer:
                           if self.acc else None)
         self._t0 = time.perf_counter()
         self._last_ckpt = self.global_step
+        if self.parallel is not None:
+            stop = self.parallel.watch(stop)    # every rank stops where rank 0 decides
         with np.errstate(all="ignore"):
             while self.epoch < self.end_epoch and res.stopped == "done":
                 self._run_epoch(res, stop, keep_history)
@@ -344,14 +406,11 @@ class Trainer:
             if res.stopped != "done":
                 break
             rows = order[self.step * b:(self.step + 1) * b]
-            self._fill(self.data, rows)
-            loss = self.engine.train_step()
+            loss, step_correct = self._train_rows(rows)
             if not math.isfinite(loss):
                 res.stopped, res.bad_loss = "nonfinite", loss
                 break
-            if self.acc and self.val is None:
-                correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
-                                         self.data.arrays[self.acc.target][rows])
+            correct += step_correct
             self.step += 1
             self.global_step += 1
             res.steps += 1
@@ -372,6 +431,18 @@ class Trainer:
             self._end_epoch(res, res.train_loss if seen else None,
                             correct / (seen * b) if seen else None, t_epoch)
             self._maybe_checkpoint()      # after the epoch closes: the position is normalized
+
+    def _train_rows(self, rows) -> tuple:
+        """One step on the minibatch ``rows``: (its loss, the rows it classified right
+        when training accuracy is measured, else 0)."""
+        if self.parallel is not None:
+            return self.parallel.step(rows)
+        self._fill(self.data, rows)
+        loss = self.engine.train_step()
+        if not (self.acc and self.val is None and math.isfinite(loss)):
+            return loss, 0
+        return loss, count_correct(self.acc, self.engine.output(self.acc.output_id),
+                                   self.data.arrays[self.acc.target][rows])
 
     def _maybe_checkpoint(self) -> None:
         every = self.options.every
@@ -398,7 +469,8 @@ class Trainer:
 
 def train(tf, data_path, options: Optional[TrainOptions] = None, reporters=(),
           stop: Optional[StopFlag] = None, keep_history: bool = False) -> TrainResult:
-    """Train a loaded tape file on ``data_path`` (see the module docstring)."""
+    """Train a loaded tape file on ``data_path`` (see the module docstring), in this one
+    process (``options.shards`` included); over MPI see gradtool.train_distributed."""
     trainer = Trainer(tf, data_path, options or TrainOptions(), reporters)
     trainer.describe()
     return trainer.run(stop, keep_history=keep_history)

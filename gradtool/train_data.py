@@ -2,7 +2,9 @@
 
 A tape's input slots are its named consts.  DATA.npz holds one array per
 slot, with the same name, examples along axis 0; every other dim must equal
-the slot's.  The batch size is the slots' (common) leading dim.  Arrays in
+the slot's.  A slot of integer ids (a const with dtype i64) takes an integer
+array only, every id in the range of every op reading it: float ids are
+refused, even whole ones.  The batch size is the slots' (common) leading dim.  Arrays in
 the file that name no slot are ignored.
 
 Validation data is, in order of precedence, a separate file with the same
@@ -27,7 +29,7 @@ import numpy as np
 from .budget import DEFAULT_MEMORY, human_bytes, prod
 from .errors import GradtoolError
 from .npzio import NpzArchive
-from .ops import format_shape
+from .ops import bad_id, format_shape
 
 
 class DataError(GradtoolError):
@@ -39,6 +41,8 @@ class Slot:
     name: str
     node_id: int
     shape: tuple
+    id_bounds: tuple = ()      # ids slots: (node, bound) per op reading them; () for floats
+    ids: bool = False
 
 
 @dataclass
@@ -56,7 +60,8 @@ class Dataset:
 
 def input_slots(tape) -> list:
     """The tape's named consts as Slots, with a common batch size (their leading dim)."""
-    slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape))
+    slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape),
+                  tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id))
              for v in tape.input_slots()]
     if not slots:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
@@ -93,7 +98,8 @@ def load_dataset(path, slots, max_bytes: int = DEFAULT_MEMORY) -> Dataset:
 def dataset_from(raw: NpzArchive, slots, suffix: str = "",
                  max_bytes: int = DEFAULT_MEMORY) -> Dataset:
     """The arrays named ``<slot><suffix>``, checked against the slots' shapes from their
-    headers before any of them is read, and together (as float64) within ``max_bytes``.
+    headers before any of them is read, and together (8 bytes per element) within
+    ``max_bytes``.
     Arrays that name no slot are never looked at."""
     source = raw.source
     for s in slots:
@@ -110,6 +116,11 @@ def dataset_from(raw: NpzArchive, slots, suffix: str = "",
                             f"the array must be {want}")
         if a.dtype.kind not in "biuf":
             raise DataError(f"{source}: array {key!r} has dtype {a.dtype}; expected numbers")
+        if s.ids and a.dtype.kind not in "iu":
+            hint = ("; float ids are refused, even whole ones: store integers "
+                    "(.astype(np.int64))" if a.dtype.kind == "f" else "")
+            raise DataError(f"{source}: array {key!r} has dtype {a.dtype}, but input slot "
+                            f"{s.name!r} (node {s.node_id}) takes integer ids{hint}")
     counts = {s.name + suffix: raw[s.name + suffix].shape[0] for s in slots}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{k} {n}" for k, n in counts.items())
@@ -118,11 +129,26 @@ def dataset_from(raw: NpzArchive, slots, suffix: str = "",
     if need > max_bytes:
         listing = ", ".join(f"{key} {format_shape(raw[key].shape)}" for key in counts)
         raise DataError(f"{source}: the input slots' arrays ({listing}) take "
-                        f"{human_bytes(need)} as float64, over the memory limit of "
+                        f"{human_bytes(need)} as float64 or int64, over the memory limit of "
                         f"{human_bytes(max_bytes)} (gradtool --max-memory SIZE raises it)")
-    arrays = {s.name: np.ascontiguousarray(raw.load(s.name + suffix), dtype=np.float64)
+    arrays = {s.name: _slot_array(raw.load(s.name + suffix), s, s.name + suffix, source)
               for s in slots}
     return Dataset(arrays, next(iter(counts.values())), source)
+
+
+def _slot_array(a: np.ndarray, slot: Slot, key: str, source: str) -> np.ndarray:
+    """The array as the slot takes it: float64, or int64 ids all in range."""
+    if not slot.ids:
+        return np.ascontiguousarray(a, dtype=np.float64)
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise DataError(f"{source}: array {key!r}: id {int(a.max())} does not fit in an int64")
+    ids = np.ascontiguousarray(a, dtype=np.int64)
+    for node, bound in slot.id_bounds:
+        problem = bad_id(ids, bound)
+        if problem:
+            raise DataError(f"{source}: array {key!r}: {problem}, the range of the "
+                            f"{bound}-row table that node {node} reads")
+    return ids
 
 
 def split_validation(data: Dataset, fraction: float) -> tuple:
@@ -133,11 +159,12 @@ def split_validation(data: Dataset, fraction: float) -> tuple:
     return data.take(0, data.count - n_val), data.take(data.count - n_val, data.count)
 
 
-def require_batches(data: Dataset, batch: int, what: str) -> int:
+def require_batches(data: Dataset, batch: int, what: str,
+                    unit: str = "the input slots' leading dim") -> int:
     """The number of full batches in ``data``; at least one, or a clear error."""
     if data.count < batch:
         raise DataError(f"{data.source}: {what} has {data.count} examples, fewer than one "
-                        f"batch of {batch} (the input slots' leading dim)")
+                        f"batch of {batch} ({unit})")
     return data.count // batch
 
 
@@ -146,6 +173,54 @@ def epoch_order(seed: int, epoch: int, count: int, shuffle: bool) -> np.ndarray:
     if not shuffle:
         return np.arange(count)
     return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(count)
+
+
+# ── the gradient summed over a dataset ────────────────────────────────────
+
+@dataclass
+class GradientSum:
+    """``loss``: the serial sum of the batch losses; ``grads``: param node id -> the
+    serial sum of its batch gradients; ``batches``/``examples``: how many were replayed."""
+
+    loss: float
+    grads: dict
+    batches: int
+    examples: int
+
+
+def gradient_sum(tape, loss, data: Dataset, slots) -> GradientSum:
+    """Replay ``data`` one batch at a time, in example order, and sum the results.
+
+    Each batch (the slots' leading dim; one example for a scalar tape) is
+    written into the input slots, the tape is replayed forward and backward
+    from ``loss``, and every param's gradient is added into its sum as
+    ``acc = acc + g`` (each sum starting at +0.0; an untouched param adds
+    zeros), the loss likewise: the order a worker that calls
+    ``swarm_g_add(g, j, val)`` once per example and param accumulates in.
+    Every example must be used: a count that is not a multiple of the batch
+    is a DataError, not a silently dropped remainder.  With no slots, every
+    one of ``data.count`` batches replays the recorded leaves.
+    """
+    batch = batch_size(slots) if slots else 1
+    n = require_batches(data, batch, "DATA")
+    if data.count % batch:
+        raise DataError(f"{data.source}: {data.count} examples are not a whole number of "
+                        f"batches of {batch} (the input slots' leading dim)")
+    params = tape.params()
+    sums = {p.id: np.zeros(tape.values[p.id].shape) for p in params}
+    total = 0.0
+    for k in range(n):
+        rows = slice(k * batch, (k + 1) * batch)
+        for s in slots:
+            tape.set_value(tape.var(s.node_id), data.arrays[s.name][rows])
+        tape.forward()
+        tape.zero_grad()
+        tape.backward(loss)
+        total = total + float(tape.values[loss.id].reshape(-1)[0])
+        with np.errstate(all="ignore"):          # inf + -inf = nan, as in C
+            for p in params:
+                np.add(sums[p.id], tape.grad(p), out=sums[p.id])
+    return GradientSum(total, sums, n, n * batch)
 
 
 # ── --accuracy OUTPUT:TARGET ───────────────────────────────────────────────

@@ -16,7 +16,8 @@ from .fileio import check_writable
 from .optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
-            "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None}
+            "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None,
+            "shards": 1}
 META_KEYS = tuple(DEFAULTS)
 
 
@@ -43,8 +44,10 @@ class TrainOptions:
     every: Optional[int] = None
     log: Optional[str] = None
     backend: str = "cpu"
+    fuse: bool = False            # device backends: fused kernels (gradtool.device.fusion)
     plot: Optional[str] = None
-    max_memory: Optional[int] = None    # bytes (gradtool.budget); None: the default budget
+    shards: Optional[int] = None      # S shards per minibatch (gradtool.train_distributed)
+    max_memory: Optional[int] = None  # bytes (gradtool.budget); None: the default budget
 
 
 def _is_int(x) -> bool:
@@ -68,6 +71,7 @@ _CHECKS = {
     "val": (lambda x: isinstance(x, str) and x, "a file name"),
     "accuracy": (lambda x: isinstance(x, str) and x, "'OUTPUT:TARGET'"),
     "every": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+    "shards": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
 }
 
 
@@ -94,15 +98,20 @@ def meta_defaults(meta: dict, source: str) -> dict:
     return dict(train)
 
 
-def check_options(options: TrainOptions) -> None:
-    """Reject bad or conflicting options before anything is loaded."""
+def check_options(options: TrainOptions, outputs: bool = True) -> None:
+    """Reject bad or conflicting options before anything is loaded.  ``outputs=False``
+    (a data-parallel rank other than 0, which writes nothing) skips checking that the
+    output files can be written."""
     for key in _CHECKS:
         _check(key, getattr(options, key, None), "--" + key.replace("_", "-"))
     if options.every is not None and not options.save:
         raise TrainError("--every needs --save (the file checkpoints are written to)")
     if options.val is not None and options.val_split is not None:
         raise TrainError("give --val or --val-split, not both")
-    for flag, path in (("--save", options.save), ("--plot", options.plot), ("--log", options.log)):
+    if options.fuse and options.backend == "cpu":
+        raise TrainError("--fuse needs a device backend (--backend host, cuda or auto)")
+    written = (("--save", options.save), ("--plot", options.plot), ("--log", options.log))
+    for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep
         if path is not None:
             try:
@@ -124,9 +133,9 @@ class Precedence:
         return DEFAULTS[key]
 
 
-def position_int(position: dict, key: str, source: str) -> int:
-    value = position.get(key, 0)
-    if not _is_int(value) or value < 0:
-        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer >= 0, "
-                         f"got {value!r}")
+def position_int(position: dict, key: str, source: str, minimum: int = 0) -> int:
+    value = position.get(key, minimum)
+    if not _is_int(value) or value < minimum:
+        raise TrainError(f"{source}: optimizer 'position' {key!r} must be an integer "
+                         f">= {minimum}, got {value!r}")
     return value

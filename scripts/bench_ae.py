@@ -1,7 +1,8 @@
 """The autoencoder benchmark: 360 Adam episodes through every gradtool backend and PyTorch.
 
     python scripts/bench_ae.py [--repeats 5] [--episodes 360] [--warmup 1]
-                               [--backends cpu,host,cuda,cuda-nograph] [--no-torch]
+                               [--backends cpu,host,host-fuse,cuda,cuda-fuse,cuda-nograph]
+                               [--no-torch]
                                [--torch-threads N] [--json out.json]
 
 The workload is ``samples/autoencoder/`` (see its README): a 6-64-32-64-6
@@ -13,9 +14,13 @@ tape's defaults (lr 0.003).  One episode = upload the next batch + forward
 gradtool backends (each from a fresh load of the same tape file):
   cpu           gradtool.train.CpuEngine, the numpy reference
   host          the device engine's host backend (kernels.cu compiled by cc)
+  host-fuse     the same with --fuse: the fused kernels generated for the tape
+                (the GPU's per-thread bodies, run by cc-compiled code)
   cuda          the device engine on a GPU, one CUDA graph per episode
-  cuda-nograph  the same, kernel by kernel (per-node launches)
-cuda needs PyCUDA and a GPU; without them those rows are skipped.  Every
+  cuda-fuse     the same with --fuse: the fused kernels, one CUDA graph
+  cuda-nograph  per-node launches, kernel by kernel, no graph
+cuda needs PyCUDA and a GPU; without them those rows are skipped.  The
+fused kernels are built before the timed runs (on capture; cached).  Every
 gradtool run goes through ``gradtool.train.Trainer.run`` -- the loop behind
 ``gradtool train`` -- with the data already in memory, so the time is the
 engine's (plus the loop's few microseconds a step), not file IO or capture.
@@ -41,7 +46,8 @@ Reported per row: total milliseconds for all episodes (median of
 the ratio to PyTorch eager on the same kind of device (CPU rows to
 torch-eager, GPU rows to torch-cuda-eager; below 1 = faster than PyTorch),
 the final MSE (the mean of the 6 batch losses over all 1,200 examples after
-the last update, forward only) and, for gradtool rows, whether the final
+the last update, forward only), for device rows the kernel launches per
+episode, and, for gradtool rows, whether the final
 parameters are bit-equal to the first gradtool backend's (every repeat is
 checked).  Exit status 1 if any gradtool backend ends on other bits.
 A benchmark, not a test: nothing here asserts a time.
@@ -71,8 +77,10 @@ from gradtool.train import Trainer, TrainOptions, make_engine  # noqa: E402
 SAMPLE = ROOT / "samples" / "autoencoder"
 TAPE_PATH = SAMPLE / "ae.msgpack"
 DATA_PATH = SAMPLE / "ae_data.npz"
-GRADTOOL_BACKENDS = {"cpu": ("cpu", {}), "host": ("host", {}),
-                     "cuda": ("cuda", {"graph": True}), "cuda-nograph": ("cuda", {"graph": False})}
+GRADTOOL_BACKENDS = {"cpu": ("cpu", {}), "host": ("host", {}), "host-fuse": ("host", {"fuse": True}),
+                     "cuda": ("cuda", {"graph": True}),
+                     "cuda-fuse": ("cuda", {"graph": True, "fuse": True}),
+                     "cuda-nograph": ("cuda", {"graph": False})}
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
 
@@ -130,8 +138,10 @@ def bench_gradtool(name, tape_bytes, steps_per_epoch, episodes, repeats, warmup)
             times.append(seconds)
             runs.append(run)
     first = runs[0]
+    replay = getattr(first.trainer.engine, "replay", None)
     return {"times": times, "params": [run.params() for run in runs],
-            "mse": first.final_mse(), "engine": first.trainer.engine.name}
+            "mse": first.final_mse(), "engine": first.trainer.engine.name,
+            "launches": replay.launches(train=True) if replay is not None else None}
 
 
 # ── PyTorch ────────────────────────────────────────────────────────────────
@@ -287,7 +297,8 @@ def main(argv=None) -> int:
 
     has_cuda, cuda_note = cuda_status()
     names = (args.backends.split(",") if args.backends else
-             ["cpu", "host"] + (["cuda", "cuda-nograph"] if has_cuda else []))
+             ["cpu", "host", "host-fuse"] +
+             (["cuda", "cuda-fuse", "cuda-nograph"] if has_cuda else []))
     unknown = [n for n in names if n not in GRADTOOL_BACKENDS]
     if unknown:
         ap.error(f"unknown backend(s) {', '.join(unknown)} "
@@ -327,7 +338,7 @@ def main(argv=None) -> int:
         all_equal = all_equal and equal
         rows.append({"backend": name, "device": "gpu" if name.startswith("cuda") else "cpu",
                      "times_ms": [t * 1e3 for t in res["times"]], "mse": res["mse"],
-                     "bit_equal": equal})
+                     "launches": res["launches"], "bit_equal": equal})
     if torch is not None:
         makers = [("torch-eager", "cpu", lambda: TorchAutoencoder(torch, tape_bytes, data, "cpu")),
                   ("torch-eager-optim", "cpu",
@@ -341,12 +352,12 @@ def main(argv=None) -> int:
             res = bench_torch(make, args.episodes, args.repeats, args.warmup)
             rows.append({"backend": name, "device": device,
                          "times_ms": [t * 1e3 for t in res["times"]], "mse": res["mse"],
-                         "bit_equal": None})
+                         "launches": None, "bit_equal": None})
 
     eager = {r["device"]: statistics.median(r["times_ms"]) for r in rows
              if r["backend"] in ("torch-eager", "torch-cuda-eager")}
     print(f"{'backend':<18} {'total ms':>9} {'range ms':>15} {'vs torch':>8} "
-          f"{'final MSE':>22} {'bit-equal':>9}")
+          f"{'final MSE':>22} {'launches':>8} {'bit-equal':>9}")
     for r in rows:
         r["median_ms"] = statistics.median(r["times_ms"])
         ref = eager.get(r["device"])
@@ -354,8 +365,9 @@ def main(argv=None) -> int:
         span = f"{min(r['times_ms']):.1f}-{max(r['times_ms']):.1f}"
         ratio = f"{r['ratio']:8.2f}" if r["ratio"] is not None else f"{'-':>8}"
         same = "-" if r["bit_equal"] is None else ("yes" if r["bit_equal"] else "NO")
+        launches = "-" if r["launches"] is None else str(r["launches"])
         print(f"{r['backend']:<18} {r['median_ms']:9.1f} {span:>15} {ratio} "
-              f"{r['mse']:22.17g} {same:>9}")
+              f"{r['mse']:22.17g} {launches:>8} {same:>9}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
             {"episodes": args.episodes, "repeats": args.repeats, "warmup": args.warmup,

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import emitc_harness as H  # noqa: E402
 
-from gradtool.emit.cuda import emit_cuda, layout  # noqa: E402
+from gradtool.emit import emit_cuda, layout  # noqa: E402
 from gradtool.emit.render import c_double  # noqa: E402
 
 

@@ -11,7 +11,12 @@ Workloads
     same step eagerly on the CPU, and on a GPU also eagerly and as a captured
     CUDA graph (static inputs, ``capturable=True`` Adam), the usual recipe.
   * every sample tape (samples/**/*.msgpack): one episode = forward +
-    backward + Adam over every param, inputs as recorded.
+    backward + Adam over every param, inputs as recorded.  That includes the
+    LoRA block twice: as recorded now (take, axis means, reshape-grouped GQA,
+    log_softmax cross-entropy) and its first recording (one-hot matmul
+    embedding, ones-matmul RMSNorm, slice/concat GQA, log(softmax)), kept as
+    samples/lora_block/legacy/block_onehot.msgpack; the last lines compare
+    the two per step.
 Figures are medians over ``--repeats`` runs of ``--steps`` steps after a
 warm-up; "ratio" is gradtool's time over PyTorch's on the same device (below
 1 means gradtool is faster).  PyTorch is optional: without it those columns
@@ -107,13 +112,32 @@ def bench_torch_mlp(shape, device, n_steps, repeats, graph=False):
     return time_steps(step, n_steps, repeats, sync=sync)
 
 
-def bench_sample(path, backend, dtype, n_steps, repeats):
+def sample_replay(path, backend, dtype):
     tf = load(path)
     opt = Adam(1e-3)
     for p in tf.tape.params():
         opt.add(tf.tape, p)
-    rp = capture(tf.tape, tf.loss, backend, dtype, optimizer=opt)
+    return tf, capture(tf.tape, tf.loss, backend, dtype, optimizer=opt)
+
+
+def bench_sample(path, backend, dtype, n_steps, repeats):
+    _, rp = sample_replay(path, backend, dtype)
     return time_steps(lambda i: rp.episode(train=True), n_steps, repeats), rp.launches(True)
+
+
+LORA_AFTER = ROOT / "samples" / "lora_block" / "block.msgpack"
+LORA_BEFORE = ROOT / "samples" / "lora_block" / "legacy" / "block_onehot.msgpack"
+
+
+def bench_lora_before_after(backend, dtype, n_steps, repeats):
+    """The LoRA block's two recordings timed interleaved (the same machine load for
+    both): [(label, nodes, launches, median seconds per step)]."""
+    replays = [(label, *sample_replay(path, backend, dtype))
+               for label, path in (("before", LORA_BEFORE), ("after", LORA_AFTER))]
+    times = time_interleaved([lambda i, rp=rp: rp.episode(train=True) for _, _, rp in replays],
+                             n_steps, repeats)
+    return [(label, len(tf.tape), rp.launches(True), median)
+            for (label, tf, rp), (median, _) in zip(replays, times)]
 
 
 def main(argv=None):
@@ -166,15 +190,26 @@ def main(argv=None):
             ours, launches = bench_sample(path, backend, args.dtype, args.steps, args.repeats)
             row(str(path.relative_to(ROOT)), backend, ours, launches)
 
-    print(f"{'workload':<34} {'backend':<7} {'launches':>8} {'us/step':>10}  "
+    print(f"{'workload':<48} {'backend':<7} {'launches':>8} {'us/step':>10}  "
           f"{'reference':<17} {'ref us/step':>11} {'ratio':>6}")
     for r in rows:
         ref = f"{r['reference_us_per_step']:11.1f}" if r["reference"] else f"{'-':>11}"
         ratio = f"{r['ratio']:6.2f}" if r["ratio"] is not None else f"{'-':>6}"
-        print(f"{r['workload']:<34} {r['backend']:<7} {r['launches']:>8} "
+        print(f"{r['workload']:<48} {r['backend']:<7} {r['launches']:>8} "
               f"{r['us_per_step']:10.1f}  {r['reference'] or '-':<17} {ref} {ratio}")
+    lora = {}
+    for backend in backends:
+        lora[backend] = bench_lora_before_after(backend, args.dtype, args.steps, args.repeats)
+        (_, n0, l0, t0), (_, n1, l1, t1) = lora[backend]
+        print(f"lora_block per step on {backend} (forward + backward + Adam, interleaved): "
+              f"before {t0 * 1e6:.1f} us ({n0} nodes, {l0} launches), after {t1 * 1e6:.1f} us "
+              f"({n1} nodes, {l1} launches), after/before {t1 / t0:.2f}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"note": torch_note, "rows": rows}, indent=1))
+        Path(args.json_path).write_text(json.dumps(
+            {"note": torch_note, "rows": rows,
+             "lora_block": {b: [{"recording": label, "nodes": n, "launches": launches,
+                                 "us_per_step": t * 1e6} for label, n, launches, t in v]
+                            for b, v in lora.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,18 +19,21 @@
 #       1. installs the wheels into /tmp/site and builds PyCUDA from the sdist in place
 #          (bundled Boost.Python, g++, numpy's headers; about a minute with the compile
 #          spread over the cores);
-#       2. runs tests/test_device_cuda.py (must not skip), tests/test_device_host.py and
-#          tests/test_replay_cli.py (whose auto-backend test then runs on the GPU);
+#       2. runs tests/test_device_cuda.py and tests/test_fusion.py (must not skip),
+#          tests/test_device_host.py and tests/test_replay_cli.py (whose auto-backend test
+#          then runs on the GPU);
 #       3. runs `replay-gpu --backend cuda --check` on every sample with the graph, without
-#          it (--no-graph), with an Adam step (--train adam) and in float32;
-#       4. runs two samples under compute-sanitizer memcheck (when it is installed and a
-#          bare allocation runs under it: some runtimes refuse the tool);
-#       5. runs scripts/bench_ae.py and scripts/bench_replay.py (cuda and host next to
-#          PyTorch eager and CUDA graphs).
+#          it (--no-graph), with an Adam step (--train adam), in float32, and fused
+#          (--fuse --train adam, --fuse --dtype f32);
+#       4. runs two samples under compute-sanitizer memcheck, per-node and fused (when it
+#          is installed and a bare allocation runs under it: some runtimes refuse the tool);
+#       5. runs the f32 gate (python -m gradtool.device.gate: host and cuda, per-node and
+#          fused), scripts/bench_ae.py (with its host-fuse and cuda-fuse rows) and
+#          scripts/bench_replay.py (cuda and host next to PyTorch eager and CUDA graphs).
 #       Each stage has its own time limit, so a hang cannot eat the lease; the whole run is
-#       about 5 minutes.  Logs go to $OUT (or /tmp/gpu_check), at most 8 files: summary.txt,
+#       about 6 minutes.  Logs go to $OUT (or /tmp/gpu_check), at most 9 files: summary.txt,
 #       build.log, pytest.log, replay_check.log, sanitizer.log, bench.txt, bench_ae.json,
-#       bench_replay.json.  The summary comes last in the output.  Exit status: non-zero if
+#       bench_replay.json, gate.json.  The summary comes last in the output.  Exit status: non-zero if
 #       the build, a test or a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -244,11 +247,11 @@ run() {
         finish
     fi
 
-    # 2. tests: the CUDA file first (it must not skip here), then the host file and the CLI's
+    # 2. tests: the CUDA files first (they must not skip here), then the host file and the CLI's
     local ts=$SECONDS
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py \
-        tests/test_device_host.py tests/test_replay_cli.py > "$OUTDIR/pytest.log" 2>&1 \
-        || fail "pytest (log: pytest.log)"
+    timeout 270 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py \
+        tests/test_fusion.py tests/test_device_host.py tests/test_replay_cli.py \
+        > "$OUTDIR/pytest.log" 2>&1 || fail "pytest (log: pytest.log)"
     grep -E "passed|failed|error" "$OUTDIR/pytest.log" | tail -1
     grep -E "^(FAILED|ERROR)" "$OUTDIR/pytest.log" | head -20
     if grep -q "no CUDA backend here" "$OUTDIR/pytest.log"; then
@@ -256,14 +259,15 @@ run() {
     fi
     note "pytest: $(grep -E "passed|failed|error" "$OUTDIR/pytest.log" | tail -1) ($((SECONDS - ts)) s)"
 
-    # 3. replay-gpu --check on every sample, four ways
+    # 3. replay-gpu --check on every sample, six ways
     ts=$SECONDS
     : > "$OUTDIR/replay_check.log"
     local sample opts n_checks=0 n_failed=0
     for sample in samples/*.msgpack samples/lora_block/block.msgpack samples/autoencoder/ae.msgpack; do
-        for opts in "" "--no-graph" "--train adam" "--dtype f32"; do
+        for opts in "" "--no-graph" "--train adam" "--dtype f32" "--fuse --train adam" \
+                    "--fuse --dtype f32"; do
             n_checks=$((n_checks + 1))
-            if past 300; then
+            if past 330; then
                 n_failed=$((n_failed + 1))
                 fail "replay-gpu --check $sample $opts: skipped, out of time"
                 continue
@@ -284,7 +288,7 @@ run() {
     local sanitizer
     sanitizer="$(command -v compute-sanitizer || ls "$cuda_root"/bin/compute-sanitizer 2>/dev/null || true)"
     : > "$OUTDIR/sanitizer.log"
-    if past 330; then
+    if past 360; then
         note "compute-sanitizer: skipped, out of time"
     elif [ -z "$sanitizer" ]; then
         note "compute-sanitizer: not installed, skipped"
@@ -298,7 +302,7 @@ run() {
     else
         ts=$SECONDS
         for sample in samples/attention.msgpack samples/lora_block/block.msgpack; do
-            for opts in "--no-graph" ""; do
+            for opts in "--no-graph" "" "--fuse"; do
                 # shellcheck disable=SC2086
                 timeout 60 "$sanitizer" --tool memcheck --error-exitcode 3 python3 -c \
                     "from gradtool.cli import main; main()" replay-gpu "$sample" --backend cuda \
@@ -306,15 +310,20 @@ run() {
                     || fail "compute-sanitizer memcheck on $sample $opts (exit $?, log: sanitizer.log)"
             done
         done
-        note "compute-sanitizer memcheck: $(($(grep -c "ERROR SUMMARY: 0 errors" "$OUTDIR/sanitizer.log") - 1)) of 4 runs clean ($((SECONDS - ts)) s)"
+        note "compute-sanitizer memcheck: $(($(grep -c "ERROR SUMMARY: 0 errors" "$OUTDIR/sanitizer.log") - 1)) of 6 runs clean ($((SECONDS - ts)) s)"
     fi
 
-    # 5. the benchmarks (last, so their tables end the output)
-    if past 400; then
-        fail "benchmarks: skipped, out of time"
+    # 5. the f32 gate, then the benchmarks (last, so their tables end the output)
+    if past 440; then
+        fail "f32 gate and benchmarks: skipped, out of time"
         finish
     fi
     ts=$SECONDS
+    if timeout 60 python3 -m gradtool.device.gate --json > "$OUTDIR/gate.json" 2>&1; then
+        note "f32 gate: passed ($(python3 -c "import json,sys; rows=json.load(open(sys.argv[1])); print('; '.join('%s %s loss %.3g params %.3g' % (r['backend'], 'fused' if r['fuse'] else 'per-node', r['loss_gap'], r['param_gap']) for r in rows))" "$OUTDIR/gate.json"))"
+    else
+        fail "f32 gate (log: gate.json)"
+    fi
     timeout 90 python3 scripts/bench_ae.py --repeats 5 --json "$OUTDIR/bench_ae.json" \
         2>&1 | tee "$OUTDIR/bench.txt" || fail "bench_ae.py"
     timeout 90 python3 scripts/bench_replay.py --repeats 7 --steps 50 \

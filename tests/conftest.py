@@ -32,3 +32,11 @@ def require_c_compiler():
         native.compiler()
     except native.NativeUnavailable as exc:
         pytest.skip(str(exc))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say at the end of every run when the MPI tests skipped, and why (-q hides reasons)."""
+    reasons = {str(r.longrepr[2]) for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and "MPI tests skipped" in str(r.longrepr[2])}
+    for reason in sorted(reasons):
+        terminalreporter.write_line(reason.removeprefix("Skipped: "), yellow=True)

@@ -16,7 +16,6 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -24,8 +23,7 @@ import numpy as np
 from gradtool.ops import OPS
 from gradtool.tape import Tape
 from gradtool.tapefile import dumps
-
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT, SAMPLES
 
 
 def all_ops_tape():
@@ -47,10 +45,19 @@ def all_ops_tape():
     sl = tp.slice(sm, [0, 0, 0], [1, 2, 1])
     cc = tp.concat(sl, sl, axis=2)
     loss = tp.add(tp.sum(cc), tp.mean(r))
-    return tp, loss, {"bmm": bm, "softmax": sm}
+    # the ops of real models: axis reductions, |x|, maximum, log_softmax, gathers by ids,
+    # a broadcast batch
+    ids = tp.const(np.array([[1, 0], [1, 1]]), name="ids", dtype="i64")
+    emb = tp.take(tp.maximum(tp.abs(t), r), ids)                  # [2,2,3]
+    lsm = tp.log_softmax(tp.max(emb, axis=1, keepdims=True), axis=2)     # [2,1,3]
+    picked = tp.take_along(lsm, tp.const(np.array([[[1]], [[2]]]), dtype="i64"), axis=2)
+    bb = tp.bmm(bm, tp.reshape(tp.sum(emb, axis=0), [1, 2, 3]))  # [1,2,2] @ [1,2,3]
+    bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
+    extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
+    loss = tp.add(loss, tp.sum(extra))
+    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
 
 
-SAMPLES = ROOT / "samples"
 COMMANDS = (["inspect"], ["backward", "--json"], ["fd-check"])
 
 
@@ -120,6 +127,8 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "value on leaf", {**node, "value": data}
         yield "axis on leaf", {**node, "axis": 0}
         yield "s on leaf", {**node, "s": 2.0}
+        yield "dtype unknown", {**node, "dtype": "f32"}
+        yield "dtype int", {**node, "dtype": 8}
         yield "name empty", {**node, "name": ""}
         yield "name int", {**node, "name": 7}
         yield "name bin", {**node, "name": b"w"}
@@ -128,6 +137,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "l2 nan", {**node, "l2": float("nan")}
             yield "l2 inf", {**node, "l2": float("inf")}
             yield "l2 str", {**node, "l2": "1e-4"}
+            yield "dtype on param", {**node, "dtype": "i64"}
         else:
             yield "l2 on const", {**node, "l2": 0.0}
         earlier = [n.get("name") for n in doc["nodes"][:i] if isinstance(n, dict)]
@@ -138,6 +148,7 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "data on op", {**node, "data": bytes(8)}
         yield "name on op", {**node, "name": "z"}
         yield "l2 on op", {**node, "l2": 0.0}
+        yield "dtype on op", {**node, "dtype": "f64"}
         yield "a missing", {k: v for k, v in node.items() if k != "a"}
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}
@@ -150,13 +161,27 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "b on unary", {**node, "b": 0}
         else:
             yield "b missing", {k: v for k, v in node.items() if k != "b"}
-        if op in ("softmax", "concat"):
+        attrs = {at.name: at for at in OPS[op].attrs}
+        if "axis" in attrs:
             yield "axis too big", {**node, "axis": 99}
             yield "axis negative", {**node, "axis": -1}
-            yield "axis missing", {k: v for k, v in node.items() if k != "axis"}
             yield "axis float", {**node, "axis": 1.0}
+            if attrs["axis"].file_required:
+                yield "axis missing", {k: v for k, v in node.items() if k != "axis"}
         else:
             yield "axis stray", {**node, "axis": 0}
+        if "keepdims" in attrs:
+            yield "keepdims int", {**node, "keepdims": 1}
+            yield "keepdims str", {**node, "keepdims": "yes"}
+        else:
+            yield "keepdims stray", {**node, "keepdims": False}
+        ids = [k for k, n in enumerate(doc["nodes"][:i])
+               if isinstance(n, dict) and n.get("dtype") == "i64"]
+        if OPS[op].int_inputs:
+            yield "ids from a float node", {**node, "b": node["a"]}
+            yield "table from the ids", {**node, "a": node["b"]}
+        elif ids:
+            yield "ids read as floats", {**node, "a": ids[0]}
         if op == "slice":
             yield "starts short", {**node, "starts": node["starts"][:-1]}
             yield "stops past end", {**node, "stops": [d + 100 for d in node["stops"]]}
@@ -166,10 +191,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "starts stray", {**node, "starts": [0]}
 
 
-OPS_ARITY = {"param": 0, "const": 0, "add": 2, "sub": 2, "mul": 2, "div": 2, "neg": 1,
-             "adds": 1, "muls": 1, "relu": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "log": 1,
-             "sqrt": 1, "sum": 1, "mean": 1, "matmul": 2, "bmm": 2, "transpose": 1,
-             "reshape": 1, "softmax": 1, "slice": 1, "concat": 2}
+OPS_ARITY = {name: spec.arity for name, spec in OPS.items()}
 
 
 def nodes_to_mutate(name: str, doc: dict) -> list:
@@ -323,8 +345,8 @@ def assert_clean_reject(result, label, fname, node):
 # ── structure-aware mutations, for the fuzz test ───────────────────────────
 
 OP_NAMES = sorted(OPS)
-NODE_KEYS = ("op", "a", "b", "s", "shape", "data", "name", "l2", "axis", "starts", "stops",
-             "value")
+NODE_KEYS = ("op", "a", "b", "s", "shape", "data", "name", "l2", "dtype", "axis", "keepdims",
+             "starts", "stops", "value")
 TOP_KEYS = ("format", "version", "nodes", "loss", "outputs", "meta", "optimizer")
 
 
@@ -361,7 +383,7 @@ class Mutator:
             and self.rng.integers(2) else state
         if not isinstance(inside, dict) or not inside:
             return self.anywhere(doc)
-        key = self.pick(sorted(inside))
+        key = self.pick(list(inside))             # insertion order: deterministic
         how = self.pick(("value", "near", "retype", "drop", "anywhere"))
         value = inside[key]
         if how == "value":

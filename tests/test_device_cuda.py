@@ -157,10 +157,11 @@ def test_grid_stride_loops_on_a_tiny_grid(graph, monkeypatch):
 
 
 @needs_gpu
-@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("graph,fuse", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
-def test_training_episodes_bit_exact(kind, graph):
-    """30 fused episodes (one CUDA graph each with graph=True) against gradtool.optim."""
+def test_training_episodes_bit_exact(kind, graph, fuse):
+    """30 episodes (one CUDA graph each with graph=True; fused kernels with fuse=True)
+    against gradtool.optim."""
     from test_device_host import (assert_replay_trained_like_cpu, batches, mlp, run_cpu,
                                   with_params)
     tapes = [mlp(np.random.default_rng(7), unused=True) for _ in range(2)]
@@ -169,7 +170,7 @@ def test_training_episodes_bit_exact(kind, graph):
             for tp, *_ in tapes]
     cpu_losses = run_cpu(*tapes[0], opts[0], data)
     tp, x, y, loss = tapes[1]
-    rp = capture(tp, loss, "cuda", optimizer=opts[1], graph=graph)
+    rp = capture(tp, loss, "cuda", optimizer=opts[1], graph=graph, fuse=fuse)
     dev_losses = []
     for xb, yb in data:
         rp.set_input(x, xb)

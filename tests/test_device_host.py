@@ -25,9 +25,15 @@ from gradtool.train import make_engine
 
 
 def perturb_leaves(tp, rp, rng):
-    """New leaf values (same signs, so log/sqrt inputs stay positive) on both sides."""
+    """New leaf values (same signs, so log/sqrt inputs stay positive; new ids in range) on
+    both sides."""
     for i, node in enumerate(tp.nodes):
-        if node.a < 0:
+        if node.a < 0 and tp.holds_ids(i):
+            bound = min(b for _, b in tp.id_bounds(i))
+            new = rng.integers(0, bound, tp.values[i].shape)
+            tp.set_value(tp.var(i), new)
+            rp.set_input(i, new)
+        elif node.a < 0:
             new = tp.values[i] * rng.uniform(0.5, 1.5, tp.values[i].shape)
             tp.set_value(tp.var(i), new)
             rp.set_input(i, new)
@@ -59,7 +65,7 @@ def weighted_loss(tp, y, rng):
 
 # ── one op at a time ──────────────────────────────────────────────────────
 
-UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt"]
+UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs"]
 
 
 @pytest.mark.parametrize("shape", [(1,), (3, 4), (2, 3, 5)])
@@ -247,6 +253,18 @@ def test_special_values_propagate_like_the_tape(rng):
 
 # ── random graphs covering every op ───────────────────────────────────────
 
+def random_unary(tp, rng, x):
+    """A random unary op of x (inputs kept in the domain of log and sqrt)."""
+    op = rng.choice(UNARY + ["adds", "muls"])
+    if op in ("log", "sqrt"):
+        return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
+    if op == "exp":
+        return tp.exp(tp.tanh(x))
+    if op in ("adds", "muls"):
+        return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+    return getattr(tp, op)(x)
+
+
 def random_graph(rng, n_ops=14):
     """A random tape over every op; returns (tape, loss)."""
     tp = gt.Tape()
@@ -265,20 +283,15 @@ def random_graph(rng, n_ops=14):
 
     for shape in [(2, 3), (3,), (2, 1), (1, 3), (2, 3, 4)]:
         leaf(shape)
+    def ids(bound, shape):
+        return tp.const(rng.integers(0, bound, shape), dtype="i64")
+
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
-                           "softmax", "slice", "concat", "reduce"])
+                           "softmax", "slice", "concat", "reduce", "take", "take_along"])
         x = pick()
         if kind == "unary":
-            op = rng.choice(UNARY + ["adds", "muls"])
-            if op in ("log", "sqrt"):
-                y = getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-            elif op == "exp":
-                y = tp.exp(tp.tanh(x))
-            elif op in ("adds", "muls"):
-                y = getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
-            else:
-                y = getattr(tp, op)(x)
+            y = random_unary(tp, rng, x)
         elif kind == "binary":
             shape = list(x.shape)
             other_shape = [1 if rng.random() < 0.4 else d for d in shape]
@@ -286,23 +299,28 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
             y = getattr(tp, op)(a, b)
         elif kind == "matmul":
             x = pick(lambda s: len(s) == 2) or leaf((2, 3))
             y = x @ leaf((x.shape[1], int(rng.integers(1, 5))), const=False)
-        elif kind == "bmm":
+        elif kind == "bmm":               # sometimes a batch of 1 stretched on either side
             x = pick(lambda s: len(s) == 3) or leaf((2, 3, 4))
-            y = tp.bmm(x, leaf((x.shape[0], x.shape[2], int(rng.integers(1, 4))), const=False))
+            batch = [x.shape[0], 1, 3][int(rng.integers(3))] if x.shape[0] == 1 else \
+                [x.shape[0], 1][int(rng.integers(2))]
+            y = tp.bmm(x, leaf((batch, x.shape[2], int(rng.integers(1, 4))), const=False))
+            if rng.random() < 0.5:
+                y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
             y = tp.transpose(x)
         elif kind == "reshape":
             y = tp.reshape(x, [int(np.prod(x.shape))])
         elif kind == "softmax":
-            y = tp.softmax(x, axis=int(rng.integers(len(x.shape))))
+            op = rng.choice(["softmax", "log_softmax"])
+            y = getattr(tp, op)(x, axis=int(rng.integers(len(x.shape))))
         elif kind == "slice":
             starts = [int(rng.integers(d)) for d in x.shape]
             stops = [int(rng.integers(lo + 1, d + 1))
@@ -311,8 +329,18 @@ def random_graph(rng, n_ops=14):
         elif kind == "concat":
             axis = int(rng.integers(len(x.shape)))
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
+        elif kind == "take":
+            table = pick(lambda s: len(s) <= 2) or leaf((4, 3))
+            y = tp.take(table, ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3)))))
+        elif kind == "take_along":
+            axis = int(rng.integers(len(x.shape)))
+            shape = list(x.shape)
+            shape[axis] = int(rng.integers(1, 4))
+            y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
         else:
-            y = tp.sum(x) if rng.random() < 0.5 else tp.mean(x)
+            op = rng.choice(["sum", "mean", "max"])
+            axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
+            y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
         pool.append(y)
     picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]
     loss = weighted_loss(tp, picks[0], rng)
@@ -403,11 +431,12 @@ def run_cpu(tp, x, y, loss, opt, data):
 
 
 def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
-    """After training: the replay's params, step counters and moments, synced back into
-    ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
+    """After training: the replay's last gradients, params, step counters and moments,
+    synced back into ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
     rp.sync_params_to_tape(tp_dev)
     rp.sync_optimizer(opt_dev)
     for p in tp_cpu.params():
+        assert_bits_equal(rp.grad(p.id), tp_cpu.grad(p), f"grad {p.id}")
         assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
     assert (opt_dev.t, opt_dev.b1t, opt_dev.b2t) == (opt_cpu.t, opt_cpu.b1t, opt_cpu.b2t)
     for e_dev, e_cpu in zip(opt_dev.entries, opt_cpu.entries, strict=True):
@@ -416,12 +445,14 @@ def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
             assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
-@pytest.mark.parametrize("kind,clip,kernels", [("adam", 1.2, "tiled"), ("adam", 0.0, "tiled"),
-                                              ("sgd", 1.1, "tiled"),
-                                              ("adam", 1.2, "per-thread-reversed")])
-def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
+@pytest.mark.parametrize("kind,clip,kernels,fuse", [
+    ("adam", 1.2, "tiled", False), ("adam", 0.0, "tiled", False), ("sgd", 1.1, "tiled", False),
+    ("adam", 1.2, "per-thread-reversed", False),
+    ("adam", 1.2, "tiled", True), ("sgd", 1.1, "per-thread", True),
+    ("adam", 1.2, "per-thread-reversed", True)])
+def test_training_steps_bit_exact_with_optim(kind, clip, kernels, fuse):
     """50 steps: every loss and, at the end, every param and moment identical to the bit
-    (the optimizer kernels also run last thread first, as a GPU may)."""
+    (the optimizer kernels also run last thread first, as a GPU may; and fused)."""
     rng = np.random.default_rng(7)
     tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
     rng = np.random.default_rng(7)
@@ -431,7 +462,8 @@ def test_training_steps_bit_exact_with_optim(kind, clip, kernels):
             for tp in (tp_cpu, tp_dev)]
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
 
-    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels)
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1], host_kernels=kernels, fuse=fuse)
+    assert (rp.launches() < sum(rp.unfused_counts.values())) == fuse
     dev_losses, clipped = [], 0
     for xb, yb in data:
         rp.set_input(x_dev, xb)
@@ -604,9 +636,9 @@ def test_library_is_cached_and_lists_every_kernel():
         prog = capture_program(tp, loss.id, optimizer=with_params(Adam(0.1), tp, clip=1.0))
         used |= {ln.kernel for ph in prog.launches.values() for ln in ph}
     assert used <= set(names)
-    src = (CSRC / "kernels.cu").read_text()
-    for name in names:
-        assert f"GT_KERNEL {name}(" in src or f"({name}," in src
+    src = (CSRC / "kernels.cu").read_text() + (CSRC / "gt_ops.h").read_text()
+    for name in names:      # hand-written, or an instance of a family (gt_ops.h's lists)
+        assert f"GT_KERNEL {name}(" in src or f"X({name}," in src
 
 
 def test_ulp_distance():

@@ -5,7 +5,10 @@ path, so there is one builder).  Proofs: central finite differences on every
 adapter, the PEFT identity at B = 0 bit for bit, an independent float64
 PyTorch oracle, 60 Adam steps through `gradtool train` that fit the
 sequence, byte-for-byte reproducible files, and the device engine's host
-backend giving the CPU bits.
+backend giving the CPU bits.  The block's first recording (one-hot
+embedding, ones-matmul RMSNorm, slice/concat GQA, log(softmax); kept as
+samples/lora_block/legacy/block_onehot.msgpack) still loads and computes the
+same loss.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ SAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
                           "samples", "lora_block")
 TAPE_PATH = os.path.join(SAMPLE_DIR, "block.msgpack")
 DATA_PATH = os.path.join(SAMPLE_DIR, "tokens.npz")
+LEGACY_PATH = os.path.join(SAMPLE_DIR, "legacy", "block_onehot.msgpack")
 
 
 def _load_script():
@@ -72,6 +76,34 @@ def test_only_lora_pairs_are_parameters(rb):
         assert_bits_equal(tp.value(b), np.zeros(b.shape), "B starts at +0.0")
     assert [tp.nodes[c.id].name for c in tp.input_slots()] == ["tokens", "targets"]
     assert tp.value(block.logits).shape == (rb.SEQ, rb.VOCAB)
+
+
+def test_the_block_uses_the_ops_for_models(rb):
+    from collections import Counter
+    ops = Counter(n.op for n in rb.build().tape.nodes)
+    assert ops["take"] == 1 and ops["take_along"] == 1 and ops["log_softmax"] == 1
+    assert ops["mean"] == 4                  # three RMSNorm axis means, the loss
+    assert ops["bmm"] == 2 and ops["concat"] == 2 and ops["slice"] == 4   # GQA copies nothing
+    assert "log" not in ops and "softmax" in ops     # softmax over keys; no log(softmax)
+    assert sum(ops.values()) == 139
+
+
+def test_the_first_recording_still_loads_and_gives_the_same_loss(rb):
+    """The one-hot recording, written before integer ids and axis reductions existed,
+    loads unchanged; at B = 0 its loss has the same bits as the new block's (the RMSNorm
+    row mean by ones-matmul and by axis mean round alike; the two cross-entropies agree
+    here), and its adapter gradients agree to rounding."""
+    from gradtool.tapefile import load
+    old, block = load(LEGACY_PATH), rb.build()
+    assert len(old.tape) == 155 and not any(old.tape.holds_ids(i) for i in range(155))
+    assert_bits_equal(old.tape.value(old.loss), block.tape.value(block.loss), "loss")
+    old.tape.backward(old.loss)
+    block.tape.backward(block.loss)
+    for p in block.tape.params():
+        name = block.tape.nodes[p.id].name
+        ours, theirs = np.array(block.tape.grad(p)), np.array(old.tape.grad(old.tape.var(name)))
+        assert np.max(np.abs(ours - theirs)) <= 1e-13 * np.max(np.abs(theirs)) or \
+            not np.any(theirs), name
 
 
 def test_rope_tables_are_correctly_rounded(rb):

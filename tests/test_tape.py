@@ -75,7 +75,7 @@ def test_poison_without_raise_makes_later_ops_noops():
     with pytest.raises(gt.GradtoolError):
         tp.backward(later)
     with pytest.raises(gt.GradtoolError):
-        tp.backward(gt.GVar(tp, 0))
+        tp.backward(tp.var(0))
 
 
 def test_bad_arguments(rng):
@@ -185,3 +185,26 @@ def test_attention_block_records(rng):
     assert tp.grad(wq).shape == (2, 6, 6)
     report = gt.fd_check(tp, loss, rtol=1e-6, atol=1e-8)
     assert report.passed
+
+
+def test_reach_is_what_backward_touches_and_requires_wrt_narrows_it(rng):
+    from gradtool.tape import reach, requires_wrt
+    tp = gt.Tape()
+    w = tp.param(rng.normal(size=3), name="w")
+    u = tp.param(rng.normal(size=3), name="u")
+    unused = tp.param(rng.normal(size=3), name="unused")
+    c = tp.const(rng.normal(size=3), name="c")
+    branch_u = tp.exp(tp.mul(u, u))
+    const_only = tp.sqrt(tp.mul(c, c))
+    loss = tp.sum(tp.add(tp.mul(tp.tanh(tp.mul(w, c)), const_only), branch_u))
+    tp.backward(loss)
+    touched = [tp.touched(tp.var(i)) for i in range(len(tp.nodes))]
+    assert reach(tp, loss.id) == touched
+    assert requires_wrt(tp, [v.id for v in tp.params()]) == tp.requires
+    only_w = requires_wrt(tp, [w.id])
+    assert not only_w[u.id] and not only_w[branch_u.id] and not only_w[unused.id]
+    assert only_w[loss.id] and not only_w[const_only.id]
+    narrowed = reach(tp, loss.id, only_w)
+    assert narrowed[w.id] and not narrowed[u.id] and not narrowed[branch_u.id]
+    assert [a and b for a, b in zip(touched, only_w)] == [
+        n and r for n, r in zip(narrowed, only_w)]

@@ -10,24 +10,10 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-from click.testing import CliRunner
+from support import DIGITS, DIGITS_DATA, assert_one_line_error, run
 
-from gradtool.cli import main
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-DIGITS = SAMPLES / "digits_mlp.msgpack"
-DIGITS_DATA = SAMPLES / "digits.npz"
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_line(result, status=2) -> str:
-    assert result.exit_code == status, (result.exit_code, result.output)
-    lines = result.stderr.splitlines()
-    assert lines and "Traceback" not in result.stderr, result.stderr
-    return lines[-1]
+def one_line(result) -> str:
+    return assert_one_line_error(result, 2)
 
 
 def with_meta_val(tmp_path, val) -> Path:
@@ -99,7 +85,7 @@ def test_unrelated_arrays_in_data_are_ignored_even_object_arrays(tmp_path):
 def test_training_data_must_fit_the_memory_budget(tmp_path):
     line = one_line(run("--max-memory", "500K", "train", DIGITS, "--data", DIGITS_DATA))
     assert line == (f"gradtool: {DIGITS_DATA}: the input slots' arrays (x [1477,64], "
-                    f"y [1477,10]) take 853.9 KiB as float64, over the memory limit of "
+                    f"y [1477,10]) take 853.9 KiB as float64 or int64, over the memory limit of "
                     f"500.0 KiB (gradtool --max-memory SIZE raises it)")
     assert run("--max-memory", "2M", "train", DIGITS, "--data", DIGITS_DATA,
                "--steps", "1").exit_code == 0

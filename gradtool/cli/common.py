@@ -181,6 +181,9 @@ class GradtoolGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:
             # click prints Usage/Try/Error on four lines; keep the one-line rule
+            from ..train_distributed import launcher_rank
+            if launcher_rank():
+                sys.exit(EXIT_BAD_INPUT)      # under mpiexec: rank 0 says it, once
             sub = exc.ctx is not None and exc.ctx.parent is not None
             where = f"{exc.ctx.info_name}: " if sub else ""
             fail(one_line(where + exc.format_message()), EXIT_BAD_INPUT)

@@ -13,7 +13,7 @@ import math
 import click
 
 from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, check_step,
-                             time_episodes)
+                             fusion_plan, time_episodes)
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
 from .common import CheckFailed, load_tape, memory_budget
@@ -59,8 +59,15 @@ def _json_num(x):
               help="First compare the loss and every param gradient (and with --train one "
                    "optimizer step) with the CPU tape: f64 bit for bit, f32 within the bound. "
                    "Exit 1 on a mismatch.")
+@click.option("--fuse", is_flag=True,
+              help="Run the episode as the few fused kernels generated for this tape "
+                   "(compiled once per tape, cached; identical bits).")
+@click.option("--plan", is_flag=True,
+              help="Print the fusion plan (which nodes go into which fused kernel) and exit; "
+                   "nothing is compiled or run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, as_json):
+def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, fuse, plan,
+               as_json):
     """Replay TAPE's episode (forward, backward[, optimizer]) on a device and time it."""
     if lr is not None and not train:
         raise GradtoolError("--lr needs --train adam|sgd")
@@ -73,8 +80,21 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
             opt.add(tp, p)
         if check:
             cpu_opt = optimizer_from_state(tp, opt.state_dict())
+    if plan:
+        try:
+            program = fusion_plan(tp, loss_id, dtype, optimizer=opt)
+        except GradtoolError as exc:
+            raise GradtoolError(f"{tf.source}: {exc}") from None
+        if as_json:
+            click.echo(json.dumps({"file": tf.source, "train": train,
+                                   **program.fusion.to_json(program)}))
+        else:
+            click.echo(f"{tf.source}: {len(tp.nodes)} nodes" +
+                       (f", with the {train} step" if train else ", no optimizer (--train adds it)"))
+            click.echo("\n".join(program.fusion.describe(program)))
+        return
     try:
-        replay = capture(tp, loss_id, backend, dtype, optimizer=opt, graph=graph,
+        replay = capture(tp, loss_id, backend, dtype, optimizer=opt, graph=graph, fuse=fuse,
                          max_bytes=memory_budget())
     except GradtoolError as exc:
         raise GradtoolError(f"{tf.source}: {exc}") from None
@@ -87,15 +107,25 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
     timing = time_episodes(replay, episodes, warmup, bool(train))
 
     prog = replay.program
+    unfused = replay.unfused_counts
+    build = replay.dev.fusion_build
     report = {
         "file": tf.source, "backend": replay.backend, "backend_reason": replay.backend_reason,
         "device": replay.dev.describe(), "dtype": dtype,
         "graph": (graph if replay.backend == "cuda" else None),
         "train": train, "lr": (opt.lr if opt else None), "nodes": len(tp.nodes),
+        "fuse": fuse,
         "launches": {"forward": len(prog.launches["forward"]),
                      "backward": len(prog.launches["backward"]),
                      "optimizer": len(prog.launches["optimizer"]) if train else 0,
                      "episode": replay.launches(bool(train))},
+        "launches_unfused": {"forward": unfused["forward"], "backward": unfused["backward"],
+                             "optimizer": unfused["optimizer"] if train else 0,
+                             "episode": unfused["forward"] + unfused["backward"] +
+                             (unfused["optimizer"] if train else 0)},
+        "fused_kernels": len(prog.fusion.kernels) if prog.fusion else 0,
+        "compile_seconds": build["seconds"] if build else None,
+        "compile_cached": build["cached"] if build else None,
         "device_bytes": replay.nbytes, **{k: _json_num(v) for k, v in timing.items()},
         "check": None,
     }
@@ -124,6 +154,13 @@ def _text(r: dict) -> list:
     lines.append(f"  {r['nodes']} nodes; {la['episode']} launches per episode (forward "
                  f"{la['forward']}, backward {la['backward']}, optimizer {la['optimizer']}); "
                  f"device memory {r['device_bytes']:,} bytes")
+    if r["fuse"]:
+        cached = {True: "from the cache", False: "compiled", None: "compiled or cached"}
+        how = ("nothing fused" if not r["fused_kernels"] else
+               f"{r['fused_kernels']} fused kernels, {cached[r['compile_cached']]} in "
+               f"{r['compile_seconds']:.2f} s")
+        lines.append(f"  fused: {la['episode']} launches per episode instead of "
+                     f"{r['launches_unfused']['episode']} ({how})")
     what = f"forward + backward + {r['train']} step (lr {r['lr']:g})" if r["train"] else \
         "forward + backward"
     lines.append(f"  episode ({what}): median {_seconds(r['median'])}, p10 "

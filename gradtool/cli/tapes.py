@@ -22,9 +22,11 @@ from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import member_name_problem, write_npz
-from ..ops import format_shape
+from ..ops import INT_DTYPE, format_shape
 from ..tapefile import TapeFile
-from .common import CheckFailed, load_tape, output_file_not_stdout, without_gc_pauses
+from ..train_data import gradient_sum, input_slots, load_dataset
+from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
+                     without_gc_pauses)
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -82,9 +84,10 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
         click.echo("\n".join(_inspect_lines(tf)))
 
 
-def _node_entry(i: int, n, shape) -> dict:
+def _node_entry(tape, i: int) -> dict:
     """One node as `inspect --json` lists it."""
-    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(shape)}
+    n = tape.nodes[i]
+    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
     if n.op in ("adds", "muls"):
         entry["s"] = n.s
     if n.aux and n.op != "reshape":
@@ -93,12 +96,15 @@ def _node_entry(i: int, n, shape) -> dict:
         entry["name"] = n.name
     if n.op == "param":
         entry["l2"] = n.l2
+    if tape.holds_ids(i):
+        entry["dtype"] = INT_DTYPE
     return entry
 
 
 def _plain_node(n) -> bool:
-    """Whether :func:`_node_entry` has nothing beyond id, op, inputs and shape."""
-    return not (n.name or n.aux or n.op in ("adds", "muls", "param"))
+    """Whether :func:`_node_entry` has nothing beyond id, op, inputs and shape (an op
+    without attributes: a leaf is named, a param has l2, an ids const a dtype)."""
+    return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
 
 
 def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
@@ -115,7 +121,8 @@ def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
         "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
                     "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
                    for p in tape.params()],
-        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape)}
+        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
+                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
                    for c in tape.input_slots()],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
@@ -124,8 +131,7 @@ def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
         "meta": _json_safe(tf.meta),
     }
     if nodes:
-        summary["nodes"] = [_node_entry(i, n, v.shape)
-                            for i, (n, v) in enumerate(zip(tape.nodes, tape.values))]
+        summary["nodes"] = [_node_entry(tape, i) for i in range(len(tape.nodes))]
     return summary
 
 
@@ -155,14 +161,14 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]), p["elements"], repr(p["l2"])]
                      for p in s["params"]], ["id", "name", "shape", "elements", "l2"])
     lines.append(f"inputs (named consts, {len(s['inputs'])}):")
-    lines += _table([[c["id"], c["name"], format_shape(c["shape"])] for c in s["inputs"]],
-                    ["id", "name", "shape"])
+    lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["dtype"]]
+                     for c in s["inputs"]], ["id", "name", "shape", "dtype"])
     lines.append(f"outputs ({len(s['outputs'])}):")
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
     lines += _table([[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
-                      "" if _plain_node(n) else _detail(_node_entry(i, n, v.shape))]
+                      "" if _plain_node(n) else _detail(_node_entry(tf.tape, i))]
                      for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))],
                     ["id", "op", "inputs", "shape", "detail"])
     return lines
@@ -184,7 +190,7 @@ def _detail(n: dict) -> str:
         parts.append(repr(n["name"]))
     if n.get("l2"):
         parts.append(f"l2={n['l2']!r}")
-    for key in ("s", "axis", "starts", "stops"):
+    for key in ("s", "dtype", "axis", "keepdims", "starts", "stops"):
         if key in n:
             parts.append(f"{key}={n[key]!r}")
     return " ".join(parts)
@@ -251,29 +257,45 @@ def to_dot(tf: TapeFile) -> str:
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "
                    "replay; exit 1 naming the first node that differs.")
+@click.option("--data", "data_path", metavar="DATA.npz",
+              help="Sum over a dataset instead: one array per input slot (as for train); "
+                   "replay each batch in order and add its loss and gradients into running "
+                   "sums starting at 0.0 (the order of one swarm_g_add per example).")
 @without_gc_pauses
-def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool) -> None:
+def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
+             data_path: str) -> None:
     """Replay the forward pass from the leaves, run backward, print the loss and every
-    parameter's gradient."""
+    parameter's gradient (with --data: their sums over the dataset's examples)."""
     tf = load_tape(tape)
     verified = verify_recorded(tf) if verify else None
     t = tf.tape
-    t.zero_grad()
-    t.backward(tf.loss)
-    loss = float(t.values[tf.loss.id].reshape(-1)[0])
-    grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
+    summed = None
+    if data_path is not None:
+        slots = input_slots(t)
+        summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
+                              slots)
+        loss = summed.loss
+        grads = [(p.id, t.nodes[p.id].name, summed.grads[p.id]) for p in t.params()]
+    else:
+        t.zero_grad()
+        t.backward(tf.loss)
+        loss = float(t.values[tf.loss.id].reshape(-1)[0])
+        grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
         write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
-        _emit_json({"loss": num(loss),
+        counts = {} if summed is None else {"batches": summed.batches,
+                                            "examples": summed.examples}
+        _emit_json({"loss": num(loss), **counts,
                     "params": [{"id": i, "name": name, "shape": list(g.shape),
                                 "grad": [num(x) for x in g.reshape(-1).tolist()]}
                                for i, name, g in grads]})
         return
     exact = float.hex if as_hex else repr
     show = float.hex if as_hex else (lambda x: f"{x:.6g}")
-    lines = [f"loss = {exact(loss)}  (node {tf.loss.id}, {t.nodes[tf.loss.id].op})"]
+    what = "loss" if summed is None else f"sum of {summed.batches} batch losses"
+    lines = [f"{what} = {exact(loss)}  (node {tf.loss.id}, {t.nodes[tf.loss.id].op})"]
     if verified is not None:
         lines.append(f"verify: {verified} recorded values match the replay bit for bit")
     rows = []

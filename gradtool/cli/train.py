@@ -10,9 +10,12 @@ import time
 
 import click
 
+from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
-from .common import (EXIT_CHECK_FAILED, fail, load_tape, memory_budget, output_file,
-                     silence_stdout)
+from ..train_distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
+                                 error_line, mpi_world, start, supervise)
+from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
+                     output_file, silence_stdout)
 
 
 def _json_safe(x):
@@ -128,35 +131,68 @@ class Console(Reporter):
               help="Print a JSON summary as the last line of stdout.")
 @click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
               show_default=True, help="Engine that runs the steps.")
+@click.option("--fuse", is_flag=True,
+              help="host/cuda/auto: run each step as the few fused kernels generated for this "
+                   "tape (identical bits; compiled once per tape). Not implied by auto.")
 @click.option("--plot", metavar="LOSS.png", callback=output_file,
               help="Plot the loss curve (needs matplotlib).")
+@click.option("--shards", type=click.IntRange(min=1), metavar="S",
+              help="Cut each step's minibatch into S shards of the tape's rows (minibatch = "
+                   "S x rows); under mpiexec the ranks share them (default: meta, else 1).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_TIMEOUT, show_default=True, metavar="SEC",
+              help="Under MPI: how long a rank waits for another before ending the job.")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
-          accuracy, save, every, log, as_json, backend, plot):
+          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
 
     The tape's named consts are the input slots; the batch size is their
     leading dim.  Defaults come from the tape's meta["train"]; a file written
     by --save continues where it stopped (docs/training.md).  Ctrl-C stops
     at a step boundary and saves; a non-finite loss stops with exit 1.
+    Under mpiexec, the ranks train one model on shared shards, with the same
+    bits as one process (docs/training.md, "Data-parallel training").
     """
     from ..train import plot_losses, require_plotting
 
-    if plot:
-        require_plotting()
-    tf = load_tape(tape)
+    supervise()                       # under an MPI launcher the work runs in a child
+    try:
+        world = mpi_world(timeout)
+    except StartRefused as exc:
+        if exc.quiet:
+            sys.exit(exc.status)      # rank 0 says it
+        raise
+    root = world.rank == 0
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           plot=plot, max_memory=memory_budget())
-    reporters = [Console()]
-    trainer = Trainer(tf, data, options, reporters)
-    if log:
+                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget())
+
+    def build():
+        if plot and root:
+            require_plotting()
+        if tape == "-" and world.size > 1:
+            raise DistributedError("TAPE '-' (standard input) reaches rank 0 only under MPI; "
+                                   "give every rank a file")
+        return Trainer(load_tape(tape), data, options, [Console()] if root else [], world=world)
+
+    try:
+        trainer = start(world, build)     # one process: build(); MPI: all ranks, checked
+    except StartRefused as exc:
+        if exc.quiet:
+            sys.exit(exc.status)
+        raise
+    if log and root:
         trainer.reporters.append(JsonlLog(log))
     trainer.describe()
     with StopFlag() as stop:
-        result = trainer.run(stop, keep_history=bool(plot))
+        result = _run(trainer, world, stop, keep_history=bool(plot))
+    if not root:
+        world.finish()
+        return
     if plot:
         plot_losses(plot, result)
+    world.finish()
     if as_json:
         click.echo(json.dumps({k: _json_safe(v) for k, v in result.summary().items()}))
     pos = result.position
@@ -177,6 +213,19 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
         fail(f"{how} after {where}{saved}", 128 + signum)
     if result.stopped == "steps":
         click.echo(f"gradtool: stopped after {result.steps} steps, at {where}{saved}", err=True)
+
+
+def _run(trainer, world, stop, keep_history):
+    """trainer.run; under MPI an error names this rank and ends the job (an exit without
+    MPI_Finalize makes the launcher stop the other ranks, which may be waiting)."""
+    if world.size == 1:
+        return trainer.run(stop, keep_history=keep_history)
+    try:
+        return trainer.run(stop, keep_history=keep_history)
+    except RankFailure as exc:
+        fail(f"rank {world.rank}: {error_line(exc)}", EXIT_CHECK_FAILED)
+    except (GradtoolError, OSError, MemoryError) as exc:
+        fail(f"rank {world.rank}: {error_line(exc)}", EXIT_BAD_INPUT)
 
 
 commands = [train]

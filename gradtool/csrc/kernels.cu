@@ -36,92 +36,55 @@
  * the GPU runs instead, so the tests run that exact code on the host too.
  */
 
-#ifdef __CUDACC__
-#  define GT_KERNEL extern "C" __global__ void
-#  define GT_DEV static __device__ __forceinline__
-#  define GT_RESTRICT __restrict__
-#  define GT_LOOP(i, n)                                                        \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
-         i < (long long)(n); i += (long long)blockDim.x * gridDim.x)
-#else
-#  include "host_prelude.h"
-#endif
+#include "gt_real.h"     /* launch macros, gt_real and its R_* operations */
+#include "gt_bodies.h"   /* one thread index's work, shared with the fused kernels */
 
-#include "gt_math.h"
+/* the canonical quiet NaN of the element type */
+#define R_NAN ((gt_real)gtm_nan())
 
-/* Which loop bodies: one thread per output (the GPU's; on the host with
- * -DGT_PER_THREAD), or the host's reordered-but-equivalent loops. */
-#if defined(__CUDACC__) || defined(GT_PER_THREAD)
-#  define GT_THREAD_BODIES 1
-#endif
+/* An integer id stored in the arena (program.py keeps ids, and take's index,
+ * as exact gt_real values): its value when it lies in [0, bound), else -1.
+ * Every id was checked on the host before it got here; the test guards the
+ * memory access anyway (a NaN, an infinity or a huge value never reaches the
+ * conversion to an integer). */
+GT_DEV long long gt_id(gt_real v, long long bound)
+{
+    return (v >= R0 && v < (gt_real)bound) ? (long long)v : -1;
+}
 
-/* The deepest (collapsed) index space a kernel walks; program.py checks it. */
-#define GT_MAXD 8
+/* numerics.first_max over the row a[base + l*inner], l = 0..L-1: the index of
+ * the first NaN, else of the first of the largest values (a tie, +0.0 against
+ * -0.0 included, keeps the earlier one). */
+GT_DEV long long gt_first_max(const gt_real *a, long long base, long long L, long long inner)
+{
+    gt_real m = a[base];
+    long long idx = 0;
+    for (long long l = 1; l < L; ++l) {
+        const gt_real x = a[base + l * inner];
+        if (m == m && (x > m || x != x)) { m = x; idx = l; }
+    }
+    return idx;
+}
 
-/* ---- the element type and its correctly rounded operations ------------- */
-#ifdef GT_REAL_F32
-typedef float gt_real;
-#  ifdef __CUDACC__
-#    define R_ADD(a, b) __fadd_rn((a), (b))
-#    define R_SUB(a, b) __fsub_rn((a), (b))
-#    define R_MUL(a, b) __fmul_rn((a), (b))
-#    define R_DIV(a, b) __fdiv_rn((a), (b))
-#    define R_SQRT(a) __fsqrt_rn((a))
-#  else
-#    define R_ADD(a, b) ((a) + (b))
-#    define R_SUB(a, b) ((a) - (b))
-#    define R_MUL(a, b) ((a) * (b))
-#    define R_DIV(a, b) ((a) / (b))
-#    define R_SQRT(a) sqrtf((a))
-#  endif
-/* float32 transcendentals: the float64 fdlibm result rounded to float */
-#  define R_EXP(x) ((gt_real)gt_exp((double)(x)))
-#  define R_LOG(x) ((gt_real)gt_log((double)(x)))
-#  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
-#else
-typedef double gt_real;
-#  define R_ADD(a, b) GT_ADD((a), (b))
-#  define R_SUB(a, b) GT_SUB((a), (b))
-#  define R_MUL(a, b) GT_MUL((a), (b))
-#  define R_DIV(a, b) GT_DIV((a), (b))
-#  define R_SQRT(a) GT_SQRT((a))
-#  define R_EXP(x) gt_exp((x))
-#  define R_LOG(x) gt_log((x))
-#  define R_TANH(x) gt_tanh((x))
-#endif
-
-/* literals of the element type (a double literal would promote float math) */
-#define R0 ((gt_real)0)
-#define R1 ((gt_real)1)
-#define R2 ((gt_real)2)
-
-/* a float64 scalar stored in the metadata as its bit pattern */
-#define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
 
 /* ========================================================================
  * Data movement and fills
  * ====================================================================== */
 
-/* W[dst + i] = value.  M: [n, dst, value_bits] */
+/* dst[i] = value */
 GT_KERNEL k_fill(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT dst = W + M[1];
-    const gt_real v = GT_S(M[2]);
-    GT_LOOP(i, M[0]) { dst[i] = v; }
+    GT_ARGS_k_fill
+    GT_LOOP(i, M[0]) GT_BODY_k_fill(i)
 }
 
 /* Strided copy or accumulate over an nd-dim index space, row-major:
  *   dst[sum c*sd] = src[sum c*ss]           (acc == 0)
  *   dst[...] = dst[...] + src[...]          (acc == 1, one rounding each)
- * M: [n, dst, src, acc, nd, dims[nd], sd[nd], ss[nd]]
  * Used by reshape, transpose, slice (forward), concat (both ways). */
 GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT dst = W + M[1];
-    const gt_real *GT_RESTRICT src = W + M[2];
-    const int acc = (int)M[3];
-    const int nd = (int)M[4];
-    const long long *dims = M + 5, *sd = dims + nd, *ss = sd + nd;
+    GT_ARGS_k_copy_nd
 #ifdef GT_THREAD_BODIES
     GT_LOOP(i, M[0]) {
         long long rem = i, od = 0, os = 0;
@@ -157,16 +120,26 @@ GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
 #endif
 }
 
+/* dst[i] = src[i] rounded to gt_real, where src is a float64 staging area of
+ * the arena (8-byte aligned): every upload of the float32 build converts on
+ * the device, not element by element on the host (gradtool/device/host.py
+ * and cuda.py).  The cast rounds to nearest, ties to even, like numpy's
+ * astype(float32); in the float64 build it is a copy. */
+GT_KERNEL k_from_f64(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_from_f64
+    const double *GT_RESTRICT s64 = (const double *)(const void *)src;
+    GT_LOOP(i, M[0]) { dst[i] = (gt_real)s64[i]; }
+}
+
 /* slice backward: ga = ga + scattered, where scattered is g inside the
  * region and +0.0 outside it (ops._slice_b scatters into np.zeros and the
- * tape adds the whole array), for every element of the input.
- * M: [n, ga, g, nd, dims[nd] (input dims), starts[nd], stops[nd], gst[nd]] */
+ * tape adds the whole array), for every element of the input (dims: the
+ * input's; gst: g's strides). */
 GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT ga = W + M[1];
-    const gt_real *GT_RESTRICT g = W + M[2];
-    const int nd = (int)M[3];
-    const long long *dims = M + 4, *lo = dims + nd, *hi = lo + nd, *gst = hi + nd;
+    GT_ARGS_k_slice_bwd
+    const long long *lo = starts, *hi = stops;
     GT_LOOP(i, M[0]) {
         long long rem = i, pg = 0;
         int inside = 1;
@@ -184,97 +157,50 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
  * Elementwise unary ops: forward out[i] = f(a[i]), backward ga[i] += c(i)
  * ====================================================================== */
 
-/* M: [n, out, a, s_bits]   (x = a[i], s = the node's scalar operand) */
+/* out[i] = EXPR of xv = a[i] and s (the node's scalar operand) */
 #define GT_UNARY_FWD(name, EXPR)                                               \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT out = W + M[1];                                   \
-        const gt_real *GT_RESTRICT a = W + M[2];                               \
-        const gt_real s = GT_S(M[3]);                                          \
-        (void)s;                                                               \
-        GT_LOOP(i, M[0]) { const gt_real x = a[i]; out[i] = (EXPR); }          \
+        GT_ARGS_UNARY_FWD                                                      \
+        GT_LOOP(i, M[0]) GT_BODY_UNARY_FWD(i, EXPR)                            \
     }
 
-GT_UNARY_FWD(k_neg, -x)
-GT_UNARY_FWD(k_adds, R_ADD(x, s))
-GT_UNARY_FWD(k_muls, R_MUL(x, s))
-GT_UNARY_FWD(k_relu, (x <= R0) ? R0 : x)                     /* NaN passes, -0 -> +0 */
-GT_UNARY_FWD(k_sigmoid, R_DIV(R1, R_ADD(R1, R_EXP(-x))))     /* 1/(1+exp(-x)) */
-GT_UNARY_FWD(k_tanh, R_TANH(x))
-GT_UNARY_FWD(k_exp, R_EXP(x))
-GT_UNARY_FWD(k_log, R_LOG(x))
-GT_UNARY_FWD(k_sqrt, R_SQRT(x))
-
-/* ga[i] = ga[i] + c, with gi = g[i], x = a[i] (input), y = t[i] (output).
- * M: [n, ga, g, a, t, s_bits] */
+/* ga[i] = ga[i] + EXPR of gv = g[i], xv = a[i] (input), tv = t[i] (output), s */
 #define GT_UNARY_BWD(name, EXPR)                                               \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        gt_real *GT_RESTRICT ga = W + M[1];                                    \
-        const gt_real *GT_RESTRICT g = W + M[2];                               \
-        const gt_real *GT_RESTRICT a = W + M[3];                               \
-        const gt_real *GT_RESTRICT t = W + M[4];                               \
-        const gt_real s = GT_S(M[5]);                                          \
-        (void)a; (void)t; (void)s;                                             \
-        GT_LOOP(i, M[0]) {                                                     \
-            const gt_real gi = g[i], x = a[i], y = t[i];                       \
-            (void)x; (void)y;                                                  \
-            ga[i] = R_ADD(ga[i], (EXPR));                                      \
-        }                                                                      \
+        GT_ARGS_UNARY_BWD                                                      \
+        GT_LOOP(i, M[0]) GT_BODY_UNARY_BWD(i, EXPR)                            \
     }
 
-GT_UNARY_BWD(k_bwd_id, gi)                                       /* adds, reshape */
-GT_UNARY_BWD(k_bwd_neg, -gi)
-GT_UNARY_BWD(k_bwd_muls, R_MUL(gi, s))
-GT_UNARY_BWD(k_bwd_relu, (x > R0) ? gi : R0)
-GT_UNARY_BWD(k_bwd_sigmoid, R_MUL(R_MUL(gi, y), R_SUB(R1, y)))  /* (g*t)*(1-t) */
-GT_UNARY_BWD(k_bwd_tanh, R_MUL(gi, R_SUB(R1, R_MUL(y, y))))      /* g*(1-t*t) */
-GT_UNARY_BWD(k_bwd_exp, R_MUL(gi, y))                            /* g*t */
-GT_UNARY_BWD(k_bwd_log, R_DIV(gi, x))                            /* g/a */
-GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
+/* one kernel per op and direction, the expressions from the op table (gt_ops.h) */
+GT_UNARY_FWD_OPS(GT_UNARY_FWD)
+GT_UNARY_BWD_OPS(GT_UNARY_BWD)
 
 /* ========================================================================
- * Broadcasting binary ops, forward: out[i] = f(a[.], b[.])
- * M: [n, out, a, b, nd, dims[nd], sa[nd], sb[nd]]; out is contiguous over
- * the (collapsed) dims, sa/sb are the inputs' strides (0 where broadcast).
+ * Broadcasting binary ops, forward: out[i] = EXPR of xv = a[.], yv = b[.]
+ * out is contiguous over the (collapsed) dims, sa/sb are the inputs'
+ * strides (0 where broadcast).
  * ====================================================================== */
-/* the metadata block, decoded the same way by both bodies below */
-#define GT_BINARY_ARGS                                                         \
-    gt_real *GT_RESTRICT out = W + M[1];                                       \
-    const gt_real *GT_RESTRICT a = W + M[2];                                   \
-    const gt_real *GT_RESTRICT b = W + M[3];                                   \
-    const int nd = (int)M[4];                                                  \
-    const long long *dims = M + 5, *sa = dims + nd, *sb = sa + nd;
-
 #ifdef GT_THREAD_BODIES
 #define GT_BINARY_FWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        GT_BINARY_ARGS                                                         \
-        GT_LOOP(i, M[0]) {                                                     \
-            long long rem = i, oa = 0, ob = 0;                                 \
-            for (int d = nd - 1; d >= 0; --d) {                                \
-                const long long c = rem % dims[d];                             \
-                rem /= dims[d];                                                \
-                oa += c * sa[d];                                               \
-                ob += c * sb[d];                                               \
-            }                                                                  \
-            const gt_real x = a[oa], y = b[ob];                                \
-            out[i] = (EXPR);                                                   \
-        }                                                                      \
+        GT_ARGS_BINARY_FWD                                                     \
+        GT_LOOP(i, M[0]) GT_BODY_BINARY_FWD(i, EXPR)                           \
     }
 #else
 /* host: an odometer over the outer dims and a tight loop over the last one,
  * specialised for the common stride patterns so the compiler vectorizes it */
 #define GT_BIN_INNER(SA, SB, EXPR)                                             \
     for (long long j = 0; j < inner; ++j) {                                    \
-        const gt_real x = pa[j * (SA)], y = pb[j * (SB)];                      \
+        const gt_real xv = pa[j * (SA)], yv = pb[j * (SB)];                    \
         po[j] = (EXPR);                                                        \
     }
 #define GT_BINARY_FWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        GT_BINARY_ARGS                                                         \
+        GT_ARGS_BINARY_FWD                                                     \
         const long long inner = dims[nd - 1], isa = sa[nd - 1], isb = sb[nd - 1]; \
         const long long outer = M[0] / inner;                                  \
         long long idx[GT_MAXD] = {0}, oa = 0, ob = 0;                          \
@@ -286,7 +212,7 @@ GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
             else if (isa == 1 && isb == 0) { GT_BIN_INNER(1, 0, EXPR) }        \
             else if (isa == 0 && isb == 1) { GT_BIN_INNER(0, 1, EXPR) }        \
             else { GT_BIN_INNER(isa, isb, EXPR) }                              \
-            for (int d = nd - 2; d >= 0; --d) {                                \
+            for (int d = (int)nd - 2; d >= 0; --d) {                           \
                 oa += sa[d]; ob += sb[d];                                      \
                 if (++idx[d] < dims[d]) break;                                 \
                 oa -= sa[d] * dims[d]; ob -= sb[d] * dims[d]; idx[d] = 0;      \
@@ -295,10 +221,7 @@ GT_UNARY_BWD(k_bwd_sqrt, R_DIV(gi, R_MUL(R2, y)))                /* g/(2*t) */
     }
 #endif
 
-GT_BINARY_FWD(k_add, R_ADD(x, y))
-GT_BINARY_FWD(k_sub, R_SUB(x, y))
-GT_BINARY_FWD(k_mul, R_MUL(x, y))
-GT_BINARY_FWD(k_div, R_DIV(x, y))
+GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 
 /* ========================================================================
  * Broadcasting binary ops, backward: one input's contribution reduced to
@@ -311,201 +234,278 @@ GT_BINARY_FWD(k_div, R_DIV(x, y))
  * the out tensor), are summed starting from the FIRST one, r = c0; r = r + c1
  * ..., and then ga[j] = ga[j] + r.  With no broadcast dims r = c(j).
  *
- * Per element: gv = g[out index] (the node's gradient), ov = o[...] (the
- * other operand, or the target's own value for div's b side), tv = t[out
- * index] (the node's value).
- * M: [n (target size), ga, g, o, t, nk, kd[nk], kg[nk], ko[nk],
- *     nb, bd[nb], bg[nb], bo[nb], scratch]
- * (g and t share the out layout, so kg/bg serve both.)
+ * Per element: gv = g[out index] (the node's gradient), xv = a[...] and
+ * yv = b[...] (the two inputs, broadcast), tv = t[out index] (the node's
+ * value).  kg/bg are the out layout's strides (g and t share it), ka/kb and
+ * ba/bb the inputs' (0 where one broadcasts).
  * ====================================================================== */
-/* the metadata block, decoded the same way by both bodies below */
-#define GT_REDUCE_ARGS                                                         \
-    gt_real *GT_RESTRICT ga = W + M[1];                                        \
-    const gt_real *GT_RESTRICT g = W + M[2];                                   \
-    const gt_real *GT_RESTRICT o = W + M[3];                                   \
-    const gt_real *GT_RESTRICT t = W + M[4];                                   \
-    const int nk = (int)M[5];                                                  \
-    const long long *kd = M + 6, *kg = kd + nk, *ko = kg + nk;                 \
-    const int nb = (int)ko[nk];                                                \
-    const long long *bd = ko + nk + 1, *bg = bd + nb, *bo = bg + nb;
-
 #ifdef GT_THREAD_BODIES
-#define GT_REDUCE(name, EXPR)                                                  \
+#define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        GT_REDUCE_ARGS                                                         \
-        long long nq = 1;                                                      \
-        for (int d = 0; d < nb; ++d) nq *= bd[d];                              \
-        GT_LOOP(j, M[0]) {                                                     \
-            long long rem = j, pg = 0, po = 0;                                 \
-            for (int d = nk - 1; d >= 0; --d) {                                \
-                const long long c = rem % kd[d];                               \
-                rem /= kd[d];                                                  \
-                pg += c * kg[d];                                               \
-                po += c * ko[d];                                               \
-            }                                                                  \
-            gt_real r = R0;                                                    \
-            for (long long q = 0; q < nq; ++q) {                               \
-                long long rq = q, qg = pg, qo = po;                            \
-                for (int d = nb - 1; d >= 0; --d) {                            \
-                    const long long c = rq % bd[d];                            \
-                    rq /= bd[d];                                               \
-                    qg += c * bg[d];                                           \
-                    qo += c * bo[d];                                           \
-                }                                                              \
-                const gt_real gv = g[qg], ov = o[qo], tv = t[qg];              \
-                (void)ov; (void)tv;                                            \
-                const gt_real cv = (EXPR);                                     \
-                r = (q == 0) ? cv : R_ADD(r, cv);                              \
-            }                                                                  \
-            ga[j] = R_ADD(ga[j], r);                                           \
-        }                                                                      \
+        GT_ARGS_BINARY_BWD                                                     \
+        GT_PRE_BINARY_BWD                                                      \
+        GT_LOOP(j, M[0]) GT_BODY_BINARY_BWD(j, EXPR)                           \
     }
 #else
 /* host: walk the broadcast coordinates q in lexicographic order (outer) and
  * the kept coordinates j row by row (inner, j contiguous), keeping every
  * target element's partial sum in a scratch row r[j]; each r[j] still sees
  * its contributions in increasing q, i.e. the same order as above. */
-#define GT_RED_INNER(SG, SO, EXPR, STORE)                                      \
+#define GT_RED_INNER(SG, SA, SB, EXPR, STORE)                                  \
     for (long long jj = 0; jj < inner; ++jj) {                                 \
-        const gt_real gv = pg[jj * (SG)], ov = po[jj * (SO)], tv = pt[jj * (SG)]; \
-        (void)ov; (void)tv;                                                    \
+        const gt_real gv = pg[jj * (SG)], tv = pt[jj * (SG)];                  \
+        const gt_real xv = px[jj * (SA)], yv = py[jj * (SB)];                  \
+        (void)xv; (void)yv; (void)tv;                                          \
         const gt_real cv = (EXPR);                                             \
         STORE;                                                                 \
     }
 #define GT_RED_WALK_KEPT(EXPR, STORE)                                          \
     {                                                                          \
-        long long idx[GT_MAXD] = {0}, kgo = 0, koo = 0;                        \
+        long long idx[GT_MAXD] = {0}, kgo = 0, kao = 0, kbo = 0;               \
         for (long long row = 0; row < outer; ++row) {                          \
             gt_real *GT_RESTRICT dst = dst0 + row * inner;                     \
             const gt_real *GT_RESTRICT pg = g + base_g + kgo;                  \
             const gt_real *GT_RESTRICT pt = t + base_g + kgo;                  \
-            const gt_real *GT_RESTRICT po = o + base_o + koo;                  \
-            if (ig == 1 && io == 1) { GT_RED_INNER(1, 1, EXPR, STORE) }        \
-            else if (ig == 1 && io == 0) { GT_RED_INNER(1, 0, EXPR, STORE) }   \
-            else { GT_RED_INNER(ig, io, EXPR, STORE) }                         \
-            for (int d = nk - 2; d >= 0; --d) {                                \
-                kgo += kg[d]; koo += ko[d];                                    \
+            const gt_real *GT_RESTRICT px = a + base_a + kao;                  \
+            const gt_real *GT_RESTRICT py = b + base_b + kbo;                  \
+            if (ig == 1 && ia == 1 && ib == 1) { GT_RED_INNER(1, 1, 1, EXPR, STORE) } \
+            else if (ig == 1 && ia == 1 && ib == 0) { GT_RED_INNER(1, 1, 0, EXPR, STORE) } \
+            else if (ig == 1 && ia == 0 && ib == 1) { GT_RED_INNER(1, 0, 1, EXPR, STORE) } \
+            else { GT_RED_INNER(ig, ia, ib, EXPR, STORE) }                     \
+            for (int d = (int)nk - 2; d >= 0; --d) {                           \
+                kgo += kg[d]; kao += ka[d]; kbo += kb[d];                      \
                 if (++idx[d] < kd[d]) break;                                   \
-                kgo -= kg[d] * kd[d]; koo -= ko[d] * kd[d]; idx[d] = 0;        \
+                kgo -= kg[d] * kd[d]; kao -= ka[d] * kd[d]; kbo -= kb[d] * kd[d]; \
+                idx[d] = 0;                                                    \
             }                                                                  \
         }                                                                      \
     }
-#define GT_REDUCE(name, EXPR)                                                  \
+#define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
-        GT_REDUCE_ARGS                                                         \
-        gt_real *GT_RESTRICT r = W + bo[nb];                                   \
+        GT_ARGS_BINARY_BWD                                                     \
+        gt_real *GT_RESTRICT r = W + scratch;                                  \
         const long long n = M[0];                                              \
-        const long long inner = kd[nk - 1], ig = kg[nk - 1], io = ko[nk - 1];  \
+        const long long inner = kd[nk - 1], ig = kg[nk - 1];                   \
+        const long long ia = ka[nk - 1], ib = kb[nk - 1];                      \
         const long long outer = n / inner;                                     \
         if (nb == 0) {                                                         \
             gt_real *GT_RESTRICT dst0 = ga;                                    \
-            const long long base_g = 0, base_o = 0;                            \
+            const long long base_g = 0, base_a = 0, base_b = 0;                \
             GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
             return;                                                            \
         }                                                                      \
-        long long bidx[GT_MAXD] = {0}, base_g = 0, base_o = 0;                 \
+        long long bidx[GT_MAXD] = {0}, base_g = 0, base_a = 0, base_b = 0;     \
         long long nq = 1;                                                      \
-        for (int d = 0; d < nb; ++d) nq *= bd[d];                              \
+        for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
         for (long long q = 0; q < nq; ++q) {                                   \
             gt_real *GT_RESTRICT dst0 = r;                                     \
             if (q == 0) { GT_RED_WALK_KEPT(EXPR, dst[jj] = cv) }               \
             else { GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv)) }      \
-            for (int d = nb - 1; d >= 0; --d) {                                \
-                base_g += bg[d]; base_o += bo[d];                              \
+            for (int d = (int)nb - 1; d >= 0; --d) {                           \
+                base_g += bg[d]; base_a += ba[d]; base_b += bb[d];             \
                 if (++bidx[d] < bd[d]) break;                                  \
-                base_g -= bg[d] * bd[d]; base_o -= bo[d] * bd[d]; bidx[d] = 0; \
+                base_g -= bg[d] * bd[d]; base_a -= ba[d] * bd[d];              \
+                base_b -= bb[d] * bd[d]; bidx[d] = 0;                          \
             }                                                                  \
         }                                                                      \
         for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], r[j]);          \
     }
 #endif
 
-GT_REDUCE(k_red_g, gv)                                   /* add a/b, sub a */
-GT_REDUCE(k_red_neg, -gv)                                /* sub b: -g */
-GT_REDUCE(k_red_mul, R_MUL(gv, ov))                      /* mul: g*b, g*a */
-GT_REDUCE(k_red_div, R_DIV(gv, ov))                      /* div a: g/b */
-GT_REDUCE(k_red_divb, -R_DIV(R_MUL(gv, tv), ov))         /* div b: -((g*t)/b) */
+GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 
 /* ========================================================================
- * Reductions to one element: sum and mean (serial, from 0.0, ascending)
+ * Reductions along one axis: rows of len elements at stride inner, one
+ * thread per row, M[0] = outer * inner rows (a whole reduction is one row of
+ * every element: outer = inner = 1).  Row r's result is element r of the
+ * output (the keepdims layout).
  * ====================================================================== */
 
-/* out[0] = (0.0 + a0 + a1 + ...) [/ n].  M: [1, out, a, n, is_mean] */
+/* v = (0.0 + a0 + a1 + ...) [/ len], serial; out[r] = v, or out[r] + v with acc
+ * (bmm's batch sum of a stretched side's gradient) */
 GT_KERNEL k_sum(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT out = W + M[1];
-    const gt_real *GT_RESTRICT a = W + M[2];
-    const long long n = M[3];
-    GT_LOOP(z, M[0]) {
-        gt_real s = R0;
-        for (long long i = 0; i < n; ++i) s = R_ADD(s, a[i]);
-        out[0] = M[4] ? R_DIV(s, (gt_real)n) : s;
+    GT_ARGS_k_sum
+    GT_LOOP(r, M[0]) GT_BODY_k_sum(r)
+}
+
+/* ga[i] = ga[i] + v with v = g[row of i] (sum) or g[row of i] / len (mean);
+ * M[0] = every element of the input */
+GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_sum_bwd
+    GT_LOOP(i, M[0]) GT_BODY_k_sum_bwd(i)
+}
+
+/* out[r] = the row's first maximal element (gt_first_max), an exact copy */
+GT_KERNEL k_max(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_max
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, len, inner);
+        out[r] = a[base + gt_first_max(a, base, len, inner) * inner];
     }
 }
 
-/* ga[i] = ga[i] + v with v = g[0] (sum) or g[0] / count (mean).
- * M: [n, ga, g, is_mean] */
-GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
+/* ga = ga + g[r] at the row's first maximal element, ga = ga + 0.0 elsewhere */
+GT_KERNEL k_max_bwd(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT ga = W + M[1];
-    const gt_real v = M[3] ? R_DIV(W[M[2]], (gt_real)M[0]) : W[M[2]];
-    GT_LOOP(i, M[0]) { ga[i] = R_ADD(ga[i], v); }
+    GT_ARGS_k_max_bwd
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, len, inner);
+        const long long idx = gt_first_max(a, base, len, inner);
+        for (long long l = 0; l < len; ++l) {
+            const long long p = base + l * inner;
+            ga[p] = R_ADD(ga[p], l == idx ? g[r] : R0);
+        }
+    }
 }
 
 /* ========================================================================
  * Softmax along one axis (rows of length L, stride `inner`)
  * ====================================================================== */
 
-/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max propagates a
- * NaN anywhere in the row, like numpy's max.
- * M: [outer*inner, out, a, L, inner] */
+/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max is the first
+ * maximal element, a NaN anywhere in the row.  M[0] = outer * inner rows. */
 GT_KERNEL k_softmax(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT out = W + M[1];
-    const gt_real *GT_RESTRICT a = W + M[2];
-    const long long L = M[3], inner = M[4];
+    GT_ARGS_k_softmax
+    const long long L = len;
     GT_LOOP(r, M[0]) {
-        const long long base = (r / inner) * L * inner + (r % inner);
-        gt_real m = a[base];
-        for (long long l = 1; l < L; ++l) {
-            const gt_real x = a[base + l * inner];
-            if (x > m || x != x) m = x;
-        }
+        const long long base = GT_ROW_BASE(r, L, inner);
+        const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
         gt_real s = R0;
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
-            const gt_real e = R_EXP(R_SUB(a[p], m));
+            const gt_real e = GT_SOFTMAX_EXP(a[p], m);
             out[p] = e;
             s = R_ADD(s, e);
         }
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
-            out[p] = R_DIV(out[p], s);
+            out[p] = GT_SOFTMAX_NORM(out[p], s);
         }
     }
 }
 
-/* ga = ga + t * (g - (0.0 + g0*t0 + g1*t1 + ...)).
- * M: [outer*inner, ga, g, t, L, inner] */
+/* ga = ga + t * (g - (0.0 + g0*t0 + g1*t1 + ...)) */
 GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT ga = W + M[1];
-    const gt_real *GT_RESTRICT g = W + M[2];
-    const gt_real *GT_RESTRICT t = W + M[3];
-    const long long L = M[4], inner = M[5];
+    GT_ARGS_k_softmax_bwd
+    const long long L = len;
     GT_LOOP(r, M[0]) {
-        const long long base = (r / inner) * L * inner + (r % inner);
+        const long long base = GT_ROW_BASE(r, L, inner);
         gt_real s = R0;
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
-            s = R_ADD(s, R_MUL(g[p], t[p]));
+            s = R_ADD(s, GT_SOFTMAX_DOT(g[p], t[p]));
         }
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
-            ga[p] = R_ADD(ga[p], R_MUL(t[p], R_SUB(g[p], s)));
+            ga[p] = R_ADD(ga[p], GT_SOFTMAX_BWD(t[p], g[p], s));
         }
+    }
+}
+
+/* log_softmax: d = x - max (the first maximal element); y = d - log(0.0 +
+ * exp(d0) + exp(d1) + ...).  The parts are the op table's expressions. */
+GT_KERNEL k_log_softmax(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_log_softmax
+    const long long L = len;
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, L, inner);
+        const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            const gt_real d = GT_LOG_SOFTMAX_SHIFT(a[p], m);
+            out[p] = d;
+            s = R_ADD(s, GT_LOG_SOFTMAX_EXP(d));
+        }
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            out[p] = GT_LOG_SOFTMAX_OUT(out[p], s);
+        }
+    }
+}
+
+/* ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) */
+GT_KERNEL k_log_softmax_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_log_softmax_bwd
+    const long long L = len;
+    GT_LOOP(r, M[0]) {
+        const long long base = GT_ROW_BASE(r, L, inner);
+        gt_real s = R0;
+        for (long long l = 0; l < L; ++l) s = R_ADD(s, g[base + l * inner]);
+        for (long long l = 0; l < L; ++l) {
+            const long long p = base + l * inner;
+            ga[p] = R_ADD(ga[p], GT_LOG_SOFTMAX_BWD(g[p], t[p], s));
+        }
+    }
+}
+
+/* ========================================================================
+ * Gathers by integer ids (take, take_along) and their scatter-add backward.
+ * ids, and take's backward index (numerics.take_index: order, start), are
+ * exact gt_real values in the arena.  Every backward thread owns one
+ * destination element and sums what reaches it serially from 0.0, in
+ * ascending position order: the same bits as the numpy rule, no atomics.
+ * ====================================================================== */
+
+/* out[p, j] = table[ids[p], j]; M[0] = positions * width */
+GT_KERNEL k_take(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take
+    GT_LOOP(i, M[0]) {
+        const long long v = gt_id(ids[i / width], rows);
+        out[i] = v < 0 ? R_NAN : table[v * width + i % width];
+    }
+}
+
+/* table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) for the
+ * positions order[start[v]] .. order[start[v+1]-1]; M[0] = rows * width */
+GT_KERNEL k_take_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_bwd
+    GT_LOOP(i, M[0]) {
+        const long long v = i / width, j = i % width;
+        const long long lo = (long long)start[v], hi = (long long)start[v + 1];
+        gt_real s = R0;
+        for (long long q = lo; q < hi; ++q) s = R_ADD(s, g[(long long)order[q] * width + j]);
+        ga[i] = R_ADD(ga[i], s);
+    }
+}
+
+/* out[o, j, r] = a[o, ids[o, j, r], r]: a is [outer, len, inner], ids and
+ * out [outer, k, inner]; M[0] = outer * k * inner */
+GT_KERNEL k_take_along(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_along
+    GT_LOOP(i, M[0]) {
+        const long long l = gt_id(ids[i], len);
+        const long long base = (i / (k * inner)) * len * inner + i % inner;
+        out[i] = l < 0 ? R_NAN : a[base + l * inner];
+    }
+}
+
+/* a element (o, l, r): ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] ==
+ * l, j ascending); M[0] = outer * len * inner */
+GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_along_bwd
+    GT_LOOP(i, M[0]) {
+        const long long l = (i / inner) % len;
+        const long long base = (i / (len * inner)) * k * inner + i % inner;
+        gt_real s = R0;
+        for (long long j = 0; j < k; ++j) {
+            const long long p = base + j * inner;
+            if (gt_id(ids[p], len) == l) s = R_ADD(s, g[p]);
+        }
+        ga[i] = R_ADD(ga[i], s);
     }
 }
 
@@ -515,9 +515,7 @@ GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
  * every sum serial over k ascending from 0.0 (numerics.matmul), computed
  * whole before it is stored or added.  C is contiguous [Bn, Mm, N].
  * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
- * kernel with different strides.
- * M: [Bn*Mm*N, c, a, b, Bn, Mm, K, N, sab, sai, sak, sbb, sbk, sbj, acc,
- *     scratch]
+ * kernel with different strides.  M[0] = Bn * Mm * N.
  * ====================================================================== */
 #ifndef GT_THREAD_BODIES
 /* Host matmul: register-tiled with GCC/Clang vector extensions.  A tile is
@@ -598,26 +596,15 @@ static void gt_mm_host(gt_real *GT_RESTRICT C, const gt_real *A, long long sai, 
 
 GT_KERNEL k_matmul(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT C = W + M[1];
-    const gt_real *GT_RESTRICT A = W + M[2];
-    const gt_real *GT_RESTRICT B = W + M[3];
-    const long long Bn = M[4], Mm = M[5], K = M[6], N = M[7];
-    const long long sab = M[8], sai = M[9], sak = M[10];
-    const long long sbb = M[11], sbk = M[12], sbj = M[13];
-    const int acc = (int)M[14];
+    GT_ARGS_k_matmul
 #ifdef GT_THREAD_BODIES
-    (void)Bn;
-    GT_LOOP(idx, M[0]) {
-        const long long j = idx % N, rest = idx / N;
-        const long long i = rest % Mm, bt = rest / Mm;
-        const gt_real *pa = A + bt * sab + i * sai;
-        const gt_real *pb = B + bt * sbb + j * sbj;
-        gt_real s = R0;
-        for (long long k = 0; k < K; ++k) s = R_ADD(s, R_MUL(pa[k * sak], pb[k * sbk]));
-        C[idx] = acc ? R_ADD(C[idx], s) : s;
-    }
+    GT_LOOP(idx, M[0]) GT_BODY_k_matmul(idx)
 #else
-    gt_real *GT_RESTRICT bp = W + M[15];
+    gt_real *GT_RESTRICT C = c;
+    const gt_real *GT_RESTRICT A = a;
+    const gt_real *GT_RESTRICT B = b;
+    const long long Bn = batch, Mm = m, K = k, N = n;
+    gt_real *GT_RESTRICT bp = W + scratch;
     for (long long bt = 0; bt < Bn; ++bt)
         gt_mm_host(C + bt * Mm * N, A + bt * sab, sai, sak, B + bt * sbb, sbk, sbj,
                    Mm, K, N, acc, bp);
@@ -633,81 +620,36 @@ GT_KERNEL k_matmul(gt_real *W, const long long *M)
 
 /* ctl[3] = 1 when the loss this episode computed is finite, else 0: the
  * training contract is that a non-finite loss updates nothing (the CPU
- * engine stops before backward), so every update kernel checks ctl[3].
- * M: [1, ctl, loss] */
+ * engine stops before backward), so every update kernel checks ctl[3]. */
 GT_KERNEL k_guard(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT ctl = W + M[1];
-    const gt_real x = W[M[2]];
-    GT_LOOP(z, M[0]) { ctl[3] = (R_SUB(x, x) == R0) ? R1 : R0; }
+    GT_ARGS_k_guard
+    GT_LOOP(z, M[0]) GT_BODY_k_guard(z)
 }
 
-/* sumsq = 0.0 + g*g ... over every active param's gradient in registration
- * order, row-major; norm = sqrt(sumsq); scale = clip / norm if norm > clip.
- * M: [1, ctl, clip_bits, np, (g_off, n) * np] */
+/* sumsq = 0.0 + g*g ... over every active param's gradient (offs[p], lens[p]
+ * elements) in registration order, row-major; norm = sqrt(sumsq); scale =
+ * clip / norm if norm > clip. */
 GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT ctl = W + M[1];
-    const gt_real clip = GT_S(M[2]);
-    const long long np = M[3];
-    GT_LOOP(z, M[0]) {
-        gt_real s = R0;
-        for (long long p = 0; p < np; ++p) {
-            const gt_real *GT_RESTRICT g = W + M[4 + 2 * p];
-            const long long n = M[5 + 2 * p];
-            for (long long i = 0; i < n; ++i) s = R_ADD(s, R_MUL(g[i], g[i]));
-        }
-        const gt_real norm = R_SQRT(s);
-        if (norm > clip) { ctl[1] = R_DIV(clip, norm); ctl[2] = R1; }
-        else { ctl[1] = R1; ctl[2] = R0; }
-    }
+    GT_ARGS_k_clip_norm
+    GT_LOOP(z, M[0]) GT_BODY_k_clip_norm(z)
 }
 
-/* The gradient the update sees: clipped (when the norm kernel said so),
- * then L2 (g + l2*w) when l2 != 0. */
-GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
-{
-    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
-    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
-    return g;
-}
-
-/* w = w - lr*g.  M: [n, w, g, ctl, use_clip, l2_bits] */
+/* w = w - lr*g */
 GT_KERNEL k_sgd(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT w = W + M[1];
-    const gt_real *GT_RESTRICT g = W + M[2];
-    const gt_real *GT_RESTRICT ctl = W + M[3];
-    const int use_clip = (int)M[4];
-    const gt_real l2 = GT_S(M[5]);
-    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        w[i] = R_SUB(w[i], R_MUL(ctl[0], gi));
-    }
+    GT_ARGS_k_sgd
+    GT_SKIP_UPDATE                                     /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) GT_BODY_k_sgd(i)
 }
 
-/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps)
- * M: [n, w, g, m, v, ctl, use_clip, l2, b1, b2, omb1, omb2, eps] (bits) */
+/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps) */
 GT_KERNEL k_adam(gt_real *W, const long long *M)
 {
-    gt_real *GT_RESTRICT w = W + M[1];
-    const gt_real *GT_RESTRICT g = W + M[2];
-    gt_real *GT_RESTRICT m = W + M[3];
-    gt_real *GT_RESTRICT v = W + M[4];
-    const gt_real *GT_RESTRICT ctl = W + M[5];
-    const int use_clip = (int)M[6];
-    const gt_real l2 = GT_S(M[7]), b1 = GT_S(M[8]), b2 = GT_S(M[9]);
-    const gt_real omb1 = GT_S(M[10]), omb2 = GT_S(M[11]), eps = GT_S(M[12]);
-    if (ctl[3] == R0) return;                          /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        const gt_real mi = R_ADD(R_MUL(m[i], b1), R_MUL(omb1, gi));
-        const gt_real vi = R_ADD(R_MUL(v[i], b2), R_MUL(omb2, R_MUL(gi, gi)));
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = R_SUB(w[i], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps)));
-    }
+    GT_ARGS_k_adam
+    GT_SKIP_UPDATE                                     /* non-finite loss: no update */
+    GT_LOOP(i, M[0]) GT_BODY_k_adam(i)
 }
 
 /* ========================================================================
@@ -715,16 +657,7 @@ GT_KERNEL k_adam(gt_real *W, const long long *M)
  * A launch is a pair (kernel index, metadata offset); the kernel indices are
  * positions in GT_KERNELS, whose names gt_kernel_names() reports.
  * ====================================================================== */
-#define GT_KERNELS(X)                                                          \
-    X(k_fill) X(k_copy_nd) X(k_slice_bwd)                                      \
-    X(k_neg) X(k_adds) X(k_muls) X(k_relu) X(k_sigmoid) X(k_tanh) X(k_exp)     \
-    X(k_log) X(k_sqrt)                                                         \
-    X(k_bwd_id) X(k_bwd_neg) X(k_bwd_muls) X(k_bwd_relu) X(k_bwd_sigmoid)      \
-    X(k_bwd_tanh) X(k_bwd_exp) X(k_bwd_log) X(k_bwd_sqrt)                      \
-    X(k_add) X(k_sub) X(k_mul) X(k_div)                                        \
-    X(k_red_g) X(k_red_neg) X(k_red_mul) X(k_red_div) X(k_red_divb)            \
-    X(k_sum) X(k_sum_bwd) X(k_softmax) X(k_softmax_bwd) X(k_matmul)            \
-    X(k_guard) X(k_clip_norm) X(k_sgd) X(k_adam)
+/* GT_KERNELS(X), the kernel list, is generated in gt_ops.h */
 
 #ifndef __CUDACC__
 typedef void (*gt_kernel_fn)(gt_real *, const long long *);
@@ -745,5 +678,18 @@ GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
 {
     for (long long q = start; q < end; ++q)
         gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+}
+
+/* The kernel at table position i: for launch tables that mix these kernels
+ * with the fused kernels of another library (gradtool/device/fusion.py). */
+GT_EXPORT gt_kernel_fn gt_kernel_at(long long i) { return gt_kernel_table[i]; }
+
+/* As gt_run, but the launch table holds (kernel function pointer, metadata
+ * offset) pairs, so one call runs launches of several libraries. */
+GT_EXPORT void gt_run_fns(gt_real *W, const long long *M, const long long *L,
+                          long long start, long long end)
+{
+    for (long long q = start; q < end; ++q)
+        ((gt_kernel_fn)(size_t)L[2 * q])(W, M + L[2 * q + 1]);
 }
 #endif

@@ -43,13 +43,16 @@ import ctypes.util
 import functools
 import hashlib
 import os
+import re
 import struct
+import time
 import weakref
 
 import numpy as np
 
 from ..errors import GradtoolError
-from .host import CSRC
+from ..ops import pack
+from .host import CSRC, Staging
 from .program import DTYPES, PHASES, Program
 
 BLOCK = 256
@@ -76,11 +79,32 @@ def cuda_status() -> tuple:
     return True, f"cuda device 0: {drv.Device(0).name()}"
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[^\n]*$', re.M)
+
+
+def inline_headers(src: str) -> str:
+    """``src`` with every ``#include "header"`` of gradtool/csrc inlined, recursively and
+    once each (host_prelude.h, host-only, stays a line nvcc never reaches): what nvcc
+    compiles, and what a module cache is keyed by."""
+    seen = set()
+
+    def expand(text: str) -> str:
+        def one(match):
+            name = match.group(1)
+            if name == "host_prelude.h" or not (CSRC / name).is_file():
+                return match.group(0)
+            if name in seen:
+                return ""
+            seen.add(name)
+            return expand((CSRC / name).read_text())
+        return _INCLUDE.sub(one, text)
+
+    return expand(src)
+
+
 def kernel_source() -> str:
-    """kernels.cu with gt_math.h inlined (host_prelude.h is host-only): what nvcc compiles."""
-    src = (CSRC / "kernels.cu").read_text()
-    header = (CSRC / "gt_math.h").read_text()
-    return src.replace('#include "gt_math.h"', header, 1)
+    """kernels.cu with its headers inlined: what nvcc compiles."""
+    return inline_headers((CSRC / "kernels.cu").read_text())
 
 
 def nvcc_options(dtype: str) -> list:
@@ -121,12 +145,15 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
     return " ".join(str(exc).split())[:limit]
 
 
-def _module(dtype: str):
+def _module(dtype: str, src: str = None, label: str = None):
+    """The compiled module of ``src`` (default: kernels.cu with its headers), per process
+    and dtype, keyed by a hash of the source."""
     _ensure_context()
     import pycuda.driver as drv
     from pycuda.compiler import SourceModule
 
-    src = kernel_source()
+    src = kernel_source() if src is None else src
+    label = label or str(CSRC / "kernels.cu")
     key = (hashlib.sha256(src.encode()).hexdigest(), dtype)
     if key in _MODULES:
         return _MODULES[key]
@@ -139,16 +166,20 @@ def _module(dtype: str):
             # cannot be created or written, e.g. a read-only home: compile without it
             module = build(cache_dir=False)
     except drv.CompileError as exc:       # nvcc ran and failed: its message names the line
-        raise GradtoolError(f"nvcc could not compile {CSRC / 'kernels.cu'}: "
-                            f"{_one_line(exc)}") from None
+        raise GradtoolError(f"nvcc could not compile {label}: {_one_line(exc)}") from None
     except OSError as exc:                # nvcc missing or not runnable
-        raise GradtoolError(f"the cuda backend could not run nvcc for {CSRC / 'kernels.cu'} "
+        raise GradtoolError(f"the cuda backend could not run nvcc for {label} "
                             f"(is the CUDA toolkit's bin on PATH?): {_one_line(exc)}") from None
     except drv.Error as exc:              # the driver refused the compiled module
         raise GradtoolError(f"the CUDA driver could not load the kernels compiled from "
-                            f"{CSRC / 'kernels.cu'}: {_one_line(exc)}") from None
+                            f"{label}: {_one_line(exc)}") from None
     _MODULES[key] = module
     return module
+
+
+def fused_source(plan) -> str:
+    """A fusion plan's generated source with its headers inlined: what nvcc compiles."""
+    return inline_headers(plan.source)
 
 
 # ── CUDA graphs through the driver API ────────────────────────────────────
@@ -269,12 +300,16 @@ class DriverGraph:
 
 # ── the backend ───────────────────────────────────────────────────────────
 
-def geometry(work: int) -> tuple:
+def geometry(work: int, rows_block: int = 0) -> tuple:
     """(grid, block) for a grid-stride loop over ``work`` thread indices.
 
     A serial kernel (sum, clip norm, guard) has work 1: its GT_LOOP runs the
-    body for global thread index 0 only, whatever the block size.
+    body for global thread index 0 only, whatever the block size.  A fused
+    block kernel (``rows_block`` > 0 threads per block) gets one block per row
+    of its ``work`` rows, up to the grid limit (it strides over the rest).
     """
+    if rows_block:
+        return (min(work, MAX_GRID), 1), (rows_block, 1, 1)
     if work <= 1:
         return (1, 1), (32, 1, 1)
     blocks = min((work + BLOCK - 1) // BLOCK, MAX_GRID)
@@ -296,40 +331,57 @@ class CudaBackend:
         module = _module(program.dtype)          # also makes the context current
         self.dtype = np.dtype(DTYPES[program.dtype])
         names = sorted({launch.kernel for ph in PHASES for launch in program.launches[ph]})
-        funcs = {name: module.get_function(name) for name in names}
+        self.fusion_build = None
+        fused, fused_module = set(), module
+        plan = program.fusion
+        if plan is not None and plan.kernels:
+            t0 = time.perf_counter()
+            fused_module = _module(program.dtype, fused_source(plan),
+                                   f"the fused kernels of this tape ({plan.digest[:12]})")
+            # PyCUDA's cubin cache may have answered: the time says which
+            self.fusion_build = {"seconds": time.perf_counter() - t0, "cached": None}
+            fused = {k.name for k in plan.kernels}
+        funcs = {name: (fused_module if name in fused else module).get_function(name)
+                 for name in names}
         index = {name: i for i, name in enumerate(names)}
         meta, table, self.ranges = program.flatten(index)
         self._graphs = {}
         self._graph_api = DriverGraphs() if graph else None
 
         self.stream = drv.Stream()
-        self.arena_bytes = max(program.size, 1) * self.dtype.itemsize
+        self.staging = Staging(program)           # float32: where float64 uploads land
+        self.arena_bytes = self.staging.end * self.dtype.itemsize
         self.arena = drv.mem_alloc(self.arena_bytes)
         drv.memset_d8_async(self.arena, 0, self.arena_bytes, self.stream)
         self.meta = drv.to_device(meta)
         self.meta_bytes = meta.nbytes
         self._pinned = drv.pagelocked_empty(1, self.dtype)    # the loss comes back through it
         self._held = []                # host buffers of async copies still in flight
+        if self.staging.chunk:
+            # k_from_f64's metadata block, rewritten (stream-ordered) before each conversion
+            self._convert_meta = drv.mem_alloc(8 * 3)
+            self._convert = module.get_function("k_from_f64")
         for off, data in program.init:
-            self.write(off, np.asarray(data, dtype=np.float64).astype(self.dtype))
+            self.write(off, np.asarray(data, dtype=np.float64))
 
-        base_w, base_m = int(self.arena), int(self.meta)
+        base_m = int(self.meta)
         self.launches = []             # one bound call per launch, in table order
         flat = [launch for ph in PHASES for launch in program.launches[ph]]
         for q, launch in enumerate(flat):
-            grid, block = geometry(launch.work)
-            meta_ptr = base_m + 8 * int(table[2 * q + 1])
-            func = funcs[launch.kernel]
-            if hasattr(func, "_launch_kernel"):
-                args = struct.pack("@PP", base_w, meta_ptr)    # (gt_real *W, const long long *M)
-                call = functools.partial(func._launch_kernel, grid, block, args, 0, self.stream)
-            else:                                              # a PyCUDA without it: same launch
-                func.prepare("PP")
-                call = functools.partial(func.prepared_async_call, grid, block, self.stream,
-                                         base_w, meta_ptr)
-            self.launches.append(call)
+            grid, block = geometry(launch.work, getattr(launch, "block", 0))
+            self.launches.append(self._bind(funcs[launch.kernel], grid, block,
+                                            base_m + 8 * int(table[2 * q + 1])))
         self.synchronize()
         _LIVE.add(self)
+
+    def _bind(self, func, grid, block, meta_ptr: int):
+        """A call that enqueues ``func(arena, meta_ptr)`` on the stream."""
+        if hasattr(func, "_launch_kernel"):
+            args = struct.pack("@PP", int(self.arena), meta_ptr)  # (gt_real *W, const long long *M)
+            return functools.partial(func._launch_kernel, grid, block, args, 0, self.stream)
+        func.prepare("PP")                                        # a PyCUDA without it: same launch
+        return functools.partial(func.prepared_async_call, grid, block, self.stream,
+                                 int(self.arena), meta_ptr)
 
     def close(self) -> None:
         """Free the device memory and graphs now (also done at interpreter exit)."""
@@ -343,6 +395,8 @@ class CudaBackend:
         self._held.clear()
         self.arena.free()
         self.meta.free()
+        if self.staging.chunk:
+            self._convert_meta.free()
         # the rest goes now too, while the context still exists (not at some later collection)
         self.arena = self.meta = self._pinned = self.stream = None
 
@@ -369,9 +423,23 @@ class CudaBackend:
         return int(self.arena) + off * self.dtype.itemsize
 
     def write(self, off: int, data: np.ndarray) -> None:
-        buf = np.ascontiguousarray(data, dtype=self.dtype).reshape(-1)
-        self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
-        self._held.append(buf)
+        """float64 ``data`` into the arena at ``off``: a plain copy in the float64 build; in
+        the float32 build copied as float64 into the staging area and converted there by
+        k_from_f64 (no host pass over the data)."""
+        flat = np.ascontiguousarray(data, dtype=np.float64).reshape(-1)
+        if not self.staging.chunk:
+            self.drv.memcpy_htod_async(self._ptr(off), flat, self.stream)
+            self._held.append(flat)
+            return
+        for start, n in self.staging.pieces(flat.size):
+            piece = flat[start:start + n]
+            meta = np.array(pack("k_from_f64", n, dst=off + start, src=self.staging.off),
+                            dtype=np.int64)
+            self.drv.memcpy_htod_async(self._ptr(self.staging.off), piece, self.stream)
+            self.drv.memcpy_htod_async(self._convert_meta, meta, self.stream)
+            grid, block = geometry(n)
+            self._bind(self._convert, grid, block, int(self._convert_meta))()
+            self._held += [piece, meta]
 
     def read(self, off: int, n: int) -> np.ndarray:
         self.synchronize()
@@ -387,7 +455,10 @@ class CudaBackend:
         return float(self._pinned[0])
 
     def set_scalar(self, off: int, value: float) -> None:
-        self.write(off, np.array([value], dtype=self.dtype))
+        # one value (the step's lr_t): rounded here, no conversion launch per step
+        buf = np.array([value], dtype=self.dtype)
+        self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
+        self._held.append(buf)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -402,4 +473,5 @@ class CudaBackend:
         return f"cuda ({self.drv.Context.get_device().name()}, {self.program.dtype}{how})"
 
 
-__all__ = ["CudaBackend", "cuda_status", "kernel_source", "nvcc_options", "geometry"]
+__all__ = ["CudaBackend", "cuda_status", "kernel_source", "fused_source", "inline_headers",
+           "nvcc_options", "geometry"]

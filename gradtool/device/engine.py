@@ -27,7 +27,8 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
-from .program import CaptureError, DTYPES, capture_program
+from ..tape import as_float64_array, as_ids_array, check_ids
+from .program import CaptureError, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
 
@@ -52,9 +53,27 @@ class DeviceReplay:
 
     def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
                  optimizer=None, graph: bool = True, host_kernels: str = "tiled",
-                 max_bytes: Optional[int] = None):
-        loss_id = int(getattr(loss, "id", loss))
+                 fuse: bool = False, max_bytes: Optional[int] = None):
+        from ..tape import Tape
+
+        if not isinstance(tape, Tape):
+            raise GradtoolError(f"capture: expected a Tape, got {type(tape).__name__}")
+        try:
+            loss_id = tape.var(loss).id          # a live GVar of this tape, or an id
+        except GradtoolError as exc:
+            raise CaptureError(f"loss: {exc}") from None
+        if optimizer is not None and hasattr(optimizer, "check_tape"):
+            optimizer.check_tape(tape)
         self.program = capture_program(tape, loss_id, dtype, optimizer, max_bytes)
+        self.unfused_counts = {ph: len(la) for ph, la in self.program.launches.items()}
+        if fuse:
+            from .fusion import fuse as fuse_program
+            self.program = fuse_program(tape, self.program)
+        self.fused = bool(fuse)
+        # the accessors take GVars of this tape as captured (or plain node ids)
+        self.tape, self._serials = tape, list(tape.serials)
+        self._leaf = [node.a < 0 for node in tape.nodes]
+        self._ids = {i for i in range(len(tape.nodes)) if tape.holds_ids(i)}
         self.backend, self.backend_reason = resolve_backend(backend)
         if self.backend == "cuda":
             from .cuda import CudaBackend
@@ -67,17 +86,43 @@ class DeviceReplay:
         self.optimizer = self.program.optimizer
 
     # ── inputs and phases ──────────────────────────────────────────────────
+    def node_id(self, node, role: str = "node") -> int:
+        """The captured node a GVar (of the captured tape, as captured) or a node id names."""
+        from ..tape import GVar, _is_index
+
+        n = len(self.program.shapes)
+        if isinstance(node, GVar):
+            i = self.tape.node_id(node, role)
+            if i >= n or self.tape.serials[i] != self._serials[i]:
+                raise GradtoolError(f"{role}: node {i} was recorded after this replay was "
+                                    f"captured")
+            return i
+        if not _is_index(node) or not 0 <= int(node) < n:
+            raise GradtoolError(f"{role}: no node {node!r} (the captured tape has {n} nodes; "
+                                f"pass a GVar or a node id)"[:300])
+        return int(node)
+
     def set_input(self, node, data) -> None:
-        """Fresh values for a leaf (an input slot's minibatch rows, or a param)."""
-        i = int(getattr(node, "id", node))
+        """Fresh values for a leaf (an input slot's minibatch rows, or a param).
+
+        Ids take integer data only, every id in range; their take index
+        (:meth:`Program.id_writes`) is rebuilt and uploaded with them.
+        """
+        i = self.node_id(node, "set_input")
         prog = self.program
-        if not 0 <= i < len(prog.shapes):
-            raise GradtoolError(f"no node {i} (the tape has {len(prog.shapes)} nodes)")
-        arr = np.asarray(data, dtype=np.float64)
+        if not self._leaf[i]:
+            raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
+        what = f"set_input node {i}"
+        arr = as_ids_array(data, what) if i in self._ids else as_float64_array(data, what)
         if arr.shape != prog.shapes[i]:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
-        self.dev.write(prog.val_off[i], np.ascontiguousarray(arr, dtype=DTYPES[self.dtype]))
+        if i not in self._ids:
+            self.dev.write(prog.val_off[i], arr)      # float64: the device converts
+            return
+        check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
+        for off, values in prog.id_writes(i, arr):
+            self.dev.write(off, np.asarray(values, dtype=np.float64))
 
     def forward(self) -> None:
         self.dev.run("forward", "forward")
@@ -124,20 +169,21 @@ class DeviceReplay:
         return self.dev.scalar(self.program.val_off[self.loss_id])
 
     def value(self, node) -> np.ndarray:
-        i = int(getattr(node, "id", node))
+        i = self.node_id(node, "value")
         prog = self.program
-        return self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+        out = self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+        return out.astype(np.int64) if i in self._ids else out
 
     def grad(self, node) -> np.ndarray:
         """dL/d(node) from the last backward; zeros for a node backward never touches."""
-        i = int(getattr(node, "id", node))
+        i = self.node_id(node, "grad")
         prog = self.program
         if prog.grad_off[i] < 0:
             return np.zeros(prog.shapes[i])
         return self.dev.read(prog.grad_off[i], prog.size_of(i)).reshape(prog.shapes[i])
 
     def touched(self, node) -> bool:
-        return self.program.grad_off[int(getattr(node, "id", node))] >= 0
+        return self.program.grad_off[self.node_id(node, "touched")] >= 0
 
     def sync_params_to_tape(self, tape) -> None:
         """Write every param's device value into the tape's own array, in place."""
@@ -160,7 +206,7 @@ class DeviceReplay:
 
 
 def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
-            graph: bool = True, host_kernels: str = "tiled",
+            graph: bool = True, host_kernels: str = "tiled", fuse: bool = False,
             max_bytes: Optional[int] = None) -> DeviceReplay:
     """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
 
@@ -168,26 +214,47 @@ def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=
     :meth:`DeviceReplay.step` and training episodes).  ``graph``: cuda only, one
     CUDA graph per episode.  ``host_kernels="per-thread"``: the host backend runs
     the GPU's one-thread-per-output kernel bodies instead of its tiled ones (same
-    bits, slower; how the tests check the GPU's code without a GPU).  ``max_bytes``: the
-    device memory budget (default :data:`gradtool.budget.DEFAULT_MEMORY`); a program
-    that needs more is a CaptureError before anything is allocated.
+    bits, slower; how the tests check the GPU's code without a GPU).  ``fuse``: run the
+    episode as the few kernels :mod:`gradtool.device.fusion` generates for this tape
+    (same bits; compiled once per tape, cached).  ``max_bytes``: the device memory
+    budget (default :data:`gradtool.budget.DEFAULT_MEMORY`); a program that needs more is
+    a CaptureError before anything is allocated.
     """
     return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
-                        graph=graph, host_kernels=host_kernels, max_bytes=max_bytes)
+                        graph=graph, host_kernels=host_kernels, fuse=fuse, max_bytes=max_bytes)
+
+
+def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
+    """The program ``capture(..., fuse=True)`` would run, with its ``fusion`` plan
+    (:class:`gradtool.device.fusion.FusionPlan`); nothing is compiled or allocated."""
+    from ..tape import Tape
+    from .fusion import fuse
+
+    if not isinstance(tape, Tape):
+        raise GradtoolError(f"fusion_plan: expected a Tape, got {type(tape).__name__}")
+    try:
+        loss_id = tape.var(loss).id
+    except GradtoolError as exc:
+        raise CaptureError(f"loss: {exc}") from None
+    return fuse(tape, capture_program(tape, loss_id, dtype, optimizer))
 
 
 class DeviceEngine:
     """The training engine on a device backend (same interface as train.CpuEngine)."""
 
     def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
-                 graph: bool = True, max_bytes: Optional[int] = None, **options):
+                 graph: bool = True, fuse: bool = False, max_bytes: Optional[int] = None,
+                 **options):
         if options:
             raise GradtoolError(f"unknown device engine option(s): {', '.join(sorted(options))}")
         self.tape = tape
         self.optimizer = optimizer
         self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph,
-                              max_bytes=max_bytes)
+                              fuse=fuse, max_bytes=max_bytes)
         self.name = self.replay.backend
+        rp = self.replay
+        self.label = self.name + (f" (fused: {rp.launches()} launches per step instead of "
+                                  f"{sum(rp.unfused_counts.values())})" if fuse else "")
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
         self.replay.set_input(node_id, batch)
@@ -199,6 +266,16 @@ class DeviceEngine:
         self.replay.forward()
         return self.replay.loss()
 
+    def forward_backward(self) -> float:
+        return self.replay.episode(train=False)
+
+    def grad(self, node_id: int) -> np.ndarray:
+        return self.replay.grad(node_id)
+
+    def params_from_tape(self) -> None:
+        for i in self.replay.program.param_ids:
+            self.replay.set_input(i, self.tape.values[i])
+
     def output(self, node_id: int) -> np.ndarray:
         return self.replay.value(node_id)
 
@@ -208,7 +285,7 @@ class DeviceEngine:
 
 
 __all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
-           "BACKENDS"]
+           "BACKENDS", "fusion_plan"]
 
 
 # ── parity with the CPU tape, and timing (used by `gradtool replay-gpu`) ───

@@ -28,10 +28,11 @@ import numpy as np
 
 from .. import native
 from ..errors import GradtoolError
+from ..ops import pack
 from .program import DTYPES, PHASES, Program
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h")
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
@@ -88,9 +89,12 @@ def load_library(dtype: str, variant: str = "tiled"):
     lib.gt_kernel_names.restype = ctypes.c_char_p
     lib.gt_kernel_names.argtypes = []
     lib.gt_real_bytes.restype = ctypes.c_int
-    lib.gt_run.restype = None
-    lib.gt_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_longlong, ctypes.c_longlong]
+    for run in (lib.gt_run, lib.gt_run_fns):
+        run.restype = None
+        run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.c_longlong, ctypes.c_longlong]
+    lib.gt_kernel_at.restype = ctypes.c_void_p
+    lib.gt_kernel_at.argtypes = [ctypes.c_longlong]
     if lib.gt_real_bytes() != np.dtype(DTYPES[dtype]).itemsize:
         raise HostBuildError(f"{path} was built for another element type")
     _LIBS[dtype, variant] = lib
@@ -99,6 +103,28 @@ def load_library(dtype: str, variant: str = "tiled"):
 
 def kernel_names(dtype: str = "f64") -> list:
     return load_library(dtype).gt_kernel_names().decode().split()
+
+
+class Staging:
+    """Where a float32 program's float64 uploads land before k_from_f64 converts them on
+    the device: ``chunk`` float64 values at the even arena offset ``off`` past the
+    program's arena (``chunk`` 0: a float64 program, which copies directly).  Uploads
+    larger than the area go through it piece by piece."""
+
+    LIMIT = 1 << 20                       # float64 values (8 MiB)
+
+    def __init__(self, program: Program):
+        self.off = program.size + (program.size & 1)
+        self.chunk = 0
+        if program.dtype != "f64":
+            biggest = max([np.asarray(d).size for _, d in program.init] + [1])
+            self.chunk = min(biggest, self.LIMIT)
+        # in elements of the program's dtype (two float32 per float64)
+        self.end = self.off + 2 * self.chunk if self.chunk else max(program.size, 1)
+
+    def pieces(self, n: int):
+        for start in range(0, n, self.chunk):
+            yield start, min(self.chunk, n - start)
 
 
 class HostBackend:
@@ -110,14 +136,36 @@ class HostBackend:
         self.program = program
         self.variant = variant
         lib = load_library(program.dtype, variant)
-        index = {name: i for i, name in enumerate(lib.gt_kernel_names().decode().split())}
-        self.meta, self.table, self.ranges = program.flatten(index)
-        self.arena = np.zeros(max(program.size, 1), dtype=DTYPES[program.dtype])
-        for off, data in program.init:
-            flat = np.asarray(data, dtype=np.float64).reshape(-1)
-            self.arena[off:off + flat.size] = flat
+        names = lib.gt_kernel_names().decode().split()
+        index = {name: i for i, name in enumerate(names)}
         self._run = lib.gt_run
+        self.fusion_build = None
+        plan = program.fusion
+        if plan is not None and plan.kernels:
+            # fused kernels live in their own library: the launch table then holds
+            # function pointers of both, run by gt_run_fns (gradtool/device/fusion.py)
+            from .fusion import host_library
+            flib, self.fusion_build = host_library(plan.source, program.dtype)
+            index = {name: lib.gt_kernel_at(i) for i, name in enumerate(names)}
+            index.update({k.name: flib.gtf_kernel_at(j) for j, k in enumerate(plan.kernels)})
+            self._run = lib.gt_run_fns
+        self.meta, self.table, self.ranges = program.flatten(index)
+        if self.fusion_build is not None and variant == "per-thread-reversed":
+            fused = {k.name for k in plan.kernels}
+            flat = [la for ph in PHASES for la in program.launches[ph]]
+            for q, la in enumerate(flat):           # fused kernels walk last to first (M[1])
+                if la.kernel in fused:
+                    self.meta[self.table[2 * q + 1] + 1] = 1
+        self.staging = Staging(program)
+        # 8-byte aligned in every dtype: the float32 build's float64 staging area lives in it
+        words = (self.staging.end * np.dtype(DTYPES[program.dtype]).itemsize + 7) // 8
+        self.arena = np.zeros(max(words, 1), np.float64).view(DTYPES[program.dtype])
         self._ptrs = (self.arena.ctypes.data, self.meta.ctypes.data, self.table.ctypes.data)
+        if self.staging.chunk:
+            self._convert = (lib.gt_run, int(names.index("k_from_f64")),
+                             self.arena[self.staging.off:].view(np.float64)[:self.staging.chunk])
+        for off, data in program.init:
+            self.write(off, np.asarray(data, dtype=np.float64))
 
     def run(self, first: str, last: str) -> None:
         """Run the phases from ``first`` to ``last`` (in PHASES order) as one call."""
@@ -127,8 +175,19 @@ class HostBackend:
             self._run(*self._ptrs, start, end)
 
     def write(self, off: int, data: np.ndarray) -> None:
-        flat = data.reshape(-1)
-        self.arena[off:off + flat.size] = flat
+        """float64 ``data`` into the arena at ``off``: a copy in the float64 build; in the
+        float32 build copied into the staging area and converted by k_from_f64."""
+        flat = np.ascontiguousarray(data, dtype=np.float64).reshape(-1)
+        if not self.staging.chunk:
+            self.arena[off:off + flat.size] = flat
+            return
+        run, kernel, area = self._convert
+        table = np.array([kernel, 0], dtype=np.int64)
+        for start, n in self.staging.pieces(flat.size):
+            area[:n] = flat[start:start + n]
+            meta = np.array(pack("k_from_f64", n, dst=off + start, src=self.staging.off),
+                            dtype=np.int64)
+            run(self._ptrs[0], meta.ctypes.data, table.ctypes.data, 0, 1)
 
     def read(self, off: int, n: int) -> np.ndarray:
         return self.arena[off:off + n].astype(np.float64)

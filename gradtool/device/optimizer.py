@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import GradtoolError
 from ..optim import B1, B2, EPS, advance_adam
-from .program import CaptureError, Launch, f64_bits
+from .launch import CaptureError, launch
 
 
 @dataclass
@@ -87,6 +88,11 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
         raise CaptureError(f"the device optimizer supports sgd and adam, not {kind!r}")
     plan = OptimizerPlan(kind=kind, lr=float(opt.lr), clip=float(opt.clip), t=int(opt.t),
                          b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off)
+    if hasattr(opt, "check_tape"):
+        try:
+            opt.check_tape(builder.tape)
+        except GradtoolError as exc:
+            raise CaptureError(str(exc)) from None
     for e in opt.entries:
         nid = e.node_id
         if not 0 <= nid < len(prog.shapes) or builder.tape.nodes[nid].op != "param":
@@ -103,21 +109,21 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
     use_clip = int(plan.clip > 0.0)
     ctl = prog.ctl_off
     if active:
-        plan.launches.append(Launch("k_guard", (1, ctl, prog.val_off[prog.loss]), -1,
-                                    "loss finite?"))
+        plan.launches.append(launch("k_guard", 1, -1, "loss finite?", ctl=ctl,
+                                    loss=prog.val_off[prog.loss]))
     if use_clip and active:
-        pairs = [x for pe in active for x in (prog.grad_off[pe.node_id], pe.n)]
-        plan.launches.append(Launch("k_clip_norm", (1, ctl, f64_bits(plan.clip), len(active),
-                                                    *pairs), -1, "clip norm"))
+        plan.launches.append(launch("k_clip_norm", 1, -1, "clip norm", ctl=ctl, clip=plan.clip,
+                                    offs=[prog.grad_off[pe.node_id] for pe in active],
+                                    lens=[pe.n for pe in active]))
     l2_of = {e.node_id: float(e.l2) for e in opt.entries}
     for pe in active:
         w, g, l2 = prog.val_off[pe.node_id], prog.grad_off[pe.node_id], l2_of[pe.node_id]
         if kind == "sgd":
-            meta = (pe.n, w, g, ctl, use_clip, f64_bits(l2))
-            plan.launches.append(Launch("k_sgd", meta, pe.node_id, "sgd"))
+            plan.launches.append(launch("k_sgd", pe.n, pe.node_id, "sgd", w=w, g=g, ctl=ctl,
+                                        use_clip=use_clip, l2=l2))
         else:
-            meta = (pe.n, w, g, pe.m_off, pe.v_off, ctl, use_clip, f64_bits(l2),
-                    f64_bits(B1), f64_bits(B2), f64_bits(1.0 - B1), f64_bits(1.0 - B2),
-                    f64_bits(EPS))
-            plan.launches.append(Launch("k_adam", meta, pe.node_id, "adam"))
+            plan.launches.append(launch("k_adam", pe.n, pe.node_id, "adam", w=w, g=g,
+                                        m=pe.m_off, v=pe.v_off, ctl=ctl, use_clip=use_clip,
+                                        l2=l2, b1=B1, b2=B2, omb1=1.0 - B1, omb2=1.0 - B2,
+                                        eps=EPS))
     return plan

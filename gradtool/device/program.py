@@ -19,66 +19,48 @@ The launch list mirrors the CPU tape exactly (:mod:`gradtool.tape`):
   input b (:meth:`Tape.backward`);
 * optimizer: see :mod:`gradtool.device.optimizer`.
 
+Integer ids (the i64 consts take and take_along read) sit in the arena as
+exact float values, with each learning take's backward index
+(:class:`TakeIndex`); setting new ids uploads both (:meth:`Program.id_writes`).
+
 Restrictions raise :class:`CaptureError` (exit 2 from the CLI) before
 anything is allocated.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
+from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
-from ..errors import GradtoolError
-from ..ops import infer_shape
+from ..ops import OPS, attr, infer_shape
+from ..tape import reach
+from .launch import CaptureError, Launch, launch
+from .optimizer import plan_optimizer
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
 HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
 DTYPES = {"f64": np.float64, "f32": np.float32}
 PHASES = ("forward", "backward", "optimizer")
-
-UNARY_FORWARD = {op: f"k_{op}" for op in
-                 ("neg", "adds", "muls", "relu", "sigmoid", "tanh", "exp", "log", "sqrt")}
-UNARY_BACKWARD = {"neg": "k_bwd_neg", "adds": "k_bwd_id", "muls": "k_bwd_muls",
-                  "relu": "k_bwd_relu", "sigmoid": "k_bwd_sigmoid", "tanh": "k_bwd_tanh",
-                  "exp": "k_bwd_exp", "log": "k_bwd_log", "sqrt": "k_bwd_sqrt",
-                  "reshape": "k_bwd_id"}
-BINARY_FORWARD = {"add": "k_add", "sub": "k_sub", "mul": "k_mul", "div": "k_div"}
-# (kernel, other operand) for each input's contribution: "b"/"a" = that
-# input's value, None = no other operand read.
-BINARY_BACKWARD = {
-    "add": (("k_red_g", None), ("k_red_g", None)),          # g, g
-    "sub": (("k_red_g", None), ("k_red_neg", None)),        # g, -g
-    "mul": (("k_red_mul", "b"), ("k_red_mul", "a")),        # g*b, g*a
-    "div": (("k_red_div", "b"), ("k_red_divb", "b")),       # g/b, -((g*t)/b)
-}
-SUPPORTED_OPS = (set(UNARY_FORWARD) | set(BINARY_FORWARD) |
-                 {"param", "const", "sum", "mean", "matmul", "bmm", "transpose", "reshape",
-                  "softmax", "slice", "concat"})
-
-
-class CaptureError(GradtoolError):
-    """The tape cannot be replayed on the device (the message names the node)."""
-
-
-def f64_bits(x: float) -> int:
-    """The IEEE-754 bit pattern of a float64, as the signed int64 a metadata slot holds."""
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+EXACT_INTS = {"f64": 2 ** 53, "f32": 2 ** 24}    # every int below this is exact in the arena
 
 
 @dataclass(frozen=True)
-class Launch:
-    kernel: str                   # a kernel name of kernels.cu
-    meta: tuple                   # its int64 metadata block; meta[0] = thread indices
-    node: int = -1                # the tape node it belongs to (-1: bookkeeping)
-    what: str = ""                # for messages and listings
+class TakeIndex:
+    """Where take's backward index (numerics.take_index of its ids) lives in the arena.
 
-    @property
-    def work(self) -> int:
-        return int(self.meta[0])
+    The ids are a leaf: they change only when the host sets them, and then the
+    host recomputes this index and uploads it with them (:meth:`Program.id_writes`).
+    """
+
+    leaf: int                   # the ids leaf
+    node: int                   # the take node
+    rows: int                   # the table's rows (ids lie in [0, rows))
+    order_off: int              # positions sorted by the row they read (N values)
+    start_off: int              # row v's positions are order[start[v]:start[v+1]] (rows+1)
 
 
 @dataclass
@@ -97,6 +79,20 @@ class Program:
     optimizer: Optional[object] = None      # gradtool.device.optimizer.OptimizerPlan
     param_ids: list = field(default_factory=list)
     input_ids: list = field(default_factory=list)
+    id_bounds: dict = field(default_factory=dict)    # ids leaf -> [(reading node, bound)]
+    take_indexes: list = field(default_factory=list)  # TakeIndex per take whose table learns
+
+    def id_writes(self, leaf: int, ids: np.ndarray) -> list:
+        """(offset, float64 values) to upload for new ids of ``leaf``: the ids themselves
+        (exact integers, docs/device.md) and every take index built from them."""
+        out = [(self.val_off[leaf], np.asarray(ids, dtype=np.float64))]
+        for ti in self.take_indexes:
+            if ti.leaf == leaf:
+                order, start = nx.take_index(ids, ti.rows)
+                out += [(ti.order_off, order.astype(np.float64)),
+                        (ti.start_off, start.astype(np.float64))]
+        return out
+    fusion: Optional[object] = None         # gradtool.device.fusion.FusionPlan (--fuse)
 
     @property
     def itemsize(self) -> int:
@@ -120,11 +116,11 @@ class Program:
         meta, table, ranges = [], [], {}
         for ph in PHASES:
             start = len(table) // 2
-            for launch in self.launches[ph]:
-                if launch.kernel not in kernel_index:
-                    raise CaptureError(f"kernel {launch.kernel} is missing from the kernel file")
-                table += [kernel_index[launch.kernel], len(meta)]
-                meta += list(launch.meta)
+            for ln in self.launches[ph]:
+                if ln.kernel not in kernel_index:
+                    raise CaptureError(f"kernel {ln.kernel} is missing from the kernel file")
+                table += [kernel_index[ln.kernel], len(meta)]
+                meta += list(ln.meta)
             ranges[ph] = (start, len(table) // 2)
         return (np.array(meta or [0], dtype=np.int64), np.array(table or [0, 0], dtype=np.int64),
                 ranges)
@@ -180,6 +176,7 @@ class _Builder:
         self.size = 0
         self.scratch_need = 0
         self.scratch_off = -1
+        self.take_index = {}          # take node -> its TakeIndex
 
     def alloc(self, n: int) -> int:
         off = self.size
@@ -199,22 +196,6 @@ class _Builder:
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
 
 
-def reach(tape, loss: int) -> list:
-    """Which nodes the CPU backward walk touches (their gradient is not None)."""
-    nodes, requires = tape.nodes, tape.requires
-    reached = [False] * len(nodes)
-    reached[loss] = True
-    for i in range(loss, -1, -1):
-        node = nodes[i]
-        if not reached[i] or node.a < 0 or not requires[i]:
-            continue
-        if requires[node.a]:
-            reached[node.a] = True
-        if node.b >= 0 and requires[node.b]:
-            reached[node.b] = True
-    return reached
-
-
 def _check(tape, loss: int, dtype: str) -> None:
     if dtype not in DTYPES:
         raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
@@ -223,9 +204,10 @@ def _check(tape, loss: int, dtype: str) -> None:
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
-        if node.op not in SUPPORTED_OPS:
+        if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
-        if not isinstance(value, np.ndarray) or value.dtype != np.float64:
+        ids = node.op == "const" and getattr(value, "dtype", None) == np.int64
+        if not isinstance(value, np.ndarray) or (value.dtype != np.float64 and not ids):
             kind = getattr(value, "dtype", type(value).__name__)
             raise CaptureError(f"node {i}: holds {kind} values; the device replay needs a "
                                f"float64 tape")
@@ -238,6 +220,17 @@ def _check(tape, loss: int, dtype: str) -> None:
     if tape.values[loss].size != 1:
         raise CaptureError(f"loss node {loss} has shape {list(tape.values[loss].shape)}; "
                            f"backward needs a one-element loss")
+    if tape.values[loss].dtype != np.float64:
+        raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
+    for i, node in enumerate(tape.nodes):
+        spec = OPS[node.op]
+        if spec.int_inputs:
+            # ids (< bound) and take's index (positions, counts <= N) become arena values
+            most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
+                       tape.values[node.b].size if node.op == "take" else 0)
+            if most >= EXACT_INTS[dtype]:
+                raise CaptureError(f"node {i} ({node.op}): {most} ids or rows; a {dtype} arena "
+                                   f"holds integers exactly only below {EXACT_INTS[dtype]}")
 
 
 def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
@@ -251,7 +244,6 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     any backend allocates it.
     """
     _check(tape, loss, dtype)
-    from .optimizer import plan_optimizer      # optimizer.py builds on this module
 
     b = _Builder(tape, loss, dtype)
     val_off = [b.alloc(b.n(i)) for i in range(len(tape.nodes))]
@@ -260,12 +252,18 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
     grad_end = b.size
     ctl_off = b.alloc(4)
+    takes = []          # the backward index of every take whose table learns
+    for i, n in enumerate(tape.nodes):
+        if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+            rows = b.shapes[n.a][0]
+            takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
+    b.take_index = {ti.node: ti for ti in takes}
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
                for launch in _forward_node(b, i, val_off)]
-    backward = [Launch("k_fill", (grad_end - grad_start, grad_start, f64_bits(0.0)),
-                       -1, "zero gradients"),
-                Launch("k_fill", (1, grad_off[loss], f64_bits(1.0)), loss, "seed loss")]
+    backward = [launch("k_fill", grad_end - grad_start, -1, "zero gradients", dst=grad_start,
+                       value=0.0),
+                launch("k_fill", 1, loss, "seed loss", dst=grad_off[loss], value=1.0)]
     for i in range(loss, -1, -1):
         node = tape.nodes[i]
         if grad_off[i] < 0 or node.a < 0 or not tape.requires[i]:
@@ -280,8 +278,17 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
                    loss=loss, ctl_off=ctl_off,
                    launches={"forward": forward, "backward": backward, "optimizer": []},
                    param_ids=[i for i, n in enumerate(tape.nodes) if n.op == "param"],
-                   input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name])
-    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))]
+                   input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name],
+                   take_indexes=takes)
+    for i, n in enumerate(tape.nodes):
+        spec = OPS[n.op]
+        if spec.int_inputs:
+            bound = spec.index_bound(b.shapes[n.a], n.aux)
+            prog.id_bounds.setdefault(n.b, []).append((i, bound))
+    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))
+                 if i not in prog.id_bounds]
+    for leaf in prog.id_bounds:
+        prog.init += prog.id_writes(leaf, tape.values[leaf])
     if optimizer is not None:
         prog.optimizer = plan_optimizer(b, prog, optimizer)
         prog.launches["optimizer"] = prog.optimizer.launches
@@ -306,56 +313,137 @@ def _check_arena(prog: Program, grad_elements: int, max_bytes: int) -> None:
 
 
 # ── forward launches, op by op ────────────────────────────────────────────
+# ── forward launches, by the op's kind (gradtool.ops) ─────────────────────
 
 def _forward_node(b: _Builder, i: int, val) -> list:
+    spec = OPS[b.tape.nodes[i].op]
+    lower = _FORWARD.get(spec.kind)
+    if lower is None:
+        raise CaptureError(f"node {i}: op {spec.name!r} has no device kernel")
+    return lower(b, i, spec, val)
+
+
+def _fwd_unary(b, i, spec, val):
     node = b.tape.nodes[i]
-    op, ia, ib = node.op, node.a, node.b
-    out, n = val[i], b.n(i)
-    shape, sa = b.shapes[i], b.shapes[ia]
-    if op in UNARY_FORWARD:
-        return [Launch(UNARY_FORWARD[op], (n, out, val[ia], f64_bits(node.s)), i, op)]
-    if op in BINARY_FORWARD:
-        dims, (st_a, st_b) = collapse(shape, aligned_strides(sa, shape),
-                                      aligned_strides(b.shapes[ib], shape))
-        b.check_rank(dims, i, op)
-        return [Launch(BINARY_FORWARD[op],
-                       (n, out, val[ia], val[ib], len(dims), *dims, *st_a, *st_b), i, op)]
-    if op in ("sum", "mean"):
-        return [Launch("k_sum", (1, out, val[ia], b.n(ia), int(op == "mean")), i, op)]
-    if op == "matmul":
-        (m, k), nn = sa, shape[1]
-        return [_matmul(b, i, out, val[ia], val[ib], 1, m, k, nn,
-                        (0, k, 1), (0, nn, 1), acc=False, what="matmul")]
-    if op == "bmm":
-        bt, m, k = sa
-        nn = shape[2]
-        return [_matmul(b, i, out, val[ia], val[ib], bt, m, k, nn,
-                        (m * k, k, 1), (k * nn, nn, 1), acc=False, what="bmm")]
-    if op == "transpose":
-        batch = int(np.prod(sa[:-2], dtype=np.int64))
-        m, nn = sa[-2], sa[-1]
-        # out[bt, j, i] = a[bt, i, j], walked in out order
-        return [_copy(b, i, out, val[ia], [batch, nn, m], [nn * m, m, 1], [m * nn, 1, nn],
-                      acc=False, what="transpose")]
-    if op == "reshape":
-        return [_copy(b, i, out, val[ia], [n], [1], [1], acc=False, what="reshape")]
-    if op == "softmax":
-        outer, length, inner = _axis_split(sa, node.aux["axis"])
-        return [Launch("k_softmax", (outer * inner, out, val[ia], length, inner), i, "softmax")]
-    if op == "slice":
-        st = row_major_strides(sa)
-        start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
-        return [_copy(b, i, out, val[ia] + start, shape, row_major_strides(shape), st,
-                      acc=False, what="slice")]
-    if op == "concat":
-        axis = node.aux["axis"]
-        ost = row_major_strides(shape)
-        sbb = b.shapes[ib]
-        return [_copy(b, i, out, val[ia], sa, ost, row_major_strides(sa), acc=False,
-                      what="concat a"),
-                _copy(b, i, out + sa[axis] * ost[axis], val[ib], sbb, ost,
-                      row_major_strides(sbb), acc=False, what="concat b")]
-    raise CaptureError(f"node {i}: op {op!r} has no device kernel")
+    return [launch(f"k_{spec.name}", b.n(i), i, spec.name, out=val[i], a=val[node.a],
+                   s=node.s)]
+
+
+def _fwd_binary(b, i, spec, val):
+    node = b.tape.nodes[i]
+    shape = b.shapes[i]
+    dims, (st_a, st_b) = collapse(shape, aligned_strides(b.shapes[node.a], shape),
+                                  aligned_strides(b.shapes[node.b], shape))
+    b.check_rank(dims, i, spec.name)
+    return [launch(f"k_{spec.name}", b.n(i), i, spec.name, out=val[i], a=val[node.a],
+                   b=val[node.b], dims=dims, sa=st_a, sb=st_b)]
+
+
+def _reduce_rows(b, i):
+    """(outer, len, inner) of a reduction: one row of every element without an axis."""
+    node = b.tape.nodes[i]
+    axis = attr(node.aux, "axis")
+    return (1, b.n(node.a), 1) if axis is None else _axis_split(b.shapes[node.a], axis)
+
+
+def _fwd_reduce(b, i, spec, val):
+    ia = b.tape.nodes[i].a
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_sum", outer * inner, i, spec.name, out=val[i], a=val[ia], len=length,
+                   inner=inner, is_mean=int(spec.name == "mean"), acc=0)]
+
+
+def _fwd_max(b, i, spec, val):
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_max", outer * inner, i, spec.name, out=val[i], a=val[b.tape.nodes[i].a],
+                   len=length, inner=inner)]
+
+
+def _fwd_matmul(b, i, spec, val):
+    node = b.tape.nodes[i]
+    (m, k), nn = b.shapes[node.a], b.shapes[i][1]
+    return [_matmul(b, i, val[i], val[node.a], val[node.b], 1, m, k, nn,
+                    (0, k, 1), (0, nn, 1), acc=False, what="matmul")]
+
+
+def _bmm_dims(b, i):
+    """(batch, m, k, n, a's batch stride, b's batch stride): 0 on a stretched side."""
+    node = b.tape.nodes[i]
+    bt, m, nn = b.shapes[i]
+    k = b.shapes[node.a][2]
+    return (bt, m, k, nn, m * k if b.shapes[node.a][0] == bt else 0,
+            k * nn if b.shapes[node.b][0] == bt else 0)
+
+
+def _fwd_bmm(b, i, spec, val):
+    node = b.tape.nodes[i]
+    bt, m, k, nn, sab, sbb = _bmm_dims(b, i)
+    return [_matmul(b, i, val[i], val[node.a], val[node.b], bt, m, k, nn,
+                    (sab, k, 1), (sbb, nn, 1), acc=False, what="bmm")]
+
+
+def _fwd_transpose(b, i, spec, val):
+    sa = b.shapes[b.tape.nodes[i].a]
+    batch = int(np.prod(sa[:-2], dtype=np.int64))
+    m, nn = sa[-2], sa[-1]
+    # out[bt, j, i] = a[bt, i, j], walked in out order
+    return [_copy(b, i, val[i], val[b.tape.nodes[i].a], [batch, nn, m], [nn * m, m, 1],
+                  [m * nn, 1, nn], acc=False, what="transpose")]
+
+
+def _fwd_reshape(b, i, spec, val):
+    n = b.n(i)
+    return [_copy(b, i, val[i], val[b.tape.nodes[i].a], [n], [1], [1], acc=False,
+                  what="reshape")]
+
+
+def _fwd_softmax(b, i, spec, val):
+    node = b.tape.nodes[i]
+    outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
+    return [launch(spec.kernels[0], outer * inner, i, spec.name, out=val[i], a=val[node.a],
+                   len=length, inner=inner)]
+
+
+def _fwd_slice(b, i, spec, val):
+    node = b.tape.nodes[i]
+    sa, shape = b.shapes[node.a], b.shapes[i]
+    st = row_major_strides(sa)
+    start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
+    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape), st,
+                  acc=False, what="slice")]
+
+
+def _fwd_concat(b, i, spec, val):
+    node = b.tape.nodes[i]
+    axis, shape = node.aux["axis"], b.shapes[i]
+    sa, sbb = b.shapes[node.a], b.shapes[node.b]
+    ost = row_major_strides(shape)
+    return [_copy(b, i, val[i], val[node.a], sa, ost, row_major_strides(sa), acc=False,
+                  what="concat a"),
+            _copy(b, i, val[i] + sa[axis] * ost[axis], val[node.b], sbb, ost,
+                  row_major_strides(sbb), acc=False, what="concat b")]
+
+
+def _fwd_take(b, i, spec, val):
+    node = b.tape.nodes[i]
+    rows = b.shapes[node.a][0]
+    return [launch("k_take", b.n(i), i, "take", out=val[i], table=val[node.a], ids=val[node.b],
+                   rows=rows, width=b.n(node.a) // rows)]
+
+
+def _fwd_take_along(b, i, spec, val):
+    node = b.tape.nodes[i]
+    axis = node.aux["axis"]
+    _, length, inner = _axis_split(b.shapes[node.a], axis)
+    return [launch("k_take_along", b.n(i), i, "take_along", out=val[i], a=val[node.a],
+                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
+
+
+_FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
+            "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
+            "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
+            "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
+            "take_along": _fwd_take_along}
 
 
 def _axis_split(shape, axis):
@@ -368,108 +456,197 @@ def _copy(b, node, dst, src, dims, sd, ss, *, acc, what) -> Launch:
     n = int(np.prod(dims, dtype=np.int64))
     cdims, (csd, css) = collapse(dims, sd, ss)
     b.check_rank(cdims, node, what)
-    return Launch("k_copy_nd", (n, dst, src, int(acc), len(cdims), *cdims, *csd, *css), node, what)
+    return launch("k_copy_nd", n, node, what, dst=dst, src=src, acc=int(acc), dims=cdims,
+                  sd=csd, ss=css)
 
 
 def _matmul(b, node, c, a, bb, batch, m, k, n, sa, sb, *, acc, what) -> Launch:
     """C[bt] (=|+=) A[bt] @ B[bt] with A strides (batch, row, k), B strides (batch, k, col)."""
     scratch = b.need_scratch(k * HOST_MATMUL_STRIP)    # the host packs B strip by strip
-    return Launch("k_matmul", (batch * m * n, c, a, bb, batch, m, k, n, *sa, *sb, int(acc),
-                               scratch), node, what)
+    return launch("k_matmul", batch * m * n, node, what, c=c, a=a, b=bb, batch=batch, m=m,
+                  k=k, n=n, sab=sa[0], sai=sa[1], sak=sa[2], sbb=sb[0], sbk=sb[1], sbj=sb[2],
+                  acc=int(acc), scratch=scratch)
 
 
-# ── backward launches, op by op ───────────────────────────────────────────
+# ── backward launches, by the op's kind ───────────────────────────────────
 
 def _backward_node(b: _Builder, i: int, need_a: bool, need_b: bool, val, grad) -> list:
+    spec = OPS[b.tape.nodes[i].op]
+    lower = _BACKWARD.get(spec.kind)
+    if lower is None:
+        raise CaptureError(f"node {i}: op {spec.name!r} has no device backward kernel")
+    return lower(b, i, spec, need_a, need_b, val, grad)
+
+
+def _bwd_unary(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
-    op, ia, ib = node.op, node.a, node.b
-    g = grad[i]
-    shape, sa = b.shapes[i], b.shapes[ia]
+    return [launch(f"k_{spec.name}_bwd", b.n(node.a), i, f"{spec.name} backward",
+                   ga=grad[node.a], g=grad[i], a=val[node.a], t=val[i], s=node.s)]
+
+
+def _bwd_binary(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
     out = []
-    if op in UNARY_BACKWARD:
-        return [Launch(UNARY_BACKWARD[op], (b.n(ia), grad[ia], g, val[ia], val[i],
-                                            f64_bits(node.s)), i, f"{op} backward")]
-    if op in BINARY_BACKWARD:
-        for side, need, target in (("a", need_a, ia), ("b", need_b, ib)):
-            if not need:
-                continue
-            kernel, other = BINARY_BACKWARD[op][0 if side == "a" else 1]
-            other_id = {"a": ia, "b": ib, None: target}[other]
-            out.append(_reduce(b, i, kernel, grad[target], b.shapes[target], g, val[other_id],
-                               b.shapes[other_id], val[i], shape, f"{op} backward {side}"))
-        return out
-    if op in ("sum", "mean"):
-        return [Launch("k_sum_bwd", (b.n(ia), grad[ia], g, int(op == "mean")), i,
-                       f"{op} backward")]
-    if op == "matmul":
-        (m, k), nn = sa, shape[1]
-        if need_a:      # dA += G @ B^T: [m, nn] @ [nn, k], serial over nn
-            out.append(_matmul(b, i, grad[ia], g, val[ib], 1, m, nn, k, (0, nn, 1), (0, 1, nn),
-                               acc=True, what="matmul backward a"))
-        if need_b:      # dB += A^T @ G: [k, m] @ [m, nn], serial over m
-            out.append(_matmul(b, i, grad[ib], val[ia], g, 1, k, m, nn, (0, 1, k), (0, nn, 1),
-                               acc=True, what="matmul backward b"))
-        return out
-    if op == "bmm":
-        bt, m, k = sa
-        nn = shape[2]
-        if need_a:
-            out.append(_matmul(b, i, grad[ia], g, val[ib], bt, m, nn, k, (m * nn, nn, 1),
-                               (k * nn, 1, nn), acc=True, what="bmm backward a"))
-        if need_b:
-            out.append(_matmul(b, i, grad[ib], val[ia], g, bt, k, m, nn, (m * k, 1, k),
-                               (m * nn, nn, 1), acc=True, what="bmm backward b"))
-        return out
-    if op == "transpose":
-        batch = int(np.prod(sa[:-2], dtype=np.int64))
-        m, nn = sa[-2], sa[-1]
-        # ga[bt, i, j] += g[bt, j, i], walked in ga order
-        return [_copy(b, i, grad[ia], g, [batch, m, nn], [m * nn, nn, 1], [nn * m, 1, m],
-                      acc=True, what="transpose backward")]
-    if op == "softmax":
-        outer, length, inner = _axis_split(sa, node.aux["axis"])
-        return [Launch("k_softmax_bwd", (outer * inner, grad[ia], g, val[i], length, inner), i,
-                       "softmax backward")]
-    if op == "slice":
-        starts, stops = node.aux["starts"], node.aux["stops"]
-        nd = len(sa)
-        if nd > MAX_DIMS:
-            raise CaptureError(f"node {i} (slice backward): rank {nd} is more than the device "
-                               f"kernels handle ({MAX_DIMS})")
-        return [Launch("k_slice_bwd", (b.n(ia), grad[ia], g, nd, *sa, *starts, *stops,
-                                       *row_major_strides(shape)), i, "slice backward")]
-    if op == "concat":
-        axis = node.aux["axis"]
-        gst = row_major_strides(shape)
-        if need_a:
-            out.append(_copy(b, i, grad[ia], g, sa, row_major_strides(sa), gst, acc=True,
-                             what="concat backward a"))
-        if need_b:
-            sbb = b.shapes[ib]
-            out.append(_copy(b, i, grad[ib], g + sa[axis] * gst[axis], sbb,
-                             row_major_strides(sbb), gst, acc=True, what="concat backward b"))
-        return out
-    raise CaptureError(f"node {i}: op {op!r} has no device backward kernel")
+    for side, need, target in (("a", need_a, node.a), ("b", need_b, node.b)):
+        if need:
+            out.append(_reduce(b, i, f"k_{spec.name}_bwd_{side}", target, val, grad,
+                               f"{spec.name} backward {side}"))
+    return out
 
 
-def _reduce(b, node, kernel, ga, target_shape, g, o, other_shape, t, out_shape, what) -> Launch:
-    """One input's contribution, reduced to its shape (numerics.reduce_to_shape), added once."""
+def _bwd_reduce(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    _, length, inner = _reduce_rows(b, i)
+    return [launch("k_sum_bwd", b.n(ia), i, f"{spec.name} backward", ga=grad[ia], g=grad[i],
+                   len=length, inner=inner, is_mean=int(spec.name == "mean"))]
+
+
+def _bwd_max(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    outer, length, inner = _reduce_rows(b, i)
+    return [launch("k_max_bwd", outer * inner, i, "max backward", ga=grad[ia], g=grad[i],
+                   a=val[ia], len=length, inner=inner)]
+
+
+def _bwd_matmul(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    ia, ib, g = node.a, node.b, grad[i]
+    (m, k), nn = b.shapes[ia], b.shapes[i][1]
+    out = []
+    if need_a:      # dA += G @ B^T: [m, nn] @ [nn, k], serial over nn
+        out.append(_matmul(b, i, grad[ia], g, val[ib], 1, m, nn, k, (0, nn, 1), (0, 1, nn),
+                           acc=True, what="matmul backward a"))
+    if need_b:      # dB += A^T @ G: [k, m] @ [m, nn], serial over m
+        out.append(_matmul(b, i, grad[ib], val[ia], g, 1, k, m, nn, (0, 1, k), (0, nn, 1),
+                           acc=True, what="matmul backward b"))
+    return out
+
+
+def _bwd_bmm(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    ia, ib, g = node.a, node.b, grad[i]
+    bt, m, k, nn, sab, sbb = _bmm_dims(b, i)
+    out = []
+    if need_a:      # dA[bt] += G[bt] @ B[bt]^T: [m, nn] @ [nn, k], serial over nn
+        out += _batch_product(b, i, grad[ia], sab == 0, bt, m, nn, k, g, (m * nn, nn, 1),
+                              val[ib], (sbb, 1, nn), "bmm backward a")
+    if need_b:      # dB[bt] += A[bt]^T @ G[bt]: [k, m] @ [m, nn], serial over m
+        out += _batch_product(b, i, grad[ib], sbb == 0, bt, k, m, nn, val[ia], (sab, 1, k),
+                              g, (m * nn, nn, 1), "bmm backward b")
+    return out
+
+
+def _batch_product(b, i, dst, stretched, bt, m, k, n, x, sx, y, sy, what) -> list:
+    """dst += X[bt] @ Y[bt] for every batch; for a side the forward stretched (bt > 1, dst
+    one batch), the products land in scratch first and their serial batch sum is added."""
+    if not stretched or bt == 1:
+        return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=True, what=what)]
+    strip = k * HOST_MATMUL_STRIP
+    products = b.need_scratch(strip + bt * m * n) + strip      # after the matmul's strip
+    return [_matmul(b, i, products, x, y, bt, m, k, n, sx, sy, acc=False, what=what),
+            launch("k_sum", m * n, i, f"{what} (batch sum)", out=dst, a=products, len=bt,
+                   inner=m * n, is_mean=0, acc=1)]
+
+
+def _bwd_transpose(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    sa = b.shapes[ia]
+    batch = int(np.prod(sa[:-2], dtype=np.int64))
+    m, nn = sa[-2], sa[-1]
+    # ga[bt, i, j] += g[bt, j, i], walked in ga order
+    return [_copy(b, i, grad[ia], grad[i], [batch, m, nn], [m * nn, nn, 1], [nn * m, 1, m],
+                  acc=True, what="transpose backward")]
+
+
+def _bwd_reshape(b, i, spec, need_a, need_b, val, grad):
+    ia = b.tape.nodes[i].a
+    n = b.n(ia)         # ga = ga + g, element for element
+    return [_copy(b, i, grad[ia], grad[i], [n], [1], [1], acc=True, what="reshape backward")]
+
+
+def _bwd_softmax(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    outer, length, inner = _axis_split(b.shapes[node.a], node.aux["axis"])
+    return [launch(spec.kernels[1], outer * inner, i, f"{spec.name} backward",
+                   ga=grad[node.a], g=grad[i], t=val[i], len=length, inner=inner)]
+
+
+def _bwd_slice(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    sa = b.shapes[node.a]
+    if len(sa) > MAX_DIMS:
+        raise CaptureError(f"node {i} (slice backward): rank {len(sa)} is more than the device "
+                           f"kernels handle ({MAX_DIMS})")
+    return [launch("k_slice_bwd", b.n(node.a), i, "slice backward", ga=grad[node.a],
+                   g=grad[i], dims=sa, starts=node.aux["starts"], stops=node.aux["stops"],
+                   gst=row_major_strides(b.shapes[i]))]
+
+
+def _bwd_concat(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    axis, g = node.aux["axis"], grad[i]
+    sa = b.shapes[node.a]
+    gst = row_major_strides(b.shapes[i])
+    out = []
+    if need_a:
+        out.append(_copy(b, i, grad[node.a], g, sa, row_major_strides(sa), gst, acc=True,
+                         what="concat backward a"))
+    if need_b:
+        sbb = b.shapes[node.b]
+        out.append(_copy(b, i, grad[node.b], g + sa[axis] * gst[axis], sbb,
+                         row_major_strides(sbb), gst, acc=True, what="concat backward b"))
+    return out
+
+
+def _bwd_take(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    index = b.take_index[i]
+    rows = b.shapes[node.a][0]
+    return [launch("k_take_bwd", b.n(node.a), i, "take backward", ga=grad[node.a], g=grad[i],
+                   order=index.order_off, start=index.start_off, width=b.n(node.a) // rows)]
+
+
+def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    axis = node.aux["axis"]
+    _, length, inner = _axis_split(b.shapes[node.a], axis)
+    return [launch("k_take_along_bwd", b.n(node.a), i, "take_along backward",
+                   ga=grad[node.a], g=grad[i], ids=val[node.b], len=length,
+                   k=b.shapes[node.b][axis], inner=inner)]
+
+
+_BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
+             "max": _bwd_max, "matmul": _bwd_matmul, "bmm": _bwd_bmm,
+             "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
+             "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
+             "take_along": _bwd_take_along}
+
+
+def _reduce(b, node, kernel, target, val, grad, what) -> Launch:
+    """One input's contribution, reduced to its shape (numerics.reduce_to_shape), added once.
+
+    The kernel reads both inputs (xv, yv), the node's gradient (gv) and value (tv)."""
+    i = node
+    n_a, n_b = b.tape.nodes[i].a, b.tape.nodes[i].b
+    out_shape, target_shape = b.shapes[i], b.shapes[target]
     nd = len(out_shape)
     padded = (1,) * (nd - len(target_shape)) + tuple(target_shape)
     g_st = row_major_strides(out_shape)
-    o_st = aligned_strides(other_shape, out_shape)
+    a_st = aligned_strides(b.shapes[n_a], out_shape)
+    b_st = aligned_strides(b.shapes[n_b], out_shape)
     kept = [d for d in range(nd) if out_shape[d] > 1 and padded[d] == out_shape[d]]
     bcast = [d for d in range(nd) if out_shape[d] > 1 and padded[d] == 1]
-    kd, (kg, ko) = collapse([out_shape[d] for d in kept], [g_st[d] for d in kept],
-                            [o_st[d] for d in kept])
+    kd, (kg, ka, kb) = collapse([out_shape[d] for d in kept], [g_st[d] for d in kept],
+                                [a_st[d] for d in kept], [b_st[d] for d in kept])
     if bcast:
-        bd, (bg, bo) = collapse([out_shape[d] for d in bcast], [g_st[d] for d in bcast],
-                                [o_st[d] for d in bcast])
+        bd, (bg, ba, bb) = collapse([out_shape[d] for d in bcast], [g_st[d] for d in bcast],
+                                    [a_st[d] for d in bcast], [b_st[d] for d in bcast])
     else:
-        bd, bg, bo = [], [], []
+        bd, bg, ba, bb = [], [], [], []
     b.check_rank(kd, node, what)
     b.check_rank(bd, node, what)
     n = int(np.prod(target_shape, dtype=np.int64))
     scratch = b.need_scratch(n) if bd else b.scratch_off
-    return Launch(kernel, (n, ga, g, o, t, len(kd), *kd, *kg, *ko, len(bd), *bd, *bg, *bo,
-                           scratch), node, what)
+    return launch(kernel, n, node, what, ga=grad[target], g=grad[i], a=val[n_a], b=val[n_b],
+                  t=val[i], kd=kd, kg=kg, ka=ka, kb=kb, bd=bd, bg=bg, ba=ba, bb=bb,
+                  scratch=scratch)

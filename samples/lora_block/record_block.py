@@ -3,22 +3,27 @@
     python samples/lora_block/record_block.py     # writes block.msgpack + tokens.npz here
 
 The block is the whole of a (one-layer) Qwen2 causal language model on one
-short token sequence, written with gradtool's 24 plain ops and nothing else:
+short token sequence, written with gradtool's ops and its building blocks
+(``gradtool.nn``), which record nothing but ops:
 
-    tokens (one-hot) @ embedding                      -> x        [T, H]
+    take(embedding, tokens)                           -> x        [T, H]
     h = x + o_proj(attention(rope(q, k), v))          (input RMSNorm first)
     h = h + down_proj(silu(gate_proj(n)) * up_proj(n))  (post-attention RMSNorm n)
     logits = RMSNorm(h) @ lm_head                               [T, V]
-    loss = mean over positions of -sum(targets * log(softmax(logits)))
+    loss = softmax_cross_entropy(logits, targets)  = -mean(log_softmax(logits)[target])
+
+RMSNorm is an axis mean; grouped-query attention reshapes the query heads
+that share a kv head into that head's batch of one ``bmm`` (no copies).
 
 Every base weight is a frozen const.  The ONLY parameters are LoRA pairs
 (A [in, r], B [r, out]) on q, k, v, o, gate, up and down, added as PEFT does:
 ``base(x) + (x @ A) @ B * alpha/r``, with B initialised to zero so that the
 adapted model starts out exactly equal to the base model.
 
-The two named consts are the training input slots: ``tokens`` and
-``targets``, one-hot [1, T, V] each (one example = one sequence; the tape
-reshapes it to [T, V]).  ``tokens.npz`` holds the one fixed sequence, so
+The two named consts are the training input slots, integer ids (dtype i64):
+``tokens`` [1, T] and ``targets`` [1, T, 1] (one example = one sequence;
+position t's target is token t + 1).  ``tokens.npz`` holds the one fixed
+sequence, so
 
     gradtool train samples/lora_block/block.msgpack --data samples/lora_block/tokens.npz
 
@@ -37,6 +42,7 @@ from decimal import Decimal, localcontext
 
 import numpy as np
 
+from gradtool import nn
 from gradtool.npzio import write_npz
 from gradtool.tape import GVar, Tape
 from gradtool.tapefile import save
@@ -151,16 +157,10 @@ def causal_mask() -> np.ndarray:
     return np.triu(np.full((SEQ, SEQ), MASK_VALUE), k=1)
 
 
-def one_hot(ids) -> np.ndarray:
-    out = np.zeros((len(ids), VOCAB))
-    out[np.arange(len(ids)), list(ids)] = 1.0
-    return out
-
-
 def training_data(token_ids=TOKEN_IDS) -> dict:
-    """The input slots for one sequence: next-token prediction, one example."""
-    ids = list(token_ids)
-    return {"tokens": one_hot(ids[:-1])[None], "targets": one_hot(ids[1:])[None]}
+    """The input slots for one sequence, as int64 ids: next-token prediction, one example."""
+    ids = np.array(token_ids, dtype=np.int64)
+    return {"tokens": ids[None, :-1].copy(), "targets": ids[None, 1:, None].copy()}
 
 
 # ── the block, op by op ────────────────────────────────────────────────────
@@ -178,28 +178,25 @@ def record(weights: dict, data: dict) -> Block:
     tp = Tape()
     lora = {}
 
-    # Input slots: one-hot tokens and next-token targets, [1, T, V] -> [T, V].
-    tokens = tp.reshape(tp.const(data["tokens"], name="tokens"), [SEQ, VOCAB])
-    targets = tp.reshape(tp.const(data["targets"], name="targets"), [SEQ, VOCAB])
+    # Input slots: token ids [1, T] and next-token target ids [1, T, 1].
+    tokens = tp.const(data["tokens"], name="tokens", dtype="i64")
+    targets = tp.const(data["targets"], name="targets", dtype="i64")
 
     # Shared frozen tables.
-    ones_hidden = tp.const(np.ones((HIDDEN, 1)))       # row sums by matmul
-    ones_vocab = tp.const(np.ones((VOCAB, 1)))
     cos_np, sin_np = rope_tables()
     cos, sin = tp.const(cos_np), tp.const(sin_np)
     mask = tp.const(causal_mask())
 
     def rms_norm(x, gain):
-        # x / sqrt(mean(x^2) + eps) * gain; the row mean is (x*x) @ ones[H,1] / H.
-        mean_sq = ((x * x) @ ones_hidden) / HIDDEN                    # [T, 1]
-        return (x / tp.sqrt(mean_sq + RMS_EPS)) * tp.const(weights[gain])
+        # x / sqrt(mean(x^2) + eps) * gain, the mean along the hidden axis.
+        return nn.rms_norm(x, tp.const(weights[gain]), eps=RMS_EPS)
 
     def projection(x, name):
         # PEFT LoRA: frozen base(x) + (x @ A) @ B * alpha/r; B starts at zero.
         fan_in, fan_out = PROJECTIONS[name]
-        y = x @ tp.const(weights[f"{name}.weight"])
-        if f"{name}.bias" in weights:
-            y = y + tp.const(weights[f"{name}.bias"])                 # broadcast over rows
+        bias = weights.get(f"{name}.bias")                            # q, k, v only
+        y = nn.linear(x, tp.const(weights[f"{name}.weight"]),
+                      None if bias is None else tp.const(bias))       # broadcast over rows
         a = tp.param(weights[f"{name}.lora_A"], name=f"{name}.lora_A")
         b = tp.param(np.zeros((RANK, fan_out)), name=f"{name}.lora_B")
         lora[name] = (a, b)
@@ -224,41 +221,36 @@ def record(weights: dict, data: dict) -> Block:
         # x * cos + rotate_half(x) * sin, the [T, D] tables broadcast over heads.
         return x * cos + rotate_half(x) * sin
 
-    def repeat_kv(x):
-        # [KV, T, D] -> [H, T, D]: kv head j serves query heads j*GROUP .. j*GROUP+GROUP-1.
-        out = None
-        for j in range(N_KV_HEADS):
-            head = tp.slice(x, [j, 0, 0], [j + 1, SEQ, HEAD_DIM])
-            for _ in range(GROUP):
-                out = head if out is None else tp.concat(out, head, axis=0)
-        return out
+    def by_kv_head(x, rows):
+        # [H, T, n] <-> [KV, GROUP*T, n]: kv head j serves query heads j*GROUP ..
+        # j*GROUP+GROUP-1, which are adjacent, so grouping them is a reshape (no copy).
+        return tp.reshape(x, [N_KV_HEADS, GROUP * SEQ, rows] if x.shape[0] == N_HEADS
+                          else [N_HEADS, SEQ, rows])
 
-    # Embedding lookup: a one-hot row times the table selects the row exactly.
-    x = tokens @ tp.const(weights["embed"])                           # [T, H]
+    # Embedding lookup: the token ids pick rows of the table.
+    x = tp.reshape(tp.take(tp.const(weights["embed"]), tokens), [SEQ, HIDDEN])
 
     # Self-attention sub-block (pre-norm, grouped-query, rotary, causal).
     n = rms_norm(x, "input_norm")
     q = rotary(split_heads(projection(n, "q_proj"), N_HEADS))         # [4, T, 8]
     k = rotary(split_heads(projection(n, "k_proj"), N_KV_HEADS))      # [2, T, 8]
     v = split_heads(projection(n, "v_proj"), N_KV_HEADS)              # [2, T, 8]
-    k, v = repeat_kv(k), repeat_kv(v)                                 # [4, T, 8]
-    scores = (q @ tp.transpose(k)) * (1.0 / math.sqrt(HEAD_DIM))      # bmm: [4, T, T]
-    probs = tp.softmax(scores + mask, axis=2)                         # over keys
-    context = merge_heads(probs @ v, N_HEADS)                         # [T, 32]
+    # grouped-query attention: each kv head's batch holds its GROUP query heads' rows
+    scores = by_kv_head(by_kv_head(q, HEAD_DIM) @ tp.transpose(k), SEQ)   # [4, T, T]
+    probs = tp.softmax(scores * (1.0 / math.sqrt(HEAD_DIM)) + mask, axis=2)   # over keys
+    context = merge_heads(by_kv_head(by_kv_head(probs, SEQ) @ v, HEAD_DIM), N_HEADS)
     h = x + projection(context, "o_proj")                             # residual
 
-    # SwiGLU MLP sub-block: down(silu(gate(n)) * up(n)), silu(z) = z * sigmoid(z).
+    # SwiGLU MLP sub-block: down(silu(gate(n)) * up(n)).
     n = rms_norm(h, "post_attention_norm")
-    gate = projection(n, "gate_proj")
-    up = projection(n, "up_proj")
-    h = h + projection((gate * tp.sigmoid(gate)) * up, "down_proj")   # residual
+    h = h + projection(nn.silu(projection(n, "gate_proj")) * projection(n, "up_proj"),
+                       "down_proj")                                   # residual
 
     # Final norm and LM head.
     logits = rms_norm(h, "final_norm") @ tp.const(weights["lm_head"])  # [T, V]
 
-    # Cross-entropy: mean over positions of -sum_v(target * log softmax(logits)).
-    log_probs = tp.log(tp.softmax(logits, axis=1))
-    loss = -tp.mean((targets * log_probs) @ ones_vocab)
+    # Cross-entropy: -mean over positions of log_softmax(logits)[target].
+    loss = nn.softmax_cross_entropy(tp.reshape(logits, [1, SEQ, VOCAB]), targets)
     return Block(tp, loss, logits, lora)
 
 

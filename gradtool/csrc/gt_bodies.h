@@ -1,0 +1,171 @@
+/*
+ * gt_bodies.h -- one thread index's work, for every kernel the fusion pass
+ * (gradtool/device/fusion.py) puts into fused kernels.
+ *
+ * GT_BODY_<kernel>(i) is what a kernel's grid-stride loop does for thread
+ * index i, written over the names its GT_ARGS_<kernel> decoder declares
+ * (gt_ops.h); GT_PRE_<kernel> is what the kernel computes once before its
+ * loop.  The elementwise families take the op's expression EXPR (rendered
+ * from the op table) over xv, yv, gv, tv and s.  kernels.cu expands these
+ * bodies inside its own loops (the one-thread-per-output bodies the GPU
+ * runs), and every fused kernel expands the very same bodies for the same
+ * indices, only distributed differently over blocks and threads: a fused
+ * element performs exactly the per-node kernel's sequence of roundings.
+ */
+#ifndef GT_BODIES_H
+#define GT_BODIES_H
+
+/* dst[i] = value */
+#define GT_BODY_k_fill(i) { dst[(i)] = value; }
+
+/* out[i] = EXPR of xv = a[i] and s (the node's scalar operand) */
+#define GT_BODY_UNARY_FWD(i, EXPR) { const gt_real xv = a[(i)]; out[(i)] = (EXPR); }
+
+/* ga[i] = ga[i] + EXPR of gv = g[i], xv = a[i] (input), tv = t[i] (output), s */
+#define GT_BODY_UNARY_BWD(i, EXPR)                                             \
+    {                                                                          \
+        const gt_real gv = g[(i)], xv = a[(i)], tv = t[(i)];                   \
+        (void)xv; (void)tv;                                                    \
+        ga[(i)] = R_ADD(ga[(i)], (EXPR));                                      \
+    }
+
+/* out[i] = EXPR of xv = a[.], yv = b[.]: out is contiguous over the
+ * (collapsed) dims, sa/sb are the inputs' strides (0 where broadcast) */
+#define GT_BODY_BINARY_FWD(i, EXPR)                                            \
+    {                                                                          \
+        long long rem = (i), oa = 0, ob = 0;                                   \
+        for (int d = (int)nd - 1; d >= 0; --d) {                               \
+            const long long c = rem % dims[d];                                 \
+            rem /= dims[d];                                                    \
+            oa += c * sa[d];                                                   \
+            ob += c * sb[d];                                                   \
+        }                                                                      \
+        const gt_real xv = a[oa], yv = b[ob];                                  \
+        out[(i)] = (EXPR);                                                     \
+    }
+
+/* One input's contribution reduced to that input's shape: for target element
+ * j (row-major over the kept dims) the contributions at the broadcast
+ * coordinates q, in lexicographic order, summed from the first one
+ * (r = c0; r = r + c1 ...), then ga[j] = ga[j] + r.  nq: the number of
+ * broadcast coordinates (GT_PRE_BINARY_BWD). */
+#define GT_PRE_BINARY_BWD                                                      \
+    long long nq = 1;                                                          \
+    for (int d = 0; d < (int)nb; ++d) nq *= bd[d];
+#define GT_BODY_BINARY_BWD(j, EXPR)                                            \
+    {                                                                          \
+        long long rem = (j), pg = 0, pa = 0, pb = 0;                           \
+        for (int d = (int)nk - 1; d >= 0; --d) {                               \
+            const long long c = rem % kd[d];                                   \
+            rem /= kd[d];                                                      \
+            pg += c * kg[d];                                                   \
+            pa += c * ka[d];                                                   \
+            pb += c * kb[d];                                                   \
+        }                                                                      \
+        gt_real r = R0;                                                        \
+        for (long long q = 0; q < nq; ++q) {                                   \
+            long long rq = q, qg = pg, qa = pa, qb = pb;                       \
+            for (int d = (int)nb - 1; d >= 0; --d) {                           \
+                const long long c = rq % bd[d];                                \
+                rq /= bd[d];                                                   \
+                qg += c * bg[d];                                               \
+                qa += c * ba[d];                                               \
+                qb += c * bb[d];                                               \
+            }                                                                  \
+            const gt_real gv = g[qg], xv = a[qa], yv = b[qb], tv = t[qg];      \
+            (void)xv; (void)yv; (void)tv;                                      \
+            const gt_real cv = (EXPR);                                         \
+            r = (q == 0) ? cv : R_ADD(r, cv);                                  \
+        }                                                                      \
+        ga[(j)] = R_ADD(ga[(j)], r);                                           \
+    }
+
+/* the first element of row r of an [outer, L, inner] index space */
+#define GT_ROW_BASE(r, L, inner) (((r) / (inner)) * (L) * (inner) + ((r) % (inner)))
+
+/* row r: v = (0.0 + a0 + a1 + ...) [/ len], serial along the row (stride inner);
+ * out[r] = v, or out[r] + v with acc (bmm's batch sum of a stretched side) */
+#define GT_BODY_k_sum(r)                                                       \
+    {                                                                          \
+        const long long base_ = GT_ROW_BASE((r), len, inner);                  \
+        gt_real s_ = R0;                                                       \
+        for (long long l_ = 0; l_ < len; ++l_) s_ = R_ADD(s_, a[base_ + l_ * inner]); \
+        const gt_real v_ = is_mean ? R_DIV(s_, (gt_real)len) : s_;             \
+        out[(r)] = acc ? R_ADD(out[(r)], v_) : v_;                             \
+    }
+
+/* ga[i] = ga[i] + v with v = g[row of i] (sum) or g[row of i] / len (mean) */
+#define GT_BODY_k_sum_bwd(i)                                                   \
+    {                                                                          \
+        const gt_real gv_ = g[((i) / (len * inner)) * inner + (i) % inner];    \
+        ga[(i)] = R_ADD(ga[(i)], is_mean ? R_DIV(gv_, (gt_real)len) : gv_);    \
+    }
+
+/* C[idx] (=|+=) sum_k A[bt,i,k] * B[bt,k,j], serial over k ascending from
+ * 0.0 (numerics.matmul), C contiguous [batch, m, n] */
+#define GT_BODY_k_matmul(idx)                                                  \
+    {                                                                          \
+        const long long j_ = (idx) % n, rest_ = (idx) / n;                     \
+        const long long i_ = rest_ % m, bt_ = rest_ / m;                       \
+        const gt_real *pa = a + bt_ * sab + i_ * sai;                          \
+        const gt_real *pb = b + bt_ * sbb + j_ * sbj;                          \
+        gt_real s_ = R0;                                                       \
+        for (long long kk = 0; kk < k; ++kk)                                   \
+            s_ = R_ADD(s_, R_MUL(pa[kk * sak], pb[kk * sbk]));                 \
+        c[(idx)] = acc ? R_ADD(c[(idx)], s_) : s_;                             \
+    }
+
+/* ctl[3] = 1 when the loss this episode computed is finite, else 0 */
+#define GT_BODY_k_guard(z)                                                     \
+    {                                                                          \
+        const gt_real x_ = loss[0];                                            \
+        ctl[3] = (R_SUB(x_, x_) == R0) ? R1 : R0;                              \
+    }
+
+/* sumsq = 0.0 + g*g ... over every active param's gradient (offs[p], lens[p]
+ * elements) in registration order, row-major; norm = sqrt(sumsq); scale =
+ * clip / norm if norm > clip; one thread */
+#define GT_BODY_k_clip_norm(z)                                                 \
+    {                                                                          \
+        gt_real s_ = R0;                                                       \
+        for (long long p = 0; p < np; ++p) {                                   \
+            const gt_real *GT_RESTRICT g_ = W + offs[p];                       \
+            const long long n_ = lens[p];                                      \
+            for (long long i = 0; i < n_; ++i) s_ = R_ADD(s_, R_MUL(g_[i], g_[i])); \
+        }                                                                      \
+        const gt_real norm = R_SQRT(s_);                                       \
+        if (norm > clip) { ctl[1] = R_DIV(clip, norm); ctl[2] = R1; }          \
+        else { ctl[1] = R1; ctl[2] = R0; }                                     \
+    }
+
+/* The gradient the update sees: clipped (when the norm kernel said so),
+ * then L2 (g + l2*w) when l2 != 0. */
+GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
+{
+    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
+    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
+    return g;
+}
+
+/* The update kernels do nothing after a non-finite loss (k_guard's ctl[3]). */
+#define GT_SKIP_UPDATE if (ctl[3] == R0) return;
+
+/* w = w - lr*g */
+#define GT_BODY_k_sgd(i)                                                       \
+    {                                                                          \
+        const gt_real gi = gt_opt_grad(g[(i)], w[(i)], ctl, use_clip, l2);     \
+        w[(i)] = R_SUB(w[(i)], R_MUL(ctl[0], gi));                             \
+    }
+
+/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps) */
+#define GT_BODY_k_adam(i)                                                      \
+    {                                                                          \
+        const gt_real gi = gt_opt_grad(g[(i)], w[(i)], ctl, use_clip, l2);     \
+        const gt_real mi = R_ADD(R_MUL(m[(i)], b1), R_MUL(omb1, gi));          \
+        const gt_real vi = R_ADD(R_MUL(v[(i)], b2), R_MUL(omb2, R_MUL(gi, gi))); \
+        m[(i)] = mi;                                                           \
+        v[(i)] = vi;                                                           \
+        w[(i)] = R_SUB(w[(i)], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps))); \
+    }
+
+#endif /* GT_BODIES_H */

@@ -1,0 +1,83 @@
+/*
+ * gt_real.h -- what every kernel source of the device engine starts with:
+ * the launch macros (CUDA, or host_prelude.h for the C build), the element
+ * type gt_real and its correctly rounded operations R_ADD ... R_EXPM1, and
+ * the metadata conventions.  Included by kernels.cu (the per-node kernels)
+ * and by the fused kernels gradtool/device/fusion.py generates per tape, so
+ * both are built from the same definitions.
+ *
+ * Define GT_REAL_F32 for the float32 build (default float64); on the host,
+ * GT_PER_THREAD selects the GPU's one-thread-per-output bodies and
+ * GT_REVERSE_THREADS walks thread indices last to first (host_prelude.h).
+ */
+#ifndef GT_REAL_H
+#define GT_REAL_H
+
+#ifdef __CUDACC__
+#  define GT_KERNEL extern "C" __global__ void
+#  define GT_DEV static __device__ __forceinline__
+#  define GT_RESTRICT __restrict__
+#  define GT_LOOP(i, n)                                                        \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \
+         i < (long long)(n); i += (long long)blockDim.x * gridDim.x)
+#else
+#  include "host_prelude.h"
+#endif
+
+#include "gt_math.h"
+#include "gt_ops.h"   /* generated from the op table: expressions, decoders, kernel list */
+
+/* Which loop bodies: one thread per output (the GPU's; on the host with
+ * -DGT_PER_THREAD), or the host's reordered-but-equivalent loops. */
+#if defined(__CUDACC__) || defined(GT_PER_THREAD)
+#  define GT_THREAD_BODIES 1
+#endif
+
+/* The deepest (collapsed) index space a kernel walks; program.py checks it. */
+#define GT_MAXD 8
+
+/* ---- the element type and its correctly rounded operations ------------- */
+#ifdef GT_REAL_F32
+typedef float gt_real;
+#  ifdef __CUDACC__
+#    define R_ADD(a, b) __fadd_rn((a), (b))
+#    define R_SUB(a, b) __fsub_rn((a), (b))
+#    define R_MUL(a, b) __fmul_rn((a), (b))
+#    define R_DIV(a, b) __fdiv_rn((a), (b))
+#    define R_SQRT(a) __fsqrt_rn((a))
+#  else
+#    define R_ADD(a, b) ((a) + (b))
+#    define R_SUB(a, b) ((a) - (b))
+#    define R_MUL(a, b) ((a) * (b))
+#    define R_DIV(a, b) ((a) / (b))
+#    define R_SQRT(a) sqrtf((a))
+#  endif
+/* float32 transcendentals: the float64 fdlibm result rounded to float */
+#  define R_EXP(x) ((gt_real)gt_exp((double)(x)))
+#  define R_LOG(x) ((gt_real)gt_log((double)(x)))
+#  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
+#  define R_EXPM1(x) ((gt_real)gt_expm1((double)(x)))
+#  define R_ABS(x) fabsf((x))
+#else
+typedef double gt_real;
+#  define R_ADD(a, b) GT_ADD((a), (b))
+#  define R_SUB(a, b) GT_SUB((a), (b))
+#  define R_MUL(a, b) GT_MUL((a), (b))
+#  define R_DIV(a, b) GT_DIV((a), (b))
+#  define R_SQRT(a) GT_SQRT((a))
+#  define R_EXP(x) gt_exp((x))
+#  define R_LOG(x) gt_log((x))
+#  define R_TANH(x) gt_tanh((x))
+#  define R_EXPM1(x) gt_expm1((x))
+#  define R_ABS(x) fabs((x))
+#endif
+
+/* literals of the element type (a double literal would promote float math) */
+#define R0 ((gt_real)0)
+#define R1 ((gt_real)1)
+#define R2 ((gt_real)2)
+
+/* a float64 scalar stored in the metadata as its bit pattern */
+#define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
+
+#endif /* GT_REAL_H */

@@ -1,0 +1,278 @@
+"""Elementwise rules as expressions: written once, evaluated by numpy, rendered as C.
+
+An op's elementwise rule (a forward value, a backward contribution, a part of
+softmax) is a small expression tree over
+
+* symbols: the per-element operands a rule reads (``x`` and ``y`` the inputs,
+  ``s`` the scalar operand, ``t`` the output, ``g`` the output's gradient,
+  and whatever names a hand-written kernel binds, such as softmax's row max);
+* float64 constants;
+* the separately rounded operations ``+ - * /`` and ``sqrt`` (each ONE
+  correctly rounded binary64 operation), the libm-free ``exp``, ``expm1``,
+  ``log`` and ``tanh`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
+* the exact operations: negation, ``abs`` (clears the sign bit: ``abs(-0.0)``
+  is +0.0), the comparisons ``< <= > >= == !=`` and ``select(cond, a, b)``.
+
+The same tree is
+
+* evaluated with numpy (:func:`evaluate`) for the CPU reference: every node is
+  one numpy ufunc call, exact per element, so the result is the sequence of
+  roundings the tree spells;
+* rendered as C (:func:`render`) in a :class:`Dialect`: the device kernels'
+  (``R_ADD``..., which are ``GT_*`` for float64 and the float32 operations
+  for the f32 build), or the emitter's (``GT_ADD``..., ``gt_exp``...).
+  Every arithmetic node becomes one macro call, so no compiler can fuse or
+  reorder it; every operand is parenthesised;
+* printed as text (:func:`text`) for the docs.
+
+Write ``1.0 / (1.0 + exp(-x))`` with the operators below; the tree keeps the
+order exactly as written (no folding, no rewriting).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from . import fdlibm
+
+ARITH = ("add", "sub", "mul", "div")
+FUNCS = ("sqrt", "exp", "expm1", "log", "tanh", "abs")
+COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+class Expr:
+    """A node of an elementwise rule.  Build with the operators and the functions below."""
+
+    __slots__ = ()
+
+    def __add__(self, o): return Op("add", (self, lift(o)))
+    def __radd__(self, o): return Op("add", (lift(o), self))
+    def __sub__(self, o): return Op("sub", (self, lift(o)))
+    def __rsub__(self, o): return Op("sub", (lift(o), self))
+    def __mul__(self, o): return Op("mul", (self, lift(o)))
+    def __rmul__(self, o): return Op("mul", (lift(o), self))
+    def __truediv__(self, o): return Op("div", (self, lift(o)))
+    def __rtruediv__(self, o): return Op("div", (lift(o), self))
+    def __neg__(self): return Op("neg", (self,))
+    def __lt__(self, o): return Op("lt", (self, lift(o)))
+    def __le__(self, o): return Op("le", (self, lift(o)))
+    def __gt__(self, o): return Op("gt", (self, lift(o)))
+    def __ge__(self, o): return Op("ge", (self, lift(o)))
+    # == and != stay Python's identity comparisons (Expr objects are hashable): use eq()/ne()
+
+
+@dataclass(frozen=True, eq=False)
+class Sym(Expr):
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    value: float
+
+
+@dataclass(frozen=True, eq=False)
+class Op(Expr):
+    op: str
+    args: tuple
+
+
+def lift(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return Const(float(x))
+    raise TypeError(f"not an expression: {x!r}")
+
+
+def sqrt(a) -> Expr: return Op("sqrt", (lift(a),))
+def exp(a) -> Expr: return Op("exp", (lift(a),))
+def expm1(a) -> Expr: return Op("expm1", (lift(a),))
+def log(a) -> Expr: return Op("log", (lift(a),))
+def tanh(a) -> Expr: return Op("tanh", (lift(a),))
+def abs_(a) -> Expr: return Op("abs", (lift(a),))
+def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
+def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
+
+
+def select(cond, a, b) -> Expr:
+    """``a`` where ``cond`` holds, else ``b`` (exact: no rounding)."""
+    return Op("select", (lift(cond), lift(a), lift(b)))
+
+
+def substitute(expr: Expr, mapping: Mapping[str, Expr]) -> Expr:
+    """``expr`` with each symbol named in ``mapping`` replaced by that expression (the
+    tree otherwise unchanged: the same operations in the same order)."""
+    if isinstance(expr, Sym):
+        return mapping.get(expr.name, expr)
+    if isinstance(expr, Op):
+        return Op(expr.op, tuple(substitute(a, mapping) for a in expr.args))
+    return expr
+
+
+def symbols(expr: Expr) -> list:
+    """The symbol names an expression reads, in order of first appearance."""
+    if isinstance(expr, Sym):
+        return [expr.name]
+    out = []
+    if isinstance(expr, Op):
+        for arg in expr.args:
+            out += [n for n in symbols(arg) if n not in out]
+    return out
+
+
+def operations(expr: Expr) -> set:
+    """The operation names an expression uses."""
+    if isinstance(expr, Op):
+        out = {expr.op}
+        for arg in expr.args:
+            out |= operations(arg)
+        return out
+    return set()
+
+
+# ── numpy ──────────────────────────────────────────────────────────────────
+
+_NUMPY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
+    "log": fdlibm.log, "tanh": fdlibm.tanh, "abs": np.abs,
+    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "eq": np.equal, "ne": np.not_equal,
+}
+
+
+def evaluate(expr: Expr, env: Mapping[str, object]):
+    """The expression over numpy arrays (broadcasting like numpy): one ufunc per node."""
+    if isinstance(expr, Sym):
+        return env[expr.name]
+    if isinstance(expr, Const):
+        return expr.value
+    args = [evaluate(a, env) for a in expr.args]
+    if expr.op == "select":
+        return np.where(*args)
+    out = _NUMPY[expr.op](*args)
+    # a Python float op Python float (a rule on constants alone) stays a float64
+    return np.float64(out) if isinstance(out, float) else out
+
+
+# ── C ──────────────────────────────────────────────────────────────────────
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a C rendering spells each operation and constant."""
+
+    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh/abs -> callee
+    const: object                     # float -> C expression
+
+    def call(self, op: str, args: list) -> str:
+        return f"{self.arith[op]}({', '.join(args)})"
+
+
+def c_double(x: float) -> str:
+    """``x`` as a C expression denoting exactly that double, valid in C99 and CUDA.
+
+    Finite values are hexadecimal floating literals (``0x1.8p+1``), which
+    every compiler converts exactly.  Infinities and NaNs (which have no
+    literal) are rebuilt from their bit pattern by gt_math.h's
+    ``gtm_from_bits``, payload and sign included.
+    """
+    x = float(x)
+    if math.isfinite(x):
+        mant, _, power = x.hex().partition("p")
+        mant = mant.rstrip("0").rstrip(".") if "." in mant else mant
+        text = f"{mant}p{power}"
+        return f"({text})" if text.startswith("-") else text
+    bits = struct.unpack("<Q", struct.pack("<d", x))[0]
+    return f"gtm_from_bits(0x{bits:016x}ULL)"
+
+
+# the device kernels' element type gt_real: R_* are gt_math.h's GT_* for float64 and the
+# float32 operations for the f32 build (kernels.cu)
+KERNEL = Dialect(
+    arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
+           "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
+           "abs": "R_ABS"},
+    const=lambda v: f"((gt_real){c_double(v)})")
+
+# scalar double code (the emitter): gt_math.h's macros and functions directly
+SCALAR = Dialect(
+    arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
+           "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
+           "abs": "fabs"},
+    const=c_double)
+
+
+def render(expr: Expr, dialect: Dialect, env: Mapping[str, str]) -> str:
+    """The expression as one C expression; ``env`` maps each symbol to C text."""
+    if isinstance(expr, Sym):
+        return _atom(env[expr.name])
+    if isinstance(expr, Const):
+        return dialect.const(expr.value)
+    args = [render(a, dialect, env) for a in expr.args]
+    if expr.op == "neg":
+        return f"(-{args[0]})"
+    if expr.op in COMPARE:
+        return f"({args[0]} {COMPARE[expr.op]} {args[1]})"
+    if expr.op == "select":
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    return dialect.call(expr.op, args)
+
+
+def _atom(code: str) -> str:
+    """C text safe as an operand: an identifier, or anything else in parentheses."""
+    if code.isidentifier() or (code.startswith("(") and code.endswith(")")
+                               and _balanced(code[1:-1])):
+        return code
+    return f"({code})"
+
+
+def _balanced(code: str) -> bool:
+    depth = 0
+    for ch in code:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+# ── text ───────────────────────────────────────────────────────────────────
+
+_PREC = {"select": 0, "lt": 1, "le": 1, "gt": 1, "ge": 1, "eq": 1, "ne": 1,
+         "add": 2, "sub": 2, "mul": 3, "div": 3, "neg": 4}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", **COMPARE}
+
+
+def text(expr: Expr, parent: int = 0) -> str:
+    """Python-like text of the expression, parenthesised wherever evaluation order needs it
+    (``a - (b - c)``, ``(a * b) * c`` is written ``a * b * c``)."""
+    if isinstance(expr, Sym):
+        return expr.name
+    if isinstance(expr, Const):
+        v = expr.value
+        return repr(v) if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
+    op, args = expr.op, expr.args
+    if op in FUNCS:
+        return f"{op}({text(args[0])})"
+    if op == "select":
+        out = f"{text(args[1], 1)} if {text(args[0], 1)} else {text(args[2], 1)}"
+        return f"({out})" if parent > 0 else out
+    prec = _PREC[op]
+    if op == "neg":
+        out = f"-{text(args[0], prec + 1)}"
+    else:
+        # left-associative: the right operand of an equal-precedence op needs parentheses
+        out = f"{text(args[0], prec)} {_INFIX[op]} {text(args[1], prec + 1)}"
+    return f"({out})" if prec < parent else out
+
+
+X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
+
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+           "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
+           "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -1,0 +1,115 @@
+"""Building blocks of models, recorded from the op table's ops.
+
+Each function records its computation on the tape of its first argument as
+ordinary nodes (no node type of its own), so everything a tape does -- save,
+load, backward, fd-check, device replay -- works on them unchanged, and the
+exact sequence of roundings is the sequence of recorded ops spelled out
+below.  Arguments are :class:`~gradtool.tape.GVar` handles; weights are
+params or consts the caller records (``tp.param(...)``), numbers are Python
+floats.  ``tests/test_nn.py`` compares every function with PyTorch float64.
+
+    import gradtool as gt
+    from gradtool import nn
+    tp = gt.Tape()
+    x = tp.const(batch, name="x")                     # [N, 16]
+    ids = tp.const(labels[:, None], name="y", dtype="i64")   # [N, 1]
+    h = nn.gelu(nn.linear(x, tp.param(w1), tp.param(b1)))
+    loss = nn.softmax_cross_entropy(nn.linear(h, tp.param(w2)), ids)
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import TapeError
+from .tape import GVar
+
+__all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse"]
+
+GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
+GELU_K = 0.044715
+
+
+def _tape(x, what: str):
+    if not isinstance(x, GVar):
+        raise TapeError(f"nn.{what}: expected a GVar, got {type(x).__name__}")
+    return x.tape
+
+
+def linear(x: GVar, w: GVar, b: GVar = None) -> GVar:
+    """``x @ w + b``: x [N, in] or [B, T, in], w [in, out], b [out] (optional).
+
+    A 3-dim x multiplies every batch by the same w, recorded as a broadcast
+    ``bmm`` with w reshaped to [1, in, out], whose gradient sums the batches
+    serially.  b broadcasts over the rows (numpy rules).
+    """
+    tp = _tape(x, "linear")
+    y = tp.bmm(x, tp.reshape(w, [1, *w.shape])) if len(x.shape) == 3 else tp.matmul(x, w)
+    return y if b is None else tp.add(y, b)
+
+
+def rms_norm(x: GVar, gain: GVar = None, eps: float = 1e-6) -> GVar:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x * x) + eps) * gain``.
+
+    The mean is the axis mean (serial sum / n), then one ``adds``, one
+    ``sqrt``, one broadcast ``div``, and the gain (optional, [dim]) multiplies
+    last.  (PyTorch's ``x * rsqrt(...)`` rounds differently: within 1e-15.)
+    """
+    tp = _tape(x, "rms_norm")
+    ms = tp.mean(tp.mul(x, x), axis=-1, keepdims=True)
+    y = tp.div(x, tp.sqrt(tp.adds(ms, eps)))
+    return y if gain is None else tp.mul(y, gain)
+
+
+def layer_norm(x: GVar, gain: GVar = None, bias: GVar = None, eps: float = 1e-5) -> GVar:
+    """LayerNorm over the last axis: ``(x - mu) / sqrt(var + eps) * gain + bias``.
+
+    mu = mean(x), var = mean((x - mu)^2) (the biased variance, as PyTorch's
+    layer_norm), both axis means; gain and bias ([dim]) are optional.
+    """
+    tp = _tape(x, "layer_norm")
+    d = tp.sub(x, tp.mean(x, axis=-1, keepdims=True))
+    var = tp.mean(tp.mul(d, d), axis=-1, keepdims=True)
+    y = tp.div(d, tp.sqrt(tp.adds(var, eps)))
+    if gain is not None:
+        y = tp.mul(y, gain)
+    return y if bias is None else tp.add(y, bias)
+
+
+def silu(x: GVar) -> GVar:
+    """SiLU (swish): ``x * sigmoid(x)``."""
+    tp = _tape(x, "silu")
+    return tp.mul(x, tp.sigmoid(x))
+
+
+def gelu(x: GVar) -> GVar:
+    """GELU, tanh form: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))``.
+
+    Recorded as ``((x * (tanh((x + (x*x*x) * 0.044715) * c) + 1.0)) * 0.5)``
+    with c = sqrt(2/pi) rounded once (PyTorch's ``gelu(approximate="tanh")``).
+    """
+    tp = _tape(x, "gelu")
+    cube = tp.mul(tp.mul(x, x), x)
+    inner = tp.add(x, tp.muls(cube, GELU_K))
+    return tp.muls(tp.mul(x, tp.adds(tp.tanh(tp.muls(inner, GELU_C)), 1.0)), 0.5)
+
+
+def softmax_cross_entropy(logits: GVar, ids: GVar, axis: int = -1) -> GVar:
+    """Mean cross-entropy of class logits against integer targets: ``-mean(log_softmax
+    (logits)[target])``, shape [1].
+
+    ``ids`` is an i64 const (``tp.const(labels, dtype="i64")``) shaped like
+    logits with the class axis of size 1 (logits [N, C] -> ids [N, 1]), each
+    id a class in [0, C).  Recorded as ``log_softmax`` along the class axis,
+    ``take_along`` of each row's target entry, ``mean`` and ``neg``: no
+    division of probabilities, so a confident wrong prediction costs a large
+    finite loss instead of log(0).
+    """
+    tp = _tape(logits, "softmax_cross_entropy")
+    picked = tp.take_along(tp.log_softmax(logits, axis=axis), ids, axis=axis)
+    return tp.neg(tp.mean(picked))
+
+
+def mse(y: GVar, t: GVar) -> GVar:
+    """Mean squared error ``mean((y - t) * (y - t))``, shape [1] (the Tape's ``mse``)."""
+    return _tape(y, "mse").mse(y, t)

@@ -1,0 +1,134 @@
+"""Every op of the table, through every layer: parametrized over gradtool.ops.OPS.
+
+A new op is covered here by its table entry alone:
+* the numpy reference vs the host backend (all three kernel variants), bit for bit;
+* the emitter vs the tape, bit for bit, for every op with a scalar form;
+* finite differences against backward;
+* the file round trip (identical bytes, identical value bits);
+* hostile files: wrong arity, missing and foreign attributes, a stray scalar operand.
+"""
+
+import shutil
+import subprocess
+import sys
+
+import msgpack
+import numpy as np
+import pytest
+
+import gradtool as gt
+from conftest import assert_bits_equal, require_c_compiler
+from gradtool.ops import OPS
+from gradtool.tapefile import dumps, load
+from support import ROOT, TABLE_OPS, op_tape
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import emitc_harness as H  # noqa: E402
+
+SCALAR_TABLE_OPS = [n for n in TABLE_OPS if OPS[n].rules is not None]
+
+
+def _rng(name):
+    return np.random.default_rng(sum(map(ord, name)))
+
+
+@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_numpy_reference_equals_host_backend(name, variant):
+    require_c_compiler()
+    from gradtool.device import capture
+
+    tp, out, loss = op_tape(name, _rng(name))
+    tp.backward(loss)
+    replay = capture(tp, loss, "host", host_kernels=variant)
+    replay.forward()
+    replay.backward()
+    assert_bits_equal(replay.value(out), tp.value(out), f"{name} forward ({variant})")
+    for p in tp.params():
+        assert_bits_equal(replay.grad(p), tp.grad(p), f"{name} grad of {p.id} ({variant})")
+
+
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_fd_check(name):
+    tp, _, loss = op_tape(name, _rng(name))
+    report = gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7)
+    assert report.passed, [p for p in report.params if not p.passed]
+
+
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_file_round_trip(name):
+    tp, out, loss = op_tape(name, _rng(name))
+    raw = dumps(tp, loss=loss, outputs={"out": out}, values=True)
+    back = load(raw)
+    assert dumps(back.tape, loss=back.loss, outputs=back.outputs, values=True) == raw
+    assert_bits_equal(back.tape.value(back.outputs["out"]), tp.value(out), name)
+    assert back.tape.nodes[out.id].aux == tp.nodes[out.id].aux
+
+
+def _hostile(name):
+    """(description, mutated node, expected field) for one op's node in a valid file."""
+    spec = OPS[name]
+    tp, out, loss = op_tape(name, _rng(name))
+    doc = msgpack.unpackb(dumps(tp, loss=loss))
+    node = doc["nodes"][out.id]
+    cases = []
+    if spec.arity == 1:
+        cases.append(("a second input", dict(node, b=0), "b"))
+    else:
+        cases.append(("a missing second input", dict(node, b=-1), "b"))
+    for at in spec.attrs:
+        if at.file_required:
+            cases.append((f"no {at.name}", {k: v for k, v in node.items() if k != at.name},
+                          at.name))
+    foreign = {"axis": 0, "keepdims": True, "starts": [0], "stops": [1]}
+    for key, value in foreign.items():
+        if key not in {at.name for at in spec.attrs}:
+            cases.append((f"a foreign {key}", dict(node, **{key: value}), key))
+    if not spec.scalar_operand:
+        cases.append(("a stray s", dict(node, s=1.5), "s"))
+    return doc, out.id, cases
+
+
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_hostile_arity_and_attributes_name_the_node_and_field(name):
+    doc, i, cases = _hostile(name)
+    for what, node, field in cases:
+        bad = dict(doc, nodes=doc["nodes"][:i] + [node] + doc["nodes"][i + 1:])
+        with pytest.raises(gt.TapeFileError) as err:
+            load(msgpack.packb(bad), name="h.msgpack")
+        assert err.value.node == i, f"{name}, {what}: {err.value}"
+        assert err.value.field is not None and err.value.field.startswith(field), \
+            f"{name}, {what}: {err.value}"
+
+
+CC = shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+def test_emitter_equals_tape_for_every_scalar_op(tmp_path):
+    from gradtool.emit.cuda import emit_cuda, layout
+
+    sources, runs, want = [], [], {}
+    for name in SCALAR_TABLE_OPS:
+        for k in range(4):
+            tp, _, loss = op_tape(name, np.random.default_rng(k), scalar=True)
+            fname = f"op_{name}_{k}"
+            sources.append(emit_cuda(tp, loss, name=fname))
+            lay = layout(tp, loss)
+            runs.append((fname, tp, lay))
+            tp.backward(loss)
+            want[fname] = (H.to_bits(tp.value(loss)[0]),
+                           [H.to_bits(tp.grad(tp.var(i))[0]) for i in lay.params])
+    src = tmp_path / "ops.c"
+    src.write_text(H.harness_program(sources, runs))
+    exe = tmp_path / "ops"
+    proc = subprocess.run([CC, "-std=c99", "-O2", "-ffp-contract=off", "-o", str(exe),
+                           str(src), "-lm"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[:2000]
+    got = H.parse_output(subprocess.run([str(exe)], capture_output=True, text=True,
+                                        check=True).stdout)
+    assert set(got) == set(want)
+    for fname, (loss_bits, grads) in want.items():
+        assert H.same_bits(got[fname]["loss"], loss_bits), fname
+        for j, g in enumerate(grads):
+            assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"
