@@ -7,18 +7,44 @@
     loss = tp.mean((x @ w) * (x @ w))
     tp.backward(loss)
     tp.grad(w)
+
+The names below are imported on first use (PEP 562), so that ``import gradtool``
+itself is instant: the command line's entry point (:mod:`gradtool.__main__`) relies
+on that to answer Ctrl-C during start-up with one line instead of a traceback.
 """
 
-from .errors import GradtoolError, ShapeError, TapeError, TapeFileError
-from .gradcheck import FDReport, ParamCheck, fd_check
-from .ops import OPS, OP_NAMES
-from .tape import GVar, Node, Tape
-from .tapefile import TapeFile, load
-from . import nn
+import importlib
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "GradtoolError": "errors", "ShapeError": "errors", "TapeError": "errors",
+    "TapeFileError": "errors",
+    "FDReport": "gradcheck", "ParamCheck": "gradcheck", "fd_check": "gradcheck",
+    "OPS": "ops", "OP_NAMES": "ops",
+    "GVar": "tape", "Node": "tape", "Tape": "tape",
+    "TapeFile": "tapefile", "load": "tapefile",
+}
 
 __all__ = [
     "Tape", "GVar", "Node", "TapeFile", "load", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
     "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "nn", "__version__",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:                              # a submodule not imported yet: gradtool.optim
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

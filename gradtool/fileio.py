@@ -4,15 +4,68 @@ The bytes go to a temporary file in the destination's own directory (so the
 final rename stays on one file system), are flushed and fsynced, and the
 temporary file is then renamed over the destination with os.replace, which
 is atomic on POSIX and Windows.  An interrupted write leaves the old file (or
-no file) and at most a stray ``.<name>.*.tmp`` that is removed on failure.
+no file); the temporary ``.<name>.<pid>.<random>.tmp`` is removed on failure,
+and one a killed process (SIGKILL) left behind is removed by the next write of
+the same file (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
-from typing import Callable
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+_MKSTEMP_RANDOM = r"[a-z0-9_]{8}"          # what tempfile.mkstemp puts between prefix and suffix
+
+
+def temporary_prefix(name: str) -> str:
+    """The prefix of this process's temporary files for ``name``: ``name.<pid>.``."""
+    return f"{name}.{os.getpid()}."
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:             # someone else's process (EPERM): alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory, name: Optional[str], suffix: str,
+                             older_than: Optional[float] = None) -> list:
+    """Remove the temporary files ``<name>.<pid>.<random><suffix>`` in ``directory`` whose
+    process is gone; with ``older_than`` (seconds), also any ``<name>.<random><suffix>``
+    or ``<name>.<pid>.<random><suffix>`` older than that.  ``name=None``: any name.
+    Returns the removed paths."""
+    head = re.escape(name) if name is not None else r".+?"
+    pattern = re.compile(head + r"\.(?:(\d+)\.)?" + _MKSTEMP_RANDOM + re.escape(suffix) + "$")
+    removed, now = [], time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None:
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            dead = match.group(1) is not None and not _process_alive(int(match.group(1)))
+            old = older_than is not None and \
+                now - entry.stat(follow_symlinks=False).st_mtime > older_than
+            if dead or old:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:         # removed by another process already, or not ours to remove
+            pass
+    return removed
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
@@ -40,8 +93,10 @@ def atomic_write_with(path, write: Callable) -> None:
     path = os.fspath(path)
     check_writable(path)
     directory = os.path.dirname(os.path.abspath(path))
+    hidden = "." + os.path.basename(path)
+    remove_stale_temporaries(directory, hidden, ".tmp")
     try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(hidden), suffix=".tmp",
                                    dir=directory)
     except OSError as exc:        # report the user's file, not the temporary one
         raise OSError(exc.errno, exc.strerror, path) from None

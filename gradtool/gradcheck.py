@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .budget import node_work
 from .errors import TapeError
 from .tape import GVar, Tape, _is_number
 
@@ -67,26 +68,97 @@ def _positive(x, what: str, strict: bool = False) -> float:
     return value
 
 
+# A node's fixed cost in one replay (a Python call and numpy's dispatch, about 5
+# microseconds), in the unit of the work estimate: element operations (about half a
+# nanosecond each).
+NODE_OVERHEAD = 10_000
+# What `gradtool fd-check` does without --max-evals: about 10 s of replays here.
+FD_WORK_BUDGET = 1 << 34
+
+
+@dataclass(frozen=True)
+class FDCost:
+    """What :func:`fd_check` will do, known before it starts: loss evaluations (two per
+    parameter element) and the work of their replays, in element operations
+    (:mod:`gradtool.budget`; a node's replay also costs :data:`NODE_OVERHEAD`)."""
+
+    params: int
+    elements: int
+    evals: int
+    work: int
+
+    @property
+    def work_per_eval(self) -> float:
+        return self.work / self.evals if self.evals else 0.0
+
+
+def fd_cost(tape: Tape, params=None) -> FDCost:
+    """The cost of checking ``params`` (GVars or leaf names; default every param)."""
+    chosen = _chosen_params(tape, params)
+    shapes = [v.shape for v in tape.values]
+    works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
+                       shapes[n.b] if n.b >= 0 else None) + NODE_OVERHEAD * (n.a >= 0)
+             for i, n in enumerate(tape.nodes)]
+    elements = evals = work = 0
+    for p in chosen:
+        size = tape.values[p.id].size
+        per_eval = sum(w for w, flag in zip(works, _descendants(tape, p.id)) if flag)
+        elements += size
+        evals += 2 * size
+        work += (2 * size + 1) * per_eval
+    return FDCost(len(chosen), elements, evals, work)
+
+
 def fd_check(tape: Tape, loss: GVar, eps: float = 1e-6, rtol: float = 1e-5,
-             atol: float = 1e-6) -> FDReport:
-    """Check every parameter element of ``tape`` by central differences."""
+             atol: float = 1e-6, *, params=None, progress=None) -> FDReport:
+    """Check every parameter element of ``tape`` by central differences.
+
+    ``params``: only these params (GVars or leaf names), in tape order; default all.
+    ``progress(done, total, param_id)`` is called after every element with the loss
+    evaluations done and due (two per element).  :func:`fd_cost` says beforehand
+    what a check will cost.
+    """
     if not isinstance(tape, Tape):
         raise TapeError(f"fd_check: expected a Tape, got {type(tape).__name__}")
     tape.node_id(loss, "fd_check loss")
     eps = _positive(eps, "eps", strict=True)
     rtol = _positive(rtol, "rtol")
     atol = _positive(atol, "atol")
+    chosen = _chosen_params(tape, params)
+    if progress is not None and not callable(progress):
+        raise TapeError(f"fd_check: progress must be callable, got {type(progress).__name__}")
     # inf - inf and 0/0 in the differences are results to report, not warnings
     with np.errstate(all="ignore"):
-        return _check_all_params(tape, loss, eps, rtol, atol)
+        return _check_all_params(tape, loss, eps, rtol, atol, chosen, progress)
 
 
-def _check_all_params(tape, loss, eps, rtol, atol) -> FDReport:
+def _chosen_params(tape: Tape, params) -> list:
+    if params is None:
+        return tape.params()
+    if isinstance(params, (str, GVar)):
+        params = [params]
+    try:
+        items = list(params)
+    except TypeError:
+        raise TapeError(f"fd_check params: expected GVars or leaf names, got "
+                        f"{type(params).__name__}") from None
+    ids = set()
+    for ref in items:
+        i = tape.node_id(tape.var(ref) if isinstance(ref, str) else ref, "fd_check params")
+        if tape.nodes[i].op != "param":
+            raise TapeError(f"fd_check params: node {i} is a {tape.nodes[i].op}, not a param")
+        ids.add(i)
+    return [p for p in tape.params() if p.id in ids]
+
+
+def _check_all_params(tape, loss, eps, rtol, atol, chosen, progress) -> FDReport:
     tape.zero_grad()
     tape.backward(loss)
     li = loss.id
     report = FDReport(loss=float(tape.values[li].reshape(-1)[0]), eps=eps, rtol=rtol, atol=atol)
-    for p in tape.params():
+    total = 2 * sum(tape.values[p.id].size for p in chosen)
+    done = 0
+    for p in chosen:
         analytic = np.array(tape.grad(p))
         w = tape.values[p.id]          # the live copy, perturbed in place
         flat = w.reshape(-1)
@@ -102,6 +174,9 @@ def _check_all_params(tape, loss, eps, rtol, atol) -> FDReport:
             down = tape.values[li].reshape(-1)[0]
             flat[k] = orig
             numeric[k] = (up - down) / (2.0 * eps)
+            done += 2
+            if progress is not None:
+                progress(done, total, p.id)
         tape.forward(p.id + 1, only)   # restore the recorded values exactly
         an = analytic.reshape(-1)
         abs_err = np.abs(an - numeric)

@@ -11,6 +11,9 @@ Libraries are cached under ``$GRADTOOL_CACHE`` (default ``~/.cache/gradtool``,
 or a temp folder when that is not writable), named by a hash of every source
 and header text, the flags, the compiler's version and the machine, and
 renamed into place atomically, so concurrent processes never load half a file.
+A build writes ``<library>.<pid>.<random>.tmp.so`` first; one killed half-way
+(SIGKILL, a power cut) leaves that file behind, and the next build of that library
+removes it once its process is gone (:func:`gradtool.fileio.remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import GradtoolError
+from .fileio import remove_stale_temporaries, temporary_prefix
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SAFE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
@@ -101,17 +105,25 @@ def library_path(stem: str, source: Path, flags, key_files=()) -> Path:
     return cache_dir() / f"{stem}_{key.hexdigest()[:20]}.so"
 
 
+TEMP_SUFFIX = ".tmp.so"
+BUILD_TIMEOUT = 600.0         # seconds a compiler run may take
+
+
 def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
     """Compile ``source`` into a cached shared library (once) and return its path."""
     path = library_path(stem, source, flags, key_files)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
+    # a build killed half-way leaves its temporary file; remove those of dead processes,
+    # and any older than a build can take (this folder is gradtool's own)
+    remove_stale_temporaries(path.parent, None, TEMP_SUFFIX, older_than=2 * BUILD_TIMEOUT)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path.stem), suffix=TEMP_SUFFIX,
+                               dir=path.parent)
     os.close(fd)
     cmd = [compiler(), *flags, *[f"-I{d}" for d in include_dirs], str(source), "-o", tmp, "-lm"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         if proc.returncode != 0:
             detail = " ".join((proc.stderr or proc.stdout).split())[:400]
             raise NativeUnavailable(f"compiling {source} failed: {detail}")

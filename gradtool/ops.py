@@ -147,7 +147,7 @@ def _register(spec: OpSpec) -> None:
 
 def format_shape(shape) -> str:
     """[2,3]: how every message in gradtool writes a shape."""
-    return "[" + ",".join(str(d) for d in shape) + "]"
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def attr(attrs, name: str, default=None):
@@ -817,7 +817,7 @@ OP_NAMES = tuple(OPS)
 
 def infer_shape(opname: str, sa, sb, attrs) -> tuple:
     """The op's output shape, or ShapeError.  No arithmetic, no allocation."""
-    return tuple(int(d) for d in OPS[opname].shape(sa, sb, attrs))
+    return tuple(map(int, OPS[opname].shape(sa, sb, attrs)))
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",

@@ -380,6 +380,12 @@ class Tape:
             n = math.prod(shape)
             return self._poison(f"{here}: out of memory for the result {list(shape)} "
                                 f"({n} elements, {8 * n} bytes)", TapeError)
+        return self._append_op(op, ia, ib, s, aux, value)
+
+    def _append_op(self, op: str, ia: int, ib: int, s: float, aux: Optional[dict],
+                   value: np.ndarray) -> GVar:
+        """Append an op node whose inputs, shape and ids are checked and whose value is
+        computed (by :meth:`_record`, or by the file loader, which checked them itself)."""
         if value.base is not None:       # never alias an input (a transpose of a [1,n] leaf)
             value = value.copy()
         requires = self.requires[ia] or (ib >= 0 and self.requires[ib])

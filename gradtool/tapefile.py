@@ -12,14 +12,17 @@ below produces a file gradtool loads.
 Writing is byte-for-byte reproducible: keys in a fixed order, floats as
 float64, no timestamps.  Reading never trusts the file: every check in
 :mod:`gradtool.tapefile_checks` passes before any value is allocated, and
-then op values are recomputed from the leaves by recording through the
-Tape's own methods, so a loaded tape is exactly the tape recording would
-have produced (requires flags, names, l2, aux dicts and all).
+then op values are recomputed from the leaves with the op table's forward
+rules and appended as the Tape's recording methods append them, so a loaded
+tape is exactly the tape recording would have produced (requires flags,
+names, l2, aux dicts and all; ``tests/test_tapefile.py`` compares them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import numbers
 import os
 from typing import Optional
@@ -27,10 +30,10 @@ from typing import Optional
 import msgpack
 import numpy as np
 
-from .errors import GradtoolError, TapeError, TapeFileError
+from .errors import TapeError, TapeFileError
 from .fileio import atomic_write_bytes
 from .ops import INT_DTYPE, LEAF_OPS, OPS
-from .tape import GVar, Tape
+from .tape import GVar, Tape, ieee_silent
 from .tapefile_checks import FORMAT, VERSION, CheckedFile, Limits, check, decode
 
 __all__ = ["FORMAT", "VERSION", "Limits", "TapeFile", "save", "dumps", "load"]
@@ -206,8 +209,23 @@ def load(src, *, name: Optional[str] = None, max_elements: int = _DEFAULT.max_el
     if max_elements != _DEFAULT.max_elements:
         limits = dataclasses.replace(limits, max_elements=max_elements)
     raw, source = _read(src, name, limits)
-    checked = check(decode(raw, source, limits), source, limits)
-    return _replay(checked, source)
+    with gc_paused():
+        checked = check(decode(raw, source, limits), source, limits)
+        return _replay(checked, source)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cycle collector off for a while: a tape of a million nodes is millions of
+    new containers, and the collector would walk them all again and again (it frees
+    nothing here: decoded files and tapes hold no reference cycles)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _read(src, name: Optional[str], limits: Limits) -> tuple:
@@ -234,39 +252,56 @@ def _read(src, name: Optional[str], limits: Limits) -> tuple:
     return raw, source
 
 
+_CHUNK = 1 << 24
+
+
 def _read_bounded(f, source: str, limits: Limits) -> bytes:
-    raw = f.read(limits.max_bytes + 1)       # never more than the limit plus one byte
-    if isinstance(raw, str):
-        raise TapeFileError("opened in text mode; tape files are binary", source=source)
-    if len(raw) > limits.max_bytes:
+    """Never more than the limit plus one byte, in chunks: ``f.read(limit + 1)`` would
+    ask for a buffer of the limit's size (1 GiB) whatever the file holds."""
+    chunks, total = [], 0
+    while total <= limits.max_bytes:
+        chunk = f.read(min(_CHUNK, limits.max_bytes + 1 - total))
+        if isinstance(chunk, str):
+            raise TapeFileError("opened in text mode; tape files are binary", source=source)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > limits.max_bytes:
         raise TapeFileError(f"larger than this reader's limit of {limits.max_bytes} bytes",
                             source=source)
-    return bytes(raw)
+    return b"".join(chunks)
 
 
 def _replay(checked: CheckedFile, source: str) -> TapeFile:
-    """Record the validated nodes through the Tape methods (values from the core numerics)."""
+    """Build the Tape from the validated nodes: leaves through ``param``/``const``, op
+    values recomputed by the op table's forward rules and appended by
+    ``Tape._append_op``, as ``Tape._record`` appends them.  Every check ``_record`` would
+    repeat (handles, shapes, ids) has passed in :mod:`gradtool.tapefile_checks`
+    already, so this costs a third of recording node by node, which matters for a tape
+    of a million nodes."""
     tape = Tape()
     recorded = {}
-    for i, node in enumerate(checked.nodes):
-        try:
-            _record(tape, node)
-        except GradtoolError as exc:           # defensive: checks should prevent it
-            raise TapeFileError(f"replay failed: {exc}", source=source, node=i) from None
-        if node.value is not None:
-            recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
+    values = tape.values
+    with ieee_silent():
+        for i, node in enumerate(checked.nodes):
+            op, a, b = node.op, node.a, node.b
+            if a < 0:
+                ids = node.dtype == INT_DTYPE
+                data = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
+                if op == "param":
+                    tape.param(data, name=node.name, l2=node.l2)
+                else:
+                    tape.const(data, name=node.name, dtype=node.dtype)
+                continue
+            value = OPS[op].forward(values[a], values[b] if b >= 0 else None, node.s,
+                                    node.attrs)
+            if value.shape != node.shape:        # defensive: the checks prevent it
+                raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
+                                    f"checked {list(node.shape)}", source=source, node=i)
+            tape._append_op(op, a, b, node.s, node.attrs, value)
+            if node.value is not None:
+                recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
     return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
                     source, recorded)
-
-
-def _record(tape: Tape, node) -> GVar:
-    op = node.op
-    if op in LEAF_OPS:
-        ids = node.dtype == INT_DTYPE
-        value = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
-        if op == "param":
-            return tape.param(value, name=node.name, l2=node.l2)
-        return tape.const(value, name=node.name, dtype=node.dtype)
-    b = tape.var(node.b) if node.b >= 0 else None
-    return tape.record(op, tape.var(node.a), b, s=node.s, attrs=node.attrs)

@@ -4,8 +4,10 @@ Three gates, in order, each before anything the file claims is allocated:
 
 1. :func:`decode` — msgpack with hard limits on string/bin/array/map lengths,
    no extension types, string map keys only, a cap on the number of
-   containers, then a nesting-depth and value-type walk.  Nothing is ever
-   executed (msgpack is data only; there is no pickle anywhere).
+   containers, then a nesting-depth and value-type walk (of everything but
+   the node maps, which :func:`check` walks one by one unless plainly flat).
+   Nothing is ever executed (msgpack is data only; there is no pickle
+   anywhere).
 2. :func:`check` — the format tag and version, then the JSON Schema
    (``gradtool/schemas/tape.schema.json``) through the ``jsonschema``
    library, the first violation becoming a :class:`TapeFileError` that names
@@ -17,10 +19,16 @@ Three gates, in order, each before anything the file claims is allocated:
    lengths equal to 8 bytes per element, integer ids (``dtype`` i64) read
    only by an op's ids input, which reads nothing else, every id in range,
    unique leaf names, finite l2, a one-element float loss, output ids in
-   range, and budgets on the total number
-   of elements and on the arithmetic the replay would do — so a 200-byte
-   file that broadcasts two leaves into a 10^10-element array is rejected
-   here, naming the node, instead of exhausting memory in numpy.
+   range, and the budgets of :mod:`gradtool.budget`: elements, the memory
+   replay and backward will hold (values, gradients, the largest temporary)
+   and their work — so a 200-byte file that broadcasts two leaves into a
+   10^10-element array, or a 131 KB one whose backward needs 3 GiB, is
+   rejected here, naming the node, instead of exhausting memory in numpy.
+
+Gates 2 and 3 go through the nodes once, node by node, so the first bad node
+in file order is the one reported; an ordinary node takes a fast path
+(:func:`plain_node`) that returns only what the schema and the general checks
+would, which keeps a tape at the node limit (2^20 nodes) to seconds.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
@@ -39,8 +47,9 @@ import msgpack
 import numpy as np
 
 from .errors import ShapeError, TapeFileError
+from .budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
 from .limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from .ops import INT_DTYPE, LEAF_OPS, OPS, bad_id, format_shape, infer_shape
+from .ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -58,14 +67,15 @@ class Limits:
     max_bytes: int = 1 << 30          # the file itself
     max_nodes: int = 1 << 20
     max_elements: int = 1 << 27       # sum of every node's element count
-    max_work: int = 1 << 32           # multiply-adds and element visits of one forward replay
+    max_work: int = 1 << 32           # element operations of one replay plus one backward
+    max_memory: int = DEFAULT_MEMORY  # bytes of values, gradients and temporaries (budget.py)
     max_depth: int = MAX_DEPTH        # msgpack container nesting (the format itself needs 4)
     max_str_len: int = MAX_NAME_BYTES
     max_map_len: int = MAX_MAP_LEN
     max_containers: int = 1 << 22     # maps + arrays in the whole file
 
 
-@dataclass
+@dataclass(slots=True)
 class CheckedNode:
     op: str
     a: int
@@ -151,7 +161,7 @@ def decode(raw: bytes, source: str, limits: Limits):
         raise TapeFileError("not msgpack: invalid type byte", source=source) from None
     except (ValueError, TypeError) as exc:
         raise TapeFileError(_describe_unpack_error(exc, len(raw)), source=source) from None
-    _check_structure(doc, source, limits)
+    check_structure(doc, source, limits, skip_nodes=True)
     return doc
 
 
@@ -173,26 +183,32 @@ def _describe_unpack_error(exc: Exception, size: int) -> str:
 _LEAF_TYPES = (str, bytes, int, float, bool, type(None))
 
 
-def _check_structure(doc, source: str, limits: Limits) -> None:
-    """Nesting depth, value types and string keys, walked without recursion."""
-    stack = [(doc, 1)]
+def check_structure(obj, source: str, limits: Limits, depth: int = 1,
+                    skip_nodes: bool = False) -> None:
+    """Nesting depth, value types and string keys, walked without recursion; ``depth`` is
+    ``obj``'s own level.  ``skip_nodes``: leave the maps in the top-level ``nodes`` array to
+    :func:`check`, which walks each one that is not plainly flat (see :func:`skeleton`)."""
+    nodes = obj.get("nodes") if skip_nodes and type(obj) is dict else None
+    stack = [(obj, depth)]
     while stack:
-        obj, depth = stack.pop()
-        if isinstance(obj, (dict, list)):
-            if depth > limits.max_depth:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level > limits.max_depth:
                 raise TapeFileError(f"msgpack containers nested deeper than {limits.max_depth} "
                                     f"levels", source=source)
-            if isinstance(obj, dict):
-                for key in obj:
+            if isinstance(item, dict):
+                for key in item:
                     if not isinstance(key, str):
                         raise TapeFileError("msgpack map keys must be strings, found bin",
                                             source=source)
-                items = obj.values()
+                items = item.values()
+            elif item is nodes:
+                items = [x for x in item if type(x) is not dict]
             else:
-                items = obj
-            stack.extend((item, depth + 1) for item in items if not isinstance(item, _LEAF_TYPES))
-        elif not isinstance(obj, _LEAF_TYPES):
-            raise TapeFileError(f"unsupported msgpack value ({type(obj).__name__})", source=source)
+                items = item
+            stack.extend((x, level + 1) for x in items if not isinstance(x, _LEAF_TYPES))
+        elif not isinstance(item, _LEAF_TYPES):
+            raise TapeFileError(f"unsupported msgpack value ({type(item).__name__})", source=source)
 
 
 # ── gate 2: format, version, schema ────────────────────────────────────────
@@ -242,63 +258,88 @@ class SchemaCheck:
         self.top, self.node = cls(top), cls(node)
         self.valid_skeletons = set()
 
+    def top_error(self, doc):
+        """The first violation of the document without its nodes, or None."""
+        return next(self.top.iter_errors(doc), None)
+
+    def node_error(self, node, source: str = "", limits: Optional["Limits"] = None):
+        """The first schema violation in one node, or None.  A node not known valid by
+        its skeleton is first walked by :func:`check_structure` (TapeFileError)."""
+        key = skeleton(node)
+        if key is not None and key in self.valid_skeletons:
+            return None
+        check_structure(node, source, limits or Limits(), depth=3)
+        err = next(self.node.iter_errors(node), None)
+        if err is None and key is not None and len(self.valid_skeletons) < self.MEMO_LIMIT:
+            self.valid_skeletons.add(key)
+        return err
+
     def first_error(self, doc) -> tuple:
         """(jsonschema error, node index or None), or (None, None) when the document is valid."""
-        err = next(self.top.iter_errors(doc), None)
+        err = self.top_error(doc)
         if err is not None:
             return err, None
         for i, node in enumerate(doc["nodes"]):
-            key = skeleton(node)
-            if key is not None and key in self.valid_skeletons:
-                continue
-            err = next(self.node.iter_errors(node), None)
+            err = self.node_error(node)
             if err is not None:
                 return err, i
-            if key is not None and len(self.valid_skeletons) < self.MEMO_LIMIT:
-                self.valid_skeletons.add(key)
         return None, None
 
 
+_INT_CLASS = {-1: ("i", -1), 0: ("i", 0), 1: ("i", 1)}
+
+
 def _scalar_class(x):
+    """A scalar's class against the schema's thresholds; None for a container."""
     t = type(x)
-    if x is None or t is bool:
-        return ("v", x)
-    if t is int:   # the schema compares ints with -1, 0 and 1 only
-        return ("i", 1 if x >= 1 else 0 if x == 0 else -1 if x == -1 else -2)
+    if t is int:    # the schema compares ints with -1, 0 and 1 only
+        return _INT_CLASS.get(x) or (("i", 1) if x > 1 else ("i", -2))
     if t is float:  # ... and floats with 0
         return ("f", "nan" if x != x else 1 if x > 0 else 0 if x == 0 else -1)
-    if t is str:   # minLength 1 is the only string rule below the node level
+    if t is str:    # minLength 1 is the only string rule below the node level
         return ("s", bool(x))
     if t is bytes:
         return ("b",)
-    if t is dict:  # no node field accepts a map, whatever it holds
-        return ("d",)
-    if t is list:  # no node field accepts more than 32 items
-        if len(x) > 33:
-            return ("L",)
-        return ("l",) + tuple(_scalar_class(v) if type(v) not in (list, dict) else ("c",)
-                              for v in x)
+    if x is None or t is bool:
+        return ("v", x)
     return None
 
 
 def skeleton(node):
     """What the schema's verdict on one node depends on: its keys, its exact op and
     dtype (the schema's string enums), and each value's type and class against the
-    schema's thresholds.  None: do not memoize."""
+    schema's thresholds.
+
+    None (do not memoize; validate in full) for anything but a map whose values are
+    scalars or flat arrays of at most 33 scalars: a node holding a nested container is
+    walked by :func:`check_structure` every time.  (A bin key makes a skeleton too, but
+    never a valid one: the structure walk refuses it.)"""
     if type(node) is not dict:
         return None
-    parts = []
-    for key, value in node.items():
-        if type(key) is not str:
-            return None
-        if key in ("op", "dtype"):
-            parts.append((key, value if type(value) is str else _scalar_class(value)))
+    classes = []
+    for value in node.values():
+        t = type(value)
+        if t is int:
+            cls = _INT_CLASS.get(value) or (("i", 1) if value > 1 else ("i", -2))
+        elif t is list:
+            if len(value) > 33:     # no node field accepts more than 32 items
+                return None
+            cls = ("l",)
+            for item in value:
+                item_cls = _scalar_class(item)
+                if item_cls is None:
+                    return None
+                cls += (item_cls,)
+        elif t is str:              # the schema checks strings for being non-empty only
+            cls = ("s", bool(value))   # (but the op and dtype enums: whole, below)
         else:
             cls = _scalar_class(value)
             if cls is None:
                 return None
-            parts.append((key, cls))
-    return tuple(sorted(parts, key=lambda kv: kv[0]))
+        classes.append(cls)
+    op, dtype = node.get("op"), node.get("dtype")
+    return (tuple(node), tuple(classes), op if type(op) is str else None,
+            dtype if type(dtype) is str else None)
 
 
 @lru_cache(maxsize=1)
@@ -370,46 +411,57 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
 
 # ── gate 3: semantic checks ────────────────────────────────────────────────
 
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def check(doc, source: str, limits: Limits) -> CheckedFile:
-    """Validate a decoded document completely; CheckedFile or TapeFileError."""
+    """Validate a decoded document completely; CheckedFile or TapeFileError.
+
+    The nodes are checked in one pass, each against the schema and then the
+    semantic rules, so the first bad node in file order is the one reported.
+    """
     _check_header(doc, source)
-    first, node_index = schema_check().first_error(doc)
-    if first is not None:
-        raise _schema_error(first, node_index, doc, source)
+    schema = schema_check()
+    err = schema.top_error(doc)
+    if err is not None:
+        raise _schema_error(err, None, doc, source)
     raw_nodes = doc["nodes"]
     if len(raw_nodes) > limits.max_nodes:
         raise TapeFileError(f"{len(raw_nodes)} nodes, over this reader's limit of "
                             f"{limits.max_nodes}", source=source, field="nodes")
     nodes, names = [], {}
+    sizes, works = [], []
     elements_total = work_total = 0
+    valid, node_error = schema.valid_skeletons, schema.node_error
     for i, raw in enumerate(raw_nodes):
-        node = _check_node(i, raw, nodes, names, source)
-        elements = _prod(node.shape)
-        elements_total += elements
+        node = plain_node(i, raw, nodes, names)
+        if node is None:
+            if skeleton(raw) not in valid:
+                err = node_error(raw, source, limits)
+                if err is not None:
+                    raise _schema_error(err, i, doc, source)
+            node = _check_node(i, raw, nodes, names, source)
+        size = prod(node.shape)
+        elements_total += size
+        if node.a < 0:
+            work = 0
+        elif node.op in _PRODUCTS:
+            work = node_work(node.op, node.shape, nodes[node.a].shape, nodes[node.b].shape)
+        else:           # node_work's rule for every other op, from the sizes at hand
+            work = max(size, sizes[node.a], sizes[node.b] if node.b >= 0 else 0)
+        work_total += work
         if elements_total > limits.max_elements:
             raise TapeFileError(
                 f"shape {format_shape(node.shape)} brings the tape to {elements_total} elements, "
                 f"over this reader's limit of {limits.max_elements}", source=source, node=i,
                 field="shape")
-        work_total += _work(node, nodes)
         if work_total > limits.max_work:
-            raise TapeFileError(
-                f"replaying the tape up to this {node.op} would take about {work_total} "
-                f"operations, over this reader's limit of {limits.max_work}", source=source,
-                node=i)
+            raise _over_work(work_total, limits, source, i, node.op)
         nodes.append(node)
+        sizes.append(size)
+        works.append(work)
     loss = doc.get("loss", len(nodes) - 1)
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
                             source=source, field="loss")
-    if _prod(nodes[loss].shape) != 1:
+    if sizes[loss] != 1:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
                             f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
                             source=source, node=loss)
@@ -420,55 +472,145 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"))
 
 
-def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> CheckedNode:
-    def bad(message, field=None):
-        return TapeFileError(message, source=source, node=i, field=field)
+def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> TapeFileError:
+    return TapeFileError(f"replaying and differentiating the tape up to this {op} would take "
+                         f"about {total} operations, over this reader's limit of "
+                         f"{limits.max_work}", source=source, node=node)
 
+
+def _check_budget(nodes, sizes, works, loss, forward_work, source, limits) -> None:
+    """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``."""
+    est = estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
+                          sizes, works, loss)
+    if forward_work + est.backward_work > limits.max_work:
+        worst = max(range(len(nodes)), key=works.__getitem__)
+        raise _over_work(forward_work + est.backward_work, limits, source, worst,
+                         nodes[worst].op)
+    if est.bytes > limits.max_memory:
+        at, where = est.temporary_node, ""
+        if at >= 0:
+            node = nodes[at]
+            operands = [node.shape] + [nodes[k].shape for k in (node.a, node.b) if k >= 0]
+            where = (f"; the largest temporary is this {node.op}'s, on "
+                     f"{format_shape(max(operands, key=prod))} arrays")
+        raise TapeFileError(f"replay and backward would need {est.describe()}, over this "
+                            f"reader's memory limit of {human_bytes(limits.max_memory)}{where} "
+                            f"(gradtool --max-memory SIZE raises it)", source=source,
+                            node=at if at >= 0 else None)
+
+
+_ARITY = {name: spec.arity for name, spec in OPS.items()}
+# The keys the fast path below accepts per op: the schema's allowed keys, less the
+# optional ones it leaves to the general path (attributes, unknown extension keys).
+_PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
+                               | ({"data", "name", "l2"} if name == "param" else
+                                  {"data", "name"} if name == "const" else {"value"}))
+               for name, spec in OPS.items() if not spec.attrs and not spec.int_inputs}
+_SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
+_SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
+
+
+def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]:
+    """The CheckedNode of an ordinary valid node (a leaf, or an op without attributes),
+    or None: then the node goes through the schema and :func:`_check_node`, which give
+    the same CheckedNode or the precise error.  Every test here is one the schema or
+    :func:`_check_node` makes (``tests/test_fuzz_files.py`` checks that over thousands of
+    valid and mutated nodes); together they cost a third of the general path, which
+    matters for a tape of a million nodes."""
+    if type(raw) is not dict:
+        return None
+    op = raw.get("op")
+    allowed = _PLAIN_KEYS.get(op) if type(op) is str else None
+    if allowed is None or not allowed.issuperset(raw):
+        return None
+    get = raw.get
+    a, b, s, shape = get("a", -1), get("b", -1), get("s", 0.0), get("shape")
+    if type(a) is not int or type(b) is not int or type(shape) is not list:
+        return None
+    if type(s) is not float and type(s) is not int:
+        return None
+    if not 0 < len(shape) <= 32 or s != 0 and op not in _SCALAR_OPS:
+        return None
+    size = 1
+    for d in shape:
+        if type(d) is not int or d < 1:
+            return None
+        size *= d
+    shape = tuple(shape)
+    arity = _ARITY[op]
+    if arity == 0:
+        data, name, l2 = get("data"), get("name"), get("l2", 0.0)
+        if a != -1 or b != -1 or type(data) is not bytes or len(data) != 8 * size:
+            return None
+        if name is not None and (type(name) is not str or not name or name in names):
+            return None
+        if type(l2) is not float and type(l2) is not int or not 0 <= l2 < math.inf:
+            return None
+        if name is not None:
+            names[name] = i
+        return CheckedNode(op, -1, -1, 0.0, shape, None, name, float(l2), data)
+    if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
+        return None
+    if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
+        return None                 # integer ids: only take's ids input reads them
+    value = get("value")
+    if value is not None and (type(value) is not bytes or len(value) != 8 * size):
+        return None
+    if op in _SAME_SHAPE:           # the op table's promise for a unary op: a's shape
+        inferred = earlier[a].shape
+    else:
+        try:
+            inferred = infer_shape(op, earlier[a].shape, earlier[b].shape if b >= 0 else None,
+                                   None)
+        except ShapeError:
+            return None
+    if inferred != shape:
+        return None
+    return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value)
+
+
+
+
+def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> CheckedNode:
     op = raw["op"]
-    spec = OPS[op]
-    a, b = raw.get("a", -1), raw.get("b", -1)
-    for field, ref, used in (("a", a, spec.arity >= 1), ("b", b, spec.arity >= 2)):
-        if not used:
-            if ref != -1:
-                raise bad(f"{op} takes {spec.arity} input{'s' * (spec.arity != 1)}, so '{field}' "
-                          f"must be -1, got {ref}", field)
-        elif ref < 0:
-            raise bad(f"{op} needs an input here, got -1", field)
-        elif ref == i:
-            raise bad("the node refers to itself; inputs must be earlier nodes", field)
-        elif ref > i:
-            raise bad(f"refers to node {ref}, which comes later; inputs must be earlier nodes",
-                      field)
+    arity = _ARITY[op]
+    get = raw.get
+    a, b = get("a", -1), get("b", -1)
+    if not ((0 <= a < i if arity >= 1 else a == -1) and (0 <= b < i if arity == 2 else b == -1)):
+        raise _bad_inputs(i, op, arity, a, b, source)
     shape = tuple(raw["shape"])
-    s = float(raw.get("s", 0.0))
-    if op in LEAF_OPS:
+    if arity == 0:
         data = raw["data"]
-        need = 8 * _prod(shape)
+        need = 8 * prod(shape)
         if len(data) != need:
-            raise bad(f"holds {len(data)} bytes, but shape {format_shape(shape)} needs {need} "
-                      f"(8 per element)", "data")
-        name = raw.get("name")
+            raise _bad(i, source, f"holds {len(data)} bytes, but shape {format_shape(shape)} "
+                                  f"needs {need} (8 per element)", "data")
+        name = get("name")
         if name is not None:
             if name in names:
-                raise bad(f"{show(name)} is already the name of node {names[name]}", "name")
+                raise _bad(i, source, f"{show(name)} is already the name of node {names[name]}",
+                           "name")
             names[name] = i
-        l2 = float(raw.get("l2", 0.0))
+        l2 = float(get("l2", 0.0))
         if not math.isfinite(l2):
-            raise bad(f"must be finite, got {l2}", "l2")
-        return CheckedNode(op, -1, -1, 0.0, shape, None, name=name, l2=l2, data=data,
-                           dtype=raw.get("dtype", "f64"))
+            raise _bad(i, source, f"must be finite, got {l2}", "l2")
+        return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data,
+                           dtype=get("dtype", "f64"))
 
+    spec = OPS[op]
     for field, ref in (("a", a), ("b", b)):
         if ref >= 0 and (field in spec.int_inputs) != (earlier[ref].dtype == INT_DTYPE):
-            raise bad(f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only the ids "
-                      f"input of take and take_along reads" if earlier[ref].dtype == INT_DTYPE
-                      else f"{op} reads integer ids here, but node {ref} is not a const with "
-                           f"dtype {INT_DTYPE}", field)
-    attrs = _attrs(op, raw)
+            raise _bad(i, source, f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only "
+                                  f"the ids input of take and take_along reads"
+                       if earlier[ref].dtype == INT_DTYPE
+                       else f"{op} reads integer ids here, but node {ref} is not a const with "
+                            f"dtype {INT_DTYPE}", field)
+    attrs = _attrs(op, raw) if spec.attrs else None
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
     try:
@@ -476,20 +618,45 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     except ShapeError as exc:
         inputs = f"node {a} {format_shape(sa)}" + (f", node {b} {format_shape(sb)}" if b >= 0 else "")
         text = str(exc) if str(exc).startswith(op) else f"{op}: {exc}"
-        raise bad(f"{text} (inputs {inputs})") from None
+        raise _bad(i, source, f"{text} (inputs {inputs})") from None
     if inferred != shape:
-        raise bad(f"states {format_shape(shape)}, but {op} of its inputs gives "
-                  f"{format_shape(inferred)}", "shape")
+        raise _bad(i, source, f"states {format_shape(shape)}, but {op} of its inputs gives "
+                              f"{format_shape(inferred)}", "shape")
     if spec.int_inputs:
         ids = np.frombuffer(earlier[b].data, dtype="<i8")
         problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
         if problem:
-            raise bad(f"node {b}: {problem} for {op}'s input a {format_shape(sa)}", "b")
-    value = raw.get("value")
-    if value is not None and len(value) != 8 * _prod(shape):
-        raise bad(f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
-                  f"{8 * _prod(shape)}", "value")
-    return CheckedNode(op, a, b, s, shape, attrs, value=value)
+            raise _bad(i, source, f"node {b}: {problem} for {op}'s input a {format_shape(sa)}",
+                       "b")
+    value = get("value")
+    if value is not None and len(value) != 8 * prod(shape):
+        raise _bad(i, source, f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
+                              f"{8 * prod(shape)}", "value")
+    return CheckedNode(op, a, b, float(get("s", 0.0)), shape, attrs, None, 0.0, None, value)
+
+
+def _bad(i: int, source: str, message: str, field=None) -> TapeFileError:
+    return TapeFileError(message, source=source, node=i, field=field)
+
+
+def _bad_inputs(i: int, op: str, arity: int, a: int, b: int, source: str) -> TapeFileError:
+    for field, ref, used in (("a", a, arity >= 1), ("b", b, arity >= 2)):
+        if not used:
+            if ref != -1:
+                return _bad(i, source, f"{op} takes {arity} input{'s' * (arity != 1)}, so "
+                                       f"'{field}' must be -1, got {ref}", field)
+        elif ref < 0:
+            return _bad(i, source, f"{op} needs an input here, got -1", field)
+        elif ref == i:
+            return _bad(i, source, "the node refers to itself; inputs must be earlier nodes",
+                        field)
+        elif ref > i:
+            return _bad(i, source, f"refers to node {ref}, which comes later; inputs must be "
+                                   f"earlier nodes", field)
+    raise AssertionError("unreachable: the inputs were valid")
+
+
+_PRODUCTS = frozenset(("matmul", "bmm"))
 
 
 def _attrs(op: str, raw: dict) -> Optional[dict]:
@@ -503,16 +670,3 @@ def _attrs(op: str, raw: dict) -> Optional[dict]:
                                      and type(raw[at.name]) is type(at.default)):
             aux[at.name] = list(raw[at.name]) if at.kind == "indices" else raw[at.name]
     return aux or None
-
-
-def _work(node: CheckedNode, earlier: list) -> int:
-    """Rough operation count of computing this node: inner products for matmul/bmm."""
-    if node.a < 0:
-        return 0
-    sa = earlier[node.a].shape
-    if node.op == "matmul":
-        return sa[0] * sa[1] * node.shape[1]
-    if node.op == "bmm":
-        return node.shape[0] * sa[1] * sa[2] * node.shape[2]
-    sb = earlier[node.b].shape if node.b >= 0 else ()
-    return max(_prod(node.shape), _prod(sa), _prod(sb))

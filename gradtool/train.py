@@ -49,9 +49,11 @@ from typing import Optional
 
 import numpy as np
 
+from .budget import DEFAULT_MEMORY
 from .errors import GradtoolError
 from .npzio import NpzArchive
 from .optim import make_optimizer, optimizer_from_state
+from .optim_state import check_saved_state
 from .train_data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
                          dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
                          parse_accuracy, require_batches, split_validation)
@@ -111,7 +113,8 @@ class CpuEngine:
 
 
 def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
-    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine."""
+    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine (``options``:
+    DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs none)."""
     if backend == "cpu":
         return CpuEngine(tape, loss_id, optimizer)
     if backend not in ("host", "cuda", "auto"):
@@ -177,11 +180,7 @@ class Trainer:
         self.source = tf.source
         meta = meta_defaults(tf.meta, self.source)
         self.saved = tf.optimizer
-        if self.saved is not None and not isinstance(self.saved, dict):
-            raise TrainError(f"{self.source}: the saved optimizer state is not a map")
-        position = (self.saved or {}).get("position") or {}
-        if not isinstance(position, dict):
-            raise TrainError(f"{self.source}: optimizer 'position' must be a map")
+        position = check_saved_state(self.saved, self.source) if self.saved is not None else {}
         self.settings = Precedence(options, meta)
         # a saved file without "shards" in its position was trained with one shard
         saved_shards = (position_int(position, "shards", self.source, minimum=1)
@@ -201,7 +200,8 @@ class Trainer:
             self.engine = self.parallel.engine
         else:
             self.engine = make_engine(options.backend, self.tape, tf.loss.id, self.opt,
-                                      **({"fuse": True} if options.fuse else {}))
+                                      **({"fuse": True} if options.fuse else {}),
+                                      max_bytes=options.max_memory)
         self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
 
     def _load_data(self, data_path, meta) -> None:
@@ -215,14 +215,20 @@ class Trainer:
             if val_file is not None and not os.path.isabs(val_file):     # relative to the tape
                 val_file = os.path.join(os.path.dirname(os.path.abspath(self.source)), val_file)
         self.val = None
+        budget = self.options.max_memory or DEFAULT_MEMORY
         with NpzArchive(data_path) as raw:
-            data = dataset_from(raw, self.slots)
+            data = dataset_from(raw, self.slots, max_bytes=budget)
             if val_split is not None:
                 data, self.val = split_validation(data, val_split)
             elif val_file is not None:
-                self.val = load_dataset(val_file, self.slots)
+                try:
+                    self.val = load_dataset(val_file, self.slots, budget)
+                except GradtoolError as exc:
+                    if self.options.val is not None:
+                        raise
+                    raise DataError(f"{self.source}: meta 'train' 'val': {exc}") from None
             elif has_val_arrays(raw, self.slots):
-                self.val = dataset_from(raw, self.slots, VAL_SUFFIX)
+                self.val = dataset_from(raw, self.slots, VAL_SUFFIX, budget)
         self.data = data
         unit = (f"{self.shards} shards of {self.shard_rows} rows" if self.shards > 1
                 else "the input slots' leading dim")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import DEFAULT_MEMORY, human_bytes, prod
 from .errors import GradtoolError
 from .npzio import NpzArchive
 from .ops import bad_id, format_shape
@@ -88,15 +89,18 @@ def has_val_arrays(raw: dict, slots) -> bool:
     return all(present)
 
 
-def load_dataset(path, slots) -> Dataset:
+def load_dataset(path, slots, max_bytes: int = DEFAULT_MEMORY) -> Dataset:
     """Read an .npz and check one array per slot: [N, *slot.shape[1:]], equal N."""
     with NpzArchive(path) as raw:
-        return dataset_from(raw, slots)
+        return dataset_from(raw, slots, max_bytes=max_bytes)
 
 
-def dataset_from(raw: NpzArchive, slots, suffix: str = "") -> Dataset:
+def dataset_from(raw: NpzArchive, slots, suffix: str = "",
+                 max_bytes: int = DEFAULT_MEMORY) -> Dataset:
     """The arrays named ``<slot><suffix>``, checked against the slots' shapes from their
-    headers before any of them is read."""
+    headers before any of them is read, and together (8 bytes per element) within
+    ``max_bytes``.
+    Arrays that name no slot are never looked at."""
     source = raw.source
     for s in slots:
         key = s.name + suffix
@@ -121,6 +125,12 @@ def dataset_from(raw: NpzArchive, slots, suffix: str = "") -> Dataset:
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{k} {n}" for k, n in counts.items())
         raise DataError(f"{source}: arrays have different example counts (axis 0): {listing}")
+    need = sum(8 * prod(raw[key].shape) for key in counts)
+    if need > max_bytes:
+        listing = ", ".join(f"{key} {format_shape(raw[key].shape)}" for key in counts)
+        raise DataError(f"{source}: the input slots' arrays ({listing}) take "
+                        f"{human_bytes(need)} as float64 or int64, over the memory limit of "
+                        f"{human_bytes(max_bytes)} (gradtool --max-memory SIZE raises it)")
     arrays = {s.name: _slot_array(raw.load(s.name + suffix), s, s.name + suffix, source)
               for s in slots}
     return Dataset(arrays, next(iter(counts.values())), source)

@@ -449,7 +449,8 @@ class DataParallel:
         select_gpu(world, trainer.options.backend)
         tape, loss_id = trainer.tape, trainer.tf.loss.id
         self.engine = make_engine(trainer.options.backend, tape, loss_id, None,
-                                  **({"fuse": True} if trainer.options.fuse else {}))
+                                  **({"fuse": True} if trainer.options.fuse else {}),
+                                  max_bytes=trainer.options.max_memory)
         # the flat layout of one message: HEAD values, then every parameter the backward
         # walk reaches, in registration order, row-major (what the optimizer steps)
         reached = reach(tape, loss_id)

@@ -47,6 +47,7 @@ class TrainOptions:
     fuse: bool = False            # device backends: fused kernels (gradtool.device.fusion)
     plot: Optional[str] = None
     shards: Optional[int] = None      # S shards per minibatch (gradtool.train_distributed)
+    max_memory: Optional[int] = None  # bytes (gradtool.budget); None: the default budget
 
 
 def _is_int(x) -> bool:

@@ -3,6 +3,7 @@ paths that cannot be written.  Each case is a real process (signals and file des
 are what is under test), and each must end in at most one stderr line, the documented
 exit status, and no temporary file left behind."""
 
+import random
 import signal
 import subprocess
 import sys
@@ -109,3 +110,55 @@ def test_unwritable_outputs_are_refused_up_front_naming_the_users_path(tmp_path)
 def test_emit_cuda_dash_o_dash_is_stdout():
     r = gradtool("emit-cuda", SAMPLES / "logistic.msgpack", "-o", "-")
     assert r.returncode == 0 and r.stdout.startswith("/*") and r.stderr == ""
+
+
+# ── start-up ───────────────────────────────────────────────────────────────
+
+# What the console script does (gradtool = "gradtool.__main__:run"), with a line on stderr
+# once the entry point is imported, so that the interrupts below land in gradtool's own
+# start-up, not in the interpreter's (which no program can answer).
+ENTRY = ("import sys; from gradtool.__main__ import run; sys.stderr.write('ready\\n'); "
+         "sys.stderr.flush(); run()")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", SAMPLES / "digits_mlp.msgpack", "--data", SAMPLES / "digits.npz", "--epochs", 50],
+    ["fd-check", SAMPLES / "autoencoder" / "ae.msgpack"]])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(command):
+    rng = random.Random(11)
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", ENTRY, *map(str, command)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr.readline() == "ready\n"
+            time.sleep(rng.uniform(0.0, 0.3))  # imports, parsing, loading, the first steps
+            proc.send_signal(signal.SIGINT)
+            stderr = proc.stderr.read()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        # train's notes (examples, optimizer) may come first; the failure is the last line
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+        assert lines[-1].startswith("gradtool: interrupted"), stderr
+        assert all(line.startswith("gradtool: ") for line in lines), stderr
+
+
+def test_import_gradtool_imports_nothing_heavy_until_a_name_is_used():
+    probe = ("import sys, gradtool; before = 'numpy' in sys.modules; gradtool.Tape; "
+             "import gradtool.optim as o; assert gradtool.optim is o; "
+             "print(before, 'numpy' in sys.modules, sorted(gradtool.__all__) == "
+             "sorted(n for n in gradtool.__all__ if hasattr(gradtool, n)))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.split() == ["False", "True", "True"], result.stderr
+
+
+def test_errors_in_the_groups_own_options_are_one_line():
+    r = gradtool("--bogus", "inspect", "x")
+    assert r.returncode == 2 and one_line(r.stderr) == "gradtool: No such option '--bogus'."
+    r = gradtool("--max-memory", "lots", "inspect", "x")
+    assert r.returncode == 2 and "'--max-memory': 'lots' is not a size" in one_line(r.stderr)
+    r = gradtool()                          # a bare `gradtool` still shows the help
+    assert "Commands:" in r.stdout + r.stderr

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from conftest import assert_bits_equal
+from gradtool.errors import GradtoolError
 from gradtool.cli.tapes import commands
 from gradtool.tape import Tape
 from gradtool.tapefile import load
 from support import assert_one_line_error, run
-from test_tapefile import all_ops_tape, mlp_tape, numpy_mlp_backprop, write_independent_mlp
+from tapefile_corpus import all_ops_tape
+from test_tapefile import mlp_tape, numpy_mlp_backprop, write_independent_mlp
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -248,3 +250,119 @@ def test_non_finite_values_are_data_not_errors(tmp_path):
     assert np.isnan(out["loss"])
     result = run("fd-check", tmp_path / "nan.msgpack")
     assert_one_line_error(result, 1, "fd-check failed")
+
+
+# ── fd-check's budget, --params, --max-evals, progress ────────────────────
+
+def big_param_file(tmp_path):
+    """The issue's reproducer: a 1 MB file with a [256,256] param, whose full check is
+    131,584 loss evaluations of a [256,256] matmul each (over a minute here)."""
+    rng = np.random.default_rng(0)
+    tp = Tape()
+    w = tp.param(rng.standard_normal((256, 256)), name="W")
+    x = tp.const(rng.standard_normal((256, 256)), name="x")
+    b = tp.param(rng.standard_normal(256), name="b")
+    tp.mean(tp.tanh(x @ w + b))
+    path = tmp_path / "big.msgpack"
+    tp.save(path)
+    assert 1_000_000 < path.stat().st_size < 1_100_000
+    return path
+
+
+def test_fd_check_estimates_its_cost_and_refuses_beyond_the_budget(tmp_path):
+    path = big_param_file(tmp_path)
+    line = assert_one_line_error(run("fd-check", path), 2, str(path),
+                                 "131,584 loss evaluations", "2 params, 65,792 elements",
+                                 "over the budget of", "--params NAME,...",
+                                 "--max-evals 131584")
+    assert re.search(r"of about [0-9.e+]+ operations each", line)
+    # a subset within the budget runs
+    result = run("fd-check", "--json", "--params", "b", path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [p["name"] for p in report["params"]] == ["b"] and report["passed"]
+    # --max-evals is a hard cap, whatever the work
+    assert_one_line_error(run("fd-check", "--params", "b", "--max-evals", "511", path), 2,
+                          "512 loss evaluations", "over --max-evals 511")
+    assert run("fd-check", "--params", "b", "--max-evals", "512", path).exit_code == 0
+
+
+def test_fd_check_params_take_names_and_node_ids(tmp_path, rng):
+    tp = Tape()
+    a = tp.param(rng.standard_normal(3), name="a")
+    b = tp.param(rng.standard_normal(3))                   # unnamed: node 1
+    tp.sum(tp.tanh(tp.mul(a, b)))
+    path = tmp_path / "t.msgpack"
+    tp.save(path)
+    for spec, ids in (("a", [0]), ("1", [1]), ("node1", [1]), ("node1, a", [0, 1])):
+        result = run("fd-check", "--json", "--params", spec, path)
+        assert result.exit_code == 0, result.output
+        assert [p["id"] for p in json.loads(result.stdout)["params"]] == ids
+    assert_one_line_error(run("fd-check", "--params", "z", path), 2,
+                          "--params: no param 'z' (params: a, node1)")
+
+
+def test_fd_check_shows_progress_only_on_a_terminal(tmp_path):
+    from tapefile_corpus import GRADTOOL, stderr_through_a_terminal
+    path = SAMPLES / "mlp_regression.msgpack"
+    status, text = stderr_through_a_terminal([*GRADTOOL, "fd-check", str(path)])
+    assert status == 0, text
+    # at most ten updates a second, and always the last one
+    assert "\rfd-check: param b2: 194/194 evaluations (100%)" in text.replace("\x1b[K", "")
+    assert text.endswith("\r\x1b[K")                # erased at the end
+    plain = subprocess.run([*GRADTOOL, "fd-check", str(path)], capture_output=True, text=True,
+                           timeout=120)
+    assert plain.returncode == 0 and plain.stderr == ""
+
+
+def test_fd_check_library_subset_and_progress(rng):
+    from gradtool.gradcheck import fd_check, fd_cost
+    tp = Tape()
+    a = tp.param(rng.standard_normal((2, 3)), name="a")
+    b = tp.param(rng.standard_normal(3), name="b")
+    loss = tp.sum(tp.tanh(tp.mul(a, b)))
+    calls = []
+    report = fd_check(tp, loss, params=["b"], progress=lambda *c: calls.append(c))
+    assert [p.name for p in report.params] == ["b"] and report.passed
+    assert calls == [(2, 6, 1), (4, 6, 1), (6, 6, 1)]
+    assert [p.id for p in fd_check(tp, loss, params=[b, a]).params] == [0, 1]   # tape order
+    cost = fd_cost(tp, [b])
+    assert (cost.params, cost.elements, cost.evals) == (1, 3, 6) and cost.work > 0
+    assert fd_cost(tp).evals == 18
+    for bad in (["zz"], [loss], [Tape().param([1.0])], [3]):
+        with pytest.raises(GradtoolError):
+            fd_check(tp, loss, params=bad)
+
+
+# ── backward -o: names an npz cannot hold ─────────────────────────────────
+
+def test_backward_npz_never_loses_a_gradient_to_an_unstorable_name(tmp_path):
+    tp = Tape()
+    a = tp.param([1.0], name="w\x00one")        # zip member names end at NUL: both "w"
+    b = tp.param([2.0], name="w\x00two")
+    c = tp.param([3.0], name="x" * 70_000)      # over a zip name's 65,535 bytes
+    d = tp.param([4.0], name="ok/é")
+    tp.sum(tp.add(tp.add(a, b), tp.add(c, d)))
+    tp.save(tmp_path / "t.msgpack")
+    result = run("backward", "-o", tmp_path / "g.npz", tmp_path / "t.msgpack")
+    assert result.exit_code == 0, result.output
+    notes = result.stderr.splitlines()
+    assert len(notes) == 3 and all(n.startswith("gradtool: note: param ") for n in notes)
+    assert "contains NUL" in notes[0] and "stored as 'node0'" in notes[0]
+    assert "70000 bytes in UTF-8" in notes[2] and "'node2'" in notes[2]
+    with np.load(tmp_path / "g.npz") as z:
+        assert sorted(z.files) == ["node0", "node1", "node2", "ok/é"]
+        assert all(z[k].tolist() == [1.0] for k in z.files)
+
+
+def test_backward_npz_refuses_two_params_that_would_share_a_key(tmp_path):
+    tp = Tape()
+    a = tp.param([1.0], name="a\x00")           # stored as node0 ...
+    b = tp.param([2.0], name="node0")          # ... which is this param's name
+    tp.sum(tp.add(a, b))
+    tp.save(tmp_path / "c.msgpack")
+    line = assert_one_line_error(run("backward", "-o", tmp_path / "g.npz",
+                                     tmp_path / "c.msgpack"), 2)
+    assert ": node 1: cannot write the npz: this param would be stored as 'node0', which " \
+           "param 0 already uses" in line
+    assert not (tmp_path / "g.npz").exists()

@@ -7,6 +7,7 @@ NpzError naming the file and the array, before any array data is read.
 """
 
 import io
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -58,8 +59,11 @@ def test_round_trip_stored_and_deflated(tmp_path, rng):
 
 
 def assert_npz_error(path, *fragments):
+    """Opening the archive, or asking for its arrays, fails with one NpzError."""
     with pytest.raises(NpzError) as info:
-        NpzArchive(path)
+        with NpzArchive(path) as archive:
+            for name in archive:
+                archive[name]
     message = str(info.value)
     assert message.startswith(str(path)), message
     for fragment in fragments:
@@ -114,3 +118,60 @@ def test_train_reports_a_lying_header_in_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "claim.npz: array 'x' claims shape [1000000000,64]" in lines[0]
+
+
+# ── what is opened, and what is looked at ─────────────────────────────────
+
+def test_only_regular_files_are_opened_and_a_fifo_does_not_hang(tmp_path):
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)                            # no writer: a plain open() would block
+    assert_npz_error(fifo, "is a pipe (FIFO), not a regular file")
+    assert_npz_error(Path("/dev/zero"), "is a character device, not a regular file")
+
+
+def test_arrays_nobody_asks_for_are_never_examined_or_unpickled(tmp_path):
+    marker = tmp_path / "unpickled"
+
+    class Boom:                                # unpickling this would create the marker
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    zip_of(tmp_path / "d.npz", {"x.npy": npy_bytes(np.arange(4.0)),
+                                "junk.npy": npy_bytes(np.array([Boom()], dtype=object)),
+                                "broken.npy": b"\x93NUMPY garbage",
+                                "notes.txt": b"not an array"})
+    with NpzArchive(tmp_path / "d.npz") as archive:
+        assert sorted(archive) == ["broken", "junk", "x"]
+        assert_bits_equal(archive.load("x"), np.arange(4.0), "x")
+        with pytest.raises(NpzError, match="'junk' holds Python objects"):
+            archive["junk"]
+        with pytest.raises(NpzError, match="array 'broken' has .npy format version"):
+            archive.load("broken")
+    assert not marker.exists()
+
+
+def test_write_npz_refuses_names_np_load_would_not_give_back(tmp_path):
+    for name, why in (("a\x00b", "contains NUL"), ("x" * 65532, "65532 bytes in UTF-8"),
+                      ("", "not a non-empty string"), (7, "not a non-empty string"),
+                      ("\udc80", "not valid Unicode")):
+        with pytest.raises(NpzError, match=why):
+            write_npz(tmp_path / "g.npz", {name: np.zeros(1)})
+    assert not (tmp_path / "g.npz").exists()
+    write_npz(tmp_path / "g.npz", {"x" * 65531: np.zeros(1), "a/b é": np.ones(2)})
+    with np.load(tmp_path / "g.npz") as z:
+        assert sorted(z.files) == ["a/b é", "x" * 65531]
+
+
+def test_a_directory_of_too_many_entries_is_refused_before_zipfile_reads_it(tmp_path,
+                                                                             monkeypatch):
+    import gradtool.npzio as npzio
+    monkeypatch.setattr(npzio, "MAX_DIRECTORY", 1 << 20)
+    for count in (30_000, 70_000):             # 70,000 entries need the zip64 record
+        path = tmp_path / f"many{count}.npz"
+        with zipfile.ZipFile(path, "w") as z:
+            for i in range(count):
+                z.writestr(f"a{i}.npy", b"")
+        assert_npz_error(path, f"directory of {count} entries takes", "at most 1.0 MiB")
+    monkeypatch.setattr(npzio, "MAX_DIRECTORY", 4 << 20)
+    with NpzArchive(tmp_path / "many70000.npz") as archive:
+        assert len(list(archive)) == 70_000

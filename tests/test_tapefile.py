@@ -14,43 +14,12 @@ from gradtool.ops import OPS
 from gradtool.tape import Tape
 from gradtool.tapefile import FORMAT, VERSION, Limits, dumps, load, save
 from gradtool.tapefile_checks import schema
+from tapefile_corpus import all_ops_tape
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # ── tapes used by several tests ────────────────────────────────────────────
-
-def all_ops_tape():
-    """One tape that uses every op in the table (and both kinds of leaf, named and not)."""
-    rng = np.random.default_rng(3)
-    tp = Tape()
-    a = tp.param(rng.random((2, 3)) + 0.5, name="a", l2=0.01)
-    b = tp.param(rng.random((3,)) + 0.5, name="b")
-    c = tp.const(rng.random((2, 3)), name="c")
-    k = tp.const(rng.random((3, 2)))
-    t = tp.neg(tp.div(tp.mul(tp.sub(tp.add(a, b), c), a), b))
-    t = tp.muls(tp.adds(t, 0.25), -1.5)
-    r = tp.relu(t)
-    th = tp.tanh(tp.sigmoid(t))
-    sq = tp.sqrt(tp.adds(tp.log(tp.exp(th)), 1.0))
-    m = tp.matmul(sq, k)                                         # [2,2]
-    bm = tp.bmm(tp.reshape(m, [1, 2, 2]), tp.reshape(tp.transpose(m), [1, 2, 2]))
-    sm = tp.softmax(bm, axis=2)
-    sl = tp.slice(sm, [0, 0, 0], [1, 2, 1])
-    cc = tp.concat(sl, sl, axis=2)
-    loss = tp.add(tp.sum(cc), tp.mean(r))
-    # the ops of real models: axis reductions, |x|, maximum, log_softmax, gathers by ids,
-    # a broadcast batch
-    ids = tp.const(np.array([[1, 0], [1, 1]]), name="ids", dtype="i64")
-    emb = tp.take(tp.maximum(tp.abs(t), r), ids)                  # [2,2,3]
-    lsm = tp.log_softmax(tp.max(emb, axis=1, keepdims=True), axis=2)     # [2,1,3]
-    picked = tp.take_along(lsm, tp.const(np.array([[[1]], [[2]]]), dtype="i64"), axis=2)
-    bb = tp.bmm(bm, tp.reshape(tp.sum(emb, axis=0), [1, 2, 3]))  # [1,2,2] @ [1,2,3]
-    bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
-    extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
-    loss = tp.add(loss, tp.sum(extra))
-    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
-
 
 def mlp_tape(rng):
     tp = Tape()

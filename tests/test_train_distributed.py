@@ -107,7 +107,7 @@ def test_shard_errors_and_resume_rules(tmp_path):
     tf.tape.save(tmp_path / "bad.msgpack", loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
                  optimizer=tf.optimizer)
     r = run("train", tmp_path / "bad.msgpack", "--data", DIGITS_DATA)
-    assert r.exit_code == 2 and "'shards' must be an integer >= 1, got 0" in r.stderr
+    assert r.exit_code == 2 and "'position.shards' must be an integer >= 1, got 0" in r.stderr
 
 
 def test_a_nonfinite_shard_stops_the_step_like_a_nonfinite_batch(tmp_path):

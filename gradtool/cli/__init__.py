@@ -10,13 +10,16 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from .common import GradtoolGroup
+from .common import GradtoolGroup, memory_option
 
 
 @click.group(cls=GradtoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gradtool")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
-def main(debug: bool) -> None:
+@click.option("--max-memory", metavar="SIZE", callback=memory_option,
+              help="Memory budget (e.g. 4G, 512M; default 2G) for a tape's values, gradients "
+                   "and largest temporary, a device program, and training data.")
+def main(debug: bool, max_memory) -> None:
     """gradtool: gradients identical to the bit on the CPU, in C and on CUDA GPUs."""
 
 

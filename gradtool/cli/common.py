@@ -9,6 +9,7 @@ failure is ONE line on stderr, ``gradtool: <file>: node <id>: <problem>``;
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import sys
@@ -18,20 +19,52 @@ from typing import NoReturn
 
 import click
 
+from ..budget import DEFAULT_MEMORY, parse_size
 from ..errors import GradtoolError
 
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+def without_gc_pauses(command):
+    """Run a command with Python's cycle collector paused (see
+    :func:`gradtool.tapefile.gc_paused`): a tape of a million nodes is millions of objects
+    that a collection would walk again and again, freeing nothing."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from ..tapefile import gc_paused
+        with gc_paused():
+            return command(*args, **kwargs)
+    return run
+
+
+def memory_option(ctx, param, value):
+    """click callback for ``gradtool --max-memory SIZE``."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except GradtoolError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def memory_budget() -> int:
+    """``gradtool --max-memory``, or the default budget (:mod:`gradtool.budget`)."""
+    ctx = click.get_current_context(silent=True)
+    value = ctx.find_root().params.get("max_memory") if ctx is not None else None
+    return value or DEFAULT_MEMORY
+
+
 def load_tape(path: str):
-    """TAPE as given on the command line: a path, or ``-`` for standard input."""
-    from ..tapefile import load
+    """TAPE as given on the command line: a path, or ``-`` for standard input; loaded
+    within the ``--max-memory`` budget."""
+    from ..tapefile import Limits, load
+    limits = Limits(max_memory=memory_budget())
     if path == "-":
         if sys.stdin is None:
             raise GradtoolError("<stdin>: cannot read: standard input is closed")
-        return load(sys.stdin.buffer, name="<stdin>")
-    return load(path)
+        return load(sys.stdin.buffer, name="<stdin>", limits=limits)
+    return load(path, limits=limits)
 
 
 class ClosedStdout:
@@ -113,8 +146,23 @@ TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHU
                             if hasattr(signal, name))
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click >= 8.2
+
+
 class GradtoolGroup(click.Group):
     """A click group that turns every exception into one stderr line and an exit code."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        # the group's own options (--max-memory, an unknown option) are parsed here,
+        # before invoke: keep the one-line rule for their errors too
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            if isinstance(exc, _NO_ARGS_IS_HELP):     # a bare `gradtool`: click's help
+                raise
+            fail(one_line(exc.format_message()), EXIT_BAD_INPUT)
+        except KeyboardInterrupt:                      # not click's "Aborted!" (exit 1)
+            fail("interrupted", 130)
 
     def invoke(self, ctx):
         if sys.stdout is None:

@@ -16,7 +16,7 @@ from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, chec
                              fusion_plan, time_episodes)
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
-from .common import CheckFailed, load_tape
+from .common import CheckFailed, load_tape, memory_budget
 from .tapes import TAPE_HELP
 
 
@@ -94,7 +94,8 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
             click.echo("\n".join(program.fusion.describe(program)))
         return
     try:
-        replay = capture(tp, loss_id, backend, dtype, optimizer=opt, graph=graph, fuse=fuse)
+        replay = capture(tp, loss_id, backend, dtype, optimizer=opt, graph=graph, fuse=fuse,
+                         max_bytes=memory_budget())
     except GradtoolError as exc:
         raise GradtoolError(f"{tf.source}: {exc}") from None
 

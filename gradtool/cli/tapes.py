@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from collections import Counter
 
 import click
 import numpy as np
 
 from ..errors import GradtoolError
+from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
-from ..npzio import write_npz
+from ..npzio import member_name_problem, write_npz
 from ..ops import INT_DTYPE, format_shape
 from ..tapefile import TapeFile
 from ..train_data import gradient_sum, input_slots, load_dataset
-from .common import CheckFailed, load_tape, output_file_not_stdout
+from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
+                     without_gc_pauses)
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -33,15 +37,15 @@ def _emit_json(obj) -> None:
 
 def _table(rows, header) -> list:
     """Left-aligned text columns (numbers right-aligned) as lines."""
-    cells = [header] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    numeric = [len(cells) > 1 and all(_is_num(r[i]) for r in cells[1:]) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if numeric[i] else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  " + "  ".join(parts).rstrip())
-    return lines
+    rows = [[c if type(c) is str else str(c) for c in row] for row in rows]
+    columns = [[h] for h in header]
+    if rows:
+        columns = [[h, *column] for h, column in zip(header, zip(*rows))]
+    fmt = "  " + "  ".join(
+        "{:%s%d}" % (">" if len(col) > 1 and all(map(_is_num, col[1:])) else "<",
+                     max(map(len, col)))
+        for col in columns)
+    return [fmt.format(*row).rstrip() for row in [header, *rows]]
 
 
 def _is_num(text: str) -> bool:
@@ -66,6 +70,7 @@ def _node_label(tf: TapeFile, i: int) -> str:
 @click.option("--dot", is_flag=True,
               help="Print the graph as Graphviz DOT (params, consts and ops drawn "
                    "differently; the loss marked).")
+@without_gc_pauses
 def inspect(tape: str, as_json: bool, dot: bool) -> None:
     """Describe a tape file: nodes, op histogram, params, input slots, outputs, loss."""
     if as_json and dot:
@@ -79,25 +84,35 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
         click.echo("\n".join(_inspect_lines(tf)))
 
 
-def inspect_summary(tf: TapeFile) -> dict:
-    """Everything `inspect` reports, as JSON-ready data."""
+def _node_entry(tape, i: int) -> dict:
+    """One node as `inspect --json` lists it."""
+    n = tape.nodes[i]
+    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
+    if n.op in ("adds", "muls"):
+        entry["s"] = n.s
+    if n.aux and n.op != "reshape":
+        entry.update(n.aux)
+    if n.name:
+        entry["name"] = n.name
+    if n.op == "param":
+        entry["l2"] = n.l2
+    if tape.holds_ids(i):
+        entry["dtype"] = INT_DTYPE
+    return entry
+
+
+def _plain_node(n) -> bool:
+    """Whether :func:`_node_entry` has nothing beyond id, op, inputs and shape (an op
+    without attributes: a leaf is named, a param has l2, an ids const a dtype)."""
+    return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
+
+
+def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
+    """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
+    node list)."""
     tape = tf.tape
-    nodes = []
-    for i, n in enumerate(tape.nodes):
-        entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
-        if n.op in ("adds", "muls"):
-            entry["s"] = n.s
-        if n.aux and n.op != "reshape":
-            entry.update(n.aux)
-        if n.name:
-            entry["name"] = n.name
-        if n.op == "param":
-            entry["l2"] = n.l2
-        if tape.holds_ids(i):
-            entry["dtype"] = INT_DTYPE
-        nodes.append(entry)
     loss_id = tf.loss.id
-    return {
+    summary = {
         "file": tf.source,
         "format": "gradtool-tape",
         "version": 1,
@@ -114,8 +129,10 @@ def inspect_summary(tf: TapeFile) -> dict:
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
                  "value": float(tape.values[loss_id].reshape(-1)[0])},
         "meta": _json_safe(tf.meta),
-        "nodes": nodes,
     }
+    if nodes:
+        summary["nodes"] = [_node_entry(tape, i) for i in range(len(tape.nodes))]
+    return summary
 
 
 def _json_safe(value):
@@ -130,7 +147,7 @@ def _json_safe(value):
 
 
 def _inspect_lines(tf: TapeFile) -> list:
-    s = inspect_summary(tf)
+    s = inspect_summary(tf, nodes=False)
     ops = s["ops"]
     n_leaf = ops.get("param", 0) + ops.get("const", 0)
     lines = [f"{s['file']}: gradtool-tape v{s['version']}, {s['node_count']} nodes "
@@ -150,8 +167,10 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    lines += _table([[n["id"], n["op"], _inputs(n), format_shape(n["shape"]), _detail(n)]
-                     for n in s["nodes"]], ["id", "op", "inputs", "shape", "detail"])
+    lines += _table([[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
+                      "" if _plain_node(n) else _detail(_node_entry(tf.tape, i))]
+                     for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))],
+                    ["id", "op", "inputs", "shape", "detail"])
     return lines
 
 
@@ -161,8 +180,8 @@ def _short(value, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _inputs(n: dict) -> str:
-    return ",".join(str(x) for x in (n["a"], n["b"]) if x >= 0) or "-"
+def _inputs(a: int, b: int) -> str:
+    return f"{a},{b}" if b >= 0 else str(a) if a >= 0 else "-"
 
 
 def _detail(n: dict) -> str:
@@ -242,6 +261,7 @@ def to_dot(tf: TapeFile) -> str:
               help="Sum over a dataset instead: one array per input slot (as for train); "
                    "replay each batch in order and add its loss and gradients into running "
                    "sums starting at 0.0 (the order of one swarm_g_add per example).")
+@without_gc_pauses
 def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
              data_path: str) -> None:
     """Replay the forward pass from the leaves, run backward, print the loss and every
@@ -252,7 +272,8 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     summed = None
     if data_path is not None:
         slots = input_slots(t)
-        summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots), slots)
+        summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
+                              slots)
         loss = summed.loss
         grads = [(p.id, t.nodes[p.id].name, summed.grads[p.id]) for p in t.params()]
     else:
@@ -261,7 +282,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
         loss = float(t.values[tf.loss.id].reshape(-1)[0])
         grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
-        write_npz(output, _npz_arrays(grads))
+        write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
         counts = {} if summed is None else {"batches": summed.batches,
@@ -288,14 +309,24 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     click.echo("\n".join(lines))
 
 
-def _npz_arrays(grads) -> dict:
-    arrays = {}
+def _npz_arrays(tf: TapeFile, grads) -> dict:
+    """{npz key: gradient}: the param's name, or ``node<ID>`` for an unnamed param and for
+    a name no npz can hold (NUL, over 65,531 bytes; a note on stderr says so).  Two
+    params that would share a key are refused before anything is written."""
+    arrays, owner, notes = {}, {}, []
     for i, name, g in grads:
         key = name or f"node{i}"
+        problem = member_name_problem(key)
+        if problem:
+            key = f"node{i}"
+            notes.append(f"gradtool: note: param {i}'s name cannot be an npz key ({problem}); "
+                         f"its gradient is stored as {key!r}")
         if key in arrays:
-            raise GradtoolError(f"cannot write the npz: param {i} would be stored as {key!r}, "
-                                f"which another param already uses")
-        arrays[key] = g
+            raise GradtoolError(f"{tf.source}: node {i}: cannot write the npz: this param would "
+                                f"be stored as {key!r}, which param {owner[key]} already uses")
+        arrays[key], owner[key] = g, i
+    for note in notes:
+        click.echo(note, err=True)
     return arrays
 
 
@@ -329,15 +360,29 @@ def verify_recorded(tf: TapeFile) -> int:
               help="Absolute tolerance (see --rtol).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object with the per-parameter errors and verdicts.")
-def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> None:
+@click.option("--params", "only", metavar="NAME,...",
+              help="Check only these params: leaf names, or node ids for unnamed ones "
+                   "(7 or node7).")
+@click.option("--max-evals", type=click.IntRange(min=1), metavar="N",
+              help="Allow up to N loss evaluations (two per parameter element) whatever "
+                   "they cost; without it the estimated work must stay within "
+                   f"{FD_WORK_BUDGET:.3g} operations.")
+@without_gc_pauses
+def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool, only: str,
+             max_evals: int) -> None:
     """Check backward against central finite differences for every parameter element;
-    exit 0 when all pass, 1 when any fails."""
+    exit 0 when all pass, 1 when any fails.  The cost is estimated first: a check
+    over the budget is refused (exit 2) before it starts."""
     for opt, val in (("--eps", eps), ("--rtol", rtol), ("--atol", atol)):
         if not (math.isfinite(val) and val >= 0) or (opt == "--eps" and val == 0):
             raise GradtoolError(f"{opt} must be a finite number "
                                 f"{'> 0' if opt == '--eps' else '>= 0'}, got {val!r}")
     tf = load_tape(tape)
-    report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol)
+    chosen = _params_option(tf, only)
+    _check_fd_budget(tf, fd_cost(tf.tape, chosen), max_evals)
+    with FDProgress(tf) as progress:
+        report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol, params=chosen,
+                              progress=progress.update)
     params = [{"id": p.id, "name": p.name, "shape": list(p.shape),
                "max_abs_err": p.max_abs_err, "max_rel_err": p.max_rel_err,
                "worst_index": list(p.worst_index), "analytic": p.analytic,
@@ -364,6 +409,72 @@ def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool) -> 
                           f"{len(params)} params; first {label} at index "
                           f"{list(p.worst_index)}: analytic {p.analytic!r}, "
                           f"numeric {p.numeric!r}")
+
+
+def _params_option(tf: TapeFile, only):
+    """--params NAME,...: GVars of the named params (names, or ids as 7 / node7)."""
+    if only is None:
+        return None
+    params = {p.id: p for p in tf.tape.params()}
+    by_name = {tf.tape.nodes[i].name: p for i, p in params.items() if tf.tape.nodes[i].name}
+    chosen = []
+    for item in (part.strip() for part in only.split(",")):
+        ref = item[4:] if item.startswith("node") and item[4:].isdigit() else item
+        p = by_name.get(item) or (params.get(int(ref)) if ref.isdigit() else None)
+        if p is None:
+            known = ", ".join(tf.tape.nodes[i].name or f"node{i}" for i in params) or "none"
+            raise GradtoolError(f"{tf.source}: --params: no param {item!r} (params: {known})")
+        chosen.append(p)
+    return chosen
+
+
+def _check_fd_budget(tf: TapeFile, cost, max_evals) -> None:
+    """Refuse, before it starts, a check over --max-evals or (without it) the work budget."""
+    if max_evals is not None:
+        if cost.evals <= max_evals:
+            return
+        over = f"over --max-evals {max_evals}"
+    elif cost.work <= FD_WORK_BUDGET:
+        return
+    else:
+        afford = int(FD_WORK_BUDGET / cost.work_per_eval)
+        over = (f"over the budget of {FD_WORK_BUDGET:.3g} operations (about {afford:,} "
+                f"evaluations of this tape)")
+    raise GradtoolError(
+        f"{tf.source}: fd-check would take {cost.evals:,} loss evaluations (2 per element of "
+        f"{cost.params} param{'s' * (cost.params != 1)}, {cost.elements:,} elements) of about "
+        f"{cost.work_per_eval:.3g} operations each, {over}; check fewer params with "
+        f"--params NAME,... or allow it with --max-evals {cost.evals}")
+
+
+class FDProgress:
+    """fd-check's progress line on stderr, only when stderr is a terminal (at most ten
+    updates a second; erased at the end)."""
+
+    def __init__(self, tf: TapeFile):
+        self.tf = tf
+        self.tty = sys.stderr.isatty()
+        self.shown = 0.0
+
+    def __enter__(self) -> "FDProgress":
+        return self
+
+    def update(self, done: int, total: int, param_id: int) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if now - self.shown < 0.1 and done != total:
+            return
+        self.shown = now
+        name = self.tf.tape.nodes[param_id].name or f"node{param_id}"
+        sys.stderr.write(f"\r\033[Kfd-check: param {name}: {done:,}/{total:,} evaluations "
+                         f"({100 * done // max(total, 1)}%)")
+        sys.stderr.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 commands = [inspect, backward, fd_check]

@@ -14,7 +14,8 @@ from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
 from ..train_distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
                                  error_line, mpi_world, start, supervise)
-from .common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, output_file, silence_stdout
+from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
+                     output_file, silence_stdout)
 
 
 def _json_safe(x):
@@ -152,7 +153,6 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     Under mpiexec, the ranks train one model on shared shards, with the same
     bits as one process (docs/training.md, "Data-parallel training").
     """
-    from ..tapefile import load
     from ..train import plot_losses, require_plotting
 
     supervise()                       # under an MPI launcher the work runs in a child
@@ -166,7 +166,7 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           fuse=fuse, plot=plot, shards=shards)
+                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget())
 
     def build():
         if plot and root:
@@ -174,7 +174,7 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
         if tape == "-" and world.size > 1:
             raise DistributedError("TAPE '-' (standard input) reaches rank 0 only under MPI; "
                                    "give every rank a file")
-        return Trainer(load(tape), data, options, [Console()] if root else [], world=world)
+        return Trainer(load_tape(tape), data, options, [Console()] if root else [], world=world)
 
     try:
         trainer = start(world, build)     # one process: build(); MPI: all ranks, checked

@@ -22,6 +22,7 @@ With dtype f64 every backend gives the CPU tape's bits.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class DeviceReplay:
 
     def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
                  optimizer=None, graph: bool = True, host_kernels: str = "tiled",
-                 fuse: bool = False):
+                 fuse: bool = False, max_bytes: Optional[int] = None):
         from ..tape import Tape
 
         if not isinstance(tape, Tape):
@@ -63,7 +64,7 @@ class DeviceReplay:
             raise CaptureError(f"loss: {exc}") from None
         if optimizer is not None and hasattr(optimizer, "check_tape"):
             optimizer.check_tape(tape)
-        self.program = capture_program(tape, loss_id, dtype, optimizer)
+        self.program = capture_program(tape, loss_id, dtype, optimizer, max_bytes)
         self.unfused_counts = {ph: len(la) for ph, la in self.program.launches.items()}
         if fuse:
             from .fusion import fuse as fuse_program
@@ -205,7 +206,8 @@ class DeviceReplay:
 
 
 def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
-            graph: bool = True, host_kernels: str = "tiled", fuse: bool = False) -> DeviceReplay:
+            graph: bool = True, host_kernels: str = "tiled", fuse: bool = False,
+            max_bytes: Optional[int] = None) -> DeviceReplay:
     """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
 
     ``optimizer``: a gradtool.optim SGD/Adam with its params registered (for
@@ -214,10 +216,12 @@ def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=
     the GPU's one-thread-per-output kernel bodies instead of its tiled ones (same
     bits, slower; how the tests check the GPU's code without a GPU).  ``fuse``: run the
     episode as the few kernels :mod:`gradtool.device.fusion` generates for this tape
-    (same bits; compiled once per tape, cached).
+    (same bits; compiled once per tape, cached).  ``max_bytes``: the device memory
+    budget (default :data:`gradtool.budget.DEFAULT_MEMORY`); a program that needs more is
+    a CaptureError before anything is allocated.
     """
     return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
-                        graph=graph, host_kernels=host_kernels, fuse=fuse)
+                        graph=graph, host_kernels=host_kernels, fuse=fuse, max_bytes=max_bytes)
 
 
 def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
@@ -239,13 +243,14 @@ class DeviceEngine:
     """The training engine on a device backend (same interface as train.CpuEngine)."""
 
     def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
-                 graph: bool = True, fuse: bool = False, **options):
+                 graph: bool = True, fuse: bool = False, max_bytes: Optional[int] = None,
+                 **options):
         if options:
             raise GradtoolError(f"unknown device engine option(s): {', '.join(sorted(options))}")
         self.tape = tape
         self.optimizer = optimizer
         self.replay = capture(tape, loss_id, backend, dtype, optimizer=optimizer, graph=graph,
-                              fuse=fuse)
+                              fuse=fuse, max_bytes=max_bytes)
         self.name = self.replay.backend
         rp = self.replay
         self.label = self.name + (f" (fused: {rp.launches()} launches per step instead of "

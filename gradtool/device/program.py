@@ -35,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from .. import numerics as nx
+from ..budget import DEFAULT_MEMORY, human_bytes
 from ..ops import OPS, attr, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
@@ -232,11 +233,15 @@ def _check(tape, loss: int, dtype: str) -> None:
                                    f"holds integers exactly only below {EXACT_INTS[dtype]}")
 
 
-def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Program:
+def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
+                    max_bytes: Optional[int] = None) -> Program:
     """Mirror ``tape`` (with ``loss`` the node backward seeds) as a static :class:`Program`.
 
     ``optimizer`` (a :class:`gradtool.optim.Optimizer` with its params
-    registered) adds the device optimizer's buffers and launches.
+    registered) adds the device optimizer's buffers and launches.  ``max_bytes``
+    (default :data:`gradtool.budget.DEFAULT_MEMORY`) bounds the device memory the
+    program needs (:attr:`Program.nbytes`): a bigger one is a CaptureError before
+    any backend allocates it.
     """
     _check(tape, loss, dtype)
 
@@ -290,9 +295,24 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None) -> Prog
     prog.init.append((ctl_off, np.array([prog.optimizer.lr if prog.optimizer else 0.0, 1.0, 0.0,
                                           1.0])))
     prog.size = b.size
+    _check_arena(prog, grad_end - grad_start, DEFAULT_MEMORY if max_bytes is None else max_bytes)
     return prog
 
 
+def _check_arena(prog: Program, grad_elements: int, max_bytes: int) -> None:
+    if prog.nbytes <= max_bytes:
+        return
+    values = sum(prog.size_of(i) for i in range(len(prog.shapes)))
+    item = prog.itemsize
+    raise CaptureError(
+        f"the device program needs {human_bytes(prog.nbytes)} (values "
+        f"{human_bytes(item * values)}, gradients {human_bytes(item * grad_elements)}, "
+        f"optimizer state and scratch {human_bytes(item * (prog.size - values - grad_elements))}, "
+        f"launch metadata {human_bytes(prog.nbytes - item * prog.size)}), over the memory "
+        f"limit of {human_bytes(max_bytes)} (gradtool --max-memory SIZE raises it)")
+
+
+# ── forward launches, op by op ────────────────────────────────────────────
 # ── forward launches, by the op's kind (gradtool.ops) ─────────────────────
 
 def _forward_node(b: _Builder, i: int, val) -> list:

@@ -1,0 +1,169 @@
+"""Budgets: what replaying, differentiating and checking a tape will cost, known before
+anything is allocated.
+
+One model, used by the file loader (:mod:`gradtool.tapefile_checks`), the
+device capture (:mod:`gradtool.device.program`), training data
+(:mod:`gradtool.train_data`) and ``fd-check`` (:mod:`gradtool.gradcheck`):
+
+* **Memory** of a tape, in float64 elements (``bytes = 8 * elements``): every
+  node's value, plus the gradient of every node the backward walk reaches
+  (the loss and each node that requires grad on a path to it), plus the
+  largest *temporary* any one node needs while it is replayed or
+  differentiated: :data:`FORWARD_TEMPORARIES` times, and for a node the
+  backward walk differentiates :data:`BACKWARD_TEMPORARIES` times, the
+  largest of its output's and inputs' element counts.  The factors bound
+  the peaks measured with ``tracemalloc`` for every op, broadcasting
+  included (``tests/test_budget.py`` keeps them true): a forward replay
+  holds the new value next to the old one plus at most one array of that
+  size (softmax's exponentials, a serial sum's running sums); a backward
+  rule holds both inputs' contributions at the output's shape, the
+  transposed copy and running sums that reduce a broadcast, and the fresh
+  gradient slot (the worst measured, ``div`` of two broadcast operands,
+  peaks at 3.2 times its output).
+* **Work** of a tape, in element operations: a matmul or bmm counts its
+  multiply-adds, every other op the largest of its output's and inputs'
+  element counts; the backward walk counts a node's work once per input it
+  differentiates.
+
+The default memory budget is :data:`DEFAULT_MEMORY` (2 GiB); ``gradtool
+--max-memory SIZE`` and ``Limits(max_memory=...)`` change it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import GradtoolError
+
+DEFAULT_MEMORY = 1 << 31          # bytes
+FORWARD_TEMPORARIES = 2
+BACKWARD_TEMPORARIES = 4
+
+
+class BudgetError(GradtoolError):
+    """A size or budget setting that is not a size, or a job over its budget."""
+
+
+def prod(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def node_work(op: str, shape, sa, sb) -> int:
+    """Element operations of computing one node from inputs of shapes ``sa``/``sb``
+    (None where absent): multiply-adds for matmul/bmm, else the largest array."""
+    if sa is None:
+        return 0
+    if op == "matmul":
+        return sa[0] * sa[1] * shape[1]
+    if op == "bmm":                 # the batch of the output: b may broadcast over a's
+        return shape[0] * sa[1] * sa[2] * shape[2]
+    return max(prod(shape), prod(sa), prod(sb) if sb is not None else 0)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak float64 elements of replaying and differentiating a tape (see the module doc)."""
+
+    values: int
+    grads: int
+    temporary: int
+    temporary_node: int           # the node that needs the largest temporary (-1: none)
+    backward_work: int
+
+    @property
+    def elements(self) -> int:
+        return self.values + self.grads + self.temporary
+
+    @property
+    def bytes(self) -> int:
+        return 8 * self.elements
+
+    def describe(self) -> str:
+        return (f"about {human_bytes(self.bytes)} (values {human_bytes(8 * self.values)}, "
+                f"gradients {human_bytes(8 * self.grads)}, the largest temporary "
+                f"{human_bytes(8 * self.temporary)})")
+
+
+def estimate_memory(ops, a, b, sizes, works, loss: int) -> MemoryEstimate:
+    """The model for a tape given per node its op, input ids (-1: none), element count
+    and forward work; ``loss`` is the node backward seeds."""
+    n = len(ops)
+    requires = [False] * n
+    temporary, temporary_node = 0, -1
+    for i, ia, ib, op in zip(range(n), a, b, ops):
+        if ia < 0:
+            requires[i] = op == "param"
+            continue
+        requires[i] = requires[ia] or (ib >= 0 and requires[ib])
+        big = sizes[i] if sizes[i] >= sizes[ia] else sizes[ia]
+        if ib >= 0 and sizes[ib] > big:
+            big = sizes[ib]
+        if FORWARD_TEMPORARIES * big > temporary:
+            temporary, temporary_node = FORWARD_TEMPORARIES * big, i
+    reached = [False] * n
+    reached[loss] = True
+    grads = backward_work = 0
+    for i in range(loss, -1, -1):
+        if not reached[i]:
+            continue
+        grads += sizes[i]
+        ia, ib = a[i], b[i]
+        if ia < 0 or not requires[i]:
+            continue
+        sides = 0
+        if requires[ia]:
+            reached[ia] = True
+            sides += 1
+        if ib >= 0 and requires[ib]:
+            reached[ib] = True
+            sides += 1
+        if sides:
+            backward_work += sides * works[i]
+            big = BACKWARD_TEMPORARIES * max(sizes[i], sizes[ia], sizes[ib] if ib >= 0 else 0)
+            if big > temporary:
+                temporary, temporary_node = big, i
+    return MemoryEstimate(sum(sizes), grads, temporary, temporary_node, backward_work)
+
+
+# ── sizes as people write them ─────────────────────────────────────────────
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text) -> int:
+    """``"2G"``, ``"512MiB"``, ``"1.5g"``, ``"4096"`` -> bytes (binary units, 1K = 1024)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not unit:
+        raise BudgetError(f"{text!r} is not a size (write e.g. 2G, 512M or 1048576)")
+    value = float(m.group(1)) * unit
+    if not 1 <= value < 2.0 ** 62:
+        raise BudgetError(f"{text!r}: a size must be at least 1 byte and below 4 EiB")
+    return int(value)
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; exact byte counts below 1 KiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}"
+    return str(n)
+
+
+def tape_memory(tape, loss: int) -> MemoryEstimate:
+    """:func:`estimate_memory` for a recorded :class:`gradtool.tape.Tape`."""
+    nodes, values = tape.nodes, tape.values
+    shapes = [v.shape for v in values]
+    works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
+                       shapes[n.b] if n.b >= 0 else None) for i, n in enumerate(nodes)]
+    return estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
+                           [v.size for v in values], works, loss)
