@@ -23,11 +23,12 @@ _EXPORTS = {
     "FDReport": "gradcheck", "ParamCheck": "gradcheck", "fd_check": "gradcheck",
     "OPS": "ops", "OP_NAMES": "ops",
     "GVar": "tape", "Node": "tape", "Tape": "tape",
-    "TapeFile": "tapefile", "load": "tapefile",
+    "TapeFile": "tapefile", "load": "tapefile", "save": "tapefile",
 }
 
 __all__ = [
-    "Tape", "GVar", "Node", "TapeFile", "load", "OPS", "OP_NAMES", "fd_check", "FDReport", "ParamCheck",
+    "Tape", "GVar", "Node", "TapeFile", "load", "save", "OPS", "OP_NAMES", "fd_check",
+    "FDReport", "ParamCheck",
     "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "nn", "__version__",
 ]
 

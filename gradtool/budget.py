@@ -1,9 +1,9 @@
 """Budgets: what replaying, differentiating and checking a tape will cost, known before
 anything is allocated.
 
-One model, used by the file loader (:mod:`gradtool.tapefile_checks`), the
+One model, used by the file loader (:mod:`gradtool.tapefile.checks`), the
 device capture (:mod:`gradtool.device.program`), training data
-(:mod:`gradtool.train_data`) and ``fd-check`` (:mod:`gradtool.gradcheck`):
+(:mod:`gradtool.train.data`) and ``fd-check`` (:mod:`gradtool.gradcheck`):
 
 * **Memory** of a tape, in float64 elements (``bytes = 8 * elements``): every
   node's value, plus the gradient of every node the backward walk reaches

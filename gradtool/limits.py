@@ -1,6 +1,6 @@
 """What a tape file can hold: the format's limits, shared by the recorder and the loader.
 
-The loader (:mod:`gradtool.tapefile_checks`) enforces these on every file it
+The loader (:mod:`gradtool.tapefile.checks`) enforces these on every file it
 reads; the recorder (:mod:`gradtool.tape`) enforces the per-node ones as it
 records, and saving checks the whole file, so whatever ``save`` writes,
 ``load`` reads.  The JSON Schema states ``MAX_DIMS`` too (``maxItems``), and a

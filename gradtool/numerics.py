@@ -240,7 +240,7 @@ def shard_mean(parts) -> np.ndarray:
     (signed zeros and infinities included): one shard is plain training.
 
     The order depends only on S, never on who computes which shard: data-parallel
-    training (:mod:`gradtool.train_distributed`) splits this same left fold across
+    training (:mod:`gradtool.train.distributed`) splits this same left fold across
     ranks with :func:`shard_accumulate` (a rank continues the fold it receives) and
     :func:`shard_divide`.
     """

@@ -623,12 +623,6 @@ class Tape:
         """Forget every gradient (all read as zeros, all untouched)."""
         self.grads = [None] * len(self.nodes)
 
-    # ── files ──────────────────────────────────────────────────────────────
-    def save(self, dest, loss=None, outputs=None, meta=None, values=False, optimizer=None):
-        """Write this tape as a v1 tape file (see :mod:`gradtool.tapefile`)."""
-        from .tapefile import save
-        save(self, dest, loss=loss, outputs=outputs, meta=meta, values=values, optimizer=optimizer)
-
     # ── episodes ───────────────────────────────────────────────────────────
     def mark(self) -> int:
         """A watermark for :meth:`reset_to`: the current node count."""

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gradtool.tape import Tape
+from gradtool.tapefile import save
 
 FILENAME = "attention.msgpack"
 SEED = 7
@@ -75,10 +76,10 @@ def record():
 def main(outdir) -> Path:
     tp, loss, outputs = record()
     dest = Path(outdir) / FILENAME
-    tp.save(dest, loss=loss, outputs=outputs, values=True,
-            meta={"producer": "gradtool samples/make_attention.py",
-                  "description": "two-head self-attention block (T=6, D=8) with residual, "
-                                 "mse loss against a target"})
+    save(tp, dest, loss=loss, outputs=outputs, values=True,
+         meta={"producer": "gradtool samples/make_attention.py",
+               "description": "two-head self-attention block (T=6, D=8) with residual, "
+                              "mse loss against a target"})
     return dest
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from gradtool.tape import Tape
+from gradtool.tapefile import save
 
 FILENAME = "logistic.msgpack"
 
@@ -37,9 +38,9 @@ def record():
 def main(outdir) -> Path:
     tp, loss, outputs = record()
     dest = Path(outdir) / FILENAME
-    tp.save(dest, loss=loss, outputs=outputs, values=True,
-            meta={"producer": "gradtool samples/make_logistic.py",
-                  "description": "per-example logistic-regression loss; every node has shape [1]"})
+    save(tp, dest, loss=loss, outputs=outputs, values=True,
+         meta={"producer": "gradtool samples/make_logistic.py",
+               "description": "per-example logistic-regression loss; every node has shape [1]"})
     return dest
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from gradtool.npzio import write_npz
 from gradtool.tape import Tape
+from gradtool.tapefile import save
 
 FILENAME = "mlp_regression.msgpack"
 DATA_FILENAME = "mlp_regression.npz"
@@ -69,11 +70,11 @@ def main(outdir) -> Path:
     outdir = Path(outdir)
     write_npz(outdir / DATA_FILENAME, {"x": x, "y": y})
     dest = outdir / FILENAME
-    tp.save(dest, loss=loss, outputs=outputs, values=True,
-            meta={"producer": "gradtool samples/make_mlp.py",
-                  "description": "MLP regression 4-16-1 (tanh), batch 32, mse loss; "
-                                 "training data in mlp_regression.npz",
-                  "data": DATA_FILENAME})
+    save(tp, dest, loss=loss, outputs=outputs, values=True,
+         meta={"producer": "gradtool samples/make_mlp.py",
+               "description": "MLP regression 4-16-1 (tanh), batch 32, mse loss; "
+                              "training data in mlp_regression.npz",
+               "data": DATA_FILENAME})
     return dest
 
 

@@ -61,6 +61,7 @@ def make_workloads(folder: Path) -> dict:
     """{name: (tape path, data path, rows per shard, (n_in, n_hidden, n_out))}"""
     from gradtool.npzio import write_npz
     from gradtool.tape import Tape
+    from gradtool.tapefile import save
 
     digits = np.load(ROOT / "samples" / "digits.npz")
     write_npz(folder / "digits.npz", {"x": digits["x"], "y": digits["y"]})
@@ -77,8 +78,8 @@ def make_workloads(folder: Path) -> dict:
     w2 = tp.param(rng.standard_normal((n_hid, n_out)) * np.sqrt(1.0 / n_hid), name="w2")
     b2 = tp.param(np.zeros((1, n_out)), name="b2")
     loss = tp.mse(tp.relu(x @ w1 + b1) @ w2 + b2, y)
-    tp.save(folder / "mlp784.msgpack", loss=loss,
-            meta={"train": {"optimizer": "adam", "lr": 1e-3}})
+    save(tp, folder / "mlp784.msgpack", loss=loss,
+         meta={"train": {"optimizer": "adam", "lr": 1e-3}})
     return {"digits 64-64-10": (ROOT / "samples" / "digits_mlp.msgpack", folder / "digits.npz",
                                 32, (64, 64, 10)),
             "MLP 784-256-10": (folder / "mlp784.msgpack", folder / "mlp784.npz", rows,
@@ -90,7 +91,7 @@ def make_workloads(folder: Path) -> dict:
 def worker(tape: str, data: str, shards: int, steps: int, out: str) -> None:
     from gradtool.tapefile import load
     from gradtool.train import Reporter, TrainOptions, Trainer
-    from gradtool.train_distributed import mpi_world, start
+    from gradtool.train.distributed import mpi_world, start
 
     stamps = []
 

@@ -17,7 +17,7 @@ from gradtool import Tape
 from gradtool.budget import (BudgetError, estimate_memory, human_bytes, parse_size,
                              tape_memory)
 from gradtool.errors import TapeFileError
-from gradtool.tapefile import Limits, load
+from gradtool.tapefile import Limits, load, save
 from support import assert_one_line_error, run
 
 M = 256
@@ -177,7 +177,7 @@ def test_max_memory_is_one_option_for_loading_and_its_errors_are_one_line(tmp_pa
     tp = Tape()
     tp.sum(tp.tanh(tp.param(np.ones((64, 64)), name="w")))
     path = tmp_path / "t.msgpack"
-    tp.save(path)
+    save(tp, path)
     assert run("inspect", path).exit_code == 0
     line = assert_one_line_error(run("--max-memory", "100K", "inspect", path), 2)
     assert "about 256.0 KiB" in line and "memory limit of 100.0 KiB" in line

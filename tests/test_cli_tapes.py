@@ -14,7 +14,7 @@ from conftest import assert_bits_equal
 from gradtool.errors import GradtoolError
 from gradtool.cli.tapes import commands
 from gradtool.tape import Tape
-from gradtool.tapefile import load
+from gradtool.tapefile import load, save
 from support import assert_one_line_error, run
 from tapefile_corpus import all_ops_tape
 from test_tapefile import mlp_tape, numpy_mlp_backprop, write_independent_mlp
@@ -26,7 +26,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 def mlp_file(tmp_path, rng):
     tp, loss, outputs = mlp_tape(rng)
     path = tmp_path / "mlp.msgpack"
-    tp.save(path, loss=loss, outputs=outputs, values=True)
+    save(tp, path, loss=loss, outputs=outputs, values=True)
     return path
 
 
@@ -110,7 +110,7 @@ def test_backward_verify_passes_then_fails_on_a_tampered_value(mlp_file, tmp_pat
 
 def test_backward_verify_without_recorded_values_is_exit_2(tmp_path, rng):
     tp, loss, _ = mlp_tape(rng)
-    tp.save(tmp_path / "novalues.msgpack", loss=loss)
+    save(tp, tmp_path / "novalues.msgpack", loss=loss)
     assert_one_line_error(run("backward", "--verify", tmp_path / "novalues.msgpack"), 2,
                           "novalues.msgpack", "records no values")
 
@@ -120,7 +120,7 @@ def test_npz_key_collision_is_reported(tmp_path):
     a = tp.param([1.0])                      # unnamed node 0 -> "node0"
     b = tp.param([2.0], name="node0")
     tp.sum(tp.add(a, b))
-    tp.save(tmp_path / "c.msgpack")
+    save(tp, tmp_path / "c.msgpack")
     assert_one_line_error(run("backward", "-o", tmp_path / "g.npz", tmp_path / "c.msgpack"), 2,
                           "'node0'")
     assert not (tmp_path / "g.npz").exists()
@@ -156,7 +156,7 @@ def test_inspect_text_lists_params_inputs_outputs_and_loss(mlp_file):
 def test_inspect_dot_marks_kinds_and_loss(tmp_path):
     tp, loss, outputs = all_ops_tape()
     path = tmp_path / "all.msgpack"
-    tp.save(path, loss=loss, outputs=outputs)
+    save(tp, path, loss=loss, outputs=outputs)
     dot = run("inspect", "--dot", path).stdout
     assert dot.startswith("digraph tape {") and dot.rstrip().endswith("}")
     node_lines = [l for l in dot.splitlines() if re.match(r"\s*n\d+ \[", l)]
@@ -186,7 +186,7 @@ def test_fd_check_fails_at_a_relu_kink(tmp_path):
     tp = Tape()
     x = tp.param(np.zeros(3), name="x")
     tp.sum(tp.relu(x))
-    tp.save(tmp_path / "kink.msgpack")
+    save(tp, tmp_path / "kink.msgpack")
     result = run("fd-check", "--json", tmp_path / "kink.msgpack")
     assert_one_line_error(result, 1, "kink.msgpack", "node 0", "fd-check failed", "(x)")
     report = json.loads(result.stdout)
@@ -242,7 +242,7 @@ def test_non_finite_values_are_data_not_errors(tmp_path):
     w = tp.param([-1.0, 0.0, 2.0], name="w")
     with np.errstate(all="ignore"):
         loss = tp.sum(tp.mul(tp.log(w), w))             # nan, -inf*0 = nan, finite
-    tp.save(tmp_path / "nan.msgpack", loss=loss, values=True)
+    save(tp, tmp_path / "nan.msgpack", loss=loss, values=True)
     for args in (["inspect"], ["backward", "--verify"], ["backward", "--json", "--hex"]):
         result = run(*args, tmp_path / "nan.msgpack")
         assert result.exit_code == 0 and result.stderr == "", (args, result.stderr)
@@ -264,7 +264,7 @@ def big_param_file(tmp_path):
     b = tp.param(rng.standard_normal(256), name="b")
     tp.mean(tp.tanh(x @ w + b))
     path = tmp_path / "big.msgpack"
-    tp.save(path)
+    save(tp, path)
     assert 1_000_000 < path.stat().st_size < 1_100_000
     return path
 
@@ -293,7 +293,7 @@ def test_fd_check_params_take_names_and_node_ids(tmp_path, rng):
     b = tp.param(rng.standard_normal(3))                   # unnamed: node 1
     tp.sum(tp.tanh(tp.mul(a, b)))
     path = tmp_path / "t.msgpack"
-    tp.save(path)
+    save(tp, path)
     for spec, ids in (("a", [0]), ("1", [1]), ("node1", [1]), ("node1, a", [0, 1])):
         result = run("fd-check", "--json", "--params", spec, path)
         assert result.exit_code == 0, result.output
@@ -343,7 +343,7 @@ def test_backward_npz_never_loses_a_gradient_to_an_unstorable_name(tmp_path):
     c = tp.param([3.0], name="x" * 70_000)      # over a zip name's 65,535 bytes
     d = tp.param([4.0], name="ok/é")
     tp.sum(tp.add(tp.add(a, b), tp.add(c, d)))
-    tp.save(tmp_path / "t.msgpack")
+    save(tp, tmp_path / "t.msgpack")
     result = run("backward", "-o", tmp_path / "g.npz", tmp_path / "t.msgpack")
     assert result.exit_code == 0, result.output
     notes = result.stderr.splitlines()
@@ -360,7 +360,7 @@ def test_backward_npz_refuses_two_params_that_would_share_a_key(tmp_path):
     a = tp.param([1.0], name="a\x00")           # stored as node0 ...
     b = tp.param([2.0], name="node0")          # ... which is this param's name
     tp.sum(tp.add(a, b))
-    tp.save(tmp_path / "c.msgpack")
+    save(tp, tmp_path / "c.msgpack")
     line = assert_one_line_error(run("backward", "-o", tmp_path / "g.npz",
                                      tmp_path / "c.msgpack"), 2)
     assert ": node 1: cannot write the npz: this param would be stored as 'node0', which " \

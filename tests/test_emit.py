@@ -561,7 +561,7 @@ def test_oracle_exit_2_on_bad_input(tmp_path):
 
 # ── the swarm ABI: compute_iterate's grad(x, v, g, p) ────────────────────────
 
-from gradtool.train_data import Dataset, gradient_sum, input_slots  # noqa: E402
+from gradtool.train.data import Dataset, gradient_sum, input_slots  # noqa: E402
 
 N_SWARM = 120
 SWARM_SIGNATURE = "__device__ void grad(long long x, double v, double* g, const double* p)"

@@ -115,7 +115,7 @@ def test_the_loaders_fast_path_only_accepts_what_the_schema_and_the_checks_accep
     """tapefile_checks.plain_node skips the schema and the general checks for ordinary
     nodes; it must return exactly what they would, for every node it accepts."""
     from gradtool.errors import GradtoolError
-    from gradtool.tapefile_checks import SchemaCheck, _check_node, _validator_class, plain_node
+    from gradtool.tapefile.checks import SchemaCheck, _check_node, _validator_class, plain_node
     plain_schema = _validator_class()(SchemaCheck().node.schema)
     docs = bases(tmp_path)
     mutator = Mutator(SEED + 2)

@@ -77,7 +77,7 @@ def entry_points():
         ("set_value", lambda tp, x, bad: tp.set_value(bad, np.ones(3))),
         ("backward", lambda tp, x, bad: tp.backward(bad)),
         ("fd_check", lambda tp, x, bad: gt.fd_check(tp, bad)),
-        ("save loss", lambda tp, x, bad: tp.save(None, loss=bad)),
+        ("save loss", lambda tp, x, bad: gt.save(tp, None, loss=bad)),
         ("Adam.add", lambda tp, x, bad: Adam(0.1).add(tp, bad)),
         ("SGD.add", lambda tp, x, bad: SGD(0.1).add(tp, bad)),
     ]
@@ -383,11 +383,11 @@ def test_the_recorder_refuses_what_the_loader_refuses(tmp_path):
         cursor["k"] = {}
         cursor = cursor["k"]
     with pytest.raises(gt.TapeError, match="cannot save.*nested deeper"):
-        tp.save(tmp_path / "deep.msgpack", loss=loss, meta={"deep": deep})
+        gt.save(tp, tmp_path / "deep.msgpack", loss=loss, meta={"deep": deep})
     with pytest.raises(gt.TapeError, match="cannot save"):
-        tp.save(tmp_path / "keys.msgpack", loss=loss, meta={"m": {1: "non-string key"}})
+        gt.save(tp, tmp_path / "keys.msgpack", loss=loss, meta={"m": {1: "non-string key"}})
     assert not (tmp_path / "deep.msgpack").exists() and not (tmp_path / "keys.msgpack").exists()
-    tp.save(tmp_path / "ok.msgpack", loss=loss, meta={"fine": {"a": [1, 2.0, "x"]}})
+    gt.save(tp, tmp_path / "ok.msgpack", loss=loss, meta={"fine": {"a": [1, 2.0, "x"]}})
     back = gt.load(tmp_path / "ok.msgpack")
     assert back.tape.nodes[1].name == "w" * (1 << 20)
 
@@ -401,7 +401,7 @@ def test_records_at_the_limits_round_trip(rng, tmp_path):
     for _ in range(29):                            # the file's own maps take the rest
         cursor["k"] = {}
         cursor = cursor["k"]
-    tp.save(tmp_path / "edge.msgpack", loss=loss, meta=meta)
+    gt.save(tp, tmp_path / "edge.msgpack", loss=loss, meta=meta)
     back = gt.load(tmp_path / "edge.msgpack")
     assert back.tape.nodes[0].name == "\u00e9" * 1000
     assert_bits_equal(back.tape.value(back.loss), tp.value(loss))

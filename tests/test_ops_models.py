@@ -414,7 +414,7 @@ def test_training_feeds_integer_slots_and_refuses_float_or_out_of_range_ids(tmp_
     target = tp.const(np.zeros((2, 3, 2)), name="target")
     loss = tp.mse(tp.take(table, tokens), target)
     path = tmp_path / "emb.msgpack"
-    tp.save(path, loss=loss)
+    gt.save(tp, path, loss=loss)
     rng = np.random.default_rng(0)
     ok = {"tokens": rng.integers(0, 4, (10, 3)), "target": rng.uniform(-1, 1, (10, 3, 2))}
     write_npz(tmp_path / "ok.npz", ok)
@@ -581,7 +581,7 @@ def test_float32_replay_of_every_new_op_is_within_the_bound():
 def test_fd_check_command_on_every_new_op(tmp_path):
     tp, loss = models_tape(np.random.default_rng(10))
     path = tmp_path / "models.msgpack"
-    tp.save(path, loss=loss)
+    gt.save(tp, path, loss=loss)
     result = run("fd-check", path)
     assert result.exit_code == 0, result.stdout + result.stderr
     assert {n.op for n in tp.nodes} >= {"take", "bmm", "abs", "maximum", "mean", "max",

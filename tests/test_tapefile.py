@@ -13,7 +13,7 @@ from gradtool.errors import TapeError, TapeFileError
 from gradtool.ops import OPS
 from gradtool.tape import Tape
 from gradtool.tapefile import FORMAT, VERSION, Limits, dumps, load, save
-from gradtool.tapefile_checks import schema
+from gradtool.tapefile.checks import schema
 from tapefile_corpus import all_ops_tape
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_save_to_path_file_object_and_method(tmp_path, rng):
     expected = dumps(tp, loss=loss, outputs=outputs, optimizer={"kind": "adam", "t": 3})
     save(tp, tmp_path / "a.msgpack", loss=loss, outputs=outputs,
          optimizer={"kind": "adam", "t": 3})
-    tp.save(str(tmp_path / "b.msgpack"), loss=loss, outputs=outputs,
+    save(tp, str(tmp_path / "b.msgpack"), loss=loss, outputs=outputs,
             optimizer={"kind": "adam", "t": 3})
     buf = io.BytesIO()
     save(tp, buf, loss=loss, outputs=outputs, optimizer={"kind": "adam", "t": 3})

@@ -19,9 +19,9 @@ from gradtool.cli import main
 from gradtool.npzio import write_npz
 from gradtool.optim import Adam, SGD
 from gradtool.tape import Tape
-from gradtool.tapefile import load
+from gradtool.tapefile import load, save
 from gradtool.train import CpuEngine, Reporter, TrainError, TrainOptions, Trainer, make_engine
-from gradtool.train_data import count_correct, epoch_order, parse_accuracy, input_slots
+from gradtool.train.data import count_correct, epoch_order, parse_accuracy, input_slots
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 DIGITS = SAMPLES / "digits_mlp.msgpack"
@@ -55,7 +55,7 @@ def linear_problem(tmp_path, xs, *, batch=1, w0=1.0, loss="log", name="lin"):
     z = tp.mean(x @ w)
     out = tp.log(z) if loss == "log" else tp.sqrt(z)
     path = tmp_path / f"{name}.msgpack"
-    tp.save(path, loss=out)
+    save(tp, path, loss=out)
     data = tmp_path / f"{name}.npz"
     write_npz(data, {"x": np.asarray(xs, dtype=np.float64).reshape(-1, 1)})
     return path, data
@@ -263,9 +263,9 @@ def test_option_and_meta_errors(tmp_path):
                           2, "no output 'nope'", "logits")
     tf = load(DIGITS)
     bad = tmp_path / "bad.msgpack"
-    tf.tape.save(bad, loss=tf.loss, outputs=tf.outputs, meta={"train": {"lrr": 0.1}})
+    save(tf.tape, bad, loss=tf.loss, outputs=tf.outputs, meta={"train": {"lrr": 0.1}})
     assert_one_line_error(run("train", bad, "--data", DIGITS_DATA), 2, "unknown key 'lrr'")
-    tf.tape.save(bad, loss=tf.loss, meta={"train": {"epochs": 0}})
+    save(tf.tape, bad, loss=tf.loss, meta={"train": {"epochs": 0}})
     assert_one_line_error(run("train", bad, "--data", DIGITS_DATA), 2, "'epochs'")
 
 

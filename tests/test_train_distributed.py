@@ -24,9 +24,9 @@ from conftest import assert_bits_equal, require_c_compiler
 from gradtool.cli import main
 from gradtool.npzio import write_npz
 from gradtool.numerics import shard_mean
-from gradtool.tapefile import load
+from gradtool.tapefile import load, save
 from gradtool.train import TrainOptions, Trainer
-from gradtool.train_distributed import LAUNCHER_RANK_VARS
+from gradtool.train.distributed import LAUNCHER_RANK_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -104,7 +104,7 @@ def test_shard_errors_and_resume_rules(tmp_path):
     # a saved "shards" that is not a count is refused like any bad position field
     tf = load(part)
     tf.optimizer["position"]["shards"] = 0
-    tf.tape.save(tmp_path / "bad.msgpack", loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
+    save(tf.tape, tmp_path / "bad.msgpack", loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
                  optimizer=tf.optimizer)
     r = run("train", tmp_path / "bad.msgpack", "--data", DIGITS_DATA)
     assert r.exit_code == 2 and "'position.shards' must be an integer >= 1, got 0" in r.stderr
@@ -117,7 +117,7 @@ def test_a_nonfinite_shard_stops_the_step_like_a_nonfinite_batch(tmp_path):
     tp = Tape()
     x = tp.const(np.ones((1, 1)), name="x")
     w = tp.param(np.ones((1, 1)), name="w")
-    tp.save(tp_path, loss=tp.log(tp.mean(x @ w)))
+    save(tp, tp_path, loss=tp.log(tp.mean(x @ w)))
     data = tmp_path / "lin.npz"
     write_npz(data, {"x": np.array([[1.0], [2.0], [3.0], [-1.0], [5.0], [6.0]])})
     out = tmp_path / "out.msgpack"

@@ -28,11 +28,11 @@ EXIT_BAD_INPUT = 2
 
 def without_gc_pauses(command):
     """Run a command with Python's cycle collector paused (see
-    :func:`gradtool.tapefile.gc_paused`): a tape of a million nodes is millions of objects
+    :func:`gradtool.tapefile.read.gc_paused`): a tape of a million nodes is millions of objects
     that a collection would walk again and again, freeing nothing."""
     @functools.wraps(command)
     def run(*args, **kwargs):
-        from ..tapefile import gc_paused
+        from ..tapefile.read import gc_paused
         with gc_paused():
             return command(*args, **kwargs)
     return run
@@ -181,7 +181,7 @@ class GradtoolGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:
             # click prints Usage/Try/Error on four lines; keep the one-line rule
-            from ..train_distributed import launcher_rank
+            from ..train.distributed import launcher_rank
             if launcher_rank():
                 sys.exit(EXIT_BAD_INPUT)      # under mpiexec: rank 0 says it, once
             sub = exc.ctx is not None and exc.ctx.parent is not None

@@ -13,18 +13,18 @@ import json
 import math
 import sys
 import time
-from collections import Counter
 
 import click
 import numpy as np
 
+from ..describe import first_mismatch, node_entry, plain_node, summary, to_dot
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import member_name_problem, write_npz
-from ..ops import INT_DTYPE, format_shape
+from ..ops import format_shape
 from ..tapefile import TapeFile
-from ..train_data import gradient_sum, input_slots, load_dataset
+from ..train.data import gradient_sum, input_slots, load_dataset
 from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
                      without_gc_pauses)
 
@@ -79,75 +79,13 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
     if dot:
         click.echo(to_dot(tf), nl=False)
     elif as_json:
-        _emit_json(inspect_summary(tf))
+        _emit_json(summary(tf))
     else:
         click.echo("\n".join(_inspect_lines(tf)))
 
 
-def _node_entry(tape, i: int) -> dict:
-    """One node as `inspect --json` lists it."""
-    n = tape.nodes[i]
-    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
-    if n.op in ("adds", "muls"):
-        entry["s"] = n.s
-    if n.aux and n.op != "reshape":
-        entry.update(n.aux)
-    if n.name:
-        entry["name"] = n.name
-    if n.op == "param":
-        entry["l2"] = n.l2
-    if tape.holds_ids(i):
-        entry["dtype"] = INT_DTYPE
-    return entry
-
-
-def _plain_node(n) -> bool:
-    """Whether :func:`_node_entry` has nothing beyond id, op, inputs and shape (an op
-    without attributes: a leaf is named, a param has l2, an ids const a dtype)."""
-    return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
-
-
-def inspect_summary(tf: TapeFile, nodes: bool = True) -> dict:
-    """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
-    node list)."""
-    tape = tf.tape
-    loss_id = tf.loss.id
-    summary = {
-        "file": tf.source,
-        "format": "gradtool-tape",
-        "version": 1,
-        "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(n.op for n in tape.nodes).items())),
-        "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
-                    "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
-                   for p in tape.params()],
-        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
-                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
-                   for c in tape.input_slots()],
-        "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
-                    for k, v in tf.outputs.items()],
-        "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
-                 "value": float(tape.values[loss_id].reshape(-1)[0])},
-        "meta": _json_safe(tf.meta),
-    }
-    if nodes:
-        summary["nodes"] = [_node_entry(tape, i) for i in range(len(tape.nodes))]
-    return summary
-
-
-def _json_safe(value):
-    """meta as JSON: msgpack bin becomes a "<N bytes>" placeholder."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return value
-
-
 def _inspect_lines(tf: TapeFile) -> list:
-    s = inspect_summary(tf, nodes=False)
+    s = summary(tf, nodes=False)
     ops = s["ops"]
     n_leaf = ops.get("param", 0) + ops.get("const", 0)
     lines = [f"{s['file']}: gradtool-tape v{s['version']}, {s['node_count']} nodes "
@@ -168,7 +106,7 @@ def _inspect_lines(tf: TapeFile) -> list:
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
     lines += _table([[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
-                      "" if _plain_node(n) else _detail(_node_entry(tf.tape, i))]
+                      "" if plain_node(n) else _detail(node_entry(tf.tape, i))]
                      for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))],
                     ["id", "op", "inputs", "shape", "detail"])
     return lines
@@ -196,50 +134,15 @@ def _detail(n: dict) -> str:
     return " ".join(parts)
 
 
-_DOT_STYLE = {
-    "param": 'shape=box, style=filled, fillcolor="#fde2b8"',
-    "const": 'shape=box, style="filled,dashed", fillcolor="#e4e4e4"',
-    "op": 'shape=ellipse',
-}
-
-
-def _dot_text(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def to_dot(tf: TapeFile) -> str:
-    """Graphviz DOT: params orange boxes, consts grey dashed boxes, ops ellipses, the loss
-    a red double octagon; edges run from input to consumer, labelled a/b for binary ops."""
-    tape = tf.tape
-    out_names = {}
-    for name, v in tf.outputs.items():
-        out_names.setdefault(v.id, []).append(name)
-    lines = ["digraph tape {", "  rankdir=TB;",
-             '  node [fontname="Helvetica", fontsize=10];', '  edge [fontsize=8];']
-    for i, n in enumerate(tape.nodes):
-        head = f"{i}: {n.op}"
-        if n.name:
-            head += f" {n.name}"
-        if n.op in ("adds", "muls"):
-            head += f" {n.s!r}"
-        if n.aux and n.op != "reshape":
-            head += " " + " ".join(f"{k}={v}" for k, v in n.aux.items())
-        label = head + "\n" + format_shape(tape.values[i].shape)
-        if i in out_names:
-            label += "\noutput " + ", ".join(out_names[i])
-        style = _DOT_STYLE.get(n.op, _DOT_STYLE["op"])
-        if i == tf.loss.id:
-            label += "\nloss"
-            style = 'shape=doubleoctagon, style=filled, fillcolor="#f4b6b6"'
-        lines.append(f'  n{i} [label="{_dot_text(label)}", {style}];')
-    for i, n in enumerate(tape.nodes):
-        if n.b >= 0:
-            lines.append(f'  n{n.a} -> n{i} [label="a"];')
-            lines.append(f'  n{n.b} -> n{i} [label="b"];')
-        elif n.a >= 0:
-            lines.append(f"  n{n.a} -> n{i};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+def verify_recorded(tf: TapeFile) -> int:
+    """--verify: every recorded op value equals the replay to the bit, else CheckFailed."""
+    if not tf.recorded:
+        raise GradtoolError(f"{tf.source}: --verify: the file records no values "
+                            f"(write it with values=True)")
+    mismatch = first_mismatch(tf)
+    if mismatch is not None:
+        raise CheckFailed(f"{tf.source}: {mismatch.describe()}")
+    return len(tf.recorded)
 
 
 # ── backward ───────────────────────────────────────────────────────────────
@@ -328,24 +231,6 @@ def _npz_arrays(tf: TapeFile, grads) -> dict:
     for note in notes:
         click.echo(note, err=True)
     return arrays
-
-
-def verify_recorded(tf: TapeFile) -> int:
-    """Compare every recorded op value bit for bit with the replay; CheckFailed on a difference."""
-    if not tf.recorded:
-        raise GradtoolError(f"{tf.source}: --verify: the file records no values "
-                            f"(write it with values=True)")
-    for i in sorted(tf.recorded):
-        got = np.ascontiguousarray(tf.tape.values[i], dtype=np.float64).reshape(-1)
-        want = np.ascontiguousarray(tf.recorded[i], dtype=np.float64).reshape(-1)
-        diff = np.flatnonzero(got.view(np.uint64) != want.view(np.uint64))
-        if diff.size:
-            k = int(diff[0])
-            raise CheckFailed(
-                f"{tf.source}: node {i} ({tf.tape.nodes[i].op}): the replayed value differs "
-                f"from the recorded one in {diff.size} of {got.size} elements; first at flat "
-                f"index {k}: replayed {float(got[k]).hex()}, recorded {float(want[k]).hex()}")
-    return len(tf.recorded)
 
 
 # ── fd-check ───────────────────────────────────────────────────────────────

@@ -12,7 +12,7 @@ import click
 
 from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
-from ..train_distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
+from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
                                  error_line, mpi_world, start, supervise)
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
                      output_file, silence_stdout)

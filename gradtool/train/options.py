@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import GradtoolError
-from .fileio import check_writable
-from .optim import KINDS
+from ..errors import GradtoolError
+from ..fileio import check_writable
+from ..optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
             "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None,
@@ -46,7 +46,7 @@ class TrainOptions:
     backend: str = "cpu"
     fuse: bool = False            # device backends: fused kernels (gradtool.device.fusion)
     plot: Optional[str] = None
-    shards: Optional[int] = None      # S shards per minibatch (gradtool.train_distributed)
+    shards: Optional[int] = None      # S shards per minibatch (gradtool.train.distributed)
     max_memory: Optional[int] = None  # bytes (gradtool.budget); None: the default budget
 
 

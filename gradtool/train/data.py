@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .budget import DEFAULT_MEMORY, human_bytes, prod
-from .errors import GradtoolError
-from .npzio import NpzArchive
-from .ops import bad_id, format_shape
+from ..budget import DEFAULT_MEMORY, human_bytes, prod
+from ..errors import GradtoolError
+from ..npzio import NpzArchive
+from ..ops import bad_id, format_shape
 
 
 class DataError(GradtoolError):

@@ -50,10 +50,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .errors import GradtoolError
-from .numerics import shard_accumulate, shard_divide
-from .train_data import count_correct
-from .train_options import TrainError
+from ..errors import GradtoolError
+from ..numerics import shard_accumulate, shard_divide
+from .data import count_correct
+from .options import TrainError
 
 # launcher variables holding this process's rank: MPICH/Hydra and Intel MPI (PMI), PMIx
 # (Open MPI 5, srun --mpi=pmix), Open MPI, MVAPICH
@@ -338,7 +338,7 @@ def start(world, build: Callable):
 
 def fingerprint(trainer) -> dict:
     """SHA-256 digests of what must be the same on every rank, and what to name them by."""
-    from .tapefile import dumps
+    from ..tapefile import dumps
     tf = trainer.tf
     tape = dumps(tf.tape, loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
                  optimizer=tf.optimizer)
@@ -435,8 +435,8 @@ class DataParallel:
     """
 
     def __init__(self, trainer):
-        from .tape import reach
-        from .train import make_engine
+        from ..tape import reach
+        from .engines import make_engine
 
         world, shards = trainer.world, trainer.shards
         if shards % world.size:

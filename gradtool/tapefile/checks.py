@@ -46,10 +46,10 @@ from typing import Optional
 import msgpack
 import numpy as np
 
-from .errors import ShapeError, TapeFileError
-from .budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
-from .limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from .ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
+from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
+from ..errors import ShapeError, TapeFileError
+from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
+from ..ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1

@@ -8,7 +8,7 @@ minibatch, then asks the engine for one training step: forward replay,
 backward, optimizer step.  The tape's node structure never changes, so
 memory does not grow with the number of steps.
 
-Engines (``make_engine``): ``cpu`` is :class:`CpuEngine` here, the numpy
+Engines (:mod:`gradtool.train.engines`, ``make_engine``): ``cpu`` is :class:`CpuEngine`, the numpy
 reference; ``host``/``cuda``/``auto`` are ``gradtool.device.engine.DeviceEngine``,
 with the same methods.  An engine's contract:
 
@@ -24,7 +24,7 @@ with the same methods.  An engine's contract:
   (``entries[i].m/.v`` in place, ``t``, ``b1t``, ``b2t``) current.  Called at
   every checkpoint; training may continue afterwards.
 
-For data-parallel training (:mod:`gradtool.train_distributed`) an engine is
+For data-parallel training (:mod:`gradtool.train.distributed`) an engine is
 built without an optimizer and driven shard by shard instead:
 
 * ``forward_backward() -> float``: forward, then (only when the loss is
@@ -33,8 +33,8 @@ built without an optimizer and driven shard by shard instead:
 * ``params_from_tape()``: the tape's parameter values changed on the host
   (the optimizer ran there): use them from now on.
 
-Settings and their precedence: :mod:`gradtool.train_options`; data:
-:mod:`gradtool.train_data`; results and reporting: :mod:`gradtool.train_report`.
+Settings and their precedence: :mod:`gradtool.train.options`; data:
+:mod:`gradtool.train.data`; results and reporting: :mod:`gradtool.train.report`.
 ``docs/training.md`` is the user-level description.
 """
 
@@ -49,85 +49,19 @@ from typing import Optional
 
 import numpy as np
 
-from .budget import DEFAULT_MEMORY
-from .errors import GradtoolError
-from .npzio import NpzArchive
-from .optim import make_optimizer, optimizer_from_state
-from .optim_state import check_saved_state
-from .train_data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
-                         dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
-                         parse_accuracy, require_batches, split_validation)
-from .train_options import (DEFAULTS, META_KEYS, Precedence, TrainError, TrainOptions,
-                            check_options, meta_defaults, position_int)
-from .train_report import Reporter, TrainResult, plot_losses, require_plotting
-
-
-# ── engines ────────────────────────────────────────────────────────────────
-
-class CpuEngine:
-    """The numpy reference engine: replays the tape in place."""
-
-    name = "cpu"
-
-    def __init__(self, tape, loss_id: int, optimizer):
-        self.tape, self.loss_id, self.optimizer = tape, int(loss_id), optimizer
-        self._loss = tape.var(self.loss_id)
-
-    def set_input(self, node_id: int, batch: np.ndarray) -> None:
-        slot = self.tape.values[node_id]
-        if batch.shape != slot.shape:
-            raise DataError(f"input for node {node_id} has shape {list(batch.shape)}, "
-                            f"the slot {list(slot.shape)}")
-        slot[...] = batch
-
-    def train_step(self) -> float:
-        loss = self.forward_backward()
-        if math.isfinite(loss):           # else no update: keep the last good state
-            self.optimizer.step(self.tape)
-        return loss
-
-    def forward_backward(self) -> float:
-        tape = self.tape
-        tape.forward()
-        loss = float(tape.values[self.loss_id][0])
-        if math.isfinite(loss):           # else no backward
-            tape.zero_grad()              # leaf gradients would otherwise accumulate
-            tape.backward(self._loss)
-        return loss
-
-    def grad(self, node_id: int) -> np.ndarray:
-        return self.tape.grads[node_id]
-
-    def params_from_tape(self) -> None:
-        pass                              # the tape is this engine's state
-
-    def evaluate(self) -> float:
-        self.tape.forward()
-        return float(self.tape.values[self.loss_id][0])
-
-    def output(self, node_id: int) -> np.ndarray:
-        return self.tape.values[node_id]
-
-    def finish(self) -> None:
-        pass                              # the tape and optimizer are already current
-
-
-def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
-    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine (``options``:
-    DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs none)."""
-    if backend == "cpu":
-        return CpuEngine(tape, loss_id, optimizer)
-    if backend not in ("host", "cuda", "auto"):
-        raise TrainError(f"unknown backend {backend!r} (choose from cpu, host, cuda, auto)")
-    try:
-        from gradtool.device.engine import DeviceEngine
-    except ModuleNotFoundError as exc:
-        if exc.name in ("gradtool.device", "gradtool.device.engine"):
-            raise TrainError(f"--backend {backend} needs the device engine "
-                             f"(gradtool.device.engine), which this installation does not "
-                             f"have; use --backend cpu") from None
-        raise
-    return DeviceEngine(tape, loss_id, optimizer, backend=backend, **options)
+from ..budget import DEFAULT_MEMORY
+from ..errors import GradtoolError
+from ..npzio import NpzArchive
+from ..optim import make_optimizer, optimizer_from_state
+from ..optim_state import check_saved_state
+from .data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
+                   dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
+                   parse_accuracy, require_batches, split_validation)
+from .distributed import DataParallel, SingleWorld
+from .engines import make_engine
+from .options import (Precedence, TrainError, TrainOptions, check_options, meta_defaults,
+                      position_int)
+from .report import TrainResult
 
 
 # ── the loop ───────────────────────────────────────────────────────────────
@@ -172,7 +106,6 @@ class Trainer:
     """Everything resolved and validated up front; :meth:`run` then only trains."""
 
     def __init__(self, tf, data_path, options: TrainOptions, reporters=(), world=None):
-        from .train_distributed import SingleWorld
         self.world = world if world is not None else SingleWorld()
         check_options(options, outputs=self.world.rank == 0)
         self.tf, self.tape, self.options = tf, tf.tape, options
@@ -195,7 +128,6 @@ class Trainer:
         self.max_steps = self.settings.pick("steps")
         self.parallel = None              # data-parallel steps: S > 1 shards, or MPI ranks
         if self.shards > 1 or self.world.size > 1:
-            from .train_distributed import DataParallel
             self.parallel = DataParallel(self)
             self.engine = self.parallel.engine
         else:
@@ -205,7 +137,7 @@ class Trainer:
         self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
 
     def _load_data(self, data_path, meta) -> None:
-        """Training and validation sets (see train_data for the precedence of the latter)."""
+        """Training and validation sets (see gradtool.train.data for the precedence of the latter)."""
         self.slots = input_slots(self.tape)
         self.shard_rows = batch_size(self.slots)           # b: the rows the tape holds
         self.batch = self.shard_rows * self.shards          # B: one step's minibatch
@@ -326,7 +258,7 @@ class Trainer:
 
     def save(self, path) -> None:
         """Write the tape with the current parameters and optimizer state, atomically."""
-        from .tapefile import save
+        from ..tapefile import save
         if self.parallel is None:
             self.engine.finish()
         elif not self.parallel.agree():
@@ -470,12 +402,10 @@ class Trainer:
 def train(tf, data_path, options: Optional[TrainOptions] = None, reporters=(),
           stop: Optional[StopFlag] = None, keep_history: bool = False) -> TrainResult:
     """Train a loaded tape file on ``data_path`` (see the module docstring), in this one
-    process (``options.shards`` included); over MPI see gradtool.train_distributed."""
+    process (``options.shards`` included); over MPI see gradtool.train.distributed."""
     trainer = Trainer(tf, data_path, options or TrainOptions(), reporters)
     trainer.describe()
     return trainer.run(stop, keep_history=keep_history)
 
 
-__all__ = ["CpuEngine", "make_engine", "Trainer", "train", "StopFlag", "TrainOptions",
-           "TrainResult", "TrainError", "Reporter", "DEFAULTS", "META_KEYS", "plot_losses",
-           "require_plotting"]
+__all__ = ["Trainer", "train", "StopFlag"]

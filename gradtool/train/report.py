@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .train_options import TrainError
+from .options import TrainError
 
 
 @dataclass
@@ -63,7 +63,7 @@ def plot_losses(path, result: TrainResult) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .fileio import atomic_write_with
+    from ..fileio import atomic_write_with
 
     fig, ax = plt.subplots(figsize=(7, 4))
     if result.step_losses:

@@ -1,0 +1,163 @@
+"""What a loaded tape file holds, for people and programs: the summary ``inspect``
+prints (:func:`summary`, JSON-ready), the Graphviz rendering (:func:`to_dot`), and the
+check of a file's recorded values against the replay (:func:`first_mismatch`).
+The command line formats these; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .ops import INT_DTYPE, format_shape
+from .tapefile import TapeFile
+
+
+def node_entry(tape, i: int) -> dict:
+    """One node as `inspect --json` lists it."""
+    n = tape.nodes[i]
+    entry = {"id": i, "op": n.op, "a": n.a, "b": n.b, "shape": list(tape.values[i].shape)}
+    if n.op in ("adds", "muls"):
+        entry["s"] = n.s
+    if n.aux and n.op != "reshape":
+        entry.update(n.aux)
+    if n.name:
+        entry["name"] = n.name
+    if n.op == "param":
+        entry["l2"] = n.l2
+    if tape.holds_ids(i):
+        entry["dtype"] = INT_DTYPE
+    return entry
+
+
+def plain_node(n) -> bool:
+    """Whether :func:`node_entry` has nothing beyond id, op, inputs and shape (an op
+    without attributes: a leaf is named, a param has l2, an ids const a dtype)."""
+    return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
+
+
+def summary(tf: TapeFile, nodes: bool = True) -> dict:
+    """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
+    node list)."""
+    tape = tf.tape
+    loss_id = tf.loss.id
+    summary = {
+        "file": tf.source,
+        "format": "gradtool-tape",
+        "version": 1,
+        "node_count": len(tape.nodes),
+        "ops": dict(sorted(Counter(n.op for n in tape.nodes).items())),
+        "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
+                    "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
+                   for p in tape.params()],
+        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
+                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
+                   for c in tape.input_slots()],
+        "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
+                    for k, v in tf.outputs.items()],
+        "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
+                 "value": float(tape.values[loss_id].reshape(-1)[0])},
+        "meta": json_safe(tf.meta),
+    }
+    if nodes:
+        summary["nodes"] = [node_entry(tape, i) for i in range(len(tape.nodes))]
+    return summary
+
+
+def json_safe(value):
+    """meta as JSON: msgpack bin becomes a "<N bytes>" placeholder."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return value
+
+
+_DOT_STYLE = {
+    "param": 'shape=box, style=filled, fillcolor="#fde2b8"',
+    "const": 'shape=box, style="filled,dashed", fillcolor="#e4e4e4"',
+    "op": 'shape=ellipse',
+}
+
+
+def _dot_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def to_dot(tf: TapeFile) -> str:
+    """Graphviz DOT: params orange boxes, consts grey dashed boxes, ops ellipses, the loss
+    a red double octagon; edges run from input to consumer, labelled a/b for binary ops."""
+    tape = tf.tape
+    out_names = {}
+    for name, v in tf.outputs.items():
+        out_names.setdefault(v.id, []).append(name)
+    lines = ["digraph tape {", "  rankdir=TB;",
+             '  node [fontname="Helvetica", fontsize=10];', '  edge [fontsize=8];']
+    for i, n in enumerate(tape.nodes):
+        head = f"{i}: {n.op}"
+        if n.name:
+            head += f" {n.name}"
+        if n.op in ("adds", "muls"):
+            head += f" {n.s!r}"
+        if n.aux and n.op != "reshape":
+            head += " " + " ".join(f"{k}={v}" for k, v in n.aux.items())
+        label = head + "\n" + format_shape(tape.values[i].shape)
+        if i in out_names:
+            label += "\noutput " + ", ".join(out_names[i])
+        style = _DOT_STYLE.get(n.op, _DOT_STYLE["op"])
+        if i == tf.loss.id:
+            label += "\nloss"
+            style = 'shape=doubleoctagon, style=filled, fillcolor="#f4b6b6"'
+        lines.append(f'  n{i} [label="{_dot_text(label)}", {style}];')
+    for i, n in enumerate(tape.nodes):
+        if n.b >= 0:
+            lines.append(f'  n{n.a} -> n{i} [label="a"];')
+            lines.append(f'  n{n.b} -> n{i} [label="b"];')
+        elif n.a >= 0:
+            lines.append(f"  n{n.a} -> n{i};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first op node whose replayed value differs from the value the file recorded."""
+
+    node: int
+    op: str
+    count: int             # differing elements
+    size: int              # elements
+    index: int             # the first differing flat index
+    replayed: float
+    recorded: float
+
+    def describe(self) -> str:
+        return (f"node {self.node} ({self.op}): the replayed value differs from the recorded "
+                f"one in {self.count} of {self.size} elements; first at flat index "
+                f"{self.index}: replayed {self.replayed.hex()}, recorded "
+                f"{self.recorded.hex()}")
+
+
+def first_mismatch(tf: TapeFile) -> Optional[Mismatch]:
+    """Compare every recorded op value (``save(..., values=True)``) bit for bit with the
+    replay, in node order; the first difference, or None."""
+    for i in sorted(tf.recorded):
+        got = np.ascontiguousarray(tf.tape.values[i], dtype=np.float64).reshape(-1)
+        want = np.ascontiguousarray(tf.recorded[i], dtype=np.float64).reshape(-1)
+        diff = np.flatnonzero(got.view(np.uint64) != want.view(np.uint64))
+        if diff.size:
+            k = int(diff[0])
+            return Mismatch(i, tf.tape.nodes[i].op, int(diff.size), int(got.size), k,
+                            float(got[k]), float(want[k]))
+    return None
+
+
+__all__ = ["summary", "node_entry", "plain_node", "json_safe", "to_dot", "Mismatch",
+           "first_mismatch"]

@@ -1,0 +1,82 @@
+"""The training engines: ``cpu`` (the numpy reference, :class:`CpuEngine`) and, through
+:func:`make_engine`, the device engine (``host``/``cuda``/``auto``).  The contract every
+engine keeps is in :mod:`gradtool.train.loop`'s docstring."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .data import DataError
+from .options import TrainError
+
+
+class CpuEngine:
+    """The numpy reference engine: replays the tape in place."""
+
+    name = "cpu"
+
+    def __init__(self, tape, loss_id: int, optimizer):
+        self.tape, self.loss_id, self.optimizer = tape, int(loss_id), optimizer
+        self._loss = tape.var(self.loss_id)
+
+    def set_input(self, node_id: int, batch: np.ndarray) -> None:
+        slot = self.tape.values[node_id]
+        if batch.shape != slot.shape:
+            raise DataError(f"input for node {node_id} has shape {list(batch.shape)}, "
+                            f"the slot {list(slot.shape)}")
+        slot[...] = batch
+
+    def train_step(self) -> float:
+        loss = self.forward_backward()
+        if math.isfinite(loss):           # else no update: keep the last good state
+            self.optimizer.step(self.tape)
+        return loss
+
+    def forward_backward(self) -> float:
+        tape = self.tape
+        tape.forward()
+        loss = float(tape.values[self.loss_id][0])
+        if math.isfinite(loss):           # else no backward
+            tape.zero_grad()              # leaf gradients would otherwise accumulate
+            tape.backward(self._loss)
+        return loss
+
+    def grad(self, node_id: int) -> np.ndarray:
+        return self.tape.grads[node_id]
+
+    def params_from_tape(self) -> None:
+        pass                              # the tape is this engine's state
+
+    def evaluate(self) -> float:
+        self.tape.forward()
+        return float(self.tape.values[self.loss_id][0])
+
+    def output(self, node_id: int) -> np.ndarray:
+        return self.tape.values[node_id]
+
+    def finish(self) -> None:
+        pass                              # the tape and optimizer are already current
+
+
+def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
+    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine (``options``:
+    DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs none)."""
+    if backend == "cpu":
+        return CpuEngine(tape, loss_id, optimizer)
+    if backend not in ("host", "cuda", "auto"):
+        raise TrainError(f"unknown backend {backend!r} (choose from cpu, host, cuda, auto)")
+    try:
+        from gradtool.device.engine import DeviceEngine
+    except ModuleNotFoundError as exc:
+        if exc.name in ("gradtool.device", "gradtool.device.engine"):
+            raise TrainError(f"--backend {backend} needs the device engine "
+                             f"(gradtool.device.engine), which this installation does not "
+                             f"have; use --backend cpu") from None
+        raise
+    return DeviceEngine(tape, loss_id, optimizer, backend=backend, **options)
+
+
+
+__all__ = ["CpuEngine", "make_engine"]
