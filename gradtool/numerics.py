@@ -105,34 +105,68 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
 
-    Runs the compiled kernel ``csrc/serial_matmul.c`` when a C compiler is
-    available, else :func:`matmul_numpy`; the two give identical bits (the
-    test suite checks it), only the speed differs.
+    Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_matmul.c``)
+    when a C compiler is available, else :func:`matmul_numpy`; the two give
+    identical bits (the test suite checks it against both the numpy loop and
+    plain Python loops), only the speed differs.  Operands may be any
+    float64 views, e.g. ``b.T`` in the backward rules: their strides go to
+    the kernel, which never makes a transposed copy.
+
+    The kernel (the same code runs the host backend's matmul launches)
+    -------------------------------------------------------------------
+    * Register tile: 4 rows x 32 columns of C in 16 AVX-512 vector
+      accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
+      4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
+      vector extensions).  A SIMD lane is one output element, and each gets
+      ``acc = acc + b*a`` per k as one multiply and one add instruction
+      (``-ffp-contract=off``; a test disassembles the library and fails on
+      any FMA).
+    * Packing: B is copied panel by panel (K x 32, zero-padded) into a
+      per-thread buffer, from either layout; A is read in place, or packed
+      into K x 4 tiles when its k stride is not 1 (``A^T``).
+    * Threads: products of at least 65,536 multiply-adds are split over
+      ``GRADTOOL_NUM_THREADS`` threads (default: the usable cores; see
+      :func:`gradtool.native.num_threads`): batch items, column panels or
+      row tiles.  Each output element is still one serial k loop in one
+      thread, so every thread count gives the same bits.
+    * Floating-point mode: the kernel runs under round-to-nearest with
+      flush-to-zero and denormals-are-zero off (x86 MXCSR), in the caller
+      and in every worker, and restores the caller's mode after: a caller's
+      FTZ/DAZ cannot change a product.
     """
-    kernel = _native_kernels()
-    if kernel is None:
+    lib = _native_kernels()
+    if lib is None:
         return matmul_numpy(a, b)
     m, kdim = a.shape
-    n = b.shape[1]
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    b = np.ascontiguousarray(b, dtype=np.float64)
-    out = np.empty((m, n))
-    kernel.gt_matmul_serial(m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    out = np.empty((m, b.shape[1]))
+    _native_product(lib, out, a[np.newaxis], b[np.newaxis], 1)
     return out
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
-    kernel = _native_kernels()
-    if kernel is None:
+    lib = _native_kernels()
+    if lib is None:
         return bmm_numpy(a, b)
-    batch, m, kdim = a.shape
-    n = b.shape[2]
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    b = np.ascontiguousarray(b, dtype=np.float64)
-    out = np.empty((batch, m, n))
-    kernel.gt_bmm_serial(batch, m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    out = np.empty((a.shape[0], a.shape[1], b.shape[2]))
+    _native_product(lib, out, a, b, a.shape[0])
     return out
+
+
+def _element_strides(x: np.ndarray):
+    """``x`` (float64, aligned, strides in whole elements: a copy if need be) and its strides."""
+    if x.dtype != np.float64 or not x.flags.aligned or any(s % 8 for s in x.strides):
+        x = np.ascontiguousarray(x, dtype=np.float64)
+    return x, [s // 8 for s in x.strides]
+
+
+def _native_product(lib, out, a, b, batch) -> None:
+    """out[bt] = a[bt] @ b[bt] by the compiled kernel; a, b 3-d views of any strides."""
+    a, (sab, sai, sak) = _element_strides(a)
+    b, (sbb, sbk, sbj) = _element_strides(b)
+    _, m, kdim = a.shape
+    lib.gt_mm(out.ctypes.data, a.ctypes.data, sab, sai, sak, b.ctypes.data, sbb, sbk, sbj,
+              batch, m, kdim, b.shape[2], 0)
 
 
 def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -159,25 +193,44 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-_NATIVE_STATE: list = []      # [] = not tried yet; [None] = unavailable; [lib] = loaded
+MATMUL_SOURCES = ("gt_matmul.c", "gt_matmul.h")
+_NATIVE_STATE: dict = {}      # variant -> loaded library or None (unavailable)
+
+
+def matmul_library(portable: bool = False, native_arch=None):
+    """The compiled matmul library (built and cached on first use), or None.
+
+    ``portable=True`` builds the plain-C scalar tile (``-DGT_MM_PORTABLE``)
+    and ``native_arch=False`` leaves ``-march=native`` out: the tests run
+    every variant against the same naive orders.  None when no C compiler
+    works or ``GRADTOOL_NATIVE=0``.
+    """
+    if native_arch is None:
+        native_arch = native.native_arch_wanted()
+    key = (bool(portable), bool(native_arch))
+    if key not in _NATIVE_STATE:
+        lib = None
+        if native.enabled():
+            flags = [*native.SAFE_FLAGS, *(["-DGT_MM_PORTABLE"] if portable else [])]
+            try:
+                lib = native.load("gt_matmul", native.CSRC / MATMUL_SOURCES[0], flags,
+                                  [native.CSRC / MATMUL_SOURCES[1]], native_arch=native_arch)
+                lib.gt_mm.restype = None
+                lib.gt_mm.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 3 +
+                                      [ctypes.c_void_p] + [ctypes.c_longlong] * 7 +
+                                      [ctypes.c_int])
+                lib.gt_mm_config.restype = None
+                lib.gt_mm_config.argtypes = [ctypes.c_void_p]
+                native.register_threaded(lib)
+            except (native.NativeUnavailable, OSError):
+                lib = None
+        _NATIVE_STATE[key] = lib
+    return _NATIVE_STATE[key]
 
 
 def _native_kernels():
-    """The compiled serial-matmul library, or None (no compiler / GRADTOOL_NATIVE=0)."""
-    if not _NATIVE_STATE:
-        lib = None
-        if native.enabled():
-            try:
-                lib = native.load("serial_matmul", native.CSRC / "serial_matmul.c",
-                                  ("-std=c99", *native.SAFE_FLAGS))
-                for fn in (lib.gt_matmul_serial, lib.gt_bmm_serial):
-                    fn.restype = None
-                lib.gt_matmul_serial.argtypes = [ctypes.c_long] * 3 + [ctypes.c_void_p] * 3
-                lib.gt_bmm_serial.argtypes = [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
-            except (native.NativeUnavailable, OSError):
-                lib = None
-        _NATIVE_STATE.append(lib)
-    return _NATIVE_STATE[0]
+    """The matmul library this process uses, or None (no compiler / GRADTOOL_NATIVE=0)."""
+    return matmul_library()
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

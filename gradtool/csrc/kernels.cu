@@ -516,84 +516,19 @@ GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
  * whole before it is stored or added.  C is contiguous [Bn, Mm, N].
  * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
  * kernel with different strides.
- * M: [Bn*Mm*N, c, a, b, Bn, Mm, K, N, sab, sai, sak, sbb, sbk, sbj, acc,
- *     scratch]
+ * M: [Bn*Mm*N, c, a, b, Bn, Mm, K, N, sab, sai, sak, sbb, sbk, sbj, acc]
  * ====================================================================== */
-#ifndef GT_THREAD_BODIES
-/* Host matmul: register-tiled with GCC/Clang vector extensions.  A tile is
- * GT_MR rows x GT_NR columns of C held in 2*GT_MR vector accumulators; each
- * lane is one output element whose accumulator starts at 0.0 and adds a*b
- * (product rounded, then sum rounded: -ffp-contract=off keeps them apart)
- * for k ascending -- the per-element sequence of the CUDA path.  B's column
- * strip is first packed (an exact copy, zero-padded past column N) so every
- * tile runs full width; lanes past N or rows past Mm compute on padding and
- * are never stored. */
-#if defined(__AVX512F__)
-#  define GT_VBYTES 64
-#else
-#  define GT_VBYTES 32
-#endif
-typedef gt_real gt_vec __attribute__((vector_size(GT_VBYTES)));
-#define GT_VW ((int)(GT_VBYTES / sizeof(gt_real)))
-#define GT_MR 4
-#define GT_NR (2 * GT_VW)
-
-static inline gt_vec gt_vload(const gt_real *p)
-{
-    gt_vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* acc[r][c] = sum_k a_r[k*sak] * bp[k*GT_NR + c], serial in k from 0.0 */
-static void gt_mm_tile(long long K, const gt_real *a0, const gt_real *a1, const gt_real *a2,
-                       const gt_real *a3, long long sak, const gt_real *GT_RESTRICT bp,
-                       gt_real acc[GT_MR][GT_NR])
-{
-    gt_vec c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0};
-    gt_vec c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
-    for (long long k = 0; k < K; ++k) {
-        const gt_vec b0 = gt_vload(bp + k * GT_NR), b1 = gt_vload(bp + k * GT_NR + GT_VW);
-        const gt_real x0 = a0[k * sak], x1 = a1[k * sak], x2 = a2[k * sak], x3 = a3[k * sak];
-        c00 = c00 + b0 * x0; c01 = c01 + b1 * x0;
-        c10 = c10 + b0 * x1; c11 = c11 + b1 * x1;
-        c20 = c20 + b0 * x2; c21 = c21 + b1 * x2;
-        c30 = c30 + b0 * x3; c31 = c31 + b1 * x3;
-    }
-    memcpy(&acc[0][0], &c00, sizeof c00); memcpy(&acc[0][GT_VW], &c01, sizeof c01);
-    memcpy(&acc[1][0], &c10, sizeof c10); memcpy(&acc[1][GT_VW], &c11, sizeof c11);
-    memcpy(&acc[2][0], &c20, sizeof c20); memcpy(&acc[2][GT_VW], &c21, sizeof c21);
-    memcpy(&acc[3][0], &c30, sizeof c30); memcpy(&acc[3][GT_VW], &c31, sizeof c31);
-}
-
-/* C (Mm x N, contiguous) (=|+=) A (Mm x K; strides sai, sak) @ B (K x N;
- * strides sbk, sbj); bp is scratch for K*GT_NR elements. */
-static void gt_mm_host(gt_real *GT_RESTRICT C, const gt_real *A, long long sai, long long sak,
-                       const gt_real *B, long long sbk, long long sbj, long long Mm, long long K,
-                       long long N, int accumulate, gt_real *GT_RESTRICT bp)
-{
-    gt_real acc[GT_MR][GT_NR];
-    for (long long j0 = 0; j0 < N; j0 += GT_NR) {
-        const int nr = (int)(N - j0 < GT_NR ? N - j0 : GT_NR);
-        for (long long k = 0; k < K; ++k) {          /* pack the strip: exact copies */
-            const gt_real *src = B + k * sbk + j0 * sbj;
-            gt_real *dst = bp + k * GT_NR;
-            if (sbj == 1 && nr == GT_NR) memcpy(dst, src, sizeof(gt_real) * GT_NR);
-            else for (int c = 0; c < GT_NR; ++c) dst[c] = c < nr ? src[c * sbj] : R0;
-        }
-        for (long long i0 = 0; i0 < Mm; i0 += GT_MR) {
-            const int mr = (int)(Mm - i0 < GT_MR ? Mm - i0 : GT_MR);
-            const gt_real *row[GT_MR];
-            for (int r = 0; r < GT_MR; ++r) row[r] = A + (i0 + (r < mr ? r : 0)) * sai;
-            gt_mm_tile(K, row[0], row[1], row[2], row[3], sak, bp, acc);
-            for (int r = 0; r < mr; ++r) {
-                gt_real *GT_RESTRICT cr = C + (i0 + r) * N + j0;
-                if (accumulate) for (int c = 0; c < nr; ++c) cr[c] = R_ADD(cr[c], acc[r][c]);
-                else for (int c = 0; c < nr; ++c) cr[c] = acc[r][c];
-            }
-        }
-    }
-}
+#ifndef __CUDACC__
+/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
+ * (gradtool/numerics.py): register tiles over packed B panels, threaded
+ * over output chunks, every output element one serial k loop from 0.0,
+ * computed whole and then stored or added once -- the per-element sequence
+ * of the one-thread-per-output body below, which the GT_PER_THREAD host
+ * builds run instead.  It needs no arena scratch (its packing buffers are
+ * per thread).  Every host build includes it for gt_run's floating-point
+ * mode (below). */
+#  define GT_MM_T gt_real
+#  include "gt_matmul.h"
 #endif
 
 GT_KERNEL k_matmul(gt_real *W, const long long *M)
@@ -617,10 +552,7 @@ GT_KERNEL k_matmul(gt_real *W, const long long *M)
         C[idx] = acc ? R_ADD(C[idx], s) : s;
     }
 #else
-    gt_real *GT_RESTRICT bp = W + M[15];
-    for (long long bt = 0; bt < Bn; ++bt)
-        gt_mm_host(C + bt * Mm * N, A + bt * sab, sai, sak, B + bt * sbb, sbk, sbj,
-                   Mm, K, N, acc, bp);
+    gt_mm_run(C, A, sab, sai, sak, B, sbb, sbk, sbj, Bn, Mm, K, N, acc);
 #endif
 }
 
@@ -739,11 +671,19 @@ GT_EXPORT const char *gt_kernel_names(void) { return GT_KERNELS(GT_AS_NAME); }
 GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
 
 /* Run launches [start, end) of the table L (pairs kernel index, metadata
- * offset into M) over the arena W. */
+ * offset into M) over the arena W, under the IEEE default floating-point
+ * mode (gt_matmul.h: round to nearest, no flush-to-zero, no
+ * denormals-are-zero), whatever mode the caller runs in; its mode is
+ * restored on return. */
 GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
                       long long start, long long end)
 {
+    GT_FP_ENTER(saved);
     for (long long q = start; q < end; ++q)
         gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+    GT_FP_LEAVE(saved);
 }
+
+/* Threads per matrix product (gradtool/native.py passes GRADTOOL_NUM_THREADS). */
+GT_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 #endif

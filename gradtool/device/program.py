@@ -35,7 +35,6 @@ from ..errors import GradtoolError
 from ..ops import infer_shape
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
-HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
 DTYPES = {"f64": np.float64, "f32": np.float32}
 PHASES = ("forward", "backward", "optimizer")
 
@@ -354,9 +353,8 @@ def _copy(b, node, dst, src, dims, sd, ss, *, acc, what) -> Launch:
 
 def _matmul(b, node, c, a, bb, batch, m, k, n, sa, sb, *, acc, what) -> Launch:
     """C[bt] (=|+=) A[bt] @ B[bt] with A strides (batch, row, k), B strides (batch, k, col)."""
-    scratch = b.need_scratch(k * HOST_MATMUL_STRIP)    # the host packs B strip by strip
-    return Launch("k_matmul", (batch * m * n, c, a, bb, batch, m, k, n, *sa, *sb, int(acc),
-                               scratch), node, what)
+    return Launch("k_matmul", (batch * m * n, c, a, bb, batch, m, k, n, *sa, *sb, int(acc)),
+                  node, what)
 
 
 # ── backward launches, op by op ───────────────────────────────────────────
