@@ -160,13 +160,14 @@ def _element_strides(x: np.ndarray):
     return x, [s // 8 for s in x.strides]
 
 
-def _native_product(lib, out, a, b, batch) -> None:
-    """out[bt] = a[bt] @ b[bt] by the compiled kernel; a, b 3-d views of any strides."""
+def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
+    """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
+    views of any strides, out C-contiguous float64."""
     a, (sab, sai, sak) = _element_strides(a)
     b, (sbb, sbk, sbj) = _element_strides(b)
     _, m, kdim = a.shape
     lib.gt_mm(out.ctypes.data, a.ctypes.data, sab, sai, sak, b.ctypes.data, sbb, sbk, sbj,
-              batch, m, kdim, b.shape[2], 0)
+              batch, m, kdim, b.shape[2], int(accumulate))
 
 
 def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -194,43 +195,57 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 MATMUL_SOURCES = ("gt_matmul.c", "gt_matmul.h")
-_NATIVE_STATE: dict = {}      # variant -> loaded library or None (unavailable)
+_LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
+_DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def matmul_library(portable: bool = False, native_arch=None):
-    """The compiled matmul library (built and cached on first use), or None.
+def matmul_library(extra_flags=(), native_arch=None):
+    """A compiled matmul library (built and cached on first use), or None.
 
-    ``portable=True`` builds the plain-C scalar tile (``-DGT_MM_PORTABLE``)
-    and ``native_arch=False`` leaves ``-march=native`` out: the tests run
-    every variant against the same naive orders.  None when no C compiler
-    works or ``GRADTOOL_NATIVE=0``.
+    The default (no arguments) is the one :func:`matmul` and :func:`bmm` use.
+    ``extra_flags=("-DGT_MM_PORTABLE",)`` builds the plain-C scalar tile, and
+    ``native_arch=False`` leaves ``-march=native`` out: the tests run every
+    such variant against the naive order.  None when no C compiler works or
+    ``GRADTOOL_NATIVE=0``.
     """
     if native_arch is None:
         native_arch = native.native_arch_wanted()
-    key = (bool(portable), bool(native_arch))
-    if key not in _NATIVE_STATE:
+    key = (tuple(extra_flags), bool(native_arch))
+    if key not in _LIBRARIES:
         lib = None
         if native.enabled():
-            flags = [*native.SAFE_FLAGS, *(["-DGT_MM_PORTABLE"] if portable else [])]
             try:
-                lib = native.load("gt_matmul", native.CSRC / MATMUL_SOURCES[0], flags,
+                lib = native.load("gt_matmul", native.CSRC / MATMUL_SOURCES[0],
+                                  [*native.SAFE_FLAGS, *extra_flags],
                                   [native.CSRC / MATMUL_SOURCES[1]], native_arch=native_arch)
                 lib.gt_mm.restype = None
                 lib.gt_mm.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 3 +
                                       [ctypes.c_void_p] + [ctypes.c_longlong] * 7 +
                                       [ctypes.c_int])
                 lib.gt_mm_config.restype = None
-                lib.gt_mm_config.argtypes = [ctypes.c_void_p]
+                lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
                 native.register_threaded(lib)
             except (native.NativeUnavailable, OSError):
                 lib = None
-        _NATIVE_STATE[key] = lib
-    return _NATIVE_STATE[key]
+        _LIBRARIES[key] = lib
+    return _LIBRARIES[key]
+
+
+def matmul_config(lib=None) -> dict:
+    """The compiled kernel's tile (rows, cols, lanes per vector), its thread count, the
+    product size below which it stays serial, and how many runs used worker threads."""
+    lib = lib or _native_kernels()
+    out = (ctypes.c_longlong * 6)()
+    lib.gt_mm_config(out)
+    return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs"),
+                    list(out)))
 
 
 def _native_kernels():
     """The matmul library this process uses, or None (no compiler / GRADTOOL_NATIVE=0)."""
-    return matmul_library()
+    if not _DEFAULT:
+        _DEFAULT.append(matmul_library())
+    return _DEFAULT[0]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

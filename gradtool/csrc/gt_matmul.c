@@ -24,12 +24,14 @@ GT_MM_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sai
 
 GT_MM_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
-/* {rows, columns, lanes per vector, threads, serial below this many multiply-adds} */
-GT_MM_EXPORT void gt_mm_config(long long out[5])
+/* {tile rows, tile columns, lanes per vector, threads, serial below this many
+ * multiply-adds, runs so far that used worker threads} */
+GT_MM_EXPORT void gt_mm_config(long long out[6])
 {
     out[0] = GT_MM_MR;
     out[1] = GT_MM_NR;
     out[2] = GT_MM_VW;
     out[3] = atomic_load(&gt_pool.threads);
     out[4] = GT_MM_PAR_MIN;
+    out[5] = atomic_load(&gt_pool.threaded);
 }

@@ -374,6 +374,8 @@ typedef void (*gt_pool_fn)(void *arg, long long chunk);
 
 #define GT_POOL_THREADS(word) ((int)((word) & 0xffffUL))
 #define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps */
+#define GT_POOL_LATE_NS 20000L     /* a wait beyond half the caller's own time plus this... */
+#define GT_POOL_BACKOFF_MAX 4096   /* ...makes the next 1, 2, 4 ... up to this many runs serial */
 
 static struct {
     pthread_mutex_t busy;    /* held by the one caller using the pool */
@@ -389,9 +391,12 @@ static struct {
     void *arg;
     long long chunks;
     gt_fpmode mode;
+    int backoff;             /* serial runs after the last late wait (doubles) */
+    atomic_int serial_left;  /* runs still to do serially */
+    atomic_llong threaded;   /* runs that used the workers (for tests and benchmarks) */
     unsigned long first[GT_MM_MAX_THREADS];   /* the job word each worker started after */
 } gt_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-             PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}};
+             PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}};
 
 static inline long long gt_now_ns(void)
 {
@@ -492,6 +497,19 @@ static int gt_pool_grow(int threads)
     return gt_pool.workers + 1 < threads ? gt_pool.workers + 1 : threads;
 }
 
+/* Whether the next run should use the workers.  On a machine whose other
+ * cores are busy a worker may be descheduled holding a chunk, and the
+ * caller then waits far longer than the whole product takes serially; after
+ * such a late wait the next runs are serial (1, then 2, 4, ... after
+ * repeated late waits), so a loaded machine degrades to one thread instead
+ * of to the scheduler's time slice. */
+static int gt_pool_wanted(void)
+{
+    if (atomic_load(&gt_pool.serial_left) <= 0) return 1;
+    atomic_fetch_sub(&gt_pool.serial_left, 1);
+    return 0;
+}
+
 /* fn(arg, c) for every chunk c < chunks, on the calling thread and up to
  * threads - 1 workers, each under the floating-point mode `mode`.  When the
  * pool is in use by another caller, or no worker can be started, the calling
@@ -506,14 +524,16 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
             gt_pool.chunks = chunks;
             gt_pool.mode = mode;
             atomic_store(&gt_pool.finished, 0);
+            atomic_fetch_add(&gt_pool.threaded, 1);
             pthread_mutex_lock(&gt_pool.mu);
             const unsigned long seq = (atomic_load(&gt_pool.job) >> 16) + 1;
             atomic_store(&gt_pool.claim, (unsigned long long)(seq & 0xffffffffUL) << 32);
             atomic_store(&gt_pool.job, (seq << 16) | (unsigned long)threads);
             if (gt_pool.sleepers) pthread_cond_broadcast(&gt_pool.wake);
             pthread_mutex_unlock(&gt_pool.mu);
+            const long long t0 = gt_now_ns();
             gt_pool_work(seq, 0);
-            const long long until = gt_now_ns() + GT_POOL_SPIN_NS;
+            const long long t1 = gt_now_ns(), until = t1 + GT_POOL_SPIN_NS;
             for (unsigned spins = 1; atomic_load(&gt_pool.finished) != chunks; ++spins) {
                 if (spins % 64 == 0 && gt_now_ns() > until) break;
                 gt_pool_relax();
@@ -523,6 +543,13 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
                 while (atomic_load(&gt_pool.finished) != chunks)
                     pthread_cond_wait(&gt_pool.done, &gt_pool.mu);
                 pthread_mutex_unlock(&gt_pool.mu);
+            }
+            if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
+                gt_pool.backoff = gt_pool.backoff ? 2 * gt_pool.backoff : 1;
+                if (gt_pool.backoff > GT_POOL_BACKOFF_MAX) gt_pool.backoff = GT_POOL_BACKOFF_MAX;
+                atomic_store(&gt_pool.serial_left, gt_pool.backoff);
+            } else {
+                gt_pool.backoff = 0;
             }
             pthread_mutex_unlock(&gt_pool.busy);
             return;
@@ -556,7 +583,8 @@ static int gt_mm_plan(gt_mm_job *j)
     j->rc = j->pc = 1;
     j->rows_per_chunk = j->M;
     j->cols_per_chunk = panels * GT_MM_NR;
-    if (threads <= 1 || j->Bn * j->M * j->N * j->K < GT_MM_PAR_MIN) return 1;
+    if (threads <= 1 || j->Bn * j->M * j->N * j->K < GT_MM_PAR_MIN || !gt_pool_wanted())
+        return 1;
     const long long want = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
     if (j->Bn >= want) return threads;
     const long long per_item = gt_ceil_div(want, j->Bn);
