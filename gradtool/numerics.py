@@ -34,6 +34,7 @@ broadcast reduce  see :func:`reduce_to_shape`
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -41,7 +42,8 @@ from . import fdlibm, native
 
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "reduce_to_shape",
-    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1", "sigmoid", "relu",
+    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
+    "exp", "log", "tanh", "expm1", "sigmoid", "relu", "relu_backward",
     "softmax", "softmax_backward",
 ]
 
@@ -96,8 +98,14 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
     kept = [ax for ax in range(nd) if ax not in bcast]
     moved = np.transpose(c, bcast + kept)
-    count = int(np.prod([c.shape[ax] for ax in bcast]))
-    flat = moved.reshape((count,) + tuple(c.shape[ax] for ax in kept))
+    count = math.prod(c.shape[ax] for ax in bcast)
+    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None and count > 1:         # the same sums, row after row, compiled
+        flat = np.ascontiguousarray(flat, dtype=np.float64)
+        total = np.empty(flat.shape[1])
+        lib.gt_sum_rows(count, flat.shape[1], flat.ctypes.data, total.ctypes.data)
+        return total.reshape(shape)
     total = np.add.accumulate(flat, axis=0)[-1]
     return np.ascontiguousarray(total).reshape(shape)
 
@@ -105,7 +113,7 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
 
-    Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_matmul.c``)
+    Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_cpu.c``)
     when a C compiler is available, else :func:`matmul_numpy`; the two give
     identical bits (the test suite checks it against both the numpy loop and
     plain Python loops), only the speed differs.  Operands may be any
@@ -134,18 +142,17 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       and in every worker, and restores the caller's mode after: a caller's
       FTZ/DAZ cannot change a product.
     """
-    lib = _native_kernels()
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
-    m, kdim = a.shape
-    out = np.empty((m, b.shape[1]))
+    out = np.empty((a.shape[0], b.shape[1]))
     _native_product(lib, out, a[np.newaxis], b[np.newaxis], 1)
     return out
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
-    lib = _native_kernels()
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return bmm_numpy(a, b)
     out = np.empty((a.shape[0], a.shape[1], b.shape[2]))
@@ -153,21 +160,27 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+_F64 = np.dtype(np.float64)
+
+
 def _element_strides(x: np.ndarray):
-    """``x`` (float64, aligned, strides in whole elements: a copy if need be) and its strides."""
-    if x.dtype != np.float64 or not x.flags.aligned or any(s % 8 for s in x.strides):
+    """``x`` as the kernel reads it (float64, aligned, strides in whole elements: a copy if
+    need be) and its three strides in bytes."""
+    s = x.strides
+    if x.dtype != _F64 or not x.flags.aligned or (s[0] | s[1] | s[2]) & 7:
         x = np.ascontiguousarray(x, dtype=np.float64)
-    return x, [s // 8 for s in x.strides]
+        s = x.strides
+    return x, s
 
 
 def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
     views of any strides, out C-contiguous float64."""
-    a, (sab, sai, sak) = _element_strides(a)
-    b, (sbb, sbk, sbj) = _element_strides(b)
-    _, m, kdim = a.shape
-    lib.gt_mm(out.ctypes.data, a.ctypes.data, sab, sai, sak, b.ctypes.data, sbb, sbk, sbj,
-              batch, m, kdim, b.shape[2], int(accumulate))
+    a, sa = _element_strides(a)
+    b, sb = _element_strides(b)
+    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
+              b.ctypes.data, sb[0] >> 3, sb[1] >> 3, sb[2] >> 3, batch, a.shape[1],
+              a.shape[2], b.shape[2], accumulate)
 
 
 def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -194,19 +207,21 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-MATMUL_SOURCES = ("gt_matmul.c", "gt_matmul.h")
+CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_optim.h")
 _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def matmul_library(extra_flags=(), native_arch=None):
-    """A compiled matmul library (built and cached on first use), or None.
+def cpu_library(extra_flags=(), native_arch=None):
+    """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
+    use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
+    (``gt_sum_rows``) and the optimizer step (``gt_opt_step``).
 
-    The default (no arguments) is the one :func:`matmul` and :func:`bmm` use.
-    ``extra_flags=("-DGT_MM_PORTABLE",)`` builds the plain-C scalar tile, and
-    ``native_arch=False`` leaves ``-march=native`` out: the tests run every
-    such variant against the naive order.  None when no C compiler works or
-    ``GRADTOOL_NATIVE=0``.
+    The default (no arguments) is the one :func:`matmul`, :func:`bmm` and
+    :mod:`gradtool.optim` use.  ``extra_flags=("-DGT_MM_PORTABLE",)`` builds
+    the plain-C scalar matmul tile, and ``native_arch=False`` leaves
+    ``-march=native`` out: the tests run every such variant against the
+    naive order.  None when no C compiler works or ``GRADTOOL_NATIVE=0``.
     """
     if native_arch is None:
         native_arch = native.native_arch_wanted()
@@ -215,20 +230,30 @@ def matmul_library(extra_flags=(), native_arch=None):
         lib = None
         if native.enabled():
             try:
-                lib = native.load("gt_matmul", native.CSRC / MATMUL_SOURCES[0],
+                lib = native.load("gt_cpu", native.CSRC / CPU_SOURCES[0],
                                   [*native.SAFE_FLAGS, *extra_flags],
-                                  [native.CSRC / MATMUL_SOURCES[1]], native_arch=native_arch)
-                lib.gt_mm.restype = None
-                lib.gt_mm.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 3 +
-                                      [ctypes.c_void_p] + [ctypes.c_longlong] * 7 +
-                                      [ctypes.c_int])
-                lib.gt_mm_config.restype = None
-                lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+                                  [native.CSRC / name for name in CPU_SOURCES[1:]],
+                                  native_arch=native_arch)
+                _declare(lib)
                 native.register_threaded(lib)
             except (native.NativeUnavailable, OSError):
                 lib = None
         _LIBRARIES[key] = lib
     return _LIBRARIES[key]
+
+
+def _declare(lib) -> None:
+    i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
+    lib.gt_mm.restype = None
+    lib.gt_mm.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
+                          ctypes.c_int]
+    lib.gt_mm_config.restype = None
+    lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
+    lib.gt_sum_rows.restype = None
+    lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    lib.gt_opt_step.restype = None
+    lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
+                                f64, f64, f64, f64, f64, f64, f64, f64]
 
 
 def matmul_config(lib=None) -> dict:
@@ -241,11 +266,15 @@ def matmul_config(lib=None) -> dict:
                     list(out)))
 
 
-def _native_kernels():
-    """The matmul library this process uses, or None (no compiler / GRADTOOL_NATIVE=0)."""
+def cpu_kernels():
+    """The compiled library this process uses (:func:`cpu_library` with no arguments),
+    or None (no compiler, or ``GRADTOOL_NATIVE=0``)."""
     if not _DEFAULT:
-        _DEFAULT.append(matmul_library())
+        _DEFAULT.append(cpu_library())
     return _DEFAULT[0]
+
+
+_native_kernels = cpu_kernels
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -258,8 +287,28 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def relu(x: np.ndarray) -> np.ndarray:
-    """``x if not (x <= 0) else +0.0``: NaN passes through, -0.0 becomes +0.0."""
-    return np.where(x <= 0.0, 0.0, x)
+    """``x if not (x <= 0) else +0.0``: NaN passes through, -0.0 becomes +0.0.
+
+    Computed as ``maximum(x, 0.0) + 0.0``, which is exact and the same
+    element for element: maximum keeps x > 0 and NaN, gives a zero for
+    x <= 0 (either sign when x is -0.0), and ``+ 0.0`` turns -0.0 into +0.0
+    and leaves everything else unchanged (np.where is several times slower).
+    """
+    r = np.maximum(x, 0.0)
+    return np.add(r, 0.0, out=r)
+
+
+def relu_backward(g: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``g if x > 0 else +0.0`` (+0.0 at x = 0 and at NaN): the relu gradient.
+
+    Selected by bits, exactly: the mask of ``x > 0`` as int64 0 or -1 (all
+    ones) ANDed with g's bit pattern keeps g or gives +0.0's all-zero
+    pattern (np.where is several times slower).
+    """
+    mask = np.greater(x, 0.0).view(np.int8).astype(np.int64)
+    np.negative(mask, out=mask)
+    np.bitwise_and(mask, np.ascontiguousarray(g, dtype=np.float64).view(np.int64), out=mask)
+    return mask.view(np.float64)
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:

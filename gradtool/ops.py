@@ -211,7 +211,7 @@ def _relu_f(a, b, s, at):
 
 
 def _relu_b(g, a, b, t, s, at, na, nb):
-    return (np.where(a > 0.0, g, 0.0), None)        # 0 at 0 (and at NaN)
+    return (nx.relu_backward(g, a), None)           # 0 at 0 (and at NaN)
 
 
 def _sigmoid_f(a, b, s, at):

@@ -40,6 +40,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import native
 from .errors import GradtoolError
 from .npzio import NpzArchive
 from .optim import make_optimizer, optimizer_from_state
@@ -61,6 +62,7 @@ class CpuEngine:
     def __init__(self, tape, loss_id: int, optimizer):
         self.tape, self.loss_id, self.optimizer = tape, int(loss_id), optimizer
         self._loss = tape.var(self.loss_id)
+        native.keep_freed_memory()        # every step's temporaries reuse the last step's memory
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
         slot = self.tape.values[node_id]

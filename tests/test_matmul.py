@@ -54,8 +54,8 @@ def libraries():
     require_c_compiler()
     libs = {}
     for name, flags, arch in builds():
-        lib = nx.matmul_library(flags, arch)
-        assert lib is not None, f"the {name} build of csrc/gt_matmul.c failed"
+        lib = nx.cpu_library(flags, arch)
+        assert lib is not None, f"the {name} build of csrc/gt_cpu.c failed"
         libs[name] = lib
     return libs
 
@@ -367,7 +367,7 @@ def test_kernel_sources_build_warning_free(tmp_path):
     for flags in ([], ["-DGT_MM_PORTABLE"], ["-march=native"]):
         proc = subprocess.run([native.compiler(), "-O2", "-Wall", "-Wextra", "-Werror",
                                "-ffp-contract=off", "-pthread", "-fPIC", "-shared", *flags,
-                               str(native.CSRC / "gt_matmul.c"), "-o", str(tmp_path / "m.so")],
+                               str(native.CSRC / "gt_cpu.c"), "-o", str(tmp_path / "m.so")],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 and flags == ["-march=native"] and "march" in proc.stderr:
             continue

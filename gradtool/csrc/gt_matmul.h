@@ -1,6 +1,6 @@
 /*
  * gt_matmul.h -- gradtool's one CPU matrix product: the serial-k order at
- * the machine's speed.  Included by gt_matmul.c (the CPU reference,
+ * the machine's speed.  Included by gt_cpu.c (the CPU reference,
  * gradtool/numerics.py) and by kernels.cu's host build (the device engine's
  * host backend), so both run this very code.
  *

@@ -595,14 +595,10 @@ GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
     }
 }
 
-/* The gradient the update sees: clipped (when the norm kernel said so),
- * then L2 (g + l2*w) when l2 != 0. */
-GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
-{
-    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
-    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
-    return g;
-}
+/* The element updates are gt_optim.h's, shared with the CPU reference's
+ * compiled step: the gradient clipped (when the norm kernel said so), then
+ * L2 (g + l2*w) when l2 != 0, then the SGD or Adam update. */
+#include "gt_optim.h"
 
 /* w = w - lr*g.  M: [n, w, g, ctl, use_clip, l2_bits] */
 GT_KERNEL k_sgd(gt_real *W, const long long *M)
@@ -610,12 +606,11 @@ GT_KERNEL k_sgd(gt_real *W, const long long *M)
     gt_real *GT_RESTRICT w = W + M[1];
     const gt_real *GT_RESTRICT g = W + M[2];
     const gt_real *GT_RESTRICT ctl = W + M[3];
-    const int use_clip = (int)M[4];
-    const gt_real l2 = GT_S(M[5]);
+    const int clipped = M[4] && ctl[2] != R0;
+    const gt_real l2 = GT_S(M[5]), scale = ctl[1], lr = ctl[0];
     if (ctl[3] == R0) return;                          /* non-finite loss: no update */
     GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        w[i] = R_SUB(w[i], R_MUL(ctl[0], gi));
+        w[i] = gt_sgd_step(w[i], gt_opt_grad(g[i], w[i], clipped, scale, l2), lr);
     }
 }
 
@@ -628,17 +623,14 @@ GT_KERNEL k_adam(gt_real *W, const long long *M)
     gt_real *GT_RESTRICT m = W + M[3];
     gt_real *GT_RESTRICT v = W + M[4];
     const gt_real *GT_RESTRICT ctl = W + M[5];
-    const int use_clip = (int)M[6];
+    const int clipped = M[6] && ctl[2] != R0;
     const gt_real l2 = GT_S(M[7]), b1 = GT_S(M[8]), b2 = GT_S(M[9]);
     const gt_real omb1 = GT_S(M[10]), omb2 = GT_S(M[11]), eps = GT_S(M[12]);
+    const gt_real scale = ctl[1], lr_t = ctl[0];
     if (ctl[3] == R0) return;                          /* non-finite loss: no update */
     GT_LOOP(i, M[0]) {
-        const gt_real gi = gt_opt_grad(g[i], w[i], ctl, use_clip, l2);
-        const gt_real mi = R_ADD(R_MUL(m[i], b1), R_MUL(omb1, gi));
-        const gt_real vi = R_ADD(R_MUL(v[i], b2), R_MUL(omb2, R_MUL(gi, gi)));
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = R_SUB(w[i], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps)));
+        const gt_real gi = gt_opt_grad(g[i], w[i], clipped, scale, l2);
+        w[i] = gt_adam_step(w[i], gi, &m[i], &v[i], b1, b2, omb1, omb2, lr_t, eps);
     }
 }
 
@@ -670,6 +662,68 @@ GT_EXPORT const char *gt_kernel_names(void) { return GT_KERNELS(GT_AS_NAME); }
 /* bytes per element of this build (8: float64, 4: float32) */
 GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
 
+#ifndef GT_THREAD_BODIES
+/* Kernels whose host body is one GT_LOOP and nothing that writes outside
+ * it, with a rough cost per index (a copy = 1): a launch of at least
+ * GT_SPLIT_MIN / cost indices is split over the matmul kernel's thread
+ * pool (gt_matmul.h), each thread walking its own slice of the indices
+ * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
+#define GT_SPLIT_KERNELS(X)                                                    \
+    X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1)                             \
+    X(k_neg, 1) X(k_adds, 1) X(k_muls, 1) X(k_relu, 1) X(k_sigmoid, 16)        \
+    X(k_tanh, 24) X(k_exp, 12) X(k_log, 12) X(k_sqrt, 4)                       \
+    X(k_bwd_id, 1) X(k_bwd_neg, 1) X(k_bwd_muls, 1) X(k_bwd_relu, 1)           \
+    X(k_bwd_sigmoid, 1) X(k_bwd_tanh, 1) X(k_bwd_exp, 1) X(k_bwd_log, 2)       \
+    X(k_bwd_sqrt, 2) X(k_sgd, 2) X(k_adam, 8)
+#define GT_SPLIT_MIN (1LL << 17)
+#define GT_SPLIT_ALIGN 64LL           /* slice boundaries: whole cache lines of float64 */
+
+static long long gt_split_cost(gt_kernel_fn fn)
+{
+#define GT_SPLIT_COST(name, cost) if (fn == name) return cost;
+    GT_SPLIT_KERNELS(GT_SPLIT_COST)
+#undef GT_SPLIT_COST
+    return 0;
+}
+
+typedef struct {
+    gt_kernel_fn fn;
+    gt_real *W;
+    const long long *M;
+    long long per_chunk;
+} gt_split_job;
+
+static void gt_split_chunk(void *arg, long long chunk)
+{
+    const gt_split_job *j = (const gt_split_job *)arg;
+    gt_slice_lo = chunk * j->per_chunk;
+    gt_slice_hi = gt_slice_lo + j->per_chunk;
+    j->fn(j->W, j->M);
+    gt_slice_lo = 0;
+    gt_slice_hi = 0x7fffffffffffffffLL;
+}
+
+/* One launch: whole, or split over threads when it is large and splittable. */
+static void gt_launch(gt_kernel_fn fn, gt_real *W, const long long *M, gt_fpmode mode)
+{
+    const int threads = atomic_load(&gt_pool.threads);
+    const long long n = M[0];
+    if (threads > 1 && n >= GT_SPLIT_MIN / 32) {
+        const long long cost = gt_split_cost(fn);
+        if (cost && n * cost >= GT_SPLIT_MIN && gt_pool_wanted()) {
+            const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+            gt_split_job job = {fn, W, M, 0};
+            job.per_chunk = (n + chunks - 1) / chunks;
+            job.per_chunk = (job.per_chunk + GT_SPLIT_ALIGN - 1) / GT_SPLIT_ALIGN * GT_SPLIT_ALIGN;
+            gt_pool_run(gt_split_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, threads,
+                        mode);
+            return;
+        }
+    }
+    fn(W, M);
+}
+#endif
+
 /* Run launches [start, end) of the table L (pairs kernel index, metadata
  * offset into M) over the arena W, under the IEEE default floating-point
  * mode (gt_matmul.h: round to nearest, no flush-to-zero, no
@@ -679,8 +733,13 @@ GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
                       long long start, long long end)
 {
     GT_FP_ENTER(saved);
-    for (long long q = start; q < end; ++q)
+    for (long long q = start; q < end; ++q) {
+#ifdef GT_THREAD_BODIES
         gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+#else
+        gt_launch(gt_kernel_table[L[2 * q]], W, M + L[2 * q + 1], gt_fp_clean(saved));
+#endif
+    }
     GT_FP_LEAVE(saved);
 }
 

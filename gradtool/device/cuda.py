@@ -76,11 +76,15 @@ def cuda_status() -> tuple:
     return True, f"cuda device 0: {drv.Device(0).name()}"
 
 
+DEVICE_HEADERS = ("gt_math.h", "gt_optim.h")     # host_prelude.h and gt_matmul.h are host-only
+
+
 def kernel_source() -> str:
-    """kernels.cu with gt_math.h inlined (host_prelude.h is host-only): what nvcc compiles."""
+    """kernels.cu with its device headers inlined: what nvcc compiles."""
     src = (CSRC / "kernels.cu").read_text()
-    header = (CSRC / "gt_math.h").read_text()
-    return src.replace('#include "gt_math.h"', header, 1)
+    for name in DEVICE_HEADERS:
+        src = src.replace(f'#include "{name}"', (CSRC / name).read_text(), 1)
+    return src
 
 
 def nvcc_options(dtype: str) -> list:

@@ -9,7 +9,7 @@ one IEEE rounding, exactly as under nvcc's ``__d*_rn``), plus
 round like scalars; contraction stays off); the machine is part of the
 cache key.  ``GRADTOOL_HOST_NATIVE=0`` leaves ``-march=native`` out.
 
-Building and caching (by a hash of the four source files, the flags, the
+Building and caching (by a hash of the five source files, the flags, the
 compiler's version and the machine) is :mod:`gradtool.native`'s job.
 
 A whole episode (forward, backward, optimizer) is ONE ctypes call into the
@@ -31,7 +31,7 @@ from ..errors import GradtoolError
 from .program import DTYPES, PHASES, Program
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h", "gt_matmul.h")
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_math.h", "gt_matmul.h", "gt_optim.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
