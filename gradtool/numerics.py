@@ -122,6 +122,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     The kernel (the same code runs the host backend's matmul launches)
     -------------------------------------------------------------------
+    ``docs/cpu-kernels.md`` has the details.
+
     * Register tile: 4 rows x 32 columns of C in 16 AVX-512 vector
       accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
       4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
@@ -132,11 +134,13 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     * Packing: B is copied panel by panel (K x 32, zero-padded) into a
       per-thread buffer, from either layout; A is read in place, or packed
       into K x 4 tiles when its k stride is not 1 (``A^T``).
-    * Threads: products of at least 65,536 multiply-adds are split over
-      ``GRADTOOL_NUM_THREADS`` threads (default: the usable cores; see
-      :func:`gradtool.native.num_threads`): batch items, column panels or
-      row tiles.  Each output element is still one serial k loop in one
-      thread, so every thread count gives the same bits.
+    * Threads: products of at least 65,536 multiply-adds are cut into
+      chunks (batch items, column panels or row groups) that
+      ``GRADTOOL_NUM_THREADS`` threads claim (default: the usable cores;
+      :func:`gradtool.native.num_threads`); after a worker was late (a busy
+      machine) the next products run serially for a while.  Each output
+      element is still one serial k loop in one thread, so every thread
+      count gives the same bits.
     * Floating-point mode: the kernel runs under round-to-nearest with
       flush-to-zero and denormals-are-zero off (x86 MXCSR), in the caller
       and in every worker, and restores the caller's mode after: a caller's
