@@ -262,9 +262,14 @@ def _declare(lib) -> None:
 
 def matmul_config(lib=None) -> dict:
     """The compiled kernel's tile (rows, cols, lanes per vector), its thread count, the
-    product size below which it stays serial, and how many runs used worker threads."""
+    product size below which it stays serial, and how many runs used worker threads.
+
+    ``lib``: a library that includes csrc/gt_matmul.h (default: :func:`cpu_kernels`;
+    the host backend's kernel library exports the same function)."""
     lib = lib or _native_kernels()
     out = (ctypes.c_longlong * 6)()
+    lib.gt_mm_config.restype = None
+    lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.gt_mm_config(out)
     return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs"),
                     list(out)))

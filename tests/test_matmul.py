@@ -372,3 +372,49 @@ def test_kernel_sources_build_warning_free(tmp_path):
         if proc.returncode != 0 and flags == ["-march=native"] and "march" in proc.stderr:
             continue
         assert proc.returncode == 0, textwrap.shorten(proc.stderr, 1000)
+
+
+def test_host_backend_threads_split_large_launches_without_changing_a_bit(rng,
+                                                                         threads_restored):
+    """The host interpreter splits large GT_LOOP launches (tanh, exp, sigmoid, relu, the
+    fill, their backward, Adam) and matmul chunks over 1, 2, 3 and 7 threads; three
+    training steps end on the CPU engine's bits every time."""
+    require_c_compiler()
+    import gradtool as gt
+    from gradtool.device.host import load_library
+    from gradtool.optim import Adam
+    from gradtool.train import make_engine
+
+    x0 = rng.standard_normal((160, 200))
+    w0 = rng.standard_normal((200, 180)) * 0.1
+    v0 = rng.standard_normal((180, 200)) * 0.1
+
+    def build():
+        tp = gt.Tape()
+        x = tp.const(x0, name="x")
+        w, v = tp.param(w0, name="w", l2=1e-3), tp.param(v0, name="v")
+        h = tp.tanh(x @ w) * tp.sigmoid(x @ w) + tp.exp(tp.neg(tp.relu(x @ w)))
+        loss = tp.mean(tp.sqrt(tp.exp(tp.muls(h @ v, 0.01))))
+        opt = Adam(1e-2)
+        opt.add(tp, w)
+        opt.add(tp, v)
+        opt.set_clip(0.5)
+        return tp, loss, opt, (w, v)
+
+    def train(backend):
+        tp, loss, opt, params = build()
+        engine = make_engine(backend, tp, loss.id, opt)
+        losses = [engine.train_step() for _ in range(3)]
+        engine.finish()
+        return losses, [tp.value(p).copy() for p in params]
+
+    want_losses, want = train("cpu")
+    lib = load_library("f64")
+    before = nx.matmul_config(lib)["threaded_runs"]
+    for t in THREADS:
+        native.set_num_threads(t)
+        losses, got = train("host")
+        assert losses == want_losses, t
+        for a, b in zip(got, want):
+            assert_bits_equal_nan_any(a, b, f"host backend, {t} threads")
+    assert nx.matmul_config(lib)["threaded_runs"] > before

@@ -41,17 +41,8 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
 
 GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
-/* {tile rows, tile columns, lanes per vector, threads, serial below this many
- * multiply-adds, runs so far that used worker threads} */
-GT_CPU_EXPORT void gt_mm_config(long long out[6])
-{
-    out[0] = GT_MM_MR;
-    out[1] = GT_MM_NR;
-    out[2] = GT_MM_VW;
-    out[3] = atomic_load(&gt_pool.threads);
-    out[4] = GT_MM_PAR_MIN;
-    out[5] = atomic_load(&gt_pool.threaded);
-}
+/* the tile, thread count and threaded runs so far (gt_mm_config_impl) */
+GT_CPU_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
 
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows

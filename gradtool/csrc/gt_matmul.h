@@ -31,9 +31,9 @@
  *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
  *    whatever B's strides are (B or B^T), the panel is the same exact
  *    copy.  A is read in place when its k stride is 1; otherwise (A^T in
- *    a backward product) the thread's rows are first packed into
- *    K x GT_MM_MR tiles.  No transposed copy of an operand is ever made
- *    outside this file.
+ *    a backward product) a block's rows that three or more panels read are
+ *    first packed into K x GT_MM_MR tiles.  No transposed copy of an
+ *    operand is ever made outside this file.
  *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is split
  *    over up to gt_mm_threads parts: whole batch items (bmm) when there are
  *    enough, else contiguous runs of column panels or of row tiles,
@@ -315,8 +315,9 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     gt_mm_t *C = j->C + bt * j->M * N;
     gt_mm_t *bp = gt_mm_buffer(0, (size_t)(K > 0 ? K : 1) * GT_MM_NR);
     const gt_mm_t *ap = NULL;
-    if (bp && j->sak != 1 && K > 1 && c1 - c0 > GT_MM_NR) {
-        /* A^T-like, read by more than one panel: pack this block's rows once */
+    if (bp && j->sak != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
+        /* A^T-like, read by three panels or more: pack this block's rows once
+         * (for one or two, reading in place is as fast as the copy) */
         const long long tiles = (i1 - i0 + GT_MM_MR - 1) / GT_MM_MR;
         gt_mm_t *pa = gt_mm_buffer(1, (size_t)(tiles * GT_MM_MR * K));
         if (pa) {
@@ -562,6 +563,18 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
 static void gt_mm_set_threads_impl(int n)
 {
     atomic_store(&gt_pool.threads, n < 1 ? 1 : n > GT_MM_MAX_THREADS ? GT_MM_MAX_THREADS : n);
+}
+
+/* {tile rows, tile columns, lanes per vector, threads, serial below this many
+ * multiply-adds, runs so far that used worker threads} */
+static void gt_mm_config_impl(long long out[6])
+{
+    out[0] = GT_MM_MR;
+    out[1] = GT_MM_NR;
+    out[2] = GT_MM_VW;
+    out[3] = atomic_load(&gt_pool.threads);
+    out[4] = GT_MM_PAR_MIN;
+    out[5] = atomic_load(&gt_pool.threaded);
 }
 
 /* ---- the entry point ----------------------------------------------------- */

@@ -743,6 +743,9 @@ GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
     GT_FP_LEAVE(saved);
 }
 
-/* Threads per matrix product (gradtool/native.py passes GRADTOOL_NUM_THREADS). */
+/* Threads per launch (gradtool/native.py passes GRADTOOL_NUM_THREADS). */
 GT_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
+
+/* The matmul tile, the thread count and the runs so far that used workers. */
+GT_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
 #endif
