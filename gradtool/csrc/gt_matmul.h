@@ -34,16 +34,19 @@
  *    a backward product) a block's rows that three or more panels read are
  *    first packed into K x GT_MM_MR tiles.  No transposed copy of an
  *    operand is ever made outside this file.
- *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is split
- *    over up to gt_mm_threads parts: whole batch items (bmm) when there are
- *    enough, else contiguous runs of column panels or of row tiles,
- *    whichever balances better.  Every output element is still computed by
- *    one kernel call over the whole k range, so the bits do not depend on
- *    the thread count.  The pool is plain pthreads, created on first use
- *    (workers spin briefly, then sleep on a condition variable), re-created
- *    after fork(), and used by one caller at a time: a concurrent caller
- *    runs serially.  The thread count is set by gt_mm_set_threads (gradtool
- *    passes GRADTOOL_NUM_THREADS, by default the usable cores;
+ *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is cut
+ *    into about GT_MM_CHUNKS_PER_THREAD chunks per thread (gt_mm_plan):
+ *    whole batch items when there are enough, else groups of column panels,
+ *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  The caller and the
+ *    pool's workers claim chunks one at a time (gt_pool_run).  Every output
+ *    element is still computed by one kernel call over the whole k range,
+ *    so the bits do not depend on the thread count or on who ran what.
+ *    The pool is plain pthreads, created on first use (idle workers poll
+ *    for GT_POOL_SPIN_NS, then sleep on a condition variable), re-created
+ *    after fork(), used by one caller at a time (a concurrent caller runs
+ *    serially), and after a late worker (a busy machine) the next runs are
+ *    serial for a while.  The thread count is set by gt_mm_set_threads
+ *    (gradtool passes GRADTOOL_NUM_THREADS, by default the usable cores;
  *    gradtool/native.py).
  *  - Floating-point mode.  Flush-to-zero, denormals-are-zero or a directed
  *    rounding mode would change results, and worker threads do not share
@@ -390,7 +393,7 @@ static struct {
     atomic_llong finished;   /* chunks done */
     gt_pool_fn fn;
     void *arg;
-    long long chunks;
+    atomic_llong chunks;
     gt_fpmode mode;
     int backoff;             /* serial runs after the last late wait (doubles) */
     atomic_int serial_left;  /* runs still to do serially */
@@ -440,11 +443,11 @@ static void gt_pool_work(unsigned long long seq, int worker)
     for (;;) {
         if ((word >> 32) != (seq & 0xffffffffULL)) return;        /* another job now */
         const long long chunk = (long long)(word & 0xffffffffULL);
-        if (chunk >= gt_pool.chunks) return;
+        if (chunk >= atomic_load(&gt_pool.chunks)) return;
         if (!atomic_compare_exchange_weak(&gt_pool.claim, &word, word + 1)) continue;
         if (!mode_set) { gt_fp_set(gt_pool.mode); mode_set = 1; }   /* the caller's mode */
         gt_pool.fn(gt_pool.arg, chunk);
-        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == gt_pool.chunks && worker) {
+        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == atomic_load(&gt_pool.chunks) && worker) {
             pthread_mutex_lock(&gt_pool.mu);
             pthread_cond_signal(&gt_pool.done);
             pthread_mutex_unlock(&gt_pool.mu);
@@ -522,7 +525,7 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
         if (threads > 1) {
             gt_pool.fn = fn;
             gt_pool.arg = arg;
-            gt_pool.chunks = chunks;
+            atomic_store(&gt_pool.chunks, chunks);
             gt_pool.mode = mode;
             atomic_store(&gt_pool.finished, 0);
             atomic_fetch_add(&gt_pool.threaded, 1);
