@@ -505,8 +505,9 @@ static int gt_pool_grow(int threads)
  * cores are busy a worker may be descheduled holding a chunk, and the
  * caller then waits far longer than the whole product takes serially; after
  * such a late wait the next runs are serial (1, then 2, 4, ... after
- * repeated late waits), so a loaded machine degrades to one thread instead
- * of to the scheduler's time slice. */
+ * repeated late waits; each punctual threaded run halves the count again),
+ * so a loaded machine degrades to one thread instead of to the scheduler's
+ * time slice. */
 static int gt_pool_wanted(void)
 {
     if (atomic_load(&gt_pool.serial_left) <= 0) return 1;
@@ -553,7 +554,7 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
                 if (gt_pool.backoff > GT_POOL_BACKOFF_MAX) gt_pool.backoff = GT_POOL_BACKOFF_MAX;
                 atomic_store(&gt_pool.serial_left, gt_pool.backoff);
             } else {
-                gt_pool.backoff = 0;
+                gt_pool.backoff /= 2;       /* a busy spell fades run by run */
             }
             pthread_mutex_unlock(&gt_pool.busy);
             return;
