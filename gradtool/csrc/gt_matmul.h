@@ -201,8 +201,8 @@ static inline void gt_fp_restore(gt_fpmode m) { fesetround(m); }
 
 /* ---- per-thread packing buffers ----------------------------------------- */
 typedef struct {
-    gt_mm_t *p[2];           /* [0]: B panel, [1]: packed A rows */
-    size_t cap[2];           /* in elements */
+    gt_mm_t *p[3];           /* [0]: B panel, [1]: packed A rows, [2]: B shared by chunks */
+    size_t cap[3];           /* in elements */
 } gt_mm_bufs;
 
 static pthread_key_t gt_mm_key;
@@ -211,8 +211,7 @@ static pthread_once_t gt_mm_key_once = PTHREAD_ONCE_INIT;
 static void gt_mm_bufs_free(void *ptr)
 {
     gt_mm_bufs *bufs = (gt_mm_bufs *)ptr;
-    free(bufs->p[0]);
-    free(bufs->p[1]);
+    for (int i = 0; i < 3; ++i) free(bufs->p[i]);
     free(bufs);
 }
 
@@ -245,7 +244,9 @@ static gt_mm_t *gt_mm_buffer(int which, size_t n)
 /* The operands of C[bt] (=|+=) A[bt] @ B[bt], C contiguous [Bn, M, N], and
  * how the product is cut: chunk c is batch item c / (rc * pc), row chunk
  * (c / pc) % rc (rows_per_chunk rows) and column chunk c % pc
- * (cols_per_chunk columns, a multiple of GT_MM_NR). */
+ * (cols_per_chunk columns, a multiple of GT_MM_NR).  When several row
+ * chunks read the same panels, B is packed once before the chunks run
+ * (bpack: per batch item, per panel, K * GT_MM_NR elements each). */
 typedef struct {
     gt_mm_t *C;
     const gt_mm_t *A, *B;
@@ -253,6 +254,7 @@ typedef struct {
     long long Bn, M, K, N;
     int acc;
     long long rc, pc, rows_per_chunk, cols_per_chunk;
+    const gt_mm_t *bpack;
 } gt_mm_job;
 
 /* The naive order, for when a packing buffer cannot be allocated. */
@@ -316,9 +318,10 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     if (i0 >= i1 || c0 >= c1) return;
     const gt_mm_t *A = j->A + bt * j->sab, *B = j->B + bt * j->sbb;
     gt_mm_t *C = j->C + bt * j->M * N;
-    gt_mm_t *bp = gt_mm_buffer(0, (size_t)(K > 0 ? K : 1) * GT_MM_NR);
+    const long long panel_size = (K > 0 ? K : 1) * GT_MM_NR;
+    gt_mm_t *own = j->bpack ? NULL : gt_mm_buffer(0, (size_t)panel_size);
     const gt_mm_t *ap = NULL;
-    if (bp && j->sak != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
+    if ((own || j->bpack) && j->sak != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
         /* A^T-like, read by three panels or more: pack this block's rows once
          * (for one or two, reading in place is as fast as the copy) */
         const long long tiles = (i1 - i0 + GT_MM_MR - 1) / GT_MM_MR;
@@ -328,14 +331,19 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
             ap = pa;
         }
     }
-    if (!bp) {
+    if (!own && !j->bpack) {
         gt_mm_naive(j, bt, i0, i1, c0, c1);
         return;
     }
+    const long long panels = (N + GT_MM_NR - 1) / GT_MM_NR;
     for (long long p0 = c0; p0 < c1; p0 += GT_MM_NR) {
         const int ncols = (int)(c1 - p0 < GT_MM_NR ? c1 - p0 : GT_MM_NR);
         const int nv = (ncols + GT_MM_VW - 1) / GT_MM_VW;
-        gt_mm_pack_b(bp, B, j->sbk, j->sbj, K, p0, ncols, nv * GT_MM_VW);
+        const gt_mm_t *bp = own;
+        if (own)
+            gt_mm_pack_b(own, B, j->sbk, j->sbj, K, p0, ncols, nv * GT_MM_VW);
+        else
+            bp = j->bpack + (bt * panels + p0 / GT_MM_NR) * panel_size;
         for (long long t0 = i0; t0 < i1; t0 += GT_MM_MR) {
             const int mr = (int)(i1 - t0 < GT_MM_MR ? i1 - t0 : GT_MM_MR);
             gt_mm_t *c = C + t0 * N + p0;
@@ -584,25 +592,31 @@ static void gt_mm_config_impl(long long out[6])
 /* ---- the entry point ----------------------------------------------------- */
 #define GT_MM_CHUNKS_PER_THREAD 4
 #define GT_MM_MIN_CHUNK_ROWS 16
+#define GT_MM_MIN_CHUNK_WORK 32768LL   /* multiply-adds: fewer chunks for small products */
 
 static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
 /* Cut the job into chunks; returns the number of threads to use.  Serial:
  * one chunk per batch item.  Threaded: about GT_MM_CHUNKS_PER_THREAD chunks
- * per thread -- whole batch items when there are enough of them, else
- * groups of column panels, then groups of at least GT_MM_MIN_CHUNK_ROWS
- * rows (each row chunk packs its own B panels). */
+ * per thread (fewer for a small product: at least GT_MM_MIN_CHUNK_WORK
+ * multiply-adds each, and never fewer than the threads) -- whole batch
+ * items when there are enough of them, else groups of column panels, then
+ * groups of at least GT_MM_MIN_CHUNK_ROWS rows (which then share one packed
+ * copy of B, gt_mm_run). */
 static int gt_mm_plan(gt_mm_job *j)
 {
     const int threads = atomic_load(&gt_pool.threads);
     const long long panels = gt_ceil_div(j->N, GT_MM_NR);
     const long long tiles = gt_ceil_div(j->M, GT_MM_MR);
+    const long long work = j->Bn * j->M * j->N * j->K;
     j->rc = j->pc = 1;
     j->rows_per_chunk = j->M;
     j->cols_per_chunk = panels * GT_MM_NR;
-    if (threads <= 1 || j->Bn * j->M * j->N * j->K < GT_MM_PAR_MIN || !gt_pool_wanted())
+    if (threads <= 1 || work < GT_MM_PAR_MIN || !gt_pool_wanted())
         return 1;
-    const long long want = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+    long long want = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+    if (want > work / GT_MM_MIN_CHUNK_WORK) want = work / GT_MM_MIN_CHUNK_WORK;
+    if (want < threads) want = threads;
     if (j->Bn >= want) return threads;
     const long long per_item = gt_ceil_div(want, j->Bn);
     const long long group = gt_ceil_div(panels, per_item < panels ? per_item : panels);
@@ -626,9 +640,22 @@ static void gt_mm_run(gt_mm_t *C, const gt_mm_t *A, long long sab, long long sai
     if (Bn <= 0 || M <= 0 || N <= 0) return;
     GT_FP_ENTER(saved);
     gt_mm_job job = {C, A, B, sab, sai, sak, sbb, sbk, sbj, Bn, M, K < 0 ? 0 : K, N, acc,
-                     1, 1, M, N};
+                     1, 1, M, N, NULL};
     const int threads = gt_mm_plan(&job);
     const long long chunks = Bn * job.rc * job.pc;
+    if (threads > 1 && job.rc > 1) {          /* row chunks: pack B once, for all of them */
+        const long long panels = gt_ceil_div(N, GT_MM_NR);
+        const long long panel_size = (job.K > 0 ? job.K : 1) * GT_MM_NR;
+        gt_mm_t *shared = gt_mm_buffer(2, (size_t)(Bn * panels * panel_size));
+        for (long long bt = 0; shared && bt < Bn; ++bt)
+            for (long long p = 0; p < panels; ++p) {
+                const long long c0 = p * GT_MM_NR;
+                const int ncols = (int)(N - c0 < GT_MM_NR ? N - c0 : GT_MM_NR);
+                gt_mm_pack_b(shared + (bt * panels + p) * panel_size, B + bt * sbb, sbk, sbj,
+                             job.K, c0, ncols, (ncols + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW);
+            }
+        job.bpack = shared;
+    }
     if (threads <= 1) {
         for (long long c = 0; c < chunks; ++c) gt_mm_chunk(&job, c);
     } else {
