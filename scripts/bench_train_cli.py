@@ -1,6 +1,7 @@
 """Training through `gradtool train --json`, as users run it, next to PyTorch float64 eager.
 
     python scripts/bench_train_cli.py [--repeats 5] [--epochs 25] [--backends cpu,host]
+                                      [--torch-threads N]
 
 The MLPs of scripts/bench_train.py (relu hidden layer, MSE on one-hot
 targets, Adam lr 1e-3; 64-128-10 at batch 64 and 784-256-10 at batch 128)
@@ -82,10 +83,13 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=25)
     ap.add_argument("--backends", default="cpu,host")
+    ap.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's)")
     args = ap.parse_args(argv)
     backends = args.backends.split(",")
     try:
         import torch
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
         torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     except ImportError:
         torch, torch_note = None, "torch not installed: its column is skipped"
