@@ -64,6 +64,7 @@
 #define GT_MATMUL_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,7 +386,8 @@ static void gt_mm_chunk(void *arg, long long chunk)
 typedef void (*gt_pool_fn)(void *arg, long long chunk);
 
 #define GT_POOL_THREADS(word) ((int)((word) & 0xffffUL))
-#define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps */
+#define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps... */
+#define GT_POOL_PAUSE_NS 5000L     /* ...with pause at first, then yielding its core */
 #define GT_POOL_LATE_NS 20000L     /* a wait beyond half the caller's own time plus this... */
 #define GT_POOL_BACKOFF_MAX 4096   /* ...makes the next 1, 2, 4 ... up to this many runs serial */
 
@@ -403,7 +405,7 @@ static struct {
     void *arg;
     atomic_llong chunks;
     gt_fpmode mode;
-    int backoff;             /* serial runs after the last late wait (doubles) */
+    atomic_int backoff;      /* serial runs after the last late wait (doubles) */
     atomic_int serial_left;  /* runs still to do serially */
     atomic_llong threaded;   /* runs that used the workers (for tests and benchmarks) */
     unsigned long first[GT_MM_MAX_THREADS];   /* the job word each worker started after */
@@ -417,22 +419,33 @@ static inline long long gt_now_ns(void)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static inline void gt_pool_relax(void)
+/* One step of a polling wait that started at `start`: a pause instruction
+ * for the first GT_POOL_PAUSE_NS, then sched_yield, so that on a machine
+ * with more runnable threads than cores a polling thread hands its core to
+ * them (the caller among them) instead of burning it.  Returns 0 once
+ * GT_POOL_SPIN_NS have passed: time to sleep. */
+static inline int gt_pool_poll(unsigned spins, long long start)
 {
+    if (spins % 64 == 0) {
+        const long long t = gt_now_ns() - start;
+        if (t > GT_POOL_SPIN_NS) return 0;
+        if (t > GT_POOL_PAUSE_NS) sched_yield();
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+    return 1;
 }
 
-/* Poll until the job word differs from `seen` for GT_POOL_SPIN_NS; then sleep. */
+/* Poll until the job word differs from `seen` (not at all while runs are
+ * serial after a late worker: the machine is busy); then sleep. */
 static unsigned long gt_pool_next(unsigned long seen)
 {
-    const long long until = gt_now_ns() + GT_POOL_SPIN_NS;
-    for (unsigned spins = 1;; ++spins) {
+    const long long start = gt_now_ns();
+    for (unsigned spins = 1; atomic_load(&gt_pool.backoff) == 0; ++spins) {
         const unsigned long word = atomic_load(&gt_pool.job);
         if (word != seen) return word;
-        if (spins % 64 == 0 && gt_now_ns() > until) break;
-        gt_pool_relax();
+        if (!gt_pool_poll(spins, start)) break;
     }
     pthread_mutex_lock(&gt_pool.mu);
     gt_pool.sleepers++;
@@ -546,24 +559,24 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
             pthread_mutex_unlock(&gt_pool.mu);
             const long long t0 = gt_now_ns();
             gt_pool_work(seq, 0);
-            const long long t1 = gt_now_ns(), until = t1 + GT_POOL_SPIN_NS;
-            for (unsigned spins = 1; atomic_load(&gt_pool.finished) != chunks; ++spins) {
-                if (spins % 64 == 0 && gt_now_ns() > until) break;
-                gt_pool_relax();
-            }
+            const long long t1 = gt_now_ns();
+            for (unsigned spins = 1; atomic_load(&gt_pool.finished) != chunks; ++spins)
+                if (!gt_pool_poll(spins, t1)) break;
             if (atomic_load(&gt_pool.finished) != chunks) {
                 pthread_mutex_lock(&gt_pool.mu);
                 while (atomic_load(&gt_pool.finished) != chunks)
                     pthread_cond_wait(&gt_pool.done, &gt_pool.mu);
                 pthread_mutex_unlock(&gt_pool.mu);
             }
+            int backoff = atomic_load(&gt_pool.backoff);
             if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
-                gt_pool.backoff = gt_pool.backoff ? 2 * gt_pool.backoff : 1;
-                if (gt_pool.backoff > GT_POOL_BACKOFF_MAX) gt_pool.backoff = GT_POOL_BACKOFF_MAX;
-                atomic_store(&gt_pool.serial_left, gt_pool.backoff);
+                backoff = backoff ? 2 * backoff : 1;
+                if (backoff > GT_POOL_BACKOFF_MAX) backoff = GT_POOL_BACKOFF_MAX;
+                atomic_store(&gt_pool.serial_left, backoff);
             } else {
-                gt_pool.backoff /= 2;       /* a busy spell fades run by run */
+                backoff /= 2;               /* a busy spell fades run by run */
             }
+            atomic_store(&gt_pool.backoff, backoff);
             pthread_mutex_unlock(&gt_pool.busy);
             return;
         }
