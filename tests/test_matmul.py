@@ -418,3 +418,46 @@ def test_host_backend_threads_split_large_launches_without_changing_a_bit(rng,
         for a, b in zip(got, want):
             assert_bits_equal_nan_any(a, b, f"host backend, {t} threads")
     assert nx.matmul_config(lib)["threaded_runs"] > before
+
+
+POOL_STRESS = r"""
+#include <stdio.h>
+#include "gt_matmul.h"
+/* Jobs of 2 and of 8+ chunks back to back, thousands of times, on 2 and 3
+ * threads: a worker that is late for one job must never claim a chunk of the
+ * next (that hung the pool once), and every product must match the serial one. */
+int main(void)
+{
+    static double A[200 * 200], B[200 * 200], C[200 * 200], R[2][200 * 200];
+    const int shape[2][3] = {{40, 40, 45}, {200, 64, 200}};
+    for (int i = 0; i < 200 * 200; ++i) { A[i] = (i % 17) * 0.25 - 2; B[i] = (i % 13) * 0.5 - 3; }
+    gt_mm_set_threads_impl(1);
+    for (int s = 0; s < 2; ++s)
+        gt_mm_run(R[s], A, 0, shape[s][1], 1, B, 0, shape[s][2], 1, 1, shape[s][0], shape[s][1],
+                  shape[s][2], 0);
+    for (int t = 2; t <= 3; ++t) {
+        gt_mm_set_threads_impl(t);
+        for (int rep = 0; rep < 3000; ++rep) {
+            const int s = rep & 1, m = shape[s][0], k = shape[s][1], n = shape[s][2];
+            gt_mm_run(C, A, 0, k, 1, B, 0, n, 1, 1, m, k, n, 0);
+            for (int i = 0; i < m * n; ++i)
+                if (C[i] != R[s][i]) { printf("mismatch: %d threads, run %d\n", t, rep); return 1; }
+        }
+    }
+    printf("ok %lld\n", (long long)atomic_load(&gt_pool.threaded));
+    return 0;
+}
+"""
+
+
+def test_thread_pool_survives_alternating_jobs(tmp_path):
+    """The pool's claim protocol under pressure, in C with the project's flags."""
+    require_c_compiler()
+    src = tmp_path / "stress.c"
+    src.write_text(POOL_STRESS)
+    exe = tmp_path / "stress"
+    flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=300)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

@@ -380,12 +380,14 @@ static void gt_mm_chunk(void *arg, long long chunk)
  * A job is published as one word, (sequence << 16) | threads, so a worker
  * decides from that word alone whether it takes part; claims are made on
  * a second word, (sequence << 32) | next chunk, so a late worker can never
- * claim a chunk of a later job by mistake.  fn, arg, chunks and mode are
- * read only after a successful claim, when the job cannot end before that
- * chunk is done. */
+ * claim a chunk of a later job by mistake; a finished job's claim word is
+ * closed (index GT_POOL_CLOSED) before anything of the next job is
+ * written.  fn, arg and mode are read only after a successful claim, when
+ * the job cannot end before that chunk is done. */
 typedef void (*gt_pool_fn)(void *arg, long long chunk);
 
 #define GT_POOL_THREADS(word) ((int)((word) & 0xffffUL))
+#define GT_POOL_CLOSED 0xffffffffULL   /* the claim index of a finished job */
 #define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps... */
 #define GT_POOL_PAUSE_NS 5000L     /* ...with pause at first, then yielding its core */
 #define GT_POOL_LATE_NS 20000L     /* a wait beyond half the caller's own time plus this... */
@@ -466,9 +468,11 @@ static void gt_pool_work(unsigned long long seq, int worker)
         const long long chunk = (long long)(word & 0xffffffffULL);
         if (chunk >= atomic_load(&gt_pool.chunks)) return;
         if (!atomic_compare_exchange_weak(&gt_pool.claim, &word, word + 1)) continue;
+        /* the chunk is ours: this job's fields hold until it is done */
+        const long long chunks = atomic_load(&gt_pool.chunks);
         if (!mode_set) { gt_fp_set(gt_pool.mode); mode_set = 1; }   /* the caller's mode */
         gt_pool.fn(gt_pool.arg, chunk);
-        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == atomic_load(&gt_pool.chunks) && worker) {
+        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == chunks && worker) {
             pthread_mutex_lock(&gt_pool.mu);
             pthread_cond_signal(&gt_pool.done);
             pthread_mutex_unlock(&gt_pool.mu);
@@ -568,6 +572,11 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
                     pthread_cond_wait(&gt_pool.done, &gt_pool.mu);
                 pthread_mutex_unlock(&gt_pool.mu);
             }
+            /* Close the job before any of its fields change for the next one:
+             * a late worker may still hold this job's claim word, and must
+             * never match it against the next job's chunk count. */
+            atomic_store(&gt_pool.claim, ((unsigned long long)(seq & 0xffffffffUL) << 32)
+                                             | GT_POOL_CLOSED);
             int backoff = atomic_load(&gt_pool.backoff);
             if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
                 backoff = backoff ? 2 * backoff : 1;
