@@ -101,7 +101,7 @@ typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
 #endif
 #define GT_MM_NR (GT_MM_NV * GT_MM_VW)
 #define GT_MM_ALIGN 64
-#define GT_MM_PAR_MIN 65536LL        /* multiply-adds below which a product runs serially */
+#define GT_MM_PAR_MIN 131072LL       /* multiply-adds below which a product runs serially */
 #define GT_MM_MAX_THREADS 256
 
 static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)
@@ -615,6 +615,7 @@ static void gt_mm_config_impl(long long out[6])
 #define GT_MM_CHUNKS_PER_THREAD 4
 #define GT_MM_MIN_CHUNK_ROWS 16
 #define GT_MM_MIN_CHUNK_WORK 32768LL   /* multiply-adds: fewer chunks for small products */
+#define GT_MM_ROWS_PAR_MIN 262144LL    /* multiply-adds below which rows are never split */
 
 static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
@@ -622,9 +623,10 @@ static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 
  * one chunk per batch item.  Threaded: about GT_MM_CHUNKS_PER_THREAD chunks
  * per thread (fewer for a small product: at least GT_MM_MIN_CHUNK_WORK
  * multiply-adds each, and never fewer than the threads) -- whole batch
- * items when there are enough of them, else groups of column panels, then
- * groups of at least GT_MM_MIN_CHUNK_ROWS rows (which then share one packed
- * copy of B, gt_mm_run). */
+ * items when there are enough of them, else groups of column panels (each
+ * chunk packs its own panels), and only when those are fewer than the
+ * threads, groups of at least GT_MM_MIN_CHUNK_ROWS rows as well (which then
+ * share one packed copy of B, gt_mm_run). */
 static int gt_mm_plan(gt_mm_job *j)
 {
     const int threads = atomic_load(&gt_pool.threads);
@@ -644,6 +646,12 @@ static int gt_mm_plan(gt_mm_job *j)
     const long long group = gt_ceil_div(panels, per_item < panels ? per_item : panels);
     j->pc = gt_ceil_div(panels, group);
     j->cols_per_chunk = group * GT_MM_NR;
+    if (j->Bn * j->pc >= threads) return threads;   /* column chunks suffice: no row cuts */
+    if (work < GT_MM_ROWS_PAR_MIN) {                /* too small to pay for sharing B */
+        j->pc = 1;
+        j->cols_per_chunk = panels * GT_MM_NR;
+        return 1;
+    }
     long long rc = gt_ceil_div(per_item, j->pc);
     const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
     if (rc > rc_max) rc = rc_max > 1 ? rc_max : 1;
