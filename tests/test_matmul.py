@@ -345,17 +345,30 @@ def test_bad_thread_count_is_one_line_from_the_cli(tmp_path):
 @pytest.mark.parametrize("backend", ["cpu", "host"])
 def test_training_saves_the_same_bytes_with_1_and_2_threads(backend, tmp_path):
     """The whole path users run, in fresh processes: `gradtool train --save` under
-    GRADTOOL_NUM_THREADS=1 and =2 writes identical files (the digits MLP's 32x64 @ 64x64
-    products are large enough to be threaded)."""
+    GRADTOOL_NUM_THREADS=1 and =2 writes identical files.  The MLP 64-256-10 at batch
+    128 is large enough for threaded products (128x64 @ 64x256 and its backward), a
+    threaded optimizer step and, on the host, split launches."""
     require_c_compiler()
+    import gradtool as gt
+    rng = np.random.default_rng(3)
+    tp = gt.Tape()
+    x = tp.const(rng.standard_normal((128, 64)), name="x")
+    y = tp.const(np.eye(10)[rng.integers(0, 10, 128)], name="y")
+    w1 = tp.param(rng.standard_normal((64, 256)) * 0.2, name="w1")
+    b1 = tp.param(np.zeros((1, 256)), name="b1")
+    w2 = tp.param(rng.standard_normal((256, 10)) * 0.1, name="w2")
+    loss = tp.mse(tp.tanh(x @ w1 + b1) @ w2, y)
+    tape = tmp_path / "mlp.msgpack"
+    tp.save(str(tape), loss=loss)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.standard_normal((512, 64)), y=np.eye(10)[rng.integers(0, 10, 512)])
     outs = []
     for threads in ("1", "2"):
         out = tmp_path / f"{backend}_{threads}.msgpack"
         env = {**os.environ, "PYTHONPATH": str(ROOT), native.THREADS_ENV: threads}
-        proc = subprocess.run(
-            [*GRADTOOL, "train", str(ROOT / "samples" / "digits_mlp.msgpack"), "--data", str(ROOT / "samples" / "digits.npz"), "--steps", "25",
-             "--backend", backend, "--save", str(out)],
-            capture_output=True, text=True, env=env, timeout=600)
+        proc = subprocess.run([*GRADTOOL, "train", str(tape), "--data", str(data), "--epochs", "3",
+                               "--clip", "1.0", "--backend", backend, "--save", str(out)],
+                              capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
