@@ -134,7 +134,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     * Packing: B is copied panel by panel (K x 32, zero-padded) into a
       per-thread buffer, from either layout; A is read in place, or packed
       into K x 4 tiles when its k stride is not 1 (``A^T``).
-    * Threads: products of at least 262,144 multiply-adds are cut into
+    * Threads: products of at least 2^20 multiply-adds are cut into
       chunks (batch items, column panels or row groups) that
       ``GRADTOOL_NUM_THREADS`` threads claim (default: the usable cores;
       :func:`gradtool.native.num_threads`); after a worker was late (a busy

@@ -133,7 +133,7 @@ def test_every_build_layout_and_thread_count_matches_the_naive_order(libraries, 
 
 def test_batched_products_with_strided_operands(libraries, rng, threads_restored):
     for bt, m, k, n in [(1, 9, 17, 33), (3, 64, 40, 70), (5, 7, 1, 3), (8, 33, 64, 32),
-                        (2, 130, 5, 129)]:
+                        (2, 130, 5, 129), (4, 96, 80, 100), (16, 40, 50, 40)]:
         a, b = operand(rng, (bt, m, k)), operand(rng, (bt, k, n))
         c0 = operand(rng, (bt, m, n))
         want, want_acc = reference(a, b), reference(a, b, c0)
@@ -231,9 +231,9 @@ clean = probe.probe_get()
 native.set_num_threads(2)
 rng = np.random.default_rng(7)
 # subnormal inputs (DAZ reads them as 0) and products that underflow (FTZ flushes them)
-a = rng.standard_normal((96, 80)) * 1e-300
+a = rng.standard_normal((160, 120)) * 1e-300         # 160x120 @ 120x96: threaded
 a[::3] *= 1e-10
-b = rng.standard_normal((80, 72)) * 1e-12
+b = rng.standard_normal((120, 96)) * 1e-12
 want = nx.matmul_numpy(a, b)                     # computed in the default mode
 
 tp = gt.Tape()

@@ -88,7 +88,7 @@ static void gt_opt_chunk(void *arg, long long chunk)
     }
 }
 
-#define GT_OPT_PAR_MIN 16384LL     /* elements below which an update runs serially */
+#define GT_OPT_PAR_MIN 65536LL     /* elements below which an update runs serially */
 
 /* One parameter's update, n elements in place (gradtool/optim.py's order):
  * g' = g (* scale when clipped) (+ l2*w when l2 != 0), then SGD

@@ -101,8 +101,9 @@ typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
 #endif
 #define GT_MM_NR (GT_MM_NV * GT_MM_VW)
 #define GT_MM_ALIGN 64
-#define GT_MM_PAR_MIN 262144LL       /* multiply-adds below which a product runs serially
-                                        (measured: smaller ones gain nothing across cores) */
+#define GT_MM_PAR_MIN (1LL << 20)    /* multiply-adds below which a product runs serially
+                                        (measured: smaller ones lose time in a training step,
+                                        their operands being in the caller's cache) */
 #define GT_MM_MAX_THREADS 256
 
 static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)

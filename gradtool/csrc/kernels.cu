@@ -675,7 +675,7 @@ GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
     X(k_bwd_id, 1) X(k_bwd_neg, 1) X(k_bwd_muls, 1) X(k_bwd_relu, 1)           \
     X(k_bwd_sigmoid, 1) X(k_bwd_tanh, 1) X(k_bwd_exp, 1) X(k_bwd_log, 2)       \
     X(k_bwd_sqrt, 2) X(k_sgd, 2) X(k_adam, 8)
-#define GT_SPLIT_MIN (1LL << 16)
+#define GT_SPLIT_MIN (1LL << 18)
 #define GT_SPLIT_ALIGN 64LL           /* slice boundaries: whole cache lines of float64 */
 
 static long long gt_split_cost(gt_kernel_fn fn)
