@@ -136,6 +136,10 @@ def header() -> str:
         for side, e in zip("ab", s.bwd):
             rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
     out += _xlist("GT_BINARY_BWD_OPS", rows)
+    out += ["", "/* X(kernel, cost per index): the unary kernels the host may split over threads",
+            " * (a cost estimate from the rule, expr.cost; it never changes a result) */"]
+    out += _xlist("GT_SPLIT_OPS", [(f"k_{s.name}", E.cost(s.fwd)) for s in unary] +
+                  [(f"k_{s.name}_bwd", E.cost(s.bwd[0])) for s in unary])
     for spec in OPS.values():
         if not spec.parts:
             continue

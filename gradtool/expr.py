@@ -126,6 +126,20 @@ def symbols(expr: Expr) -> list:
     return out
 
 
+# rough cost of one element, in copies (a copy = 1): what the host backend uses to decide
+# when a launch is worth splitting over threads (it never changes a result)
+_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "sqrt": 3, "div": 1}
+
+
+def cost(expr: Expr) -> int:
+    """1 + the weight of every operation node (transcendentals dominate)."""
+    def walk(e) -> int:
+        if isinstance(e, Op):
+            return _COST.get(e.op, 0) + sum(walk(a) for a in e.args)
+        return 0
+    return 1 + walk(expr)
+
+
 def operations(expr: Expr) -> set:
     """The operation names an expression uses."""
     if isinstance(expr, Op):
@@ -147,6 +161,24 @@ _NUMPY = {
 }
 
 
+def select_numpy(cond, a, b):
+    """``np.where(cond, a, b)``, exactly, faster where one side is the constant +0.0 and
+    the other a float64 array of the condition's shape (relu and its gradient): the
+    condition as an all-ones or all-zeros int64 mask ANDed with the array's bit pattern
+    gives the array's element or +0.0's all-zero pattern, bit for bit what np.where
+    gives (several times faster)."""
+    shape = np.shape(cond)
+    for keep, other, invert in ((a, b, False), (b, a, True)):
+        if (type(other) is float and other == 0.0 and math.copysign(1.0, other) > 0
+                and isinstance(keep, np.ndarray) and keep.dtype == np.float64
+                and keep.shape == shape and isinstance(cond, np.ndarray)):
+            mask = (np.logical_not(cond) if invert else cond).view(np.int8).astype(np.int64)
+            np.negative(mask, out=mask)
+            np.bitwise_and(mask, np.ascontiguousarray(keep).view(np.int64), out=mask)
+            return mask.view(np.float64)
+    return np.where(cond, a, b)
+
+
 def evaluate(expr: Expr, env: Mapping[str, object]):
     """The expression over numpy arrays (broadcasting like numpy): one ufunc per node."""
     if isinstance(expr, Sym):
@@ -155,7 +187,7 @@ def evaluate(expr: Expr, env: Mapping[str, object]):
         return expr.value
     args = [evaluate(a, env) for a in expr.args]
     if expr.op == "select":
-        return np.where(*args)
+        return select_numpy(*args)
     out = _NUMPY[expr.op](*args)
     # a Python float op Python float (a rule on constants alone) stays a float64
     return np.float64(out) if isinstance(out, float) else out
@@ -184,7 +216,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
 
     body = py(expr)
     namespace = {f"_{op}": fn for op, fn in _NUMPY.items()}
-    namespace["_where"] = np.where
+    namespace["_where"] = select_numpy
     namespace.update(consts)
     source = f"def rule({', '.join(names)}):\n    return {body}\n"
     exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
@@ -305,6 +337,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -1,12 +1,17 @@
 """Compile C sources with the system compiler, cache the libraries, load them with ctypes.
 
-Two users: the CPU reference's serial matrix products (``csrc/serial_matmul.c``,
-optional: without a compiler numerics.py falls back to numpy with the same
-bits) and the device engine's host backend (``csrc/kernels.cu`` compiled as C).
+Two users: the CPU reference's matrix products and optimizer step
+(``csrc/gt_cpu.c``, optional: without a compiler numerics.py and optim.py fall
+back to numpy with the same bits) and the device engine's host backend
+(``csrc/kernels.cu`` compiled as C).  Both include the one matmul kernel,
+``csrc/gt_matmul.h``, and the one optimizer element rule, ``csrc/gt_optim.h``.
 
 Flags never change a result: ``-ffp-contract=off`` (no FMA contraction), no
 ``-ffast-math``; ``-march=native`` only widens SIMD, and since it makes the
 library machine-specific the machine's CPU flags join the cache key.
+``-pthread``: the matmul kernel splits large products over threads, as many
+as :func:`num_threads` says (``GRADTOOL_NUM_THREADS``, default the usable
+cores); every thread count gives the same bits.
 Libraries are cached under ``$GRADTOOL_CACHE`` (default ``~/.cache/gradtool``,
 or a temp folder when that is not writable), named by a hash of every source
 and header text, the flags, the compiler's version and the machine, and
@@ -31,7 +36,7 @@ from .errors import GradtoolError
 from .fileio import remove_stale_temporaries, temporary_prefix
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SAFE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+SAFE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 FORBIDDEN_FLAGS = ("-ffast-math", "-Ofast", "-ffp-contract=fast", "-funsafe-math-optimizations")
 NATIVE_ARCH = "-march=native"
 
@@ -134,9 +139,11 @@ def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) ->
     return path
 
 
-def build_best(stem: str, source: Path, flags, key_files=()) -> Path:
-    """:func:`build` with -march=native when wanted, retrying without it if the compiler refuses."""
-    if native_arch_wanted():
+def build_best(stem: str, source: Path, flags, key_files=(), native_arch=None) -> Path:
+    """:func:`build` with -march=native when wanted, retrying without it if the compiler refuses.
+
+    ``native_arch`` None: as :func:`native_arch_wanted` says."""
+    if native_arch_wanted() if native_arch is None else native_arch:
         try:
             return build(stem, source, [*flags, NATIVE_ARCH], key_files)
         except NativeUnavailable:
@@ -147,14 +154,104 @@ def build_best(stem: str, source: Path, flags, key_files=()) -> Path:
 _loaded: dict = {}
 
 
-def load(stem: str, source: Path, flags=SAFE_FLAGS, key_files=()) -> ctypes.CDLL:
+def load(stem: str, source: Path, flags=SAFE_FLAGS, key_files=(), native_arch=None) -> ctypes.CDLL:
     """Build (or reuse) and load a library once per process."""
-    key = (stem, str(source), tuple(flags), native_arch_wanted())
+    native_arch = native_arch_wanted() if native_arch is None else native_arch
+    key = (stem, str(source), tuple(flags), native_arch)
     if key not in _loaded:
-        _loaded[key] = ctypes.CDLL(str(build_best(stem, source, flags, key_files)))
+        _loaded[key] = ctypes.CDLL(str(build_best(stem, source, flags, key_files, native_arch)))
     return _loaded[key]
 
 
 def enabled() -> bool:
     """``GRADTOOL_NATIVE=0`` makes the CPU reference use numpy only."""
     return os.environ.get("GRADTOOL_NATIVE", "1") != "0"
+
+
+# ── threads ────────────────────────────────────────────────────────────────
+
+THREADS_ENV = "GRADTOOL_NUM_THREADS"
+MAX_THREADS = 256                     # GT_MM_MAX_THREADS in csrc/gt_matmul.h
+_threads_override: list = []          # [n] after set_num_threads(n)
+_threaded: list = []                  # loaded libraries exporting gt_mm_set_threads
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def num_threads() -> int:
+    """Threads per matrix product: :func:`set_num_threads`, else ``GRADTOOL_NUM_THREADS``,
+    else :func:`usable_cores`.  The count never changes a result, only the speed."""
+    if _threads_override:
+        return _threads_override[0]
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return min(usable_cores(), MAX_THREADS)
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise GradtoolError(f"{THREADS_ENV} must be a whole number from 1 to {MAX_THREADS}, "
+                            f"got {raw!r}")
+    return n
+
+
+def set_num_threads(n=None) -> None:
+    """Use ``n`` threads per product from now on, in every loaded library (None: back to
+    ``GRADTOOL_NUM_THREADS`` or the default)."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)
+                          or not 1 <= n <= MAX_THREADS):
+        raise GradtoolError(f"thread count must be a whole number from 1 to {MAX_THREADS}, "
+                            f"got {n!r}")
+    _threads_override[:] = [] if n is None else [n]
+    count = num_threads()
+    for lib in _threaded:
+        lib.gt_mm_set_threads(count)
+
+
+def register_threaded(lib) -> None:
+    """A loaded library that includes csrc/gt_matmul.h: give it the thread count now and
+    on every :func:`set_num_threads`."""
+    lib.gt_mm_set_threads.restype = None
+    lib.gt_mm_set_threads.argtypes = [ctypes.c_int]
+    lib.gt_mm_set_threads(num_threads())
+    if lib not in _threaded:
+        _threaded.append(lib)
+
+
+# ── the allocator ──────────────────────────────────────────────────────────
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3      # glibc's mallopt parameters
+_allocator_tuned: list = []
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc reuse freed blocks instead of returning them to the kernel.
+
+    A training step allocates and frees the same numpy temporaries every
+    step.  By default glibc maps blocks of 128 KiB and more freshly (mmap)
+    and trims the top of the heap when 256 KiB are free, so the next step's
+    arrays page-fault again, page by page: on the MLP 784-256-10 step that
+    was about a quarter of the CPU engine's time.  This raises the mmap
+    threshold to 32 MiB (glibc's maximum) and the trim threshold to 128 MiB:
+    freed memory stays in the process for the next step.  Results cannot
+    change.  Called once by the CPU training engine; a no-op (False) where
+    the C library is not glibc.
+    """
+    if not _allocator_tuned:
+        ok = False
+        try:
+            if (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+                libc = ctypes.CDLL(None)
+                ok = (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1
+                      and libc.mallopt(M_TRIM_THRESHOLD, 128 << 20) == 1)
+        except (AttributeError, OSError, ValueError):
+            ok = False
+        _allocator_tuned.append(ok)
+    return _allocator_tuned[0]

@@ -51,6 +51,7 @@ shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc /
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -58,8 +59,8 @@ from . import fdlibm, native
 
 __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
-    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "exp", "log", "tanh", "expm1",
-    "shard_mean", "shard_accumulate", "shard_divide",
+    "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
+    "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
 ]
 
 exp = fdlibm.exp
@@ -147,8 +148,14 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
     kept = [ax for ax in range(nd) if ax not in bcast]
     moved = np.transpose(c, bcast + kept)
-    count = int(np.prod([c.shape[ax] for ax in bcast]))
-    flat = moved.reshape((count,) + tuple(c.shape[ax] for ax in kept))
+    count = math.prod(c.shape[ax] for ax in bcast)
+    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None and count > 1:         # the same sums, row after row, compiled
+        flat = np.ascontiguousarray(flat, dtype=np.float64)
+        total = np.empty(flat.shape[1])
+        lib.gt_sum_rows(count, flat.shape[1], flat.ctypes.data, total.ctypes.data)
+        return total.reshape(shape)
     total = np.add.accumulate(flat, axis=0)[-1]
     return np.ascontiguousarray(total).reshape(shape)
 
@@ -156,34 +163,78 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
 
-    Runs the compiled kernel ``csrc/serial_matmul.c`` when a C compiler is
-    available, else :func:`matmul_numpy`; the two give identical bits (the
-    test suite checks it), only the speed differs.
+    Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_cpu.c``)
+    when a C compiler is available, else :func:`matmul_numpy`; the two give
+    identical bits (the test suite checks it against both the numpy loop and
+    plain Python loops), only the speed differs.  Operands may be any
+    float64 views, e.g. ``b.T`` in the backward rules: their strides go to
+    the kernel, which never makes a transposed copy.
+
+    The kernel (the same code runs the host backend's matmul launches)
+    -------------------------------------------------------------------
+    ``docs/cpu-kernels.md`` has the details.
+
+    * Register tile: 4 rows x 32 columns of C in 16 AVX-512 vector
+      accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
+      4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
+      vector extensions).  A SIMD lane is one output element, and each gets
+      ``acc = acc + b*a`` per k as one multiply and one add instruction
+      (``-ffp-contract=off``; a test disassembles the library and fails on
+      any FMA).
+    * Packing: B is copied panel by panel (K x 32, zero-padded) into a
+      per-thread buffer, from either layout; A is read in place, or packed
+      into K x 4 tiles when its k stride is not 1 (``A^T``).
+    * Threads: products of at least 2^20 multiply-adds are cut into
+      chunks (batch items, column panels or row groups) that
+      ``GRADTOOL_NUM_THREADS`` threads claim (default: the usable cores;
+      :func:`gradtool.native.num_threads`); after a worker was late (a busy
+      machine) the next products run serially for a while.  Each output
+      element is still one serial k loop in one thread, so every thread
+      count gives the same bits.
+    * Floating-point mode: the kernel runs under round-to-nearest with
+      flush-to-zero and denormals-are-zero off (x86 MXCSR), in the caller
+      and in every worker, and restores the caller's mode after: a caller's
+      FTZ/DAZ cannot change a product.
     """
-    kernel = _native_kernels()
-    if kernel is None:
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is None:
         return matmul_numpy(a, b)
-    m, kdim = a.shape
-    n = b.shape[1]
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    b = np.ascontiguousarray(b, dtype=np.float64)
-    out = np.empty((m, n))
-    kernel.gt_matmul_serial(m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    out = np.empty((a.shape[0], b.shape[1]))
+    _native_product(lib, out, a[np.newaxis], b[np.newaxis], 1)
     return out
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
-    kernel = _native_kernels()
-    if kernel is None:
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is None:
         return bmm_numpy(a, b)
-    batch, m, kdim = a.shape
-    n = b.shape[2]
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    b = np.ascontiguousarray(b, dtype=np.float64)
-    out = np.empty((batch, m, n))
-    kernel.gt_bmm_serial(batch, m, kdim, n, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    out = np.empty((a.shape[0], a.shape[1], b.shape[2]))
+    _native_product(lib, out, a, b, a.shape[0])
     return out
+
+
+_F64 = np.dtype(np.float64)
+
+
+def _element_strides(x: np.ndarray):
+    """``x`` as the kernel reads it (float64, aligned, strides in whole elements: a copy if
+    need be) and its three strides in bytes."""
+    s = x.strides
+    if x.dtype != _F64 or not x.flags.aligned or (s[0] | s[1] | s[2]) & 7:
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        s = x.strides
+    return x, s
+
+
+def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
+    """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
+    views of any strides, out C-contiguous float64."""
+    a, sa = _element_strides(a)
+    b, sb = _element_strides(b)
+    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
+              b.ctypes.data, sb[0] >> 3, sb[1] >> 3, sb[2] >> 3, batch, a.shape[1],
+              a.shape[2], b.shape[2], accumulate)
 
 
 def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -210,25 +261,79 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-_NATIVE_STATE: list = []      # [] = not tried yet; [None] = unavailable; [lib] = loaded
+CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_optim.h")
+_LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
+_DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def _native_kernels():
-    """The compiled serial-matmul library, or None (no compiler / GRADTOOL_NATIVE=0)."""
-    if not _NATIVE_STATE:
+def cpu_library(extra_flags=(), native_arch=None):
+    """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
+    use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
+    (``gt_sum_rows``) and the optimizer step (``gt_opt_step``).
+
+    The default (no arguments) is the one :func:`matmul`, :func:`bmm` and
+    :mod:`gradtool.optim` use.  ``extra_flags=("-DGT_MM_PORTABLE",)`` builds
+    the plain-C scalar matmul tile, and ``native_arch=False`` leaves
+    ``-march=native`` out: the tests run every such variant against the
+    naive order.  None when no C compiler works or ``GRADTOOL_NATIVE=0``.
+    """
+    if native_arch is None:
+        native_arch = native.native_arch_wanted()
+    key = (tuple(extra_flags), bool(native_arch))
+    if key not in _LIBRARIES:
         lib = None
         if native.enabled():
             try:
-                lib = native.load("serial_matmul", native.CSRC / "serial_matmul.c",
-                                  ("-std=c99", *native.SAFE_FLAGS))
-                for fn in (lib.gt_matmul_serial, lib.gt_bmm_serial):
-                    fn.restype = None
-                lib.gt_matmul_serial.argtypes = [ctypes.c_long] * 3 + [ctypes.c_void_p] * 3
-                lib.gt_bmm_serial.argtypes = [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
+                lib = native.load("gt_cpu", native.CSRC / CPU_SOURCES[0],
+                                  [*native.SAFE_FLAGS, *extra_flags],
+                                  [native.CSRC / name for name in CPU_SOURCES[1:]],
+                                  native_arch=native_arch)
+                _declare(lib)
+                native.register_threaded(lib)
             except (native.NativeUnavailable, OSError):
                 lib = None
-        _NATIVE_STATE.append(lib)
-    return _NATIVE_STATE[0]
+        _LIBRARIES[key] = lib
+    return _LIBRARIES[key]
+
+
+def _declare(lib) -> None:
+    i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
+    lib.gt_mm.restype = None
+    lib.gt_mm.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
+                          ctypes.c_int]
+    lib.gt_mm_config.restype = None
+    lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
+    lib.gt_sum_rows.restype = None
+    lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    lib.gt_opt_step.restype = None
+    lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
+                                f64, f64, f64, f64, f64, f64, f64, f64]
+
+
+def matmul_config(lib=None) -> dict:
+    """The compiled kernel's tile (rows, cols, lanes per vector), its thread count, the
+    product size below which it stays serial, and how many runs used worker threads.
+
+    ``lib``: a library that includes csrc/gt_matmul.h (default: :func:`cpu_kernels`;
+    the host backend's kernel library exports the same function)."""
+    lib = lib or _native_kernels()
+    out = (ctypes.c_longlong * 6)()
+    lib.gt_mm_config.restype = None
+    lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+    lib.gt_mm_config(out)
+    return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs"),
+                    list(out)))
+
+
+def cpu_kernels():
+    """The compiled library this process uses (:func:`cpu_library` with no arguments),
+    or None (no compiler, or ``GRADTOOL_NATIVE=0``)."""
+    if not _DEFAULT:
+        _DEFAULT.append(cpu_library())
+    return _DEFAULT[0]
+
+
+_native_kernels = cpu_kernels
 
 
 def shard_mean(parts) -> np.ndarray:

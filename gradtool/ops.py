@@ -545,7 +545,7 @@ _register(OpSpec("max", "max", 1, "the first maximal element along an axis, or o
 # ── the table: matrix products ─────────────────────────────────────────────
 
 kernel("k_matmul", "c:w a:r b:r batch:i m:i k:i n:i sab:i sai:i sak:i sbb:i sbk:i sbj:i "
-       "acc:i scratch:i",
+       "acc:i",
        "C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every sum serial over k "
        "(numerics.matmul)")
 

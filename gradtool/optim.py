@@ -57,6 +57,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import numerics
 from .errors import GradtoolError
 
 B1 = 0.9
@@ -171,17 +172,27 @@ class Optimizer:
 
     # ── one step ───────────────────────────────────────────────────────────
     def step(self, tape) -> None:
-        """One update from the gradients on ``tape``, in the module docstring's order."""
+        """One update from the gradients on ``tape``, in the module docstring's order.
+
+        Each parameter's clip, L2 and update run as one compiled pass
+        (``csrc/gt_optim.h`` through ``csrc/gt_cpu.c``, threaded on large
+        parameters) when a C compiler is available, else as the numpy
+        sequence below; both give the same bits (tests/test_optim.py runs
+        every trajectory both ways).
+        """
         self.check_tape(tape)
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
         grads = [tape.grads[e.node_id] for e in active]
-        if self.clip > 0.0 and active:
-            scale = self._clip_scale(grads)
-            if scale is not None:
-                grads = [g * scale for g in grads]
+        scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
         self._begin_step()
+        lib = numerics.cpu_kernels() if _COMPILED[0] else None
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
+            if lib is not None and _plain(w) and _plain(g):
+                self._update_compiled(lib, e, w, g, scale)
+                continue
+            if scale is not None:
+                g = g * scale
             if e.l2 != 0.0:
                 g = g + e.l2 * w
             self._update(e, w, g)
@@ -198,6 +209,9 @@ class Optimizer:
         self.t += 1
 
     def _update(self, entry: Entry, w: np.ndarray, g: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _update_compiled(self, lib, entry: Entry, w, g, scale) -> None:
         raise NotImplementedError
 
     # ── saved state ────────────────────────────────────────────────────────
@@ -267,6 +281,11 @@ class SGD(Optimizer):
     def _update(self, entry, w, g):
         np.subtract(w, self.lr * g, out=w)
 
+    def _update_compiled(self, lib, entry, w, g, scale):
+        lib.gt_opt_step(0, w.size, w.ctypes.data, g.ctypes.data, None, None, scale is not None,
+                        1.0 if scale is None else scale, entry.l2, self.lr,
+                        0.0, 0.0, 0.0, 0.0, 0.0)
+
 
 class Adam(Optimizer):
     """Adam with b1 0.9, b2 0.999, eps 1e-8; bias powers as running products."""
@@ -306,6 +325,19 @@ class Adam(Optimizer):
         np.multiply(m, self._lr_t, out=u)
         np.divide(u, s, out=u)
         np.subtract(w, u, out=w)
+
+    def _update_compiled(self, lib, entry, w, g, scale):
+        lib.gt_opt_step(1, w.size, w.ctypes.data, g.ctypes.data, entry.m.ctypes.data,
+                        entry.v.ctypes.data, scale is not None, 1.0 if scale is None else scale,
+                        entry.l2, self._lr_t, B1, B2, self._one_minus_b1, self._one_minus_b2, EPS)
+
+
+_COMPILED = [True]      # tests set [False] to run the numpy sequence
+
+
+def _plain(x: np.ndarray) -> bool:
+    """An array the compiled step can take as is: C-contiguous aligned float64."""
+    return x.dtype == np.float64 and x.flags.c_contiguous and x.flags.aligned
 
 
 def make_optimizer(kind: str, lr: float) -> Optimizer:

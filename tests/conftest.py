@@ -18,6 +18,16 @@ def assert_bits_equal(actual, expected, what=""):
                             f"{np.asarray(expected).reshape(-1)[diff[0]]!r}")
 
 
+def assert_bits_equal_nan_any(actual, expected, what=""):
+    """Bit equality, except that any NaN matches any NaN (payloads and signs are not
+    promised: x86 and CUDA make different default NaNs, and which operand's payload a
+    NaN + NaN keeps depends on the order a compiler picks)."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    both = np.isnan(a) & np.isnan(e)
+    assert_bits_equal(np.where(both, 0.0, a), np.where(both, 0.0, e), what)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

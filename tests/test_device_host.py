@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gradtool as gt
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, assert_bits_equal_nan_any
 from gradtool.device import CaptureError, capture
 from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error, ulp_distance
 from gradtool.device.host import CSRC, kernel_names, library_path, load_library
@@ -223,13 +223,6 @@ def test_loss_is_a_leaf_or_const_only(rng):
     c = tp.const(rng.uniform(0.5, 1.0, (3,)))
     tp.param([1.0])
     assert_replay_matches(tp, tp.sum(tp.log(c)), rng)
-
-
-def assert_bits_equal_nan_any(actual, expected, what):
-    """Bit equality, except that any NaN matches any NaN (payloads are not promised)."""
-    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
-    both = np.isnan(a) & np.isnan(e)
-    assert_bits_equal(np.where(both, 0.0, a), np.where(both, 0.0, e), what)
 
 
 def test_special_values_propagate_like_the_tape(rng):

@@ -83,8 +83,15 @@ def test_sum_axis_is_serial(rng):
     ((4, 5), (5,)), ((4, 5), (4, 1)), ((4, 5), (1, 1)), ((4, 5), (1,)),
     ((2, 3, 4), (3, 1)), ((2, 3, 4), (2, 1, 4)), ((2, 3, 4), (1, 3, 4)), ((2, 3, 4), (2, 3, 4)),
 ])
-def test_reduce_to_shape_walks_out_row_major(rng, out_shape, in_shape):
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+def test_reduce_to_shape_walks_out_row_major(rng, out_shape, in_shape, path, monkeypatch):
+    if path == "compiled":
+        require_c_compiler()
+        assert nx.cpu_kernels() is not None
+    else:
+        monkeypatch.setattr(nx, "_DEFAULT", [None])       # as without a C compiler
     c = rng.standard_normal(out_shape) * 10.0 ** rng.integers(-8, 9, out_shape)
+    c.flat[::3] = -0.0                                  # -0.0 + -0.0 stays -0.0: no 0.0 seed
     got = nx.reduce_to_shape(c, in_shape)
     # reference: a row-major walk over c, the first contribution starting each slot
     expected = np.zeros(in_shape)
@@ -105,6 +112,23 @@ def test_relu_passes_nan_and_clears_negative_zero():
     out = OPS["relu"].forward(np.array([np.nan, -0.0, -1.0, 2.0]), None, 0.0, None)
     assert np.isnan(out[0]) and out[1] == 0.0 and not np.signbit(out[1])
     assert out[2] == 0.0 and out[3] == 2.0
+
+
+def test_relu_and_its_gradient_match_their_definitions_on_every_special(rng):
+    """relu = ``x if not (x <= 0) else +0.0`` and its gradient ``g if x > 0 else +0.0``,
+    element for element, against np.where on specials and odd layouts (the table's
+    rules run through expr.select_numpy's bit-mask path here)."""
+    relu = OPS["relu"]
+    specials = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 1e308, -1.5, 2.5]
+    x = rng.choice(specials, (7, 9))
+    g = rng.choice(specials, (7, 9))
+    for xv, gv in [(x, g), (x.T, g.T), (x[:, ::2], g[:, ::2])]:
+        want = np.where(xv <= 0.0, 0.0, xv)
+        got = relu.forward(xv, None, 0.0, None)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert_bits_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+        assert_bits_equal(relu.backward(gv, xv, None, got, 0.0, None, True, False)[0],
+                          np.where(xv > 0.0, gv, 0.0))
 
 
 def test_softmax_rows_sum_close_to_one(rng):

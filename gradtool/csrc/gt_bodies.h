@@ -138,34 +138,27 @@
         else { ctl[1] = R1; ctl[2] = R0; }                                     \
     }
 
-/* The gradient the update sees: clipped (when the norm kernel said so),
- * then L2 (g + l2*w) when l2 != 0. */
-GT_DEV gt_real gt_opt_grad(gt_real g, gt_real w, const gt_real *ctl, int use_clip, gt_real l2)
-{
-    if (use_clip && ctl[2] != R0) g = R_MUL(g, ctl[1]);
-    if (l2 != R0) g = R_ADD(g, R_MUL(l2, w));
-    return g;
-}
+/* The element updates are gt_optim.h's, shared with the CPU reference's compiled
+ * step (gt_cpu.c): the gradient clipped (when the norm kernel said so), then L2
+ * (g + l2*w) when l2 != 0, then the SGD or Adam update. */
+#include "gt_optim.h"
 
 /* The update kernels do nothing after a non-finite loss (k_guard's ctl[3]). */
 #define GT_SKIP_UPDATE if (ctl[3] == R0) return;
 
-/* w = w - lr*g */
+/* w = w - lr*g, lr = ctl[0] */
 #define GT_BODY_k_sgd(i)                                                       \
     {                                                                          \
-        const gt_real gi = gt_opt_grad(g[(i)], w[(i)], ctl, use_clip, l2);     \
-        w[(i)] = R_SUB(w[(i)], R_MUL(ctl[0], gi));                             \
+        const gt_real gi_ = gt_opt_grad(g[(i)], w[(i)], use_clip && ctl[2] != R0, ctl[1], l2); \
+        w[(i)] = gt_sgd_step(w[(i)], gi_, ctl[0]);                             \
     }
 
-/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps) */
+/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps),
+ * lr_t = ctl[0] */
 #define GT_BODY_k_adam(i)                                                      \
     {                                                                          \
-        const gt_real gi = gt_opt_grad(g[(i)], w[(i)], ctl, use_clip, l2);     \
-        const gt_real mi = R_ADD(R_MUL(m[(i)], b1), R_MUL(omb1, gi));          \
-        const gt_real vi = R_ADD(R_MUL(v[(i)], b2), R_MUL(omb2, R_MUL(gi, gi))); \
-        m[(i)] = mi;                                                           \
-        v[(i)] = vi;                                                           \
-        w[(i)] = R_SUB(w[(i)], R_DIV(R_MUL(ctl[0], mi), R_ADD(R_SQRT(vi), eps))); \
+        const gt_real gi_ = gt_opt_grad(g[(i)], w[(i)], use_clip && ctl[2] != R0, ctl[1], l2); \
+        w[(i)] = gt_adam_step(w[(i)], gi_, &m[(i)], &v[(i)], b1, b2, omb1, omb2, ctl[0], eps); \
     }
 
 #endif /* GT_BODIES_H */

@@ -62,6 +62,31 @@
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
     /* end */
 
+/* X(kernel, cost per index): the unary kernels the host may split over threads
+ * (a cost estimate from the rule, expr.cost; it never changes a result) */
+#define GT_SPLIT_OPS(X) \
+    X(k_neg, 1) \
+    X(k_adds, 1) \
+    X(k_muls, 1) \
+    X(k_relu, 1) \
+    X(k_sigmoid, 13) \
+    X(k_tanh, 24) \
+    X(k_exp, 12) \
+    X(k_log, 12) \
+    X(k_sqrt, 4) \
+    X(k_abs, 1) \
+    X(k_neg_bwd, 1) \
+    X(k_adds_bwd, 1) \
+    X(k_muls_bwd, 1) \
+    X(k_relu_bwd, 1) \
+    X(k_sigmoid_bwd, 1) \
+    X(k_tanh_bwd, 1) \
+    X(k_exp_bwd, 1) \
+    X(k_log_bwd, 2) \
+    X(k_sqrt_bwd, 2) \
+    X(k_abs_bwd, 1) \
+    /* end */
+
 /* softmax's elementwise parts (its entry's parts) */
 #define GT_SOFTMAX_EXP(x_, m_) R_EXP(R_SUB((x_), (m_)))
 #define GT_SOFTMAX_NORM(e_, sum_) R_DIV((e_), (sum_))
@@ -183,8 +208,7 @@
     const long long sbk = *gt_m++; \
     const long long sbj = *gt_m++; \
     const long long acc = *gt_m++; \
-    const long long scratch = *gt_m++; \
-    (void)gt_m; (void)c; (void)a; (void)b; (void)batch; (void)m; (void)k; (void)n; (void)sab; (void)sai; (void)sak; (void)sbb; (void)sbk; (void)sbj; (void)acc; (void)scratch;
+    (void)gt_m; (void)c; (void)a; (void)b; (void)batch; (void)m; (void)k; (void)n; (void)sab; (void)sai; (void)sak; (void)sbb; (void)sbk; (void)sbj; (void)acc;
 
 /* k_copy_nd: dst[...] (=|+=) src[...] over an nd-dim row-major index space with strides */
 #define GT_ARGS_k_copy_nd \

@@ -15,7 +15,7 @@
 
 #ifdef __CUDACC__
 #  define GT_KERNEL extern "C" __global__ void
-#  define GT_DEV static __device__ __forceinline__
+#  define GT_DEV static __device__ __forceinline__ __attribute__((unused))  /* a header function a fused kernel does not call is no warning */
 #  define GT_RESTRICT __restrict__
 #  define GT_LOOP(i, n)                                                        \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;      \

@@ -49,11 +49,22 @@
  * GT_REVERSE_THREADS (a test build) walks them from last to first instead:
  * a kernel in which one thread reads or adds into what another thread of
  * the same launch writes -- a race on the GPU, where threads run in no
- * order -- then gives other bits than the forward walk, on the host. */
+ * order -- then gives other bits than the forward walk, on the host.
+ *
+ * The host interpreter may split a large launch of a kernel whose whole
+ * work is one GT_LOOP over host threads (kernels.cu, gt_run): each thread
+ * then walks only the indices [gt_slice_lo, gt_slice_hi), its own.  The
+ * indices are independent by the GPU's contract (which the reversed walk
+ * tests), so the split cannot change a bit. */
+static _Thread_local long long gt_slice_lo = 0, gt_slice_hi = 0x7fffffffffffffffLL;
+
+static inline long long gt_slice_end(long long n) { return n < gt_slice_hi ? n : gt_slice_hi; }
+
 #ifdef GT_REVERSE_THREADS
 #  define GT_LOOP(i, n) for (long long i = (long long)(n) - 1; i >= 0; --i)
 #else
-#  define GT_LOOP(i, n) for (long long i = 0; i < (long long)(n); ++i)
+#  define GT_LOOP(i, n)                                                        \
+    for (long long i = gt_slice_lo, i##_end = gt_slice_end((long long)(n)); i < i##_end; ++i)
 #endif
 
 #if defined(__GNUC__)

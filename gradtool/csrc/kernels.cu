@@ -517,81 +517,17 @@ GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
  * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
  * kernel with different strides.  M[0] = Bn * Mm * N.
  * ====================================================================== */
-#ifndef GT_THREAD_BODIES
-/* Host matmul: register-tiled with GCC/Clang vector extensions.  A tile is
- * GT_MR rows x GT_NR columns of C held in 2*GT_MR vector accumulators; each
- * lane is one output element whose accumulator starts at 0.0 and adds a*b
- * (product rounded, then sum rounded: -ffp-contract=off keeps them apart)
- * for k ascending -- the per-element sequence of the CUDA path.  B's column
- * strip is first packed (an exact copy, zero-padded past column N) so every
- * tile runs full width; lanes past N or rows past Mm compute on padding and
- * are never stored. */
-#if defined(__AVX512F__)
-#  define GT_VBYTES 64
-#else
-#  define GT_VBYTES 32
-#endif
-typedef gt_real gt_vec __attribute__((vector_size(GT_VBYTES)));
-#define GT_VW ((int)(GT_VBYTES / sizeof(gt_real)))
-#define GT_MR 4
-#define GT_NR (2 * GT_VW)
-
-static inline gt_vec gt_vload(const gt_real *p)
-{
-    gt_vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* acc[r][c] = sum_k a_r[k*sak] * bp[k*GT_NR + c], serial in k from 0.0 */
-static void gt_mm_tile(long long K, const gt_real *a0, const gt_real *a1, const gt_real *a2,
-                       const gt_real *a3, long long sak, const gt_real *GT_RESTRICT bp,
-                       gt_real acc[GT_MR][GT_NR])
-{
-    gt_vec c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0};
-    gt_vec c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
-    for (long long k = 0; k < K; ++k) {
-        const gt_vec b0 = gt_vload(bp + k * GT_NR), b1 = gt_vload(bp + k * GT_NR + GT_VW);
-        const gt_real x0 = a0[k * sak], x1 = a1[k * sak], x2 = a2[k * sak], x3 = a3[k * sak];
-        c00 = c00 + b0 * x0; c01 = c01 + b1 * x0;
-        c10 = c10 + b0 * x1; c11 = c11 + b1 * x1;
-        c20 = c20 + b0 * x2; c21 = c21 + b1 * x2;
-        c30 = c30 + b0 * x3; c31 = c31 + b1 * x3;
-    }
-    memcpy(&acc[0][0], &c00, sizeof c00); memcpy(&acc[0][GT_VW], &c01, sizeof c01);
-    memcpy(&acc[1][0], &c10, sizeof c10); memcpy(&acc[1][GT_VW], &c11, sizeof c11);
-    memcpy(&acc[2][0], &c20, sizeof c20); memcpy(&acc[2][GT_VW], &c21, sizeof c21);
-    memcpy(&acc[3][0], &c30, sizeof c30); memcpy(&acc[3][GT_VW], &c31, sizeof c31);
-}
-
-/* C (Mm x N, contiguous) (=|+=) A (Mm x K; strides sai, sak) @ B (K x N;
- * strides sbk, sbj); bp is scratch for K*GT_NR elements. */
-static void gt_mm_host(gt_real *GT_RESTRICT C, const gt_real *A, long long sai, long long sak,
-                       const gt_real *B, long long sbk, long long sbj, long long Mm, long long K,
-                       long long N, int accumulate, gt_real *GT_RESTRICT bp)
-{
-    gt_real acc[GT_MR][GT_NR];
-    for (long long j0 = 0; j0 < N; j0 += GT_NR) {
-        const int nr = (int)(N - j0 < GT_NR ? N - j0 : GT_NR);
-        for (long long k = 0; k < K; ++k) {          /* pack the strip: exact copies */
-            const gt_real *src = B + k * sbk + j0 * sbj;
-            gt_real *dst = bp + k * GT_NR;
-            if (sbj == 1 && nr == GT_NR) memcpy(dst, src, sizeof(gt_real) * GT_NR);
-            else for (int c = 0; c < GT_NR; ++c) dst[c] = c < nr ? src[c * sbj] : R0;
-        }
-        for (long long i0 = 0; i0 < Mm; i0 += GT_MR) {
-            const int mr = (int)(Mm - i0 < GT_MR ? Mm - i0 : GT_MR);
-            const gt_real *row[GT_MR];
-            for (int r = 0; r < GT_MR; ++r) row[r] = A + (i0 + (r < mr ? r : 0)) * sai;
-            gt_mm_tile(K, row[0], row[1], row[2], row[3], sak, bp, acc);
-            for (int r = 0; r < mr; ++r) {
-                gt_real *GT_RESTRICT cr = C + (i0 + r) * N + j0;
-                if (accumulate) for (int c = 0; c < nr; ++c) cr[c] = R_ADD(cr[c], acc[r][c]);
-                else for (int c = 0; c < nr; ++c) cr[c] = acc[r][c];
-            }
-        }
-    }
-}
+#ifndef __CUDACC__
+/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
+ * (gradtool/numerics.py): register tiles over packed B panels, threaded
+ * over output chunks, every output element one serial k loop from 0.0,
+ * computed whole and then stored or added once -- the per-element sequence
+ * of the one-thread-per-output body below, which the GT_PER_THREAD host
+ * builds run instead.  It needs no arena scratch (its packing buffers are
+ * per thread).  Every host build includes it for gt_run's floating-point
+ * mode (below). */
+#  define GT_MM_T gt_real
+#  include "gt_matmul.h"
 #endif
 
 GT_KERNEL k_matmul(gt_real *W, const long long *M)
@@ -600,14 +536,7 @@ GT_KERNEL k_matmul(gt_real *W, const long long *M)
 #ifdef GT_THREAD_BODIES
     GT_LOOP(idx, M[0]) GT_BODY_k_matmul(idx)
 #else
-    gt_real *GT_RESTRICT C = c;
-    const gt_real *GT_RESTRICT A = a;
-    const gt_real *GT_RESTRICT B = b;
-    const long long Bn = batch, Mm = m, K = k, N = n;
-    gt_real *GT_RESTRICT bp = W + scratch;
-    for (long long bt = 0; bt < Bn; ++bt)
-        gt_mm_host(C + bt * Mm * N, A + bt * sab, sai, sak, B + bt * sbb, sbk, sbj,
-                   Mm, K, N, acc, bp);
+    gt_mm_run(c, a, sab, sai, sak, b, sbb, sbk, sbj, batch, m, k, n, acc);
 #endif
 }
 
@@ -671,14 +600,88 @@ GT_EXPORT const char *gt_kernel_names(void) { return GT_KERNELS(GT_AS_NAME); }
 /* bytes per element of this build (8: float64, 4: float32) */
 GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
 
+#ifndef GT_THREAD_BODIES
+/* Kernels whose host body is one GT_LOOP and nothing that writes outside
+ * it, with a rough cost per index (a copy = 1): a launch of at least
+ * GT_SPLIT_MIN / cost indices is split over the matmul kernel's thread
+ * pool (gt_matmul.h), each thread walking its own slice of the indices
+ * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
+#define GT_SPLIT_KERNELS(X)                                                    \
+    X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_sgd, 2) X(k_adam, 8)    \
+    GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
+#define GT_SPLIT_MIN (1LL << 18)
+#define GT_SPLIT_ALIGN 64LL           /* slice boundaries: whole cache lines of float64 */
+
+static long long gt_split_cost(gt_kernel_fn fn)
+{
+#define GT_SPLIT_COST(name, cost) if (fn == name) return cost;
+    GT_SPLIT_KERNELS(GT_SPLIT_COST)
+#undef GT_SPLIT_COST
+    return 0;
+}
+
+typedef struct {
+    gt_kernel_fn fn;
+    gt_real *W;
+    const long long *M;
+    long long per_chunk;
+} gt_split_job;
+
+static void gt_split_chunk(void *arg, long long chunk)
+{
+    const gt_split_job *j = (const gt_split_job *)arg;
+    gt_slice_lo = chunk * j->per_chunk;
+    gt_slice_hi = gt_slice_lo + j->per_chunk;
+    j->fn(j->W, j->M);
+    gt_slice_lo = 0;
+    gt_slice_hi = 0x7fffffffffffffffLL;
+}
+
+/* One launch: whole, or split over threads when it is large and splittable. */
+static void gt_launch(gt_kernel_fn fn, gt_real *W, const long long *M, gt_fpmode mode)
+{
+    const int threads = atomic_load(&gt_pool.threads);
+    const long long n = M[0];
+    if (threads > 1 && n >= GT_SPLIT_MIN / 32) {
+        const long long cost = gt_split_cost(fn);
+        if (cost && n * cost >= GT_SPLIT_MIN && gt_pool_wanted()) {
+            const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+            gt_split_job job = {fn, W, M, 0};
+            job.per_chunk = (n + chunks - 1) / chunks;
+            job.per_chunk = (job.per_chunk + GT_SPLIT_ALIGN - 1) / GT_SPLIT_ALIGN * GT_SPLIT_ALIGN;
+            gt_pool_run(gt_split_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, threads,
+                        mode);
+            return;
+        }
+    }
+    fn(W, M);
+}
+#endif
+
 /* Run launches [start, end) of the table L (pairs kernel index, metadata
- * offset into M) over the arena W. */
+ * offset into M) over the arena W, under the IEEE default floating-point
+ * mode (gt_matmul.h: round to nearest, no flush-to-zero, no
+ * denormals-are-zero), whatever mode the caller runs in; its mode is
+ * restored on return. */
 GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
                       long long start, long long end)
 {
-    for (long long q = start; q < end; ++q)
+    GT_FP_ENTER(saved);
+    for (long long q = start; q < end; ++q) {
+#ifdef GT_THREAD_BODIES
         gt_kernel_table[L[2 * q]](W, M + L[2 * q + 1]);
+#else
+        gt_launch(gt_kernel_table[L[2 * q]], W, M + L[2 * q + 1], gt_fp_clean(saved));
+#endif
+    }
+    GT_FP_LEAVE(saved);
 }
+
+/* Threads per launch (gradtool/native.py passes GRADTOOL_NUM_THREADS). */
+GT_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
+
+/* The matmul tile, the thread count and the runs so far that used workers. */
+GT_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
 
 /* The kernel at table position i: for launch tables that mix these kernels
  * with the fused kernels of another library (gradtool/device/fusion.py). */
@@ -689,7 +692,15 @@ GT_EXPORT gt_kernel_fn gt_kernel_at(long long i) { return gt_kernel_table[i]; }
 GT_EXPORT void gt_run_fns(gt_real *W, const long long *M, const long long *L,
                           long long start, long long end)
 {
-    for (long long q = start; q < end; ++q)
-        ((gt_kernel_fn)(size_t)L[2 * q])(W, M + L[2 * q + 1]);
+    GT_FP_ENTER(saved);
+    for (long long q = start; q < end; ++q) {
+        const gt_kernel_fn fn = (gt_kernel_fn)(size_t)L[2 * q];
+#ifdef GT_THREAD_BODIES
+        fn(W, M + L[2 * q + 1]);
+#else
+        gt_launch(fn, W, M + L[2 * q + 1], gt_fp_clean(saved));
+#endif
+    }
+    GT_FP_LEAVE(saved);
 }
 #endif

@@ -9,7 +9,7 @@ one IEEE rounding, exactly as under nvcc's ``__d*_rn``), plus
 round like scalars; contraction stays off); the machine is part of the
 cache key.  ``GRADTOOL_HOST_NATIVE=0`` leaves ``-march=native`` out.
 
-Building and caching (by a hash of the three source files, the flags, the
+Building and caching (by a hash of the five source files, the flags, the
 compiler's version and the machine) is :mod:`gradtool.native`'s job.
 
 A whole episode (forward, backward, optimizer) is ONE ctypes call into the
@@ -32,7 +32,8 @@ from ..ops import pack
 from .program import DTYPES, PHASES, Program
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h")
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
+           "gt_matmul.h", "gt_optim.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
@@ -97,6 +98,7 @@ def load_library(dtype: str, variant: str = "tiled"):
     lib.gt_kernel_at.argtypes = [ctypes.c_longlong]
     if lib.gt_real_bytes() != np.dtype(DTYPES[dtype]).itemsize:
         raise HostBuildError(f"{path} was built for another element type")
+    native.register_threaded(lib)
     _LIBS[dtype, variant] = lib
     return lib
 

@@ -42,7 +42,6 @@ from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
-HOST_MATMUL_STRIP = 32            # >= GT_NR in kernels.cu (columns per packed B strip)
 DTYPES = {"f64": np.float64, "f32": np.float32}
 PHASES = ("forward", "backward", "optimizer")
 EXACT_INTS = {"f64": 2 ** 53, "f32": 2 ** 24}    # every int below this is exact in the arena
@@ -462,10 +461,9 @@ def _copy(b, node, dst, src, dims, sd, ss, *, acc, what) -> Launch:
 
 def _matmul(b, node, c, a, bb, batch, m, k, n, sa, sb, *, acc, what) -> Launch:
     """C[bt] (=|+=) A[bt] @ B[bt] with A strides (batch, row, k), B strides (batch, k, col)."""
-    scratch = b.need_scratch(k * HOST_MATMUL_STRIP)    # the host packs B strip by strip
     return launch("k_matmul", batch * m * n, node, what, c=c, a=a, b=bb, batch=batch, m=m,
                   k=k, n=n, sab=sa[0], sai=sa[1], sak=sa[2], sbb=sb[0], sbk=sb[1], sbj=sb[2],
-                  acc=int(acc), scratch=scratch)
+                  acc=int(acc))
 
 
 # ── backward launches, by the op's kind ───────────────────────────────────
@@ -541,8 +539,7 @@ def _batch_product(b, i, dst, stretched, bt, m, k, n, x, sx, y, sy, what) -> lis
     one batch), the products land in scratch first and their serial batch sum is added."""
     if not stretched or bt == 1:
         return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=True, what=what)]
-    strip = k * HOST_MATMUL_STRIP
-    products = b.need_scratch(strip + bt * m * n) + strip      # after the matmul's strip
+    products = b.need_scratch(bt * m * n)
     return [_matmul(b, i, products, x, y, bt, m, k, n, sx, sy, acc=False, what=what),
             launch("k_sum", m * n, i, f"{what} (batch sum)", out=dst, a=products, len=bt,
                    inner=m * n, is_mean=0, acc=1)]

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from .. import native
 from .data import DataError
 from .options import TrainError
 
@@ -20,6 +21,7 @@ class CpuEngine:
     def __init__(self, tape, loss_id: int, optimizer):
         self.tape, self.loss_id, self.optimizer = tape, int(loss_id), optimizer
         self._loss = tape.var(self.loss_id)
+        native.keep_freed_memory()        # every step's temporaries reuse the last step's memory
 
     def set_input(self, node_id: int, batch: np.ndarray) -> None:
         slot = self.tape.values[node_id]

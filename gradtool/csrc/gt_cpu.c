@@ -1,0 +1,113 @@
+/* The CPU reference's compiled kernels, exported for ctypes:
+ *   - gt_mm: the matrix products of gradtool/numerics.py (matmul, bmm and the
+ *     transposed products of their backward rules), gt_matmul.h's kernel;
+ *   - gt_sum_rows: numerics.reduce_to_shape's sums over broadcast rows;
+ *   - gt_opt_step: one parameter's SGD or Adam update for gradtool/optim.py,
+ *     gt_optim.h's element rule.
+ * The host backend compiles the same two headers into kernels.cu, so both
+ * engines run one kernel for each.  Build flags (gradtool/native.py): -O3
+ * -ffp-contract=off -fno-math-errno -pthread, -march=native when wanted;
+ * never -ffast-math.
+ */
+#include <math.h>
+
+#include "gt_matmul.h"
+
+typedef double gt_real;
+#define GT_DEV static inline
+#define R0 0.0
+#define R_ADD(a, b) ((a) + (b))
+#define R_SUB(a, b) ((a) - (b))
+#define R_MUL(a, b) ((a) * (b))
+#define R_DIV(a, b) ((a) / (b))
+#define R_SQRT(a) sqrt((a))
+#include "gt_optim.h"
+
+#if defined(__GNUC__)
+#  define GT_CPU_EXPORT __attribute__((visibility("default")))
+#else
+#  define GT_CPU_EXPORT
+#endif
+
+/* C[bt] (=|+=) A[bt] @ B[bt], bt < Bn; C contiguous [Bn, M, N]; A and B given
+ * by element strides (batch, row, k) and (batch, k, column). */
+GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sai,
+                         long long sak, const double *B, long long sbb, long long sbk,
+                         long long sbj, long long Bn, long long M, long long K, long long N,
+                         int acc)
+{
+    gt_mm_run(C, A, sab, sai, sak, B, sbb, sbk, sbj, Bn, M, K, N, acc);
+}
+
+GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
+
+/* the tile, thread count and threaded runs so far (gt_mm_config_impl) */
+GT_CPU_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
+
+/* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
+ * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows
+ * being the broadcast coordinates in row-major order.  src is C-contiguous
+ * [rows, n]; the loop over j vectorizes (lanes are different j). */
+GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, double *dst)
+{
+    GT_FP_ENTER(saved);
+    memcpy(dst, src, (size_t)n * sizeof(double));
+    for (long long i = 1; i < rows; ++i) {
+        const double *restrict row = src + i * n;
+        double *restrict out = dst;
+        for (long long j = 0; j < n; ++j) out[j] = out[j] + row[j];
+    }
+    GT_FP_LEAVE(saved);
+}
+
+/* ---- the optimizer step --------------------------------------------------- */
+typedef struct {
+    double *w, *m, *v;
+    const double *g;
+    long long per_chunk, n;
+    int adam, clipped;
+    double scale, l2, lr, b1, b2, omb1, omb2, eps;   /* lr: SGD's lr or Adam's lr_t */
+} gt_opt_job;
+
+static void gt_opt_chunk(void *arg, long long chunk)
+{
+    const gt_opt_job *j = (const gt_opt_job *)arg;
+    const long long lo = chunk * j->per_chunk;
+    const long long hi = lo + j->per_chunk < j->n ? lo + j->per_chunk : j->n;
+    double *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
+    const double *restrict g = j->g;
+    if (j->adam) {
+        for (long long i = lo; i < hi; ++i) {
+            const double gi = gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2);
+            w[i] = gt_adam_step(w[i], gi, &m[i], &v[i], j->b1, j->b2, j->omb1, j->omb2, j->lr,
+                                j->eps);
+        }
+    } else {
+        for (long long i = lo; i < hi; ++i)
+            w[i] = gt_sgd_step(w[i], gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2), j->lr);
+    }
+}
+
+#define GT_OPT_PAR_MIN 65536LL     /* elements below which an update runs serially */
+
+/* One parameter's update, n elements in place (gradtool/optim.py's order):
+ * g' = g (* scale when clipped) (+ l2*w when l2 != 0), then SGD
+ * w = w - lr*g' (adam = 0; m, v unused) or Adam with lr = lr_t.  Large
+ * parameters are split over the thread pool by element ranges. */
+GT_CPU_EXPORT void gt_opt_step(int adam, long long n, double *w, const double *g, double *m,
+                               double *v, int clipped, double scale, double l2, double lr,
+                               double b1, double b2, double omb1, double omb2, double eps)
+{
+    GT_FP_ENTER(saved);
+    gt_opt_job job = {w, m, v, g, n, n, adam, clipped, scale, l2, lr, b1, b2, omb1, omb2, eps};
+    const int threads = atomic_load(&gt_pool.threads);
+    if (threads > 1 && n >= GT_OPT_PAR_MIN && gt_pool_wanted()) {
+        const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+        job.per_chunk = ((n + chunks - 1) / chunks + 63) / 64 * 64;
+        gt_pool_run(gt_opt_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, threads,
+                    gt_fp_clean(saved));
+    } else {
+        gt_opt_chunk(&job, 0);
+    }
+    GT_FP_LEAVE(saved);
+}

@@ -1,0 +1,693 @@
+/*
+ * gt_matmul.h -- gradtool's one CPU matrix product: the serial-k order at
+ * the machine's speed.  Included by gt_cpu.c (the CPU reference,
+ * gradtool/numerics.py) and by kernels.cu's host build (the device engine's
+ * host backend), so both run this very code.
+ *
+ * The order (gradtool/numerics.py, "matmul"): every output element is
+ *
+ *     s = 0.0;  for k = 0 .. K-1 ascending:  s = s + a[i,k] * b[k,j]
+ *
+ * the product rounded, then the sum rounded, never fused; then C[i,j] = s,
+ * or C[i,j] = C[i,j] + s when accumulating (a gradient: the contribution is
+ * computed whole and added once).  Nothing else may change a bit, so:
+ *
+ *  - Register tile.  GT_MM_MR rows x GT_MM_NR columns of C live in
+ *    GT_MM_MR * GT_MM_NV vector accumulators for the whole k loop; a SIMD
+ *    lane is one output element, so SIMD width never changes a result.  Per
+ *    k each accumulator gets acc = acc + (b_vector * a_scalar): one multiply
+ *    and one add instruction (the file must be compiled with
+ *    -ffp-contract=off and without -ffast-math; tests disassemble the
+ *    library and fail on any FMA).  Widths, by what the compiler targets:
+ *        AVX-512   8 doubles/vector, 4 rows x 4 vectors = 4 x 32 tile
+ *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile
+ *        other GCC/Clang targets (SSE2, NEON): 16-byte vectors, 4 x 6
+ *        GT_MM_PORTABLE, or a compiler without vector extensions: plain C
+ *        scalars, a 4 x 4 tile
+ *    Edge tiles (fewer rows or columns) run kernels of their own size;
+ *    columns past N inside the last vector compute on zero padding and are
+ *    never stored.
+ *  - Packing.  B is copied, panel by panel (K x GT_MM_NR, k-major,
+ *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
+ *    whatever B's strides are (B or B^T), the panel is the same exact
+ *    copy.  A is read in place when its k stride is 1; otherwise (A^T in
+ *    a backward product) a block's rows that three or more panels read are
+ *    first packed into K x GT_MM_MR tiles.  No transposed copy of an
+ *    operand is ever made outside this file.
+ *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is cut
+ *    into about GT_MM_CHUNKS_PER_THREAD chunks per thread (gt_mm_plan):
+ *    whole batch items when there are enough, else groups of column panels,
+ *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  The caller and the
+ *    pool's workers claim chunks one at a time (gt_pool_run).  Every output
+ *    element is still computed by one kernel call over the whole k range,
+ *    so the bits do not depend on the thread count or on who ran what.
+ *    The pool is plain pthreads, created on first use (idle workers poll
+ *    for GT_POOL_SPIN_NS, then sleep on a condition variable), re-created
+ *    after fork(), used by one caller at a time (a concurrent caller runs
+ *    serially), and after a late worker (a busy machine) the next runs are
+ *    serial for a while.  The thread count is set by gt_mm_set_threads
+ *    (gradtool passes GRADTOOL_NUM_THREADS, by default the usable cores;
+ *    gradtool/native.py).
+ *  - Floating-point mode.  Flush-to-zero, denormals-are-zero or a directed
+ *    rounding mode would change results, and worker threads do not share
+ *    the caller's mode anyway.  Every product therefore runs under the IEEE
+ *    default (round to nearest, FTZ and DAZ off) on x86 (MXCSR), in the
+ *    caller and in every worker; the caller's mode is restored on return
+ *    (with any exception flags the product raised).  Elsewhere only the
+ *    rounding mode is set (fenv.h): a flush-to-zero bit is left as found.
+ *
+ * Define GT_MM_T (default double) before including; everything here is
+ * static, the including file exports what it needs.  POSIX threads
+ * (-pthread) are required.
+ */
+#ifndef GT_MATMUL_H
+#define GT_MATMUL_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef GT_MM_T
+#  define GT_MM_T double
+#endif
+typedef GT_MM_T gt_mm_t;
+
+/* ---- the tile ---------------------------------------------------------- */
+#if defined(GT_MM_PORTABLE) || !(defined(__GNUC__) || defined(__clang__))
+#  define GT_MM_SCALAR 1
+#  define GT_MM_VW 1
+#  define GT_MM_MR 4
+#  define GT_MM_NV 4
+typedef gt_mm_t gt_mm_v;
+#  define GT_MM_LANE(v, l) (v)
+#else
+#  if defined(__AVX512F__)
+#    define GT_MM_VBYTES 64
+#    define GT_MM_NV 4
+#  elif defined(__AVX__)
+#    define GT_MM_VBYTES 32
+#    define GT_MM_NV 3
+#  else
+#    define GT_MM_VBYTES 16
+#    define GT_MM_NV 3
+#  endif
+#  define GT_MM_MR 4
+#  define GT_MM_VW ((int)(GT_MM_VBYTES / sizeof(gt_mm_t)))
+typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
+#  define GT_MM_LANE(v, l) ((v)[(l)])
+#endif
+#define GT_MM_NR (GT_MM_NV * GT_MM_VW)
+#define GT_MM_ALIGN 64
+#define GT_MM_PAR_MIN (1LL << 20)    /* multiply-adds below which a product runs serially
+                                        (measured: smaller ones lose time in a training step,
+                                        their operands being in the caller's cache) */
+#define GT_MM_MAX_THREADS 256
+
+static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)
+{
+    gt_mm_v v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void gt_mm_vstore(gt_mm_t *p, gt_mm_v v) { memcpy(p, &v, sizeof v); }
+
+/* The micro-kernel for an MR_ x (NV_ vectors) tile: a points at the tile's
+ * first row (row stride sai, k stride sak), bp at a packed panel
+ * (k-major, NV_ * GT_MM_VW wide), c at the tile's first output (row stride
+ * ldc).  ncols (<= NV_ * GT_MM_VW) columns are stored; acc: C = C + s. */
+#define GT_MM_KERNEL(MR_, NV_)                                                   \
+    static void gt_mm_k##MR_##_##NV_(long long K, const gt_mm_t *a, long long sai, \
+                                     long long sak, const gt_mm_t *bp, gt_mm_t *c, \
+                                     long long ldc, int ncols, int acc)          \
+    {                                                                            \
+        gt_mm_v s[MR_][NV_];                                                     \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) s[r][v] = (gt_mm_v){0};                \
+        for (long long k = 0; k < K; ++k, a += sak, bp += NV_ * GT_MM_VW) {      \
+            gt_mm_v b[NV_];                                                      \
+            for (int v = 0; v < NV_; ++v) b[v] = gt_mm_vload(bp + v * GT_MM_VW); \
+            for (int r = 0; r < MR_; ++r) {                                      \
+                const gt_mm_t x = a[r * sai];                                    \
+                for (int v = 0; v < NV_; ++v) s[r][v] = s[r][v] + b[v] * x;      \
+            }                                                                    \
+        }                                                                        \
+        for (int r = 0; r < MR_; ++r) {                                          \
+            gt_mm_t *row = c + r * ldc;                                          \
+            if (ncols == NV_ * GT_MM_VW) {                                       \
+                for (int v = 0; v < NV_; ++v) {                                  \
+                    gt_mm_t *p = row + v * GT_MM_VW;                             \
+                    gt_mm_vstore(p, acc ? gt_mm_vload(p) + s[r][v] : s[r][v]);   \
+                }                                                                \
+            } else {                                                             \
+                for (int j = 0; j < ncols; ++j) {                                \
+                    const gt_mm_t x = GT_MM_LANE(s[r][j / GT_MM_VW], j % GT_MM_VW); \
+                    row[j] = acc ? row[j] + x : x;                               \
+                }                                                                \
+            }                                                                    \
+        }                                                                        \
+    }
+
+#define GT_MM_KERNELS_NV(NV_) GT_MM_KERNEL(1, NV_) GT_MM_KERNEL(2, NV_)          \
+    GT_MM_KERNEL(3, NV_) GT_MM_KERNEL(4, NV_)
+GT_MM_KERNELS_NV(1)
+GT_MM_KERNELS_NV(2)
+GT_MM_KERNELS_NV(3)
+#if GT_MM_NV >= 4
+GT_MM_KERNELS_NV(4)
+#endif
+
+typedef void (*gt_mm_kernel_fn)(long long, const gt_mm_t *, long long, long long,
+                                const gt_mm_t *, gt_mm_t *, long long, int, int);
+#define GT_MM_ROW_OF(NV_) { gt_mm_k1_##NV_, gt_mm_k2_##NV_, gt_mm_k3_##NV_, gt_mm_k4_##NV_ }
+/* gt_mm_kernels[nv - 1][mr - 1] */
+static const gt_mm_kernel_fn gt_mm_kernels[GT_MM_NV][GT_MM_MR] = {
+    GT_MM_ROW_OF(1), GT_MM_ROW_OF(2), GT_MM_ROW_OF(3),
+#if GT_MM_NV >= 4
+    GT_MM_ROW_OF(4),
+#endif
+};
+
+/* ---- the floating-point mode ------------------------------------------- */
+#if defined(__SSE2__) || defined(__x86_64__) || defined(_M_X64)
+#  include <xmmintrin.h>
+typedef unsigned int gt_fpmode;
+#  define GT_MXCSR_FLAGS 0x003fu   /* sticky exception flags */
+#  define GT_MXCSR_DAZ 0x0040u
+#  define GT_MXCSR_RC 0x6000u      /* rounding control: 00 = to nearest */
+#  define GT_MXCSR_FTZ 0x8000u
+static inline gt_fpmode gt_fp_get(void) { return _mm_getcsr(); }
+static inline gt_fpmode gt_fp_clean(gt_fpmode m)
+{
+    return m & ~(GT_MXCSR_DAZ | GT_MXCSR_RC | GT_MXCSR_FTZ);
+}
+static inline void gt_fp_set(gt_fpmode m) { _mm_setcsr(m); }
+static inline void gt_fp_restore(gt_fpmode m) { _mm_setcsr(m | (_mm_getcsr() & GT_MXCSR_FLAGS)); }
+#else
+#  include <fenv.h>
+typedef int gt_fpmode;
+static inline gt_fpmode gt_fp_get(void) { return fegetround(); }
+static inline gt_fpmode gt_fp_clean(gt_fpmode m) { (void)m; return FE_TONEAREST; }
+static inline void gt_fp_set(gt_fpmode m) { fesetround(m); }
+static inline void gt_fp_restore(gt_fpmode m) { fesetround(m); }
+#endif
+
+/* Run the rest of the calling scope's code under the IEEE default mode:
+ * GT_FP_ENTER(saved); ...; GT_FP_LEAVE(saved); */
+#define GT_FP_ENTER(saved)                                                       \
+    const gt_fpmode saved = gt_fp_get();                                         \
+    gt_fp_set(gt_fp_clean(saved))
+#define GT_FP_LEAVE(saved) gt_fp_restore(saved)
+
+/* ---- per-thread packing buffers ----------------------------------------- */
+typedef struct {
+    gt_mm_t *p[3];           /* [0]: B panel, [1]: packed A rows, [2]: B shared by chunks */
+    size_t cap[3];           /* in elements */
+} gt_mm_bufs;
+
+static pthread_key_t gt_mm_key;
+static pthread_once_t gt_mm_key_once = PTHREAD_ONCE_INIT;
+
+static void gt_mm_bufs_free(void *ptr)
+{
+    gt_mm_bufs *bufs = (gt_mm_bufs *)ptr;
+    for (int i = 0; i < 3; ++i) free(bufs->p[i]);
+    free(bufs);
+}
+
+static void gt_mm_make_key(void) { (void)pthread_key_create(&gt_mm_key, gt_mm_bufs_free); }
+
+/* This thread's buffer `which` with room for n elements, or NULL (out of memory). */
+static gt_mm_t *gt_mm_buffer(int which, size_t n)
+{
+    pthread_once(&gt_mm_key_once, gt_mm_make_key);
+    gt_mm_bufs *bufs = (gt_mm_bufs *)pthread_getspecific(gt_mm_key);
+    if (!bufs) {
+        bufs = (gt_mm_bufs *)calloc(1, sizeof *bufs);
+        if (!bufs || pthread_setspecific(gt_mm_key, bufs) != 0) {
+            free(bufs);
+            return NULL;
+        }
+    }
+    if (bufs->cap[which] < n) {
+        void *fresh = NULL;
+        const size_t bytes = (n * sizeof(gt_mm_t) + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN;
+        if (posix_memalign(&fresh, GT_MM_ALIGN, bytes) != 0) return NULL;
+        free(bufs->p[which]);
+        bufs->p[which] = (gt_mm_t *)fresh;
+        bufs->cap[which] = n;
+    }
+    return bufs->p[which];
+}
+
+/* ---- one product, cut into chunks ---------------------------------------- */
+/* The operands of C[bt] (=|+=) A[bt] @ B[bt], C contiguous [Bn, M, N], and
+ * how the product is cut: chunk c is batch item c / (rc * pc), row chunk
+ * (c / pc) % rc (rows_per_chunk rows) and column chunk c % pc
+ * (cols_per_chunk columns, a multiple of GT_MM_NR).  When several row
+ * chunks read the same panels, B is packed once before the chunks run
+ * (bpack: per batch item, per panel, K * GT_MM_NR elements each). */
+typedef struct {
+    gt_mm_t *C;
+    const gt_mm_t *A, *B;
+    long long sab, sai, sak, sbb, sbk, sbj;
+    long long Bn, M, K, N;
+    int acc;
+    long long rc, pc, rows_per_chunk, cols_per_chunk;
+    const gt_mm_t *bpack;
+} gt_mm_job;
+
+/* The naive order, for when a packing buffer cannot be allocated. */
+static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long long i1,
+                        long long j0, long long j1)
+{
+    const gt_mm_t *A = j->A + bt * j->sab, *B = j->B + bt * j->sbb;
+    gt_mm_t *C = j->C + bt * j->M * j->N;
+    for (long long i = i0; i < i1; ++i)
+        for (long long jj = j0; jj < j1; ++jj) {
+            gt_mm_t s = 0;
+            for (long long k = 0; k < j->K; ++k)
+                s = s + A[i * j->sai + k * j->sak] * B[k * j->sbk + jj * j->sbj];
+            C[i * j->N + jj] = j->acc ? C[i * j->N + jj] + s : s;
+        }
+}
+
+/* Copy B's columns [j0, j0 + ncols) into a k-major panel `width` wide,
+ * zero past ncols: exact copies, whatever B's strides. */
+static void gt_mm_pack_b(gt_mm_t *dst, const gt_mm_t *B, long long sbk, long long sbj,
+                         long long K, long long j0, int ncols, int width)
+{
+    if (sbj == 1) {
+        for (long long k = 0; k < K; ++k) {
+            gt_mm_t *d = dst + k * width;
+            memcpy(d, B + k * sbk + j0, (size_t)ncols * sizeof(gt_mm_t));
+            for (int c = ncols; c < width; ++c) d[c] = 0;
+        }
+        return;
+    }
+    /* B^T-like: columns are the contiguous runs; copy 8 k at a time so the
+     * reads stay in cache lines and the writes in a small block */
+    for (long long k0 = 0; k0 < K; k0 += 8) {
+        const long long k1 = K - k0 < 8 ? K : k0 + 8;
+        for (int c = 0; c < width; ++c) {
+            gt_mm_t *d = dst + c;
+            const gt_mm_t *s = B + (j0 + c) * sbj;
+            for (long long k = k0; k < k1; ++k) d[k * width] = c < ncols ? s[k * sbk] : 0;
+        }
+    }
+}
+
+/* Rows [i0, i1) of A into K x GT_MM_MR tiles (tile t holds rows i0 + t*MR ...,
+ * k-major; rows past i1 repeat row i0 and are never stored). */
+static void gt_mm_pack_a(gt_mm_t *dst, const gt_mm_t *A, long long sai, long long sak,
+                         long long K, long long i0, long long i1)
+{
+    for (long long t0 = i0; t0 < i1; t0 += GT_MM_MR, dst += K * GT_MM_MR) {
+        long long off[GT_MM_MR];
+        for (int r = 0; r < GT_MM_MR; ++r) off[r] = (t0 + r < i1 ? t0 + r : i0) * sai;
+        for (long long k = 0; k < K; ++k)
+            for (int r = 0; r < GT_MM_MR; ++r) dst[k * GT_MM_MR + r] = A[off[r] + k * sak];
+    }
+}
+
+/* C rows [i0, i1) x columns [c0, c1) of batch item bt. */
+static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long long i1,
+                        long long c0, long long c1)
+{
+    const long long K = j->K, N = j->N;
+    if (i0 >= i1 || c0 >= c1) return;
+    const gt_mm_t *A = j->A + bt * j->sab, *B = j->B + bt * j->sbb;
+    gt_mm_t *C = j->C + bt * j->M * N;
+    const long long panel_size = (K > 0 ? K : 1) * GT_MM_NR;
+    gt_mm_t *own = j->bpack ? NULL : gt_mm_buffer(0, (size_t)panel_size);
+    const gt_mm_t *ap = NULL;
+    if ((own || j->bpack) && j->sak != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
+        /* A^T-like, read by three panels or more: pack this block's rows once
+         * (for one or two, reading in place is as fast as the copy) */
+        const long long tiles = (i1 - i0 + GT_MM_MR - 1) / GT_MM_MR;
+        gt_mm_t *pa = gt_mm_buffer(1, (size_t)(tiles * GT_MM_MR * K));
+        if (pa) {
+            gt_mm_pack_a(pa, A, j->sai, j->sak, K, i0, i1);
+            ap = pa;
+        }
+    }
+    if (!own && !j->bpack) {
+        gt_mm_naive(j, bt, i0, i1, c0, c1);
+        return;
+    }
+    const long long panels = (N + GT_MM_NR - 1) / GT_MM_NR;
+    for (long long p0 = c0; p0 < c1; p0 += GT_MM_NR) {
+        const int ncols = (int)(c1 - p0 < GT_MM_NR ? c1 - p0 : GT_MM_NR);
+        const int nv = (ncols + GT_MM_VW - 1) / GT_MM_VW;
+        const gt_mm_t *bp = own;
+        if (own)
+            gt_mm_pack_b(own, B, j->sbk, j->sbj, K, p0, ncols, nv * GT_MM_VW);
+        else
+            bp = j->bpack + (bt * panels + p0 / GT_MM_NR) * panel_size;
+        for (long long t0 = i0; t0 < i1; t0 += GT_MM_MR) {
+            const int mr = (int)(i1 - t0 < GT_MM_MR ? i1 - t0 : GT_MM_MR);
+            gt_mm_t *c = C + t0 * N + p0;
+            if (ap)
+                gt_mm_kernels[nv - 1][mr - 1](K, ap + (t0 - i0) * K, 1, GT_MM_MR, bp, c, N,
+                                              ncols, j->acc);
+            else
+                gt_mm_kernels[nv - 1][mr - 1](K, A + t0 * j->sai, j->sai, j->sak, bp, c, N,
+                                              ncols, j->acc);
+        }
+    }
+}
+
+/* Chunk `chunk` of the job (see gt_mm_plan). */
+static void gt_mm_chunk(void *arg, long long chunk)
+{
+    const gt_mm_job *j = (const gt_mm_job *)arg;
+    const long long bt = chunk / (j->rc * j->pc);
+    const long long r = (chunk / j->pc) % j->rc, c = chunk % j->pc;
+    const long long i0 = r * j->rows_per_chunk, c0 = c * j->cols_per_chunk;
+    const long long i1 = i0 + j->rows_per_chunk < j->M ? i0 + j->rows_per_chunk : j->M;
+    const long long c1 = c0 + j->cols_per_chunk < j->N ? c0 + j->cols_per_chunk : j->N;
+    gt_mm_block(j, bt, i0, i1, c0, c1);
+}
+
+/* ---- the thread pool ---------------------------------------------------- */
+/* Chunks are claimed dynamically: the caller and the workers take the next
+ * unclaimed chunk until none is left, so a worker that wakes late (or is
+ * descheduled on a busy machine) costs at most the chunk it holds; the
+ * caller only waits for chunks already claimed.  Which thread computes a
+ * chunk never matters to its bits.
+ *
+ * A job is published as one word, (sequence << 16) | threads, so a worker
+ * decides from that word alone whether it takes part; claims are made on
+ * a second word, (sequence << 32) | next chunk, so a late worker can never
+ * claim a chunk of a later job by mistake; a finished job's claim word is
+ * closed (index GT_POOL_CLOSED) before anything of the next job is
+ * written.  fn, arg and mode are read only after a successful claim, when
+ * the job cannot end before that chunk is done. */
+typedef void (*gt_pool_fn)(void *arg, long long chunk);
+
+#define GT_POOL_THREADS(word) ((int)((word) & 0xffffUL))
+#define GT_POOL_CLOSED 0xffffffffULL   /* the claim index of a finished job */
+#define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps... */
+#define GT_POOL_PAUSE_NS 5000L     /* ...with pause at first, then yielding its core */
+#define GT_POOL_LATE_NS 20000L     /* a wait beyond half the caller's own time plus this... */
+#define GT_POOL_BACKOFF_MAX 4096   /* ...makes the next 1, 2, 4 ... up to this many runs serial */
+
+static struct {
+    pthread_mutex_t busy;    /* held by the one caller using the pool */
+    pthread_mutex_t mu;      /* guards sleepers and the condition variables */
+    pthread_cond_t wake, done;
+    atomic_int threads;      /* wanted: threads per product, caller included */
+    int workers;             /* started */
+    int sleepers;
+    atomic_ulong job;        /* the published job word */
+    atomic_ullong claim;     /* (sequence << 32) | next unclaimed chunk */
+    atomic_llong finished;   /* chunks done */
+    gt_pool_fn fn;
+    void *arg;
+    atomic_llong chunks;
+    gt_fpmode mode;
+    atomic_int backoff;      /* serial runs after the last late wait (doubles) */
+    atomic_int serial_left;  /* runs still to do serially */
+    atomic_llong threaded;   /* runs that used the workers (for tests and benchmarks) */
+    unsigned long first[GT_MM_MAX_THREADS];   /* the job word each worker started after */
+} gt_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+             PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}};
+
+static inline long long gt_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* One step of a polling wait that started at `start`: a pause instruction
+ * for the first GT_POOL_PAUSE_NS, then sched_yield, so that on a machine
+ * with more runnable threads than cores a polling thread hands its core to
+ * them (the caller among them) instead of burning it.  Returns 0 once
+ * GT_POOL_SPIN_NS have passed: time to sleep. */
+static inline int gt_pool_poll(unsigned spins, long long start)
+{
+    if (spins % 64 == 0) {
+        const long long t = gt_now_ns() - start;
+        if (t > GT_POOL_SPIN_NS) return 0;
+        if (t > GT_POOL_PAUSE_NS) sched_yield();
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    return 1;
+}
+
+/* Poll until the job word differs from `seen` (not at all while runs are
+ * serial after a late worker: the machine is busy); then sleep. */
+static unsigned long gt_pool_next(unsigned long seen)
+{
+    const long long start = gt_now_ns();
+    for (unsigned spins = 1; atomic_load(&gt_pool.backoff) == 0; ++spins) {
+        const unsigned long word = atomic_load(&gt_pool.job);
+        if (word != seen) return word;
+        if (!gt_pool_poll(spins, start)) break;
+    }
+    pthread_mutex_lock(&gt_pool.mu);
+    gt_pool.sleepers++;
+    while (atomic_load(&gt_pool.job) == seen) pthread_cond_wait(&gt_pool.wake, &gt_pool.mu);
+    gt_pool.sleepers--;
+    pthread_mutex_unlock(&gt_pool.mu);
+    return atomic_load(&gt_pool.job);
+}
+
+/* Claim and run chunks of job `seq` until none is left; the thread that
+ * finishes the last chunk wakes the caller. */
+static void gt_pool_work(unsigned long long seq, int worker)
+{
+    unsigned long long word = atomic_load(&gt_pool.claim);
+    int mode_set = !worker;
+    for (;;) {
+        if ((word >> 32) != (seq & 0xffffffffULL)) return;        /* another job now */
+        const long long chunk = (long long)(word & 0xffffffffULL);
+        if (chunk >= atomic_load(&gt_pool.chunks)) return;
+        if (!atomic_compare_exchange_weak(&gt_pool.claim, &word, word + 1)) continue;
+        /* the chunk is ours: this job's fields hold until it is done */
+        const long long chunks = atomic_load(&gt_pool.chunks);
+        if (!mode_set) { gt_fp_set(gt_pool.mode); mode_set = 1; }   /* the caller's mode */
+        gt_pool.fn(gt_pool.arg, chunk);
+        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == chunks && worker) {
+            pthread_mutex_lock(&gt_pool.mu);
+            pthread_cond_signal(&gt_pool.done);
+            pthread_mutex_unlock(&gt_pool.mu);
+        }
+        word = atomic_load(&gt_pool.claim);
+    }
+}
+
+static void *gt_pool_worker(void *arg)
+{
+    const int index = (int)(size_t)arg;      /* 1, 2, ...: the caller is 0 */
+    unsigned long seen = gt_pool.first[index];
+    for (;;) {
+        seen = gt_pool_next(seen);
+        if (index < GT_POOL_THREADS(seen)) gt_pool_work(seen >> 16, 1);
+    }
+    return NULL;
+}
+
+/* In a child after fork() only the forking thread exists: forget the workers. */
+static void gt_pool_after_fork(void)
+{
+    pthread_mutex_init(&gt_pool.busy, NULL);
+    pthread_mutex_init(&gt_pool.mu, NULL);
+    pthread_cond_init(&gt_pool.wake, NULL);
+    pthread_cond_init(&gt_pool.done, NULL);
+    gt_pool.workers = 0;
+    gt_pool.sleepers = 0;
+}
+
+static pthread_once_t gt_pool_once = PTHREAD_ONCE_INIT;
+static void gt_pool_init(void) { pthread_atfork(NULL, NULL, gt_pool_after_fork); }
+
+/* Start workers up to threads - 1 (the caller holds `busy`); returns how
+ * many threads can run. */
+static int gt_pool_grow(int threads)
+{
+    pthread_once(&gt_pool_once, gt_pool_init);
+    while (gt_pool.workers < threads - 1) {
+        const int index = gt_pool.workers + 1;
+        pthread_t th;
+        pthread_attr_t attr;
+        gt_pool.first[index] = atomic_load(&gt_pool.job);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int ok = pthread_create(&th, &attr, gt_pool_worker, (void *)(size_t)index) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        gt_pool.workers++;
+    }
+    return gt_pool.workers + 1 < threads ? gt_pool.workers + 1 : threads;
+}
+
+/* Whether the next run should use the workers.  On a machine whose other
+ * cores are busy a worker may be descheduled holding a chunk, and the
+ * caller then waits far longer than the whole product takes serially; after
+ * such a late wait the next runs are serial (1, then 2, 4, ... after
+ * repeated late waits; each punctual threaded run halves the count again),
+ * so a loaded machine degrades to one thread instead of to the scheduler's
+ * time slice. */
+static int gt_pool_wanted(void)
+{
+    if (atomic_load(&gt_pool.serial_left) <= 0) return 1;
+    atomic_fetch_sub(&gt_pool.serial_left, 1);
+    return 0;
+}
+
+/* fn(arg, c) for every chunk c < chunks, on the calling thread and up to
+ * threads - 1 workers, each under the floating-point mode `mode`.  When the
+ * pool is in use by another caller, or no worker can be started, the calling
+ * thread runs every chunk itself. */
+static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads, gt_fpmode mode)
+{
+    if (threads > 1 && chunks > 1 && pthread_mutex_trylock(&gt_pool.busy) == 0) {
+        threads = gt_pool_grow(threads);
+        if (threads > 1) {
+            gt_pool.fn = fn;
+            gt_pool.arg = arg;
+            atomic_store(&gt_pool.chunks, chunks);
+            gt_pool.mode = mode;
+            atomic_store(&gt_pool.finished, 0);
+            atomic_fetch_add(&gt_pool.threaded, 1);
+            pthread_mutex_lock(&gt_pool.mu);
+            const unsigned long seq = (atomic_load(&gt_pool.job) >> 16) + 1;
+            atomic_store(&gt_pool.claim, (unsigned long long)(seq & 0xffffffffUL) << 32);
+            atomic_store(&gt_pool.job, (seq << 16) | (unsigned long)threads);
+            if (gt_pool.sleepers) pthread_cond_broadcast(&gt_pool.wake);
+            pthread_mutex_unlock(&gt_pool.mu);
+            const long long t0 = gt_now_ns();
+            gt_pool_work(seq, 0);
+            const long long t1 = gt_now_ns();
+            for (unsigned spins = 1; atomic_load(&gt_pool.finished) != chunks; ++spins)
+                if (!gt_pool_poll(spins, t1)) break;
+            if (atomic_load(&gt_pool.finished) != chunks) {
+                pthread_mutex_lock(&gt_pool.mu);
+                while (atomic_load(&gt_pool.finished) != chunks)
+                    pthread_cond_wait(&gt_pool.done, &gt_pool.mu);
+                pthread_mutex_unlock(&gt_pool.mu);
+            }
+            /* Close the job before any of its fields change for the next one:
+             * a late worker may still hold this job's claim word, and must
+             * never match it against the next job's chunk count. */
+            atomic_store(&gt_pool.claim, ((unsigned long long)(seq & 0xffffffffUL) << 32)
+                                             | GT_POOL_CLOSED);
+            int backoff = atomic_load(&gt_pool.backoff);
+            if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
+                backoff = backoff ? 2 * backoff : 1;
+                if (backoff > GT_POOL_BACKOFF_MAX) backoff = GT_POOL_BACKOFF_MAX;
+                atomic_store(&gt_pool.serial_left, backoff);
+            } else {
+                backoff /= 2;               /* a busy spell fades run by run */
+            }
+            atomic_store(&gt_pool.backoff, backoff);
+            pthread_mutex_unlock(&gt_pool.busy);
+            return;
+        }
+        pthread_mutex_unlock(&gt_pool.busy);
+    }
+    for (long long c = 0; c < chunks; ++c) fn(arg, c);
+}
+
+static void gt_mm_set_threads_impl(int n)
+{
+    atomic_store(&gt_pool.threads, n < 1 ? 1 : n > GT_MM_MAX_THREADS ? GT_MM_MAX_THREADS : n);
+}
+
+/* {tile rows, tile columns, lanes per vector, threads, serial below this many
+ * multiply-adds, runs so far that used worker threads} */
+static void gt_mm_config_impl(long long out[6])
+{
+    out[0] = GT_MM_MR;
+    out[1] = GT_MM_NR;
+    out[2] = GT_MM_VW;
+    out[3] = atomic_load(&gt_pool.threads);
+    out[4] = GT_MM_PAR_MIN;
+    out[5] = atomic_load(&gt_pool.threaded);
+}
+
+/* ---- the entry point ----------------------------------------------------- */
+#define GT_MM_CHUNKS_PER_THREAD 4
+#define GT_MM_MIN_CHUNK_ROWS 16
+#define GT_MM_MIN_CHUNK_WORK 32768LL   /* multiply-adds: fewer chunks for small products */
+
+static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+/* Cut the job into chunks; returns the number of threads to use.  Serial:
+ * one chunk per batch item.  Threaded: about GT_MM_CHUNKS_PER_THREAD chunks
+ * per thread (fewer for a small product: at least GT_MM_MIN_CHUNK_WORK
+ * multiply-adds each, and never fewer than the threads) -- whole batch
+ * items when there are enough of them, else groups of column panels (each
+ * chunk packs its own panels), and only when those are fewer than the
+ * threads, groups of at least GT_MM_MIN_CHUNK_ROWS rows as well (which then
+ * share one packed copy of B, gt_mm_run). */
+static int gt_mm_plan(gt_mm_job *j)
+{
+    const int threads = atomic_load(&gt_pool.threads);
+    const long long panels = gt_ceil_div(j->N, GT_MM_NR);
+    const long long tiles = gt_ceil_div(j->M, GT_MM_MR);
+    const long long work = j->Bn * j->M * j->N * j->K;
+    j->rc = j->pc = 1;
+    j->rows_per_chunk = j->M;
+    j->cols_per_chunk = panels * GT_MM_NR;
+    if (threads <= 1 || work < GT_MM_PAR_MIN || !gt_pool_wanted())
+        return 1;
+    long long want = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+    if (want > work / GT_MM_MIN_CHUNK_WORK) want = work / GT_MM_MIN_CHUNK_WORK;
+    if (want < threads) want = threads;
+    if (j->Bn >= want) return threads;
+    const long long per_item = gt_ceil_div(want, j->Bn);
+    const long long group = gt_ceil_div(panels, per_item < panels ? per_item : panels);
+    j->pc = gt_ceil_div(panels, group);
+    j->cols_per_chunk = group * GT_MM_NR;
+    if (j->Bn * j->pc >= threads) return threads;   /* column chunks suffice: no row cuts */
+    long long rc = gt_ceil_div(per_item, j->pc);
+    const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
+    if (rc > rc_max) rc = rc_max > 1 ? rc_max : 1;
+    const long long rows = gt_ceil_div(tiles, rc) * GT_MM_MR;
+    j->rc = gt_ceil_div(j->M, rows);
+    j->rows_per_chunk = rows;
+    return threads;
+}
+
+/* C[bt] (=|+=) A[bt] @ B[bt] for bt < Bn; C contiguous [Bn, M, N]; A's
+ * element strides (batch, row, k), B's (batch, k, column). */
+static void gt_mm_run(gt_mm_t *C, const gt_mm_t *A, long long sab, long long sai, long long sak,
+                      const gt_mm_t *B, long long sbb, long long sbk, long long sbj,
+                      long long Bn, long long M, long long K, long long N, int acc)
+{
+    if (Bn <= 0 || M <= 0 || N <= 0) return;
+    GT_FP_ENTER(saved);
+    gt_mm_job job = {C, A, B, sab, sai, sak, sbb, sbk, sbj, Bn, M, K < 0 ? 0 : K, N, acc,
+                     1, 1, M, N, NULL};
+    const int threads = gt_mm_plan(&job);
+    const long long chunks = Bn * job.rc * job.pc;
+    if (threads > 1 && job.rc > 1) {          /* row chunks: pack B once, for all of them */
+        const long long panels = gt_ceil_div(N, GT_MM_NR);
+        const long long panel_size = (job.K > 0 ? job.K : 1) * GT_MM_NR;
+        gt_mm_t *shared = gt_mm_buffer(2, (size_t)(Bn * panels * panel_size));
+        for (long long bt = 0; shared && bt < Bn; ++bt)
+            for (long long p = 0; p < panels; ++p) {
+                const long long c0 = p * GT_MM_NR;
+                const int ncols = (int)(N - c0 < GT_MM_NR ? N - c0 : GT_MM_NR);
+                gt_mm_pack_b(shared + (bt * panels + p) * panel_size, B + bt * sbb, sbk, sbj,
+                             job.K, c0, ncols, (ncols + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW);
+            }
+        job.bpack = shared;
+    }
+    if (threads <= 1) {
+        for (long long c = 0; c < chunks; ++c) gt_mm_chunk(&job, c);
+    } else {
+        gt_pool_run(gt_mm_chunk, &job, chunks, threads, gt_fp_clean(saved));
+    }
+    GT_FP_LEAVE(saved);
+}
+
+#endif /* GT_MATMUL_H */

@@ -1,0 +1,202 @@
+"""Matrix product speed: gradtool's serial-k kernel next to PyTorch float64 and the machine's peak.
+
+    python scripts/bench_matmul.py [--repeats 7] [--min-time 0.02] [--json out.json]
+
+For each shape (the MLP benchmarks' products, forward and backward, with
+their transposed operands as strided views, plus square ones) it times
+``gradtool.numerics.matmul`` -- the compiled kernel of csrc/gt_matmul.h, which
+also runs the host backend's matmul launches -- and ``torch.mm`` on the same
+float64 operands, each with 1 thread and with all usable cores, interleaved
+(median of ``--repeats`` runs of at least ``--min-time`` seconds each).
+GFLOP/s counts 2*M*K*N per product.
+
+The estimated peak is measured, not looked up: a small C loop (compiled here
+with the project's flags) of independent vector multiply-then-add chains of
+the kernel's own vector width, which is the most the serial-k contract (a
+multiply and an add instruction per term, never fused) allows one core; and
+the same loop compiled with contraction into FMA, which is what a BLAS may
+use.  A benchmark, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gradtool import native  # noqa: E402
+from gradtool import numerics as nx  # noqa: E402
+
+# (label, M, K, N, A transposed, B transposed)
+SHAPES = [
+    ("784-256-10 fwd 1     X@W1", 128, 784, 256, False, False),
+    ("784-256-10 dW1     X^T@G1", 784, 128, 256, True, False),
+    ("784-256-10 fwd 2     H@W2", 128, 256, 10, False, False),
+    ("784-256-10 dH     G2@W2^T", 128, 10, 256, False, True),
+    ("784-256-10 dW2   H^T@G2  ", 256, 128, 10, True, False),
+    ("64-128-10 fwd 1      X@W1", 64, 64, 128, False, False),
+    ("autoencoder        H1@W2", 200, 64, 32, False, False),
+    ("autoencoder     H1^T@G2 ", 64, 200, 32, True, False),
+    ("square 256", 256, 256, 256, False, False),
+    ("square 512", 512, 512, 512, False, False),
+    ("square 1024", 1024, 1024, 1024, False, False),
+]
+
+PEAK_C = r"""
+#include <string.h>
+#include <time.h>
+#if defined(__AVX512F__)
+#  define VB 64
+#elif defined(__AVX__)
+#  define VB 32
+#else
+#  define VB 16
+#endif
+typedef double v __attribute__((vector_size(VB)));
+/* 16 independent chains a = a*b + c (a multiply then an add, or one FMA when
+ * contraction is on), `iters` times: enough chains in flight to keep every
+ * vector port busy.  Stores the flop count; returns the seconds taken. */
+double peak(long long iters, double *flops)
+{
+    v a[16], b, c;
+    memset(&b, 0, sizeof b); memset(&c, 0, sizeof c);
+    for (int l = 0; l < VB / 8; ++l) { b[l] = 0.9999999; c[l] = 1e-3; }
+    for (int i = 0; i < 16; ++i) { a[i] = c; a[i][0] = i; }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long long k = 0; k < iters; ++k)
+        for (int i = 0; i < 16; ++i) a[i] = a[i] * b + c;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = 0;
+    for (int i = 0; i < 16; ++i) s += a[i][0];
+    *flops = (double)iters * 16 * 2 * (VB / 8) + 0 * s;
+    return (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+}
+"""
+
+
+def measure_peak():
+    """(separate multiply+add, fused) GFLOP/s of one core, or (None, None) without a compiler.
+
+    Compiled here directly: the second build turns FMA contraction on, which
+    gradtool.native refuses for its libraries (rightly: it changes results)."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "peak.c"
+        src.write_text(PEAK_C)
+        for contract in ("off", "fast"):
+            lib_path = Path(tmp) / f"peak_{contract}.so"
+            cmd = [native.compiler(), "-O3", f"-ffp-contract={contract}", "-shared", "-fPIC",
+                   "-march=native", str(src), "-o", str(lib_path)]
+            try:
+                if subprocess.run(cmd, capture_output=True, timeout=120).returncode != 0:
+                    return None, None
+                lib = ctypes.CDLL(str(lib_path))
+            except (native.NativeUnavailable, OSError, subprocess.SubprocessError):
+                return None, None
+            lib.peak.restype = ctypes.c_double
+            lib.peak.argtypes = [ctypes.c_longlong, ctypes.POINTER(ctypes.c_double)]
+            flops = ctypes.c_double()
+            best = 0.0
+            for _ in range(5):
+                secs = lib.peak(4_000_000, ctypes.byref(flops))
+                best = max(best, flops.value / secs / 1e9)
+            out.append(best)
+    return tuple(out)
+
+
+def operands(rng, m, k, n, at, bt):
+    a = rng.standard_normal((k, m)).T if at else rng.standard_normal((m, k))
+    b = rng.standard_normal((n, k)).T if bt else rng.standard_normal((k, n))
+    return a, b
+
+
+def timed(fn, min_time):
+    """Seconds per call: calls repeated until min_time has passed."""
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt >= min_time:
+            return dt / n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--min-time", type=float, default=0.02)
+    ap.add_argument("--json", dest="json_path")
+    args = ap.parse_args(argv)
+    if nx.cpu_kernels() is None:
+        sys.exit("bench_matmul: the compiled kernel is unavailable (no C compiler?)")
+    cores = native.num_threads()
+    try:
+        import torch
+        torch_threads = torch.get_num_threads()
+        torch_note = f"torch {torch.__version__} ({torch_threads} threads by default)"
+    except ImportError:
+        torch, torch_note = None, "torch not installed: its columns are skipped"
+    cfg = nx.matmul_config()
+    sep, fused = measure_peak()
+    print(f"# {os.cpu_count()} cores, gradtool threads {cores} (GRADTOOL_NUM_THREADS or the "
+          f"usable cores), {torch_note}")
+    print(f"# kernel tile {cfg['rows']} x {cfg['cols']} ({cfg['lanes']} doubles per vector), "
+          f"serial below {cfg['serial_below']} multiply-adds")
+    if sep:
+        print(f"# estimated peak per core: {sep:.1f} GFLOP/s with separate multiply and add "
+              f"(x {cores} = {sep * cores:.1f}), {fused:.1f} GFLOP/s with FMA")
+    print(f"# GFLOP/s, median of {args.repeats} runs of >= {args.min_time}s, interleaved; "
+          f"ratio = gradtool time / torch time, both on {cores} threads")
+    head = (f"{'product':28} {'M':>5} {'K':>5} {'N':>5} {'gt 1 thr':>9} {'gt ' + str(cores):>9} "
+            f"{'torch 1':>9} {'torch ' + str(cores):>9} {'ratio':>6}")
+    print(head)
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, m, k, n, at, bt in SHAPES:
+        a, b = operands(rng, m, k, n, at, bt)
+        runs = {"gt1": [], "gtN": [], "t1": [], "tN": []}
+        ta = tb = None
+        if torch is not None:
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        for _ in range(args.repeats):
+            for key, threads in (("gt1", 1), ("gtN", cores)):
+                native.set_num_threads(threads)
+                runs[key].append(timed(lambda: nx.matmul(a, b), args.min_time))
+            if torch is not None:
+                for key, threads in (("t1", 1), ("tN", cores)):
+                    torch.set_num_threads(threads)
+                    runs[key].append(timed(lambda: torch.mm(ta, tb), args.min_time))
+        native.set_num_threads(None)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
+        flop = 2.0 * m * k * n
+        med = {key: statistics.median(v) if v else None for key, v in runs.items()}
+        gf = {key: (flop / t / 1e9 if t else None) for key, t in med.items()}
+        ratio = med["gtN"] / med["tN"] if med["tN"] else None
+        cols = [f"{gf[key]:9.1f}" if gf[key] else f"{'-':>9}" for key in ("gt1", "gtN", "t1", "tN")]
+        print(f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)} "
+              f"{ratio:6.2f}" if ratio else f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)}")
+        rows.append({"product": label.strip(), "M": m, "K": k, "N": n, "a_transposed": at,
+                     "b_transposed": bt, "seconds": med, "gflops": gf, "ratio": ratio})
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(
+            {"cores": os.cpu_count(), "threads": cores, "torch": torch_note, "tile": cfg,
+             "peak_gflops_core": {"mul_add": sep, "fma": fused}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

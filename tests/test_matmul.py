@@ -1,0 +1,476 @@
+"""The compiled serial-k matmul (csrc/gt_matmul.h) against the naive order, bit for bit.
+
+One kernel serves the CPU reference (numerics.matmul/bmm) and the host backend's
+matmul launches; these tests drive it directly, in every build (AVX-512, AVX2,
+16-byte vectors, the plain-C portable tile), every operand layout, thread counts
+1, 2, 3 and 7, accumulating or not, on special values; then the floating-point
+mode policy, the absence of FMA instructions, fork() and concurrent callers.
+The reference is numerics.matmul_numpy, the k loop in numpy (each output element
+c = 0.0; c = c + a*b for k ascending), itself checked against Python loops in
+test_numerics.py.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_bits_equal_nan_any, require_c_compiler
+from gradtool import native
+from gradtool import numerics as nx
+from gradtool.errors import GradtoolError
+
+ROOT = Path(__file__).resolve().parent.parent
+GRADTOOL = [sys.executable, "-c", "from gradtool.cli import main; main()"]
+THREADS = (1, 2, 3, 7)
+DIMS = (1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 17, 31, 32, 33, 37, 61, 64, 97, 128, 131, 257, 300)
+
+
+def cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line for line in fh if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def builds():
+    """(name, extra flags, native arch) of every kernel build this machine can run."""
+    out = [("native", (), None), ("generic", (), False),
+           ("portable", ("-DGT_MM_PORTABLE",), False)]
+    if " avx2 " in cpu_flags() + " " and " fma " in cpu_flags():
+        out.append(("avx2", ("-march=x86-64-v3",), False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def libraries():
+    require_c_compiler()
+    libs = {}
+    for name, flags, arch in builds():
+        lib = nx.cpu_library(flags, arch)
+        assert lib is not None, f"the {name} build of csrc/gt_cpu.c failed"
+        libs[name] = lib
+    return libs
+
+
+@pytest.fixture
+def threads_restored():
+    yield
+    native.set_num_threads(None)
+
+
+def operand(rng, shape):
+    """Normal values over 16 decades, so that sums round, with special values sprinkled in."""
+    x = rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 9, shape)
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 5e-324, -1e-310, 1e308, -1e308])
+    if x.size:
+        hit = rng.random(shape) < 0.02
+        x[hit] = rng.choice(specials, int(hit.sum()))
+    return x
+
+
+def layouts(a, b):
+    """The four transposition cases as strided views: A or A^T stored, B or B^T stored."""
+    at = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+    bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
+    return {"A@B": (a, b), "A^T@B": (np.swapaxes(at, -1, -2), b),
+            "A@B^T": (a, np.swapaxes(bt, -1, -2)),
+            "A^T@B^T": (np.swapaxes(at, -1, -2), np.swapaxes(bt, -1, -2))}
+
+
+def product(lib, a, b, c0=None):
+    """a @ b (or c0 + a @ b, accumulated in place as the host backend's gradients are)
+    by one library; a, b are 2-d or 3-d views."""
+    a3, b3 = (a, b) if a.ndim == 3 else (a[np.newaxis], b[np.newaxis])
+    out = np.empty((a3.shape[0], a3.shape[1], b3.shape[2]))
+    if c0 is not None:
+        out[...] = c0.reshape(out.shape)
+    nx._native_product(lib, out, a3, b3, a3.shape[0], accumulate=c0 is not None)
+    return out.reshape(out.shape[1:]) if a.ndim == 2 else out
+
+
+def reference(a, b, c0=None):
+    with np.errstate(all="ignore"):
+        s = nx.matmul_numpy(a, b) if a.ndim == 2 else nx.bmm_numpy(a, b)
+        return s if c0 is None else c0 + s
+
+
+def sampled_shapes(rng, count):
+    """Edge and prime shapes always, then random triples from DIMS (capped in work)."""
+    shapes = [(1, 1, 1), (1, 300, 1), (300, 1, 300), (4, 32, 32), (5, 33, 31), (131, 257, 61),
+              (300, 300, 300), (3, 0, 5), (128, 784, 37)]
+    while len(shapes) < count:
+        m, k, n = (int(rng.choice(DIMS)) for _ in range(3))
+        if m * k * n <= 2_000_000:
+            shapes.append((m, k, n))
+    return shapes
+
+
+def test_every_build_layout_and_thread_count_matches_the_naive_order(libraries, rng,
+                                                                       threads_restored):
+    before = {name: nx.matmul_config(lib)["threaded_runs"] for name, lib in libraries.items()}
+    for m, k, n in sampled_shapes(rng, 36):
+        a, b = operand(rng, (m, k)), operand(rng, (k, n))
+        c0 = operand(rng, (m, n))
+        want, want_acc = reference(a, b), reference(a, b, c0)
+        for t in THREADS:
+            native.set_num_threads(t)
+            for name, lib in libraries.items():
+                for case, (x, y) in layouts(a, b).items():
+                    what = f"{name} build, {t} threads, {case}, M K N = {m} {k} {n}"
+                    assert_bits_equal_nan_any(product(lib, x, y), want, what)
+                assert_bits_equal_nan_any(product(lib, a, b, c0), want_acc, what + ", +=")
+    for name, lib in libraries.items():      # the threaded code really ran, in every build
+        assert nx.matmul_config(lib)["threaded_runs"] > before[name], name
+
+
+def test_batched_products_with_strided_operands(libraries, rng, threads_restored):
+    for bt, m, k, n in [(1, 9, 17, 33), (3, 64, 40, 70), (5, 7, 1, 3), (8, 33, 64, 32),
+                        (2, 130, 5, 129), (4, 96, 80, 100), (16, 40, 50, 40)]:
+        a, b = operand(rng, (bt, m, k)), operand(rng, (bt, k, n))
+        c0 = operand(rng, (bt, m, n))
+        want, want_acc = reference(a, b), reference(a, b, c0)
+        for t in THREADS:
+            native.set_num_threads(t)
+            for name, lib in libraries.items():
+                for case, (x, y) in layouts(a, b).items():
+                    what = f"{name}, {t} threads, bmm {case} {bt}x{m}x{k}x{n}"
+                    assert_bits_equal_nan_any(product(lib, x, y), want, what)
+                assert_bits_equal_nan_any(product(lib, a, b, c0), want_acc, f"{name} bmm +=")
+    # a broadcast (stride 0) batch operand is just another stride
+    a = operand(rng, (1, 20, 30))
+    b = operand(rng, (4, 30, 50))
+    a4 = np.broadcast_to(a, (4, 20, 30))
+    assert_bits_equal_nan_any(nx.bmm(a4, b), reference(np.ascontiguousarray(a4), b), "stride 0")
+
+
+def test_special_values_signed_zeros_subnormals_and_k0(libraries, threads_restored):
+    """Every IEEE case the serial order defines: inf*0 = NaN, inf - inf, overflow,
+    gradual underflow, -0.0 + -0.0 = -0.0 but 0.0 start + -0.0 = +0.0, K = 0."""
+    a = np.array([[np.inf, 0.0, 1.0], [-0.0, -0.0, -0.0], [1e308, 1e308, -1e308],
+                  [5e-324, 2.5e-308, -1e-310], [np.nan, 1.0, 2.0], [1.0, -np.inf, np.inf]])
+    b = np.array([[0.0, 1.0, -0.0, 1e-300], [1.0, 2.0, -0.0, 0.5],
+                  [np.inf, 1.0, -0.0, 1e-10]])
+    for t in THREADS:
+        native.set_num_threads(t)
+        for name, lib in libraries.items():
+            for case, (x, y) in layouts(a, b).items():
+                assert_bits_equal_nan_any(product(lib, x, y), reference(a, b), f"{name} {case}")
+            # three -0.0 products: 0.0 + -0.0 + ... is +0.0, never -0.0
+            got = product(lib, a, b)
+            assert not np.signbit(got[1, 1]) and got[1, 1] == 0.0
+            # K = 0: every element is the 0.0 start; accumulating adds +0.0 (-0.0 -> +0.0)
+            empty = product(lib, np.zeros((4, 0)), np.zeros((0, 5)))
+            assert_bits_equal_nan_any(empty, np.zeros((4, 5)), f"{name} K=0")
+            c0 = np.full((4, 5), -0.0)
+            acc = product(lib, np.zeros((4, 0)), np.zeros((0, 5)), c0)
+            assert not np.signbit(acc).any(), f"{name} K=0 +="
+
+
+def test_numerics_entry_points_use_the_kernel_and_agree_with_numpy(rng):
+    require_c_compiler()
+    assert nx._native_kernels() is not None
+    a, b = rng.standard_normal((70, 90)), rng.standard_normal((90, 40))
+    assert_bits_equal_nan_any(nx.matmul(a, b), nx.matmul_numpy(a, b), "matmul")
+    assert_bits_equal_nan_any(nx.matmul(b.T, a.T), nx.matmul_numpy(b.T, a.T), "transposed")
+    # other dtypes, misaligned and non-element strides are copied first, not misread
+    raw = np.zeros(70 * 90 * 8 + 1, dtype=np.uint8)[1:].view(np.float64).reshape(70, 90)
+    raw[...] = a
+    assert not raw.flags.aligned
+    assert_bits_equal_nan_any(nx.matmul(raw, b), nx.matmul_numpy(a, b), "misaligned")
+    assert_bits_equal_nan_any(nx.matmul(a.astype(np.float32), b),
+                              nx.matmul_numpy(a.astype(np.float32).astype(np.float64), b),
+                              "float32 operand")
+
+
+def test_no_fused_multiply_add_in_any_compiled_kernel(libraries):
+    """-ffp-contract=off keeps every a*b and s + p separate; the disassembly proves it."""
+    from gradtool.device.host import library_path, load_library
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump is not installed")
+    paths = [Path(lib._name) for lib in libraries.values()]
+    for variant in ("tiled", "per-thread"):
+        load_library("f64", variant)
+        paths.append(library_path("f64", native.native_arch_wanted(), variant))
+    fused = ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub", "fmadd", "fmla")
+    for path in paths:
+        text = subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+        assert "mulpd" in text or "mulsd" in text or "fmul" in text, f"{path}: no multiply?"
+        hits = [line for line in text.splitlines() if any(f in line for f in fused)]
+        assert not hits, f"{path} contains fused multiply-adds: {hits[:3]}"
+
+
+MXCSR_PROBE = r"""
+#include <xmmintrin.h>
+unsigned probe_get(void) { return _mm_getcsr(); }
+void probe_set(unsigned v) { _mm_setcsr(v); }
+"""
+
+FTZ_SCRIPT = r"""
+import ctypes, sys
+import numpy as np
+from gradtool import native
+from gradtool import numerics as nx
+from gradtool.device import capture
+import gradtool as gt
+
+probe = ctypes.CDLL(sys.argv[1])
+probe.probe_get.restype = ctypes.c_uint
+probe.probe_set.argtypes = [ctypes.c_uint]
+FTZ_DAZ = 0x8040
+clean = probe.probe_get()
+native.set_num_threads(2)
+rng = np.random.default_rng(7)
+# subnormal inputs (DAZ reads them as 0) and products that underflow (FTZ flushes them)
+a = rng.standard_normal((160, 120)) * 1e-300         # 160x120 @ 120x96: threaded
+a[::3] *= 1e-10
+b = rng.standard_normal((120, 96)) * 1e-12
+want = nx.matmul_numpy(a, b)                     # computed in the default mode
+
+tp = gt.Tape()
+w = tp.param(b, name="w")
+loss = tp.sum(tp.const(a, name="x") @ w)
+tp.backward(loss)
+rp = capture(tp, loss, backend="host")
+
+probe.probe_set(clean | FTZ_DAZ)
+assert np.multiply(1e-300, 1e-10) == 0.0, "FTZ did not take effect here"
+same = nx.matmul_numpy(a, b).view(np.uint64) == want.view(np.uint64)   # (== would apply DAZ)
+assert not same.all(), "FTZ/DAZ would change this product"
+first = nx.matmul(a, b)                          # threaded: the caller and a worker
+third = nx.matmul(a.T.copy().T, b)               # A^T packed
+assert probe.probe_get() & FTZ_DAZ == FTZ_DAZ, "the caller's mode was not restored"
+rp.forward(); rp.backward()                      # the host interpreter
+dev_value, dev_grad = rp.value(loss), rp.grad(w)
+assert probe.probe_get() & FTZ_DAZ == FTZ_DAZ, "the caller's mode was not restored"
+probe.probe_set(clean)
+second = nx.matmul(a, b)
+assert nx.matmul_config()["threaded_runs"] >= 3, nx.matmul_config()
+for got in (first, second, third):
+    assert (got.view(np.uint64) == want.view(np.uint64)).all()
+assert (dev_value.view(np.uint64) == tp.value(loss).view(np.uint64)).all()
+assert (dev_grad.view(np.uint64) == tp.grad(w).view(np.uint64)).all()
+print("ok")
+"""
+
+
+def test_flush_to_zero_in_the_caller_cannot_change_a_product(tmp_path):
+    """A caller's FTZ/DAZ (a library built with -ffast-math sets it on load) would flush
+    subnormals; the kernel and the host interpreter run under the IEEE default instead,
+    in the caller and in worker threads that were started under FTZ, and restore the
+    caller's mode afterwards."""
+    require_c_compiler()
+    if not any(m in os.uname().machine for m in ("x86_64", "amd64", "i686")):
+        pytest.skip("the FTZ/DAZ bits tested here are x86's MXCSR")
+    src = tmp_path / "probe.c"
+    src.write_text(MXCSR_PROBE)
+    probe = native.build("mxcsr_probe", src, native.SAFE_FLAGS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", FTZ_SCRIPT, str(probe)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_fork_after_threads_and_concurrent_callers(rng, threads_restored):
+    """The pool is rebuilt in a forked child; two Python threads calling at once (ctypes
+    drops the GIL) each get their own correct product."""
+    require_c_compiler()
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork() here")
+    native.set_num_threads(2)
+    a, b = rng.standard_normal((100, 90)), rng.standard_normal((90, 110))
+    want = nx.matmul_numpy(a, b)
+    assert_bits_equal_nan_any(nx.matmul(a, b), want, "parent")
+    pid = os.fork()
+    if pid == 0:                                   # the child: must not hang or differ
+        ok = np.array_equal(nx.matmul(a, b).view(np.uint64), want.view(np.uint64))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+    results, pairs = {}, [(rng.standard_normal((60 + i, 70)), rng.standard_normal((70, 80)))
+                          for i in range(4)]
+
+    def work(i):
+        x, y = pairs[i]
+        results[i] = [nx.matmul(x, y) for _ in range(20)]
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for i, (x, y) in enumerate(pairs):
+        for got in results[i]:
+            assert_bits_equal_nan_any(got, nx.matmul_numpy(x, y), f"thread {i}")
+
+
+def test_thread_count_setting_and_its_errors(threads_restored, monkeypatch):
+    monkeypatch.setenv(native.THREADS_ENV, "3")
+    assert native.num_threads() == 3
+    monkeypatch.delenv(native.THREADS_ENV)
+    assert native.num_threads() == min(native.usable_cores(), native.MAX_THREADS)
+    for bad in ("0", "-1", "two", "1.5", str(native.MAX_THREADS + 1)):
+        monkeypatch.setenv(native.THREADS_ENV, bad)
+        with pytest.raises(GradtoolError, match=native.THREADS_ENV):
+            native.num_threads()
+    monkeypatch.delenv(native.THREADS_ENV)
+    native.set_num_threads(5)
+    assert native.num_threads() == 5
+    if nx._native_kernels() is not None:
+        assert nx.matmul_config()["threads"] == 5
+    for bad in (0, True, 2.0, native.MAX_THREADS + 1):
+        with pytest.raises(GradtoolError):
+            native.set_num_threads(bad)
+
+
+def test_bad_thread_count_is_one_line_from_the_cli(tmp_path):
+    require_c_compiler()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), native.THREADS_ENV: "lots"}
+    proc = subprocess.run([*GRADTOOL, "backward", str(ROOT / "samples" / "mlp_regression.msgpack")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "GRADTOOL_NUM_THREADS" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_training_saves_the_same_bytes_with_1_and_2_threads(backend, tmp_path):
+    """The whole path users run, in fresh processes: `gradtool train --save` under
+    GRADTOOL_NUM_THREADS=1 and =2 writes identical files.  The MLP 64-256-10 at batch
+    128 is large enough for threaded products (128x64 @ 64x256 and its backward), a
+    threaded optimizer step and, on the host, split launches."""
+    require_c_compiler()
+    import gradtool as gt
+    rng = np.random.default_rng(3)
+    tp = gt.Tape()
+    x = tp.const(rng.standard_normal((128, 64)), name="x")
+    y = tp.const(np.eye(10)[rng.integers(0, 10, 128)], name="y")
+    w1 = tp.param(rng.standard_normal((64, 256)) * 0.2, name="w1")
+    b1 = tp.param(np.zeros((1, 256)), name="b1")
+    w2 = tp.param(rng.standard_normal((256, 10)) * 0.1, name="w2")
+    loss = tp.mse(tp.tanh(x @ w1 + b1) @ w2, y)
+    tape = tmp_path / "mlp.msgpack"
+    gt.save(tp, str(tape), loss=loss)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.standard_normal((512, 64)), y=np.eye(10)[rng.integers(0, 10, 512)])
+    outs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"{backend}_{threads}.msgpack"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), native.THREADS_ENV: threads}
+        proc = subprocess.run([*GRADTOOL, "train", str(tape), "--data", str(data), "--epochs", "3",
+                               "--clip", "1.0", "--backend", backend, "--save", str(out)],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_kernel_sources_build_warning_free(tmp_path):
+    """The header compiles cleanly with -Wall -Wextra in each tile configuration."""
+    require_c_compiler()
+    for flags in ([], ["-DGT_MM_PORTABLE"], ["-march=native"]):
+        proc = subprocess.run([native.compiler(), "-O2", "-Wall", "-Wextra", "-Werror",
+                               "-ffp-contract=off", "-pthread", "-fPIC", "-shared", *flags,
+                               str(native.CSRC / "gt_cpu.c"), "-o", str(tmp_path / "m.so")],
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 and flags == ["-march=native"] and "march" in proc.stderr:
+            continue
+        assert proc.returncode == 0, textwrap.shorten(proc.stderr, 1000)
+
+
+def test_host_backend_threads_split_large_launches_without_changing_a_bit(rng,
+                                                                         threads_restored):
+    """The host interpreter splits large GT_LOOP launches (tanh, exp, sigmoid, relu, the
+    fill, their backward, Adam) and matmul chunks over 1, 2, 3 and 7 threads; three
+    training steps end on the CPU engine's bits every time."""
+    require_c_compiler()
+    import gradtool as gt
+    from gradtool.device.host import load_library
+    from gradtool.optim import Adam
+    from gradtool.train import make_engine
+
+    x0 = rng.standard_normal((160, 200))
+    w0 = rng.standard_normal((200, 180)) * 0.1
+    v0 = rng.standard_normal((180, 200)) * 0.1
+
+    def build():
+        tp = gt.Tape()
+        x = tp.const(x0, name="x")
+        w, v = tp.param(w0, name="w", l2=1e-3), tp.param(v0, name="v")
+        h = tp.tanh(x @ w) * tp.sigmoid(x @ w) + tp.exp(tp.neg(tp.relu(x @ w)))
+        loss = tp.mean(tp.sqrt(tp.exp(tp.muls(h @ v, 0.01))))
+        opt = Adam(1e-2)
+        opt.add(tp, w)
+        opt.add(tp, v)
+        opt.set_clip(0.5)
+        return tp, loss, opt, (w, v)
+
+    def train(backend):
+        tp, loss, opt, params = build()
+        engine = make_engine(backend, tp, loss.id, opt)
+        losses = [engine.train_step() for _ in range(3)]
+        engine.finish()
+        return losses, [tp.value(p).copy() for p in params]
+
+    want_losses, want = train("cpu")
+    lib = load_library("f64")
+    before = nx.matmul_config(lib)["threaded_runs"]
+    for t in THREADS:
+        native.set_num_threads(t)
+        losses, got = train("host")
+        assert losses == want_losses, t
+        for a, b in zip(got, want):
+            assert_bits_equal_nan_any(a, b, f"host backend, {t} threads")
+    assert nx.matmul_config(lib)["threaded_runs"] > before
+
+
+POOL_STRESS = r"""
+#include <stdio.h>
+#include "gt_matmul.h"
+/* Jobs of 2 and of 8+ chunks back to back, thousands of times, on 2 and 3
+ * threads: a worker that is late for one job must never claim a chunk of the
+ * next (that hung the pool once), and every product must match the serial one. */
+int main(void)
+{
+    static double A[200 * 200], B[200 * 200], C[200 * 200], R[2][200 * 200];
+    const int shape[2][3] = {{40, 40, 45}, {200, 64, 200}};
+    for (int i = 0; i < 200 * 200; ++i) { A[i] = (i % 17) * 0.25 - 2; B[i] = (i % 13) * 0.5 - 3; }
+    gt_mm_set_threads_impl(1);
+    for (int s = 0; s < 2; ++s)
+        gt_mm_run(R[s], A, 0, shape[s][1], 1, B, 0, shape[s][2], 1, 1, shape[s][0], shape[s][1],
+                  shape[s][2], 0);
+    for (int t = 2; t <= 3; ++t) {
+        gt_mm_set_threads_impl(t);
+        for (int rep = 0; rep < 3000; ++rep) {
+            const int s = rep & 1, m = shape[s][0], k = shape[s][1], n = shape[s][2];
+            gt_mm_run(C, A, 0, k, 1, B, 0, n, 1, 1, m, k, n, 0);
+            for (int i = 0; i < m * n; ++i)
+                if (C[i] != R[s][i]) { printf("mismatch: %d threads, run %d\n", t, rep); return 1; }
+        }
+    }
+    printf("ok %lld\n", (long long)atomic_load(&gt_pool.threaded));
+    return 0;
+}
+"""
+
+
+def test_thread_pool_survives_alternating_jobs(tmp_path):
+    """The pool's claim protocol under pressure, in C with the project's flags."""
+    require_c_compiler()
+    src = tmp_path / "stress.c"
+    src.write_text(POOL_STRESS)
+    exe = tmp_path / "stress"
+    flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=300)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
