@@ -167,16 +167,23 @@ def select_numpy(cond, a, b):
     condition as an all-ones or all-zeros int64 mask ANDed with the array's bit pattern
     gives the array's element or +0.0's all-zero pattern, bit for bit what np.where
     gives (several times faster)."""
-    shape = np.shape(cond)
-    for keep, other, invert in ((a, b, False), (b, a, True)):
-        if (type(other) is float and other == 0.0 and math.copysign(1.0, other) > 0
-                and isinstance(keep, np.ndarray) and keep.dtype == np.float64
-                and keep.shape == shape and isinstance(cond, np.ndarray)):
-            mask = (np.logical_not(cond) if invert else cond).view(np.int8).astype(np.int64)
-            np.negative(mask, out=mask)
-            np.bitwise_and(mask, np.ascontiguousarray(keep).view(np.int64), out=mask)
-            return mask.view(np.float64)
-    return np.where(cond, a, b)
+    if type(b) is float:
+        keep, zero, invert = a, b, False
+    elif type(a) is float:
+        keep, zero, invert = b, a, True
+    else:
+        return np.where(cond, a, b)
+    if (zero != 0.0 or math.copysign(1.0, zero) < 0 or type(keep) is not np.ndarray
+            or keep.dtype != np.float64 or type(cond) is not np.ndarray
+            or keep.shape != cond.shape):
+        return np.where(cond, a, b)
+    mask = cond.view(np.int8).astype(np.int64)      # 1 where cond holds, else 0
+    if invert:
+        np.subtract(mask, 1, out=mask)               # 0 where cond holds, else all ones
+    else:
+        np.negative(mask, out=mask)                  # all ones where cond holds, else 0
+    np.bitwise_and(mask, np.ascontiguousarray(keep).view(np.int64), out=mask)
+    return mask.view(np.float64)
 
 
 def evaluate(expr: Expr, env: Mapping[str, object]):

@@ -487,11 +487,15 @@ def _rows(a, at):
 
 
 def _sum_f(a, b, s, at):
+    if attr(at, "axis") is None:
+        return nx.serial_sum(a).reshape(_reduce_shape(a.shape, None, at))   # same order
     rows, axis = _rows(a, at)
     return nx.serial_sum_axis(rows, axis).reshape(_reduce_shape(a.shape, None, at))
 
 
 def _mean_f(a, b, s, at):
+    if attr(at, "axis") is None:
+        return nx.serial_mean(a).reshape(_reduce_shape(a.shape, None, at))
     rows, axis = _rows(a, at)
     return (nx.serial_sum_axis(rows, axis) / float(rows.shape[axis])).reshape(
         _reduce_shape(a.shape, None, at))
@@ -505,10 +509,14 @@ def _spread(g, a, at):
 
 
 def _sum_b(g, a, b, t, s, at, na, nb):
+    if attr(at, "axis") is None:
+        return (np.full(a.shape, g.reshape(-1)[0]), None)   # one value: np.full is cheaper
     return (np.broadcast_to(_spread(g, a, at), a.shape).copy(), None)
 
 
 def _mean_b(g, a, b, t, s, at, na, nb):
+    if attr(at, "axis") is None:
+        return (np.full(a.shape, g.reshape(-1)[0] / float(a.size)), None)
     rows, axis = _rows(a, at)
     return (np.broadcast_to(_spread(g, a, at) / float(rows.shape[axis]), a.shape).copy(),
             None)
