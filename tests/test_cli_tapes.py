@@ -16,8 +16,8 @@ from gradtool.cli.tapes import commands
 from gradtool.tape import Tape
 from gradtool.tapefile import load, save
 from support import assert_one_line_error, run
-from tapefile_corpus import all_ops_tape
-from test_tapefile import mlp_tape, numpy_mlp_backprop, write_independent_mlp
+from support import all_ops_tape
+from support import mlp_tape, numpy_mlp_backprop, write_independent_mlp
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -303,7 +303,7 @@ def test_fd_check_params_take_names_and_node_ids(tmp_path, rng):
 
 
 def test_fd_check_shows_progress_only_on_a_terminal(tmp_path):
-    from tapefile_corpus import GRADTOOL, stderr_through_a_terminal
+    from support import GRADTOOL, stderr_through_a_terminal
     path = SAMPLES / "mlp_regression.msgpack"
     status, text = stderr_through_a_terminal([*GRADTOOL, "fd-check", str(path)])
     assert status == 0, text

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gradtool.tapefile import load
-from tapefile_corpus import SAMPLES
+from support import SAMPLES
 
 TAPE = SAMPLES / "digits_mlp.msgpack"
 DATA = SAMPLES / "digits.npz"

@@ -133,7 +133,7 @@ def test_every_sample_bit_exact(sample, graph):
 
 @needs_gpu
 def test_random_graphs_bit_exact():
-    from test_device_host import random_graph
+    from support import random_graph
     for seed in range(25):
         tp, loss = random_graph(np.random.default_rng(seed))
         grads_match(tp, loss, capture(tp, loss, "cuda"))
@@ -145,7 +145,7 @@ def test_grid_stride_loops_on_a_tiny_grid(graph, monkeypatch):
     """Every kernel with at most 2 blocks of 32 threads: each thread walks many indices
     through the grid-stride loop (a full-size grid only does that past 2^24 indices)."""
     from gradtool.device import cuda as cuda_backend
-    from test_device_host import random_graph
+    from support import random_graph
     monkeypatch.setattr(cuda_backend, "BLOCK", 32)
     monkeypatch.setattr(cuda_backend, "MAX_GRID", 2)
     assert geometry(10_000) == ((2, 1), (32, 1, 1))
@@ -162,7 +162,7 @@ def test_grid_stride_loops_on_a_tiny_grid(graph, monkeypatch):
 def test_training_episodes_bit_exact(kind, graph, fuse):
     """30 episodes (one CUDA graph each with graph=True; fused kernels with fuse=True)
     against gradtool.optim."""
-    from test_device_host import (assert_replay_trained_like_cpu, batches, mlp, run_cpu,
+    from support import (assert_replay_trained_like_cpu, batches, mlp, run_cpu,
                                   with_params)
     tapes = [mlp(np.random.default_rng(7), unused=True) for _ in range(2)]
     data = batches(np.random.default_rng(8), 30)
@@ -186,7 +186,7 @@ def test_training_episodes_bit_exact(kind, graph, fuse):
 def test_nonfinite_loss_updates_nothing_inside_the_graph(graph):
     """A NaN batch: the captured guard kernel stops every update on the device, the host
     rolls its counters back, and the run goes on exactly like the CPU engine's."""
-    from test_device_host import (assert_engines_end_alike, nonfinite_batch_setup,
+    from support import (assert_engines_end_alike, nonfinite_batch_setup,
                                   train_step_all)
     engines, tapes, data = nonfinite_batch_setup(
         lambda tp, loss_id, opt: DeviceEngine(tp, loss_id, opt, backend="cuda", graph=graph))
@@ -200,7 +200,7 @@ def test_nonfinite_loss_updates_nothing_inside_the_graph(graph):
 
 @needs_gpu
 def test_graph_and_per_node_launches_agree():
-    from test_device_host import with_params
+    from support import with_params
     tf = load(ROOT / "samples" / "attention.msgpack")
     results = []
     for graph in (True, False):

@@ -22,21 +22,9 @@ from gradtool.device.program import MAX_DIMS, capture_program
 from gradtool.errors import GradtoolError
 from gradtool.optim import SGD, Adam
 from gradtool.train import make_engine
-
-
-def perturb_leaves(tp, rp, rng):
-    """New leaf values (same signs, so log/sqrt inputs stay positive; new ids in range) on
-    both sides."""
-    for i, node in enumerate(tp.nodes):
-        if node.a < 0 and tp.holds_ids(i):
-            bound = min(b for _, b in tp.id_bounds(i))
-            new = rng.integers(0, bound, tp.values[i].shape)
-            tp.set_value(tp.var(i), new)
-            rp.set_input(i, new)
-        elif node.a < 0:
-            new = tp.values[i] * rng.uniform(0.5, 1.5, tp.values[i].shape)
-            tp.set_value(tp.var(i), new)
-            rp.set_input(i, new)
+from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like_cpu, batches,
+                     mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
+                     run_cpu, train_step_all, weighted_loss, with_params)
 
 
 def assert_replay_matches(tp, loss, rng, dtype="f64", kernels="tiled"):
@@ -58,14 +46,8 @@ def assert_replay_matches(tp, loss, rng, dtype="f64", kernels="tiled"):
     return rp
 
 
-def weighted_loss(tp, y, rng):
-    """mean(y * k) with a random const k: every element of y gets its own gradient."""
-    return tp.mean(y * tp.const(rng.uniform(-1.0, 1.0, y.shape)))
-
-
 # ── one op at a time ──────────────────────────────────────────────────────
 
-UNARY = ["neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs"]
 
 
 @pytest.mark.parametrize("shape", [(1,), (3, 4), (2, 3, 5)])
@@ -246,101 +228,6 @@ def test_special_values_propagate_like_the_tape(rng):
 
 # ── random graphs covering every op ───────────────────────────────────────
 
-def random_unary(tp, rng, x):
-    """A random unary op of x (inputs kept in the domain of log and sqrt)."""
-    op = rng.choice(UNARY + ["adds", "muls"])
-    if op in ("log", "sqrt"):
-        return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-    if op == "exp":
-        return tp.exp(tp.tanh(x))
-    if op in ("adds", "muls"):
-        return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
-    return getattr(tp, op)(x)
-
-
-def random_graph(rng, n_ops=14):
-    """A random tape over every op; returns (tape, loss)."""
-    tp = gt.Tape()
-    pool = []
-
-    def leaf(shape, const=None):
-        const = rng.random() < 0.25 if const is None else const
-        data = rng.uniform(-1.0, 1.0, shape)
-        v = tp.const(data) if const else tp.param(data)
-        pool.append(v)
-        return v
-
-    def pick(pred=lambda s: True):
-        cands = [v for v in pool if pred(v.shape)]
-        return cands[rng.integers(len(cands))] if cands else None
-
-    for shape in [(2, 3), (3,), (2, 1), (1, 3), (2, 3, 4)]:
-        leaf(shape)
-    def ids(bound, shape):
-        return tp.const(rng.integers(0, bound, shape), dtype="i64")
-
-    for _ in range(n_ops):
-        kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
-                           "softmax", "slice", "concat", "reduce", "take", "take_along"])
-        x = pick()
-        if kind == "unary":
-            y = random_unary(tp, rng, x)
-        elif kind == "binary":
-            shape = list(x.shape)
-            other_shape = [1 if rng.random() < 0.4 else d for d in shape]
-            if rng.random() < 0.3 and len(other_shape) > 1:
-                other_shape = other_shape[1:]
-            other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
-            a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div", "maximum"])
-            if op == "div":
-                b = tp.adds(tp.sigmoid(b), 0.5)
-            y = getattr(tp, op)(a, b)
-        elif kind == "matmul":
-            x = pick(lambda s: len(s) == 2) or leaf((2, 3))
-            y = x @ leaf((x.shape[1], int(rng.integers(1, 5))), const=False)
-        elif kind == "bmm":               # sometimes a batch of 1 stretched on either side
-            x = pick(lambda s: len(s) == 3) or leaf((2, 3, 4))
-            batch = [x.shape[0], 1, 3][int(rng.integers(3))] if x.shape[0] == 1 else \
-                [x.shape[0], 1][int(rng.integers(2))]
-            y = tp.bmm(x, leaf((batch, x.shape[2], int(rng.integers(1, 4))), const=False))
-            if rng.random() < 0.5:
-                y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
-        elif kind == "transpose":
-            x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
-            y = tp.transpose(x)
-        elif kind == "reshape":
-            y = tp.reshape(x, [int(np.prod(x.shape))])
-        elif kind == "softmax":
-            op = rng.choice(["softmax", "log_softmax"])
-            y = getattr(tp, op)(x, axis=int(rng.integers(len(x.shape))))
-        elif kind == "slice":
-            starts = [int(rng.integers(d)) for d in x.shape]
-            stops = [int(rng.integers(lo + 1, d + 1))
-                     for lo, d in zip(starts, x.shape, strict=True)]
-            y = tp.slice(x, starts, stops)
-        elif kind == "concat":
-            axis = int(rng.integers(len(x.shape)))
-            y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
-        elif kind == "take":
-            table = pick(lambda s: len(s) <= 2) or leaf((4, 3))
-            y = tp.take(table, ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3)))))
-        elif kind == "take_along":
-            axis = int(rng.integers(len(x.shape)))
-            shape = list(x.shape)
-            shape[axis] = int(rng.integers(1, 4))
-            y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
-        else:
-            op = rng.choice(["sum", "mean", "max"])
-            axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
-            y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
-        pool.append(y)
-    picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]
-    loss = weighted_loss(tp, picks[0], rng)
-    for v in picks[1:]:
-        loss = loss + weighted_loss(tp, v, rng)
-    return tp, loss
-
 
 @pytest.mark.parametrize("kernels", ["tiled", "per-thread", "per-thread-reversed"])
 def test_random_graphs_cover_every_op(kernels):
@@ -380,62 +267,6 @@ def test_gpu_kernel_bodies_on_broadcasts_and_products(kernels, rng):
 
 
 # ── training: the device optimizer against gradtool.optim ─────────────────
-
-def mlp(rng, n_in=6, n_hid=8, n_out=3, batch=5, l2=(1e-3, 0.0), unused=False):
-    tp = gt.Tape()
-    x = tp.const(rng.standard_normal((batch, n_in)), name="x")
-    y = tp.const(np.eye(n_out)[rng.integers(0, n_out, batch)], name="y")
-    w1 = tp.param(rng.standard_normal((n_in, n_hid)) * 0.5, name="w1", l2=l2[0])
-    b1 = tp.param(np.zeros((1, n_hid)), name="b1", l2=l2[1])
-    w2 = tp.param(rng.standard_normal((n_hid, n_out)) * 0.5, name="w2", l2=l2[0])
-    b2 = tp.param(np.zeros((1, n_out)), name="b2")
-    if unused:
-        tp.param(np.ones((2, 2)), name="unused")
-    p = tp.softmax(tp.tanh(x @ w1 + b1) @ w2 + b2, axis=1)
-    loss = tp.neg(tp.mean(tp.log((y * p) @ tp.const(np.ones((n_out, 1))))))
-    return tp, x, y, loss
-
-
-def batches(rng, n, batch=5, n_in=6, n_out=3):
-    return [(rng.standard_normal((batch, n_in)) * 2.0, np.eye(n_out)[rng.integers(0, n_out, batch)])
-            for _ in range(n)]
-
-
-def with_params(opt, tp, clip=None):
-    """``opt`` with every param of ``tp`` registered, and the clip set if given."""
-    for p in tp.params():
-        opt.add(tp, p)
-    if clip is not None:
-        opt.set_clip(clip)
-    return opt
-
-
-def run_cpu(tp, x, y, loss, opt, data):
-    losses = []
-    for xb, yb in data:
-        tp.set_value(x, xb)
-        tp.set_value(y, yb)
-        tp.forward()
-        losses.append(float(tp.values[loss.id][0]))
-        tp.zero_grad()
-        tp.backward(loss)
-        opt.step(tp)
-    return losses
-
-
-def assert_replay_trained_like_cpu(rp, tp_dev, opt_dev, tp_cpu, opt_cpu):
-    """After training: the replay's last gradients, params, step counters and moments,
-    synced back into ``tp_dev`` and ``opt_dev``, equal to the bit those of the CPU run."""
-    rp.sync_params_to_tape(tp_dev)
-    rp.sync_optimizer(opt_dev)
-    for p in tp_cpu.params():
-        assert_bits_equal(rp.grad(p.id), tp_cpu.grad(p), f"grad {p.id}")
-        assert_bits_equal(tp_dev.values[p.id], tp_cpu.values[p.id], f"param {p.id}")
-    assert (opt_dev.t, opt_dev.b1t, opt_dev.b2t) == (opt_cpu.t, opt_cpu.b1t, opt_cpu.b2t)
-    for e_dev, e_cpu in zip(opt_dev.entries, opt_cpu.entries, strict=True):
-        if e_cpu.m is not None:
-            assert_bits_equal(e_dev.m, e_cpu.m, f"m {e_cpu.node_id}")
-            assert_bits_equal(e_dev.v, e_cpu.v, f"v {e_cpu.node_id}")
 
 
 @pytest.mark.parametrize("kind,clip,kernels,fuse", [
@@ -483,42 +314,6 @@ def test_clip_really_clips():
     rp.step()
     moved = np.abs(rp.value(tp.params()[0]) - before).max()
     assert 0.0 < moved <= 0.5 * 1e-3 * (1 + 1e-12)
-
-
-def nonfinite_batch_setup(device_engine):
-    """The NaN-batch scenario of the engine tests: two identical MLP tapes, each with
-    Adam(0.01) and clip 1.0, one on the CPU engine and one on ``device_engine(tp,
-    loss_id, opt)``; 12 batches, the sixth all NaN.  Returns (engines, tapes, data),
-    engines = [(engine, x, y, opt)], the CPU's first."""
-    engines, tapes = [], []
-    for make in (lambda tp, loss_id, opt: make_engine("cpu", tp, loss_id, opt), device_engine):
-        tp, x, y, loss = mlp(np.random.default_rng(11))
-        opt = with_params(Adam(0.01), tp, clip=1.0)
-        engines.append((make(tp, loss.id, opt), x, y, opt))
-        tapes.append(tp)
-    data = batches(np.random.default_rng(12), 12)
-    data[5] = (np.full_like(data[5][0], np.nan), data[5][1])
-    return engines, tapes, data
-
-
-def train_step_all(engines, xb, yb):
-    """One train_step of every engine on the batch (xb, yb): their losses."""
-    losses = []
-    for engine, x, y, _ in engines:
-        engine.set_input(x.id, xb)
-        engine.set_input(y.id, yb)
-        losses.append(engine.train_step())
-    return losses
-
-
-def assert_engines_end_alike(engines, tapes):
-    """After finish(): the device tape's params equal to the bit the CPU tape's, and both
-    optimizers at step 11 (the NaN batch's step rolled back)."""
-    for engine, *_ in engines:
-        engine.finish()
-    for p in tapes[0].params():
-        assert_bits_equal(tapes[1].values[p.id], tapes[0].values[p.id], f"param {p.id}")
-    assert engines[1][3].t == engines[0][3].t == 11
 
 
 def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():

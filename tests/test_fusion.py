@@ -29,7 +29,7 @@ from gradtool.device.fusion import render
 from gradtool.device.host import HostBackend, Staging
 from gradtool.optim import Adam
 from gradtool.tapefile import load
-from test_device_host import perturb_leaves, random_graph, random_unary, weighted_loss
+from support import perturb_leaves, random_graph, random_unary, weighted_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))

@@ -1,6 +1,6 @@
 """A seeded structure-aware fuzz of tape files: real files decoded, mutated as data
 (keys, types, sizes, nesting, ids, strings, versions, shapes, attributes, data
-lengths; see tapefile_corpus.Mutator), re-encoded with msgpack, and run through the
+lengths; see support.Mutator), re-encoded with msgpack, and run through the
 commands.
 
 Every file must end in success or a gradtool error: exit status 0, 1 or 2, at most
@@ -19,7 +19,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from gradtool.cli import main
-from tapefile_corpus import ROOT, SAMPLES, Mutator, base_files, pack_any, run_limited
+from support import ROOT, SAMPLES, Mutator, base_files, pack_any, run_limited
 
 SEED = 20261130
 FILES = 1200                 # through the commands in one limited worker process
@@ -82,7 +82,7 @@ def assert_clean(status: int, stderr_lines: list, context: str) -> None:
 def test_mutated_files_end_in_success_or_one_line_errors_within_limits(tmp_path):
     jobs = corpus(tmp_path, FILES, SEED)
     (tmp_path / "jobs.json").write_text(json.dumps([BUDGET + args for _, args in jobs]))
-    worker = run_limited([sys.executable, str(ROOT / "tests" / "tapefile_corpus.py"),
+    worker = run_limited([sys.executable, str(ROOT / "tests" / "support.py"),
                           "cli-batch", str(tmp_path / "jobs.json")],
                          memory_bytes=WORKER_MEMORY, cpu_seconds=600, timeout=900)
     assert worker.returncode == 0, worker.stderr[-2000:]

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from gradtool.cli import main
 from gradtool.tapefile import dumps
 from gradtool.tapefile.checks import SchemaCheck, _validator_class, skeleton
-from tapefile_corpus import (COMMANDS, all_invalid_cases, all_ops_tape, assert_clean_reject,
+from support import (COMMANDS, all_invalid_cases, all_ops_tape, assert_clean_reject,
                              base_files)
 
 

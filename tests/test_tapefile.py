@@ -14,23 +14,12 @@ from gradtool.ops import OPS
 from gradtool.tape import Tape
 from gradtool.tapefile import FORMAT, VERSION, Limits, dumps, load, save
 from gradtool.tapefile.checks import schema
-from tapefile_corpus import all_ops_tape
+from support import all_ops_tape, mlp_tape, numpy_mlp_backprop, write_independent_mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # ── tapes used by several tests ────────────────────────────────────────────
-
-def mlp_tape(rng):
-    tp = Tape()
-    w1 = tp.param(rng.standard_normal((3, 5)), name="W1", l2=1e-4)
-    b1 = tp.param(rng.standard_normal(5), name="b1")
-    w2 = tp.param(rng.standard_normal((5, 2)), name="W2", l2=1e-4)
-    b2 = tp.param(rng.standard_normal(2))
-    x = tp.const(rng.standard_normal((8, 3)), name="x")
-    y = tp.const(rng.standard_normal((8, 2)), name="y")
-    pred = tp.tanh(x @ w1 + b1) @ w2 + b2
-    return tp, tp.mse(pred, y), {"pred": pred}
 
 
 def assert_same_tape(t1: Tape, t2: Tape):
@@ -158,55 +147,6 @@ def test_writer_layout_is_the_documented_one():
 
 
 # ── an independent writer: plain msgpack + numpy, per docs/format.md ───────
-
-def write_independent_mlp(path, rng):
-    """An MLP tape written WITHOUT gradtool: the spec is the only shared knowledge.
-
-    Leaves omit a/b/s (they default), ints are used where floats are allowed,
-    and an unknown key is present (readers ignore it).
-    """
-    x, y = rng.standard_normal((8, 3)), rng.standard_normal((8, 2))
-    w1, b1 = rng.standard_normal((3, 5)), rng.standard_normal(5)
-    w2, b2 = rng.standard_normal((5, 2)), rng.standard_normal(2)
-
-    def leaf(op, arr, **extra):
-        return {"op": op, "shape": list(arr.shape), "data": arr.astype("<f8").tobytes(), **extra}
-
-    def op(name, a, shape, b=-1, **extra):
-        return {"op": name, "a": a, "b": b, "s": 0.0, "shape": shape, **extra}
-
-    nodes = [
-        leaf("const", x, name="x"),                 # 0
-        leaf("const", y, name="y"),                 # 1
-        leaf("param", w1, name="W1", l2=0),         # 2  (an int l2 is a number)
-        leaf("param", b1, name="b1"),               # 3
-        leaf("param", w2, name="W2"),               # 4
-        leaf("param", b2, comment="no name"),       # 5  (unknown key: ignored)
-        op("matmul", 0, [8, 5], b=2),               # 6
-        op("add", 6, [8, 5], b=3),                  # 7  broadcast [5]
-        op("tanh", 7, [8, 5]),                      # 8
-        op("matmul", 8, [8, 2], b=4),               # 9
-        op("add", 9, [8, 2], b=5),                  # 10
-        op("sub", 10, [8, 2], b=1),                 # 11
-        op("mul", 11, [8, 2], b=11),                # 12
-        op("mean", 12, [1]),                        # 13
-    ]
-    doc = {"format": "gradtool-tape", "version": 1, "nodes": nodes, "outputs": {"pred": 10},
-           "meta": {"producer": "independent test writer"}, "x-extension": [1, 2, 3]}
-    Path(path).write_bytes(msgpack.packb(doc, use_bin_type=True))
-    return x, y, w1, b1, w2, b2
-
-
-def numpy_mlp_backprop(x, y, w1, b1, w2, b2):
-    """Hand-written reverse mode for mean((tanh(x@w1+b1)@w2+b2 - y)^2)."""
-    h = np.tanh(x @ w1 + b1)
-    pred = h @ w2 + b2
-    loss = np.mean((pred - y) ** 2)
-    dpred = 2.0 * (pred - y) / pred.size
-    dw2, db2 = h.T @ dpred, dpred.sum(axis=0)
-    dz = (dpred @ w2.T) * (1.0 - h * h)
-    dw1, db1 = x.T @ dz, dz.sum(axis=0)
-    return loss, {2: dw1, 3: db1, 4: dw2, 5: db2}
 
 
 def test_independent_writer_loads_and_gradients_match_numpy(tmp_path, rng):

@@ -2,13 +2,11 @@
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,10 +20,7 @@ from gradtool.tape import Tape
 from gradtool.tapefile import load, save
 from gradtool.train import CpuEngine, Reporter, TrainError, TrainOptions, Trainer, make_engine
 from gradtool.train.data import count_correct, epoch_order, parse_accuracy, input_slots
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-DIGITS = SAMPLES / "digits_mlp.msgpack"
-DIGITS_DATA = SAMPLES / "digits.npz"
+from support import DIGITS, DIGITS_DATA, stderr_through_a_terminal
 
 
 def run(*args):
@@ -406,24 +401,8 @@ def test_plot_writes_an_image_or_says_what_is_missing(tmp_path, monkeypatch):
 
 
 def test_progress_line_only_on_a_terminal(tmp_path):
-    import pty
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
+    status, text = stderr_through_a_terminal(
         [sys.executable, "-c", "from gradtool.cli import main; main()", "train", str(DIGITS),
-         "--data", str(DIGITS_DATA), "--epochs", "2"],
-        stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=60)
-    os.close(master)
-    text = b"".join(chunks).decode()
-    assert proc.returncode == 0
+         "--data", str(DIGITS_DATA), "--epochs", "2"], timeout=60)
+    assert status == 0
     assert "\repoch" in text.replace("\x1b[K", "") and "ex/s" in text
