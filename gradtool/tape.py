@@ -163,13 +163,17 @@ def _unsupported(x, op: str) -> "TapeError":
     return TapeError(f"unsupported operand for {op}: GVar and {type(x).__name__}{hint}")
 
 
-def as_float64_array(data, what: str) -> np.ndarray:
-    """A C-contiguous float64 copy of ``data`` with at least one dim, or a clear error.
+def as_float64_array(data, what: str, copy: bool = True) -> np.ndarray:
+    """A C-contiguous float64 array of ``data`` with at least one dim, or a clear error
+    (a copy unless ``copy=False``, which may return ``data`` itself when it already is one).
 
     Real numbers only: integer and float dtypes convert; bool, complex, object
     and string data are refused (a bool mask or a complex array converted
     silently would be a wrong result, not a convenience).
     """
+    if (not copy and type(data) is np.ndarray and data.dtype == np.float64
+            and 0 < data.ndim <= MAX_DIMS and data.size and data.flags.c_contiguous):
+        return data                   # the per-step upload's common case: nothing to do
     return _leaf_array(data, what, ids=False)
 
 
@@ -187,6 +191,10 @@ _KIND_NAMES = {"b": "bool", "c": "complex", "O": "object", "U": "string", "S": "
                "f": "float"}
 
 
+def _kind_name(dtype) -> str:
+    return _KIND_NAMES.get(dtype.kind) or str(dtype)
+
+
 def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
     if isinstance(data, GVar):
         raise TapeError(f"{what}: got a GVar; leaves take array data (use tape.value(v))")
@@ -194,15 +202,14 @@ def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
         arr = np.asarray(data)
     except Exception as exc:  # e.g. ragged nested lists
         raise TapeError(f"{what}: cannot convert to an array ({_one_line(exc)})") from None
-    kind = _KIND_NAMES.get(arr.dtype.kind, str(arr.dtype))
     if ids and arr.dtype.kind not in "iu":
         hint = (": float ids are refused, even whole ones; pass integers (.astype(np.int64))"
                 if arr.dtype.kind == "f" else "")
-        raise TapeError(f"{what}: expected integer ids, got {kind} data (dtype {arr.dtype})"
-                        f"{hint}")
+        raise TapeError(f"{what}: expected integer ids, got {_kind_name(arr.dtype)} data "
+                        f"(dtype {arr.dtype}){hint}")
     if arr.dtype.kind not in "iuf":
-        raise TapeError(f"{what}: expected real numbers (int or float), got {kind} data "
-                        f"(dtype {arr.dtype})")
+        raise TapeError(f"{what}: expected real numbers (int or float), got "
+                        f"{_kind_name(arr.dtype)} data (dtype {arr.dtype})")
     if arr.ndim > MAX_DIMS:
         raise TapeError(f"{what}: {arr.ndim} dims; a tape file allows at most {MAX_DIMS}")
     if arr.size == 0:

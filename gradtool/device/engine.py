@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
-from ..tape import as_float64_array, as_ids_array, check_ids
+from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
 from .program import CaptureError, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
@@ -88,9 +88,9 @@ class DeviceReplay:
     # ── inputs and phases ──────────────────────────────────────────────────
     def node_id(self, node, role: str = "node") -> int:
         """The captured node a GVar (of the captured tape, as captured) or a node id names."""
-        from ..tape import GVar, _is_index
-
         n = len(self.program.shapes)
+        if type(node) is int and 0 <= node < n:       # the training loop's common case
+            return node
         if isinstance(node, GVar):
             i = self.tape.node_id(node, role)
             if i >= n or self.tape.serials[i] != self._serials[i]:
@@ -113,7 +113,8 @@ class DeviceReplay:
         if not self._leaf[i]:
             raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
         what = f"set_input node {i}"
-        arr = as_ids_array(data, what) if i in self._ids else as_float64_array(data, what)
+        arr = (as_ids_array(data, what) if i in self._ids
+               else as_float64_array(data, what, copy=False))     # write() copies it
         if arr.shape != prog.shapes[i]:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
