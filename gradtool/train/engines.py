@@ -30,6 +30,16 @@ class CpuEngine:
                             f"the slot {list(slot.shape)}")
         slot[...] = batch
 
+    def set_input_rows(self, node_id: int, source: np.ndarray, rows) -> None:
+        """``set_input(node_id, source[rows])`` without the intermediate array: the rows
+        are gathered straight into the slot (the same values, one copy fewer)."""
+        slot = self.tape.values[node_id]
+        if (type(source) is np.ndarray and source.dtype == slot.dtype
+                and source.shape[1:] == slot.shape[1:] and len(rows) == slot.shape[0]):
+            np.take(source, rows, axis=0, out=slot)
+        else:
+            self.set_input(node_id, source[rows])
+
     def train_step(self) -> float:
         loss = self.forward_backward()
         if math.isfinite(loss):           # else no update: keep the last good state

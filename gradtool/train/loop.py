@@ -12,7 +12,9 @@ Engines (:mod:`gradtool.train.engines`, ``make_engine``): ``cpu`` is :class:`Cpu
 reference; ``host``/``cuda``/``auto`` are ``gradtool.device.engine.DeviceEngine``,
 with the same methods.  An engine's contract:
 
-* ``set_input(node_id, batch)``: fill a slot (exact slot shape).
+* ``set_input(node_id, batch)``: fill a slot (exact slot shape).  Optionally
+  ``set_input_rows(node_id, source, rows)``: the same with ``source[rows]``,
+  gathered without an intermediate array.
 * ``train_step() -> float``: forward, backward, ``optimizer.step`` semantics;
   returns the loss of THIS forward (before the update).  When that loss is
   not finite the engine must leave parameters and optimizer state exactly as
@@ -277,8 +279,12 @@ class Trainer:
 
     # ── the loop ───────────────────────────────────────────────────────────
     def _fill(self, data, rows) -> None:
+        gather = getattr(self.engine, "set_input_rows", None)
         for s in self.slots:
-            self.engine.set_input(s.node_id, data.arrays[s.name][rows])
+            if gather is not None and not isinstance(rows, slice):
+                gather(s.node_id, data.arrays[s.name], rows)   # no intermediate batch
+            else:
+                self.engine.set_input(s.node_id, data.arrays[s.name][rows])
 
     def validate(self) -> tuple:
         """(mean batch loss, accuracy or None) over the validation batches; forward only.
