@@ -31,6 +31,7 @@ order exactly as written (no folding, no rewriting).
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -187,22 +188,21 @@ def select_numpy(cond, a, b):
 
 
 def evaluate(expr: Expr, env: Mapping[str, object]):
-    """The expression over numpy arrays (broadcasting like numpy): one ufunc per node."""
-    if isinstance(expr, Sym):
-        return env[expr.name]
-    if isinstance(expr, Const):
-        return expr.value
-    args = [evaluate(a, env) for a in expr.args]
-    if expr.op == "select":
-        return select_numpy(*args)
-    out = _NUMPY[expr.op](*args)
-    # a Python float op Python float (a rule on constants alone) stays a float64
-    return np.float64(out) if isinstance(out, float) else out
+    """The expression over numpy arrays (broadcasting like numpy): one ufunc per node.
+
+    Runs :func:`compile_numpy`'s function for these symbol names (compiled on first
+    use and kept), so there is one numpy rendering of a rule, not two."""
+    return _compiled(expr, tuple(env))(**env)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(expr: Expr, names: tuple):
+    return compile_numpy(expr, names)
 
 
 def compile_numpy(expr: Expr, names) -> "callable":
-    """``evaluate`` compiled once: a Python function of the symbols ``names`` (in that
-    order) that makes exactly the same ufunc calls, without walking the tree per call
+    """The expression as a Python function of the symbols ``names`` (in that order),
+    one ufunc call per node, without walking the tree per call
     (the CPU reference records and replays one node at a time).  Expressions come from
     the op table, never from input, so generating the function's source is safe."""
     names = tuple(names)

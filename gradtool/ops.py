@@ -49,6 +49,7 @@ backward(g, a, b, t, s, attrs, need_a, need_b) -> (ca, cb)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -202,6 +203,11 @@ def f64_bits(x: float) -> int:
     return int(np.array([float(x)], dtype=np.float64).view(np.int64)[0])
 
 
+def f64_from_bits(bits: int) -> float:
+    """The float64 a metadata slot's bit pattern stands for (the inverse of f64_bits)."""
+    return float(np.array([bits], dtype=np.int64).view(np.float64)[0])
+
+
 def pack(kernel_name: str, threads: int, /, **values) -> tuple:
     """The metadata block of one launch: M[0] = threads, then every declared field by name.
 
@@ -266,14 +272,23 @@ def kernel_names(spec: OpSpec) -> tuple:
 
 def contract(kernel_name: str) -> KernelSpec:
     """The metadata contract of any kernel: declared, or its elementwise family's."""
-    if kernel_name in KERNELS:
-        return KERNELS[kernel_name]
+    spec = KERNELS.get(kernel_name) or _family_of().get(kernel_name)
+    if spec is None:
+        raise KeyError(f"no kernel {kernel_name!r} in the op table")
+    return spec
+
+
+@functools.lru_cache(maxsize=1)
+def _family_of() -> dict:
+    """Every elementwise op's kernel name -> its family's contract (built once, on first
+    use, when the table is complete)."""
+    out = {}
     for spec in OPS.values():
-        if spec.elementwise and kernel_name in kernel_names(spec):
-            fwd = kernel_name == f"k_{spec.name}"
-            family = ("UNARY_" if spec.kind == "unary" else "BINARY_") + ("FWD" if fwd else "BWD")
-            return FAMILIES[family]
-    raise KeyError(f"no kernel {kernel_name!r} in the op table")
+        if spec.elementwise:
+            prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
+            for k in kernel_names(spec):
+                out[k] = FAMILIES[prefix + ("FWD" if k == f"k_{spec.name}" else "BWD")]
+    return out
 
 
 # ── shape rules ────────────────────────────────────────────────────────────
@@ -830,5 +845,6 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
            "contract", "pack", "attr", "bad_id", "INT_DTYPE",
-           "kernel_names", "f64_bits", "infer_shape", "broadcast_shape", "format_shape",
+           "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
+           "format_shape",
            "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]

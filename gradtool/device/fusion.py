@@ -62,8 +62,9 @@ from .. import native
 from ..codegen import elementwise_rule, field_declaration
 from ..errors import GradtoolError
 from ..expr import c_double
-from ..ops import OPS, contract
+from ..ops import OPS, contract, f64_from_bits
 from .launch import Launch
+from .program import row_major_strides
 
 MAX_THREADS = 256          # threads per block of a block kernel
 MAX_ROW_WIDTH = 8192       # elements per row (per block) a block kernel takes on
@@ -213,18 +214,6 @@ def unpack(launch: Launch) -> dict:
     return out
 
 
-def _bits_to_float(bits: int) -> float:
-    return float(np.array([bits], dtype=np.int64).view(np.float64)[0])
-
-
-def _row_major(dims) -> list:
-    out, acc = [], 1
-    for d in reversed(dims):
-        out.append(acc)
-        acc *= int(d)
-    return out[::-1]
-
-
 # which fields a kernel reads / writes at the phase's own index (aligned) or elsewhere
 def _accesses(launch: Launch) -> list:
     """(arena offset, writes, aligned) for every buffer a launch's body touches; aligned:
@@ -238,11 +227,11 @@ def _accesses(launch: Launch) -> list:
         return [(f["ga"], True, True), (f["g"], False, True), (f["a"], False, True),
                 (f["t"], False, True)]
     if fam == "BINARY_FWD":
-        plain = _row_major(f["dims"])
+        plain = row_major_strides(f["dims"])
         return [(f["out"], True, True), (f["a"], False, f["sa"] == plain),
                 (f["b"], False, f["sb"] == plain)]
     if fam == "BINARY_BWD":
-        plain = _row_major(f["kd"])
+        plain = row_major_strides(f["kd"])
         flat = f["nb"] == 0
         return [(f["ga"], True, True), (f["g"], False, flat and f["kg"] == plain),
                 (f["t"], False, flat and f["kg"] == plain),
@@ -548,7 +537,7 @@ def _decls(launch: Launch) -> list:
     for name, kind in spec.fields:
         v = f[name]
         if not kind.startswith("i["):
-            value = f"(gt_real){c_double(_bits_to_float(v))}" if kind == "f" else f"{v}LL"
+            value = f"(gt_real){c_double(f64_from_bits(v))}" if kind == "f" else f"{v}LL"
             lines.append(field_declaration(name, kind, value))
         elif v:
             lines.append(f"const long long {name}[{len(v)}] = {{{', '.join(f'{x}LL' for x in v)}}};")
