@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from .errors import GradtoolError
 from .ops import INT_DTYPE, format_shape
 from .tapefile import TapeFile
 
@@ -39,10 +40,17 @@ def plain_node(n) -> bool:
     return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
 
 
+def _tape_of(tf):
+    if not isinstance(tf, TapeFile):
+        raise GradtoolError(f"expected a loaded tape file (gradtool.load), got "
+                            f"{type(tf).__name__}")
+    return tf.tape
+
+
 def summary(tf: TapeFile, nodes: bool = True) -> dict:
     """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
     node list)."""
-    tape = tf.tape
+    tape = _tape_of(tf)
     loss_id = tf.loss.id
     summary = {
         "file": tf.source,
@@ -92,7 +100,7 @@ def _dot_text(text: str) -> str:
 def to_dot(tf: TapeFile) -> str:
     """Graphviz DOT: params orange boxes, consts grey dashed boxes, ops ellipses, the loss
     a red double octagon; edges run from input to consumer, labelled a/b for binary ops."""
-    tape = tf.tape
+    tape = _tape_of(tf)
     out_names = {}
     for name, v in tf.outputs.items():
         out_names.setdefault(v.id, []).append(name)
@@ -148,6 +156,7 @@ class Mismatch:
 def first_mismatch(tf: TapeFile) -> Optional[Mismatch]:
     """Compare every recorded op value (``save(..., values=True)``) bit for bit with the
     replay, in node order; the first difference, or None."""
+    _tape_of(tf)
     for i in sorted(tf.recorded):
         got = np.ascontiguousarray(tf.tape.values[i], dtype=np.float64).reshape(-1)
         want = np.ascontiguousarray(tf.recorded[i], dtype=np.float64).reshape(-1)

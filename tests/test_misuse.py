@@ -417,3 +417,12 @@ def test_the_schema_states_the_recorders_dim_limit():
                         .read_text())
     assert schema["$defs"]["dims"]["maxItems"] == MAX_DIMS
     assert schema["$defs"]["indices"]["maxItems"] == MAX_DIMS
+
+
+def test_describe_refuses_what_is_not_a_loaded_file():
+    from gradtool import describe
+
+    tp = gt.Tape()
+    for fn in (describe.summary, describe.to_dot, describe.first_mismatch):
+        with pytest.raises(gt.GradtoolError, match="loaded tape file"):
+            fn(tp)
