@@ -204,6 +204,7 @@ def schema() -> dict:
     for aname, ops in attr_ops.items():
         at = attr_kind[aname]
         base = {"axis": {"type": "integer", "minimum": 0},
+                "count": {"type": "integer", "minimum": 1},
                 "flag": {"type": "boolean"}}.get(at.kind, {"$ref": "#/$defs/indices"})
         docs = sorted({a.doc.split(";")[0] for op in ops for a in OPS[op].attrs
                        if a.name == aname})

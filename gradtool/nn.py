@@ -24,7 +24,8 @@ import math
 from .errors import TapeError
 from .tape import GVar
 
-__all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse"]
+__all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse",
+           "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "global_avg_pool2d"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -113,3 +114,78 @@ def softmax_cross_entropy(logits: GVar, ids: GVar, axis: int = -1) -> GVar:
 def mse(y: GVar, t: GVar) -> GVar:
     """Mean squared error ``mean((y - t) * (y - t))``, shape [1] (the Tape's ``mse``)."""
     return _tape(y, "mse").mse(y, t)
+
+
+# ── convolutional layers (NCHW; torch.nn.functional's arguments) ───────────
+
+def _pair(v, what: str) -> list:
+    """An int or a pair of ints as [height, width]."""
+    if isinstance(v, (int,)) and not isinstance(v, bool):
+        return [v, v]
+    try:
+        out = [int(x) for x in v]
+    except (TypeError, ValueError):
+        raise TapeError(f"nn.{what}: expected an int or two ints, got {v!r}"[:200]) from None
+    if len(out) != 2:
+        raise TapeError(f"nn.{what}: expected an int or two ints, got {v!r}"[:200])
+    return out
+
+
+def conv2d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> GVar:
+    """torch's ``conv2d``: x [N, C, H, W], w [OC, C/groups, KH, KW], b [OC] (optional).
+
+    One ``conv2d`` node (the matmul's products, numerics.conv2d), then b
+    reshaped to [OC, 1, 1] and added with broadcasting (its gradient the
+    serial sum over (n, oh, ow)).
+    """
+    tp = _tape(x, "conv2d")
+    y = tp.conv2d(x, w, stride=_pair(stride, "conv2d stride"),
+                  padding=_pair(padding, "conv2d padding"),
+                  dilation=_pair(dilation, "conv2d dilation"), groups=groups)
+    return y if b is None else tp.add(y, tp.reshape(b, [b.shape[0], 1, 1]))
+
+
+def conv1d(x: GVar, w: GVar, b: GVar = None, stride: int = 1, padding: int = 0,
+           dilation: int = 1, groups: int = 1) -> GVar:
+    """torch's ``conv1d`` (x [N, C, L], w [OC, C/groups, K]) as a conv2d of height 1:
+    reshapes around one ``conv2d`` node, the same products."""
+    tp = _tape(x, "conv1d")
+    n, c, length = x.shape
+    oc, cg, k = w.shape
+    y = conv2d(tp.reshape(x, [n, c, 1, length]), tp.reshape(w, [oc, cg, 1, k]), None,
+               stride=[1, stride], padding=[0, padding], dilation=[1, dilation], groups=groups)
+    y = tp.reshape(y, [n, oc, y.shape[3]])
+    return y if b is None else tp.add(y, tp.reshape(b, [oc, 1]))
+
+
+def max_pool2d(x: GVar, kernel, stride=None, padding=0, dilation=1,
+               ceil_mode: bool = False) -> GVar:
+    """torch's ``max_pool2d`` (stride defaults to the kernel): the first maximum of each
+    window gets the gradient, a NaN wins (numerics.max_pool2d)."""
+    tp = _tape(x, "max_pool2d")
+    k = _pair(kernel, "max_pool2d kernel")
+    return tp.max_pool2d(x, kernel=k, stride=k if stride is None else _pair(stride, "stride"),
+                         padding=_pair(padding, "max_pool2d padding"),
+                         dilation=_pair(dilation, "max_pool2d dilation"), ceil_mode=ceil_mode)
+
+
+def avg_pool2d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> GVar:
+    """torch's ``avg_pool2d`` (stride defaults to the kernel; numerics.avg_pool2d)."""
+    tp = _tape(x, "avg_pool2d")
+    k = _pair(kernel, "avg_pool2d kernel")
+    return tp.avg_pool2d(x, kernel=k, stride=k if stride is None else _pair(stride, "stride"),
+                         padding=_pair(padding, "avg_pool2d padding"), ceil_mode=ceil_mode,
+                         count_include_pad=count_include_pad)
+
+
+def global_avg_pool2d(x: GVar) -> GVar:
+    """torch's ``adaptive_avg_pool2d(x, 1)``: the mean over H and W, [N, C, 1, 1].
+
+    x reshaped to [N, C, H*W], one axis ``mean`` (serial sum over (h, w)
+    row-major / (H*W)), reshaped back."""
+    tp = _tape(x, "global_avg_pool2d")
+    n, c, h, w = x.shape
+    m = tp.mean(tp.reshape(x, [n, c, h * w]), axis=2, keepdims=True)
+    return tp.reshape(m, [n, c, 1, 1])

@@ -46,6 +46,19 @@ elementwise ops   one expression per rule in the op table, each node one roundin
 shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc / S``
                   per element, over the S shards of a minibatch in shard order
                   (see :func:`shard_mean`)
+conv2d            see :func:`conv2d`: im2col, then the matmul order (the matmul
+                  kernel itself) per group: each output the inner product over
+                  (c, kh, kw) ascending; the weight gradient the inner product
+                  over (n, oh, ow) ascending; the input gradient ``0.0 + term +
+                  ...`` over (kh, kw) ascending, each term an inner product over
+                  the group's output channels ascending
+max_pool2d        per window the first maximum in (kh, kw) row-major order over
+                  the positions inside the input (:func:`first_max`'s rule); its
+                  gradient per input element ``0.0 + g + ...`` over the windows
+                  whose maximum it is, (kh, kw) ascending (:func:`max_pool2d`)
+avg_pool2d        ``(0.0 + x + ...) / divisor`` over the window's positions inside
+                  the input, (kh, kw) ascending, torch's divisor; the gradient per
+                  input element ``0.0 + g/divisor + ...``, (kh, kw) ascending
 """
 
 from __future__ import annotations
@@ -61,6 +74,8 @@ __all__ = [
     "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
     "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
+    "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
+    "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
 ]
 
 exp = fdlibm.exp
@@ -365,3 +380,217 @@ def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
     """The last step of :func:`shard_mean`, in place: ``acc = acc / S``; returns acc."""
     np.divide(acc, float(shards), out=acc)
     return acc
+
+
+# ── convolution and pooling (NCHW) ─────────────────────────────────────────
+#
+# One geometry per node: kernel (kh, kw), stride (sh, sw), padding (ph, pw),
+# dilation (dh, dw).  Window (oh, ow) reads input position (oh*sh - ph + i*dh,
+# ow*sw - pw + j*dw) for kernel offset (i, j); a position outside the input is
+# padding.  The device kernels (kernels.cu: k_im2col, k_col2im, k_max_pool,
+# k_max_pool_bwd, k_avg_pool, k_avg_pool_bwd) compute exactly these orders, one
+# thread per output element.
+
+
+def conv_out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
+    """Output length along one axis: ``(size + 2*pad - dil*(k-1) - 1) // stride + 1``."""
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+def pool_out_size(size: int, k: int, stride: int, pad: int, dil: int, ceil_mode: bool) -> int:
+    """torch's pooling output length: floor (or, ceil_mode, ceiling) of the window count,
+    where with ceil_mode a last window must start inside the input or its left padding."""
+    span = size + 2 * pad - dil * (k - 1) - 1
+    if not ceil_mode:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    if (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _padded(x: np.ndarray, ph: int, pw: int, hp: int, wp: int, fill: float) -> np.ndarray:
+    """x inside a [N, C, hp, wp] buffer of ``fill``, offset (ph, pw)."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, hp, wp), fill)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    return xp
+
+
+def _window_view(xp, i, j, oh, ow, stride, dilation):
+    """Kernel offset (i, j) of every window: a [N, C, OH, OW] strided view of xp."""
+    (sh, sw), (dh, dw) = stride, dilation
+    return xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+
+
+def im2col(x, kernel, stride, padding, dilation, groups) -> np.ndarray:
+    """The convolution's columns, [G, Cg*KH*KW, N*OH*OW]:
+    ``cols[g, (c, i, j), (n, oh, ow)] = x[n, g*Cg + c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]``,
+    +0.0 at padding (exact copies; row (c, i, j) and column (n, oh, ow) row-major)."""
+    n, c, h, w = x.shape
+    (kh, kw), (ph, pw) = kernel, padding
+    oh = conv_out_size(h, kh, stride[0], ph, dilation[0])
+    ow = conv_out_size(w, kw, stride[1], pw, dilation[1])
+    xp = _padded(x, ph, pw, h + 2 * ph, w + 2 * pw, 0.0)
+    cols = np.empty((c, kh, kw, n, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j] = _window_view(xp, i, j, oh, ow, stride, dilation).transpose(1, 0, 2, 3)
+    return cols.reshape(groups, c // groups * kh * kw, n * oh * ow)
+
+
+def col2im(dcols, x_shape, kernel, stride, padding, dilation) -> np.ndarray:
+    """im2col's adjoint: per input element ``0.0 + dcols[(c, i, j), (n, oh, ow)] + ...``
+    over every (i, j) ascending (row-major) whose window (oh, ow) reads it."""
+    n, c, h, w = x_shape
+    (kh, kw), (ph, pw) = kernel, padding
+    oh = conv_out_size(h, kh, stride[0], ph, dilation[0])
+    ow = conv_out_size(w, kw, stride[1], pw, dilation[1])
+    parts = dcols.reshape(c, kh, kw, n, oh, ow)
+    dxp = np.zeros((n, c, h + 2 * ph, w + 2 * pw))
+    for i in range(kh):
+        for j in range(kw):
+            view = _window_view(dxp, i, j, oh, ow, stride, dilation)
+            np.add(view, parts[:, i, j].transpose(1, 0, 2, 3), out=view)
+    return np.ascontiguousarray(dxp[:, :, ph:ph + h, pw:pw + w])
+
+
+def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
+    """NCHW convolution (cross-correlation, as torch): x [N, C, H, W], w [OC, C/G, KH, KW].
+
+    ``out[n, oc, oh, ow] = 0.0 + w[oc, c, i, j] * x[...] + ...`` over (c, i, j)
+    ascending, the group's input channels only: per group the product
+    ``w_g [OCg, Kg] @ cols_g [Kg, N*OH*OW]`` (:func:`im2col`) in the matmul
+    order, computed by :func:`bmm` (the compiled matmul kernel, or its numpy
+    twin): whatever inner-product contract matmul has, conv2d has.  Padding
+    contributes ``w * 0.0`` products (so an infinite or NaN weight gives a NaN
+    there, as in torch's im2col).
+    """
+    oc, cg, kh, kw = w.shape
+    n = x.shape[0]
+    cols = im2col(x, (kh, kw), stride, padding, dilation, groups)
+    out = bmm(np.ascontiguousarray(w).reshape(groups, oc // groups, cg * kh * kw), cols)
+    return np.ascontiguousarray(
+        out.reshape(oc, n, -1).transpose(1, 0, 2)).reshape(n, oc, *_out_hw(x, w, stride,
+                                                                              padding, dilation))
+
+
+def _out_hw(x, w, stride, padding, dilation):
+    return (conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0]),
+            conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1]))
+
+
+def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) -> tuple:
+    """(dx, dw) of :func:`conv2d` (None where not needed).
+
+    With ``gt = g`` as [G, OCg, N*OH*OW] (an exact copy):
+    ``dw_g = gt_g @ cols_g^T``, each element the inner product over (n, oh, ow)
+    ascending; ``dcols_g = w_g^T @ gt_g``, each the inner product over the
+    group's output channels ascending, then dx = :func:`col2im` (dcols): the
+    terms summed from 0.0 over (i, j) ascending.  Both products in the matmul
+    order by :func:`bmm`.
+    """
+    oc, cg, kh, kw = w.shape
+    n = x.shape[0]
+    gt = np.ascontiguousarray(g.reshape(n, oc, -1).transpose(1, 0, 2)).reshape(groups, oc // groups, -1)
+    dx = dw = None
+    if need_w:
+        cols = im2col(x, (kh, kw), stride, padding, dilation, groups)
+        dw = bmm(gt, cols.transpose(0, 2, 1)).reshape(w.shape)
+    if need_x:
+        wg = np.ascontiguousarray(w).reshape(groups, oc // groups, cg * kh * kw)
+        dcols = bmm(wg.transpose(0, 2, 1), gt)
+        dx = col2im(dcols, x.shape, (kh, kw), stride, padding, dilation)
+    return dx, dw
+
+
+def _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode):
+    n, c, h, w = x.shape
+    oh = pool_out_size(h, kernel[0], stride[0], padding[0], dilation[0], ceil_mode)
+    ow = pool_out_size(w, kernel[1], stride[1], padding[1], dilation[1], ceil_mode)
+    # big enough for every window (ceil_mode's last one may reach past the padding)
+    hp = max(h + 2 * padding[0], (oh - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1)
+    wp = max(w + 2 * padding[1], (ow - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1)
+    return oh, ow, hp, wp
+
+
+def _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode):
+    """(values, window offsets l = i*KW + j of each window's maximum; -1: no position of
+    the window lies inside the input, the value is then -inf)."""
+    oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
+    xp = _padded(x, padding[0], padding[1], hp, wp, -np.inf)
+    inside = _padded(np.ones(x.shape, dtype=bool), padding[0], padding[1], hp, wp, False)
+    m = np.full(x.shape[:2] + (oh, ow), -np.inf)
+    idx = np.full(m.shape, -1, dtype=np.int64)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            v = _window_view(xp, i, j, oh, ow, stride, dilation)
+            ok = _window_view(inside, i, j, oh, ow, stride, dilation)
+            take = ok & ((idx < 0) | ((m == m) & ((v > m) | (v != v))))
+            np.copyto(m, v, where=take)
+            idx[take] = i * kernel[1] + j
+    return m, idx
+
+
+def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
+    """Per window the first maximum over its positions inside the input, in (i, j)
+    row-major order: ``m = first; for each later l: if m == m and (v > m or v != v): m = v``
+    (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies."""
+    return _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[0]
+
+
+def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
+    """Per input element ``0.0 + g[window] + ...`` over the windows whose maximum it is,
+    (i, j) ascending; +0.0 where it is none's."""
+    oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
+    idx = _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[1]
+    dxp = np.zeros(x.shape[:2] + (hp, wp))
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            view = _window_view(dxp, i, j, oh, ow, stride, dilation)
+            np.add(view, np.where(idx == i * kernel[1] + j, g, 0.0), out=view)   # + 0.0: exact
+    h, w = x.shape[2:]
+    return np.ascontiguousarray(dxp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w])
+
+
+def avg_pool_divisor(x_hw, out_hw, kernel, stride, padding, count_include_pad) -> np.ndarray:
+    """torch's divisor per window, [OH, OW]: the window clipped to the padded input
+    (count_include_pad) or to the input itself."""
+    out = []
+    for size, o, k, s, p in zip(x_hw, out_hw, kernel, stride, padding):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, size + p)
+        if count_include_pad:
+            out.append(end - start)
+        else:
+            out.append(np.minimum(end, size) - np.maximum(start, 0))
+    return (out[0][:, None] * out[1][None, :]).astype(np.float64)
+
+
+def avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad) -> np.ndarray:
+    """``(0.0 + x + ...) / divisor`` per window, over its positions inside the input in
+    (i, j) ascending order (padding adds +0.0, which changes nothing), one division."""
+    one = (1, 1)
+    oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, one, ceil_mode)
+    xp = _padded(x, padding[0], padding[1], hp, wp, 0.0)
+    acc = np.zeros(x.shape[:2] + (oh, ow))
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            np.add(acc, _window_view(xp, i, j, oh, ow, stride, one), out=acc)
+    return acc / avg_pool_divisor(x.shape[2:], (oh, ow), kernel, stride, padding,
+                                  count_include_pad)
+
+
+def avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, count_include_pad):
+    """Per input element ``0.0 + g[window] / divisor + ...`` over the windows reading it,
+    (i, j) ascending (each quotient one rounded division)."""
+    one = (1, 1)
+    oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, one, ceil_mode)
+    q = g / avg_pool_divisor(x.shape[2:], (oh, ow), kernel, stride, padding, count_include_pad)
+    dxp = np.zeros(x.shape[:2] + (hp, wp))
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            view = _window_view(dxp, i, j, oh, ow, stride, one)
+            np.add(view, q, out=view)
+    h, w = x.shape[2:]
+    return np.ascontiguousarray(dxp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w])

@@ -450,6 +450,11 @@ class Tape:
             if not isinstance(value, (bool, np.bool_)):
                 raise TapeError(f"{op} {at.name}: expected True or False, got {value!r}"[:200])
             return bool(value)
+        if at.kind == "count":
+            count = _int_list([value], f"{op} {at.name}")[0]
+            if count < 1:
+                raise TapeError(f"{op} {at.name}: expected an integer >= 1, got {count}")
+            return count
         return _int_list(value, f"{op} {at.name}")
 
     def mse(self, y, t) -> GVar:

@@ -97,6 +97,17 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (5, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {}
     if kind == "take_along":
         return [draw(spec, rng, (3, 4)), np.array([[1, 1], [3, 0], [0, 2]])], s, {"axis": 1}
+    if kind == "conv2d":               # groups, stride, padding and dilation all at work
+        return [draw(spec, rng, (2, 4, 6, 5)), draw(spec, rng, (4, 2, 3, 2))], s, {
+            "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
+    if kind == "max_pool2d":           # overlapping windows, padding, a partial last window
+        return [draw(spec, rng, (2, 3, 5, 6))], s, {
+            "kernel": [3, 2], "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2],
+            "ceil_mode": True}
+    if kind == "avg_pool2d":
+        return [draw(spec, rng, (2, 3, 5, 6))], s, {
+            "kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": True,
+            "count_include_pad": False}
     raise NotImplementedError(f"tests/support.py: no inputs for op kind {kind!r} (op {name})")
 
 
@@ -192,7 +203,8 @@ def random_graph(rng, n_ops=14):
 
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
-                           "softmax", "slice", "concat", "reduce", "take", "take_along"])
+                           "softmax", "slice", "concat", "reduce", "take", "take_along",
+                           "conv"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -241,6 +253,18 @@ def random_graph(rng, n_ops=14):
             shape = list(x.shape)
             shape[axis] = int(rng.integers(1, 4))
             y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
+        elif kind == "conv":              # conv2d, then sometimes a pool
+            x = pick(lambda s: len(s) == 4) or leaf((2, 2, 5, 4))
+            groups = int(rng.choice([1, x.shape[1]]))
+            w = leaf((2 * groups, x.shape[1] // groups, 2, min(int(rng.integers(1, 3)), x.shape[3])),
+                     const=False)
+            y = tp.conv2d(x, w, stride=[1, int(rng.integers(1, 3))], padding=[1, 0],
+                          groups=groups)
+            if rng.random() < 0.6:
+                op = rng.choice(["max_pool2d", "avg_pool2d"])
+                extra = {"dilation": [1, 1]} if op == "max_pool2d" else {}
+                y = tp.record(op, y, attrs={"kernel": [2, min(2, y.shape[3])], "stride": [1, 2],
+                                            "padding": [1, 0], "ceil_mode": True, **extra})
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))

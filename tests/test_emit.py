@@ -69,6 +69,11 @@ def _one_element_tape(op):
         out = tp.slice(tp.param(np.ones(1)), [0], [1])
     elif op in ("take", "take_along"):
         out = tp.record(op, tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"))
+    elif op == "conv2d":
+        out = tp.conv2d(tp.param(np.ones((1, 1, 1, 1))), tp.param(np.ones((1, 1, 1, 1))))
+    elif op in ("max_pool2d", "avg_pool2d"):
+        out = tp.record(op, tp.param(np.ones((1, 1, 1, 1))),
+                        attrs={"kernel": [1, 1], "stride": [1, 1]})
     else:
         raise AssertionError(op)
     return tp, out

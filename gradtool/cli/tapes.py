@@ -128,7 +128,8 @@ def _detail(n: dict) -> str:
         parts.append(repr(n["name"]))
     if n.get("l2"):
         parts.append(f"l2={n['l2']!r}")
-    for key in ("s", "dtype", "axis", "keepdims", "starts", "stops"):
+    for key in ("s", "dtype", "axis", "keepdims", "starts", "stops", "kernel", "stride",
+                "padding", "dilation", "groups", "ceil_mode", "count_include_pad"):
         if key in n:
             parts.append(f"{key}={n[key]!r}")
     return " ".join(parts)

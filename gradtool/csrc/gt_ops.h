@@ -314,6 +314,135 @@
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)ids; (void)len; (void)k; (void)inner;
 
+/* k_im2col: cols[(c, i, j), (n, oh, ow)] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], +0.0 at padding (numerics.im2col) */
+#define GT_ARGS_k_im2col \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT cols = W + *gt_m++; \
+    const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)cols; (void)x; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_col2im: gx = gx + (0.0 + dcols[(c, i, j), (n, oh, ow)] + ...) over (i, j) ascending, per input element (numerics.col2im) */
+#define GT_ARGS_k_col2im \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT gx = W + *gt_m++; \
+    const gt_real *GT_RESTRICT dcols = W + *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)gx; (void)dcols; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_max_pool: per window the first maximum inside the input, (i, j) row-major; -inf if none (numerics.max_pool2d) */
+#define GT_ARGS_k_max_pool \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)out; (void)x; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_max_pool_bwd: gx = gx + (0.0 + g of each window whose maximum it is, (i, j) ascending), per input element */
+#define GT_ARGS_k_max_pool_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT gx = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)gx; (void)g; (void)x; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_avg_pool: per window (0.0 + x + ...) / torch's divisor (incl: count_include_pad) */
+#define GT_ARGS_k_avg_pool \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const long long incl = *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)out; (void)x; (void)incl; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_avg_pool_bwd: gx = gx + (0.0 + g/divisor + ...) over the windows reading it, (i, j) ascending */
+#define GT_ARGS_k_avg_pool_bwd \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT gx = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const long long incl = *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)gx; (void)g; (void)incl; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
 /* k_fill: dst[i] = value */
 #define GT_ARGS_k_fill \
     const long long *gt_m = M + 1; \
@@ -425,6 +554,12 @@
     X(k_take_bwd) \
     X(k_take_along) \
     X(k_take_along_bwd) \
+    X(k_im2col) \
+    X(k_col2im) \
+    X(k_max_pool) \
+    X(k_max_pool_bwd) \
+    X(k_avg_pool) \
+    X(k_avg_pool_bwd) \
     X(k_from_f64) \
     X(k_guard) \
     X(k_clip_norm) \

@@ -510,6 +510,192 @@ GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
 }
 
 /* ========================================================================
+ * Convolution and pooling, NCHW (gradtool/numerics.py, "conv2d",
+ * "max_pool2d", "avg_pool2d").  Every kernel decodes one geometry: nb, ch,
+ * ih, iw (the input), kh, kw (kernel), oh, ow (output), sh, sw (stride), ph,
+ * pw (padding), dh, dw (dilation).  Window (y, z) reads input position
+ * (y*sh - ph + i*dh, z*sw - pw + j*dw) at kernel offset (i, j).  conv2d's
+ * products are k_matmul launches over the columns k_im2col writes (so conv2d
+ * has matmul's inner-product body); the backward kernels run one thread per
+ * input element, gathering what reaches it: no atomics, no races.
+ * ====================================================================== */
+
+/* The window offset l = i*kw + j whose input position (y*sh - ph + i*dh, ...)
+ * holds the output (y, z)'s maximum: numerics.first_max's rule over the
+ * window's positions inside the input, (i, j) row-major; -1 when none is. */
+GT_DEV long long gt_pool_argmax(const gt_real *x, long long n, long long c, long long y,
+                                long long z, long long ch, long long ih, long long iw,
+                                long long kh, long long kw, long long sh, long long sw,
+                                long long ph, long long pw, long long dh, long long dw)
+{
+    const gt_real *plane = x + (n * ch + c) * ih * iw;
+    gt_real m = R0;
+    long long idx = -1;
+    for (long long i = 0; i < kh; ++i) {
+        const long long hh = y * sh - ph + i * dh;
+        if (hh < 0 || hh >= ih) continue;
+        for (long long j = 0; j < kw; ++j) {
+            const long long ww = z * sw - pw + j * dw;
+            if (ww < 0 || ww >= iw) continue;
+            const gt_real v = plane[hh * iw + ww];
+            if (idx < 0 || (m == m && (v > m || v != v))) { m = v; idx = i * kw + j; }
+        }
+    }
+    return idx;
+}
+
+/* torch's avg_pool2d divisor of window (y, z): the window clipped to the padded
+ * input (incl: count_include_pad), else to the input. */
+GT_DEV long long gt_avg_divisor(long long y, long long z, long long ih, long long iw,
+                                long long kh, long long kw, long long sh, long long sw,
+                                long long ph, long long pw, long long incl)
+{
+    const long long h0 = y * sh - ph, w0 = z * sw - pw;
+    const long long h1 = h0 + kh < ih + ph ? h0 + kh : ih + ph;
+    const long long w1 = w0 + kw < iw + pw ? w0 + kw : iw + pw;
+    if (incl) return (h1 - h0) * (w1 - w0);
+    return ((h1 < ih ? h1 : ih) - (h0 > 0 ? h0 : 0)) * ((w1 < iw ? w1 : iw) - (w0 > 0 ? w0 : 0));
+}
+
+/* The output window y (or z) that kernel offset i reads input row h from, or -1:
+ * h = y*s - p + i*d for some 0 <= y < o. */
+GT_DEV long long gt_window_of(long long h, long long i, long long s, long long p, long long d,
+                              long long o)
+{
+    const long long t = h + p - i * d;
+    if (t < 0 || t % s) return -1;
+    return t / s < o ? t / s : -1;
+}
+
+/* cols[(c, i, j), (n, y, z)] = x[n, c, y*sh - ph + i*dh, z*sw - pw + j*dw], +0.0 at
+ * padding (exact copies); M[0] = ch*kh*kw * nb*oh*ow */
+GT_KERNEL k_im2col(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_im2col
+    const long long np_ = nb * oh * ow;
+    GT_LOOP(t, M[0]) {
+        const long long col = t % np_, row = t / np_;
+        const long long j = row % kw, i = (row / kw) % kh, c = row / (kw * kh);
+        const long long z = col % ow, y = (col / ow) % oh, n = col / (ow * oh);
+        const long long hh = y * sh - ph + i * dh, ww = z * sw - pw + j * dw;
+        cols[t] = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
+                      ? x[((n * ch + c) * ih + hh) * iw + ww] : R0;
+    }
+}
+
+/* gx = gx + (0.0 + dcols[(c, i, j), (n, y, z)] + ...) over (i, j) ascending, the
+ * windows that read the element; M[0] = nb*ch*ih*iw */
+GT_KERNEL k_col2im(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_col2im
+    const long long np_ = nb * oh * ow;
+    GT_LOOP(t, M[0]) {
+        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
+        const long long n = t / (iw * ih * ch);
+        gt_real s = R0;
+        for (long long i = 0; i < kh; ++i) {
+            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            if (y < 0) continue;
+            for (long long j = 0; j < kw; ++j) {
+                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                if (z < 0) continue;
+                s = R_ADD(s, dcols[((c * kh + i) * kw + j) * np_ + (n * oh + y) * ow + z]);
+            }
+        }
+        gx[t] = R_ADD(gx[t], s);
+    }
+}
+
+/* out = the window's first maximum (gt_pool_argmax), -inf if it has no position
+ * inside the input; M[0] = nb*ch*oh*ow */
+GT_KERNEL k_max_pool(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_max_pool
+    (void)nb;
+    GT_LOOP(t, M[0]) {
+        const long long z = t % ow, y = (t / ow) % oh, c = (t / (ow * oh)) % ch;
+        const long long n = t / (ow * oh * ch);
+        const long long l = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
+                                           dh, dw);
+        out[t] = l < 0 ? (gt_real)(-gtm_inf())
+                       : x[((n * ch + c) * ih + y * sh - ph + (l / kw) * dh) * iw
+                           + z * sw - pw + (l % kw) * dw];
+    }
+}
+
+/* gx = gx + (0.0 + g[window] + ...) over the windows (i, j ascending) whose maximum
+ * the element is; M[0] = nb*ch*ih*iw */
+GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_max_pool_bwd
+    (void)nb;
+    GT_LOOP(t, M[0]) {
+        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
+        const long long n = t / (iw * ih * ch);
+        gt_real s = R0;
+        for (long long i = 0; i < kh; ++i) {
+            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            if (y < 0) continue;
+            for (long long j = 0; j < kw; ++j) {
+                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                if (z < 0) continue;
+                if (gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw, dh, dw)
+                    == i * kw + j)
+                    s = R_ADD(s, g[((n * ch + c) * oh + y) * ow + z]);
+            }
+        }
+        gx[t] = R_ADD(gx[t], s);
+    }
+}
+
+/* out = (0.0 + x + ...) over the window's positions inside the input, (i, j)
+ * ascending, / torch's divisor; M[0] = nb*ch*oh*ow */
+GT_KERNEL k_avg_pool(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_avg_pool
+    (void)nb;
+    GT_LOOP(t, M[0]) {
+        const long long z = t % ow, y = (t / ow) % oh, c = (t / (ow * oh)) % ch;
+        const long long n = t / (ow * oh * ch);
+        const gt_real *plane = x + (n * ch + c) * ih * iw;
+        gt_real s = R0;
+        for (long long i = 0; i < kh; ++i) {
+            const long long hh = y * sh - ph + i * dh;
+            if (hh < 0 || hh >= ih) continue;
+            for (long long j = 0; j < kw; ++j) {
+                const long long ww = z * sw - pw + j * dw;
+                if (ww >= 0 && ww < iw) s = R_ADD(s, plane[hh * iw + ww]);
+            }
+        }
+        out[t] = R_DIV(s, (gt_real)gt_avg_divisor(y, z, ih, iw, kh, kw, sh, sw, ph, pw, incl));
+    }
+}
+
+/* gx = gx + (0.0 + g[window] / divisor + ...) over the windows reading the element,
+ * (i, j) ascending; M[0] = nb*ch*ih*iw */
+GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_avg_pool_bwd
+    (void)nb;
+    GT_LOOP(t, M[0]) {
+        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
+        const long long n = t / (iw * ih * ch);
+        gt_real s = R0;
+        for (long long i = 0; i < kh; ++i) {
+            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            if (y < 0) continue;
+            for (long long j = 0; j < kw; ++j) {
+                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                if (z < 0) continue;
+                const long long d = gt_avg_divisor(y, z, ih, iw, kh, kw, sh, sw, ph, pw, incl);
+                s = R_ADD(s, R_DIV(g[((n * ch + c) * oh + y) * ow + z], (gt_real)d));
+            }
+        }
+        gx[t] = R_ADD(gx[t], s);
+    }
+}
+
+/* ========================================================================
  * Batched matrix product with arbitrary operand strides
  *   C[bt,i,j] (=|+=) sum_k A[bt,i,k] * B[bt,k,j]
  * every sum serial over k ascending from 0.0 (numerics.matmul), computed
@@ -608,6 +794,8 @@ GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
  * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
 #define GT_SPLIT_KERNELS(X)                                                    \
     X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_sgd, 2) X(k_adam, 8)    \
+    X(k_im2col, 2) X(k_col2im, 8) X(k_max_pool, 8) X(k_max_pool_bwd, 32)       \
+    X(k_avg_pool, 8) X(k_avg_pool_bwd, 16)                                     \
     GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
 #define GT_SPLIT_MIN (1LL << 18)
 #define GT_SPLIT_ALIGN 64LL           /* slice boundaries: whole cache lines of float64 */

@@ -438,11 +438,62 @@ def _fwd_take_along(b, i, spec, val):
                    ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
 
 
+# conv2d and the pools (numerics.conv2d, max_pool2d, avg_pool2d): conv2d is k_im2col's
+# columns [C*KH*KW, N*OH*OW] in scratch, then per group w_g @ cols_g by k_matmul (the
+# matmul's own products) into [OC, N*OH*OW] scratch, copied into NCHW
+
+def _window_geometry(b, i, kernel, dilation=(1, 1)):
+    node = b.tape.nodes[i]
+    n, c, h, w = b.shapes[node.a]
+    oh, ow = b.shapes[i][2:]
+    (sh, sw), (ph, pw) = node.aux["stride"], node.aux["padding"]
+    return dict(nb=n, ch=c, ih=h, iw=w, kh=kernel[0], kw=kernel[1], oh=oh, ow=ow, sh=sh,
+                sw=sw, ph=ph, pw=pw, dh=dilation[0], dw=dilation[1])
+
+
+def _conv_dims(b, i):
+    """(geometry, groups, OC, OC per group, K per group, N*OH*OW, OH*OW)."""
+    node = b.tape.nodes[i]
+    oc, cg, kh, kw = b.shapes[node.b]
+    geo = _window_geometry(b, i, (kh, kw), node.aux["dilation"])
+    groups = node.aux["groups"]
+    p = geo["oh"] * geo["ow"]
+    return geo, groups, oc, oc // groups, cg * kh * kw, geo["nb"] * p, p
+
+
+def _fwd_conv2d(b, i, spec, val):
+    node = b.tape.nodes[i]
+    geo, groups, oc, ocg, kg, np_, p = _conv_dims(b, i)
+    cols = b.need_scratch(groups * kg * np_ + oc * np_)
+    prod = cols + groups * kg * np_
+    n = geo["nb"]
+    return [launch("k_im2col", groups * kg * np_, i, "conv2d columns", cols=cols,
+                   x=val[node.a], **geo),
+            _matmul(b, i, prod, val[node.b], cols, groups, ocg, kg, np_, (ocg * kg, kg, 1),
+                    (kg * np_, np_, 1), acc=False, what="conv2d product"),
+            _copy(b, i, val[i], prod, [n, oc, p], [oc * p, p, 1], [p, n * p, 1], acc=False,
+                  what="conv2d into NCHW")]
+
+
+def _fwd_max_pool2d(b, i, spec, val):
+    node = b.tape.nodes[i]
+    geo = _window_geometry(b, i, node.aux["kernel"], node.aux["dilation"])
+    return [launch("k_max_pool", b.n(i), i, "max_pool2d", out=val[i], x=val[node.a], **geo)]
+
+
+def _fwd_avg_pool2d(b, i, spec, val):
+    node = b.tape.nodes[i]
+    geo = _window_geometry(b, i, node.aux["kernel"])
+    return [launch("k_avg_pool", b.n(i), i, "avg_pool2d", out=val[i], x=val[node.a],
+                   incl=int(attr(node.aux, "count_include_pad", True)), **geo)]
+
+
 _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
             "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
-            "take_along": _fwd_take_along}
+            "take_along": _fwd_take_along, "conv2d": _fwd_conv2d,
+            "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d}
 
 
 def _axis_split(shape, axis):
@@ -612,11 +663,48 @@ def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
                    k=b.shapes[node.b][axis], inner=inner)]
 
 
+def _bwd_conv2d(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    geo, groups, oc, ocg, kg, np_, p = _conv_dims(b, i)
+    n = geo["nb"]
+    gt = b.need_scratch(oc * np_ + groups * kg * np_)     # g as [OC, N*OH*OW], then columns
+    cols = gt + oc * np_
+    out = [_copy(b, i, gt, grad[i], [n, oc, p], [p, n * p, 1], [oc * p, p, 1], acc=False,
+                 what="conv2d backward g")]
+    if need_b:      # dw_g += g_g @ cols_g^T: serial over (n, oh, ow)
+        out += [launch("k_im2col", groups * kg * np_, i, "conv2d backward columns", cols=cols,
+                       x=val[node.a], **geo),
+                _matmul(b, i, grad[node.b], gt, cols, groups, ocg, np_, kg,
+                        (ocg * np_, np_, 1), (kg * np_, 1, np_), acc=True,
+                        what="conv2d backward w")]
+    if need_a:      # dcols_g = w_g^T @ g_g: serial over the group's channels; then col2im
+        out += [_matmul(b, i, cols, val[node.b], gt, groups, kg, ocg, np_, (ocg * kg, 1, kg),
+                        (ocg * np_, np_, 1), acc=False, what="conv2d backward columns"),
+                launch("k_col2im", b.n(node.a), i, "conv2d backward x", gx=grad[node.a],
+                       dcols=cols, **geo)]
+    return out
+
+
+def _bwd_max_pool2d(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    geo = _window_geometry(b, i, node.aux["kernel"], node.aux["dilation"])
+    return [launch("k_max_pool_bwd", b.n(node.a), i, "max_pool2d backward", gx=grad[node.a],
+                   g=grad[i], x=val[node.a], **geo)]
+
+
+def _bwd_avg_pool2d(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    geo = _window_geometry(b, i, node.aux["kernel"])
+    return [launch("k_avg_pool_bwd", b.n(node.a), i, "avg_pool2d backward", gx=grad[node.a],
+                   g=grad[i], incl=int(attr(node.aux, "count_include_pad", True)), **geo)]
+
+
 _BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
              "max": _bwd_max, "matmul": _bwd_matmul, "bmm": _bwd_bmm,
              "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
              "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
-             "take_along": _bwd_take_along}
+             "take_along": _bwd_take_along, "conv2d": _bwd_conv2d,
+             "max_pool2d": _bwd_max_pool2d, "avg_pool2d": _bwd_avg_pool2d}
 
 
 def _reduce(b, node, kernel, target, val, grad, what) -> Launch:

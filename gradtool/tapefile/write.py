@@ -105,7 +105,7 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
         # is absent from aux and from the file
         if at.stored and at.name in aux:
             attr = aux[at.name]
-            if at.kind == "axis":
+            if at.kind in ("axis", "count"):
                 out[at.name] = int(attr)
             elif at.kind == "flag":
                 out[at.name] = bool(attr)

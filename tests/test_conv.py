@@ -1,0 +1,268 @@
+"""conv2d, max_pool2d, avg_pool2d and batch norm against torch float64, and the orders
+numerics.py documents (the compiled matmul path against its numpy twin, bit for bit).
+
+Values within 1e-12 relative, gradients within 1e-11 (relative to the largest
+magnitude of the torch result).  The device backends are covered bit for bit by
+the table-driven tests (tests/test_ops_table.py) and the cases below replayed on
+the host backend in all three kernel variants.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradtool as gt
+from conftest import assert_bits_equal, require_c_compiler
+from gradtool import nn
+from gradtool import numerics as nx
+
+VALUE_RTOL, GRAD_RTOL = 1e-12, 1e-11
+
+# (name, x shape, w shape, stride, padding, dilation, groups, bias)
+CONV_CASES = [
+    ("plain 3x3", (2, 3, 8, 7), (4, 3, 3, 3), 1, 0, 1, 1, True),
+    ("groups 2", (2, 4, 7, 6), (6, 2, 3, 2), 1, 1, 1, 2, False),
+    ("depthwise", (2, 5, 6, 6), (5, 1, 3, 3), 1, 1, 1, 5, True),
+    ("depthwise x2", (1, 3, 6, 5), (6, 1, 2, 2), 2, 0, 1, 3, False),
+    ("stride 2x3", (2, 2, 9, 11), (3, 2, 3, 3), (2, 3), (1, 2), 1, 1, True),
+    ("dilation", (2, 2, 9, 8), (3, 2, 3, 2), 1, (2, 1), (2, 3), 1, False),
+    ("odd sizes", (3, 3, 13, 7), (5, 3, 5, 3), (3, 2), (2, 1), 1, 1, True),
+    ("1x1", (2, 6, 4, 5), (3, 6, 1, 1), 1, 0, 1, 1, True),
+    ("1x1 stride 2", (2, 4, 5, 5), (2, 4, 1, 1), 2, 0, 1, 1, False),
+    ("batch 1", (1, 2, 6, 6), (4, 2, 3, 3), 1, 1, 1, 1, True),
+    ("kernel = input", (2, 2, 4, 3), (3, 2, 4, 3), 1, 0, 1, 1, False),
+    ("everything", (2, 6, 11, 10), (4, 3, 3, 2), (2, 1), (1, 2), (2, 2), 2, True),
+]
+
+# (name, x shape, kernel, stride, padding, dilation, ceil_mode)
+MAX_POOL_CASES = [
+    ("2x2", (2, 3, 8, 8), 2, 2, 0, 1, False),
+    ("3x3 overlapping", (2, 2, 9, 7), 3, 1, 1, 1, False),
+    ("ceil_mode", (2, 2, 7, 9), 3, 2, 1, 1, True),
+    ("padding and stride", (1, 3, 10, 9), (3, 2), (2, 1), (1, 1), 1, False),
+    ("dilation", (2, 2, 9, 10), 2, 2, 1, (2, 3), True),
+]
+
+# (name, x shape, kernel, stride, padding, ceil_mode, count_include_pad)
+AVG_POOL_CASES = [
+    ("2x2", (2, 3, 8, 8), 2, 2, 0, False, True),
+    ("3x3 pad include", (2, 2, 9, 7), 3, 1, 1, False, True),
+    ("3x3 pad exclude", (2, 2, 9, 7), 3, 1, 1, False, False),
+    ("ceil include", (2, 2, 7, 9), 3, 2, 1, True, True),
+    ("ceil exclude", (2, 2, 7, 9), 3, 2, 1, True, False),
+    ("ceil no pad", (1, 3, 8, 10), (3, 2), (2, 3), 0, True, True),
+]
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+def _close(got, want, rtol, what):
+    scale = max(float(np.max(np.abs(want))), 1e-300)
+    err = float(np.max(np.abs(got - want)))
+    assert err <= rtol * scale, f"{what}: max error {err:.3g} > {rtol} x {scale:.3g}"
+
+
+def _torch_run(fn, arrays):
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = fn(*ts)
+    wts = torch.tensor(np.random.default_rng(7).uniform(0.5, 1.5, tuple(y.shape)))
+    (y * wts).sum().backward()
+    return y.detach().numpy(), [t.grad.numpy() for t in ts], wts.numpy()
+
+
+def _gt_run(fn, arrays, wts):
+    tp = gt.Tape()
+    ps = [tp.param(a) for a in arrays]
+    y = fn(tp, *ps)
+    loss = tp.sum(tp.mul(y, tp.const(wts)))
+    tp.backward(loss)
+    return tp, y, loss, ps
+
+
+def _check_against_torch(gt_fn, torch_fn, arrays, what):
+    ty, tgrads, wts = _torch_run(torch_fn, arrays)
+    tp, y, loss, ps = _gt_run(gt_fn, arrays, wts)
+    _close(tp.value(y), ty, VALUE_RTOL, f"{what} value")
+    for p, tg in zip(ps, tgrads):
+        _close(tp.grad(p), tg, GRAD_RTOL, f"{what} grad {p.id}")
+    return tp, y, loss
+
+
+def _conv_arrays(case, rng):
+    _, xs, ws, *_rest, bias = case
+    arrays = [rng.standard_normal(xs), rng.standard_normal(ws)]
+    if bias:
+        arrays.append(rng.standard_normal(ws[0]))
+    return arrays
+
+
+def _conv_fns(case):
+    _, _, _, stride, padding, dilation, groups, bias = case
+
+    def gt_fn(tp, x, w, b=None):
+        return nn.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups)
+
+    def torch_fn(x, w, b=None):
+        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation,
+                        groups=groups)
+    return gt_fn, torch_fn
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv2d_matches_torch(case):
+    rng = np.random.default_rng(len(case[0]))
+    gt_fn, torch_fn = _conv_fns(case)
+    _check_against_torch(gt_fn, torch_fn, _conv_arrays(case, rng), case[0])
+
+
+def _max_pool_fns(case):
+    _, _, k, s, p, d, ceil = case
+    return (lambda tp, x: nn.max_pool2d(x, k, s, p, d, ceil_mode=ceil),
+            lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=ceil))
+
+
+@pytest.mark.parametrize("case", MAX_POOL_CASES, ids=[c[0] for c in MAX_POOL_CASES])
+def test_max_pool2d_matches_torch(case):
+    x = np.random.default_rng(3).standard_normal(case[1])
+    _check_against_torch(*_max_pool_fns(case), [x], case[0])
+
+
+@pytest.mark.parametrize("case", MAX_POOL_CASES, ids=[c[0] for c in MAX_POOL_CASES])
+def test_max_pool2d_ties_go_to_the_first_maximum(case):
+    """Rounded inputs: most windows hold equal maxima; torch also gives the first one."""
+    x = np.round(np.random.default_rng(4).uniform(0, 2, case[1]))
+    tp, y, _ = _check_against_torch(*_max_pool_fns(case), [x], case[0] + " ties")
+
+
+def test_max_pool2d_nan_wins_and_takes_the_gradient():
+    x = np.array([[[[1.0, np.nan, 5.0, np.nan]]]])
+    tp = gt.Tape()
+    p = tp.param(x)
+    y = nn.max_pool2d(p, (1, 4), (1, 4))
+    tp.backward(tp.sum(y))
+    assert np.isnan(tp.value(y)).all()
+    assert_bits_equal(tp.grad(p), np.array([[[[0.0, 1.0, 0.0, 0.0]]]]), "first NaN")
+
+
+@pytest.mark.parametrize("case", AVG_POOL_CASES, ids=[c[0] for c in AVG_POOL_CASES])
+def test_avg_pool2d_matches_torch(case):
+    _, xs, k, s, p, ceil, incl = case
+    x = np.random.default_rng(5).standard_normal(xs)
+    _check_against_torch(
+        lambda tp, v: nn.avg_pool2d(v, k, s, p, ceil_mode=ceil, count_include_pad=incl),
+        lambda v: F.avg_pool2d(v, k, s, p, ceil_mode=ceil, count_include_pad=incl),
+        [x], case[0])
+
+
+def test_adaptive_avg_pool_to_one_is_the_mean_over_h_and_w():
+    x = np.random.default_rng(6).standard_normal((3, 4, 5, 6))
+    _check_against_torch(lambda tp, v: nn.global_avg_pool2d(v),
+                         lambda v: F.adaptive_avg_pool2d(v, 1), [x], "adaptive 1x1")
+
+
+def test_conv1d_through_conv2d():
+    rng = np.random.default_rng(8)
+    x, w, b = rng.standard_normal((2, 3, 17)), rng.standard_normal((4, 3, 5)), \
+        rng.standard_normal(4)
+    _check_against_torch(lambda tp, *v: nn.conv1d(*v, stride=2, padding=3, dilation=2),
+                         lambda *v: F.conv1d(*v, stride=2, padding=3, dilation=2),
+                         [x, w, b], "conv1d")
+
+
+# ── the orders: compiled matmul kernel vs numpy twin, and the documented loops ─────
+
+def _naive_conv(x, w, stride, padding, dilation, groups):
+    """The documented order in plain Python loops: 0.0 + w*x over (c, i, j) ascending."""
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    oh = nx.conv_out_size(h, kh, stride[0], padding[0], dilation[0])
+    ow = nx.conv_out_size(wd, kw, stride[1], padding[1], dilation[1])
+    out = np.empty((n, oc, oh, ow))
+    ocg = oc // groups
+    for b in range(n):
+        for o in range(oc):
+            g = o // ocg
+            for y in range(oh):
+                for z in range(ow):
+                    s = 0.0
+                    for ci in range(cg):
+                        for i in range(kh):
+                            for j in range(kw):
+                                hh = y * stride[0] - padding[0] + i * dilation[0]
+                                ww = z * stride[1] - padding[1] + j * dilation[1]
+                                v = x[b, g * cg + ci, hh, ww] if 0 <= hh < h and 0 <= ww < wd \
+                                    else 0.0
+                                s = s + w[o, ci, i, j] * v
+                    out[b, o, y, z] = s
+    return out
+
+
+def test_conv2d_forward_is_the_documented_loop_to_the_bit():
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((2, 4, 6, 5)), rng.standard_normal((4, 2, 3, 2))
+    geo = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2)
+    assert_bits_equal(nx.conv2d(x, w, **geo), _naive_conv(x, w, **geo), "conv2d order")
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:6], ids=[c[0] for c in CONV_CASES[:6]])
+def test_compiled_and_numpy_paths_agree_to_the_bit(case, monkeypatch):
+    """numerics.bmm runs the compiled matmul kernel; without it, bmm_numpy: same bits."""
+    require_c_compiler()
+    rng = np.random.default_rng(11)
+    x, w = rng.standard_normal(case[1]), rng.standard_normal(case[2])
+    g = None
+    geo = dict(stride=tuple(_pair(case[3])), padding=tuple(_pair(case[4])),
+               dilation=tuple(_pair(case[5])), groups=case[6])
+    compiled = nx.conv2d(x, w, **geo)
+    g = rng.standard_normal(compiled.shape)
+    compiled_b = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    monkeypatch.setattr(nx, "_DEFAULT", [None])
+    plain = nx.conv2d(x, w, **geo)
+    plain_b = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    assert_bits_equal(compiled, plain, "forward")
+    assert_bits_equal(compiled_b[0], plain_b[0], "dx")
+    assert_bits_equal(compiled_b[1], plain_b[1], "dw")
+
+
+# ── every case on the host backend, all three kernel variants ─────────────────────
+
+def _host_cases():
+    rng = np.random.default_rng(12)
+    for case in CONV_CASES:
+        yield case[0], _conv_fns(case)[0], _conv_arrays(case, rng)
+    for case in MAX_POOL_CASES:
+        yield "max " + case[0], _max_pool_fns(case)[0], [rng.standard_normal(case[1])]
+    for case in AVG_POOL_CASES:
+        _, xs, k, s, p, ceil, incl = case
+        yield ("avg " + case[0],
+               lambda tp, v, k=k, s=s, p=p, ceil=ceil, incl=incl: nn.avg_pool2d(
+                   v, k, s, p, ceil_mode=ceil, count_include_pad=incl),
+               [rng.standard_normal(xs)])
+
+
+HOST_CASES = list(_host_cases())
+
+
+@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
+@pytest.mark.parametrize("case", HOST_CASES, ids=[c[0] for c in HOST_CASES])
+def test_host_backend_is_bit_identical(case, variant):
+    require_c_compiler()
+    from gradtool.device import capture
+
+    _, fn, arrays = case
+    tp = gt.Tape()
+    ps = [tp.param(a) for a in arrays]
+    y = fn(tp, *ps)
+    wts = np.random.default_rng(1).uniform(0.5, 1.5, tp.value(y).shape)
+    loss = tp.sum(tp.mul(y, tp.const(wts)))
+    tp.backward(loss)
+    replay = capture(tp, loss, "host", host_kernels=variant)
+    replay.forward()
+    replay.backward()
+    assert_bits_equal(replay.value(y), tp.value(y), f"{case[0]} forward ({variant})")
+    for p in ps:
+        assert_bits_equal(replay.grad(p), tp.grad(p), f"{case[0]} grad ({variant})")
