@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .errors import TapeError
 from .tape import GVar
 
 __all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse",
-           "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "global_avg_pool2d"]
+           "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm2d",
+           "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -189,3 +192,77 @@ def global_avg_pool2d(x: GVar) -> GVar:
     n, c, h, w = x.shape
     m = tp.mean(tp.reshape(x, [n, c, h * w]), axis=2, keepdims=True)
     return tp.reshape(m, [n, c, 1, 1])
+
+
+# ── batch norm (NCHW, per channel) ──────────────────────────────────────────
+#
+# Both modes are torch's CPU formula, as recorded elementwise ops:
+#     invstd = 1 / sqrt(var + eps);  alpha = invstd * weight;  beta = bias - mean * alpha
+#     y = x * alpha + beta            (alpha, beta [C] reshaped to [C, 1, 1])
+# Eval mode reads mean and var from the running statistics (consts); train mode
+# computes them over (n, h, w): x as [N*H*W, C] (reshape, transpose, reshape), mean =
+# the serial axis sum / count, var = the same of (x - mean)^2 (biased), and the
+# gradient flows through both, as torch's.  The running statistics' update (torch's
+# momentum rule, the unbiased variance) is returned as two nodes for the caller to
+# name as outputs and copy back into the running consts; ``gradtool train`` does not
+# carry them from step to step (docs/training.md).
+
+
+def _channel_vector(tp, v, what):
+    if v is not None and (len(v.shape) != 1):
+        raise TapeError(f"nn.{what}: expected a [C] vector, got shape {list(v.shape)}")
+    return v
+
+
+def _normalize(tp, x, mean, var, weight, bias, eps):
+    c = x.shape[1]
+    invstd = tp.div(tp.const(np.ones(1)), tp.sqrt(tp.adds(var, eps)))
+    alpha = invstd if weight is None else tp.mul(invstd, weight)
+    shift = tp.mul(mean, alpha)
+    beta = tp.neg(shift) if bias is None else tp.sub(bias, shift)
+    return tp.add(tp.mul(x, tp.reshape(alpha, [c, 1, 1])), tp.reshape(beta, [c, 1, 1]))
+
+
+def batch_norm2d(x: GVar, weight: GVar = None, bias: GVar = None, running_mean: GVar = None,
+                 running_var: GVar = None, eps: float = 1e-5) -> GVar:
+    """torch's ``batch_norm`` in eval mode: x [N, C, H, W] normalised by the running
+    statistics (consts [C]); weight and bias ([C]) optional."""
+    tp = _tape(x, "batch_norm2d")
+    if running_mean is None or running_var is None:
+        raise TapeError("nn.batch_norm2d: eval mode needs running_mean and running_var")
+    for v in (weight, bias, running_mean, running_var):
+        _channel_vector(tp, v, "batch_norm2d")
+    return _normalize(tp, x, running_mean, running_var, weight, bias, eps)
+
+
+def batch_norm2d_train(x: GVar, weight: GVar = None, bias: GVar = None,
+                       running_mean: GVar = None, running_var: GVar = None,
+                       momentum: float = 0.1, eps: float = 1e-5) -> tuple:
+    """torch's ``batch_norm`` in train mode: (y, new running mean, new running var).
+
+    The batch statistics over (n, h, w) normalise x (differentiable); with running
+    statistics given, the two further nodes are torch's update
+    ``momentum * batch_mean + (1 - momentum) * running_mean`` and the same with the
+    unbiased batch variance (sum of squares / (count - 1)); else they are None.
+    """
+    tp = _tape(x, "batch_norm2d_train")
+    for v in (weight, bias, running_mean, running_var):
+        _channel_vector(tp, v, "batch_norm2d_train")
+    n, c, h, w = x.shape
+    count = n * h * w
+    rows = tp.reshape(tp.transpose(tp.reshape(x, [n, c, h * w])), [count, c])
+    mean = tp.mean(rows, axis=0)                                   # [C]
+    d = tp.sub(rows, mean)
+    sq = tp.sum(tp.mul(d, d), axis=0)                              # [C]
+    var = tp.div(sq, tp.const(np.full(1, float(count))))           # the biased variance
+    y = _normalize(tp, x, mean, var, weight, bias, eps)
+    if running_mean is None or running_var is None:
+        return y, None, None
+    if count < 2:
+        raise TapeError("nn.batch_norm2d_train: the unbiased variance needs more than one "
+                        "value per channel")
+    unbiased = tp.div(sq, tp.const(np.full(1, float(count - 1))))
+    keep = 1.0 - momentum
+    new_mean = tp.add(tp.muls(mean, momentum), tp.muls(running_mean, keep))
+    new_var = tp.add(tp.muls(unbiased, momentum), tp.muls(running_var, keep))
+    return y, new_mean, new_var

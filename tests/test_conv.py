@@ -266,3 +266,61 @@ def test_host_backend_is_bit_identical(case, variant):
     assert_bits_equal(replay.value(y), tp.value(y), f"{case[0]} forward ({variant})")
     for p in ps:
         assert_bits_equal(replay.grad(p), tp.grad(p), f"{case[0]} grad ({variant})")
+
+
+# ── batch norm, both modes ────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_eval_matches_torch(affine):
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 4, 5, 6))
+    rm, rv = rng.standard_normal(4), rng.uniform(0.5, 2.0, 4)
+    wb = [rng.standard_normal(4), rng.standard_normal(4)] if affine else []
+
+    def gt_fn(tp, v, *p):
+        return nn.batch_norm2d(v, *(p or (None, None)), tp.const(rm), tp.const(rv), eps=1e-3)
+
+    def torch_fn(v, *p):
+        return F.batch_norm(v, torch.tensor(rm), torch.tensor(rv), *(p or (None, None)),
+                            training=False, eps=1e-3)
+    _check_against_torch(gt_fn, torch_fn, [x, *wb], "batch norm eval")
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_train_matches_torch_with_running_statistics(affine):
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((4, 3, 5, 4)) * 2.0 + 0.5
+    rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3)
+    wb = [rng.standard_normal(3), rng.standard_normal(3)] if affine else []
+    trm, trv = torch.tensor(rm), torch.tensor(rv)
+    new = {}
+
+    def gt_fn(tp, v, *p):
+        y, new["mean"], new["var"] = nn.batch_norm2d_train(
+            v, *(p or (None, None)), tp.const(rm), tp.const(rv), momentum=0.3)
+        return y
+
+    def torch_fn(v, *p):
+        return F.batch_norm(v, trm, trv, *(p or (None, None)), training=True, momentum=0.3)
+    tp, _, _ = _check_against_torch(gt_fn, torch_fn, [x, *wb], "batch norm train")
+    _close(tp.value(new["mean"]), trm.numpy(), VALUE_RTOL, "running mean")
+    _close(tp.value(new["var"]), trv.numpy(), VALUE_RTOL, "running var")
+
+
+def test_batch_norm_train_fd_check_and_host_replay():
+    require_c_compiler()
+    from gradtool.device import capture
+
+    rng = np.random.default_rng(15)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((3, 2, 3, 3)))
+    w, b = tp.param(rng.uniform(0.5, 1.5, 2)), tp.param(rng.standard_normal(2))
+    y, _, _ = nn.batch_norm2d_train(x, w, b)
+    loss = tp.sum(tp.mul(y, tp.const(rng.uniform(0.5, 1.5, (3, 2, 3, 3)))))
+    tp.backward(loss)
+    replay = capture(tp, loss, "host")
+    replay.forward()
+    replay.backward()
+    for p in (x, w, b):
+        assert_bits_equal(replay.grad(p), tp.grad(p), f"grad {p.id}")
+    assert gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7).passed
