@@ -1,0 +1,75 @@
+"""The digits CNN sample (samples/digits_cnn/): a reproducible tape, it learns, and every
+engine (cpu, host, shards in one process, two MPI ranks) saves the same bytes."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import require_c_compiler
+from gradtool.tapefile import dumps, load
+from gradtool.train import TrainOptions, Trainer
+from gradtool.train.distributed import LAUNCHER_RANK_VARS
+from support import DIGITS_DATA, ROOT, SAMPLES, run
+
+CNN = SAMPLES / "digits_cnn" / "digits_cnn.msgpack"
+
+
+def test_the_script_records_the_committed_tape():
+    sys.path.insert(0, str(SAMPLES / "digits_cnn"))
+    try:
+        import make_digits_cnn as make
+    finally:
+        sys.path.pop(0)
+    import numpy as np
+    with np.load(DIGITS_DATA) as data:
+        arrays = {k: data[k] for k in ("x", "y")}
+    tp, loss, outputs, meta = make.record_cnn(arrays)
+    assert dumps(tp, loss=loss, outputs=outputs, meta=meta) == CNN.read_bytes()
+    ops = {n.op for n in tp.nodes}
+    assert {"conv2d", "max_pool2d"} <= ops
+
+
+def test_it_trains_to_97_percent_validation_accuracy():
+    res = Trainer(load(CNN), str(DIGITS_DATA), TrainOptions()).run()
+    assert res.accuracy_on == "val" and res.epochs == 15
+    assert res.accuracy >= 0.97, res.summary()
+
+
+def _mpiexec():
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def test_cpu_host_shards_and_mpi_ranks_save_the_same_bytes(tmp_path):
+    require_c_compiler()
+    common = ["--data", DIGITS_DATA, "--epochs", 2]
+    saved = {}
+    for name, extra in (("cpu", []), ("host", ["--backend", "host"]),
+                        ("cpu2", ["--shards", 2]), ("host2", ["--backend", "host", "--shards", 2])):
+        path = tmp_path / f"{name}.msgpack"
+        r = run("train", CNN, *common, *extra, "--save", path)
+        assert r.exit_code == 0, r.stderr
+        saved[name] = path.read_bytes()
+    assert saved["cpu"] == saved["host"]
+    assert saved["cpu2"] == saved["host2"]
+    assert saved["cpu"] != saved["cpu2"]           # two shards: a step of 64 rows
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpi4py/mpiexec: the in-process shards were compared")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
+        env.pop(var, None)
+    mpi = tmp_path / "mpi.msgpack"
+    cmd = [mpiexec, "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
+           "train", str(CNN), *map(str, common), "--shards", "2", "--save", str(mpi)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert mpi.read_bytes() == saved["cpu2"]
