@@ -563,47 +563,187 @@ GT_DEV long long gt_window_of(long long h, long long i, long long s, long long p
                               long long o)
 {
     const long long t = h + p - i * d;
-    if (t < 0 || t % s) return -1;
+    if (t < 0) return -1;
+    if (s == 1) return t < o ? t : -1;          /* the common stride: no division */
+    if (t % s) return -1;
     return t / s < o ? t / s : -1;
 }
+
+/* GT_LOOP4(t, a, b, c, d, A, B, C, D): GT_LOOP over t < A*B*C*D with t's row-major
+ * coordinates (a, b, c, d) declared.  The GPU and the per-thread host builds divide
+ * t once per index; the tiled host build walks its slice of the indices with
+ * counters (no division per index): the same indices, the same body. */
+#if defined(__CUDACC__) || defined(GT_THREAD_BODIES)
+#  define GT_LOOP4(t, a, b, c, d, A, B, C, D)                                 \
+    GT_LOOP(t, (A) * (B) * (C) * (D))                                         \
+    for (long long d = t % (D), c = (t / (D)) % (C), b = (t / ((D) * (C))) % (B), \
+         a = t / ((D) * (C) * (B)), t##_once = 1; t##_once; t##_once = 0)
+#else
+#  define GT_LOOP4(t, a, b, c, d, A, B, C, D)                                 \
+    for (long long t = gt_slice_lo, t##_end = gt_slice_end((A) * (B) * (C) * (D)), \
+         d = t % (D), c = (t / (D)) % (C), b = (t / ((D) * (C))) % (B),           \
+         a = t / ((D) * (C) * (B)); t < t##_end;                                  \
+         ++t, (++d == (D) ? (d = 0, (++c == (C) ? (c = 0, (++b == (B) ? (b = 0, ++a) : 0)) \
+                                                : 0)) : 0))
+#endif
+
+/* gt_window_of for every (h, i), h < size, i < k, as a table (the tiled host build:
+ * a launch's threads then divide nothing per element); NULL elsewhere, or when it
+ * cannot be allocated -- GT_WINDOW then computes it. */
+#if defined(__CUDACC__) || defined(GT_THREAD_BODIES)
+#  define GT_WINDOW_TABLE(size, k, s, p, d, o) ((long long *)0)
+#  define GT_WINDOW_FREE(tab) (void)(tab)
+#else
+static long long *gt_window_table(long long size, long long k, long long s, long long p,
+                                  long long d, long long o)
+{
+    long long *tab = (long long *)malloc((size_t)(size * k) * sizeof(long long));
+    for (long long h = 0; tab && h < size; ++h)
+        for (long long i = 0; i < k; ++i) tab[h * k + i] = gt_window_of(h, i, s, p, d, o);
+    return tab;
+}
+#  define GT_WINDOW_TABLE(size, k, s, p, d, o) gt_window_table(size, k, s, p, d, o)
+#  define GT_WINDOW_FREE(tab) free(tab)
+#endif
+#define GT_WINDOW(tab, h, i, k, s, p, d, o) ((tab) ? (tab)[(h) * (k) + (i)] : gt_window_of(h, i, s, p, d, o))
+#define GT_WINDOW_TABLES                                                       \
+    long long *ytab = GT_WINDOW_TABLE(ih, kh, sh, ph, dh, oh);                  \
+    long long *ztab = GT_WINDOW_TABLE(iw, kw, sw, pw, dw, ow);
+#define GT_WINDOW_Y(h, i) GT_WINDOW(ytab, h, i, kh, sh, ph, dh, oh)
+#define GT_WINDOW_Z(w, j) GT_WINDOW(ztab, w, j, kw, sw, pw, dw, ow)
+#define GT_WINDOW_TABLES_FREE GT_WINDOW_FREE(ytab); GT_WINDOW_FREE(ztab);
 
 /* cols[(c, i, j), (n, y, z)] = x[n, c, y*sh - ph + i*dh, z*sw - pw + j*dw], +0.0 at
  * padding (exact copies); M[0] = ch*kh*kw * nb*oh*ow */
 GT_KERNEL k_im2col(gt_real *W, const long long *M)
 {
     GT_ARGS_k_im2col
-    const long long np_ = nb * oh * ow;
-    GT_LOOP(t, M[0]) {
-        const long long col = t % np_, row = t / np_;
+#if defined(__CUDACC__) || defined(GT_THREAD_BODIES)
+    GT_LOOP4(t, row, n, y, z, ch * kh * kw, nb, oh, ow) {
         const long long j = row % kw, i = (row / kw) % kh, c = row / (kw * kh);
-        const long long z = col % ow, y = (col / ow) % oh, n = col / (ow * oh);
         const long long hh = y * sh - ph + i * dh, ww = z * sw - pw + j * dw;
         cols[t] = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
                       ? x[((n * ch + c) * ih + hh) * iw + ww] : R0;
     }
+#else
+    /* host: the same copies, row by row (one launch, not split over threads) */
+    gt_real *GT_RESTRICT dst = cols;
+    for (long long c = 0; c < ch; ++c)
+        for (long long i = 0; i < kh; ++i)
+            for (long long j = 0; j < kw; ++j)
+                for (long long n = 0; n < nb; ++n)
+                    for (long long y = 0; y < oh; ++y, dst += ow) {
+                        const long long hh = y * sh - ph + i * dh;
+                        if (hh < 0 || hh >= ih) {
+                            for (long long z = 0; z < ow; ++z) dst[z] = R0;
+                            continue;
+                        }
+                        const gt_real *GT_RESTRICT src = x + ((n * ch + c) * ih + hh) * iw;
+                        for (long long z = 0; z < ow; ++z) {
+                            const long long ww = z * sw - pw + j * dw;
+                            dst[z] = (ww >= 0 && ww < iw) ? src[ww] : R0;
+                        }
+                    }
+#endif
 }
+
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+/* The tiled host build's col2im and max-pool backward: the same per-element sums,
+ * gathered into a zeroed buffer in the documented order by walking the sources row
+ * by row (cache friendly), then gx = gx + sum for every element (+0.0 where nothing
+ * reached it, exactly what the per-element body adds).  0 when the buffer cannot be
+ * allocated: the kernel then runs its per-element body. */
+static int gt_col2im_host(gt_real *gx, const gt_real *dcols, long long nb, long long ch,
+                          long long ih, long long iw, long long kh, long long kw,
+                          long long oh, long long ow, long long sh, long long sw,
+                          long long ph, long long pw, long long dh, long long dw)
+{
+    const long long total = nb * ch * ih * iw, np_ = nb * oh * ow;
+    gt_real *acc = (gt_real *)calloc((size_t)total, sizeof(gt_real));   /* +0.0 */
+    if (!acc) return 0;
+    for (long long c = 0; c < ch; ++c)
+        for (long long i = 0; i < kh; ++i)         /* (i, j) ascending per element */
+            for (long long j = 0; j < kw; ++j) {
+                const gt_real *src = dcols + ((c * kh + i) * kw + j) * np_;
+                for (long long n = 0; n < nb; ++n)
+                    for (long long y = 0; y < oh; ++y) {
+                        const long long hh = y * sh - ph + i * dh;
+                        if (hh < 0 || hh >= ih) continue;
+                        gt_real *row = acc + ((n * ch + c) * ih + hh) * iw;
+                        const gt_real *sr = src + (n * oh + y) * ow;
+                        for (long long z = 0; z < ow; ++z) {
+                            const long long ww = z * sw - pw + j * dw;
+                            if (ww >= 0 && ww < iw) row[ww] = R_ADD(row[ww], sr[z]);
+                        }
+                    }
+            }
+    for (long long e = 0; e < total; ++e) gx[e] = R_ADD(gx[e], acc[e]);
+    free(acc);
+    return 1;
+}
+
+static int gt_max_pool_bwd_host(gt_real *gx, const gt_real *g, const gt_real *x,
+                                long long nb, long long ch, long long ih, long long iw,
+                                long long kh, long long kw, long long oh, long long ow,
+                                long long sh, long long sw, long long ph, long long pw,
+                                long long dh, long long dw)
+{
+    const long long total = nb * ch * ih * iw, windows = nb * ch * oh * ow;
+    gt_real *acc = (gt_real *)calloc((size_t)total, sizeof(gt_real));   /* +0.0 */
+    long long *arg = (long long *)malloc((size_t)windows * sizeof(long long));
+    if (!acc || !arg) { free(acc); free(arg); return 0; }
+    long long t = 0;
+    for (long long n = 0; n < nb; ++n)
+        for (long long c = 0; c < ch; ++c)
+            for (long long y = 0; y < oh; ++y)
+                for (long long z = 0; z < ow; ++z, ++t)
+                    arg[t] = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
+                                            dh, dw);
+    for (long long i = 0; i < kh; ++i)             /* (i, j) ascending per element */
+        for (long long j = 0; j < kw; ++j) {
+            const long long l = i * kw + j;
+            t = 0;
+            for (long long nc = 0; nc < nb * ch; ++nc)
+                for (long long y = 0; y < oh; ++y)
+                    for (long long z = 0; z < ow; ++z, ++t)
+                        if (arg[t] == l) {
+                            const long long p = (nc * ih + y * sh - ph + i * dh) * iw
+                                                + z * sw - pw + j * dw;
+                            acc[p] = R_ADD(acc[p], g[t]);
+                        }
+        }
+    for (long long e = 0; e < total; ++e) gx[e] = R_ADD(gx[e], acc[e]);
+    free(acc);
+    free(arg);
+    return 1;
+}
+#endif
 
 /* gx = gx + (0.0 + dcols[(c, i, j), (n, y, z)] + ...) over (i, j) ascending, the
  * windows that read the element; M[0] = nb*ch*ih*iw */
 GT_KERNEL k_col2im(gt_real *W, const long long *M)
 {
     GT_ARGS_k_col2im
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    if (gt_col2im_host(gx, dcols, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
+        return;
+#endif
+    GT_WINDOW_TABLES
     const long long np_ = nb * oh * ow;
-    GT_LOOP(t, M[0]) {
-        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
-        const long long n = t / (iw * ih * ch);
+    GT_LOOP4(t, n, c, h, w, nb, ch, ih, iw) {
         gt_real s = R0;
         for (long long i = 0; i < kh; ++i) {
-            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            const long long y = GT_WINDOW_Y(h, i);
             if (y < 0) continue;
             for (long long j = 0; j < kw; ++j) {
-                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                const long long z = GT_WINDOW_Z(w, j);
                 if (z < 0) continue;
                 s = R_ADD(s, dcols[((c * kh + i) * kw + j) * np_ + (n * oh + y) * ow + z]);
             }
         }
         gx[t] = R_ADD(gx[t], s);
     }
+    GT_WINDOW_TABLES_FREE
 }
 
 /* out = the window's first maximum (gt_pool_argmax), -inf if it has no position
@@ -611,10 +751,7 @@ GT_KERNEL k_col2im(gt_real *W, const long long *M)
 GT_KERNEL k_max_pool(gt_real *W, const long long *M)
 {
     GT_ARGS_k_max_pool
-    (void)nb;
-    GT_LOOP(t, M[0]) {
-        const long long z = t % ow, y = (t / ow) % oh, c = (t / (ow * oh)) % ch;
-        const long long n = t / (ow * oh * ch);
+    GT_LOOP4(t, n, c, y, z, nb, ch, oh, ow) {
         const long long l = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
                                            dh, dw);
         out[t] = l < 0 ? (gt_real)(-gtm_inf())
@@ -628,16 +765,18 @@ GT_KERNEL k_max_pool(gt_real *W, const long long *M)
 GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_max_pool_bwd
-    (void)nb;
-    GT_LOOP(t, M[0]) {
-        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
-        const long long n = t / (iw * ih * ch);
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    if (gt_max_pool_bwd_host(gx, g, x, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
+        return;
+#endif
+    GT_WINDOW_TABLES
+    GT_LOOP4(t, n, c, h, w, nb, ch, ih, iw) {
         gt_real s = R0;
         for (long long i = 0; i < kh; ++i) {
-            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            const long long y = GT_WINDOW_Y(h, i);
             if (y < 0) continue;
             for (long long j = 0; j < kw; ++j) {
-                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                const long long z = GT_WINDOW_Z(w, j);
                 if (z < 0) continue;
                 if (gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw, dh, dw)
                     == i * kw + j)
@@ -646,6 +785,7 @@ GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
         }
         gx[t] = R_ADD(gx[t], s);
     }
+    GT_WINDOW_TABLES_FREE
 }
 
 /* out = (0.0 + x + ...) over the window's positions inside the input, (i, j)
@@ -653,10 +793,7 @@ GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
 GT_KERNEL k_avg_pool(gt_real *W, const long long *M)
 {
     GT_ARGS_k_avg_pool
-    (void)nb;
-    GT_LOOP(t, M[0]) {
-        const long long z = t % ow, y = (t / ow) % oh, c = (t / (ow * oh)) % ch;
-        const long long n = t / (ow * oh * ch);
+    GT_LOOP4(t, n, c, y, z, nb, ch, oh, ow) {
         const gt_real *plane = x + (n * ch + c) * ih * iw;
         gt_real s = R0;
         for (long long i = 0; i < kh; ++i) {
@@ -676,16 +813,14 @@ GT_KERNEL k_avg_pool(gt_real *W, const long long *M)
 GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_avg_pool_bwd
-    (void)nb;
-    GT_LOOP(t, M[0]) {
-        const long long w = t % iw, h = (t / iw) % ih, c = (t / (iw * ih)) % ch;
-        const long long n = t / (iw * ih * ch);
+    GT_WINDOW_TABLES
+    GT_LOOP4(t, n, c, h, w, nb, ch, ih, iw) {
         gt_real s = R0;
         for (long long i = 0; i < kh; ++i) {
-            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
+            const long long y = GT_WINDOW_Y(h, i);
             if (y < 0) continue;
             for (long long j = 0; j < kw; ++j) {
-                const long long z = gt_window_of(w, j, sw, pw, dw, ow);
+                const long long z = GT_WINDOW_Z(w, j);
                 if (z < 0) continue;
                 const long long d = gt_avg_divisor(y, z, ih, iw, kh, kw, sh, sw, ph, pw, incl);
                 s = R_ADD(s, R_DIV(g[((n * ch + c) * oh + y) * ow + z], (gt_real)d));
@@ -693,6 +828,7 @@ GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
         }
         gx[t] = R_ADD(gx[t], s);
     }
+    GT_WINDOW_TABLES_FREE
 }
 
 /* ========================================================================
@@ -794,7 +930,7 @@ GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
  * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
 #define GT_SPLIT_KERNELS(X)                                                    \
     X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_sgd, 2) X(k_adam, 8)    \
-    X(k_im2col, 2) X(k_col2im, 8) X(k_max_pool, 8) X(k_max_pool_bwd, 32)       \
+    X(k_max_pool, 8)                                                           \
     X(k_avg_pool, 8) X(k_avg_pool_bwd, 16)                                     \
     GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
 #define GT_SPLIT_MIN (1LL << 18)
