@@ -412,6 +412,8 @@ def pool_out_size(size: int, k: int, stride: int, pad: int, dil: int, ceil_mode:
 def _padded(x: np.ndarray, ph: int, pw: int, hp: int, wp: int, fill: float) -> np.ndarray:
     """x inside a [N, C, hp, wp] buffer of ``fill``, offset (ph, pw)."""
     n, c, h, w = x.shape
+    if (ph, pw, hp, wp) == (0, 0, h, w):
+        return x                                   # no padding: x itself (read only)
     xp = np.full((n, c, hp, wp), fill)
     xp[:, :, ph:ph + h, pw:pw + w] = x
     return xp
@@ -519,6 +521,15 @@ def _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode):
     the window lies inside the input, the value is then -inf)."""
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     xp = _padded(x, padding[0], padding[1], hp, wp, -np.inf)
+    if xp is x:             # every window inside the input: its first position starts it
+        m = _window_view(x, 0, 0, oh, ow, stride, dilation).copy()
+        idx = np.zeros(m.shape, dtype=np.int64)
+        for l in range(1, kernel[0] * kernel[1]):
+            v = _window_view(x, l // kernel[1], l % kernel[1], oh, ow, stride, dilation)
+            take = (m == m) & ((v > m) | (v != v))
+            np.copyto(m, v, where=take)
+            idx[take] = l
+        return m, idx
     inside = _padded(np.ones(x.shape, dtype=bool), padding[0], padding[1], hp, wp, False)
     m = np.full(x.shape[:2] + (oh, ow), -np.inf)
     idx = np.full(m.shape, -1, dtype=np.int64)
