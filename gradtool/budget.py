@@ -20,10 +20,14 @@ device capture (:mod:`gradtool.device.program`), training data
   transposed copy and running sums that reduce a broadcast, and the fresh
   gradient slot (the worst measured, ``div`` of two broadcast operands,
   peaks at 3.2 times its output).
-* **Work** of a tape, in element operations: a matmul or bmm counts its
-  multiply-adds, every other op the largest of its output's and inputs'
-  element counts; the backward walk counts a node's work once per input it
-  differentiates.
+* **Work** of a tape, in element operations: a matmul, bmm or conv2d counts
+  its multiply-adds, a pool its output times its window, every other op the
+  largest of its output's and inputs' element counts; the backward walk
+  counts a node's work once per input it differentiates.
+* conv2d and the pools also hold arrays of other sizes than their output and
+  inputs (:func:`node_temporary`): conv2d its im2col columns (twice, backward:
+  the columns and their gradient) and a zero-padded copy of its input, a pool
+  its padded input; those add to the node's temporary.
 
 The default memory budget is :data:`DEFAULT_MEMORY` (2 GiB); ``gradtool
 --max-memory SIZE`` and ``Limits(max_memory=...)`` change it.
@@ -52,16 +56,38 @@ def prod(dims) -> int:
     return n
 
 
-def node_work(op: str, shape, sa, sb) -> int:
+def node_work(op: str, shape, sa, sb, attrs=None) -> int:
     """Element operations of computing one node from inputs of shapes ``sa``/``sb``
-    (None where absent): multiply-adds for matmul/bmm, else the largest array."""
+    (None where absent): multiply-adds for matmul/bmm/conv2d, a pool's output times its
+    window, else the largest array."""
     if sa is None:
         return 0
     if op == "matmul":
         return sa[0] * sa[1] * shape[1]
     if op == "bmm":                 # the batch of the output: b may broadcast over a's
         return shape[0] * sa[1] * sa[2] * shape[2]
-    return max(prod(shape), prod(sa), prod(sb) if sb is not None else 0)
+    if op == "conv2d":              # every output: C/groups * KH * KW multiply-adds
+        return prod(shape) * prod(sb[1:])
+    big = max(prod(shape), prod(sa), prod(sb) if sb is not None else 0)
+    if op in ("max_pool2d", "avg_pool2d") and attrs:
+        return max(big, prod(shape) * prod(attrs["kernel"]))
+    return big
+
+
+def node_temporary(op: str, shape, sa, sb, attrs=None) -> int:
+    """Elements a node holds besides arrays of its output's and inputs' sizes while it is
+    replayed or differentiated (numerics.conv2d, max_pool2d, avg_pool2d); 0 for most ops."""
+    if op == "conv2d" and attrs:
+        ph, pw = attrs["padding"]
+        cols = prod(sb[1:]) * attrs["groups"] * shape[0] * shape[2] * shape[3]
+        return 2 * cols + sa[0] * sa[1] * (sa[2] + 2 * ph) * (sa[3] + 2 * pw)
+    if op in ("max_pool2d", "avg_pool2d") and attrs:
+        (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["padding"]
+        dh, dw = attrs.get("dilation", (1, 1))
+        hp = max(sa[2] + 2 * ph, (shape[2] - 1) * sh + (kh - 1) * dh + 1)
+        wp = max(sa[3] + 2 * pw, (shape[3] - 1) * sw + (kw - 1) * dw + 1)
+        return 2 * sa[0] * sa[1] * hp * wp          # the padded input and its mask
+    return 0
 
 
 @dataclass(frozen=True)
@@ -88,10 +114,12 @@ class MemoryEstimate:
                 f"{human_bytes(8 * self.temporary)})")
 
 
-def estimate_memory(ops, a, b, sizes, works, loss: int) -> MemoryEstimate:
+def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEstimate:
     """The model for a tape given per node its op, input ids (-1: none), element count
-    and forward work; ``loss`` is the node backward seeds."""
+    and forward work; ``loss`` is the node backward seeds; ``extra``: per node its
+    :func:`node_temporary` (default none)."""
     n = len(ops)
+    extra = extra or [0] * n
     requires = [False] * n
     temporary, temporary_node = 0, -1
     for i, ia, ib, op in zip(range(n), a, b, ops):
@@ -102,8 +130,8 @@ def estimate_memory(ops, a, b, sizes, works, loss: int) -> MemoryEstimate:
         big = sizes[i] if sizes[i] >= sizes[ia] else sizes[ia]
         if ib >= 0 and sizes[ib] > big:
             big = sizes[ib]
-        if FORWARD_TEMPORARIES * big > temporary:
-            temporary, temporary_node = FORWARD_TEMPORARIES * big, i
+        if FORWARD_TEMPORARIES * big + extra[i] > temporary:
+            temporary, temporary_node = FORWARD_TEMPORARIES * big + extra[i], i
     reached = [False] * n
     reached[loss] = True
     grads = backward_work = 0
@@ -124,6 +152,7 @@ def estimate_memory(ops, a, b, sizes, works, loss: int) -> MemoryEstimate:
         if sides:
             backward_work += sides * works[i]
             big = BACKWARD_TEMPORARIES * max(sizes[i], sizes[ia], sizes[ib] if ib >= 0 else 0)
+            big += extra[i]
             if big > temporary:
                 temporary, temporary_node = big, i
     return MemoryEstimate(sum(sizes), grads, temporary, temporary_node, backward_work)
@@ -163,7 +192,10 @@ def tape_memory(tape, loss: int) -> MemoryEstimate:
     """:func:`estimate_memory` for a recorded :class:`gradtool.tape.Tape`."""
     nodes, values = tape.nodes, tape.values
     shapes = [v.shape for v in values]
-    works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
-                       shapes[n.b] if n.b >= 0 else None) for i, n in enumerate(nodes)]
+    ins = [(shapes[n.a] if n.a >= 0 else None, shapes[n.b] if n.b >= 0 else None)
+           for n in nodes]
+    works = [node_work(n.op, shapes[i], *ins[i], n.aux) for i, n in enumerate(nodes)]
+    extra = [node_temporary(n.op, shapes[i], *ins[i], n.aux) if n.a >= 0 else 0
+             for i, n in enumerate(nodes)]
     return estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
-                           [v.size for v in values], works, loss)
+                           [v.size for v in values], works, loss, extra)

@@ -97,7 +97,7 @@ def fd_cost(tape: Tape, params=None) -> FDCost:
     chosen = _chosen_params(tape, params)
     shapes = [v.shape for v in tape.values]
     works = [node_work(n.op, shapes[i], shapes[n.a] if n.a >= 0 else None,
-                       shapes[n.b] if n.b >= 0 else None) + NODE_OVERHEAD * (n.a >= 0)
+                       shapes[n.b] if n.b >= 0 else None, n.aux) + NODE_OVERHEAD * (n.a >= 0)
              for i, n in enumerate(tape.nodes)]
     elements = evals = work = 0
     for p in chosen:

@@ -69,6 +69,17 @@ def _cases():
                                                    tp.const(ids, dtype="i64"), axis=1)
     cases["bmm broadcast"] = lambda tp: tp.bmm(tp.param(leaf((4, M // 2, 16))),
                                                tp.param(leaf((1, 16, M // 2))))
+    # conv2d and the pools hold im2col columns and padded copies (budget.node_temporary)
+    cases["conv2d"] = lambda tp: tp.conv2d(tp.param(leaf((4, 6, 24, 24))),
+                                           tp.param(leaf((8, 3, 5, 5))), stride=[1, 1],
+                                           padding=[2, 2], dilation=[1, 1], groups=2)
+    cases["max_pool2d"] = lambda tp: tp.max_pool2d(tp.param(leaf((4, 6, 32, 32))),
+                                                   kernel=[3, 3], stride=[2, 2],
+                                                   padding=[1, 1], dilation=[1, 1],
+                                                   ceil_mode=True)
+    cases["avg_pool2d"] = lambda tp: tp.avg_pool2d(tp.param(leaf((4, 6, 32, 32))),
+                                                   kernel=[3, 3], stride=[2, 2],
+                                                   padding=[1, 1])
     cases["mlp"] = lambda tp: tp.mse(tp.tanh(tp.const(leaf((M, 32))) @ tp.param(leaf((32, M)))
                                              + tp.param(leaf((M,)))), tp.const(leaf((M, M))))
     return cases

@@ -324,3 +324,19 @@ def test_batch_norm_train_fd_check_and_host_replay():
     for p in (x, w, b):
         assert_bits_equal(replay.grad(p), tp.grad(p), f"grad {p.id}")
     assert gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7).passed
+
+
+def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load():
+    """A tiny output can hide a huge padded input and im2col columns: the loader's budget
+    counts them (budget.node_temporary) before anything is allocated."""
+    import msgpack
+
+    from gradtool.tapefile import dumps, load
+    tp = gt.Tape()
+    y = tp.conv2d(tp.param(np.ones((1, 1, 1, 1))), tp.param(np.ones((1, 1, 1, 1))))
+    loss = tp.sum(y)
+    doc = msgpack.unpackb(dumps(tp, loss=loss))
+    doc["nodes"][y.id].update(padding=[100000, 100000], stride=[300000, 300000])
+    with pytest.raises(gt.TapeFileError) as err:
+        load(msgpack.packb(doc), name="pad.msgpack")
+    assert err.value.node == y.id and "memory" in str(err.value)

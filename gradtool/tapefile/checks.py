@@ -46,7 +46,7 @@ from typing import Optional
 import msgpack
 import numpy as np
 
-from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
+from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_temporary, node_work, prod
 from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
@@ -428,6 +428,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                             f"{limits.max_nodes}", source=source, field="nodes")
     nodes, names = [], {}
     sizes, works = [], []
+    extra = [0] * len(raw_nodes)          # budget.node_temporary of the windowed ops
     elements_total = work_total = 0
     valid, node_error = schema.valid_skeletons, schema.node_error
     for i, raw in enumerate(raw_nodes):
@@ -444,6 +445,10 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
             work = 0
         elif node.op in _PRODUCTS:
             work = node_work(node.op, node.shape, nodes[node.a].shape, nodes[node.b].shape)
+        elif node.op in _WINDOWED:
+            sb = nodes[node.b].shape if node.b >= 0 else None
+            work = node_work(node.op, node.shape, nodes[node.a].shape, sb, node.attrs)
+            extra[i] = node_temporary(node.op, node.shape, nodes[node.a].shape, sb, node.attrs)
         else:           # node_work's rule for every other op, from the sizes at hand
             work = max(size, sizes[node.a], sizes[node.b] if node.b >= 0 else 0)
         work_total += work
@@ -472,7 +477,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
-    _check_budget(nodes, sizes, works, loss, work_total, source, limits)
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"))
 
@@ -483,10 +488,10 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
                          f"{limits.max_work}", source=source, node=node)
 
 
-def _check_budget(nodes, sizes, works, loss, forward_work, source, limits) -> None:
+def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra) -> None:
     """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``."""
     est = estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
-                          sizes, works, loss)
+                          sizes, works, loss, extra)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,
@@ -657,6 +662,7 @@ def _bad_inputs(i: int, op: str, arity: int, a: int, b: int, source: str) -> Tap
 
 
 _PRODUCTS = frozenset(("matmul", "bmm"))
+_WINDOWED = frozenset(("conv2d", "max_pool2d", "avg_pool2d"))   # budget.node_temporary
 
 
 def _attrs(op: str, raw: dict) -> Optional[dict]:
