@@ -73,3 +73,34 @@ def test_cpu_host_shards_and_mpi_ranks_save_the_same_bytes(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert mpi.read_bytes() == saved["cpu2"]
+
+
+def test_trained_weights_in_a_torch_module_give_the_same_loss(tmp_path):
+    """The checkpoint's parameters loaded into the equivalent torch.nn CNN: its loss on
+    the tape's batch equals gradtool's within 1e-12 relative (no importer: by hand)."""
+    import numpy as np
+    import torch
+
+    out = tmp_path / "cnn.msgpack"
+    assert run("train", CNN, "--data", DIGITS_DATA, "--epochs", 1, "--save", out).exit_code == 0
+    tf = load(out)
+    tp = tf.tape
+    tp.forward()
+    params = {n.name: tp.values[i] for i, n in enumerate(tp.nodes) if n.op == "param"}
+    x, y = (tp.values[i] for i, n in enumerate(tp.nodes) if n.op == "const" and n.name)
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64, 10)).double()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor(params["K1"]))
+        net[0].bias.copy_(torch.tensor(params["c1"]))
+        net[3].weight.copy_(torch.tensor(params["K2"]))
+        net[3].bias.copy_(torch.tensor(params["c2"]))
+        net[7].weight.copy_(torch.tensor(params["W"].T))
+        net[7].bias.copy_(torch.tensor(params["b"][0]))
+        logits = net(torch.tensor(x * 0.0625).reshape(32, 1, 8, 8))
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(np.argmax(y, axis=1)))
+    want = float(tp.values[tf.loss.id][0])
+    assert abs(float(loss) - want) <= 1e-12 * abs(want), (float(loss), want)
