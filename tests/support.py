@@ -463,6 +463,14 @@ def all_ops_tape():
     bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
     extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
     loss = tp.add(loss, tp.sum(extra))
+    # the convolutional ops, on emb as one two-channel 2x3 image
+    img = tp.reshape(emb, [1, 2, 2, 3])
+    conv = tp.conv2d(img, tp.const(rng.random((2, 1, 2, 2)) - 0.5), stride=[1, 1],
+                     padding=[1, 0], dilation=[1, 1], groups=2)             # [1,2,3,2]
+    mp = tp.max_pool2d(conv, kernel=[2, 2], stride=[1, 1], padding=[1, 1], ceil_mode=True)
+    ap = tp.avg_pool2d(conv, kernel=[2, 2], stride=[2, 2], ceil_mode=True,
+                       count_include_pad=False)
+    loss = tp.add(loss, tp.add(tp.mean(mp), tp.mean(ap)))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
 
 

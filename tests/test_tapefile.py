@@ -60,9 +60,18 @@ def test_round_trip_aux_is_exactly_what_recording_produces():
                    ("max", {"axis": 1, "keepdims": True}), ("log_softmax", {"axis": 2}),
                    ("take_along", {"axis": 2}), ("sum", {"axis": 0}),
                    ("reshape", {"shape": [1, 2, 3]}), ("mean", {"axis": 0}),
-                   ("mean", {"axis": 2, "keepdims": True}), ("sum", None)]
+                   ("mean", {"axis": 2, "keepdims": True}), ("sum", None),
+                   ("reshape", {"shape": [1, 2, 2, 3]}),
+                   ("conv2d", {"stride": [1, 1], "padding": [1, 0], "dilation": [1, 1],
+                               "groups": 2}),
+                   ("max_pool2d", {"kernel": [2, 2], "stride": [1, 1], "padding": [1, 1],
+                                   "dilation": [1, 1], "ceil_mode": True}),
+                   ("avg_pool2d", {"kernel": [2, 2], "stride": [2, 2], "padding": [0, 0],
+                                   "ceil_mode": True, "count_include_pad": False}),
+                   ("mean", None), ("mean", None)]
     assert [n.aux for n in tf.tape.nodes] == [n.aux for n in tp.nodes]
-    assert all(type(x) is (bool if k == "keepdims" else int) for _, d in aux if d
+    flags = ("keepdims", "ceil_mode", "count_include_pad")
+    assert all(type(x) is (bool if k in flags else int) for _, d in aux if d
                for k, v in d.items() for x in (v if isinstance(v, list) else [v]))
 
 
