@@ -690,6 +690,24 @@ static int gt_max_pool_bwd_host(gt_real *gx, const gt_real *g, const gt_real *x,
 {
     const long long total = nb * ch * ih * iw, windows = nb * ch * oh * ow;
     gt_real *acc = (gt_real *)calloc((size_t)total, sizeof(gt_real));   /* +0.0 */
+    if (acc && sh > (kh - 1) * dh && sw > (kw - 1) * dw) {
+        /* windows that never overlap: an element is read by one window at most, so its
+         * sum has one term (0.0 + g) whatever the order: one pass over the windows */
+        long long t = 0;
+        for (long long nc = 0; nc < nb * ch; ++nc)
+            for (long long y = 0; y < oh; ++y)
+                for (long long z = 0; z < ow; ++z, ++t) {
+                    const long long l = gt_pool_argmax(x, nc / ch, nc % ch, y, z, ch, ih, iw,
+                                                       kh, kw, sh, sw, ph, pw, dh, dw);
+                    if (l < 0) continue;
+                    const long long p = (nc * ih + y * sh - ph + (l / kw) * dh) * iw
+                                        + z * sw - pw + (l % kw) * dw;
+                    acc[p] = R_ADD(acc[p], g[t]);
+                }
+        for (long long e = 0; e < total; ++e) gx[e] = R_ADD(gx[e], acc[e]);
+        free(acc);
+        return 1;
+    }
     long long *arg = (long long *)malloc((size_t)windows * sizeof(long long));
     if (!acc || !arg) { free(acc); free(arg); return 0; }
     long long t = 0;
