@@ -221,7 +221,8 @@ def random_graph(rng, n_ops=14):
                 y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
-            y = tp.transpose(x)
+            y = tp.transpose(x) if rng.random() < 0.5 else \
+                tp.permute(x, [int(d) for d in rng.permutation(len(x.shape))])
         elif kind == "reshape":
             y = tp.reshape(x, [int(np.prod(x.shape))])
         elif kind == "softmax":
@@ -231,7 +232,8 @@ def random_graph(rng, n_ops=14):
             starts = [int(rng.integers(d)) for d in x.shape]
             stops = [int(rng.integers(lo + 1, d + 1))
                      for lo, d in zip(starts, x.shape, strict=True)]
-            y = tp.slice(x, starts, stops)
+            steps = [int(rng.integers(1, 3)) for _ in x.shape] if rng.random() < 0.5 else None
+            y = tp.slice(x, starts, stops, steps)
         elif kind == "concat":
             axis = int(rng.integers(len(x.shape)))
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
@@ -246,6 +248,8 @@ def random_graph(rng, n_ops=14):
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
+            if axis is not None and len(x.shape) >= 2 and rng.random() < 0.4:   # several axes
+                axis = tuple(int(d) for d in rng.choice(len(x.shape), 2, replace=False))
             y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
         pool.append(y)
     picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]

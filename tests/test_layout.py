@@ -299,7 +299,8 @@ def test_misuse_raises_gradtool_errors():
            lambda: tp.select(a, 1, 3), lambda: tp.split(a, [1, 1], 1),
            lambda: tp.split(a, 0, 1), lambda: tp.cat([]), lambda: tp.unsqueeze(a, 4),
            lambda: tp.flatten(a, 2, 1), lambda: tp.repeat_interleave(a, 0, 1),
-           lambda: tp.index_select(a, 1, [[0]]), lambda: tp.index_select(a, 1, [3])]
+           lambda: tp.index_select(a, 1, [[0]]), lambda: tp.index_select(a, 1, [3]),
+           lambda: tp.var(a, 1)]
     for k, f in enumerate(bad):
         tp.ok, tp.error = True, None
         with pytest.raises(gt.GradtoolError):
