@@ -136,9 +136,10 @@ def reduction_method(one):
 
 
 def variance(tp, a, axis=None, correction=1, keepdims=False):
-    """torch.var (``Tape.var`` already names a node handle's lookup): ``m = mean(a, axis, keepdims=True)``, ``d = a - m``, then
-    ``sum(d * d, axis) / max(0, N - correction)`` (one division by a const; N the
-    number of reduced elements).  torch's CPU kernel accumulates differently (Welford),
+    """torch.var (named ``variance``: ``Tape.var`` already looks up a node's handle):
+    ``m = mean(a, axis, keepdims=True)``, ``d = a - m``, then ``sum(d * d, axis) /
+    max(0, N - correction)`` (one division by a const; N the number of reduced
+    elements).  torch's CPU kernel accumulates differently (Welford),
     so torch's float64 bits differ from these in the last places."""
     shape = _shape(tp, a, "variance")
     axes = _axes(axis, len(shape), "variance")
