@@ -102,11 +102,21 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
     raise NotImplementedError(f"tests/support.py: no inputs for op kind {kind!r} (op {name})")
 
 
-def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
+# ops whose optional attributes change the kernels' work: the table tests also run each
+# of these attribute sets (on op_case's inputs) besides op_case's own
+OPTIONAL_CASES = {
+    "slice": [{"starts": [1, 0], "stops": [4, 5], "steps": [2, 3]},
+              {"starts": [0, 1], "stops": [4, 4], "steps": [3, 1]}],
+    "sum": [{}, {"axis": 0}], "mean": [{}, {"axis": 0}], "max": [{}, {"axis": 0}],
+}
+
+
+def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False, attrs=None):
     """A tape whose params feed ONE node of op ``name`` (ids inputs are i64 consts); the loss
     weighs its output with a random const so every output element gets its own gradient.
-    -> (tape, out, loss)."""
-    inputs, s, attrs = op_case(name, rng, scalar=scalar)
+    ``attrs`` replaces op_case's attributes (OPTIONAL_CASES).  -> (tape, out, loss)."""
+    inputs, s, case_attrs = op_case(name, rng, scalar=scalar)
+    attrs = case_attrs if attrs is None else attrs
     tp = gt.Tape()
     leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].int_inputs
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
