@@ -178,8 +178,10 @@ def test_against_pytorch_float64(label):
         assert _rel(tp.grad(leaf), g) <= 1e-11, label
 
 
-@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
-def test_every_case_on_the_host_backend_bit_for_bit(variant):
+@pytest.mark.parametrize("variant, fuse", [("tiled", False), ("per-thread", False),
+                                           ("per-thread-reversed", False),
+                                           ("per-thread-reversed", True)])
+def test_every_case_on_the_host_backend_bit_for_bit(variant, fuse):
     require_c_compiler()
     pytest.importorskip("torch")
     from gradtool.device import capture
@@ -187,7 +189,7 @@ def test_every_case_on_the_host_backend_bit_for_bit(variant):
     for label in LABELS:
         tp, leaves, out, loss, _, _ = _build(label)
         tp.backward(loss)
-        replay = capture(tp, loss, "host", host_kernels=variant)
+        replay = capture(tp, loss, "host", host_kernels=variant, fuse=fuse)
         replay.forward()
         replay.backward()
         assert_bits_equal(replay.value(out), tp.value(out), f"{label} ({variant})")
