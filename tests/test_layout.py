@@ -73,6 +73,12 @@ def _cases():
                                                            keepdim=True), False),
         "variance all": ([(3, 4)], lambda tp, v: tp.variance(v[0]),
                          lambda v: torch.var(v[0]).reshape(1), False),
+        "std (0,2)": ([(3, 4, 5)], lambda tp, v: tp.std(v[0], (0, 2)),
+                      lambda v: torch.std(v[0], (0, 2)), False),
+        "amin (1,2)": ([(3, 4, 5)], lambda tp, v: tp.amin(v[0], (1, 2), keepdims=True),
+                       lambda v: torch.amin(v[0], (1, 2), keepdim=True), True),
+        "amin 1": ([(3, 4)], lambda tp, v: tp.amin(v[0], 1),
+                   lambda v: torch.amin(v[0], 1), True),
         "select": ([(3, 4, 5)], lambda tp, v: tp.select(v[0], 1, -2),
                    lambda v: v[0].select(1, -2), True),
         "squeeze": ([(3, 1, 4, 1)], lambda tp, v: tp.squeeze(v[0], (1, 2)),
@@ -130,7 +136,7 @@ def _cases():
 LABELS = ["permute", "permute negative", "expand", "expand -1", "slice steps",
           "slice steps 3-d", "sum (0,2)", "sum (2,0) keepdims", "sum (1,2) adjacent",
           "sum every axis", "mean (-1,0)", "mean (0,2,3) keepdims", "max (0,2) = amax",
-          "max (1,2) keepdims", "variance", "variance (0,2) c0 keepdims", "variance all",
+          "max (1,2) keepdims", "std (0,2)", "amin (1,2)", "amin 1", "variance", "variance (0,2) c0 keepdims", "variance all",
           "select", "squeeze", "squeeze all", "unsqueeze", "flatten", "cat 3", "cat 5", "split",
           "split sizes", "index_select", "index_select 0", "repeat_interleave", "swapaxes",
           "stack", "stack last", "pad",
@@ -202,6 +208,18 @@ def _serial(values) -> float:
     for v in values:
         acc = acc + float(v)
     return acc
+
+
+def test_amin_is_the_first_minimum_and_gets_the_gradient():
+    x = np.array([[2.0, -1.0, -1.0, np.nan], [0.0, -0.0, 3.0, -0.0]])
+    tp = gt.Tape()
+    a = tp.param(x)
+    r = tp.amin(a, 1)
+    tp.backward(tp.sum(r))
+    assert_bits_equal(tp.value(r), np.array([np.nan, 0.0]), "value")   # +0.0 comes first
+    want = np.zeros(x.shape)
+    want[0, 3] = want[1, 0] = 1.0
+    assert_bits_equal(tp.grad(a), want, "grad")
 
 
 def test_native_layer_norm_statistics_are_torchs():
