@@ -343,3 +343,40 @@ def test_take_with_computed_ids_and_a_learning_table_on_the_host():
         rp.forward()
         rp.backward()
         assert_bits_equal(rp.grad(table), tp.grad(table), variant)
+
+
+def test_integer_data_read_as_values_must_convert_exactly():
+    big = np.array([1, 2 ** 53 + 1])
+    tp = gt.Tape()
+    t = tp.const(big, dtype="i64", name="t")
+    with pytest.raises(gt.TapeError, match=r"integer 9007199254740993 at position \[1\] is "
+                                           r"beyond \+-9007199254740992"):
+        tp.ne(t, 0)
+    tp = gt.Tape()
+    t = tp.const(np.array([1, 2]), dtype="i64", name="t")
+    x = tp.param(np.ones(2))
+    loss = tp.sum(tp.mul(tp.to_f64(tp.ne(t, 1)), x))
+    with pytest.raises(gt.TapeError, match="beyond"):
+        tp.set_value(t, big)
+    doc = msgpack.unpackb(dumps(tp, loss=loss))
+    doc["nodes"][0] = dict(doc["nodes"][0], data=big.astype("<i8").tobytes())
+    with pytest.raises(gt.TapeFileError, match="beyond") as err:
+        load(msgpack.packb(doc))
+    assert err.value.node == 3
+    require_c_compiler()
+    from gradtool.device import capture
+    rp = capture(tp, loss, "host")
+    with pytest.raises(gt.GradtoolError, match="beyond"):
+        rp.set_input(t, big)
+    with pytest.raises(gt.GradtoolError, match=r"beyond \+-16777216"):
+        tp.set_value(t, np.array([1, 2 ** 24 + 1]))
+        capture(tp, loss, "host", dtype="f32")
+
+
+def test_training_data_read_as_values_must_convert_exactly(ce_files):
+    tmp, path, data = ce_files
+    ys = np.load(data)["target"].copy()
+    ys[3] = 2 ** 60
+    np.savez(tmp / "big.npz", x=np.load(data)["x"], target=ys)
+    assert_one_line_error(run("train", path, "--data", tmp / "big.npz"), 2, "array 'target'",
+                          f"integer {2 ** 60} at position [3] is beyond")
