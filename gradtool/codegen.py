@@ -58,11 +58,11 @@ def elementwise_rule(kernel_name: str) -> tuple:
         if not spec.elementwise:
             continue
         prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
-        for i, k in enumerate(kernel_names(spec)):
-            if k == kernel_name:
-                family = prefix + ("FWD" if i == 0 else "BWD")
-                rule = spec.fwd if i == 0 else spec.bwd[i - 1]
-                return family, _render(rule, _ENVS[family])
+        rules = {f"k_{spec.name}": spec.fwd, f"k_{spec.name}_bwd": spec.bwd[0],
+                 **{f"k_{spec.name}_bwd_{side}": e for side, e in zip("ab", spec.bwd)}}
+        if kernel_name in kernel_names(spec):
+            family = prefix + ("FWD" if kernel_name == f"k_{spec.name}" else "BWD")
+            return family, _render(rules[kernel_name], _ENVS[family])
     raise KeyError(f"{kernel_name!r} is not an elementwise kernel")
 
 
@@ -134,7 +134,8 @@ def header() -> str:
     rows = []
     for s in binary:
         for side, e in zip("ab", s.bwd):
-            rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
+            if s.grad_to(side):           # none for an input the gradient never reaches
+                rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
     out += _xlist("GT_BINARY_BWD_OPS", rows)
     out += ["", "/* X(kernel, cost per index): the unary kernels the host may split over threads",
             " * (a cost estimate from the rule, expr.cost; it never changes a result) */"]
@@ -192,8 +193,10 @@ def schema() -> dict:
                   "description": "The node's value shape; for reshape, the target shape."},
         "dtype": {"enum": ["f64", INT_DTYPE],
                   "description": f"const only: the element type of data; default f64. "
-                                 f"{INT_DTYPE}: integer ids, read only by the ids input of "
-                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)}."},
+                                 f"{INT_DTYPE}: integer data, read only by "
+                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)} "
+                                 f"(ids of "
+                                 f"{'/'.join(n for n, s in OPS.items() if s.id_inputs)})."},
         "data": {"$ref": "#/$defs/leafBytes",
                  "description": "The leaf's value (param/const only, required there)."},
         "name": {"type": "string", "minLength": 1,
@@ -259,8 +262,9 @@ def schema() -> dict:
             "an integer here). Keys a reader does not know are ignored: extensions go under "
             "new optional keys. Semantic rules the schema cannot express (input ids smaller "
             "than the node's own id, shapes recomputed from the op's shape rule, data "
-            "lengths, unique leaf names, a one-element loss, integer ids only where an op "
-            "reads ids and every id in range) are checked by "
+            "lengths, unique leaf names, a one-element loss, integer data only where an op "
+            "reads it, ids only from integer-valued nodes and every id in range) are checked "
+            "by "
             "gradtool.tapefile.load and listed in docs/format.md."),
         "type": "object",
         "required": ["format", "version", "nodes"],
@@ -322,15 +326,20 @@ def docs_table() -> str:
         if spec.kind == "leaf":
             continue
         inputs = {1: "a", 2: "a, b"}[spec.arity] + (", s" if spec.scalar_operand else "")
-        if spec.int_inputs:
-            inputs += " (" + ", ".join(f"{k}: {INT_DTYPE} ids" for k in spec.int_inputs) + ")"
+        notes = [f"{k}: ids" for k in spec.id_inputs]
+        notes += [f"{k}: may be {INT_DTYPE}" for k in spec.int_inputs if k not in spec.id_inputs]
+        if notes:
+            inputs += " (" + ", ".join(notes) + ")"
         attrs = ", ".join(f"`{at.name}`" + ("" if at.required else f" = {at.default}")
                           for at in spec.attrs) or "-"
         if spec.elementwise:
             rule = f"`{E.text(spec.fwd)}`" + (", smooth for x > 0" if spec.domain == "positive"
                                               else "")
-            back = "; ".join(f"{side}: `{E.text(e)}`" for side, e in zip("ab", spec.bwd))
-            if spec.kind == "binary":
+            back = "; ".join(f"{side}: `{E.text(e)}`" if spec.grad_to(side) else f"{side}: none"
+                             for side, e in zip("ab", spec.bwd))
+            if not spec.grad_inputs:
+                back = "none (no gradient: the backward walk stops here)"
+            elif spec.kind == "binary":
                 back += " (each summed down to its input's shape)"
         else:
             rule, back = spec.doc, "hand-written (ops.py)"

@@ -26,9 +26,9 @@ import numpy as np
 from .errors import TapeError
 from .tape import GVar
 
-__all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse",
-           "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm2d",
-           "batch_norm2d_train"]
+__all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu",
+           "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
+           "global_avg_pool2d", "batch_norm2d", "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -80,6 +80,36 @@ def layer_norm(x: GVar, gain: GVar = None, bias: GVar = None, eps: float = 1e-5)
     return y if bias is None else tp.add(y, bias)
 
 
+def native_layer_norm(x: GVar, normalized_ndim: int = 1, gain: GVar = None, bias: GVar = None,
+                      eps: float = 1e-5) -> tuple:
+    """LayerNorm over the last ``normalized_ndim`` axes, with the statistics that
+    ``torch.native_layer_norm`` returns: ``(y, mean, rstd)``, mean and rstd shaped like
+    x with those axes kept as size 1.
+
+    mean is the (multi-axis) mean, var the mean of ``(x - mean)^2``, ``y = (x - mean) /
+    sqrt(var + eps)`` then the gain and bias: over one axis these are exactly the nodes
+    of :func:`layer_norm`, so y has its bits.  rstd is ``1.0 / sqrt(var + eps)``,
+    recorded only for a caller that reads it (torch's y multiplies by rstd instead of
+    dividing: within 1e-15).
+    """
+    tp = _tape(x, "native_layer_norm")
+    rank = len(x.shape)
+    if isinstance(normalized_ndim, bool) or not isinstance(normalized_ndim, int) or \
+            not 1 <= normalized_ndim <= rank:
+        raise TapeError(f"nn.native_layer_norm: normalized_ndim must be an int in [1, {rank}], "
+                        f"got {normalized_ndim!r}"[:200])
+    axes = -1 if normalized_ndim == 1 else tuple(range(rank - normalized_ndim, rank))
+    mean = tp.mean(x, axis=axes, keepdims=True)
+    d = tp.sub(x, mean)
+    den = tp.sqrt(tp.adds(tp.mean(tp.mul(d, d), axis=axes, keepdims=True), eps))
+    y = tp.div(d, den)
+    if gain is not None:
+        y = tp.mul(y, gain)
+    if bias is not None:
+        y = tp.add(y, bias)
+    return y, mean, tp.div(tp.const(np.ones((1,))), den)
+
+
 def silu(x: GVar) -> GVar:
     """SiLU (swish): ``x * sigmoid(x)``."""
     tp = _tape(x, "silu")
@@ -102,7 +132,9 @@ def softmax_cross_entropy(logits: GVar, ids: GVar, axis: int = -1) -> GVar:
     """Mean cross-entropy of class logits against integer targets: ``-mean(log_softmax
     (logits)[target])``, shape [1].
 
-    ``ids`` is an i64 const (``tp.const(labels, dtype="i64")``) shaped like
+    ``ids`` is an i64 const (``tp.const(labels, dtype="i64")``), or integer-valued ids
+    computed from one on the tape (docs/ops.md; every row counts: for an ignore_index,
+    mask the rows as docs/ops.md's cross-entropy example does), shaped like
     logits with the class axis of size 1 (logits [N, C] -> ids [N, 1]), each
     id a class in [0, C).  Recorded as ``log_softmax`` along the class axis,
     ``take_along`` of each row's target entry, ``mean`` and ``neg``: no

@@ -85,6 +85,8 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (2, 3, 4)), draw(spec, rng, (2, 4, 3))], s, {}
     if kind == "transpose":
         return [draw(spec, rng, (2, 3, 4))], s, {}
+    if kind == "permute":
+        return [draw(spec, rng, (2, 3, 4, 5))], s, {"dims": [2, 0, 3, 1]}
     if kind == "reshape":
         return [draw(spec, rng, (3, 4))], s, {"shape": [2, 6]}
     if kind == "softmax":
@@ -111,13 +113,23 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
     raise NotImplementedError(f"tests/support.py: no inputs for op kind {kind!r} (op {name})")
 
 
-def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
+# ops whose optional attributes change the kernels' work: the table tests also run each
+# of these attribute sets (on op_case's inputs) besides op_case's own
+OPTIONAL_CASES = {
+    "slice": [{"starts": [1, 0], "stops": [4, 5], "steps": [2, 3]},
+              {"starts": [0, 1], "stops": [4, 4], "steps": [3, 1]}],
+    "sum": [{}, {"axis": 0}], "mean": [{}, {"axis": 0}], "max": [{}, {"axis": 0}],
+}
+
+
+def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False, attrs=None):
     """A tape whose params feed ONE node of op ``name`` (ids inputs are i64 consts); the loss
     weighs its output with a random const so every output element gets its own gradient.
-    -> (tape, out, loss)."""
-    inputs, s, attrs = op_case(name, rng, scalar=scalar)
+    ``attrs`` replaces op_case's attributes (OPTIONAL_CASES).  -> (tape, out, loss)."""
+    inputs, s, case_attrs = op_case(name, rng, scalar=scalar)
+    attrs = case_attrs if attrs is None else attrs
     tp = gt.Tape()
-    leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].int_inputs
+    leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].id_inputs
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
     out = tp.record(name, *leaves, s=s, attrs=attrs)
     if scalar:
@@ -153,8 +165,9 @@ def perturb_leaves(tp, rp, rng):
     both sides."""
     for i, node in enumerate(tp.nodes):
         if node.a < 0 and tp.holds_ids(i):
-            bound = min(b for _, b in tp.id_bounds(i))
-            new = rng.integers(0, bound, tp.values[i].shape)
+            bounds = [b for _, b in tp.id_bounds(i)]     # none: ids read through other ops
+            new = (rng.integers(0, min(bounds), tp.values[i].shape) if bounds
+                   else tp.values[i].copy())
             tp.set_value(tp.var(i), new)
             rp.set_input(i, new)
         elif node.a < 0:
@@ -201,10 +214,13 @@ def random_graph(rng, n_ops=14):
     def ids(bound, shape):
         return tp.const(rng.integers(0, bound, shape), dtype="i64")
 
+    def computed(pos):                  # the same ids, computed on the tape
+        return tp.where(tp.ge(pos, 0), pos, 0) if rng.random() < 0.5 else tp.to_f64(pos)
+
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
                            "softmax", "slice", "concat", "reduce", "take", "take_along",
-                           "conv"])
+                           "mask", "conv"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -231,7 +247,8 @@ def random_graph(rng, n_ops=14):
                 y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
-            y = tp.transpose(x)
+            y = tp.transpose(x) if rng.random() < 0.5 else \
+                tp.permute(x, [int(d) for d in rng.permutation(len(x.shape))])
         elif kind == "reshape":
             y = tp.reshape(x, [int(np.prod(x.shape))])
         elif kind == "softmax":
@@ -241,18 +258,21 @@ def random_graph(rng, n_ops=14):
             starts = [int(rng.integers(d)) for d in x.shape]
             stops = [int(rng.integers(lo + 1, d + 1))
                      for lo, d in zip(starts, x.shape, strict=True)]
-            y = tp.slice(x, starts, stops)
+            steps = [int(rng.integers(1, 3)) for _ in x.shape] if rng.random() < 0.5 else None
+            y = tp.slice(x, starts, stops, steps)
         elif kind == "concat":
             axis = int(rng.integers(len(x.shape)))
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
         elif kind == "take":
             table = pick(lambda s: len(s) <= 2) or leaf((4, 3))
-            y = tp.take(table, ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3)))))
+            pos = ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3))))
+            y = tp.take(table, computed(pos) if rng.random() < 0.4 else pos)
         elif kind == "take_along":
             axis = int(rng.integers(len(x.shape)))
             shape = list(x.shape)
             shape[axis] = int(rng.integers(1, 4))
-            y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
+            pos = ids(x.shape[axis], tuple(shape))
+            y = tp.take_along(x, computed(pos) if rng.random() < 0.4 else pos, axis=axis)
         elif kind == "conv":              # conv2d, then sometimes a pool
             x = pick(lambda s: len(s) == 4) or leaf((2, 2, 5, 4))
             groups = int(rng.choice([1, x.shape[1]]))
@@ -265,9 +285,15 @@ def random_graph(rng, n_ops=14):
                 extra = {"dilation": [1, 1]} if op == "max_pool2d" else {}
                 y = tp.record(op, y, attrs={"kernel": [2, min(2, y.shape[3])], "stride": [1, 2],
                                             "padding": [1, 0], "ceil_mode": True, **extra})
+        elif kind == "mask":              # comparisons and where (keep + keep_not)
+            other = pick(lambda s: tuple(s) == tuple(x.shape)) or leaf(tuple(x.shape))
+            m = getattr(tp, rng.choice(["eq", "ne", "lt", "le", "gt", "ge"]))(x, other)
+            y = tp.where(m, x, other) if rng.random() < 0.7 else tp.mul(m, x)
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
+            if axis is not None and len(x.shape) >= 2 and rng.random() < 0.4:   # several axes
+                axis = tuple(int(d) for d in rng.choice(len(x.shape), 2, replace=False))
             y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
         pool.append(y)
     picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]
@@ -463,6 +489,20 @@ def all_ops_tape():
     bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
     extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
     loss = tp.add(loss, tp.sum(extra))
+    # layout: a general permute and a stepped slice
+    st = tp.slice(tp.permute(emb, [2, 0, 1]), [0, 0, 0], [3, 2, 2], [2, 1, 2])   # [2,2,1]
+    loss = tp.add(loss, tp.sum(st))
+    # masks and integer data: cross entropy with ignore_index from an i64 input slot
+    # (comparisons, where = keep + keep_not, ids computed on the tape), to_f64
+    tgt = tp.const(np.array([2, -100]), name="target", dtype="i64")
+    valid = tp.ne(tgt, -100)
+    cls = tp.reshape(tp.where(valid, tgt, 0), [2, 1])
+    nll = tp.neg(tp.take_along(tp.log_softmax(t, axis=1), cls, axis=1))          # [2,1]
+    ce = tp.div(tp.sum(tp.where(tp.reshape(valid, [2, 1]), nll, 0.0)), tp.sum(valid))
+    masks = tp.add(tp.logical_or(tp.lt(t, r), tp.le(t, 0.0)),
+                   tp.logical_and(tp.gt(t, c), tp.ge(c, 0.5)))
+    picks = tp.mul(tp.eq(tgt, tp.const(np.array([2, 1]), dtype="i64")), tp.to_f64(tgt))
+    loss = tp.add(loss, tp.add(ce, tp.add(tp.sum(tp.mul(masks, t)), tp.sum(picks))))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])
     conv = tp.conv2d(img, tp.const(rng.random((2, 1, 2, 2)) - 0.5), stride=[1, 1],
@@ -471,7 +511,7 @@ def all_ops_tape():
     ap = tp.avg_pool2d(conv, kernel=[2, 2], stride=[2, 2], ceil_mode=True,
                        count_include_pad=False)
     loss = tp.add(loss, tp.add(tp.mean(mp), tp.mean(ap)))
-    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
+    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 
 COMMANDS = (["inspect"], ["backward", "--json"], ["fd-check"])
@@ -593,7 +633,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "keepdims stray", {**node, "keepdims": False}
         ids = [k for k, n in enumerate(doc["nodes"][:i])
                if isinstance(n, dict) and n.get("dtype") == "i64"]
-        if OPS[op].int_inputs:
+        if OPS[op].id_inputs:
             yield "ids from a float node", {**node, "b": node["a"]}
             yield "table from the ids", {**node, "a": node["b"]}
         elif ids:
@@ -603,8 +643,17 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "stops past end", {**node, "stops": [d + 100 for d in node["stops"]]}
             yield "empty slice", {**node, "stops": list(node["starts"])}
             yield "starts missing", {k: v for k, v in node.items() if k != "starts"}
+            if "steps" in node:
+                yield "step zero", {**node, "steps": [0] * len(node["steps"])}
+                yield "steps short", {**node, "steps": node["steps"][:-1]}
         else:
             yield "starts stray", {**node, "starts": [0]}
+        if op == "permute":
+            yield "dims repeated", {**node, "dims": [0] * len(node["dims"])}
+            yield "dims short", {**node, "dims": node["dims"][:-1]}
+            yield "dims missing", {k: v for k, v in node.items() if k != "dims"}
+        else:
+            yield "dims stray", {**node, "dims": [0]}
 
 
 OPS_ARITY = {name: spec.arity for name, spec in OPS.items()}

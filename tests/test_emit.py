@@ -48,7 +48,7 @@ def test_every_elementwise_op_and_the_one_element_reductions_have_a_rendering():
     wanted = {n for n, spec in OPS.items() if spec.elementwise} | SCALAR_TABLE_OPS
     assert wanted <= set(RULES), sorted(wanted - set(RULES))
     assert set(RULES) <= set(OPS)
-    assert len(SCALAR_OPS) == 19
+    assert len(SCALAR_OPS) == 19 + 9      # + eq ne lt le gt ge keep keep_not to_f64
 
 
 def _one_element_tape(op):
@@ -67,6 +67,8 @@ def _one_element_tape(op):
         out = tp.softmax(tp.param(np.ones(1)))
     elif op == "slice":
         out = tp.slice(tp.param(np.ones(1)), [0], [1])
+    elif op == "permute":
+        out = tp.permute(tp.param(np.ones((1, 1))), [1, 0])
     elif op in ("take", "take_along"):
         out = tp.record(op, tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"))
     elif op == "conv2d":

@@ -61,6 +61,13 @@ def test_round_trip_aux_is_exactly_what_recording_produces():
                    ("take_along", {"axis": 2}), ("sum", {"axis": 0}),
                    ("reshape", {"shape": [1, 2, 3]}), ("mean", {"axis": 0}),
                    ("mean", {"axis": 2, "keepdims": True}), ("sum", None),
+                   ("permute", {"dims": [2, 0, 1]}),
+                   ("slice", {"starts": [0, 0, 0], "stops": [3, 2, 2], "steps": [2, 1, 2]}),
+                   ("sum", None),
+                   # the masks and integer data block
+                   ("reshape", {"shape": [2, 1]}), ("log_softmax", {"axis": 1}),
+                   ("take_along", {"axis": 1}), ("reshape", {"shape": [2, 1]}),
+                   ("sum", None), ("sum", None), ("sum", None), ("sum", None),
                    ("reshape", {"shape": [1, 2, 2, 3]}),
                    ("conv2d", {"stride": [1, 1], "padding": [1, 0], "dilation": [1, 1],
                                "groups": 2}),

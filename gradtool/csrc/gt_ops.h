@@ -22,6 +22,7 @@
     X(k_log, R_LOG(xv)) \
     X(k_sqrt, R_SQRT(xv)) \
     X(k_abs, R_ABS(xv)) \
+    X(k_to_f64, xv) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */
@@ -36,6 +37,7 @@
     X(k_log_bwd, R_DIV(gv, xv)) \
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
     X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
+    X(k_to_f64_bwd, gv) \
     /* end */
 
 /* broadcasting binary ops: X(forward kernel, out from xv, yv) */
@@ -45,6 +47,14 @@
     X(k_mul, R_MUL(xv, yv)) \
     X(k_div, R_DIV(xv, yv)) \
     X(k_maximum, ((xv >= yv) ? xv : ((xv < yv) ? yv : R_ADD(xv, yv)))) \
+    X(k_eq, ((xv == yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_ne, ((xv != yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_lt, ((xv < yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_le, ((xv <= yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_gt, ((xv > yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_ge, ((xv >= yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_keep, ((yv != ((gt_real)0x0p+0)) ? xv : ((gt_real)(-0x0p+0)))) \
+    X(k_keep_not, ((yv == ((gt_real)0x0p+0)) ? xv : ((gt_real)(-0x0p+0)))) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, yv, tv), per input, summed down
@@ -60,6 +70,8 @@
     X(k_div_bwd_b, (-R_DIV(R_MUL(gv, tv), yv))) \
     X(k_maximum_bwd_a, ((xv >= yv) ? gv : ((gt_real)0x0p+0))) \
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
+    X(k_keep_bwd_a, ((yv != ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
+    X(k_keep_not_bwd_a, ((yv == ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
     /* end */
 
 /* X(kernel, cost per index): the unary kernels the host may split over threads
@@ -75,6 +87,7 @@
     X(k_log, 12) \
     X(k_sqrt, 4) \
     X(k_abs, 1) \
+    X(k_to_f64, 1) \
     X(k_neg_bwd, 1) \
     X(k_adds_bwd, 1) \
     X(k_muls_bwd, 1) \
@@ -85,6 +98,7 @@
     X(k_log_bwd, 2) \
     X(k_sqrt_bwd, 2) \
     X(k_abs_bwd, 1) \
+    X(k_to_f64_bwd, 1) \
     /* end */
 
 /* softmax's elementwise parts (its entry's parts) */
@@ -222,7 +236,7 @@
     const long long *ss = gt_m; gt_m += nd; \
     (void)gt_m; (void)dst; (void)src; (void)acc; (void)nd; (void)dims; (void)sd; (void)ss;
 
-/* k_slice_bwd: ga = ga + (g inside the region, +0.0 outside), every input element */
+/* k_slice_bwd: ga = ga + (g at the region's elements, +0.0 elsewhere), every input element */
 #define GT_ARGS_k_slice_bwd \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT ga = W + *gt_m++; \
@@ -231,8 +245,9 @@
     const long long *dims = gt_m; gt_m += nd; \
     const long long *starts = gt_m; gt_m += nd; \
     const long long *stops = gt_m; gt_m += nd; \
+    const long long *steps = gt_m; gt_m += nd; \
     const long long *gst = gt_m; gt_m += nd; \
-    (void)gt_m; (void)ga; (void)g; (void)nd; (void)dims; (void)starts; (void)stops; (void)gst;
+    (void)gt_m; (void)ga; (void)g; (void)nd; (void)dims; (void)starts; (void)stops; (void)steps; (void)gst;
 
 /* k_softmax: per row of len elements at stride inner: e = exp(x - max); y = e / (0.0 + e0 + ...) */
 #define GT_ARGS_k_softmax \
@@ -272,7 +287,7 @@
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)t; (void)len; (void)inner;
 
-/* k_take: out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows)) */
+/* k_take: out[p, j] = table[ids[p], j] (a NaN, and err = 1, for an id that is not a whole number in [0, rows)) */
 #define GT_ARGS_k_take \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT out = W + *gt_m++; \
@@ -280,7 +295,8 @@
     const gt_real *GT_RESTRICT ids = W + *gt_m++; \
     const long long rows = *gt_m++; \
     const long long width = *gt_m++; \
-    (void)gt_m; (void)out; (void)table; (void)ids; (void)rows; (void)width;
+    gt_real *GT_RESTRICT err = W + *gt_m++; \
+    (void)gt_m; (void)out; (void)table; (void)ids; (void)rows; (void)width; (void)err;
 
 /* k_take_bwd: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions order[start[v]:start[v+1]] (numerics.take_index) */
 #define GT_ARGS_k_take_bwd \
@@ -292,7 +308,18 @@
     const long long width = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)order; (void)start; (void)width;
 
-/* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len)) */
+/* k_take_bwd_scan: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n reading row v, ascending (ids computed on the device: the order of numerics.take_index without an uploaded index) */
+#define GT_ARGS_k_take_bwd_scan \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ids = W + *gt_m++; \
+    const long long n = *gt_m++; \
+    const long long rows = *gt_m++; \
+    const long long width = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)ids; (void)n; (void)rows; (void)width;
+
+/* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN, and err = 1, for an id that is not a whole number in [0, len)) */
 #define GT_ARGS_k_take_along \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT out = W + *gt_m++; \
@@ -301,7 +328,8 @@
     const long long len = *gt_m++; \
     const long long k = *gt_m++; \
     const long long inner = *gt_m++; \
-    (void)gt_m; (void)out; (void)a; (void)ids; (void)len; (void)k; (void)inner;
+    gt_real *GT_RESTRICT err = W + *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)ids; (void)len; (void)k; (void)inner; (void)err;
 
 /* k_take_along_bwd: per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, j ascending) */
 #define GT_ARGS_k_take_along_bwd \
@@ -539,6 +567,18 @@
     X(k_maximum) \
     X(k_maximum_bwd_a) \
     X(k_maximum_bwd_b) \
+    X(k_eq) \
+    X(k_ne) \
+    X(k_lt) \
+    X(k_le) \
+    X(k_gt) \
+    X(k_ge) \
+    X(k_keep) \
+    X(k_keep_bwd_a) \
+    X(k_keep_not) \
+    X(k_keep_not_bwd_a) \
+    X(k_to_f64) \
+    X(k_to_f64_bwd) \
     X(k_sum) \
     X(k_sum_bwd) \
     X(k_max) \
@@ -552,6 +592,7 @@
     X(k_log_softmax_bwd) \
     X(k_take) \
     X(k_take_bwd) \
+    X(k_take_bwd_scan) \
     X(k_take_along) \
     X(k_take_along_bwd) \
     X(k_im2col) \

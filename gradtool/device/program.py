@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
-from ..ops import OPS, attr, infer_shape
+from ..ops import OPS, attr, inexact_int, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
@@ -79,6 +79,9 @@ class Program:
     param_ids: list = field(default_factory=list)
     input_ids: list = field(default_factory=list)
     id_bounds: dict = field(default_factory=dict)    # ids leaf -> [(reading node, bound)]
+    computed_ids: list = field(default_factory=list)  # (take node, ids node, bound): checked
+    err_off: int = -1                       # the bad-id flag take/take_along kernels raise
+    int_values: set = field(default_factory=set)     # i64 leaves read as values (comparisons)
     take_indexes: list = field(default_factory=list)  # TakeIndex per take whose table learns
 
     def id_writes(self, leaf: int, ids: np.ndarray) -> list:
@@ -176,6 +179,7 @@ class _Builder:
         self.scratch_need = 0
         self.scratch_off = -1
         self.take_index = {}          # take node -> its TakeIndex
+        self.err_off = -1             # the bad-id flag (one element), if any op reads ids
 
     def alloc(self, n: int) -> int:
         off = self.size
@@ -223,7 +227,13 @@ def _check(tape, loss: int, dtype: str) -> None:
         raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
     for i, node in enumerate(tape.nodes):
         spec = OPS[node.op]
-        if spec.int_inputs:
+        for role, k in (("a", node.a), ("b", node.b)):
+            if (k >= 0 and role not in spec.id_inputs and tape.holds_ids(k)
+                    and inexact_int(tape.values[k], EXACT_INTS[dtype])):
+                raise CaptureError(f"node {i} ({node.op}) reads integer data of node {k}: "
+                                   f"{inexact_int(tape.values[k], EXACT_INTS[dtype])} "
+                                   f"(a {dtype} arena)")
+        if spec.id_inputs:
             # ids (< bound) and take's index (positions, counts <= N) become arena values
             most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
                        tape.values[node.b].size if node.op == "take" else 0)
@@ -251,9 +261,12 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
     grad_end = b.size
     ctl_off = b.alloc(4)
-    takes = []          # the backward index of every take whose table learns
+    if any(OPS[n.op].id_inputs for n in tape.nodes):
+        b.err_off = b.alloc(1)
+    takes = []          # the backward index of every take whose table learns (leaf ids)
     for i, n in enumerate(tape.nodes):
-        if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+        if (n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]
+                and tape.nodes[n.b].a < 0):
             rows = b.shapes[n.a][0]
             takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
     b.take_index = {ti.node: ti for ti in takes}
@@ -267,8 +280,9 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
         node = tape.nodes[i]
         if grad_off[i] < 0 or node.a < 0 or not tape.requires[i]:
             continue
-        need_a = tape.requires[node.a]
-        need_b = node.b >= 0 and tape.requires[node.b]
+        spec = OPS[node.op]
+        need_a = tape.requires[node.a] and spec.grad_to("a")
+        need_b = node.b >= 0 and tape.requires[node.b] and spec.grad_to("b")
         if need_a or need_b:
             backward += _backward_node(b, i, need_a, need_b, val_off, grad_off)
     b.alloc(b.scratch_need)
@@ -278,14 +292,20 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
                    launches={"forward": forward, "backward": backward, "optimizer": []},
                    param_ids=[i for i, n in enumerate(tape.nodes) if n.op == "param"],
                    input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name],
-                   take_indexes=takes)
+                   take_indexes=takes, err_off=b.err_off)
     for i, n in enumerate(tape.nodes):
         spec = OPS[n.op]
-        if spec.int_inputs:
+        if spec.id_inputs:
             bound = spec.index_bound(b.shapes[n.a], n.aux)
-            prog.id_bounds.setdefault(n.b, []).append((i, bound))
-    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))
-                 if i not in prog.id_bounds]
+            if tape.nodes[n.b].a < 0:
+                prog.id_bounds.setdefault(n.b, []).append((i, bound))
+            else:
+                prog.computed_ids.append((i, n.b, bound))
+        for role, k in (("a", n.a), ("b", n.b)):
+            if k >= 0 and role not in spec.id_inputs and tape.holds_ids(k):
+                prog.int_values.add(k)
+    prog.init = [(val_off[i], tape.values[i].astype(np.float64) if tape.holds_ids(i)
+                  else tape.values[i]) for i in range(len(tape.nodes)) if i not in prog.id_bounds]
     for leaf in prog.id_bounds:
         prog.init += prog.id_writes(leaf, tape.values[leaf])
     if optimizer is not None:
@@ -293,6 +313,8 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
         prog.launches["optimizer"] = prog.optimizer.launches
     prog.init.append((ctl_off, np.array([prog.optimizer.lr if prog.optimizer else 0.0, 1.0, 0.0,
                                           1.0])))
+    if b.err_off >= 0:
+        prog.init.append((b.err_off, np.zeros(1)))
     prog.size = b.size
     _check_arena(prog, grad_end - grad_start, DEFAULT_MEMORY if max_bytes is None else max_bytes)
     return prog
@@ -408,8 +430,9 @@ def _fwd_slice(b, i, spec, val):
     sa, shape = b.shapes[node.a], b.shapes[i]
     st = row_major_strides(sa)
     start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
-    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape), st,
-                  acc=False, what="slice")]
+    steps = attr(node.aux, "steps") or [1] * len(sa)
+    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape),
+                  [s * k for s, k in zip(st, steps)], acc=False, what="slice")]
 
 
 def _fwd_concat(b, i, spec, val):
@@ -427,7 +450,7 @@ def _fwd_take(b, i, spec, val):
     node = b.tape.nodes[i]
     rows = b.shapes[node.a][0]
     return [launch("k_take", b.n(i), i, "take", out=val[i], table=val[node.a], ids=val[node.b],
-                   rows=rows, width=b.n(node.a) // rows)]
+                   rows=rows, width=b.n(node.a) // rows, err=b.err_off)]
 
 
 def _fwd_take_along(b, i, spec, val):
@@ -435,7 +458,16 @@ def _fwd_take_along(b, i, spec, val):
     axis = node.aux["axis"]
     _, length, inner = _axis_split(b.shapes[node.a], axis)
     return [launch("k_take_along", b.n(i), i, "take_along", out=val[i], a=val[node.a],
-                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
+                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner,
+                   err=b.err_off)]
+
+
+def _fwd_permute(b, i, spec, val):
+    node = b.tape.nodes[i]
+    shape, st = b.shapes[i], row_major_strides(b.shapes[node.a])
+    # out[j] = a[j at the input's axes]: walked in out order, out axis k reads axis dims[k]
+    return [_copy(b, i, val[i], val[node.a], shape, row_major_strides(shape),
+                  [st[d] for d in node.aux["dims"]], acc=False, what="permute")]
 
 
 # conv2d and the pools (numerics.conv2d, max_pool2d, avg_pool2d): conv2d is k_im2col's
@@ -492,7 +524,7 @@ _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
             "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
-            "take_along": _fwd_take_along, "conv2d": _fwd_conv2d,
+            "take_along": _fwd_take_along, "permute": _fwd_permute, "conv2d": _fwd_conv2d,
             "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d}
 
 
@@ -627,6 +659,7 @@ def _bwd_slice(b, i, spec, need_a, need_b, val, grad):
                            f"kernels handle ({MAX_DIMS})")
     return [launch("k_slice_bwd", b.n(node.a), i, "slice backward", ga=grad[node.a],
                    g=grad[i], dims=sa, starts=node.aux["starts"], stops=node.aux["stops"],
+                   steps=attr(node.aux, "steps") or [1] * len(sa),
                    gst=row_major_strides(b.shapes[i]))]
 
 
@@ -648,8 +681,12 @@ def _bwd_concat(b, i, spec, need_a, need_b, val, grad):
 
 def _bwd_take(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
-    index = b.take_index[i]
     rows = b.shapes[node.a][0]
+    if i not in b.take_index:           # ids computed on the device: no uploaded index
+        return [launch("k_take_bwd_scan", b.n(node.a), i, "take backward", ga=grad[node.a],
+                       g=grad[i], ids=val[node.b], n=b.n(node.b), rows=rows,
+                       width=b.n(node.a) // rows)]
+    index = b.take_index[i]
     return [launch("k_take_bwd", b.n(node.a), i, "take backward", ga=grad[node.a], g=grad[i],
                    order=index.order_off, start=index.start_off, width=b.n(node.a) // rows)]
 
@@ -661,6 +698,16 @@ def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
     return [launch("k_take_along_bwd", b.n(node.a), i, "take_along backward",
                    ga=grad[node.a], g=grad[i], ids=val[node.b], len=length,
                    k=b.shapes[node.b][axis], inner=inner)]
+
+
+def _bwd_permute(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    sa, gst = b.shapes[node.a], row_major_strides(b.shapes[i])
+    where = {d: k for k, d in enumerate(node.aux["dims"])}     # input axis -> out axis
+    # ga[p] += g[p at the out's axes], walked in ga order
+    return [_copy(b, i, grad[node.a], grad[i], sa, row_major_strides(sa),
+                  [gst[where[d]] for d in range(len(sa))], acc=True,
+                  what="permute backward")]
 
 
 def _bwd_conv2d(b, i, spec, need_a, need_b, val, grad):
@@ -703,7 +750,7 @@ _BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
              "max": _bwd_max, "matmul": _bwd_matmul, "bmm": _bwd_bmm,
              "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
              "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
-             "take_along": _bwd_take_along, "conv2d": _bwd_conv2d,
+             "take_along": _bwd_take_along, "permute": _bwd_permute, "conv2d": _bwd_conv2d,
              "max_pool2d": _bwd_max_pool2d, "avg_pool2d": _bwd_avg_pool2d}
 
 
