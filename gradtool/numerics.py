@@ -57,7 +57,16 @@ import numpy as np
 
 from . import fdlibm, native
 
+NUMERICS_VERSION = 2
+"""Which contract this module defines, as tape files record it beside stored values
+(``save(..., values=True)`` writes ``"numerics": 2``): 1 (files without the field), every
+inner product a separately rounded multiply then add; 2, the k-ascending FMA chain.
+Everything else is the same in both."""
+NUMERICS_CONTRACTS = {1: "inner products as a separately rounded multiply and add",
+                      2: "inner products as one k-ascending FMA chain"}
+
 __all__ = [
+    "NUMERICS_VERSION", "NUMERICS_CONTRACTS",
     "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
     "fma", "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
