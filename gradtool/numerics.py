@@ -4,13 +4,21 @@ gradtool's promise is that a gradient is identical to the bit wherever it is
 computed: this numpy reference, the emitted C/CUDA (`gradtool.emit`) and the
 device kernels (`gradtool.device`).  That only holds if every result is
 produced by the same sequence of separately rounded IEEE-754 binary64
-operations everywhere.  This module is that sequence, written down once.
+operations everywhere (plus, in inner products only, the fused multiply-add, also
+correctly rounded).  This module is that sequence, written down once.
 
 Rules that hold for every function here
 ---------------------------------------
 * Each + - * / sqrt is one correctly rounded binary64 operation (round to
-  nearest, ties to even).  Nothing is fused (no FMA): the C mirrors compile
-  with ``-ffp-contract=off`` and the CUDA mirrors spell ``__dadd_rn`` etc.
+  nearest, ties to even).  Outside the inner products nothing is fused: the C
+  mirrors compile with ``-ffp-contract=off`` and the CUDA mirrors spell
+  ``__dadd_rn`` etc.
+* Every inner product (matmul, bmm, both backward products of each, and the
+  products of any op built on them, e.g. a convolution) is a chain of IEEE 754
+  fusedMultiplyAdd operations, :func:`fma` (``a*b + c`` rounded once), k
+  ascending from +0.0.  The fma is correctly rounded, so the chain has the same
+  bits wherever it runs: x86 FMA3/AVX-512, AArch64, CUDA's ``__fma_rn``, libm's
+  ``fma()`` on a CPU without FMA, and :func:`fma`'s exact numpy emulation here.
 * Nothing depends on the BLAS, the SIMD width or the platform libm: no ``@``,
   no ``np.dot``/``einsum``, no ``np.sum`` (numpy's sum is pairwise), no
   ``np.exp``/``np.log`` (their last bit differs between libraries).
@@ -24,8 +32,9 @@ The orders
 ----------
 serial sum        ``acc = 0.0; for i ascending (row-major): acc = acc + x[i]``
 mean              ``serial_sum(x) / n`` (one division, not a multiply by 1/n)
-matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j]``
-                  (the product rounded, then the sum rounded)
+matmul C = A @ B  ``c[i,j] = +0.0; for k = 0..K-1: c[i,j] = fma(a[i,k], b[k,j], c[i,j])``
+                  (each step one rounding; :func:`matmul` says why +0.0 starts it);
+                  a gradient contribution is then added whole: ``grad = grad + c``
 bmm               the matmul order in every batch slice
 bmm, broadcast    a batch of 1 on one side is read for every batch; that side's
                   gradient is the per-batch products' axis sum over the batch
@@ -170,7 +179,23 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
+    """[M,K] @ [K,N], every c[i,j] the FMA chain ``acc = +0.0; for k ascending:
+    acc = fma(a[i,k], b[k,j], acc)``.
+
+    This and :func:`bmm` are the one inner-product helper: the forward products,
+    both backward products of matmul and bmm (``G @ B^T``, ``A^T @ G``, passed as
+    views), and any later op's products (a convolution's im2col product) call
+    :func:`matmul`/:func:`bmm` -- compiled, :func:`_native_product` -- so each keeps
+    this order with no code of its own.
+
+    Why the chain starts from +0.0 (rather than from the first product rounded):
+    ``fma(a, b, +0.0)`` is ``a*b`` rounded once, which is what the first product
+    rounded would be, for every nonzero, infinite or NaN product, an underflow to
+    -0.0 included.  The two starts differ only on an exact zero product of negative
+    sign (``-1 * 0.0``): -0.0 + +0.0 is +0.0.  Starting from +0.0 therefore keeps
+    the old contract's signed zeros (an all-zero row gives +0.0, K = 0 gives +0.0,
+    as ``0.0 + p`` did), is exact, and costs nothing: the kernels zero their
+    accumulators (one xor) and run one uniform loop, with no peeled first step.
 
     Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_cpu.c``)
     when a C compiler is available, else :func:`matmul_numpy`; the two give
@@ -187,9 +212,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
       4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
       vector extensions).  A SIMD lane is one output element, and each gets
-      ``acc = acc + b*a`` per k as one multiply and one add instruction
-      (``-ffp-contract=off``; a test disassembles the library and fails on
-      any FMA).
+      ``acc = fma(b, a, acc)`` per k as one FMA instruction (AVX-512F, FMA3
+      or AArch64 intrinsics; ``-ffp-contract=off`` keeps the compiler from
+      fusing anything else, and a test disassembles the library and finds
+      FMAs in the micro-kernels only).  Without an FMA instruction (or under
+      ``GRADTOOL_NO_FMA=1``) each lane calls libm's ``fma()``: same bits.
     * Packing: B is copied panel by panel (K x 32, zero-padded) into a
       per-thread buffer, from either layout; A is read in place, or packed
       into K x 4 tiles when its k stride is not 1 (``A^T``).
@@ -214,7 +241,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
+    """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
+    :func:`matmul`, the one inner-product helper)."""
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return bmm_numpy(a, b)
@@ -238,7 +266,8 @@ def _element_strides(x: np.ndarray):
 
 def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
-    views of any strides, out C-contiguous float64."""
+    views of any strides, out C-contiguous float64.  The compiled inner-product helper
+    (:func:`matmul`, :func:`bmm` and ops built on them call it; signature stable)."""
     a, sa = _element_strides(a)
     b, sb = _element_strides(b)
     lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
