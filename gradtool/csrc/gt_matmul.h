@@ -319,7 +319,11 @@ typedef struct {
     const gt_mm_t *bpack;
 } gt_mm_job;
 
-/* The naive order, for when a packing buffer cannot be allocated. */
+/* The FMA chain element by element, for when a packing buffer cannot be
+ * allocated (never inlined: the disassembly test finds its FMAs by name). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
 static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long long i1,
                         long long j0, long long j1)
 {
@@ -329,7 +333,7 @@ static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long lon
         for (long long jj = j0; jj < j1; ++jj) {
             gt_mm_t s = 0;
             for (long long k = 0; k < j->K; ++k)
-                s = s + A[i * j->sai + k * j->sak] * B[k * j->sbk + jj * j->sbj];
+                s = GT_MM_FMA1(A[i * j->sai + k * j->sak], B[k * j->sbk + jj * j->sbj], s);
             C[i * j->N + jj] = j->acc ? C[i * j->N + jj] + s : s;
         }
 }
