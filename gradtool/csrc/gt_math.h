@@ -57,18 +57,6 @@
 #  endif
 #endif
 
-/* The inner products' one fused multiply-add, a*b + c rounded once (numerics.fma):
- * __fma_rn under nvcc, C99 fma() on the host (one instruction where the target has
- * FMA, else the C library's correctly rounded emulation).  Nothing else is fused. */
-#ifndef GT_FMA
-#  if defined(__CUDACC__)
-#    define GT_FMA(a, b, c) __fma_rn((a), (b), (c))
-#  else
-#    include <math.h>
-#    define GT_FMA(a, b, c) fma((a), (b), (c))
-#  endif
-#endif
-
 #ifndef GT_INLINE
 #  if defined(__CUDACC__)
 #    define GT_INLINE __device__ __forceinline__

@@ -37,6 +37,19 @@
 /* The deepest (collapsed) index space a kernel walks; program.py checks it. */
 #define GT_MAXD 8
 
+/* The inner products' one fused multiply-add, a*b + c rounded once (numerics.fma):
+ * __fma_rn under nvcc, C99 fma() on the host (one instruction where the target has
+ * FMA, else the C library's correctly rounded fma).  Nothing else is fused; it is
+ * here, not in gt_math.h, whose functions use no libm. */
+#ifndef GT_FMA
+#  if defined(__CUDACC__)
+#    define GT_FMA(a, b, c) __fma_rn((a), (b), (c))
+#  else
+#    include <math.h>
+#    define GT_FMA(a, b, c) fma((a), (b), (c))
+#  endif
+#endif
+
 /* ---- the element type and its correctly rounded operations ------------- */
 #ifdef GT_REAL_F32
 typedef float gt_real;
