@@ -373,7 +373,7 @@ def fma(a, b, c) -> np.ndarray:
       the result is c.  If it is more than 120 below, c only decides the direction of a
       rounding of ma*mb (a multiple of 2^-106, whose rounding boundaries are multiples
       of 2^-106 too): it is replaced by ``copysign(2^-200, c)``, which decides it alike.
-      Every value below is then within [2^-320, 2^62]: no overflow, no underflow.
+      Every nonzero value below is then within [2^-200, 2^62]: no overflow, no underflow.
     * Boldo and Melquiond's emulation (IEEE Trans. Computers 57(4), 2008, "Emulation of
       FMA and correctly rounded sums: proved algorithms using rounding to odd"):
       ``(uh, ul) = TwoProduct(ma, mb)`` (Dekker, with Veltkamp's split: exact),
