@@ -240,14 +240,26 @@ def test_fused_multiply_adds_only_in_the_inner_products(libraries):
 
 
 def test_no_fma_environment_variable_builds_the_libm_path(rng):
-    """GRADTOOL_NO_FMA=1: every library is built with the libm-fma() flags; same bits."""
+    """GRADTOOL_NO_FMA=1: every library (the CPU reference's, the host backend's) is built
+    with the libm-fma() flags; same bits as the numpy spec and the default build."""
     require_c_compiler()
     script = textwrap.dedent("""
         import sys, numpy as np
+        import gradtool as gt
         from gradtool import native, numerics as nx
+        from gradtool.device import capture
+        from gradtool.device.host import load_library
         assert native.fma_policy_flags() == native.NO_FMA_FLAGS
         assert nx.matmul_config()["vector_fma"] == 0
+        assert nx.matmul_config(load_library("f64", "tiled"))["vector_fma"] == 0
         a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+        tp = gt.Tape()
+        w = tp.param(b, name="w")
+        loss = tp.sum(tp.const(a, name="x") @ w)
+        tp.backward(loss)
+        rp = capture(tp, loss, backend="host")
+        rp.forward(); rp.backward()
+        assert (rp.grad(w).view(np.uint64) == tp.grad(w).view(np.uint64)).all()
         np.save(sys.argv[3], nx.matmul(a, b))
     """)
     import tempfile
