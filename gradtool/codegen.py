@@ -284,6 +284,12 @@ def schema() -> dict:
                      "description": "Free-form (producer, description); tools ignore it."},
             "optimizer": {"type": "object", "description": "Optimizer state written by "
                           "`gradtool train --save`; ignored elsewhere."},
+            "numerics": {"type": "integer", "minimum": 1, "description": (
+                "Written with stored op values (values=True) only: the arithmetic contract "
+                "they were computed under (gradtool.numerics.NUMERICS_VERSION). 1, the "
+                "default for a file without the field: every inner product a separately "
+                "rounded multiply then add; 2: a k-ascending FMA chain. A reader replays "
+                "with its own contract; --verify names a difference in version.")},
         },
         "$defs": {
             "nodeId": {"type": "integer", "minimum": 0},

@@ -99,6 +99,7 @@ class CheckedFile:
     outputs: dict
     meta: dict
     optimizer: Optional[dict]
+    numerics: int = 1                 # the contract recorded values came from (absent: 1)
 
 
 def show(x, limit: int = 60) -> str:
@@ -476,7 +477,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                                 source=source, field=f"outputs.{name}")
     _check_budget(nodes, sizes, works, loss, work_total, source, limits)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
-                       optimizer=doc.get("optimizer"))
+                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1))
 
 
 def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> TapeFileError:

@@ -17,11 +17,13 @@ class TapeFile:
     """A loaded tape file: the replayed Tape plus the file's loss, outputs, meta, optimizer.
 
     ``recorded`` maps op-node ids to the values the writer stored (``values=True``),
-    for bit-for-bit verification of the replay.
+    for bit-for-bit verification of the replay; ``numerics`` is the contract they were
+    computed under (the file's ``numerics`` field, 1 when absent:
+    :data:`gradtool.numerics.NUMERICS_VERSION`).
     """
 
     def __init__(self, tape: Tape, loss: GVar, outputs: dict, meta: dict,
-                 optimizer: Optional[dict], source: str, recorded: dict):
+                 optimizer: Optional[dict], source: str, recorded: dict, numerics: int = 1):
         self.tape = tape
         self.loss = loss
         self.outputs = outputs
@@ -29,6 +31,7 @@ class TapeFile:
         self.optimizer = optimizer
         self.source = source
         self.recorded = recorded
+        self.numerics = numerics
 
     def __repr__(self):
         return (f"TapeFile({self.source!r}, {len(self.tape)} nodes, loss=node {self.loss.id}, "
@@ -81,7 +84,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                 recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
     return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
-                    source, recorded)
+                    source, recorded, checked.numerics)
 
 
 __all__ = ["TapeFile", "replay"]

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import TapeError, TapeFileError
 from ..fileio import atomic_write_bytes
+from ..numerics import NUMERICS_VERSION
 from ..ops import INT_DTYPE, LEAF_OPS, OPS
 from ..tape import GVar, Tape
 from .checks import FORMAT, VERSION, Limits, check, decode
@@ -71,6 +72,8 @@ def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
         doc["meta"] = _mapping(meta, "meta")
     if optimizer is not None:
         doc["optimizer"] = _mapping(optimizer, "optimizer")
+    if values:            # which arithmetic the stored values came from (numerics.py)
+        doc["numerics"] = NUMERICS_VERSION
     try:
         raw = msgpack.packb(doc, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
