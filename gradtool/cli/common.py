@@ -149,6 +149,28 @@ TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHU
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click >= 8.2
 
 
+class command_interrupts:
+    """While a command runs, SIGINT raises KeyboardInterrupt (so the command's cleanups
+    run), where the entry point (``gradtool.__main__.run``) had installed its start-up
+    handler (one line, exit 130, at once); the start-up handler is back afterwards, for
+    the reporting and the way out.  Under any other handler (a library caller's,
+    CliRunner) nothing changes."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.getsignal(signal.SIGINT)
+            if getattr(handler, "gradtool_start_up", False):
+                self.old = handler
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
 class GradtoolGroup(click.Group):
     """A click group that turns every exception into one stderr line and an exit code."""
 
@@ -178,7 +200,8 @@ class GradtoolGroup(click.Group):
 
     def _invoke_reporting_errors(self, ctx):
         try:
-            return super().invoke(ctx)
+            with command_interrupts():
+                return super().invoke(ctx)
         except click.UsageError as exc:
             # click prints Usage/Try/Error on four lines; keep the one-line rule
             from ..train.distributed import launcher_rank
