@@ -28,6 +28,24 @@ class DestinationError(GradtoolError):
     """Something to write to that is neither a path nor a binary file object."""
 
 
+NUL_IN_NAME = "a file name cannot contain a NUL byte"
+
+
+def nul_free(path, what: str = "") -> str:
+    """``path`` as a str, or a GradtoolError (not the ValueError ``open`` raises deep in a
+    read or a write) when it contains a NUL byte: no file system has such a name, and
+    the message names the place the path came from (``what``: ``--val``, ``meta 'train'
+    key 'val'``)."""
+    text = os.fsdecode(path)
+    if "\0" in text:
+        raise PathError(f"{what + ' ' if what else ''}{text!r}: {NUL_IN_NAME}")
+    return text
+
+
+class PathError(GradtoolError):
+    """A file name that cannot name a file (a NUL byte in it)."""
+
+
 def is_path(dest) -> bool:
     return isinstance(dest, (str, bytes, os.PathLike))
 
@@ -128,6 +146,8 @@ def check_writable(path) -> None:
     path = os.fspath(path)
     if not path:
         raise FileNotFoundError(errno.ENOENT, "empty file name", path)
+    if "\0" in os.fsdecode(path):
+        raise FileNotFoundError(errno.ENOENT, NUL_IN_NAME, path)
     if _stream_destination(path):
         return
     directory = os.path.dirname(os.path.abspath(path))
@@ -148,9 +168,7 @@ def atomic_write_with(path, write: Callable) -> None:
     if not is_path(path):
         raise DestinationError(f"write: a path (str or os.PathLike) is needed, got "
                                f"{type(path).__name__}")
-    path = os.fsdecode(path)
-    if "\0" in path:
-        raise DestinationError(f"{path!r}: a file name cannot contain a NUL byte")
+    path = nul_free(path)
     if _stream_destination(path):
         with open(path, "wb") as f:
             write(f)

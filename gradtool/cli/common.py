@@ -177,6 +177,12 @@ class GradtoolGroup(click.Group):
     def make_context(self, info_name, args, parent=None, **extra):
         # the group's own options (--max-memory, an unknown option) are parsed here,
         # before invoke: keep the one-line rule for their errors too
+        for arg in args:
+            # no shell can pass a NUL (argv entries are C strings), but main(args=[...]) can;
+            # every file name comes in here, so this is before anything is read
+            if isinstance(arg, str) and "\0" in arg:
+                fail(f"argument {arg!r}: a NUL byte cannot be part of an argument "
+                     f"(a file name cannot contain one)", EXIT_BAD_INPUT)
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
