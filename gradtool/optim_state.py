@@ -28,7 +28,20 @@ import numbers
 
 import numpy as np
 
-from .optim import B1, B2, EPS, KINDS, OptimizerError
+from .errors import GradtoolError
+
+# Adam's constants and the optimizer kinds: here, with the saved state that records them
+# (gradtool.optim, which steps with them, imports them from here)
+B1 = 0.9
+B2 = 0.999
+EPS = 1e-8
+
+KINDS = ("sgd", "adam")
+
+
+class OptimizerError(GradtoolError):
+    """A bad optimizer setting, registration or saved state."""
+
 
 POSITION_INTS = {"epoch": 0, "step": 0, "global_step": 0, "target_epoch": 0, "examples": 0,
                  "batch": 1, "shards": 1}
@@ -175,4 +188,4 @@ def _number(state: dict, key: str, bad, minimum=0.0) -> float:
     return value
 
 
-__all__ = ["check_saved_state", "running_power"]
+__all__ = ["check_saved_state", "running_power", "OptimizerError", "B1", "B2", "EPS", "KINDS"]
