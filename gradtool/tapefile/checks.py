@@ -50,6 +50,7 @@ from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, pr
 from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
+from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -505,13 +506,15 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits) -> No
 
 
 _ARITY = {name: spec.arity for name, spec in OPS.items()}
-# The keys the fast path below accepts per op: the schema's allowed keys, less the
-# optional ones it leaves to the general path (attributes, unknown extension keys).
-_PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
-                               | ({"data", "name", "l2"} if name == "param" else
-                                  {"data", "name"} if name == "const" else {"value"}))
-               for name, spec in OPS.items() if not spec.attrs and not spec.int_inputs}
-_SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
+# The fast path below takes the ops without attributes or integer inputs; what each of
+# their nodes may carry, and each field's test, is the field table's (tapefile/fields.py),
+# the same the schema is rendered from.
+_PLAIN_TESTS = {name: FIELD_TESTS[name] for name, spec in OPS.items()
+                if not spec.attrs and not spec.int_inputs}
+_INT_READERS_TEXT = " and ".join(INT_READERS) if len(INT_READERS) <= 2 else \
+    ", ".join(INT_READERS[:-1]) + " and " + INT_READERS[-1]
+_CORE = frozenset({"op", "a", "b", "s", "shape"})      # tested inline below
+_SCALAR_OPS = frozenset(SCALAR_OPS)
 _SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 
 
@@ -519,15 +522,22 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     """The CheckedNode of an ordinary valid node (a leaf, or an op without attributes),
     or None: then the node goes through the schema and :func:`_check_node`, which give
     the same CheckedNode or the precise error.  Every test here is one the schema or
-    :func:`_check_node` makes (``tests/test_fuzz_files.py`` checks that over thousands of
-    valid and mutated nodes); together they cost a third of the general path, which
-    matters for a tape of a million nodes."""
+    :func:`_check_node` makes (the field table's, for the keys other than op, a, b, s
+    and shape; ``tests/test_fuzz_files.py`` checks that over thousands of valid and
+    mutated nodes); together they cost a third of the general path, which matters for
+    a tape of a million nodes."""
     if type(raw) is not dict:
         return None
     op = raw.get("op")
-    allowed = _PLAIN_KEYS.get(op) if type(op) is str else None
-    if allowed is None or not allowed.issuperset(raw):
+    tests = _PLAIN_TESTS.get(op) if type(op) is str else None
+    if tests is None:
         return None
+    if not _CORE.issuperset(raw):
+        for key, value in raw.items():
+            if key not in _CORE:
+                test = tests.get(key)
+                if test is None or key == "dtype" or not test(value):
+                    return None
     get = raw.get
     a, b, s, shape = get("a", -1), get("b", -1), get("s", 0.0), get("shape")
     if type(a) is not int or type(b) is not int or type(shape) is not list:
@@ -547,9 +557,9 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
         data, name, l2 = get("data"), get("name"), get("l2", 0.0)
         if a != -1 or b != -1 or type(data) is not bytes or len(data) != 8 * size:
             return None
-        if name is not None and (type(name) is not str or not name or name in names):
+        if name is not None and name in names:
             return None
-        if type(l2) is not float and type(l2) is not int or not 0 <= l2 < math.inf:
+        if not l2 < math.inf:       # the table tested l2 >= 0; NaN and inf: the general path
             return None
         if name is not None:
             names[name] = i
@@ -557,9 +567,9 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
         return None
     if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
-        return None                 # integer ids: only take's ids input reads them
+        return None                 # integer data: only an op's integer inputs read it
     value = get("value")
-    if value is not None and (type(value) is not bytes or len(value) != 8 * size):
+    if value is not None and len(value) != 8 * size:
         return None
     if op in _SAME_SHAPE:           # the op table's promise for a unary op: a's shape
         inferred = earlier[a].shape
@@ -572,8 +582,6 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     if inferred != shape:
         return None
     return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value)
-
-
 
 
 def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> CheckedNode:
@@ -606,7 +614,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     for field, ref in (("a", a), ("b", b)):
         if ref >= 0 and (field in spec.int_inputs) != (earlier[ref].dtype == INT_DTYPE):
             raise _bad(i, source, f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only "
-                                  f"the ids input of take and take_along reads"
+                                  f"the integer inputs of {_INT_READERS_TEXT} read"
                        if earlier[ref].dtype == INT_DTYPE
                        else f"{op} reads integer ids here, but node {ref} is not a const with "
                             f"dtype {INT_DTYPE}", field)
