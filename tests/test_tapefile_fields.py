@@ -1,6 +1,7 @@
 """One table of node fields (gradtool/tapefile/fields.py) drives every node's checks: the
 schema is rendered from it, the loader's fast path tests each field with it, and the node
-table of docs/format.md lists the same fields on the same ops. """
+table of docs/format.md lists the same fields on the same ops.  And integer data always
+has a reader: an i64 const that no op's integer input reads is refused."""
 
 import re
 from pathlib import Path
@@ -116,3 +117,52 @@ def test_docs_format_md_lists_every_field_on_the_ops_of_the_table():
     assert "nil" in (ROOT / "docs" / "format.md").read_text().split("## Node maps")[1]
 
 
+# ── integer data always has a reader ─────────────────────────────────────────
+
+def _leaf(shape, ids=False, **extra):
+    data = (np.zeros(shape, dtype="<i8") if ids else np.ones(shape)).astype(
+        "<i8" if ids else "<f8").tobytes()
+    node = {"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": list(shape), "data": data}
+    if ids:
+        node["dtype"] = "i64"
+    node.update(extra)
+    return node
+
+
+def _sum(a):
+    return {"op": "sum", "a": a, "b": -1, "s": 0.0, "shape": [1]}
+
+
+def test_an_i64_const_nothing_reads_is_refused_naming_it():
+    doc = tape_doc([_leaf([2, 3]), _leaf([2], ids=True), _sum(0)])
+    with pytest.raises(gt.TapeFileError) as info:
+        gt.load(msgpack.packb(doc, use_bin_type=True), name="f")
+    message = str(info.value)
+    assert message.startswith("f: node 1: field 'dtype': holds integer ids (dtype i64), but "
+                              "no op reads them"), message
+    for op in INT_READERS:
+        assert op in message
+
+
+def test_an_i64_const_read_by_an_integer_input_loads_and_an_unread_second_one_does_not():
+    take = {"op": "take", "a": 0, "b": 1, "s": 0.0, "shape": [2, 3]}
+    doc = tape_doc([_leaf([2, 3]), _leaf([2], ids=True), take, _sum(2)])
+    assert gt.load(msgpack.packb(doc, use_bin_type=True)).tape.holds_ids(1)
+    doc["nodes"].insert(2, _leaf([1], ids=True, name="spare"))
+    doc["nodes"][3]["a"], doc["nodes"][4]["a"] = 0, 3
+    with pytest.raises(gt.TapeFileError, match="node 2: field 'dtype': holds integer ids"):
+        gt.load(msgpack.packb(doc, use_bin_type=True))
+
+
+def test_save_refuses_a_tape_whose_i64_const_nothing_reads():
+    tp = gt.Tape()
+    x = tp.param(np.ones(3))
+    tp.const(np.array([0, 1]), dtype="i64")
+    loss = tp.sum(x)
+    with pytest.raises(gt.GradtoolError, match="cannot save: .*no op reads them"):
+        dumps(tp, loss=loss)
+
+
+def test_the_readers_of_integer_data_come_from_the_op_table():
+    assert INT_READERS == tuple(n for n, s in OPS.items() if s.int_inputs)
+    assert set(INT_READERS) >= {"take", "take_along"} and not set(INT_READERS) & set(LEAVES)

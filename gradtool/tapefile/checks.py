@@ -431,6 +431,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     sizes, works = [], []
     elements_total = work_total = 0
     valid, node_error = schema.valid_skeletons, schema.node_error
+    unread_ids = {}                   # i64 consts no integer input has read yet, in order
     for i, raw in enumerate(raw_nodes):
         node = plain_node(i, raw, nodes, names)
         if node is None:
@@ -458,6 +459,13 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         nodes.append(node)
         sizes.append(size)
         works.append(work)
+        if node.dtype == INT_DTYPE:
+            unread_ids[i] = True
+        elif node.a >= 0 and _INT_INPUTS.get(node.op):
+            for field in _INT_INPUTS[node.op]:
+                unread_ids.pop(node.a if field == "a" else node.b, None)
+    if unread_ids:
+        raise _unread_ids(next(iter(unread_ids)), source)
     loss = doc.get("loss", len(nodes) - 1)
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
@@ -476,6 +484,20 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     _check_budget(nodes, sizes, works, loss, work_total, source, limits)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"))
+
+
+_INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
+
+
+def _unread_ids(i: int, source: str) -> TapeFileError:
+    """An i64 const that no op's integer input reads.  The format promises that a file
+    with integer data has an op reading it (one of the ops with integer inputs in the op
+    table), which a reader that predates integer data refuses by name, instead of
+    misreading the int64 bytes as floats."""
+    return _bad(i, source, f"holds integer ids (dtype {INT_DTYPE}), but no op reads them; "
+                           f"integer data must be read by an integer input of "
+                           f"{_INT_READERS_TEXT} (a file with nothing reading it would "
+                           f"pass an older reader, which reads the ids as floats)", "dtype")
 
 
 def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> TapeFileError:
