@@ -137,10 +137,19 @@ def decode(raw: bytes, source: str, limits: Limits):
             raise _TooManyContainers
         return obj
 
+    # Each map or array starts with one of the bytes 0x80-0x9f or 0xdc-0xdf, so their
+    # number in the file bounds the containers: a file with fewer than the limit (any
+    # tape near the node limit) is decoded without a callback per container.
+    hooks = {"object_hook": count, "list_hook": count}
+    if len(raw) > limits.max_containers:
+        histogram = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+        if int(histogram[0x80:0xa0].sum() + histogram[0xdc:0xe0].sum()) <= limits.max_containers:
+            hooks = {}
+    else:
+        hooks = {}                    # fewer bytes than the limit: fewer containers too
     try:
         doc = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True,
-            object_hook=count, list_hook=count,
+            raw, raw=False, strict_map_key=True, use_list=True, **hooks,
             max_str_len=limits.max_str_len, max_bin_len=len(raw),
             max_array_len=max(limits.max_nodes, 64), max_map_len=limits.max_map_len,
             max_ext_len=0)
@@ -430,8 +439,11 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     nodes, names = [], {}
     sizes, works = [], []
     elements_total = work_total = 0
+    max_elements, max_work = limits.max_elements, limits.max_work
     valid, node_error = schema.valid_skeletons, schema.node_error
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
+    size_of = {}                      # shape -> elements, for the shapes seen so far
+    append_node, append_size, append_work = nodes.append, sizes.append, works.append
     for i, raw in enumerate(raw_nodes):
         node = plain_node(i, raw, nodes, names)
         if node is None:
@@ -440,30 +452,36 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                 if err is not None:
                     raise _schema_error(err, i, doc, source)
             node = _check_node(i, raw, nodes, names, source)
-        size = prod(node.shape)
+        shape, a, b, op = node.shape, node.a, node.b, node.op
+        size = size_of.get(shape)
+        if size is None:
+            size = size_of[shape] = prod(shape)
         elements_total += size
-        if node.a < 0:
+        if a < 0:
             work = 0
-        elif node.op in _PRODUCTS:
-            work = node_work(node.op, node.shape, nodes[node.a].shape, nodes[node.b].shape)
+        elif op in _PRODUCTS:
+            work = node_work(op, shape, nodes[a].shape, nodes[b].shape)
         else:           # node_work's rule for every other op, from the sizes at hand
-            work = max(size, sizes[node.a], sizes[node.b] if node.b >= 0 else 0)
+            work = size if size >= sizes[a] else sizes[a]
+            if b >= 0 and sizes[b] > work:
+                work = sizes[b]
         work_total += work
-        if elements_total > limits.max_elements:
+        if elements_total > max_elements:
             raise TapeFileError(
-                f"shape {format_shape(node.shape)} brings the tape to {elements_total} elements, "
+                f"shape {format_shape(shape)} brings the tape to {elements_total} elements, "
                 f"over this reader's limit of {limits.max_elements}", source=source, node=i,
                 field="shape")
-        if work_total > limits.max_work:
-            raise _over_work(work_total, limits, source, i, node.op)
-        nodes.append(node)
-        sizes.append(size)
-        works.append(work)
-        if node.dtype == INT_DTYPE:
-            unread_ids[i] = True
-        elif node.a >= 0 and _INT_INPUTS.get(node.op):
-            for field in _INT_INPUTS[node.op]:
-                unread_ids.pop(node.a if field == "a" else node.b, None)
+        if work_total > max_work:
+            raise _over_work(work_total, limits, source, i, op)
+        append_node(node)
+        append_size(size)
+        append_work(work)
+        if a < 0:
+            if node.dtype == INT_DTYPE:
+                unread_ids[i] = True
+        elif op in _INT_INPUTS:
+            for field in _INT_INPUTS[op]:
+                unread_ids.pop(a if field == "a" else b, None)
     if unread_ids:
         raise _unread_ids(next(iter(unread_ids)), source)
     loss = doc.get("loss", len(nodes) - 1)
@@ -564,16 +582,22 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     a, b, s, shape = get("a", -1), get("b", -1), get("s", 0.0), get("shape")
     if type(a) is not int or type(b) is not int or type(shape) is not list:
         return None
-    if type(s) is not float and type(s) is not int:
+    if type(s) is not float and type(s) is not int or s != 0 and op not in _SCALAR_OPS:
         return None
-    if not 0 < len(shape) <= 32 or s != 0 and op not in _SCALAR_OPS:
-        return None
-    size = 1
-    for d in shape:
-        if type(d) is not int or d < 1:
+    if len(shape) == 1:             # the common case, without the loop
+        size = shape[0]
+        if type(size) is not int or size < 1:
             return None
-        size *= d
-    shape = tuple(shape)
+        shape = (size,)
+    else:
+        if not 0 < len(shape) <= 32:
+            return None
+        size = 1
+        for d in shape:
+            if type(d) is not int or d < 1:
+                return None
+            size *= d
+        shape = tuple(shape)
     arity = _ARITY[op]
     if arity == 0:
         data, name, l2 = get("data"), get("name"), get("l2", 0.0)
@@ -588,16 +612,17 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
         return CheckedNode(op, -1, -1, 0.0, shape, None, name, float(l2), data)
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
         return None
-    if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
+    first = earlier[a]
+    if first.dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
         return None                 # integer data: only an op's integer inputs read it
     value = get("value")
     if value is not None and len(value) != 8 * size:
         return None
     if op in _SAME_SHAPE:           # the op table's promise for a unary op: a's shape
-        inferred = earlier[a].shape
+        inferred = first.shape
     else:
         try:
-            inferred = infer_shape(op, earlier[a].shape, earlier[b].shape if b >= 0 else None,
+            inferred = infer_shape(op, first.shape, earlier[b].shape if b >= 0 else None,
                                    None)
         except ShapeError:
             return None
