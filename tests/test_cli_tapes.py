@@ -403,3 +403,22 @@ def test_backward_npz_refuses_two_params_that_would_share_a_key(tmp_path):
     assert ": node 1: cannot write the npz: this param would be stored as 'node0', which " \
            "param 0 already uses" in line
     assert not (tmp_path / "g.npz").exists()
+
+
+# ── inspect --json at the node limit: the text is json.dumps(summary) ───────────
+
+def test_summary_json_is_json_dumps_of_the_summary_for_every_sample_and_op(tmp_path):
+    from gradtool.describe import summary, summary_json
+    from support import SAMPLE_TAPES
+    from gradtool.tapefile.write import dumps
+    tp, loss, outputs = all_ops_tape()
+    files = [load(dumps(tp, loss=loss, outputs=outputs))] + [load(p) for p in SAMPLE_TAPES]
+    chain = Tape()
+    x = chain.param(np.ones((2, 1)), name="x")
+    for _ in range(5):
+        x = chain.neg(x)
+    files.append(load(dumps(chain, loss=chain.sum(x))))
+    for tf in files:
+        assert summary_json(tf) == json.dumps(summary(tf)), tf.source
+    result = run("inspect", "--json", SAMPLE_TAPES[0])
+    assert json.loads(result.stdout) == summary(load(SAMPLE_TAPES[0]))

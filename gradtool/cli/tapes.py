@@ -17,7 +17,7 @@ import time
 import click
 import numpy as np
 
-from ..describe import first_mismatch, node_entry, plain_node, summary, to_dot
+from ..describe import first_mismatch, node_entry, plain_node, summary, summary_json, to_dot
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
@@ -80,7 +80,7 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
     if dot:
         click.echo(to_dot(tf), nl=False)
     elif as_json:
-        _emit_json(summary(tf))
+        click.echo(summary_json(tf))
     else:
         click.echo("\n".join(_inspect_lines(tf)))
 
