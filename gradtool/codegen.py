@@ -169,86 +169,8 @@ def header() -> str:
 
 def schema() -> dict:
     """The tape file's JSON Schema (2020-12), from the table."""
-    leaves = [n for n, s in OPS.items() if s.kind == "leaf"]
-    scalar_ops = [n for n, s in OPS.items() if s.scalar_operand]
-    attr_ops: dict = {}          # attribute -> the ops whose nodes may carry it
-    attr_required: dict = {}     # attribute -> the ops whose nodes must carry it
-    attr_kind: dict = {}
-    for name, spec in OPS.items():
-        for at in spec.attrs:
-            if at.stored:
-                attr_ops.setdefault(at.name, []).append(name)
-                attr_required.setdefault(at.name, [])
-                if at.file_required:
-                    attr_required[at.name].append(name)
-                attr_kind[at.name] = at
-    props = {
-        "op": {"enum": list(OPS)},
-        "a": {"$ref": "#/$defs/inputId", "description": "First input; default -1 (leaves)."},
-        "b": {"$ref": "#/$defs/inputId",
-              "description": "Second input (binary ops); default -1."},
-        "s": {"type": "number", "description": f"The scalar operand of "
-              f"{'/'.join(scalar_ops)}; 0.0 (the default) otherwise."},
-        "shape": {"$ref": "#/$defs/dims",
-                  "description": "The node's value shape; for reshape, the target shape."},
-        "dtype": {"enum": ["f64", INT_DTYPE],
-                  "description": f"const only: the element type of data; default f64. "
-                                 f"{INT_DTYPE}: integer data, read only by "
-                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)} "
-                                 f"(ids of "
-                                 f"{'/'.join(n for n, s in OPS.items() if s.id_inputs)})."},
-        "data": {"$ref": "#/$defs/leafBytes",
-                 "description": "The leaf's value (param/const only, required there)."},
-        "name": {"type": "string", "minLength": 1,
-                 "description": "Leaf name, unique in the file (param/const only)."},
-        "l2": {"type": "number", "minimum": 0,
-               "description": "Weight-decay coefficient (param only); default 0.0."},
-    }
-    for aname, ops in attr_ops.items():
-        at = attr_kind[aname]
-        base = {"axis": {"type": "integer", "minimum": 0},
-                "count": {"type": "integer", "minimum": 1},
-                "flag": {"type": "boolean"}}.get(at.kind, {"$ref": "#/$defs/indices"})
-        docs = sorted({a.doc.split(";")[0] for op in ops for a in OPS[op].attrs
-                       if a.name == aname})
-        text = f"{'/'.join(ops)}: {' / '.join(docs)}."
-        optional = [op for op in ops if op not in attr_required[aname]]
-        if optional:
-            absent = {json.dumps(a.default) for op in optional for a in OPS[op].attrs
-                      if a.name == aname}
-            text += f" Optional on {'/'.join(optional)}: absent means {'/'.join(sorted(absent))}."
-        props[aname] = dict(base, description=text)
-    props["value"] = {"$ref": "#/$defs/float64Bytes",
-                      "description": "Optional on op nodes: the value recorded at write time "
-                                     "(for --verify)."}
-    rules = [
-        {"if": {"properties": {"op": {"enum": leaves}}},
-         "then": {"required": ["data"], "properties": {"value": {"not": {}}}},
-         "else": {"properties": {"data": {"not": {}}, "name": {"not": {}}, "l2": {"not": {}}}}},
-        {"if": {"properties": {"op": {"const": "const"}}},
-         "then": {"properties": {"l2": {"not": {}}}},
-         "else": {"properties": {"dtype": {"not": {}}}}},
-        {"if": {"properties": {"op": {"enum": scalar_ops}}},
-         "else": {"properties": {"s": {"const": 0}}}},
-    ]
-    # attributes the same ops carry get one rule: required where every node has them,
-    # absent on every other op; an attribute some ops may omit gets the two halves apart
-    groups: dict = {}
-    for aname, ops in attr_ops.items():
-        groups.setdefault((tuple(ops), tuple(attr_required[aname])), []).append(aname)
-
-    def cond(ops):
-        return {"properties": {"op": {"const": ops[0]} if len(ops) == 1
-                               else {"enum": list(ops)}}}
-
-    for (ops, required), names in groups.items():
-        absent = {"properties": {n: {"not": {}} for n in names}}
-        if ops == required:
-            rules.append({"if": cond(ops), "then": {"required": names}, "else": absent})
-            continue
-        if required:
-            rules.append({"if": cond(required), "then": {"required": names}})
-        rules.append({"if": cond(ops), "else": absent})
+    from .tapefile.fields import schema_properties, schema_rules
+    props, rules = schema_properties(), schema_rules()
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "urn:gradtool:schema:tape:1",
@@ -285,6 +207,12 @@ def schema() -> dict:
                      "description": "Free-form (producer, description); tools ignore it."},
             "optimizer": {"type": "object", "description": "Optimizer state written by "
                           "`gradtool train --save`; ignored elsewhere."},
+            "numerics": {"type": "integer", "minimum": 1, "description": (
+                "Written with stored op values (values=True) only: the arithmetic contract "
+                "they were computed under (gradtool.numerics.NUMERICS_VERSION). 1, the "
+                "default for a file without the field: every inner product a separately "
+                "rounded multiply then add; 2: a k-ascending FMA chain. A reader replays "
+                "with its own contract; --verify names a difference in version.")},
         },
         "$defs": {
             "nodeId": {"type": "integer", "minimum": 0},

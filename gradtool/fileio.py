@@ -12,12 +12,79 @@ the same file (:func:`remove_stale_temporaries`).
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+from .errors import GradtoolError
+
+
+class DestinationError(GradtoolError):
+    """Something to write to that is neither a path nor a binary file object."""
+
+
+NUL_IN_NAME = "a file name cannot contain a NUL byte"
+
+
+def nul_free(path, what: str = "") -> str:
+    """``path`` as a str, or a GradtoolError (not the ValueError ``open`` raises deep in a
+    read or a write) when it contains a NUL byte: no file system has such a name, and
+    the message names the place the path came from (``what``: ``--val``, ``meta 'train'
+    key 'val'``)."""
+    text = os.fsdecode(path)
+    if "\0" in text:
+        raise PathError(f"{what + ' ' if what else ''}{text!r}: {NUL_IN_NAME}")
+    return text
+
+
+class PathError(GradtoolError):
+    """A file name that cannot name a file (a NUL byte in it)."""
+
+
+def is_path(dest) -> bool:
+    return isinstance(dest, (str, bytes, os.PathLike))
+
+
+def check_binary_writer(dest, what: str = "write") -> None:
+    """Raise DestinationError unless ``dest`` is a writable binary file object: a text
+    stream (``io.StringIO``, ``sys.stdout``), a file opened for reading, a closed file
+    or an object without ``write`` would otherwise fail deep inside the writer, or
+    after a part was written."""
+    kind = type(dest).__name__
+    need = "a binary file (opened 'wb', io.BytesIO) or a path is needed"
+    mode = getattr(dest, "mode", None)
+    if isinstance(dest, io.TextIOBase) or (isinstance(mode, str) and "b" not in mode):
+        raise DestinationError(f"{what}: {kind} is a text stream; {need}")
+    if not callable(getattr(dest, "write", None)):
+        raise DestinationError(f"{what}: {kind} has no write method; {need}")
+    if getattr(dest, "closed", False) is True:
+        raise DestinationError(f"{what}: the {kind} is closed; {need}")
+    writable = getattr(dest, "writable", None)
+    if callable(writable):
+        try:
+            ok = writable()
+        except (ValueError, TypeError):        # closed; or a class, not a file
+            ok = False
+        if not ok:
+            raise DestinationError(f"{what}: the {kind} is not open for writing; {need}")
+
+
+def _stream_destination(path: str) -> bool:
+    """A path that names a stream rather than a file to replace: a FIFO, a device, a
+    socket, or anything under /dev or /proc (``/dev/stdout`` is a link to the caller's
+    stdout, which may be a plain file: renaming over the link would replace it)."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 _MKSTEMP_RANDOM = r"[a-z0-9_]{8}"          # what tempfile.mkstemp puts between prefix and suffix
 
@@ -79,6 +146,10 @@ def check_writable(path) -> None:
     path = os.fspath(path)
     if not path:
         raise FileNotFoundError(errno.ENOENT, "empty file name", path)
+    if "\0" in os.fsdecode(path):
+        raise FileNotFoundError(errno.ENOENT, NUL_IN_NAME, path)
+    if _stream_destination(path):
+        return
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(errno.ENOENT, "no such directory", path)
@@ -89,8 +160,21 @@ def check_writable(path) -> None:
 
 
 def atomic_write_with(path, write: Callable) -> None:
-    """Call ``write(binary_file)`` on a temporary file, then rename it onto ``path``."""
-    path = os.fspath(path)
+    """Call ``write(binary_file)`` on a temporary file, then rename it onto ``path``.
+
+    A path to a stream (a FIFO, ``/dev/stdout``: see :func:`_stream_destination`) is
+    written directly, as there is no file to replace; a symbolic link to a file is
+    followed, so the link stays and its target is replaced."""
+    if not is_path(path):
+        raise DestinationError(f"write: a path (str or os.PathLike) is needed, got "
+                               f"{type(path).__name__}")
+    path = nul_free(path)
+    if _stream_destination(path):
+        with open(path, "wb") as f:
+            write(f)
+        return
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     check_writable(path)
     directory = os.path.dirname(os.path.abspath(path))
     hidden = "." + os.path.basename(path)

@@ -6,9 +6,16 @@ back to numpy with the same bits) and the device engine's host backend
 (``csrc/kernels.cu`` compiled as C).  Both include the one matmul kernel,
 ``csrc/gt_matmul.h``, and the one optimizer element rule, ``csrc/gt_optim.h``.
 
-Flags never change a result: ``-ffp-contract=off`` (no FMA contraction), no
-``-ffast-math``; ``-march=native`` only widens SIMD, and since it makes the
-library machine-specific the machine's CPU flags join the cache key.
+Flags never change a result: ``-ffp-contract=off`` (the compiler never contracts a
+multiply and an add into an FMA: the inner products' FMAs are written out, as
+intrinsics or ``fma()``), no ``-ffast-math``; ``-march=native`` only widens SIMD and
+lets the matmul kernel use the CPU's FMA instructions, and since it makes the library
+machine-specific the machine's CPU flags join the cache key (so a build is the
+run-time dispatch: an AVX-512 machine, an AVX2+FMA one and one without FMA each get
+their own library).  ``GRADTOOL_NO_FMA=1`` adds ``-DGT_NO_FMA -fno-builtin-fma
+-fno-builtin-fmaf`` to every build (:func:`fma_policy_flags`): the inner products call
+the C library's correctly rounded ``fma()`` instead, what a CPU without FMA runs; same
+bits, slowly.
 ``-pthread``: the matmul kernel splits large products over threads, as many
 as :func:`num_threads` says (``GRADTOOL_NUM_THREADS``, default the usable
 cores); every thread count gives the same bits.
@@ -95,9 +102,24 @@ def native_arch_wanted() -> bool:
     return os.environ.get("GRADTOOL_HOST_NATIVE", "1") != "0"
 
 
+NO_FMA_ENV = "GRADTOOL_NO_FMA"
+NO_FMA_FLAGS = ("-DGT_NO_FMA", "-fno-builtin-fma", "-fno-builtin-fmaf")
+
+
+def fma_policy_flags() -> tuple:
+    """``GRADTOOL_NO_FMA=1``: the flags that keep FMA instructions out of the kernels'
+    inner products (each multiply-add a call to libm's ``fma()``); else none."""
+    return NO_FMA_FLAGS if os.environ.get(NO_FMA_ENV, "0") not in ("", "0") else ()
+
+
+def _with_policy(flags) -> list:
+    flags = list(flags)
+    return flags + [f for f in fma_policy_flags() if f not in flags]
+
+
 def library_path(stem: str, source: Path, flags, key_files=()) -> Path:
     """Where the cached library for these sources, flags, compiler and machine lives."""
-    flags = list(flags)
+    flags = _with_policy(flags)
     if any(f in FORBIDDEN_FLAGS for f in flags):
         raise NativeUnavailable(f"refusing result-changing flags in {flags}")
     key = hashlib.sha256()
@@ -126,7 +148,8 @@ def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) ->
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path.stem), suffix=TEMP_SUFFIX,
                                dir=path.parent)
     os.close(fd)
-    cmd = [compiler(), *flags, *[f"-I{d}" for d in include_dirs], str(source), "-o", tmp, "-lm"]
+    cmd = [compiler(), *_with_policy(flags), *[f"-I{d}" for d in include_dirs], str(source),
+           "-o", tmp, "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         if proc.returncode != 0:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .budget import human_bytes
 from .errors import GradtoolError
-from .fileio import atomic_write_with
+from .fileio import NUL_IN_NAME, atomic_write_with
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)          # the earliest time a zip entry can carry
 # zipfile turns every entry of the central directory into a ZipInfo (about ten times
@@ -131,6 +131,8 @@ class NpzArchive:
 
     def __init__(self, path):
         self.source = os.fspath(path)
+        if "\0" in os.fsdecode(self.source):
+            raise NpzError(f"{self.source!r}: cannot read: {NUL_IN_NAME}")
         self._file = self._open()
         try:
             self._check_directory()

@@ -4,13 +4,21 @@ gradtool's promise is that a gradient is identical to the bit wherever it is
 computed: this numpy reference, the emitted C/CUDA (`gradtool.emit`) and the
 device kernels (`gradtool.device`).  That only holds if every result is
 produced by the same sequence of separately rounded IEEE-754 binary64
-operations everywhere.  This module is that sequence, written down once.
+operations everywhere (plus, in inner products only, the fused multiply-add, also
+correctly rounded).  This module is that sequence, written down once.
 
 Rules that hold for every function here
 ---------------------------------------
 * Each + - * / sqrt is one correctly rounded binary64 operation (round to
-  nearest, ties to even).  Nothing is fused (no FMA): the C mirrors compile
-  with ``-ffp-contract=off`` and the CUDA mirrors spell ``__dadd_rn`` etc.
+  nearest, ties to even).  Outside the inner products nothing is fused: the C
+  mirrors compile with ``-ffp-contract=off`` and the CUDA mirrors spell
+  ``__dadd_rn`` etc.
+* Every inner product (matmul, bmm, both backward products of each, and the
+  products of any op built on them, e.g. a convolution) is a chain of IEEE 754
+  fusedMultiplyAdd operations, :func:`fma` (``a*b + c`` rounded once), k
+  ascending from +0.0.  The fma is correctly rounded, so the chain has the same
+  bits wherever it runs: x86 FMA3/AVX-512, AArch64, CUDA's ``__fma_rn``, libm's
+  ``fma()`` on a CPU without FMA, and :func:`fma`'s exact numpy emulation here.
 * Nothing depends on the BLAS, the SIMD width or the platform libm: no ``@``,
   no ``np.dot``/``einsum``, no ``np.sum`` (numpy's sum is pairwise), no
   ``np.exp``/``np.log`` (their last bit differs between libraries).
@@ -24,8 +32,9 @@ The orders
 ----------
 serial sum        ``acc = 0.0; for i ascending (row-major): acc = acc + x[i]``
 mean              ``serial_sum(x) / n`` (one division, not a multiply by 1/n)
-matmul C = A @ B  ``c[i,j] = 0.0; for k = 0..K-1: c[i,j] = c[i,j] + a[i,k]*b[k,j]``
-                  (the product rounded, then the sum rounded)
+matmul C = A @ B  ``c[i,j] = +0.0; for k = 0..K-1: c[i,j] = fma(a[i,k], b[k,j], c[i,j])``
+                  (each step one rounding; :func:`matmul` says why +0.0 starts it);
+                  a gradient contribution is then added whole: ``grad = grad + c``
 bmm               the matmul order in every batch slice
 bmm, broadcast    a batch of 1 on one side is read for every batch; that side's
                   gradient is the per-batch products' axis sum over the batch
@@ -80,10 +89,19 @@ import numpy as np
 
 from . import fdlibm, native
 
+NUMERICS_VERSION = 2
+"""Which contract this module defines, as tape files record it beside stored values
+(``save(..., values=True)`` writes ``"numerics": 2``): 1 (files without the field), every
+inner product a separately rounded multiply then add; 2, the k-ascending FMA chain.
+Everything else is the same in both."""
+NUMERICS_CONTRACTS = {1: "inner products as a separately rounded multiply and add",
+                      2: "inner products as one k-ascending FMA chain"}
+
 __all__ = [
+    "NUMERICS_VERSION", "NUMERICS_CONTRACTS",
     "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
-    "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
+    "fma", "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
     "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
 ]
@@ -186,7 +204,23 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[M,K] @ [K,N] with every c[i,j] a serial k-ascending sum from 0.0.
+    """[M,K] @ [K,N], every c[i,j] the FMA chain ``acc = +0.0; for k ascending:
+    acc = fma(a[i,k], b[k,j], acc)``.
+
+    This and :func:`bmm` are the one inner-product helper: the forward products,
+    both backward products of matmul and bmm (``G @ B^T``, ``A^T @ G``, passed as
+    views), and any later op's products (a convolution's im2col product) call
+    :func:`matmul`/:func:`bmm` -- compiled, :func:`_native_product` -- so each keeps
+    this order with no code of its own.
+
+    Why the chain starts from +0.0 (rather than from the first product rounded):
+    ``fma(a, b, +0.0)`` is ``a*b`` rounded once, which is what the first product
+    rounded would be, for every nonzero, infinite or NaN product, an underflow to
+    -0.0 included.  The two starts differ only on an exact zero product of negative
+    sign (``-1 * 0.0``): -0.0 + +0.0 is +0.0.  Starting from +0.0 therefore keeps
+    the old contract's signed zeros (an all-zero row gives +0.0, K = 0 gives +0.0,
+    as ``0.0 + p`` did), is exact, and costs nothing: the kernels zero their
+    accumulators (one xor) and run one uniform loop, with no peeled first step.
 
     Runs the compiled kernel ``csrc/gt_matmul.h`` (through ``csrc/gt_cpu.c``)
     when a C compiler is available, else :func:`matmul_numpy`; the two give
@@ -203,9 +237,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
       4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
       vector extensions).  A SIMD lane is one output element, and each gets
-      ``acc = acc + b*a`` per k as one multiply and one add instruction
-      (``-ffp-contract=off``; a test disassembles the library and fails on
-      any FMA).
+      ``acc = fma(b, a, acc)`` per k as one FMA instruction (AVX-512F, FMA3
+      or AArch64 intrinsics; ``-ffp-contract=off`` keeps the compiler from
+      fusing anything else, and a test disassembles the library and finds
+      FMAs in the micro-kernels only).  Without an FMA instruction (or under
+      ``GRADTOOL_NO_FMA=1``) each lane calls libm's ``fma()``: same bits.
     * Packing: B is copied panel by panel (K x 32, zero-padded) into a
       per-thread buffer, from either layout; A is read in place, or packed
       into K x 4 tiles when its k stride is not 1 (``A^T``).
@@ -230,7 +266,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[B,M,K] @ [B,K,N], the matmul order in every batch slice."""
+    """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
+    :func:`matmul`, the one inner-product helper)."""
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return bmm_numpy(a, b)
@@ -254,7 +291,8 @@ def _element_strides(x: np.ndarray):
 
 def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
-    views of any strides, out C-contiguous float64."""
+    views of any strides, out C-contiguous float64.  The compiled inner-product helper
+    (:func:`matmul`, :func:`bmm` and ops built on them call it; signature stable)."""
     a, sa = _element_strides(a)
     b, sb = _element_strides(b)
     lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
@@ -263,27 +301,163 @@ def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
 
 
 def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`matmul` in numpy: vectorized over the outputs, looping over k."""
+    """:func:`matmul` in numpy: vectorized over the outputs, looping over k, each step one
+    :func:`fma` (``acc = fma(a[:, k], b[k, :], acc)``, acc from +0.0)."""
     m, kdim = a.shape
     n = b.shape[1]
     acc = np.zeros((m, n))
-    prod = np.empty((m, n))
     for k in range(kdim):
-        np.multiply(a[:, k:k + 1], b[k], out=prod)
-        np.add(acc, prod, out=acc)
+        acc = fma(a[:, k:k + 1], b[k], acc)
     return acc
 
 
 def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`bmm` in numpy."""
+    """:func:`bmm` in numpy: the :func:`matmul_numpy` chain in every batch slice."""
     batch, m, kdim = a.shape
     n = b.shape[2]
     acc = np.zeros((batch, m, n))
-    prod = np.empty((batch, m, n))
     for k in range(kdim):
-        np.multiply(a[:, :, k:k + 1], b[:, k:k + 1, :], out=prod)
-        np.add(acc, prod, out=acc)
+        acc = fma(a[:, :, k:k + 1], b[:, k:k + 1, :], acc)
     return acc
+
+
+# ── the fused multiply-add, exactly, in numpy ──────────────────────────────
+
+_SPLITTER = 134217729.0       # 2^27 + 1: Veltkamp's constant for 53-bit doubles
+_C_DOMINATES = 60             # ec - ep above this: |a*b| < ulp(c)/2^8, the result is c
+_C_NEGLIGIBLE = -120          # ec - ep below this: c only decides a rounding direction
+_STICKY = 2.0 ** -200         # ... and stands in, scaled, as copysign(2^-200, c)
+_TINY = 2.0 ** -1022          # the smallest normal double
+
+
+def _two_sum(x, y):
+    """Knuth's TwoSum: s = RN(x + y) and the exact error e, x + y == s + e (no overflow)."""
+    s = x + y
+    yy = s - x
+    return s, (x - (s - yy)) + (y - yy)
+
+
+def _split(x):
+    """Veltkamp's split: x == hi + lo, each of at most 26 significant bits (|x| < 2^995)."""
+    t = _SPLITTER * x
+    hi = t - (t - x)
+    return hi, x - hi
+
+
+def _two_product(x, y):
+    """Dekker's TwoProduct: p = RN(x * y) and the exact error, x * y == p + e (when the
+    error is representable: here |x|, |y| are in [0.5, 1))."""
+    p = x * y
+    xh, xl = _split(x)
+    yh, yl = _split(y)
+    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
+
+
+def _add_round_to_odd(x, y):
+    """RO(x + y), rounding to odd (Boldo and Melquiond): the exact sum when representable,
+    else whichever of its two neighbouring doubles has an odd last significand bit."""
+    s, e = _two_sum(x, y)
+    even = (s.view(np.int64) & 1) == 0
+    move = even & (e != 0)
+    if np.any(move):
+        s = np.where(move, np.nextafter(s, np.copysign(np.inf, e)), s)
+    return s
+
+
+def _fma_subnormal(a: float, b: float, c: float) -> float:
+    """fma(a, b, c) for finite a, b, c whose exact a*b + c is below 2^-1022 in magnitude:
+    that value rounded to a multiple of 2^-1074, ties to even, in Python integers."""
+    na, da = a.as_integer_ratio()
+    nb, db = b.as_integer_ratio()
+    nc, dc = c.as_integer_ratio()
+    num = (na * nb * dc + nc * da * db) << 1074
+    den = da * db * dc
+    q, r = divmod(num, den)                   # floor division, r >= 0
+    if 2 * r > den or (2 * r == den and q & 1):
+        q += 1
+    if q == 0:
+        return -0.0 if num < 0 else 0.0
+    return math.ldexp(q, -1074)
+
+
+def fma(a, b, c) -> np.ndarray:
+    """IEEE 754 fusedMultiplyAdd: ``a*b + c`` rounded once (to nearest, ties to even),
+    elementwise with numpy broadcasting; float64.  The spec of every inner product.
+
+    Exact, without an fma instruction, in separately rounded numpy operations:
+
+    * Special operands.  A zero, infinite or NaN ``a`` or ``b``, or a NaN ``c``: ``a*b``
+      is exact (+-0, +-inf or NaN), so ``a*b + c`` in two operations is the fma.  An
+      infinite ``c`` with finite ``a*b``: ``c``.  A zero ``c`` with finite nonzero
+      ``a``, ``b``: ``a*b`` rounded once, underflow and overflow included (an exact
+      product never meets c, and a product rounded to zero keeps its sign, as IEEE 754
+      says for an fma that rounds to zero).
+    * Otherwise scale: ``a = ma 2^ea``, ``b = mb 2^eb`` with ma, mb in [0.5, 1)
+      (``frexp``, exact), ep = ea + eb, and c becomes ``cs = c 2^-ep`` (exact).  If c's
+      exponent exceeds ep by more than 60, |a*b| is below a 2^-8 of c's last place and
+      the result is c.  If it is more than 120 below, c only decides the direction of a
+      rounding of ma*mb (a multiple of 2^-106, whose rounding boundaries are multiples
+      of 2^-106 too): it is replaced by ``copysign(2^-200, c)``, which decides it alike.
+      Every nonzero value below is then within [2^-200, 2^62]: no overflow, no underflow.
+    * Boldo and Melquiond's emulation (IEEE Trans. Computers 57(4), 2008, "Emulation of
+      FMA and correctly rounded sums: proved algorithms using rounding to odd"):
+      ``(uh, ul) = TwoProduct(ma, mb)`` (Dekker, with Veltkamp's split: exact),
+      ``(th, tl) = TwoSum(cs, uh)`` (Knuth: exact), ``v = RO(tl + ul)`` (round to odd:
+      TwoSum, then one step to the odd neighbour when inexact and even),
+      ``z = RN(th + v)``.  z is ma*mb + cs correctly rounded to 53 bits.
+    * Scale back: ``ldexp(z, ep)`` is exact for a normal result, and it overflows to
+      +-inf exactly when the correctly rounded result does.  A result below 2^-1022
+      (subnormal: fewer than 53 bits, rounded once at 2^-1074) is computed instead,
+      element by element, in Python integers from the exact rational a*b + c.  An exact
+      zero a*b + c of nonzero terms is +0.0 (round to nearest).
+
+    Tests (tests/test_numerics.py) compare it with the machine's fma instruction on
+    10^7 random and adversarial triples, bit for bit.  It is about 40 numpy passes, the
+    numpy reference's (no C compiler) only cost of the FMA contract.
+    """
+    a, b, c = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (a, b, c)))
+    shape = a.shape
+    a, b, c = (np.ravel(x) for x in (a, b, c))
+    with np.errstate(all="ignore"):
+        plain = a * b + c                     # the special operands' result
+        out = plain
+        finite_ab = np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
+        general = finite_ab & np.isfinite(c) & (c != 0)
+        if np.any(finite_ab & ~general):
+            out = np.where(finite_ab & np.isinf(c), c, out)
+            out = np.where(finite_ab & (c == 0), a * b, out)
+        if np.any(general):
+            idx = None if general.all() else np.flatnonzero(general)
+            ga, gb, gc = (a, b, c) if idx is None else (a[idx], b[idx], c[idx])
+            z, tiny = _fma_general(ga, gb, gc)
+            if np.any(tiny):
+                for t in np.flatnonzero(tiny):
+                    z[t] = _fma_subnormal(float(ga[t]), float(gb[t]), float(gc[t]))
+            if idx is None:
+                out = z
+            else:
+                out = np.array(out, copy=True)
+                out[idx] = z
+    return out.reshape(shape)
+
+
+def _fma_general(a, b, c):
+    """fma for finite nonzero a, b, c (:func:`fma`'s scaled Boldo-Melquiond path) and
+    where the caller must redo it: a nonzero result at or below 2^-1022, whose scaling
+    back may have rounded a second time."""
+    ma, ea = np.frexp(a)
+    mb, eb = np.frexp(b)
+    _, ec = np.frexp(c)
+    ep = ea + eb
+    d = ec - ep
+    cs = np.ldexp(c, np.clip(-ep, -2000, 2000))
+    cs = np.where(d < _C_NEGLIGIBLE, np.copysign(_STICKY, c), cs)
+    uh, ul = _two_product(ma, mb)
+    th, tl = _two_sum(cs, uh)
+    zs = th + _add_round_to_odd(tl, ul)
+    z = np.ldexp(zs, ep)
+    dominated = d > _C_DOMINATES
+    return np.where(dominated, c, z), (np.abs(z) <= _TINY) & (zs != 0) & ~dominated
 
 
 CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_optim.h")
@@ -342,12 +516,12 @@ def matmul_config(lib=None) -> dict:
     ``lib``: a library that includes csrc/gt_matmul.h (default: :func:`cpu_kernels`;
     the host backend's kernel library exports the same function)."""
     lib = lib or _native_kernels()
-    out = (ctypes.c_longlong * 6)()
+    out = (ctypes.c_longlong * 7)()
     lib.gt_mm_config.restype = None
     lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.gt_mm_config(out)
-    return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs"),
-                    list(out)))
+    return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs",
+                     "vector_fma"), list(out)))
 
 
 def cpu_kernels():

@@ -636,8 +636,8 @@ _register(OpSpec("max", "max", 1, "the first maximal element along an axis, or o
 
 kernel("k_matmul", "c:w a:r b:r batch:i m:i k:i n:i sab:i sai:i sak:i sbb:i sbk:i sbj:i "
        "acc:i",
-       "C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every sum serial over k "
-       "(numerics.matmul)")
+       "C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every element the FMA chain "
+       "over k ascending from +0.0 (numerics.matmul)")
 
 
 def _matmul_f(a, b, s, at):

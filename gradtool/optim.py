@@ -59,12 +59,7 @@ import numpy as np
 
 from . import numerics
 from .errors import GradtoolError
-
-B1 = 0.9
-B2 = 0.999
-EPS = 1e-8
-
-KINDS = ("sgd", "adam")
+from .optim_state import B1, B2, EPS, KINDS, OptimizerError, check_saved_state
 
 
 def advance_adam(lr: float, b1t: float, b2t: float) -> tuple:
@@ -77,10 +72,6 @@ def advance_adam(lr: float, b1t: float, b2t: float) -> tuple:
     b1t = b1t * B1
     b2t = b2t * B2
     return b1t, b2t, (lr * math.sqrt(1.0 - b2t)) / (1.0 - b1t)
-
-
-class OptimizerError(GradtoolError):
-    """A bad optimizer setting, registration or saved state."""
 
 
 @dataclass
@@ -224,16 +215,23 @@ class Optimizer:
                 item["m"] = _le_bytes(e.m)
                 item["v"] = _le_bytes(e.v)
             params.append(item)
-        return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "t": self.t,
-                "b1t": self.b1t, "b2t": self.b2t, "params": params}
+        state = {"kind": self.kind, "lr": self.lr, "clip": self.clip, "t": self.t,
+                 "b1t": self.b1t, "b2t": self.b2t, "params": params}
+        if self.kind == "adam":
+            state.update(b1=B1, b2=B2, eps=EPS)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` output.  The same params must already be registered.
 
-        Everything is validated before anything is changed.
+        Everything is validated before anything is changed: every field against the
+        range it can take (``optim_state.check_saved_state``: the bias powers against
+        ``t``, moments finite, ``v >= 0``, ...), then against the registered params.
         """
         if not isinstance(state, dict):
             raise OptimizerError(f"optimizer state must be a map, got {type(state).__name__}")
+        if state.get("kind") in KINDS:
+            check_saved_state(state, None)
         kind = state.get("kind")
         if kind != self.kind:
             raise OptimizerError(f"optimizer state is for {kind!r}, not {self.kind!r}")

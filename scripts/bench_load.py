@@ -1,13 +1,16 @@
 """Loading at the node limit: a chain of 2^20 ``neg`` nodes (the most nodes a file may
 have, each as small as a node gets), through the commands that load it.
 
-    python scripts/bench_load.py [--nodes N] [--runs R] [--checkout DIR]
+    python scripts/bench_load.py [--nodes N] [--runs R] [--checkout DIR] [--baseline REV]
 
-Prints, for ``gradtool inspect``, ``inspect --json`` and ``backward`` run as fresh
-processes, the median wall time and CPU time of R runs, then the in-process stages of
-``gradtool.tapefile.load`` (decode, check, replay; CPU time).  ``--checkout DIR`` runs
-the same commands against another checkout of gradtool (e.g. an older commit, made
-with ``git worktree add``), for a side-by-side comparison on the same machine.
+Prints, for loading alone (``gradtool.load`` in a fresh process), ``gradtool inspect
+--json``, ``inspect`` and ``backward`` run as fresh processes, the median wall time and
+CPU time of R runs, then the in-process stages of ``gradtool.tapefile.load`` (decode,
+check, replay; CPU time).  ``--baseline REV`` (default ``HEAD~1`` style revisions, e.g.
+``1d644f5``) also runs every command against that commit of gradtool (extracted with
+``git archive`` into a temporary folder), the runs of the two interleaved, and prints
+the two side by side.  ``--checkout DIR`` runs the commands against another checkout
+instead of this one.
 """
 
 from __future__ import annotations
@@ -37,13 +40,19 @@ def chain(nodes: int) -> bytes:
     return msgpack.packb(doc, use_bin_type=True)
 
 
+LOAD_ONLY = "import sys, gradtool; gradtool.load(sys.argv[1])"
+
+
 def timed(args, checkout: Path) -> tuple:
-    """(wall seconds, CPU seconds of the child) of one run."""
+    """(wall seconds, CPU seconds of the child) of one run; ``args[0] == "load"``: loading
+    alone."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    code = LOAD_ONLY if args[0] == "load" else "from gradtool.cli import main; main()"
+    args = args[1:] if args[0] == "load" else args
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     # in the checkout's folder: `python -c` puts the current folder first on sys.path
-    subprocess.run([sys.executable, "-c", "from gradtool.cli import main; main()", *args],
+    subprocess.run([sys.executable, "-c", code, *args],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True,
                    cwd=checkout)
     wall = time.perf_counter() - start
@@ -73,25 +82,49 @@ def stages(path: Path) -> dict:
     return out
 
 
+def extract(rev: str, into: Path) -> Path:
+    """Commit ``rev`` of this repository as plain files under ``into`` (git archive)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1 << 20)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--checkout", type=Path, default=ROOT)
+    ap.add_argument("--baseline", metavar="REV", default=None,
+                    help="also time this commit (e.g. 1d644f5), side by side")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "chain.msgpack"
         path.write_bytes(chain(opts.nodes))
+        trees = {"this": opts.checkout}
+        if opts.baseline:
+            base = Path(tmp) / "baseline"
+            base.mkdir()
+            trees[opts.baseline] = extract(opts.baseline, base)
         print(f"{opts.nodes} nodes, {path.stat().st_size / 1e6:.1f} MB; gradtool from "
-              f"{opts.checkout}; median of {opts.runs} runs")
-        for command in (["inspect"], ["inspect", "--json"], ["backward"]):
-            runs = [timed([*command, str(path)], opts.checkout) for _ in range(opts.runs)]
-            wall = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs)
-            print(f"  gradtool {' '.join(command):15s} {wall:6.2f} s wall  {cpu:6.2f} s CPU")
+              f"{opts.checkout}" + (f" and commit {opts.baseline}" if opts.baseline else "")
+              + f"; median of {opts.runs} runs, wall / CPU seconds")
+        print("  " + " " * 24 + "".join(f"{name:>24s}" for name in trees))
+        for command in (["load"], ["inspect", "--json"], ["inspect"], ["backward"]):
+            runs = {name: [] for name in trees}
+            for _ in range(opts.runs):           # interleaved: the same noise for both
+                for name, tree in trees.items():
+                    runs[name].append(timed([*command, str(path)], tree))
+            cells = []
+            for name in trees:
+                wall = statistics.median(r[0] for r in runs[name])
+                cpu = statistics.median(r[1] for r in runs[name])
+                cells.append(f"{wall:9.2f} s / {cpu:6.2f} s")
+            label = "load (gradtool.load)" if command == ["load"] else "gradtool " + " ".join(command)
+            print(f"  {label:24s}" + "".join(f"{c:>24s}" for c in cells))
         if opts.checkout == ROOT:
-            print("  load stages (CPU): " + ", ".join(f"{k} {v:.2f} s"
-                                                    for k, v in stages(path).items()))
+            print("  load stages (CPU, this tree): " + ", ".join(
+                f"{k} {v:.2f} s" for k, v in stages(path).items()))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Matrix product speed: gradtool's serial-k kernel next to PyTorch float64 and the machine's peak.
+"""Matrix product speed: gradtool's FMA-chain kernel next to PyTorch float64 and the machine's peak.
 
     python scripts/bench_matmul.py [--repeats 7] [--min-time 0.02] [--json out.json]
 
@@ -12,10 +12,12 @@ GFLOP/s counts 2*M*K*N per product.
 
 The estimated peak is measured, not looked up: a small C loop (compiled here
 with the project's flags) of independent vector multiply-then-add chains of
-the kernel's own vector width, which is the most the serial-k contract (a
-multiply and an add instruction per term, never fused) allows one core; and
-the same loop compiled with contraction into FMA, which is what a BLAS may
-use.  A benchmark, not a test: nothing here asserts a time.
+the kernel's own vector width, which is the most the old serial-k contract (a
+multiply and an add instruction per term, never fused) allowed one core; and
+the same loop compiled with contraction into FMA, which is the most the FMA
+chain (numerics.matmul: one vfmadd per term) and a BLAS can reach.  The "%fma"
+columns are gradtool's GFLOP/s over that FMA peak (times the threads for the
+threaded column).  A benchmark, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -154,7 +156,12 @@ def main(argv=None):
     sep, fused = measure_peak()
     print(f"# {os.cpu_count()} cores, gradtool threads {cores} (GRADTOOL_NUM_THREADS or the "
           f"usable cores), {torch_note}")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), "unknown CPU") \
+        if os.path.exists("/proc/cpuinfo") else "unknown CPU"
+    print(f"# {cpu}")
     print(f"# kernel tile {cfg['rows']} x {cfg['cols']} ({cfg['lanes']} doubles per vector), "
+          f"{'vector FMA instructions' if cfg.get('vector_fma') else 'libm fma() per element'}, "
           f"serial below {cfg['serial_below']} multiply-adds")
     if sep:
         print(f"# estimated peak per core: {sep:.1f} GFLOP/s with separate multiply and add "
@@ -162,7 +169,8 @@ def main(argv=None):
     print(f"# GFLOP/s, median of {args.repeats} runs of >= {args.min_time}s, interleaved; "
           f"ratio = gradtool time / torch time, both on {cores} threads")
     head = (f"{'product':28} {'M':>5} {'K':>5} {'N':>5} {'gt 1 thr':>9} {'gt ' + str(cores):>9} "
-            f"{'torch 1':>9} {'torch ' + str(cores):>9} {'ratio':>6}")
+            f"{'torch 1':>9} {'torch ' + str(cores):>9} {'ratio':>6} {'%fma 1':>7} "
+            f"{'%fma ' + str(cores):>7}")
     print(head)
     rng = np.random.default_rng(0)
     rows = []
@@ -188,10 +196,14 @@ def main(argv=None):
         gf = {key: (flop / t / 1e9 if t else None) for key, t in med.items()}
         ratio = med["gtN"] / med["tN"] if med["tN"] else None
         cols = [f"{gf[key]:9.1f}" if gf[key] else f"{'-':>9}" for key in ("gt1", "gtN", "t1", "tN")]
-        print(f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)} "
-              f"{ratio:6.2f}" if ratio else f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)}")
+        cols.append(f"{ratio:6.2f}" if ratio else f"{'-':>6}")
+        pct = {"1": gf["gt1"] / fused if fused else None,
+               "N": gf["gtN"] / (fused * cores) if fused else None}
+        cols += [f"{100 * p:6.0f}%" if p else f"{'-':>7}" for p in pct.values()]
+        print(f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)}")
         rows.append({"product": label.strip(), "M": m, "K": k, "N": n, "a_transposed": at,
-                     "b_transposed": bt, "seconds": med, "gflops": gf, "ratio": ratio})
+                     "b_transposed": bt, "seconds": med, "gflops": gf, "ratio": ratio,
+                     "fraction_of_fma_peak": pct})
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
             {"cores": os.cpu_count(), "threads": cores, "torch": torch_note, "tile": cfg,

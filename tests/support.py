@@ -1126,3 +1126,26 @@ def cli_batch(jobs_path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["cli-batch"]:
         cli_batch(sys.argv[2])
+
+
+def ptx_entries(text: str) -> dict:
+    """{kernel name: its PTX body} of an nvcc --ptx output."""
+    import re
+    parts = re.split(r"\.entry\s+(\w+)\(", text)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def assert_fma_only_in_inner_products(text: str, dtype: str, inner: set) -> None:
+    """The FMA contract in PTX: every kernel in ``inner`` (an inner product) multiplies
+    and adds with fma.rn.f64 (f32: fma.rn.f32) and no separate multiply of that type;
+    every other kernel has no fma of any kind (nothing else is contracted)."""
+    import re
+    entries = ptx_entries(text)
+    assert inner <= set(entries), (inner, sorted(entries))
+    ty = "f32" if dtype == "f32" else "f64"
+    for name, body in entries.items():
+        if name in inner:
+            assert re.search(rf"\bfma\.rn\.{ty}\b", body), f"{name}: no fma.rn.{ty}"
+            assert not re.search(r"\bfma\.(?!rn\.)", body), f"{name}: an fma not .rn"
+        else:
+            assert not re.search(r"\bfma\.", body), f"{name}: nvcc fused a multiply-add"

@@ -145,6 +145,68 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(command):
         assert all(line.startswith("gradtool: ") for line in lines), stderr
 
 
+# Every subcommand, a signal at each 10 ms of train's start-up (imports, parsing, loading,
+# the first steps) and at coarser steps for the others: one line and 130, or (a signal
+# after the command finished) the command's own result; never a traceback.
+SWEEP = {
+    "train": (["train", SAMPLES / "digits_mlp.msgpack", "--data", SAMPLES / "digits.npz",
+               "--epochs", 30], 0.010),
+    "inspect": (["inspect", "--json", SAMPLES / "attention.msgpack"], 0.045),
+    "backward": (["backward", SAMPLES / "lora_block" / "block.msgpack"], 0.045),
+    "fd-check": (["fd-check", SAMPLES / "logistic.msgpack"], 0.045),
+    "emit-cuda": (["emit-cuda", SAMPLES / "logistic.msgpack"], 0.045),
+    "replay-gpu": (["replay-gpu", SAMPLES / "logistic.msgpack", "--backend", "host"], 0.045),
+    "help": (["--help"], 0.045),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEP))
+def test_ctrl_c_at_every_moment_of_start_up_is_one_line_and_130_or_a_result(name):
+    command, step = SWEEP[name]
+    delays = [k * step for k in range(int(round(0.3 / step)) + 1)]
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-c", ENTRY, *map(str, command)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr.readline() == "ready\n"
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            stderr = proc.stderr.read()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert "Traceback" not in stderr and "Exception ignored" not in stderr, (delay, stderr)
+        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr)
+        if proc.returncode == 130:
+            lines = stderr.strip().splitlines()
+            assert lines[-1].startswith("gradtool: interrupted"), (delay, stderr)
+            assert all(line.startswith("gradtool: ") for line in lines), (delay, stderr)
+
+
+def test_ctrl_c_on_the_way_out_is_one_line_not_exception_ignored():
+    # the command has finished; the interrupt lands in the interpreter's exit (an atexit
+    # callback): Python would print "Exception ignored in atexit callback" and a traceback
+    probe = ("import atexit, os, signal, sys; from gradtool.__main__ import run; "
+             "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT)); "
+             f"sys.argv = ['gradtool', 'inspect', {str(SAMPLES / 'logistic.msgpack')!r}]; run()")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 130 and "gradtool-tape v1" in result.stdout
+    assert result.stderr == "gradtool: interrupted\n"
+
+
+def test_under_a_callers_own_handler_commands_leave_sigint_alone():
+    probe = ("import signal; from gradtool.cli import main; h = lambda *a: None; "
+             "signal.signal(signal.SIGINT, h); import sys; "
+             f"sys.argv = ['gradtool', 'inspect', {str(SAMPLES / 'logistic.msgpack')!r}]\n"
+             "try:\n main()\nexcept SystemExit:\n pass\n"
+             "assert signal.getsignal(signal.SIGINT) is h; print('kept')")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.strip().endswith("kept"), result.stderr
+
+
 def test_import_gradtool_imports_nothing_heavy_until_a_name_is_used():
     probe = ("import sys, gradtool; before = 'numpy' in sys.modules; gradtool.Tape; "
              "import gradtool.optim as o; assert gradtool.optim is o; "

@@ -14,7 +14,7 @@ from conftest import assert_bits_equal
 from gradtool.errors import GradtoolError
 from gradtool.cli.tapes import commands
 from gradtool.tape import Tape
-from gradtool.tapefile import load, save
+from gradtool.tapefile import dumps, load, save
 from support import assert_one_line_error, run
 from support import all_ops_tape
 from support import mlp_tape, numpy_mlp_backprop, write_independent_mlp
@@ -106,6 +106,43 @@ def test_backward_verify_passes_then_fails_on_a_tampered_value(mlp_file, tmp_pat
     line = assert_one_line_error(result, 1, str(bad), f"node {victim} (tanh)", "flat index 1")
     assert result.stdout == "", "no gradients are printed when verification fails"
     assert "1 of 40 elements" in line
+
+
+def old_contract_matmul(a, b):
+    """numerics version 1's inner product: s = 0.0; s = s + a[i,k]*b[k,j], two roundings."""
+    acc = np.zeros((a.shape[0], b.shape[1]))
+    for k in range(a.shape[1]):
+        acc = acc + a[:, k:k + 1] * b[k]
+    return acc
+
+
+def test_backward_verify_names_a_file_recorded_under_the_old_contract(tmp_path, rng):
+    """A file whose stored values came from numerics version 1 (no "numerics" field, the
+    products separately rounded) still loads; --verify says which contract, in one line."""
+    tp = Tape()
+    x = tp.const(rng.standard_normal((16, 40)), name="x")
+    w = tp.param(rng.standard_normal((40, 8)), name="w")
+    y = tp.matmul(x, w)
+    loss = tp.sum(tp.relu(y))
+    doc = msgpack.unpackb(dumps(tp, loss=loss, values=True))
+    assert doc.pop("numerics") == 2
+    old = old_contract_matmul(tp.value(x), tp.value(w))
+    assert (old != tp.value(y)).any(), "the two contracts agree on this product"
+    doc["nodes"][y.id]["value"] = old.astype("<f8").tobytes()
+    for later in range(y.id + 1, len(doc["nodes"])):   # what version 1 computed after it
+        doc["nodes"][later].pop("value", None)
+    path = tmp_path / "old.msgpack"
+    path.write_bytes(msgpack.packb(doc, use_bin_type=True))
+    tf = load(path)
+    assert tf.numerics == 1 and y.id in tf.recorded
+    line = assert_one_line_error(run("backward", "--verify", path), 1,
+                                 "numerics version 1", "version 2", "FMA chain",
+                                 f"node {y.id}")
+    assert "mismatch" not in line
+    doc["numerics"] = 2                                # the same values claimed as version 2
+    path.write_bytes(msgpack.packb(doc, use_bin_type=True))
+    line = assert_one_line_error(run("backward", "--verify", path), 1, f"node {y.id}")
+    assert "numerics version" not in line
 
 
 def test_backward_verify_without_recorded_values_is_exit_2(tmp_path, rng):
@@ -366,3 +403,22 @@ def test_backward_npz_refuses_two_params_that_would_share_a_key(tmp_path):
     assert ": node 1: cannot write the npz: this param would be stored as 'node0', which " \
            "param 0 already uses" in line
     assert not (tmp_path / "g.npz").exists()
+
+
+# ── inspect --json at the node limit: the text is json.dumps(summary) ───────────
+
+def test_summary_json_is_json_dumps_of_the_summary_for_every_sample_and_op(tmp_path):
+    from gradtool.describe import summary, summary_json
+    from support import SAMPLE_TAPES
+    from gradtool.tapefile.write import dumps
+    tp, loss, outputs = all_ops_tape()
+    files = [load(dumps(tp, loss=loss, outputs=outputs))] + [load(p) for p in SAMPLE_TAPES]
+    chain = Tape()
+    x = chain.param(np.ones((2, 1)), name="x")
+    for _ in range(5):
+        x = chain.neg(x)
+    files.append(load(dumps(chain, loss=chain.sum(x))))
+    for tf in files:
+        assert summary_json(tf) == json.dumps(summary(tf)), tf.source
+    result = run("inspect", "--json", SAMPLE_TAPES[0])
+    assert json.loads(result.stdout) == summary(load(SAMPLE_TAPES[0]))

@@ -176,7 +176,8 @@ def test_conv1d_through_conv2d():
 # ── the orders: compiled matmul kernel vs numpy twin, and the documented loops ─────
 
 def _naive_conv(x, w, stride, padding, dilation, groups):
-    """The documented order in plain Python loops: 0.0 + w*x over (c, i, j) ascending."""
+    """The documented order in plain Python loops: the matmul's inner-product contract
+    (numerics.fma: s = fma(w, x, s) from +0.0) over (c, i, j) ascending."""
     n, c, h, wd = x.shape
     oc, cg, kh, kw = w.shape
     oh = nx.conv_out_size(h, kh, stride[0], padding[0], dilation[0])
@@ -196,7 +197,7 @@ def _naive_conv(x, w, stride, padding, dilation, groups):
                                 ww = z * stride[1] - padding[1] + j * dilation[1]
                                 v = x[b, g * cg + ci, hh, ww] if 0 <= hh < h and 0 <= ww < wd \
                                     else 0.0
-                                s = s + w[o, ci, i, j] * v
+                                s = float(nx.fma(w[o, ci, i, j], v, s))
                     out[b, o, y, z] = s
     return out
 

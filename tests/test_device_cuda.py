@@ -21,6 +21,7 @@ import pytest
 
 import gradtool as gt
 from conftest import assert_bits_equal
+from support import assert_fma_only_in_inner_products, ptx_entries
 from gradtool.device import capture
 from gradtool.device.cuda import cuda_status, geometry, kernel_source, nvcc_options
 from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error
@@ -44,7 +45,8 @@ SERIAL_KERNELS = ("k_sum", "k_clip_norm", "k_guard")    # one thread walks the w
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
 def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
     """nvcc --cubin on exactly what SourceModule(no_extern_c=True) gets: no warning, every
-    kernel an unmangled entry, no stack frame (no recursion, no local arrays), no FMA."""
+    kernel an unmangled entry, no stack frame (no recursion, no local arrays), and
+    fma.rn only in the inner product (k_matmul: the FMA chain), nowhere else."""
     (tmp_path / "kernel.cu").write_text(kernel_source())
     opts = [*nvcc_options(dtype), "-arch", "sm_90"]
     cubin = subprocess.run([NVCC, "--cubin", *opts, "-Xptxas", "-v", "kernel.cu"], cwd=tmp_path,
@@ -61,7 +63,8 @@ def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
     text = (tmp_path / "kernel.ptx").read_text()
     entries = set(re.findall(r"\.entry\s+(\w+)\(", text))
     assert entries == set(names)                  # extern "C": get_function finds them by name
-    assert not re.search(r"\bfma\.", text)
+    assert_fma_only_in_inner_products(text, dtype, {"k_matmul"})
+    assert not re.search(r"\bmul\.rn\.f(32|64)\b", ptx_entries(text)["k_matmul"])
     assert ".local" not in text
 
 

@@ -97,3 +97,82 @@ def test_the_kernel_cache_removes_temporaries_of_killed_builds(tmp_path, monkeyp
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([built.name,
                                                                             live.name])
     assert ctypes.CDLL(str(built))
+
+
+# ── destinations that are not a file to replace, or not a binary file at all ───────────
+
+def _tiny_tape():
+    import numpy as np
+    import gradtool as gt
+    tp = gt.Tape()
+    tp.sum(tp.param(np.ones(2), name="w"))
+    return tp
+
+
+@pytest.mark.parametrize("dest", ["text", "stdout", "no write", "closed", "read-only"])
+def test_save_to_anything_but_a_binary_file_or_a_path_is_a_gradtool_error(tmp_path, dest):
+    import io
+    import gradtool as gt
+    from gradtool.fileio import DestinationError
+    closed = open(tmp_path / "closed.bin", "wb")
+    closed.close()
+    (tmp_path / "r.bin").write_bytes(b"")
+    reader = open(tmp_path / "r.bin", "rb")
+    target = {"text": io.StringIO(), "stdout": sys.stdout, "no write": object(),
+              "closed": closed, "read-only": reader}[dest]
+    with pytest.raises(gt.GradtoolError, match="a binary file .* or a path is needed") as info:
+        gt.save(_tiny_tape(), target)
+    assert isinstance(info.value, DestinationError)
+    reader.close()
+    assert (tmp_path / "r.bin").read_bytes() == b""
+    buf = io.BytesIO()
+    gt.save(_tiny_tape(), buf)
+    assert gt.load(io.BytesIO(buf.getvalue())).tape.nodes[0].name == "w"
+
+
+def test_writers_refuse_a_file_object_where_a_path_is_needed(tmp_path):
+    import io
+    import gradtool as gt
+    from gradtool.npzio import write_npz
+    for call in (lambda: write_npz(io.BytesIO(), {"a": [1.0]}),
+                 lambda: atomic_write_bytes(io.StringIO(), b"x"),
+                 lambda: atomic_write_bytes(str(tmp_path / "a\0b"), b"x")):
+        with pytest.raises(gt.GradtoolError, match="a path .* is needed|NUL"):
+            call()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path):
+    import threading
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    atomic_write_bytes(fifo, b"through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"]
+    assert fifo.is_fifo() and os.listdir(tmp_path) == ["fifo"]
+
+
+def test_a_link_stays_a_link_and_its_target_is_replaced(tmp_path):
+    (tmp_path / "real.bin").write_bytes(b"old")
+    os.symlink("real.bin", tmp_path / "link.bin")
+    atomic_write_bytes(tmp_path / "link.bin", b"new")
+    assert os.path.islink(tmp_path / "link.bin")
+    assert (tmp_path / "real.bin").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("argv", [["emit-cuda", "logistic.msgpack", "-o", "/dev/stdout"],
+                                  ["backward", "logistic.msgpack", "-o", "/dev/stdout"]])
+def test_dash_o_dev_stdout_writes_to_stdout_and_leaves_the_link(tmp_path, argv):
+    from pathlib import Path
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    out = tmp_path / "captured"
+    with open(out, "wb") as f:
+        done = subprocess.run([sys.executable, "-m", "gradtool", *argv], cwd=samples,
+                              stdout=f, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = out.read_bytes()
+    assert (b"gradtool_grad" in data) if argv[0] == "emit-cuda" else (b"PK\x03\x04" in data)
+    assert os.path.islink("/dev/stdout")

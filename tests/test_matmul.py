@@ -1,13 +1,14 @@
-"""The compiled serial-k matmul (csrc/gt_matmul.h) against the naive order, bit for bit.
+"""The compiled FMA-chain matmul (csrc/gt_matmul.h) against the numpy spec, bit for bit.
 
 One kernel serves the CPU reference (numerics.matmul/bmm) and the host backend's
 matmul launches; these tests drive it directly, in every build (AVX-512, AVX2,
-16-byte vectors, the plain-C portable tile), every operand layout, thread counts
-1, 2, 3 and 7, accumulating or not, on special values; then the floating-point
-mode policy, the absence of FMA instructions, fork() and concurrent callers.
-The reference is numerics.matmul_numpy, the k loop in numpy (each output element
-c = 0.0; c = c + a*b for k ascending), itself checked against Python loops in
-test_numerics.py.
+16-byte vectors, the plain-C portable tile, the libm-fma() build GRADTOOL_NO_FMA
+gives), every operand layout, thread counts 1, 2, 3 and 7, accumulating or not, on
+special values; then the floating-point mode policy, where FMA instructions may be
+(the micro-kernels only), fork() and concurrent callers.  The reference is
+numerics.matmul_numpy, the k loop in numpy (each output element c = +0.0;
+c = fma(a, b, c) for k ascending, numerics.fma: the exact emulation), itself checked
+against Python loops and the machine's fma in test_numerics.py.
 """
 
 import os
@@ -43,7 +44,8 @@ def cpu_flags() -> str:
 def builds():
     """(name, extra flags, native arch) of every kernel build this machine can run."""
     out = [("native", (), None), ("generic", (), False),
-           ("portable", ("-DGT_MM_PORTABLE",), False)]
+           ("portable", ("-DGT_MM_PORTABLE",), False),
+           ("no-fma", native.NO_FMA_FLAGS, None)]
     if " avx2 " in cpu_flags() + " " and " fma " in cpu_flags():
         out.append(("avx2", ("-march=x86-64-v3",), False))
     return out
@@ -190,23 +192,85 @@ def test_numerics_entry_points_use_the_kernel_and_agree_with_numpy(rng):
                               "float32 operand")
 
 
-def test_no_fused_multiply_add_in_any_compiled_kernel(libraries):
-    """-ffp-contract=off keeps every a*b and s + p separate; the disassembly proves it."""
+FUSED = ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub", "fmadd", "fmla", "fmsub", "fnmadd")
+
+
+def functions_with_fused_multiply_adds(objdump: str, path: Path) -> dict:
+    """{function: its FMA instructions and calls to fma()} in a library's disassembly."""
+    text = subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "mulpd" in text or "mulsd" in text or "fmul" in text, f"{path}: no multiply?"
+    found, name = {}, None
+    for line in text.splitlines():
+        if line.endswith(">:"):
+            name = line.split("<", 1)[1][:-2]
+        elif any(f in line for f in FUSED) or "<fma@plt>" in line or "<fmaf@plt>" in line:
+            found.setdefault(name, []).append(line.strip())
+    return found
+
+
+def test_fused_multiply_adds_only_in_the_inner_products(libraries):
+    """-ffp-contract=off keeps every elementwise a*b and s + p separate: the disassembly
+    shows FMA instructions (or fma() calls) in the matmul micro-kernels (gt_mm_k*, the
+    out-of-memory element loop gt_mm_naive, or k_matmul's per-thread body) and nowhere
+    else; the native build on a CPU with FMA
+    uses the instruction, the GRADTOOL_NO_FMA build calls libm's fma() instead."""
     from gradtool.device.host import library_path, load_library
     objdump = shutil.which("objdump")
     if objdump is None:
         pytest.skip("objdump is not installed")
-    paths = [Path(lib._name) for lib in libraries.values()]
+    paths = {name: Path(lib._name) for name, lib in libraries.items()}
     for variant in ("tiled", "per-thread"):
         load_library("f64", variant)
-        paths.append(library_path("f64", native.native_arch_wanted(), variant))
-    fused = ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub", "fmadd", "fmla")
-    for path in paths:
-        text = subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True,
-                              check=True).stdout
-        assert "mulpd" in text or "mulsd" in text or "fmul" in text, f"{path}: no multiply?"
-        hits = [line for line in text.splitlines() if any(f in line for f in fused)]
-        assert not hits, f"{path} contains fused multiply-adds: {hits[:3]}"
+        paths[variant] = library_path("f64", native.native_arch_wanted(), variant)
+    for name, path in paths.items():
+        found = functions_with_fused_multiply_adds(objdump, path)
+        assert found, f"{name}: no fused multiply-add at all in {path}"
+        allowed = ("k_matmul",) if name == "per-thread" else ("gt_mm_k", "gt_mm_naive")
+        stray = {f: v[:2] for f, v in found.items() if not f.startswith(allowed)}
+        assert not stray, f"{name}: fused multiply-adds outside the inner products: {stray}"
+        kinds = {"call" if "fma@plt" in line or "fmaf@plt" in line else "instruction"
+                 for lines in found.values() for line in lines}
+        if name == "no-fma":
+            assert kinds == {"call"}, f"{name}: {kinds}"
+            assert nx.matmul_config(libraries[name])["vector_fma"] == 0
+        if name == "native" and " fma " in cpu_flags() + " ":
+            assert "instruction" in kinds
+            assert nx.matmul_config(libraries[name])["vector_fma"] == 1
+
+
+def test_no_fma_environment_variable_builds_the_libm_path(rng):
+    """GRADTOOL_NO_FMA=1: every library (the CPU reference's, the host backend's) is built
+    with the libm-fma() flags; same bits as the numpy spec and the default build."""
+    require_c_compiler()
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        import gradtool as gt
+        from gradtool import native, numerics as nx
+        from gradtool.device import capture
+        from gradtool.device.host import load_library
+        assert native.fma_policy_flags() == native.NO_FMA_FLAGS
+        assert nx.matmul_config()["vector_fma"] == 0
+        assert nx.matmul_config(load_library("f64", "tiled"))["vector_fma"] == 0
+        a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+        tp = gt.Tape()
+        w = tp.param(b, name="w")
+        loss = tp.sum(tp.const(a, name="x") @ w)
+        tp.backward(loss)
+        rp = capture(tp, loss, backend="host")
+        rp.forward(); rp.backward()
+        assert (rp.grad(w).view(np.uint64) == tp.grad(w).view(np.uint64)).all()
+        np.save(sys.argv[3], nx.matmul(a, b))
+    """)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = rng.standard_normal((37, 61)), rng.standard_normal((61, 33))
+        np.save(f"{tmp}/a.npy", a)
+        np.save(f"{tmp}/b.npy", b)
+        env = {**os.environ, "GRADTOOL_NO_FMA": "1", "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
+                        f"{tmp}/c.npy"], env=env, check=True, timeout=600)
+        assert_bits_equal_nan_any(np.load(f"{tmp}/c.npy"), nx.matmul_numpy(a, b), "no-fma")
 
 
 MXCSR_PROBE = r"""
@@ -231,9 +295,9 @@ clean = probe.probe_get()
 native.set_num_threads(2)
 rng = np.random.default_rng(7)
 # subnormal inputs (DAZ reads them as 0) and products that underflow (FTZ flushes them)
-a = rng.standard_normal((160, 120)) * 1e-300         # 160x120 @ 120x96: threaded
+a = rng.standard_normal((320, 120)) * 1e-300         # 320x120 @ 120x192: threaded
 a[::3] *= 1e-10
-b = rng.standard_normal((120, 96)) * 1e-12
+b = rng.standard_normal((120, 192)) * 1e-12
 want = nx.matmul_numpy(a, b)                     # computed in the default mode
 
 tp = gt.Tape()
@@ -470,7 +534,7 @@ def test_thread_pool_survives_alternating_jobs(tmp_path):
     src.write_text(POOL_STRESS)
     exe = tmp_path / "stress"
     flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe),
+                    "-lm"], check=True, capture_output=True, timeout=300)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

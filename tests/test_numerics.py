@@ -1,5 +1,8 @@
 """The documented floating-point orders, checked against plain scalar Python loops."""
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -15,7 +18,17 @@ def loop_sum(values):
     return acc
 
 
+def exact_fma(a: float, b: float, c: float) -> float:
+    """a*b + c rounded once, for finite operands, from the exact rational (Python's
+    int/int division is correctly rounded, ties to even); a zero keeps IEEE's sign."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:
+        return -0.0 if math.copysign(1, a * b) < 0 and math.copysign(1, c) < 0 else 0.0
+    return exact.numerator / exact.denominator
+
+
 def loop_matmul(a, b):
+    """The FMA chain in plain Python: acc = +0.0, then acc = fma(a[i,k], b[k,j], acc)."""
     m, k = a.shape
     n = b.shape[1]
     out = np.zeros((m, n))
@@ -23,7 +36,7 @@ def loop_matmul(a, b):
         for j in range(n):
             acc = 0.0
             for kk in range(k):
-                acc = acc + float(a[i, kk]) * float(b[kk, j])
+                acc = exact_fma(float(a[i, kk]), float(b[kk, j]), acc)
             out[i, j] = acc
     return out
 
@@ -153,3 +166,137 @@ def test_native_and_numpy_matmul_give_identical_bits(rng):
     assert_bits_equal(nx.bmm(a, b), nx.bmm_numpy(a, b))
     assert_bits_equal(nx.bmm(np.swapaxes(b, 1, 2), np.swapaxes(a, 1, 2)),
                       nx.bmm_numpy(np.swapaxes(b, 1, 2), np.swapaxes(a, 1, 2)))
+
+
+# ── the fused multiply-add: numpy's exact emulation against the machine's fma ──
+
+HW_FMA_C = r"""
+#include <math.h>
+/* fma() from <math.h>: one vfmadd instruction under -march=native on a CPU with FMA,
+ * else the C library's correctly rounded fma */
+void gt_test_fma(long long n, const double *a, const double *b, const double *c, double *out)
+{
+    for (long long i = 0; i < n; ++i) out[i] = fma(a[i], b[i], c[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def hardware_fma(tmp_path_factory):
+    import ctypes
+    from gradtool import native
+    require_c_compiler()
+    src = tmp_path_factory.mktemp("hwfma") / "gt_test_fma.c"
+    src.write_text(HW_FMA_C)
+    lib = ctypes.CDLL(str(native.build_best("gt_test_fma", src, native.SAFE_FLAGS)))
+    ptr = ctypes.c_void_p
+    lib.gt_test_fma.argtypes = [ctypes.c_longlong, ptr, ptr, ptr, ptr]
+    lib.gt_test_fma.restype = None
+
+    def run(a, b, c):
+        a, b, c = (np.ascontiguousarray(x, dtype=np.float64) for x in (a, b, c))
+        out = np.empty_like(a)
+        lib.gt_test_fma(a.size, a.ctypes.data, b.ctypes.data, c.ctypes.data, out.ctypes.data)
+        return out
+    return run
+
+
+def adversarial_triples(rng, n):
+    """n (a, b, c) float64 triples, in classes, each of which some fma emulation gets wrong."""
+    k = n // 10
+    parts = []
+
+    def mant(size, bits=53):
+        # a significand in [1, 2) with `bits` significant bits
+        m = rng.integers(1 << (bits - 1), 1 << bits, size, dtype=np.int64).astype(np.float64)
+        return np.ldexp(m, -(bits - 1))
+
+    def sgn(size):
+        return np.where(rng.random(size) < 0.5, -1.0, 1.0)
+
+    def num(size, lo, hi, bits=53):
+        return sgn(size) * np.ldexp(mant(size, bits), rng.integers(lo, hi, size))
+
+    # 1. any bit pattern: NaNs, infinities, subnormals, every exponent
+    parts.append(tuple(rng.integers(0, 2**63, (3, k), dtype=np.int64).view(np.float64)
+                       * sgn((3, k))))
+    # 2. ordinary numbers of mixed magnitude
+    parts.append((num(2 * k, -30, 30), num(2 * k, -30, 30), num(2 * k, -80, 60)))
+    # 3. exact cancellation: c = -RN(a*b) leaves the product's rounding error
+    a, b = num(k, -500, 500), num(k, -500, 500)
+    parts.append((a, b, -(a * b)))
+    # 4. short significands: exact products, results exactly on or next to a tie
+    a, b = num(k, -40, 40, 27), num(k, -40, 40, 27)
+    c = num(k, -40, 40)
+    p = a * b
+    e = np.frexp(c)[1]
+    half = np.ldexp(1.0, e - 54)                        # half an ulp of c
+    a2 = np.ldexp(np.floor(rng.random(k) * 8) + 1, e - 57)
+    b2 = sgn(k) * np.where(rng.random(k) < 0.5, 1.0, 1.0 + 2.0 ** -52)
+    parts.append((np.concatenate([a, a2]), np.concatenate([b, b2]),
+                  np.concatenate([-p + half * sgn(k), c])))
+    # 5. subnormal and near-subnormal results: tiny products against tiny c
+    m = k // 25
+    a, b = num(m, -560, -500), num(m, -560, -500)
+    c = np.where(rng.random(m) < 0.5, -(a * b), num(m, -1074, -1020))
+    parts.append((a, b, c))
+    #    products below the subnormals against c = +-2^-1074 and friends: ties at 2^-1075
+    a = np.ldexp(mant(m, 3), rng.integers(-560, -530, m))
+    b = sgn(m) * np.ldexp(1.0, -1075 - np.frexp(a)[1] + 1 + rng.integers(-2, 3, m))
+    c = sgn(m) * np.ldexp(rng.integers(1, 8, m).astype(float), -1074)
+    parts.append((a, b, c))
+    # 6. products that overflow before the add, brought back by c
+    a, b = num(k, 500, 530), num(k, 494, 500)
+    c = -np.sign(a * b) * np.where(rng.random(k) < 0.5, np.finfo(float).max,
+                                   np.ldexp(mant(k), 1023))
+    parts.append((a, b, c))
+    # 7. products that underflow before the add, meeting a normal c
+    a, b = num(k, -600, -500), num(k, -600, -520)
+    parts.append((a, b, num(k, -1030, -900)))
+    # 8. signed zeros, infinities and NaN against everything
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 5e-324, -5e-324,
+                        np.finfo(float).max, -np.finfo(float).max, 2.0 ** -1022])
+    pick = lambda: np.where(rng.random(k) < 0.5, special[rng.integers(0, len(special), k)],
+                            num(k, -1074, 1023))
+    parts.append((pick(), pick(), pick()))
+    a, b, c = (np.concatenate([np.broadcast_to(p[i], p[0].shape) for p in parts])
+               for i in range(3))
+    return a, b, c
+
+
+def _same_bits(x, y):
+    """Equal bit patterns, any NaN equal to any NaN (payloads are not promised)."""
+    return (x.view(np.int64) == y.view(np.int64)) | (np.isnan(x) & np.isnan(y))
+
+
+def test_fma_emulation_is_the_machines_fma_on_ten_million_triples(hardware_fma):
+    rng = np.random.default_rng(20261202)
+    total = 0
+    naive_wrong = 0
+    with np.errstate(all="ignore"):
+        for _ in range(5):
+            a, b, c = adversarial_triples(rng, 2_250_000)
+            want = hardware_fma(a, b, c)
+            got = nx.fma(a, b, c)
+            same = _same_bits(got, want)
+            bad = np.flatnonzero(~same)
+            assert bad.size == 0, "fma(%s, %s, %s): numpy %s, machine %s" % tuple(
+                x[bad[0]].hex() for x in (a, b, c, got, want))
+            total += a.size
+            naive_wrong += int(np.count_nonzero(~_same_bits(a * b + c, want)))
+            kinds = (np.isnan(want), np.isinf(want), want == 0,
+                     (np.abs(want) < 2.0 ** -1022) & (want != 0))
+            assert all(np.any(k) for k in kinds)
+    assert total >= 10_000_000
+    assert naive_wrong > total // 10       # the triples do tell a*b + c from the fma
+
+
+def test_fma_signed_zeros_and_broadcasting():
+    z = nx.fma(np.array([-1.0, 1.0, -1.0, 0.0]), np.array([0.0, 0.0, 0.0, -0.0]),
+               np.array([0.0, -0.0, -0.0, -0.0]))
+    assert list(np.signbit(z)) == [False, False, True, True]
+    tiny = nx.fma(-2.0 ** -600, 2.0 ** -600, 0.0)        # rounds to zero, keeps the sign
+    assert tiny == 0 and np.signbit(tiny)
+    assert nx.fma(np.ones((3, 1)), np.arange(4.0), 1.0).shape == (3, 4)
+    # the chain's start +0.0: an all-zero-product dot is +0.0, like the old contract
+    assert not np.signbit(nx.matmul_numpy(np.array([[-1.0, -2.0]]), np.zeros((2, 1))))[0, 0]

@@ -152,8 +152,10 @@ def test_writer_layout_is_the_documented_one():
     w = tp.param([1.5, -2.0], name="w", l2=0.5)
     tp.sum(tp.muls(w, 3.0))
     doc = msgpack.unpackb(dumps(tp, values=True))
-    assert list(doc) == ["format", "version", "nodes", "loss"]
+    assert list(doc) == ["format", "version", "nodes", "loss", "numerics"]
     assert doc["format"] == FORMAT == "gradtool-tape" and doc["version"] == VERSION == 1
+    assert doc["numerics"] == 2                    # written with stored values only
+    assert list(msgpack.unpackb(dumps(tp))) == ["format", "version", "nodes", "loss"]
     leaf, muls, total = doc["nodes"]
     assert list(leaf) == ["op", "a", "b", "s", "shape", "name", "l2", "data"]
     assert leaf["data"] == np.array([1.5, -2.0], dtype="<f8").tobytes()

@@ -406,3 +406,26 @@ def test_progress_line_only_on_a_terminal(tmp_path):
          "--data", str(DIGITS_DATA), "--epochs", "2"], timeout=60)
     assert status == 0
     assert "\repoch" in text.replace("\x1b[K", "") and "ex/s" in text
+
+
+# ── a loss of any one-element shape ─────────────────────────────────────────
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1)])
+def test_a_one_element_loss_of_any_shape_trains_to_the_same_bits_on_every_backend(
+        tmp_path, shape):
+    tf = load(DIGITS)
+    loss = tf.tape.reshape(tf.loss, shape)
+    tape_path = tmp_path / "reshaped.msgpack"
+    save(tf.tape, tape_path, loss=loss, outputs=tf.outputs, meta=tf.meta)
+    saved = {}
+    for backend in ("cpu", "host"):
+        out = tmp_path / f"{backend}.msgpack"
+        result = run("train", tape_path, "--data", DIGITS_DATA, "--steps", 6, "--backend",
+                     backend, "--save", out)
+        assert result.exit_code == 0, result.output
+        saved[backend] = out.read_bytes()
+    assert saved["cpu"] == saved["host"]
+    trained = load(tmp_path / "cpu.msgpack")
+    assert list(trained.tape.values[trained.loss.id].shape) == list(shape)
+    assert not all(np.array_equal(a, b) for a, b in zip(params_of(tmp_path / "cpu.msgpack"),
+                                                        params_of(tape_path), strict=True))

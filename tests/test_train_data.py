@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import pytest
 from support import DIGITS, DIGITS_DATA, assert_one_line_error, run
 
 def one_line(result) -> str:
@@ -89,3 +90,58 @@ def test_training_data_must_fit_the_memory_budget(tmp_path):
                     f"500.0 KiB (gradtool --max-memory SIZE raises it)")
     assert run("--max-memory", "2M", "train", DIGITS, "--data", DIGITS_DATA,
                "--steps", "1").exit_code == 0
+
+
+# ── a NUL byte in a file name ─────────────────────────────────────────────────
+
+def _with_meta_val(tmp_path, val):
+    doc = msgpack.unpackb(Path(DIGITS).read_bytes())
+    doc["meta"]["train"]["val"] = val
+    path = tmp_path / "nul-val.msgpack"
+    path.write_bytes(msgpack.packb(doc, use_bin_type=True))
+    return path
+
+
+def test_a_nul_in_meta_val_is_one_line_exit_2_before_any_data_is_read(tmp_path):
+    path = _with_meta_val(tmp_path, "held\0out.npz")
+    # the training data does not exist: the NUL is reported first, so nothing was opened
+    result = run("train", path, "--data", tmp_path / "missing.npz")
+    line = assert_one_line_error(result, 2, "meta 'train' key 'val' must be a file name",
+                                 "without NUL bytes", "'held\\x00out.npz'")
+    assert line.startswith(f"gradtool: {path}: ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", DIGITS, "--data", "digits\0.npz"],
+    ["train", DIGITS, "--data", DIGITS_DATA, "--val", "v\0.npz"],
+    ["train", DIGITS, "--data", DIGITS_DATA, "--save", "out\0.msgpack"],
+    ["train", DIGITS, "--data", DIGITS_DATA, "--log", "log\0.jsonl"],
+    ["inspect", "tape\0.msgpack"],
+    ["backward", DIGITS, "-o", "g\0.npz"],
+    ["emit-cuda", "tape\0.msgpack", "-o", "out.cu"],
+])
+def test_a_nul_in_any_command_line_path_is_one_line_exit_2(tmp_path, argv):
+    result = run(*argv)
+    assert_one_line_error(result, 2, "NUL byte")
+    assert os.listdir(tmp_path) == []
+
+
+def test_library_paths_with_a_nul_are_gradtool_errors(tmp_path):
+    import gradtool as gt
+    from gradtool.npzio import NpzArchive, write_npz
+    from gradtool.train import TrainOptions, Trainer
+    tf = gt.load(DIGITS)
+    calls = {
+        "load": lambda: gt.load("a\0b.msgpack"),
+        "save": lambda: gt.save(tf.tape, str(tmp_path / "a\0b.msgpack"), loss=tf.loss),
+        "npz read": lambda: NpzArchive("d\0.npz"),
+        "npz write": lambda: write_npz(str(tmp_path / "g\0.npz"), {"a": np.ones(1)}),
+        "trainer data": lambda: Trainer(tf, "d\0.npz", TrainOptions()),
+        "trainer val": lambda: Trainer(tf, DIGITS_DATA, TrainOptions(val="v\0.npz")),
+        "trainer save": lambda: Trainer(tf, DIGITS_DATA, TrainOptions(save="s\0.msgpack")),
+    }
+    for what, call in calls.items():
+        with pytest.raises(gt.GradtoolError, match="NUL") as info:
+            call()
+        assert "embedded null" not in str(info.value), what
+    assert os.listdir(tmp_path) == []

@@ -149,12 +149,40 @@ TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHU
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click >= 8.2
 
 
+class command_interrupts:
+    """While a command runs, SIGINT raises KeyboardInterrupt (so the command's cleanups
+    run), where the entry point (``gradtool.__main__.run``) had installed its start-up
+    handler (one line, exit 130, at once); the start-up handler is back afterwards, for
+    the reporting and the way out.  Under any other handler (a library caller's,
+    CliRunner) nothing changes."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.getsignal(signal.SIGINT)
+            if getattr(handler, "gradtool_start_up", False):
+                self.old = handler
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
 class GradtoolGroup(click.Group):
     """A click group that turns every exception into one stderr line and an exit code."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         # the group's own options (--max-memory, an unknown option) are parsed here,
         # before invoke: keep the one-line rule for their errors too
+        for arg in args:
+            # no shell can pass a NUL (argv entries are C strings), but main(args=[...]) can;
+            # every file name comes in here, so this is before anything is read
+            if isinstance(arg, str) and "\0" in arg:
+                fail(f"argument {arg!r}: a NUL byte cannot be part of an argument "
+                     f"(a file name cannot contain one)", EXIT_BAD_INPUT)
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
@@ -178,7 +206,8 @@ class GradtoolGroup(click.Group):
 
     def _invoke_reporting_errors(self, ctx):
         try:
-            return super().invoke(ctx)
+            with command_interrupts():
+                return super().invoke(ctx)
         except click.UsageError as exc:
             # click prints Usage/Try/Error on four lines; keep the one-line rule
             from ..train.distributed import launcher_rank

@@ -17,11 +17,12 @@ import time
 import click
 import numpy as np
 
-from ..describe import first_mismatch, node_entry, plain_node, summary, to_dot
+from ..describe import first_mismatch, node_entry, plain_node, summary, summary_json, to_dot
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import member_name_problem, write_npz
+from ..numerics import NUMERICS_CONTRACTS, NUMERICS_VERSION
 from ..ops import OPS, format_shape
 from ..tapefile import TapeFile
 from ..train.data import gradient_sum, input_slots, load_dataset
@@ -79,7 +80,7 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
     if dot:
         click.echo(to_dot(tf), nl=False)
     elif as_json:
-        _emit_json(summary(tf))
+        click.echo(summary_json(tf))
     else:
         click.echo("\n".join(_inspect_lines(tf)))
 
@@ -145,6 +146,13 @@ def verify_recorded(tf: TapeFile) -> int:
         raise GradtoolError(f"{tf.source}: --verify: the file records no values "
                             f"(write it with values=True)")
     mismatch = first_mismatch(tf)
+    if mismatch is not None and tf.numerics != NUMERICS_VERSION:
+        old = NUMERICS_CONTRACTS.get(tf.numerics, "a contract this gradtool does not know")
+        raise CheckFailed(
+            f"{tf.source}: --verify: the recorded values were computed under numerics "
+            f"version {tf.numerics} ({old}); this gradtool computes version "
+            f"{NUMERICS_VERSION} ({NUMERICS_CONTRACTS[NUMERICS_VERSION]}): re-save the file "
+            f"with values=True to verify it (first difference at node {mismatch.node})")
     if mismatch is not None:
         raise CheckFailed(f"{tf.source}: {mismatch.describe()}")
     return len(tf.recorded)

@@ -101,8 +101,8 @@
         ga[(i)] = R_ADD(ga[(i)], is_mean ? R_DIV(gv_, (gt_real)len) : gv_);    \
     }
 
-/* C[idx] (=|+=) sum_k A[bt,i,k] * B[bt,k,j], serial over k ascending from
- * 0.0 (numerics.matmul), C contiguous [batch, m, n] */
+/* C[idx] (=|+=) sum_k A[bt,i,k] * B[bt,k,j]: the FMA chain over k ascending
+ * from +0.0, s = fma(a, b, s) (numerics.matmul), C contiguous [batch, m, n] */
 #define GT_BODY_k_matmul(idx)                                                  \
     {                                                                          \
         const long long j_ = (idx) % n, rest_ = (idx) / n;                     \
@@ -111,7 +111,7 @@
         const gt_real *pb = b + bt_ * sbb + j_ * sbj;                          \
         gt_real s_ = R0;                                                       \
         for (long long kk = 0; kk < k; ++kk)                                   \
-            s_ = R_ADD(s_, R_MUL(pa[kk * sak], pb[kk * sbk]));                 \
+            s_ = R_FMA(pa[kk * sak], pb[kk * sbk], s_);                        \
         c[(idx)] = acc ? R_ADD(c[(idx)], s_) : s_;                             \
     }
 

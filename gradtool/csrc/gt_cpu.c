@@ -41,8 +41,8 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
 
 GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
-/* the tile, thread count and threaded runs so far (gt_mm_config_impl) */
-GT_CPU_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
+/* the tile, thread count, threaded runs so far, FMA kind (gt_mm_config_impl) */
+GT_CPU_EXPORT void gt_mm_config(long long out[7]) { gt_mm_config_impl(out); }
 
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows

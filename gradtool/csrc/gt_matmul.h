@@ -1,24 +1,33 @@
 /*
- * gt_matmul.h -- gradtool's one CPU matrix product: the serial-k order at
- * the machine's speed.  Included by gt_cpu.c (the CPU reference,
+ * gt_matmul.h -- gradtool's one CPU matrix product: the k-ascending FMA
+ * chain at the machine's speed.  Included by gt_cpu.c (the CPU reference,
  * gradtool/numerics.py) and by kernels.cu's host build (the device engine's
  * host backend), so both run this very code.
  *
  * The order (gradtool/numerics.py, "matmul"): every output element is
  *
- *     s = 0.0;  for k = 0 .. K-1 ascending:  s = s + a[i,k] * b[k,j]
+ *     s = +0.0;  for k = 0 .. K-1 ascending:  s = fma(a[i,k], b[k,j], s)
  *
- * the product rounded, then the sum rounded, never fused; then C[i,j] = s,
- * or C[i,j] = C[i,j] + s when accumulating (a gradient: the contribution is
- * computed whole and added once).  Nothing else may change a bit, so:
+ * each step one IEEE fusedMultiplyAdd (a*b + s rounded once); then
+ * C[i,j] = s, or C[i,j] = C[i,j] + s when accumulating (a gradient: the
+ * contribution is computed whole and added once, a separate rounding).
+ * Nothing else may change a bit, so:
  *
  *  - Register tile.  GT_MM_MR rows x GT_MM_NR columns of C live in
  *    GT_MM_MR * GT_MM_NV vector accumulators for the whole k loop; a SIMD
  *    lane is one output element, so SIMD width never changes a result.  Per
- *    k each accumulator gets acc = acc + (b_vector * a_scalar): one multiply
- *    and one add instruction (the file must be compiled with
- *    -ffp-contract=off and without -ffast-math; tests disassemble the
- *    library and fail on any FMA).  Widths, by what the compiler targets:
+ *    k each accumulator gets acc = fma(b_vector, a_scalar, acc), GT_MM_FMA:
+ *    one vfmadd231pd (AVX-512F or FMA3) or fmla (AArch64) written as an
+ *    intrinsic, never left to the compiler's contraction (the file must be
+ *    compiled with -ffp-contract=off and without -ffast-math; a test
+ *    disassembles the library and finds fused multiply-adds in the
+ *    micro-kernels and nowhere else).  On a target without an FMA
+ *    instruction (or with -DGT_NO_FMA, which GRADTOOL_NO_FMA=1 sets), each
+ *    lane calls the C library's fma(), which is correctly rounded too: the
+ *    same bits, slowly.  Which one is compiled is decided by the target
+ *    flags, and gradtool builds with -march=native keyed by the machine's
+ *    CPU flags (gradtool/native.py), so this is the run-time dispatch.
+ *    Widths, by what the compiler targets:
  *        AVX-512   8 doubles/vector, 4 rows x 4 vectors = 4 x 32 tile
  *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile
  *        other GCC/Clang targets (SSE2, NEON): 16-byte vectors, 4 x 6
@@ -56,13 +65,15 @@
  *    (with any exception flags the product raised).  Elsewhere only the
  *    rounding mode is set (fenv.h): a flush-to-zero bit is left as found.
  *
- * Define GT_MM_T (default double) before including; everything here is
+ * Define GT_MM_T (default double; define GT_MM_F32 too when it is float)
+ * before including; everything here is
  * static, the including file exports what it needs.  POSIX threads
  * (-pthread) are required.
  */
 #ifndef GT_MATMUL_H
 #define GT_MATMUL_H
 
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -106,6 +117,54 @@ typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
                                         their operands being in the caller's cache) */
 #define GT_MM_MAX_THREADS 256
 
+/* ---- the fused multiply-add: acc = fma(b, x, acc), lane by lane ---------- */
+#ifdef GT_MM_F32
+#  define GT_MM_FMA1(b, x, acc) fmaf((b), (x), (acc))
+#else
+#  define GT_MM_FMA1(b, x, acc) fma((b), (x), (acc))
+#endif
+#if !defined(GT_MM_SCALAR) && !defined(GT_NO_FMA)
+#  if defined(__AVX512F__) && GT_MM_VBYTES == 64
+#    include <immintrin.h>
+#    define GT_MM_VFMA 1
+#    ifdef GT_MM_F32
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)_mm512_fmadd_ps((__m512)(b), _mm512_set1_ps(x), (__m512)(acc)))
+#    else
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)_mm512_fmadd_pd((__m512d)(b), _mm512_set1_pd(x), (__m512d)(acc)))
+#    endif
+#  elif defined(__FMA__) && GT_MM_VBYTES == 32
+#    include <immintrin.h>
+#    define GT_MM_VFMA 1
+#    ifdef GT_MM_F32
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)_mm256_fmadd_ps((__m256)(b), _mm256_set1_ps(x), (__m256)(acc)))
+#    else
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)_mm256_fmadd_pd((__m256d)(b), _mm256_set1_pd(x), (__m256d)(acc)))
+#    endif
+#  elif defined(__aarch64__) && GT_MM_VBYTES == 16
+#    include <arm_neon.h>
+#    define GT_MM_VFMA 1
+#    ifdef GT_MM_F32
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)vfmaq_n_f32((float32x4_t)(acc), (float32x4_t)(b), (x)))
+#    else
+#      define GT_MM_FMA(b, x, acc) ((gt_mm_v)vfmaq_n_f64((float64x2_t)(acc), (float64x2_t)(b), (x)))
+#    endif
+#  endif
+#endif
+#ifndef GT_MM_VFMA
+#  define GT_MM_VFMA 0
+#  ifdef GT_MM_SCALAR
+#    define GT_MM_FMA(b, x, acc) GT_MM_FMA1((b), (x), (acc))
+#  else
+/* no vector FMA instruction: the C library's fma() per lane (correctly rounded) */
+static inline gt_mm_v gt_mm_fma_lanes(gt_mm_v b, gt_mm_t x, gt_mm_v acc)
+{
+    for (int l = 0; l < GT_MM_VW; ++l) acc[l] = GT_MM_FMA1(b[l], x, acc[l]);
+    return acc;
+}
+#    define GT_MM_FMA(b, x, acc) gt_mm_fma_lanes((b), (x), (acc))
+#  endif
+#endif
+
 static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)
 {
     gt_mm_v v;
@@ -132,7 +191,7 @@ static inline void gt_mm_vstore(gt_mm_t *p, gt_mm_v v) { memcpy(p, &v, sizeof v)
             for (int v = 0; v < NV_; ++v) b[v] = gt_mm_vload(bp + v * GT_MM_VW); \
             for (int r = 0; r < MR_; ++r) {                                      \
                 const gt_mm_t x = a[r * sai];                                    \
-                for (int v = 0; v < NV_; ++v) s[r][v] = s[r][v] + b[v] * x;      \
+                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(b[v], x, s[r][v]); \
             }                                                                    \
         }                                                                        \
         for (int r = 0; r < MR_; ++r) {                                          \
@@ -260,7 +319,11 @@ typedef struct {
     const gt_mm_t *bpack;
 } gt_mm_job;
 
-/* The naive order, for when a packing buffer cannot be allocated. */
+/* The FMA chain element by element, for when a packing buffer cannot be
+ * allocated (never inlined: the disassembly test finds its FMAs by name). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
 static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long long i1,
                         long long j0, long long j1)
 {
@@ -270,7 +333,7 @@ static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long lon
         for (long long jj = j0; jj < j1; ++jj) {
             gt_mm_t s = 0;
             for (long long k = 0; k < j->K; ++k)
-                s = s + A[i * j->sai + k * j->sak] * B[k * j->sbk + jj * j->sbj];
+                s = GT_MM_FMA1(A[i * j->sai + k * j->sak], B[k * j->sbk + jj * j->sbj], s);
             C[i * j->N + jj] = j->acc ? C[i * j->N + jj] + s : s;
         }
 }
@@ -603,7 +666,7 @@ static void gt_mm_set_threads_impl(int n)
 
 /* {tile rows, tile columns, lanes per vector, threads, serial below this many
  * multiply-adds, runs so far that used worker threads} */
-static void gt_mm_config_impl(long long out[6])
+static void gt_mm_config_impl(long long out[7])
 {
     out[0] = GT_MM_MR;
     out[1] = GT_MM_NR;
@@ -611,6 +674,7 @@ static void gt_mm_config_impl(long long out[6])
     out[3] = atomic_load(&gt_pool.threads);
     out[4] = GT_MM_PAR_MIN;
     out[5] = atomic_load(&gt_pool.threaded);
+    out[6] = GT_MM_VFMA;           /* 1: vector FMA instructions; 0: fma() per element */
 }
 
 /* ---- the entry point ----------------------------------------------------- */

@@ -205,7 +205,7 @@
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)a; (void)len; (void)inner;
 
-/* k_matmul: C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every sum serial over k (numerics.matmul) */
+/* k_matmul: C[bt] (=|+=) A[bt] @ B[bt] with arbitrary strides, every element the FMA chain over k ascending from +0.0 (numerics.matmul) */
 #define GT_ARGS_k_matmul \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT c = W + *gt_m++; \

@@ -1,7 +1,8 @@
 /*
  * gt_real.h -- what every kernel source of the device engine starts with:
  * the launch macros (CUDA, or host_prelude.h for the C build), the element
- * type gt_real and its correctly rounded operations R_ADD ... R_EXPM1, and
+ * type gt_real and its correctly rounded operations R_ADD ... R_EXPM1 (and
+ * R_FMA, the inner products' fused multiply-add, used nowhere else), and
  * the metadata conventions.  Included by kernels.cu (the per-node kernels)
  * and by the fused kernels gradtool/device/fusion.py generates per tape, so
  * both are built from the same definitions.
@@ -36,6 +37,19 @@
 /* The deepest (collapsed) index space a kernel walks; program.py checks it. */
 #define GT_MAXD 8
 
+/* The inner products' one fused multiply-add, a*b + c rounded once (numerics.fma):
+ * __fma_rn under nvcc, C99 fma() on the host (one instruction where the target has
+ * FMA, else the C library's correctly rounded fma).  Nothing else is fused; it is
+ * here, not in gt_math.h, whose functions use no libm. */
+#ifndef GT_FMA
+#  if defined(__CUDACC__)
+#    define GT_FMA(a, b, c) __fma_rn((a), (b), (c))
+#  else
+#    include <math.h>
+#    define GT_FMA(a, b, c) fma((a), (b), (c))
+#  endif
+#endif
+
 /* ---- the element type and its correctly rounded operations ------------- */
 #ifdef GT_REAL_F32
 typedef float gt_real;
@@ -45,12 +59,14 @@ typedef float gt_real;
 #    define R_MUL(a, b) __fmul_rn((a), (b))
 #    define R_DIV(a, b) __fdiv_rn((a), (b))
 #    define R_SQRT(a) __fsqrt_rn((a))
+#    define R_FMA(a, b, c) __fmaf_rn((a), (b), (c))
 #  else
 #    define R_ADD(a, b) ((a) + (b))
 #    define R_SUB(a, b) ((a) - (b))
 #    define R_MUL(a, b) ((a) * (b))
 #    define R_DIV(a, b) ((a) / (b))
 #    define R_SQRT(a) sqrtf((a))
+#    define R_FMA(a, b, c) fmaf((a), (b), (c))
 #  endif
 /* float32 transcendentals: the float64 fdlibm result rounded to float */
 #  define R_EXP(x) ((gt_real)gt_exp((double)(x)))
@@ -65,6 +81,7 @@ typedef double gt_real;
 #  define R_MUL(a, b) GT_MUL((a), (b))
 #  define R_DIV(a, b) GT_DIV((a), (b))
 #  define R_SQRT(a) GT_SQRT((a))
+#  define R_FMA(a, b, c) GT_FMA((a), (b), (c))   /* inner products only */
 #  define R_EXP(x) gt_exp((x))
 #  define R_LOG(x) gt_log((x))
 #  define R_TANH(x) gt_tanh((x))

@@ -23,7 +23,9 @@
  * that gradtool/numerics.py and gradtool/ops.py document, in the same
  * order: arithmetic goes through R_ADD/R_SUB/R_MUL/R_DIV/R_SQRT (for float64
  * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
- * plain operators on the host, compiled with -ffp-contract=off), exp, log and
+ * plain operators on the host, compiled with -ffp-contract=off), the inner
+ * products' one fused multiply-add through R_FMA (GT_FMA: __fma_rn under
+ * nvcc, fma() on the host; numerics.fma), exp, log and
  * tanh are gt_math.h's libm-free functions (the C twins of
  * gradtool/fdlibm/), every sum and inner product runs serially in one
  * thread in the documented index order, and every gradient contribution is
@@ -872,7 +874,7 @@ GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
 /* ========================================================================
  * Batched matrix product with arbitrary operand strides
  *   C[bt,i,j] (=|+=) sum_k A[bt,i,k] * B[bt,k,j]
- * every sum serial over k ascending from 0.0 (numerics.matmul), computed
+ * every sum the FMA chain over k ascending from +0.0 (numerics.matmul), computed
  * whole before it is stored or added.  C is contiguous [Bn, Mm, N].
  * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
  * kernel with different strides.  M[0] = Bn * Mm * N.
@@ -880,13 +882,16 @@ GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
 #ifndef __CUDACC__
 /* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
  * (gradtool/numerics.py): register tiles over packed B panels, threaded
- * over output chunks, every output element one serial k loop from 0.0,
+ * over output chunks, every output element one k-ascending FMA chain from +0.0,
  * computed whole and then stored or added once -- the per-element sequence
  * of the one-thread-per-output body below, which the GT_PER_THREAD host
  * builds run instead.  It needs no arena scratch (its packing buffers are
  * per thread).  Every host build includes it for gt_run's floating-point
  * mode (below). */
 #  define GT_MM_T gt_real
+#  ifdef GT_REAL_F32
+#    define GT_MM_F32 1
+#  endif
 #  include "gt_matmul.h"
 #endif
 
@@ -1042,8 +1047,8 @@ GT_EXPORT void gt_run(gt_real *W, const long long *M, const long long *L,
 /* Threads per launch (gradtool/native.py passes GRADTOOL_NUM_THREADS). */
 GT_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
-/* The matmul tile, the thread count and the runs so far that used workers. */
-GT_EXPORT void gt_mm_config(long long out[6]) { gt_mm_config_impl(out); }
+/* The matmul tile, the thread count, the runs so far that used workers, FMA kind. */
+GT_EXPORT void gt_mm_config(long long out[7]) { gt_mm_config_impl(out); }
 
 /* The kernel at table position i: for launch tables that mix these kernels
  * with the fused kernels of another library (gradtool/device/fusion.py). */

@@ -10,7 +10,8 @@ every later PyCUDA call then runs against the wrong context.
 The kernel file is compiled once per process and dtype (``SourceModule``,
 cached by a hash of the source with gt_math.h inlined, so a header change
 cannot hit a stale cubin) with :func:`nvcc_options`: ``--fmad=false`` on
-top of the explicit ``__d*_rn`` intrinsics.  The kernels are declared
+top of the explicit ``__d*_rn`` intrinsics (the inner products' one fused
+operation is the explicit ``__fma_rn``, which ``--fmad=false`` leaves alone).  The kernels are declared
 ``extern "C"`` in the file itself (hence ``no_extern_c=True``), so their
 names are not mangled.  Every kernel takes two pointers (the arena and its
 metadata block); each launch's 16-byte argument buffer is packed once, here,

@@ -4,9 +4,11 @@
 ``host_prelude.h`` mapping the CUDA built-ins: a launch runs the kernel body
 for every thread index in order.  Flags: ``-O3 -ffp-contract=off
 -fno-math-errno`` (no FMA contraction, no fast-math: every + - * / sqrt is
-one IEEE rounding, exactly as under nvcc's ``__d*_rn``), plus
-``-march=native`` for wider vectors, which changes no result (SIMD lanes
-round like scalars; contraction stays off); the machine is part of the
+one IEEE rounding, exactly as under nvcc's ``__d*_rn``; the inner products'
+fused multiply-adds are written out, ``GT_FMA`` = ``fma()`` as nvcc's
+``__fma_rn``), plus ``-march=native`` for wider vectors and the CPU's FMA
+instructions, which change no result (SIMD lanes round like scalars, an FMA
+instruction like ``fma()``; contraction stays off); the machine is part of the
 cache key.  ``GRADTOOL_HOST_NATIVE=0`` leaves ``-march=native`` out.
 
 Building and caching (by a hash of the five source files, the flags, the

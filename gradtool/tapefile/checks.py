@@ -51,6 +51,7 @@ from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, inexact_int,
                    infer_shape)
+from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -99,6 +100,7 @@ class CheckedFile:
     outputs: dict
     meta: dict
     optimizer: Optional[dict]
+    numerics: int = 1                 # the contract recorded values came from (absent: 1)
 
 
 def show(x, limit: int = 60) -> str:
@@ -138,10 +140,19 @@ def decode(raw: bytes, source: str, limits: Limits):
             raise _TooManyContainers
         return obj
 
+    # Each map or array starts with one of the bytes 0x80-0x9f or 0xdc-0xdf, so their
+    # number in the file bounds the containers: a file with fewer than the limit (any
+    # tape near the node limit) is decoded without a callback per container.
+    hooks = {"object_hook": count, "list_hook": count}
+    if len(raw) > limits.max_containers:
+        histogram = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+        if int(histogram[0x80:0xa0].sum() + histogram[0xdc:0xe0].sum()) <= limits.max_containers:
+            hooks = {}
+    else:
+        hooks = {}                    # fewer bytes than the limit: fewer containers too
     try:
         doc = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True,
-            object_hook=count, list_hook=count,
+            raw, raw=False, strict_map_key=True, use_list=True, **hooks,
             max_str_len=limits.max_str_len, max_bin_len=len(raw),
             max_array_len=max(limits.max_nodes, 64), max_map_len=limits.max_map_len,
             max_ext_len=0)
@@ -432,7 +443,11 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     sizes, works = [], []
     extra = [0] * len(raw_nodes)          # budget.node_temporary of the windowed ops
     elements_total = work_total = 0
+    max_elements, max_work = limits.max_elements, limits.max_work
     valid, node_error = schema.valid_skeletons, schema.node_error
+    unread_ids = {}                   # i64 consts no integer input has read yet, in order
+    size_of = {}                      # shape -> elements, for the shapes seen so far
+    append_node, append_size, append_work = nodes.append, sizes.append, works.append
     for i, raw in enumerate(raw_nodes):
         node = plain_node(i, raw, nodes, names)
         if node is None:
@@ -441,29 +456,42 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                 if err is not None:
                     raise _schema_error(err, i, doc, source)
             node = _check_node(i, raw, nodes, names, source)
-        size = prod(node.shape)
+        shape, a, b, op = node.shape, node.a, node.b, node.op
+        size = size_of.get(shape)
+        if size is None:
+            size = size_of[shape] = prod(shape)
         elements_total += size
-        if node.a < 0:
+        if a < 0:
             work = 0
-        elif node.op in _PRODUCTS:
-            work = node_work(node.op, node.shape, nodes[node.a].shape, nodes[node.b].shape)
-        elif node.op in _WINDOWED:
-            sb = nodes[node.b].shape if node.b >= 0 else None
-            work = node_work(node.op, node.shape, nodes[node.a].shape, sb, node.attrs)
-            extra[i] = node_temporary(node.op, node.shape, nodes[node.a].shape, sb, node.attrs)
+        elif op in _PRODUCTS:
+            work = node_work(op, shape, nodes[a].shape, nodes[b].shape)
+        elif op in _WINDOWED:
+            sb = nodes[b].shape if b >= 0 else None
+            work = node_work(op, shape, nodes[a].shape, sb, node.attrs)
+            extra[i] = node_temporary(op, shape, nodes[a].shape, sb, node.attrs)
         else:           # node_work's rule for every other op, from the sizes at hand
-            work = max(size, sizes[node.a], sizes[node.b] if node.b >= 0 else 0)
+            work = size if size >= sizes[a] else sizes[a]
+            if b >= 0 and sizes[b] > work:
+                work = sizes[b]
         work_total += work
-        if elements_total > limits.max_elements:
+        if elements_total > max_elements:
             raise TapeFileError(
-                f"shape {format_shape(node.shape)} brings the tape to {elements_total} elements, "
+                f"shape {format_shape(shape)} brings the tape to {elements_total} elements, "
                 f"over this reader's limit of {limits.max_elements}", source=source, node=i,
                 field="shape")
-        if work_total > limits.max_work:
-            raise _over_work(work_total, limits, source, i, node.op)
-        nodes.append(node)
-        sizes.append(size)
-        works.append(work)
+        if work_total > max_work:
+            raise _over_work(work_total, limits, source, i, op)
+        append_node(node)
+        append_size(size)
+        append_work(work)
+        if a < 0:
+            if node.dtype == INT_DTYPE:
+                unread_ids[i] = True
+        elif op in _INT_INPUTS:
+            for field in _INT_INPUTS[op]:
+                unread_ids.pop(a if field == "a" else b, None)
+    if unread_ids:
+        raise _unread_ids(next(iter(unread_ids)), source)
     loss = doc.get("loss", len(nodes) - 1)
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
@@ -481,7 +509,21 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                                 source=source, field=f"outputs.{name}")
     _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
-                       optimizer=doc.get("optimizer"))
+                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1))
+
+
+_INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
+
+
+def _unread_ids(i: int, source: str) -> TapeFileError:
+    """An i64 const that no op's integer input reads.  The format promises that a file
+    with integer data has an op reading it (one of the ops with integer inputs in the op
+    table), which a reader that predates integer data refuses by name, instead of
+    misreading the int64 bytes as floats."""
+    return _bad(i, source, f"holds integer ids (dtype {INT_DTYPE}), but no op reads them; "
+                           f"integer data must be read by an integer input of "
+                           f"{_INT_READERS_TEXT} (a file with nothing reading it would "
+                           f"pass an older reader, which reads the ids as floats)", "dtype")
 
 
 def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> TapeFileError:
@@ -512,13 +554,15 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
 
 
 _ARITY = {name: spec.arity for name, spec in OPS.items()}
-# The keys the fast path below accepts per op: the schema's allowed keys, less the
-# optional ones it leaves to the general path (attributes, unknown extension keys).
-_PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
-                               | ({"data", "name", "l2"} if name == "param" else
-                                  {"data", "name"} if name == "const" else {"value"}))
-               for name, spec in OPS.items() if not spec.attrs and not spec.id_inputs}
-_SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
+# The fast path below takes the ops without attributes or integer inputs; what each of
+# their nodes may carry, and each field's test, is the field table's (tapefile/fields.py),
+# the same the schema is rendered from.
+_PLAIN_TESTS = {name: FIELD_TESTS[name] for name, spec in OPS.items()
+                if not spec.attrs and not spec.int_inputs}
+_INT_READERS_TEXT = " and ".join(INT_READERS) if len(INT_READERS) <= 2 else \
+    ", ".join(INT_READERS[:-1]) + " and " + INT_READERS[-1]
+_CORE = frozenset({"op", "a", "b", "s", "shape"})      # tested inline below
+_SCALAR_OPS = frozenset(SCALAR_OPS)
 _SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 
 
@@ -526,53 +570,67 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     """The CheckedNode of an ordinary valid node (a leaf, or an op without attributes),
     or None: then the node goes through the schema and :func:`_check_node`, which give
     the same CheckedNode or the precise error.  Every test here is one the schema or
-    :func:`_check_node` makes (``tests/test_fuzz_files.py`` checks that over thousands of
-    valid and mutated nodes); together they cost a third of the general path, which
-    matters for a tape of a million nodes."""
+    :func:`_check_node` makes (the field table's, for the keys other than op, a, b, s
+    and shape; ``tests/test_fuzz_files.py`` checks that over thousands of valid and
+    mutated nodes); together they cost a third of the general path, which matters for
+    a tape of a million nodes."""
     if type(raw) is not dict:
         return None
     op = raw.get("op")
-    allowed = _PLAIN_KEYS.get(op) if type(op) is str else None
-    if allowed is None or not allowed.issuperset(raw):
+    tests = _PLAIN_TESTS.get(op) if type(op) is str else None
+    if tests is None:
         return None
+    if not _CORE.issuperset(raw):
+        for key, value in raw.items():
+            if key not in _CORE:
+                test = tests.get(key)
+                if test is None or key == "dtype" or not test(value):
+                    return None
     get = raw.get
     a, b, s, shape = get("a", -1), get("b", -1), get("s", 0.0), get("shape")
     if type(a) is not int or type(b) is not int or type(shape) is not list:
         return None
-    if type(s) is not float and type(s) is not int:
+    if type(s) is not float and type(s) is not int or s != 0 and op not in _SCALAR_OPS:
         return None
-    if not 0 < len(shape) <= 32 or s != 0 and op not in _SCALAR_OPS:
-        return None
-    size = 1
-    for d in shape:
-        if type(d) is not int or d < 1:
+    if len(shape) == 1:             # the common case, without the loop
+        size = shape[0]
+        if type(size) is not int or size < 1:
             return None
-        size *= d
-    shape = tuple(shape)
+        shape = (size,)
+    else:
+        if not 0 < len(shape) <= 32:
+            return None
+        size = 1
+        for d in shape:
+            if type(d) is not int or d < 1:
+                return None
+            size *= d
+        shape = tuple(shape)
     arity = _ARITY[op]
     if arity == 0:
         data, name, l2 = get("data"), get("name"), get("l2", 0.0)
         if a != -1 or b != -1 or type(data) is not bytes or len(data) != 8 * size:
             return None
-        if name is not None and (type(name) is not str or not name or name in names):
+        if name is not None and name in names:
             return None
-        if type(l2) is not float and type(l2) is not int or not 0 <= l2 < math.inf:
+        if not l2 < math.inf:       # the table tested l2 >= 0; NaN and inf: the general path
             return None
         if name is not None:
             names[name] = i
         return CheckedNode(op, -1, -1, 0.0, shape, None, name, float(l2), data)
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
         return None
-    if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
+    first = earlier[a]
+    if first.dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
         return None                 # integer data: the general path checks who reads it
     value = get("value")
-    if value is not None and (type(value) is not bytes or len(value) != 8 * size):
+    if value is not None and len(value) != 8 * size:
         return None
     if op in _SAME_SHAPE:           # the op table's promise for a unary op: a's shape
-        inferred = earlier[a].shape
+        inferred = first.shape
     else:
         try:
-            inferred = infer_shape(op, earlier[a].shape, earlier[b].shape if b >= 0 else None,
+            inferred = infer_shape(op, first.shape, earlier[b].shape if b >= 0 else None,
                                    None)
         except ShapeError:
             return None
@@ -588,8 +646,6 @@ def _integral(op: str, a: int, b: int, earlier: list) -> bool:
     spec = OPS[op]
     return bool(spec.integral) and spec.integral_of(earlier[a].integral,
                                                     b < 0 or earlier[b].integral)
-
-
 
 
 def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> CheckedNode:

@@ -9,6 +9,7 @@ import os
 from typing import Optional
 
 from ..errors import TapeError, TapeFileError
+from ..fileio import NUL_IN_NAME
 from .checks import Limits, check, decode
 from .replay import TapeFile, replay
 
@@ -53,6 +54,8 @@ def _read(src, name: Optional[str], limits: Limits) -> tuple:
         raw, source = bytes(src), name or "<bytes>"
     elif isinstance(src, (str, os.PathLike)):
         source = name or os.fspath(src)
+        if "\0" in os.fsdecode(src):
+            raise TapeFileError(f"cannot read: {NUL_IN_NAME}", source=repr(source)[1:-1])
         try:
             with open(src, "rb") as f:
                 raw = _read_bounded(f, source, limits)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import TapeFileError
 from ..ops import INT_DTYPE, OPS, bad_id
-from ..tape import GVar, Tape, ieee_silent
+from ..tape import GVar, Node, Tape, ieee_silent
 from .checks import CheckedFile
 from .write import dumps, write
 
@@ -17,11 +17,13 @@ class TapeFile:
     """A loaded tape file: the replayed Tape plus the file's loss, outputs, meta, optimizer.
 
     ``recorded`` maps op-node ids to the values the writer stored (``values=True``),
-    for bit-for-bit verification of the replay.
+    for bit-for-bit verification of the replay; ``numerics`` is the contract they were
+    computed under (the file's ``numerics`` field, 1 when absent:
+    :data:`gradtool.numerics.NUMERICS_VERSION`).
     """
 
     def __init__(self, tape: Tape, loss: GVar, outputs: dict, meta: dict,
-                 optimizer: Optional[dict], source: str, recorded: dict):
+                 optimizer: Optional[dict], source: str, recorded: dict, numerics: int = 1):
         self.tape = tape
         self.loss = loss
         self.outputs = outputs
@@ -29,6 +31,7 @@ class TapeFile:
         self.optimizer = optimizer
         self.source = source
         self.recorded = recorded
+        self.numerics = numerics
 
     def __repr__(self):
         return (f"TapeFile({self.source!r}, {len(self.tape)} nodes, loss=node {self.loss.id}, "
@@ -53,16 +56,25 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
     tape = Tape()
     recorded = {}
     values = tape.values
+    # op nodes are appended as Tape._append_op appends them, without the handle it returns
+    append_node, append_value = tape.nodes.append, values.append
+    requires = tape.requires
+    append_requires = requires.append
+    integral = tape.integral
+    append_integral = integral.append
+    ops_from = len(tape.nodes)
     with ieee_silent():
         for i, node in enumerate(checked.nodes):
             op, a, b = node.op, node.a, node.b
             if a < 0:
+                _finish_ops(tape, ops_from)
                 ids = node.dtype == INT_DTYPE
                 data = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
                 if op == "param":
                     tape.param(data, name=node.name, l2=node.l2)
                 else:
                     tape.const(data, name=node.name, dtype=node.dtype)
+                ops_from = len(tape.nodes)
                 continue
             spec = OPS[op]
             if spec.id_inputs and checked.nodes[b].a >= 0:     # ids computed on the tape
@@ -71,17 +83,35 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                     raise TapeFileError(f"its ids, computed by node {b}: {problem} (table "
                                         f"{list(values[a].shape)})", source=source, node=i,
                                         field="b")
-            value = spec.forward(values[a], values[b] if b >= 0 else None, node.s,
-                                 node.attrs)
+            value = spec.forward(values[a], values[b] if b >= 0 else None, node.s, node.attrs)
             if value.shape != node.shape:        # defensive: the checks prevent it
                 raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
                                     f"checked {list(node.shape)}", source=source, node=i)
-            tape._append_op(op, a, b, node.s, node.attrs, value)
+            if value.base is not None:           # never alias an input (as _append_op)
+                value = value.copy()
+            append_node(Node(op, a, b, node.s, node.attrs))
+            append_value(value)
+            grad_in = spec.grad_inputs                 # as Tape._append_op decides both
+            append_requires(("a" in grad_in and requires[a])
+                            or (b >= 0 and "b" in grad_in and requires[b]))
+            append_integral(bool(spec.integral)
+                            and spec.integral_of(integral[a], b < 0 or integral[b]))
             if node.value is not None:
                 recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
+        _finish_ops(tape, ops_from)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
     return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
-                    source, recorded)
+                    source, recorded, checked.numerics)
+
+
+def _finish_ops(tape: Tape, start: int) -> None:
+    """The gradients (none yet) and birth stamps of the op nodes appended since ``start``,
+    as ``Tape._append`` gives them one by one."""
+    count = len(tape.nodes) - start
+    if count:
+        tape.grads.extend([None] * count)
+        tape.serials.extend(range(tape._next_serial, tape._next_serial + count))
+        tape._next_serial += count
 
 
 __all__ = ["TapeFile", "replay"]

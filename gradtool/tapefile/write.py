@@ -8,14 +8,14 @@ the bytes before they are returned, so whatever ``save`` writes, ``load`` reads.
 from __future__ import annotations
 
 import numbers
-import os
 from typing import Optional
 
 import msgpack
 import numpy as np
 
 from ..errors import TapeError, TapeFileError
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, check_binary_writer, is_path
+from ..numerics import NUMERICS_VERSION
 from ..ops import INT_DTYPE, LEAF_OPS, OPS
 from ..tape import GVar, Tape
 from .checks import FORMAT, VERSION, Limits, check, decode
@@ -37,10 +37,12 @@ def save(tape: Tape, dest, *, loss=None, outputs=None, meta=None, values=False,
 
 
 def write(data: bytes, dest) -> None:
-    """Tape-file bytes to a path (atomically) or a binary file object."""
-    if isinstance(dest, (str, os.PathLike)):
+    """Tape-file bytes to a path (atomically) or a binary file object (anything else,
+    a text stream included, is a DestinationError before a byte is written)."""
+    if is_path(dest):
         atomic_write_bytes(dest, data)
     else:
+        check_binary_writer(dest, "save")
         dest.write(data)
 
 
@@ -71,6 +73,8 @@ def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
         doc["meta"] = _mapping(meta, "meta")
     if optimizer is not None:
         doc["optimizer"] = _mapping(optimizer, "optimizer")
+    if values:            # which arithmetic the stored values came from (numerics.py)
+        doc["numerics"] = NUMERICS_VERSION
     try:
         raw = msgpack.packb(doc, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -49,7 +49,7 @@ class CpuEngine:
     def forward_backward(self) -> float:
         tape = self.tape
         tape.forward()
-        loss = float(tape.values[self.loss_id][0])
+        loss = float(tape.values[self.loss_id].reshape(-1)[0])   # any one-element shape
         if math.isfinite(loss):           # else no backward
             tape.zero_grad()              # leaf gradients would otherwise accumulate
             tape.backward(self._loss)
@@ -63,7 +63,7 @@ class CpuEngine:
 
     def evaluate(self) -> float:
         self.tape.forward()
-        return float(self.tape.values[self.loss_id][0])
+        return float(self.tape.values[self.loss_id].reshape(-1)[0])
 
     def output(self, node_id: int) -> np.ndarray:
         return self.tape.values[node_id]

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..budget import DEFAULT_MEMORY
 from ..errors import GradtoolError
+from ..fileio import nul_free
 from ..npzio import NpzArchive
 from ..optim import make_optimizer, optimizer_from_state
 from ..optim_state import check_saved_state
@@ -109,6 +110,7 @@ class Trainer:
 
     def __init__(self, tf, data_path, options: TrainOptions, reporters=(), world=None):
         self.world = world if world is not None else SingleWorld()
+        nul_free(data_path, "the training data")
         check_options(options, outputs=self.world.rank == 0)
         self.tf, self.tape, self.options = tf, tf.tape, options
         self.reporters = list(reporters)

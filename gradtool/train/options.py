@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import GradtoolError
-from ..fileio import check_writable
+from ..fileio import NUL_IN_NAME, check_writable
 from ..optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
@@ -68,7 +68,8 @@ _CHECKS = {
     "seed": (lambda x: _is_int(x) and x >= 0, "an integer >= 0"),
     "shuffle": (lambda x: isinstance(x, bool), "true or false"),
     "val_split": (lambda x: _is_num(x) and 0 < x < 1, "a fraction between 0 and 1"),
-    "val": (lambda x: isinstance(x, str) and x, "a file name"),
+    "val": (lambda x: isinstance(x, str) and x and "\0" not in x,
+            "a file name (non-empty, without NUL bytes)"),
     "accuracy": (lambda x: isinstance(x, str) and x, "'OUTPUT:TARGET'"),
     "every": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
     "shards": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
@@ -111,6 +112,9 @@ def check_options(options: TrainOptions, outputs: bool = True) -> None:
     if options.fuse and options.backend == "cpu":
         raise TrainError("--fuse needs a device backend (--backend host, cuda or auto)")
     written = (("--save", options.save), ("--plot", options.plot), ("--log", options.log))
+    for flag, path in written:
+        if path is not None and "\0" in path:
+            raise TrainError(f"{flag} {path!r}: {NUL_IN_NAME}")
     for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep
         if path is not None:
