@@ -9,7 +9,7 @@ softmax) is a small expression tree over
 * float64 constants;
 * the separately rounded operations ``+ - * /`` and ``sqrt`` (each ONE
   correctly rounded binary64 operation), the libm-free ``exp``, ``expm1``,
-  ``log`` and ``tanh`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
+  ``log``, ``tanh`` and ``erf`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
 * the exact operations: negation, ``abs`` (clears the sign bit: ``abs(-0.0)``
   is +0.0), the comparisons ``< <= > >= == !=`` and ``select(cond, a, b)``.
 
@@ -42,7 +42,7 @@ import numpy as np
 from . import fdlibm
 
 ARITH = ("add", "sub", "mul", "div")
-FUNCS = ("sqrt", "exp", "expm1", "log", "tanh", "abs")
+FUNCS = ("sqrt", "exp", "expm1", "log", "tanh", "erf", "abs")
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -96,6 +96,7 @@ def exp(a) -> Expr: return Op("exp", (lift(a),))
 def expm1(a) -> Expr: return Op("expm1", (lift(a),))
 def log(a) -> Expr: return Op("log", (lift(a),))
 def tanh(a) -> Expr: return Op("tanh", (lift(a),))
+def erf(a) -> Expr: return Op("erf", (lift(a),))
 def abs_(a) -> Expr: return Op("abs", (lift(a),))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
@@ -129,7 +130,7 @@ def symbols(expr: Expr) -> list:
 
 # rough cost of one element, in copies (a copy = 1): what the host backend uses to decide
 # when a launch is worth splitting over threads (it never changes a result)
-_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "sqrt": 3, "div": 1}
+_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "sqrt": 3, "div": 1}
 
 
 def cost(expr: Expr) -> int:
@@ -156,7 +157,7 @@ def operations(expr: Expr) -> set:
 _NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
-    "log": fdlibm.log, "tanh": fdlibm.tanh, "abs": np.abs,
+    "log": fdlibm.log, "tanh": fdlibm.tanh, "erf": fdlibm.erf, "abs": np.abs,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
 }
@@ -238,7 +239,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
 class Dialect:
     """How a C rendering spells each operation and constant."""
 
-    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh/abs -> callee
+    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh/erf/abs -> callee
     const: object                     # float -> C expression
 
     def call(self, op: str, args: list) -> str:
@@ -268,14 +269,14 @@ def c_double(x: float) -> str:
 KERNEL = Dialect(
     arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
            "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
-           "abs": "R_ABS"},
+           "erf": "R_ERF", "abs": "R_ABS"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
 # scalar double code (the emitter): gt_math.h's macros and functions directly
 SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
            "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
-           "abs": "fabs"},
+           "erf": "gt_erf", "abs": "fabs"},
     const=c_double)
 
 
@@ -344,6 +345,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "abs_",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

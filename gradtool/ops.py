@@ -57,8 +57,8 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
-from .expr import (G, S, T, X, Y, Expr, Sym, abs_, compile_numpy, evaluate, exp, log, select,
-                   sqrt, substitute, tanh)
+from .expr import (G, S, T, X, Y, Expr, Sym, abs_, compile_numpy, erf, evaluate, exp, log,
+                   select, sqrt, substitute, tanh)
 
 LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
@@ -455,6 +455,12 @@ unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, 0.0)))
 binary("maximum", "elementwise max, numpy broadcasting; NaN wins",
        select(X >= Y, X, select(X < Y, Y, X + Y)), select(X >= Y, G, 0.0),
        select(X >= Y, 0.0, G))
+# erf: fdlibm's s_erf.c (gradtool/fdlibm/_erf.py, C twin gt_erf), within 1 ulp.  Its
+# gradient is PyTorch's 2/sqrt(pi) * exp(-(x*x)) * g, rounded in that order, with
+# TWO_OVER_SQRT_PI = 2.0 / sqrt(pi) rounded once (0x1.20dd750429b6dp+0, M_2_SQRTPI)
+TWO_OVER_SQRT_PI = float.fromhex("0x1.20dd750429b6dp+0")
+unary("erf", "the error function (fdlibm s_erf.c, within 1 ulp)", erf(X),
+      (TWO_OVER_SQRT_PI * exp(-(X * X))) * G)
 
 
 # ── the table: reductions ──────────────────────────────────────────────────

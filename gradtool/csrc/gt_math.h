@@ -413,4 +413,91 @@ GT_INLINE double gt_tanh(double x)
     return neg ? -z : z;
 }
 
+/* ---- erf (fdlibm s_erf.c) --------------------------------------------- */
+/* Horner c[0] + z*(c[1] + z*(... + z*c[n-1])), innermost first (the order
+ * of fdlibm's nested expressions); numpy twin _horner in _erf.py. */
+GT_INLINE double gtm_horner(double z, const double *c, int n)
+{
+    double acc = GT_MUL(z, c[n - 1]);
+    int i;
+    for (i = n - 2; i > 0; i--) acc = GT_MUL(z, GT_ADD(c[i], acc));
+    return GT_ADD(c[0], acc);
+}
+
+/* Method, error bound (< 1 ulp) and operation order: see erf() in
+ * gradtool/fdlibm/_erf.py. */
+GT_INLINE double gt_erf(double x)
+{
+    const double erx = 8.45062911510467529297e-01;  /* 0x3FEB0AC160000000 */
+    const double efx = 1.28379167095512586316e-01;  /* 0x3FC06EBA8214DB69 */
+    const double efx8 = 1.02703333676410069053e+00; /* 0x3FF06EBA8214DB69 */
+    const double pp[5] = {1.28379167095512558561e-01, -3.25042107247001499370e-01,
+                          -2.84817495755985104766e-02, -5.77027029648944159157e-03,
+                          -2.37630166566501626084e-05};
+    const double qq[5] = {3.97917223959155352819e-01, 6.50222499887672944485e-02,
+                          5.08130628187576562776e-03, 1.32494738004321644526e-04,
+                          -3.96022827877536812320e-06};
+    const double pa[7] = {-2.36211856075265944077e-03, 4.14856118683748331666e-01,
+                          -3.72207876035701323847e-01, 3.18346619901161753674e-01,
+                          -1.10894694282396677476e-01, 3.54783043256182359371e-02,
+                          -2.16637559486879084300e-03};
+    const double qa[6] = {1.06420880400844228286e-01, 5.40397917702171048937e-01,
+                          7.18286544141962662868e-02, 1.26171219808761642112e-01,
+                          1.36370839120290507362e-02, 1.19844998467991074170e-02};
+    const double ra[8] = {-9.86494403484714822705e-03, -6.93858572707181764372e-01,
+                          -1.05586262253232909814e+01, -6.23753324503260060396e+01,
+                          -1.62396669462573470355e+02, -1.84605092906711035994e+02,
+                          -8.12874355063065934246e+01, -9.81432934416914548592e+00};
+    const double sa[8] = {1.96512716674392571292e+01, 1.37657754143519042600e+02,
+                          4.34565877475229228821e+02, 6.45387271733267880336e+02,
+                          4.29008140027567833386e+02, 1.08635005541779435134e+02,
+                          6.57024977031928170135e+00, -6.04244152148580987438e-02};
+    const double rb[7] = {-9.86494292470009928597e-03, -7.99283237680523006574e-01,
+                          -1.77579549177547519889e+01, -1.60636384855821916062e+02,
+                          -6.37566443368389627722e+02, -1.02509513161107724954e+03,
+                          -4.83519191608651397019e+02};
+    const double sb[7] = {3.03380607434824582924e+01, 3.25792512996573918826e+02,
+                          1.53672958608443695994e+03, 3.19985821950859553908e+03,
+                          2.55305040643316442583e+03, 4.74528541206955367215e+02,
+                          -2.24409524465858183362e+01};
+    unsigned long long ux = gtm_bits(x);
+    int neg = (int)(ux >> 63);
+    unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
+    double a, s, z, r, q, pq, rs;
+
+    if (ix >= 0x7ff00000u) {               /* inf or NaN */
+        if (((ix & 0xfffffu) | (unsigned int)ux) != 0u) return gtm_nan();
+        return neg ? -1.0 : 1.0;           /* erf(+-inf) = +-1 */
+    }
+    if (ix < 0x3feb0000u) {                /* |x| < 0.84375 */
+        if (ix < 0x3e300000u) {            /* |x| < 2^-28 */
+            if (ix < 0x00800000u)          /* avoid underflow */
+                return GT_MUL(0.125, GT_ADD(GT_MUL(8.0, x), GT_MUL(efx8, x)));
+            return GT_ADD(x, GT_MUL(efx, x));
+        }
+        z = GT_MUL(x, x);
+        r = gtm_horner(z, pp, 5);
+        s = GT_ADD(1.0, GT_MUL(z, gtm_horner(z, qq, 5)));
+        return GT_ADD(x, GT_MUL(x, GT_DIV(r, s)));
+    }
+    if (ix < 0x3ff40000u) {                /* 0.84375 <= |x| < 1.25 */
+        s = GT_SUB(gtm_from_bits(ux & 0x7fffffffffffffffULL), 1.0);
+        pq = GT_DIV(gtm_horner(s, pa, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, qa, 6))));
+        return neg ? GT_SUB(-erx, pq) : GT_ADD(erx, pq);
+    }
+    if (ix >= 0x40180000u)                 /* 6 <= |x| < inf: 1 - tiny rounds to 1 */
+        return neg ? -1.0 : 1.0;
+    a = gtm_from_bits(ux & 0x7fffffffffffffffULL);
+    s = GT_DIV(1.0, GT_MUL(a, a));
+    if (ix < 0x4006db6eu)                  /* |x| < 1/0.35 */
+        rs = GT_DIV(gtm_horner(s, ra, 8), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sa, 8))));
+    else
+        rs = GT_DIV(gtm_horner(s, rb, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sb, 7))));
+    z = gtm_from_bits(gtm_bits(a) & 0xffffffff00000000ULL); /* low word cleared */
+    r = GT_MUL(gt_exp(GT_SUB(GT_MUL(-z, z), 0.5625)),
+               gt_exp(GT_ADD(GT_MUL(GT_SUB(z, a), GT_ADD(z, a)), rs)));
+    q = GT_DIV(r, a);
+    return neg ? GT_SUB(q, 1.0) : GT_SUB(1.0, q);
+}
+
 #endif /* GT_MATH_H */

@@ -22,6 +22,7 @@
     X(k_log, R_LOG(xv)) \
     X(k_sqrt, R_SQRT(xv)) \
     X(k_abs, R_ABS(xv)) \
+    X(k_erf, R_ERF(xv)) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */
@@ -36,6 +37,7 @@
     X(k_log_bwd, R_DIV(gv, xv)) \
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
     X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
+    X(k_erf_bwd, R_MUL(R_MUL(((gt_real)0x1.20dd750429b6dp+0), R_EXP((-R_MUL(xv, xv)))), gv)) \
     /* end */
 
 /* broadcasting binary ops: X(forward kernel, out from xv, yv) */
@@ -75,6 +77,7 @@
     X(k_log, 12) \
     X(k_sqrt, 4) \
     X(k_abs, 1) \
+    X(k_erf, 26) \
     X(k_neg_bwd, 1) \
     X(k_adds_bwd, 1) \
     X(k_muls_bwd, 1) \
@@ -85,6 +88,7 @@
     X(k_log_bwd, 2) \
     X(k_sqrt_bwd, 2) \
     X(k_abs_bwd, 1) \
+    X(k_erf_bwd, 12) \
     /* end */
 
 /* softmax's elementwise parts (its entry's parts) */
@@ -410,6 +414,8 @@
     X(k_maximum) \
     X(k_maximum_bwd_a) \
     X(k_maximum_bwd_b) \
+    X(k_erf) \
+    X(k_erf_bwd) \
     X(k_sum) \
     X(k_sum_bwd) \
     X(k_max) \

@@ -102,5 +102,6 @@ from ._exp import exp
 from ._expm1 import expm1
 from ._log import log
 from ._tanh import tanh
+from ._erf import erf
 
-__all__ = ["exp", "expm1", "log", "tanh"]
+__all__ = ["exp", "expm1", "log", "tanh", "erf"]
