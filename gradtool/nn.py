@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .errors import TapeError
 from .tape import GVar
 
-__all__ = ["linear", "rms_norm", "layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse"]
+__all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -75,6 +77,36 @@ def layer_norm(x: GVar, gain: GVar = None, bias: GVar = None, eps: float = 1e-5)
     if gain is not None:
         y = tp.mul(y, gain)
     return y if bias is None else tp.add(y, bias)
+
+
+def native_layer_norm(x: GVar, normalized_ndim: int = 1, gain: GVar = None, bias: GVar = None,
+                      eps: float = 1e-5) -> tuple:
+    """LayerNorm over the last ``normalized_ndim`` axes, with the statistics that
+    ``torch.native_layer_norm`` returns: ``(y, mean, rstd)``, mean and rstd shaped like
+    x with those axes kept as size 1.
+
+    mean is the (multi-axis) mean, var the mean of ``(x - mean)^2``, ``y = (x - mean) /
+    sqrt(var + eps)`` then the gain and bias: over one axis these are exactly the nodes
+    of :func:`layer_norm`, so y has its bits.  rstd is ``1.0 / sqrt(var + eps)``,
+    recorded only for a caller that reads it (torch's y multiplies by rstd instead of
+    dividing: within 1e-15).
+    """
+    tp = _tape(x, "native_layer_norm")
+    rank = len(x.shape)
+    if isinstance(normalized_ndim, bool) or not isinstance(normalized_ndim, int) or \
+            not 1 <= normalized_ndim <= rank:
+        raise TapeError(f"nn.native_layer_norm: normalized_ndim must be an int in [1, {rank}], "
+                        f"got {normalized_ndim!r}"[:200])
+    axes = -1 if normalized_ndim == 1 else tuple(range(rank - normalized_ndim, rank))
+    mean = tp.mean(x, axis=axes, keepdims=True)
+    d = tp.sub(x, mean)
+    den = tp.sqrt(tp.adds(tp.mean(tp.mul(d, d), axis=axes, keepdims=True), eps))
+    y = tp.div(d, den)
+    if gain is not None:
+        y = tp.mul(y, gain)
+    if bias is not None:
+        y = tp.add(y, bias)
+    return y, mean, tp.div(tp.const(np.ones((1,))), den)
 
 
 def silu(x: GVar) -> GVar:

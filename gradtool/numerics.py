@@ -34,6 +34,16 @@ axis sum          the serial sum along one axis, other indices fixed (from 0.0,
                   ascending); axis mean = axis sum / length (one division)
 first max         see :func:`first_max`: the first NaN, else the first largest element
                   (ties, +0.0 against -0.0 included, go to the earliest); exact
+multi-axis        sum/mean/max over several axes at once (``axis=(0, 2)``): per kept
+reduction         index, the one-axis rule over the reduced coordinates in row-major
+                  order (the reduced axes in ascending axis order, whatever order they
+                  were named in, the last varying fastest): ``acc = 0.0; for each
+                  reduced coordinate: acc = acc + x``; the mean is ``acc / count``
+                  (one division by the product of the reduced dims); the max is the
+                  first maximal element in that order, and only it gets the gradient
+                  (torch's ``amax`` gives the same value but splits a tie's gradient
+                  evenly).  Every axis at once is the whole reduction.  Recorded by
+                  ``gradtool.layout.reduce_axes`` as permute/reshape and the one-axis op
 softmax           along an axis: ``e = exp(x - max); y = e / axis_sum(e)``; backward
                   ``t * (g - axis_sum(g * t))`` (the elementwise parts are expressions
                   in the op table, :mod:`gradtool.ops`)

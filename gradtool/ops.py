@@ -63,7 +63,7 @@ from .expr import (G, S, T, X, Y, Expr, Sym, abs_, compile_numpy, erf, evaluate,
 LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
 KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
-         "softmax", "slice", "concat", "take", "take_along")
+         "softmax", "slice", "concat", "take", "take_along", "permute")
 _REQUIRED = object()
 
 
@@ -74,6 +74,8 @@ class Attr:
 
     kind ``axis``: one int, negative counting from the end when recording (stored
     normalised, >= 0); ``indices``: one int >= 0 per axis of the input;
+    ``perm``: a permutation of the input's axes, one int per axis, negative
+    counting from the end when recording (stored normalised, >= 0);
     ``shape``: the node's own shape (a reshape's target), which the file
     already stores as ``shape``; ``flag``: True or False.
 
@@ -349,16 +351,25 @@ def _softmax_shape(sa, _sb, attrs):
     return tuple(sa)
 
 
+def _slice_steps(sa, attrs) -> tuple:
+    steps = attr(attrs, "steps")
+    return (1,) * len(sa) if steps is None else tuple(steps)
+
+
 def _slice_shape(sa, _sb, attrs):
     starts, stops = tuple(attrs["starts"]), tuple(attrs["stops"])
-    if len(starts) != len(sa) or len(stops) != len(sa):
-        raise ShapeError(f"slice needs one start and stop per axis of {format_shape(sa)}, "
-                         f"got starts {list(starts)} stops {list(stops)}")
+    steps = _slice_steps(sa, attrs)
+    if len(starts) != len(sa) or len(stops) != len(sa) or len(steps) != len(sa):
+        raise ShapeError(f"slice needs one start, stop (and step) per axis of "
+                         f"{format_shape(sa)}, got starts {list(starts)} stops {list(stops)}"
+                         + ("" if attr(attrs, "steps") is None else f" steps {list(steps)}"))
     for lo, hi, dim in zip(starts, stops, sa):
         if not 0 <= lo < hi <= dim:
             raise ShapeError(f"slice [{lo}, {hi}) is empty or outside an axis of size {dim} "
                              f"in {format_shape(sa)}")
-    return tuple(hi - lo for lo, hi in zip(starts, stops))
+    if any(st < 1 for st in steps):
+        raise ShapeError(f"slice steps {list(steps)} must be >= 1")
+    return tuple(-(-(hi - lo) // st) for lo, hi, st in zip(starts, stops, steps))
 
 
 def _equal_but_axis(sa, sb, axis) -> bool:
@@ -374,6 +385,14 @@ def _concat_shape(sa, sb, attrs):
         raise ShapeError(f"concat along axis {axis} needs equal other dims, got "
                          f"{format_shape(sa)} and {format_shape(sb)}")
     return tuple(sa[:axis]) + (sa[axis] + sb[axis],) + tuple(sa[axis + 1:])
+
+
+def _permute_shape(sa, _sb, attrs):
+    dims = tuple(attrs["dims"])
+    if sorted(dims) != list(range(len(sa))):
+        raise ShapeError(f"permute dims {list(dims)} are not a permutation of the "
+                         f"{len(sa)} axes of {format_shape(sa)}")
+    return tuple(sa[d] for d in dims)
 
 
 # ── numpy rules from expressions (elementwise ops) ─────────────────────────
@@ -622,8 +641,9 @@ _register(OpSpec("bmm", "bmm", 2, "[B,M,K] @ [B,K,N], the matmul order per batch
 
 kernel("k_copy_nd", "dst:w src:r acc:i nd:i dims:i[nd] sd:i[nd] ss:i[nd]",
        "dst[...] (=|+=) src[...] over an nd-dim row-major index space with strides")
-kernel("k_slice_bwd", "ga:w g:r nd:i dims:i[nd] starts:i[nd] stops:i[nd] gst:i[nd]",
-       "ga = ga + (g inside the region, +0.0 outside), every input element")
+kernel("k_slice_bwd", "ga:w g:r nd:i dims:i[nd] starts:i[nd] stops:i[nd] steps:i[nd] "
+       "gst:i[nd]", "ga = ga + (g at the region's elements, +0.0 elsewhere), every input "
+       "element")
 
 
 def _transpose_f(a, b, s, at):
@@ -643,7 +663,8 @@ def _reshape_b(g, a, b, t, s, at, na, nb):
 
 
 def _slice_region(at):
-    return tuple(slice(lo, hi) for lo, hi in zip(at["starts"], at["stops"]))
+    steps = attr(at, "steps") or [1] * len(at["starts"])
+    return tuple(slice(lo, hi, st) for lo, hi, st in zip(at["starts"], at["stops"], steps))
 
 
 def _slice_f(a, b, s, at):
@@ -743,13 +764,32 @@ _register(OpSpec("log_softmax", "softmax", 1, "a - max - log(serial sum of exp(a
                  scalar=_one_element_log_softmax()))
 
 
-_register(OpSpec("slice", "slice", 1, "a[starts:stops] on every axis", _slice_shape,
+_register(OpSpec("slice", "slice", 1, "a[starts:stops:steps] on every axis", _slice_shape,
                  _slice_f, _slice_b, kernels=("k_copy_nd", "k_slice_bwd"),
                  attrs=(Attr("starts", "indices", "first index per axis"),
-                        Attr("stops", "indices", "one past the last index per axis"))))
+                        Attr("stops", "indices", "one past the last index per axis"),
+                        Attr("steps", "indices", "the step per axis, each >= 1; None (absent "
+                             "from a file): every step 1", default=None, optional=True))))
 _register(OpSpec("concat", "concat", 2, "a and b joined along an axis", _concat_shape,
                  _concat_f, _concat_b, kernels=("k_copy_nd",),
                  attrs=(Attr("axis", "axis", AXIS, default=0),)))
+
+
+# permute: out[j0, j1, ...] = a at the index whose axis dims[k] is j_k (numpy's transpose
+# with axes=dims): exact copies.  Backward: the inverse permutation of g, added once.
+def _permute_f(a, b, s, at):
+    return np.ascontiguousarray(np.transpose(a, at["dims"]))
+
+
+def _permute_b(g, a, b, t, s, at, na, nb):
+    return (np.ascontiguousarray(np.transpose(g, np.argsort(at["dims"]))), None)
+
+
+_register(OpSpec("permute", "permute", 1, "the axes in a new order: out axis k is input axis "
+                 "dims[k] (numpy's transpose(a, dims), torch's permute)", _permute_shape,
+                 _permute_f, _permute_b, kernels=("k_copy_nd",),
+                 attrs=(Attr("dims", "perm", "the input axis of each out axis; negative "
+                             "counts from the end"),)))
 
 
 # ── the table: gathers by integer ids ──────────────────────────────────────

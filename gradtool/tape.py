@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from . import layout as _layout
 from .errors import GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
 from .ops import INT_DTYPE, OPS, bad_id, infer_shape
@@ -450,7 +451,12 @@ class Tape:
             if not isinstance(value, (bool, np.bool_)):
                 raise TapeError(f"{op} {at.name}: expected True or False, got {value!r}"[:200])
             return bool(value)
-        return _int_list(value, f"{op} {at.name}")
+        if value is None and at.optional:
+            return None
+        what = f"{op} {at.name}"
+        if at.kind == "perm":
+            return [self._axis(a, d, what) for d in _int_list(value, what)]
+        return _int_list(value, what)
 
     def mse(self, y, t) -> GVar:
         """mean((y - t) * (y - t)), recorded as its primitive nodes."""
@@ -704,6 +710,30 @@ for _spec in OPS.values():
     if _spec.arity:
         setattr(Tape, _spec.name, _op_method(_spec))
 del _spec
+
+
+def _composite_method(fn):
+    """The Tape method of a :mod:`gradtool.layout` composite ``fn(tape, ...)``."""
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    params = list(inspect.signature(fn).parameters.values())
+    method.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params[1:])
+    method.__name__ = fn.__name__
+    method.__qualname__ = f"Tape.{fn.__name__}"
+    method.__doc__ = fn.__doc__
+    return method
+
+
+# sum/mean/max with a tuple of axes, and the layout composites (gradtool/layout.py): Tape
+# methods that record the table's ops, no node types of their own
+for _name in ("sum", "mean", "max"):
+    setattr(Tape, f"_{_name}_one", getattr(Tape, _name))
+    setattr(Tape, _name, _layout.reduction_method(getattr(Tape, _name)))
+for _name, _fn in _layout.METHODS.items():
+    setattr(Tape, _name, _composite_method(_fn))
+del _name, _fn
 
 
 # ── what backward reaches ──────────────────────────────────────────────────

@@ -85,6 +85,8 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (2, 3, 4)), draw(spec, rng, (2, 4, 3))], s, {}
     if kind == "transpose":
         return [draw(spec, rng, (2, 3, 4))], s, {}
+    if kind == "permute":
+        return [draw(spec, rng, (2, 3, 4, 5))], s, {"dims": [2, 0, 3, 1]}
     if kind == "reshape":
         return [draw(spec, rng, (3, 4))], s, {"shape": [2, 6]}
     if kind == "softmax":
@@ -439,6 +441,9 @@ def all_ops_tape():
     bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
     extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
     loss = tp.add(loss, tp.sum(extra))
+    # layout: a general permute and a stepped slice
+    st = tp.slice(tp.permute(emb, [2, 0, 1]), [0, 0, 0], [3, 2, 2], [2, 1, 2])   # [2,2,1]
+    loss = tp.add(loss, tp.sum(st))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
 
 
@@ -571,8 +576,17 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "stops past end", {**node, "stops": [d + 100 for d in node["stops"]]}
             yield "empty slice", {**node, "stops": list(node["starts"])}
             yield "starts missing", {k: v for k, v in node.items() if k != "starts"}
+            if "steps" in node:
+                yield "step zero", {**node, "steps": [0] * len(node["steps"])}
+                yield "steps short", {**node, "steps": node["steps"][:-1]}
         else:
             yield "starts stray", {**node, "starts": [0]}
+        if op == "permute":
+            yield "dims repeated", {**node, "dims": [0] * len(node["dims"])}
+            yield "dims short", {**node, "dims": node["dims"][:-1]}
+            yield "dims missing", {k: v for k, v in node.items() if k != "dims"}
+        else:
+            yield "dims stray", {**node, "dims": [0]}
 
 
 OPS_ARITY = {name: spec.arity for name, spec in OPS.items()}

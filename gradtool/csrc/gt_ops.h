@@ -226,7 +226,7 @@
     const long long *ss = gt_m; gt_m += nd; \
     (void)gt_m; (void)dst; (void)src; (void)acc; (void)nd; (void)dims; (void)sd; (void)ss;
 
-/* k_slice_bwd: ga = ga + (g inside the region, +0.0 outside), every input element */
+/* k_slice_bwd: ga = ga + (g at the region's elements, +0.0 elsewhere), every input element */
 #define GT_ARGS_k_slice_bwd \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT ga = W + *gt_m++; \
@@ -235,8 +235,9 @@
     const long long *dims = gt_m; gt_m += nd; \
     const long long *starts = gt_m; gt_m += nd; \
     const long long *stops = gt_m; gt_m += nd; \
+    const long long *steps = gt_m; gt_m += nd; \
     const long long *gst = gt_m; gt_m += nd; \
-    (void)gt_m; (void)ga; (void)g; (void)nd; (void)dims; (void)starts; (void)stops; (void)gst;
+    (void)gt_m; (void)ga; (void)g; (void)nd; (void)dims; (void)starts; (void)stops; (void)steps; (void)gst;
 
 /* k_softmax: per row of len elements at stride inner: e = exp(x - max); y = e / (0.0 + e0 + ...) */
 #define GT_ARGS_k_softmax \

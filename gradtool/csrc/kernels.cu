@@ -146,8 +146,8 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
         for (int d = nd - 1; d >= 0; --d) {
             const long long c = rem % dims[d];
             rem /= dims[d];
-            if (c < lo[d] || c >= hi[d]) inside = 0;
-            pg += (c - lo[d]) * gst[d];
+            if (c < lo[d] || c >= hi[d] || (c - lo[d]) % steps[d] != 0) inside = 0;
+            pg += (c - lo[d]) / steps[d] * gst[d];
         }
         ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
     }

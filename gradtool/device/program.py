@@ -408,8 +408,9 @@ def _fwd_slice(b, i, spec, val):
     sa, shape = b.shapes[node.a], b.shapes[i]
     st = row_major_strides(sa)
     start = sum(lo * s for lo, s in zip(node.aux["starts"], st))
-    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape), st,
-                  acc=False, what="slice")]
+    steps = attr(node.aux, "steps") or [1] * len(sa)
+    return [_copy(b, i, val[i], val[node.a] + start, shape, row_major_strides(shape),
+                  [s * k for s, k in zip(st, steps)], acc=False, what="slice")]
 
 
 def _fwd_concat(b, i, spec, val):
@@ -438,11 +439,19 @@ def _fwd_take_along(b, i, spec, val):
                    ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
 
 
+def _fwd_permute(b, i, spec, val):
+    node = b.tape.nodes[i]
+    shape, st = b.shapes[i], row_major_strides(b.shapes[node.a])
+    # out[j] = a[j at the input's axes]: walked in out order, out axis k reads axis dims[k]
+    return [_copy(b, i, val[i], val[node.a], shape, row_major_strides(shape),
+                  [st[d] for d in node.aux["dims"]], acc=False, what="permute")]
+
+
 _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
             "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
-            "take_along": _fwd_take_along}
+            "take_along": _fwd_take_along, "permute": _fwd_permute}
 
 
 def _axis_split(shape, axis):
@@ -576,6 +585,7 @@ def _bwd_slice(b, i, spec, need_a, need_b, val, grad):
                            f"kernels handle ({MAX_DIMS})")
     return [launch("k_slice_bwd", b.n(node.a), i, "slice backward", ga=grad[node.a],
                    g=grad[i], dims=sa, starts=node.aux["starts"], stops=node.aux["stops"],
+                   steps=attr(node.aux, "steps") or [1] * len(sa),
                    gst=row_major_strides(b.shapes[i]))]
 
 
@@ -612,11 +622,21 @@ def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
                    k=b.shapes[node.b][axis], inner=inner)]
 
 
+def _bwd_permute(b, i, spec, need_a, need_b, val, grad):
+    node = b.tape.nodes[i]
+    sa, gst = b.shapes[node.a], row_major_strides(b.shapes[i])
+    where = {d: k for k, d in enumerate(node.aux["dims"])}     # input axis -> out axis
+    # ga[p] += g[p at the out's axes], walked in ga order
+    return [_copy(b, i, grad[node.a], grad[i], sa, row_major_strides(sa),
+                  [gst[where[d]] for d in range(len(sa))], acc=True,
+                  what="permute backward")]
+
+
 _BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
              "max": _bwd_max, "matmul": _bwd_matmul, "bmm": _bwd_bmm,
              "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
              "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
-             "take_along": _bwd_take_along}
+             "take_along": _bwd_take_along, "permute": _bwd_permute}
 
 
 def _reduce(b, node, kernel, target, val, grad, what) -> Launch:

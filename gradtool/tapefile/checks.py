@@ -668,5 +668,6 @@ def _attrs(op: str, raw: dict) -> Optional[dict]:
             aux[at.name] = list(raw["shape"])
         elif at.name in raw and not (at.optional and raw[at.name] == at.default
                                      and type(raw[at.name]) is type(at.default)):
-            aux[at.name] = list(raw[at.name]) if at.kind == "indices" else raw[at.name]
+            aux[at.name] = (list(raw[at.name]) if at.kind in ("indices", "perm")
+                            else raw[at.name])
     return aux or None

@@ -1,0 +1,322 @@
+"""Layout composites and multi-axis reductions: Tape methods that record existing ops.
+
+Each function here becomes a :class:`~gradtool.tape.Tape` method (``tp.expand``,
+``tp.select``, ...; ``tp.sum/mean/max`` with a tuple of axes) and records
+ordinary op-table nodes, no node type of its own, like :mod:`gradtool.nn`.
+Every one is exact by construction: the layout ones record only copies
+(``reshape``, ``permute``, ``slice``, ``concat``, ``take``) and ``x + (-0.0)``
+(``expand``), which is ``x`` bit for bit (signed zeros and NaN included);
+the reductions record the single-axis reduction of the documented order
+(``numerics``: "multi-axis reduction").  The bits are therefore those of
+the ops they record, on every backend.
+
+Shapes follow PyTorch where it differs from numpy only in spelling
+(``dim`` is ``axis``; negative axes count from the end).  A result with no
+dims left is ``[1]``, as everywhere in gradtool.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+
+import numpy as np
+
+from .errors import ShapeError, TapeError
+from .ops import format_shape
+
+__all__ = ["METHODS", "reduction_method"]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _shape(tp, a, what: str) -> tuple:
+    return tuple(tp.values[tp.node_id(a, what)].shape)
+
+
+def _fail(tp, message: str):
+    """A shape problem: poison the tape (ShapeError with raise_on_error), as ops do."""
+    return tp._poison(message, ShapeError)
+
+
+def _axis(x, rank: int, what: str, *, extra: int = 0) -> int:
+    """One axis in [-rank-extra, rank+extra), normalised to >= 0; TapeError otherwise."""
+    if not _is_int(x):
+        raise TapeError(f"{what}: an axis must be an int, got {x!r}"[:200])
+    n = rank + extra
+    if not -n <= int(x) < n:
+        raise TapeError(f"{what}: axis {int(x)} is out of range for rank {rank}")
+    return int(x) + n if x < 0 else int(x)
+
+
+def _axes(axis, rank: int, what: str) -> list:
+    """None -> every axis; an int or a sequence of ints -> sorted distinct axes >= 0."""
+    if axis is None:
+        return list(range(rank))
+    items = [axis] if _is_int(axis) else None
+    if items is None:
+        try:
+            items = list(axis)
+        except TypeError:
+            raise TapeError(f"{what}: axis must be None, an int or a sequence of ints, "
+                            f"got {axis!r}"[:200]) from None
+    out = [_axis(x, rank, what) for x in items]
+    for x in out:
+        if out.count(x) > 1:
+            raise TapeError(f"{what}: axis {x} appears more than once in {list(items)}")
+    return sorted(out)
+
+
+def _dims(shape, what: str) -> list:
+    try:
+        dims = list(shape)
+    except TypeError:
+        raise TapeError(f"{what}: expected a sequence of ints, got {shape!r}"[:200]) from None
+    if not all(_is_int(d) for d in dims):
+        raise TapeError(f"{what}: expected ints, got {dims!r}"[:200])
+    return [int(d) for d in dims]
+
+
+# ── multi-axis reductions ──────────────────────────────────────────────────
+
+def reduce_axes(tp, op: str, a, axis, keepdims: bool = False):
+    """``sum``/``mean``/``max`` over several axes at once (numerics: "multi-axis
+    reduction"): the reduced axes are moved behind the kept ones in their order
+    (a ``permute``, left out when they are already adjacent), merged into one
+    (a ``reshape``), and reduced as one axis: so every kept index's result is the
+    single-axis rule over the reduced coordinates in row-major order (the
+    serial sum from 0.0; the mean divides it once by their count; the max is
+    the first maximal element, whose one element gets the gradient).  Every
+    axis at once is the whole reduction itself (``axis=None``).
+    """
+    method = getattr(tp, f"_{op}_one")
+    shape = _shape(tp, a, op)
+    axes = _axes(axis, len(shape), op)
+    if not axes:
+        raise TapeError(f"{op}: axis=() names no axis (numpy would reduce none, torch "
+                        f"every one); pass None for every axis")
+    if len(axes) == 1:
+        return method(a, axes[0], keepdims)
+    if len(axes) == len(shape):
+        return method(a, None, keepdims)
+    kept = [d for d in range(len(shape)) if d not in axes]
+    count = math.prod(shape[d] for d in axes)
+    if axes == list(range(axes[0], axes[-1] + 1)):          # adjacent: merge in place
+        merged = list(shape[:axes[0]]) + [count] + list(shape[axes[-1] + 1:])
+        r = method(tp.reshape(a, merged), axes[0], False)
+    else:
+        moved = tp.permute(a, kept + axes)
+        r = method(tp.reshape(moved, [shape[d] for d in kept] + [count]), len(kept), False)
+    if keepdims:
+        r = tp.reshape(r, [1 if d in axes else shape[d] for d in range(len(shape))])
+    return r
+
+
+def reduction_method(one):
+    """The Tape's ``sum``/``mean``/``max``: the table's op method ``one`` for None or one
+    axis (the file node it always was), :func:`reduce_axes` for a tuple of axes."""
+    op = one.__name__
+
+    @functools.wraps(one)
+    def method(self, a, axis=None, keepdims=False):
+        if axis is None or _is_int(axis):
+            return one(self, a, axis, keepdims)
+        return reduce_axes(self, op, a, axis, keepdims)
+
+    method.__signature__ = inspect.signature(one)
+    method.__doc__ = (one.__doc__ or "") + (
+        "\n\nA tuple of axes reduces them all at once: row-major over the reduced "
+        "coordinates (numerics: multi-axis reduction), recorded as permute/reshape and "
+        "the one-axis op.")
+    return method
+
+
+def variance(tp, a, axis=None, correction=1, keepdims=False):
+    """torch.var (``Tape.var`` already names a node handle's lookup): ``m = mean(a, axis, keepdims=True)``, ``d = a - m``, then
+    ``sum(d * d, axis) / max(0, N - correction)`` (one division by a const; N the
+    number of reduced elements).  torch's CPU kernel accumulates differently (Welford),
+    so torch's float64 bits differ from these in the last places."""
+    shape = _shape(tp, a, "variance")
+    axes = _axes(axis, len(shape), "variance")
+    if not axes:
+        raise TapeError("variance: axis=() names no axis; pass None for every axis")
+    if not isinstance(correction, numbers.Real) or isinstance(correction, (bool, np.bool_)):
+        raise TapeError(f"variance: correction must be a number, got {correction!r}"[:200])
+    d = tp.sub(a, tp.mean(a, axes, keepdims=True))
+    ss = tp.sum(tp.mul(d, d), axes, keepdims)
+    n = math.prod(shape[x] for x in axes)
+    return tp.div(ss, tp.const(np.array([max(0.0, n - float(correction))])))
+
+
+# ── views, as copies ───────────────────────────────────────────────────────
+
+def expand(tp, a, shape):
+    """numpy's ``broadcast_to`` (torch's ``expand``, where -1 keeps a dim): new leading dims
+    and size-1 dims stretch.  Recorded as ``add(a, c)`` with c a const of -0.0 shaped 1
+    except on the stretched dims (``x + -0.0`` is x exactly), so the gradient is summed
+    back in ``numerics.reduce_to_shape``'s order.  The same shape returns ``a``."""
+    have = _shape(tp, a, "expand")
+    want = _dims(shape, "expand shape")
+    if len(want) < len(have):
+        return _fail(tp, f"expand: cannot expand {format_shape(have)} to fewer dims "
+                         f"{format_shape(want)}")
+    pad = (1,) * (len(want) - len(have)) + have
+    target = []
+    for k, (h, w) in enumerate(zip(pad, want)):
+        if w == -1 and k >= len(want) - len(have):
+            w = h
+        if w < 1 or (h != 1 and h != w):
+            return _fail(tp, f"expand: cannot expand {format_shape(have)} to "
+                             f"{format_shape(want)} (dim {k})")
+        target.append(w)
+    if tuple(target) == have:
+        return a
+    stretch = [w if h == 1 and w != 1 else 1 for h, w in zip(pad, target)]
+    return tp.add(a, tp.const(np.full(stretch, -0.0)))
+
+
+def reshape_to(tp, a, shape, what):
+    """A reshape, left out when the shape does not change."""
+    shape = [int(d) for d in shape] or [1]
+    return a if tuple(shape) == _shape(tp, a, what) else tp.reshape(a, shape)
+
+
+def unsqueeze(tp, a, axis):
+    """A new size-1 axis at ``axis`` (in [-rank-1, rank]), as torch.unsqueeze."""
+    shape = _shape(tp, a, "unsqueeze")
+    ax = _axis(axis, len(shape), "unsqueeze", extra=1)
+    return tp.reshape(a, list(shape[:ax]) + [1] + list(shape[ax:]))
+
+
+def squeeze(tp, a, axes=None):
+    """Drop size-1 axes: every one (None), or those of ``axes`` (an int or a sequence)
+    that have size 1 (torch.squeeze leaves the others).  No dims left: [1]."""
+    shape = _shape(tp, a, "squeeze")
+    drop = _axes(axes, len(shape), "squeeze")
+    return reshape_to(tp, a, [n for d, n in enumerate(shape) if not (d in drop and n == 1)],
+                      "squeeze")
+
+
+def flatten(tp, a, start=0, end=-1):
+    """Merge axes start..end (inclusive) into one, as torch.flatten."""
+    shape = _shape(tp, a, "flatten")
+    lo, hi = _axis(start, len(shape), "flatten"), _axis(end, len(shape), "flatten")
+    if lo > hi:
+        raise TapeError(f"flatten: start axis {lo} comes after end axis {hi}")
+    return reshape_to(tp, a, list(shape[:lo]) + [math.prod(shape[lo:hi + 1])]
+                      + list(shape[hi + 1:]), "flatten")
+
+
+def select(tp, a, axis, index):
+    """``a`` at ``index`` of ``axis``, the axis dropped (torch.select; negative index counts
+    from the end): a slice, then a reshape."""
+    shape = _shape(tp, a, "select")
+    ax = _axis(axis, len(shape), "select")
+    if not _is_int(index) or not -shape[ax] <= int(index) < shape[ax]:
+        raise TapeError(f"select: index {index!r} is out of range for axis {ax} of "
+                        f"{format_shape(shape)}"[:200])
+    i = int(index) % shape[ax]
+    starts = [0] * len(shape)
+    stops = list(shape)
+    starts[ax], stops[ax] = i, i + 1
+    return tp.reshape(tp.slice(a, starts, stops),
+                      [n for d, n in enumerate(shape) if d != ax] or [1])
+
+
+def narrow(tp, a, axis, start, stop, step=1):
+    """``a[start:stop:step]`` on one axis (a slice node; the whole axis returns ``a``)."""
+    shape = _shape(tp, a, "narrow")
+    ax = _axis(axis, len(shape), "narrow")
+    if (start, stop, step) == (0, shape[ax], 1):
+        return a
+    starts, stops = [0] * len(shape), list(shape)
+    starts[ax], stops[ax] = start, stop
+    steps = None
+    if step != 1:
+        steps = [1] * len(shape)
+        steps[ax] = step
+    return tp.slice(a, starts, stops, steps)
+
+
+def split(tp, a, sizes, axis=0):
+    """Pieces along ``axis`` (torch.split): ``sizes`` an int (pieces of that size, the last
+    one shorter) or a list of sizes adding up to the axis.  -> a list of GVars (slices;
+    one piece covering the axis is ``a`` itself)."""
+    shape = _shape(tp, a, "split")
+    ax = _axis(axis, len(shape), "split")
+    n = shape[ax]
+    if _is_int(sizes):
+        if sizes < 1:
+            raise TapeError(f"split: a piece size must be >= 1, got {sizes}")
+        sizes = [min(int(sizes), n - lo) for lo in range(0, n, int(sizes))]
+    sizes = _dims(sizes, "split sizes")
+    if any(s < 1 for s in sizes) or sum(sizes) != n:
+        raise TapeError(f"split: sizes {sizes} must be >= 1 and add up to {n}, the size of "
+                        f"axis {ax} of {format_shape(shape)}")
+    out, lo = [], 0
+    for s in sizes:
+        out.append(narrow(tp, a, ax, lo, lo + s))
+        lo += s
+    return out
+
+
+def cat(tp, xs, axis=0):
+    """``xs`` (one or more GVars) joined along ``axis`` (torch.cat): binary concats in a
+    balanced tree (every value and gradient a copy, so any grouping gives the same
+    bits; the tree copies each element log2(N) times, a chain N times)."""
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise TapeError(f"cat: expected a sequence of GVars, got {xs!r}"[:200]) from None
+    if not xs:
+        raise TapeError("cat: needs at least one input")
+    ax = _axis(axis, len(_shape(tp, xs[0], "cat")), "cat")
+    while len(xs) > 1:
+        pairs = [tp.concat(xs[k], xs[k + 1], ax) for k in range(0, len(xs) - 1, 2)]
+        xs = pairs + xs[len(xs) - len(xs) % 2:]
+    return xs[0]
+
+
+def index_select(tp, a, axis, ids):
+    """Entries of ``axis`` picked by 1-d integer ids (torch.index_select): ``ids`` an i64
+    const (or int data, recorded as one), ``take`` on axis 0, with permutes moving the
+    axis to the front and back.  Backward: ``take``'s (each entry's gradient summed over
+    the positions that picked it, ascending)."""
+    shape = _shape(tp, a, "index_select")
+    ax = _axis(axis, len(shape), "index_select")
+    if not hasattr(ids, "tape"):
+        ids = tp.const(np.asarray(ids), dtype="i64")
+    ids_shape = _shape(tp, ids, "index_select ids")
+    if len(ids_shape) != 1:
+        return _fail(tp, f"index_select: ids must be 1-d, got {format_shape(ids_shape)}")
+    if ax == 0:
+        return tp.take(a, ids)
+    perm = [ax] + [d for d in range(len(shape)) if d != ax]
+    return tp.permute(tp.take(tp.permute(a, perm), ids), list(np.argsort(perm)))
+
+
+def repeat_interleave(tp, a, repeats, axis):
+    """Each entry of ``axis`` repeated ``repeats`` times in place (torch.repeat_interleave
+    with an int): unsqueeze behind the axis, expand, reshape.  The gradient of each
+    entry sums its copies' in order (``numerics.reduce_to_shape``)."""
+    shape = _shape(tp, a, "repeat_interleave")
+    ax = _axis(axis, len(shape), "repeat_interleave")
+    if not _is_int(repeats) or repeats < 1:
+        raise TapeError(f"repeat_interleave: repeats must be an int >= 1, got {repeats!r}"
+                        [:200])
+    if repeats == 1:
+        return a
+    wide = list(shape[:ax + 1]) + [int(repeats)] + list(shape[ax + 1:])
+    merged = list(shape[:ax]) + [shape[ax] * int(repeats)] + list(shape[ax + 1:])
+    return tp.reshape(expand(tp, unsqueeze(tp, a, ax + 1), wide), merged)
+
+
+# name -> function(tp, ...): each becomes a Tape method of that name (tape.py)
+METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
+           "select": select, "narrow": narrow, "split": split, "cat": cat,
+           "index_select": index_select, "repeat_interleave": repeat_interleave,
+           "variance": variance}
