@@ -288,7 +288,7 @@ def _amax(r, node, a, dim=None, keepdim=False):
 
 
 @aten("aten.var.correction", "aten.var.dim",
-      doc="var (Tape.var where present, else mean, sub, mul, sum, div by n - correction)")
+      doc="Tape.variance where present, else mean, sub, mul, sum, div by n - correction")
 def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=None):
     if args:                       # var.dim(self, dim, unbiased, keepdim)
         unbiased = args[0]
@@ -297,8 +297,9 @@ def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=N
         correction = 1 if unbiased in (None, True) else 0
     a = r.f(a)
     axes = r.axes(a, dim)
-    if has("var") and len(axes) == 1:
-        return r.tp.var(a, axes[0], correction=correction, keepdims=keepdim)
+    if has("variance"):
+        axis = axes[0] if len(axes) == 1 else tuple(axes)
+        return r.tp.variance(a, axis, correction=correction, keepdims=bool(keepdim))
     tp = r.tp
     d = tp.sub(a, r.reduce("mean", a, axes, True))
     n = math.prod(a.shape[ax] for ax in axes)
@@ -316,15 +317,17 @@ def _log_softmax(r, node, a, dim, half_to_float=False):
 
 
 @aten("aten.native_layer_norm.default",
-      doc="gradtool.nn.layer_norm over the last axis; the mean and rstd outputs recorded "
-          "only if read")
+      doc="gradtool.nn.native_layer_norm (y, mean, rstd) where present, else "
+          "gradtool.nn.layer_norm over the last axis")
 def _native_layer_norm(r, node, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     from .. import nn
-    if len(normalized_shape) != 1:
-        raise Unsupported("layer_norm over more than one axis")
     x = r.f(x)
     w = None if weight is None else r.f(weight)
     b = None if bias is None else r.f(bias)
+    if hasattr(nn, "native_layer_norm"):
+        return tuple(nn.native_layer_norm(x, len(normalized_shape), w, b, eps=float(eps)))
+    if len(normalized_shape) != 1:
+        raise Unsupported("layer_norm over more than one axis")
     out = nn.layer_norm(x, w, b, eps=float(eps))
     used = r.getitems_used(node)
     tp = r.tp

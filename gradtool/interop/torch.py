@@ -174,10 +174,14 @@ class TorchImport:
             "consts": {k: v.id for k, v in self.consts.items()},
         }}
 
-    def save(self, path) -> None:
-        """Write the tape file (atomically: a path is replaced whole or not at all)."""
+    def save(self, path, meta=None) -> None:
+        """Write the tape file (atomically: a path is replaced whole or not at all).
+
+        ``meta``: further meta entries (``{"train": {...}}`` training defaults) next to
+        ``meta["torch"]`` (the torch names of params, input slots and consts)."""
         from ..tapefile import save
-        save(self.tape, path, loss=self.loss, outputs=self.outputs or None, meta=self.meta())
+        save(self.tape, path, loss=self.loss, outputs=self.outputs or None,
+             meta={**self.meta(), **(meta or {})})
 
     def summary(self) -> dict:
         tp = self.tape
