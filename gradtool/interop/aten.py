@@ -271,13 +271,12 @@ def _any(r, node, a, dim=None, keepdim=False):
 # ── reductions and normalisations ──────────────────────────────────────────
 
 @aten("aten.sum.dim_IntList", "aten.sum.default",
-      doc="sum (several axes: one multi-axis sum where the table has it, else one axis "
-          "at a time, last first)")
+      doc="sum (over one, several or all axes)")
 def _sum(r, node, a, dim=None, keepdim=False, dtype=None):
     return r.reduce("sum", r.f(a), dim, keepdim)
 
 
-@aten("aten.mean.dim", "aten.mean.default", doc="mean (several axes: as sum)")
+@aten("aten.mean.dim", "aten.mean.default", doc="mean (over one, several or all axes)")
 def _mean(r, node, a, dim=None, keepdim=False, dtype=None):
     return r.reduce("mean", r.f(a), dim, keepdim)
 
@@ -287,8 +286,8 @@ def _amax(r, node, a, dim=None, keepdim=False):
     return r.reduce("max", r.f(a), dim, keepdim)
 
 
-@aten("aten.var.correction", "aten.var.dim",
-      doc="Tape.variance where present, else mean, sub, mul, sum, div by n - correction")
+@aten("aten.var.correction", "aten.var.dim", needs=("variance",),
+      doc="variance (torch's formula, one or several axes)")
 def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=None):
     if args:                       # var.dim(self, dim, unbiased, keepdim)
         unbiased = args[0]
@@ -297,13 +296,8 @@ def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=N
         correction = 1 if unbiased in (None, True) else 0
     a = r.f(a)
     axes = r.axes(a, dim)
-    if has("variance"):
-        axis = axes[0] if len(axes) == 1 else tuple(axes)
-        return r.tp.variance(a, axis, correction=correction, keepdims=bool(keepdim))
-    tp = r.tp
-    d = tp.sub(a, r.reduce("mean", a, axes, True))
-    n = math.prod(a.shape[ax] for ax in axes)
-    return tp.div(r.reduce("sum", tp.mul(d, d), axes, keepdim), r.f(float(n - correction)))
+    axis = axes[0] if len(axes) == 1 else tuple(axes)
+    return r.tp.variance(a, axis, correction=correction, keepdims=bool(keepdim))
 
 
 @aten("aten._softmax.default", doc="softmax")
@@ -316,29 +310,13 @@ def _log_softmax(r, node, a, dim, half_to_float=False):
     return r.tp.log_softmax(r.f(a), axis=dim)
 
 
-@aten("aten.native_layer_norm.default",
-      doc="gradtool.nn.native_layer_norm (y, mean, rstd) where present, else "
-          "gradtool.nn.layer_norm over the last axis")
+@aten("aten.native_layer_norm.default", needs=("nn.native_layer_norm",),
+      doc="gradtool.nn.native_layer_norm: (y, mean, rstd) over the normalized axes")
 def _native_layer_norm(r, node, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     from .. import nn
-    x = r.f(x)
     w = None if weight is None else r.f(weight)
     b = None if bias is None else r.f(bias)
-    if hasattr(nn, "native_layer_norm"):
-        return tuple(nn.native_layer_norm(x, len(normalized_shape), w, b, eps=float(eps)))
-    if len(normalized_shape) != 1:
-        raise Unsupported("layer_norm over more than one axis")
-    out = nn.layer_norm(x, w, b, eps=float(eps))
-    used = r.getitems_used(node)
-    tp = r.tp
-    mean = rstd = None
-    if 1 in used or 2 in used:
-        mean = tp.mean(x, axis=-1, keepdims=True)
-    if 2 in used:
-        d = tp.sub(x, mean)
-        var = tp.mean(tp.mul(d, d), axis=-1, keepdims=True)
-        rstd = tp.div(r.f(1.0), tp.sqrt(tp.adds(var, float(eps))))
-    return (out, mean, rstd)
+    return tuple(nn.native_layer_norm(r.f(x), len(normalized_shape), w, b, eps=float(eps)))
 
 
 # ── matrix products ────────────────────────────────────────────────────────
@@ -416,8 +394,8 @@ def _to_copy(r, node, a, *args, dtype=None, **kwargs):
     return r.tp.to_f64(v)
 
 
-@aten("aten.permute.default", doc="permute (a swap of the last two axes: transpose; the op "
-                                  "where present, else a sequence of transposes and reshapes)")
+@aten("aten.permute.default", needs=("permute",),
+      doc="permute (a swap of the last two axes: transpose; the identity: no node)")
 def _permute(r, node, a, dims):
     return r.permute(r.value(a), list(dims))
 
@@ -428,7 +406,7 @@ def _t(r, node, a):
     return v if len(v.shape) < 2 else r.tp.transpose(v)
 
 
-@aten("aten.transpose.int", doc="as permute")
+@aten("aten.transpose.int", needs=("permute",), doc="as permute")
 def _transpose(r, node, a, d0, d1):
     v = r.value(a)
     n = len(r.tshape(node))
@@ -438,13 +416,13 @@ def _transpose(r, node, a, d0, d1):
     return r.permute(v, perm)
 
 
-@aten("aten.expand.default", doc="expand where present, else mul by a const of ones "
-                                 "(exact; the gradient summed back by the broadcast)")
+@aten("aten.expand.default", needs=("expand",),
+      doc="expand (the gradient summed back in reduce_to_shape's order)")
 def _expand(r, node, a, size, implicit=False):
     return r.expand(r.f(a), r.shape(node))
 
 
-@aten("aten.slice.Tensor", doc="slice (a step > 1 needs slice's steps attribute)")
+@aten("aten.slice.Tensor", doc="slice (with steps where the step is > 1)")
 def _slice(r, node, a, dim=0, start=None, end=None, step=1):
     v = r.value(a)
     shape = list(r.tshape(node.args[0]))
@@ -488,36 +466,22 @@ def _unbind(r, node, a, dim=0):
                  for i in range(shape[dim]))
 
 
-@aten("aten.cat.default", doc="cat (N inputs) where present, else a chain of concat")
+@aten("aten.cat.default", needs=("cat",), doc="cat (N inputs; empty ones dropped)")
 def _cat(r, node, tensors, dim=0):
     vals = [(r.value(t), s) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])]
     vals = [v for v, s in vals if 0 not in s]
     ndim = len(r.tshape(node))
     dim %= ndim
     vals = [r.f(v) if not r.is_gvar(v) or not r.is_ids(v) else v for v in vals]
-    if len(vals) == 1:
-        return vals[0]
-    if has("cat"):
-        return r.tp.cat(vals, dim)
-    out = vals[0]
-    for v in vals[1:]:
-        out = r.tp.concat(out, v, axis=dim)
-    return out
+    return vals[0] if len(vals) == 1 else r.tp.cat(vals, dim)
 
 
-@aten("aten.stack.default", doc="unsqueeze (reshape) of each input, then cat")
+@aten("aten.stack.default", needs=("cat",), doc="unsqueeze (reshape) of each input, then cat")
 def _stack(r, node, tensors, dim=0):
     shape = list(r.tshape(node.args[0][0]))
     dim %= len(shape) + 1
     parts = [r.reshape(r.f(t), shape[:dim] + [1] + shape[dim:]) for t in tensors]
-    if len(parts) == 1:
-        return parts[0]
-    if has("cat"):
-        return r.tp.cat(parts, dim)
-    out = parts[0]
-    for p in parts[1:]:
-        out = r.tp.concat(out, p, axis=dim)
-    return out
+    return parts[0] if len(parts) == 1 else r.tp.cat(parts, dim)
 
 
 # ── gathers ────────────────────────────────────────────────────────────────
@@ -531,15 +495,10 @@ def _embedding(r, node, weight, ids, padding_idx=-1, scale_grad=False, sparse=Fa
     return r.tp.take(r.f(weight), r.ids(ids))
 
 
-@aten("aten.index_select.default", doc="take (axis 0) or index_select")
+@aten("aten.index_select.default", needs=("index_select",), doc="index_select")
 def _index_select(r, node, a, dim, ids):
     v = r.f(a)
-    dim %= len(v.shape)
-    if has("index_select"):
-        return r.tp.index_select(v, dim, r.ids(ids))
-    if dim != 0:
-        raise Unsupported("index_select on an axis other than 0 needs Tape.index_select")
-    return r.tp.take(v, r.ids(ids))
+    return r.tp.index_select(v, dim % len(v.shape), r.ids(ids))
 
 
 @aten("aten.gather.default", doc="take_along")

@@ -748,62 +748,25 @@ class Recorder:
         return sorted({d % n for d in dims})
 
     def reduce(self, kind, a, dim, keepdim):
-        tp = self.tp
-        n = len(a.shape)
+        """sum / mean / max over the axes ``dim`` (None or []: all), as one node."""
         axes = self.axes(a, dim)
-        fn = getattr(tp, kind)
-        if len(axes) == n and not keepdim:
+        fn = getattr(self.tp, kind)
+        if len(axes) == len(a.shape) and not keepdim:
             return fn(a)
-        if len(axes) == 1:
-            return fn(a, axis=axes[0], keepdims=bool(keepdim))
-        from ..errors import TapeError
-        try:
-            return fn(a, axis=tuple(axes), keepdims=bool(keepdim))
-        except TapeError:
-            if not tp.ok:
-                raise
-        out = a
-        for ax in reversed(axes):
-            out = fn(out, axis=ax, keepdims=True)
-        if not keepdim:
-            out = self.reshape(out, [d for i, d in enumerate(a.shape) if i not in axes])
-        return out
+        return fn(a, axis=axes[0] if len(axes) == 1 else tuple(axes), keepdims=bool(keepdim))
 
     def permute(self, v, perm):
         n = len(v.shape)
         perm = [p % n for p in perm]
         if perm == list(range(n)):
             return v
-        tp = self.tp
         if perm == list(range(n - 2)) + [n - 1, n - 2]:
-            return tp.transpose(v)
-        if A.has("permute"):
-            return tp.permute(v, perm)
-        # composite: move each axis, in the target order, to the end (one transpose each)
-        cur = list(range(n))
-        shape = list(v.shape)
-        k = 0
-        while perm[k] == k:
-            k += 1
-        for t in perm[k:]:
-            pos = cur.index(t)
-            post = shape[pos + 1:]
-            if post:
-                pre, mid = shape[:pos], shape[pos]
-                v = tp.reshape(v, pre + [mid, math.prod(post)])
-                v = tp.transpose(v)
-                v = self.reshape(v, pre + post + [mid])
-                shape = pre + post + [mid]
-                cur = cur[:pos] + cur[pos + 1:] + [t]
-        return v
+            return self.tp.transpose(v)
+        return self.tp.permute(v, perm)
 
     def expand(self, v, shape):
         shape = list(shape)
-        if list(v.shape) == shape:
-            return v
-        if A.has("expand"):
-            return self.tp.expand(v, shape)
-        return self.tp.mul(v, self.tp.const(np.ones(shape)))
+        return v if list(v.shape) == shape else self.tp.expand(v, shape)
 
     def slice_axis(self, v, dim, start, stop, step):
         shape = list(v.shape)
@@ -816,8 +779,6 @@ class Recorder:
         starts[dim], stops[dim] = start, stop
         if step == 1:
             return self.tp.slice(v, starts, stops)
-        if "steps" not in inspect.signature(type(self.tp).slice).parameters:
-            raise A.Unsupported("slice with a step > 1 needs slice's steps attribute")
         steps = [1] * len(shape)
         steps[dim] = step
         return self.tp.slice(v, starts, stops, steps=steps)
