@@ -601,3 +601,64 @@ def test_every_table_entry_is_documented_and_the_table_is_generated():
     text = (codegen.ROOT / "docs" / "torch.md").read_text(encoding="utf-8")
     for name in A.ATEN:
         assert f"`{name}`" in text, name
+
+
+# ── torch.nn.functional beyond the model set ───────────────────────────────
+
+FUNCTIONS = {
+    "softplus": (F.softplus, ()), "logsigmoid": (F.logsigmoid, ()),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), ("gt", "where")),
+    "hardtanh": (lambda x: F.hardtanh(x, -0.5, 0.5), ("le", "ge", "where")),
+    "elu": (F.elu, ("gt", "where", "expm1")), "selu": (F.selu, ("gt", "where", "expm1")),
+    "silu": (F.silu, ()), "mish": (F.mish, ()), "gelu": (F.gelu, ("erf",)),
+    "hardswish": (F.hardswish, ()), "glu": (lambda x: F.glu(x), ()),
+    "normalize": (lambda x: F.normalize(x, dim=-1), ()),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1), ()),
+    "std": (lambda x: x.std(-1), ()), "var_all": (lambda x: x.var(), ()),
+    "max_dim": (lambda x: x.max(dim=1).values, ()), "min_dim": (lambda x: x.min(dim=0).values, ()),
+    "amin": (lambda x: x.amin(dim=(0, 1)), ()), "einsum": (lambda x: torch.einsum("ij,kj->ik", x, x), ()),
+    "softmin": (lambda x: F.softmin(x, -1), ()), "repeat": (lambda x: x.repeat(2, 1, 3), ()),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), ()),
+    "index": (lambda x: x[:, torch.tensor([[0, 2], [5, 5]])], ()),
+    "masked_fill": (lambda x: x.masked_fill(torch.ones(4, 6).tril().bool(), 0.0), ("where",)),
+    "l1": (lambda x: F.l1_loss(x, torch.zeros_like(x)), ()),
+    "smooth_l1": (lambda x: F.smooth_l1_loss(x, torch.full_like(x, 0.2)), ()),
+    "bce_logits": (lambda x: F.binary_cross_entropy_with_logits(x, torch.full_like(x, 0.3)), ()),
+    "soft_targets": (lambda x: F.cross_entropy(x, torch.softmax(x.detach() * 0.5, -1)), ()),
+    "label_smoothing": (lambda x: F.cross_entropy(x, torch.tensor([0, 1, 2, 1]),
+                                                  label_smoothing=0.1), ()),
+    "cosine": (lambda x: F.cosine_similarity(x, x * x + 1), ()),
+    "addcmul_lerp": (lambda x: torch.lerp(torch.addcmul(x, x, x), x * 2, 0.3), ()),
+}
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        y = self.fn(x * self.w)
+        return (y * y).sum()
+
+
+@pytest.mark.parametrize("fn", [pytest.param(f, id=k, marks=needs(*n))
+                                for k, (f, n) in FUNCTIONS.items()])
+def test_functional_matches_torch_float64(fn):
+    torch.manual_seed(10)
+    module, x = Fn(fn), torch.randn(4, 6)
+    try:
+        result = import_module(module, (x,))
+    except TorchImportError as exc:
+        lacks = [p for p in exc.problems if "this build lacks" in p.detail]
+        if lacks and len(lacks) == len(exc.problems):
+            pytest.skip(str(exc))
+        raise
+    tape = result.tape
+    tape.backward(result.loss)
+    ref_loss, ref = torch_reference(module, (x,))
+    got = float(tape.values[result.loss.id][0])
+    assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss), (got, ref_loss)
+    g = tape.grad(result.params["w"])
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])

@@ -507,6 +507,124 @@ def _gather(r, node, a, dim, ids, sparse_grad=False):
     return r.tp.take_along(v, r.ids(ids), axis=dim % len(v.shape))
 
 
+# ── activations and norms that decompose no further ───────────────────────
+
+@aten("aten.leaky_relu.default", needs=("gt", "where"),
+      doc="where(a > 0, a, a * slope)")
+def _leaky_relu(r, node, a, slope=0.01):
+    a = r.f(a)
+    return r.tp.where(r.tp.gt(a, r.f(0.0)), a, r.tp.muls(a, float(slope)))
+
+
+@aten("aten.hardtanh.default", needs=("le", "ge", "where"),
+      doc="where(a <= lo, lo, where(a >= hi, hi, a)): the gradient passes where lo < a < hi, "
+          "as torch's")
+def _hardtanh(r, node, a, lo=-1.0, hi=1.0):
+    a = r.f(a)
+    tp = r.tp
+    lo_c, hi_c = r.f(float(lo)), r.f(float(hi))
+    return tp.where(tp.le(a, lo_c), lo_c, tp.where(tp.ge(a, hi_c), hi_c, a))
+
+
+@aten("aten.elu.default", needs=("gt", "where", "expm1"),
+      doc="where(a > 0, a * scale, expm1(a * input_scale) * alpha * scale) (also selu)")
+def _elu(r, node, a, alpha=1.0, scale=1.0, input_scale=1.0):
+    a = r.f(a)
+    tp = r.tp
+    pos = a if scale == 1 else tp.muls(a, float(scale))
+    inner = a if input_scale == 1 else tp.muls(a, float(input_scale))
+    neg = tp.muls(tp.expm1(inner), float(alpha) * float(scale)) if scale != 1 else \
+        tp.muls(tp.expm1(inner), float(alpha))
+    return tp.where(tp.gt(a, r.f(0.0)), pos, neg)
+
+
+@aten("aten.max.dim", doc="(max along the axis, -): the values only (the first maximal "
+                          "element); reading the indices is refused")
+def _max_dim(r, node, a, dim, keepdim=False):
+    a = r.f(a)
+    return (r.tp.max(a, axis=dim % len(a.shape), keepdims=bool(keepdim)), None)
+
+
+@aten("aten.min.dim", doc="(-max(-a) along the axis, -): the values only")
+def _min_dim(r, node, a, dim, keepdim=False):
+    a = r.f(a)
+    tp = r.tp
+    return (tp.neg(tp.max(tp.neg(a), axis=dim % len(a.shape), keepdims=bool(keepdim))), None)
+
+
+@aten("aten.amin.default", doc="-max(-a) (negation is exact)")
+def _amin(r, node, a, dim=None, keepdim=False):
+    tp = r.tp
+    return tp.neg(r.reduce("max", tp.neg(r.f(a)), dim, keepdim))
+
+
+@aten("aten.linalg_vector_norm.default",
+      doc="ord 2: sqrt(sum(a * a)) over the axes; other orders refused")
+def _vector_norm(r, node, a, ord=2, dim=None, keepdim=False, dtype=None):
+    if ord != 2:
+        raise Unsupported(f"vector norm of order {ord!r} (only 2)")
+    a = r.f(a)
+    return r.tp.sqrt(r.reduce("sum", r.tp.mul(a, a), dim, keepdim))
+
+
+@aten("aten.repeat.default", needs=("expand",),
+      doc="reshape with a size-1 axis before each, expand, reshape (exact copies)")
+def _repeat(r, node, a, repeats):
+    v = r.value(a)
+    shape = r.tshape(node.args[0])
+    shape = [1] * (len(repeats) - len(shape)) + shape
+    inter = [d for s in shape for d in (1, s)]
+    target = [d for rep, s in zip(repeats, shape) for d in (rep, s)]
+    v = r.expand(r.reshape(v, inter), target)
+    return r.reshape(v, r.shape(node))
+
+
+@aten("aten.constant_pad_nd.default", needs=("cat",),
+      doc="cat with const blocks of the pad value (padding >= 0)")
+def _pad(r, node, a, pad, value=0.0):
+    import numpy as np
+    v = r.f(a)
+    shape = list(v.shape)
+    for i in range(len(pad) // 2):
+        axis = len(shape) - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            raise Unsupported("negative padding (cropping)")
+        pieces = []
+        for n, piece in ((before, None), (0, v), (after, None)):
+            if piece is not None:
+                pieces.append(piece)
+            elif n:
+                block = list(shape)
+                block[axis] = n
+                pieces.append(r.tp.const(np.full(block, float(value))))
+        if len(pieces) > 1:
+            v = r.tp.cat(pieces, axis)
+        shape[axis] += before + after
+    return v
+
+
+@aten("aten.index.Tensor", needs=("permute",),
+      doc="one index tensor: take along its axis (ids of any shape); more are refused")
+def _index(r, node, a, indices):
+    given = [(i, t) for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise Unsupported("indexing with more than one index tensor (or a mask)")
+    axis, ids = given[0]
+    if r.torch_dtype(node.args[1][axis]) == "bool":
+        raise Unsupported("boolean-mask indexing (a data-dependent shape)")
+    v = r.f(a)
+    n = len(v.shape)
+    if axis == 0:
+        return r.tp.take(v, r.ids(ids))
+    perm = [axis] + [i for i in range(n) if i != axis]
+    out = r.tp.take(r.permute(v, perm), r.ids(ids))
+    k = len(out.shape) - (n - 1)           # the ids' dims, now in front
+    rest = list(range(k, len(out.shape)))
+    back = rest[:axis] + list(range(k)) + rest[axis:]
+    return r.permute(out, back)
+
+
 # ── constants that only depend on shapes (folded at import; listed here for the report)
 
 SHAPE_ONLY = {

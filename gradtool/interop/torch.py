@@ -497,7 +497,11 @@ class _Importer:
             if name == "<built-in function getitem>":
                 src, idx = node.args
                 value = self.env[src][idx]
-                self.env[node] = _MISSING if value is None else value
+                if value is None:
+                    self.problems.add("unsupported use of", _target_name(src), node,
+                                      f"its output {idx} (indices) is not recorded")
+                    value = _MISSING
+                self.env[node] = value
                 continue
             entry = A.ATEN[name]
             args = _map_nodes(node.args, self.env.__getitem__)
