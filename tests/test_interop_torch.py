@@ -624,7 +624,8 @@ FUNCTIONS = {
     "l1": (lambda x: F.l1_loss(x, torch.zeros_like(x)), ()),
     "smooth_l1": (lambda x: F.smooth_l1_loss(x, torch.full_like(x, 0.2)), ()),
     "bce_logits": (lambda x: F.binary_cross_entropy_with_logits(x, torch.full_like(x, 0.3)), ()),
-    "soft_targets": (lambda x: F.cross_entropy(x, torch.softmax(x.detach() * 0.5, -1)), ()),
+    "soft_targets": (lambda x: F.cross_entropy(
+        x, torch.softmax(torch.arange(6.0, dtype=x.dtype).expand(4, 6), -1)), ()),
     "label_smoothing": (lambda x: F.cross_entropy(x, torch.tensor([0, 1, 2, 1]),
                                                   label_smoothing=0.1), ()),
     "cosine": (lambda x: F.cosine_similarity(x, x * x + 1), ()),
@@ -662,3 +663,23 @@ def test_functional_matches_torch_float64(fn):
     assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss), (got, ref_loss)
     g = tape.grad(result.params["w"])
     assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+
+
+class Detaches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        y = x * self.w
+        return F.cross_entropy(y, torch.softmax(y.detach() * 0.5, -1))
+
+
+def test_detach_of_a_param_dependent_value_is_refused_not_ignored():
+    """run_decompositions turns detach() into alias: recorded as the identity, the
+    gradient would flow through it (a silent wrong result), so it is refused."""
+    with pytest.raises(TorchImportError) as info:
+        import_module(Detaches(), (torch.randn(4, 6),))
+    assert len(info.value.lines) == 1
+    assert "aten.alias.default" in info.value.lines[0] and "stop-gradient" in info.value.lines[0]
+    assert "y.detach()" in info.value.lines[0]

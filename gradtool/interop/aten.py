@@ -356,7 +356,7 @@ def _view(r, node, a, *args):
     return r.reshape(r.value(a), r.shape(node))
 
 
-@aten("aten.clone.default", "aten.alias.default", "aten.contiguous.default",
+@aten("aten.clone.default", "aten.contiguous.default",
       "aten.lift_fresh_copy.default", "aten.dropout.default",
       doc="the same value (no node)")
 def _identity(r, node, a, *args, **kwargs):
@@ -365,7 +365,9 @@ def _identity(r, node, a, *args, **kwargs):
     return r.value(a)
 
 
-@aten("aten.detach.default", doc="the same value, for values no param reaches (else refused)")
+@aten("aten.detach.default", "aten.alias.default",
+      doc="the same value, for values no param reaches; else refused (run_decompositions "
+          "turns detach() into alias, and gradtool has no stop-gradient op)")
 def _detach(r, node, a):
     v = r.value(a)
     if r.requires_grad(v):
