@@ -195,8 +195,10 @@ def schema() -> dict:
                   "description": "The node's value shape; for reshape, the target shape."},
         "dtype": {"enum": ["f64", INT_DTYPE],
                   "description": f"const only: the element type of data; default f64. "
-                                 f"{INT_DTYPE}: integer ids, read only by the ids input of "
-                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)}."},
+                                 f"{INT_DTYPE}: integer data, read only by "
+                                 f"{'/'.join(n for n, s in OPS.items() if s.int_inputs)} "
+                                 f"(ids of "
+                                 f"{'/'.join(n for n, s in OPS.items() if s.id_inputs)})."},
         "data": {"$ref": "#/$defs/leafBytes",
                  "description": "The leaf's value (param/const only, required there)."},
         "name": {"type": "string", "minLength": 1,
@@ -324,15 +326,20 @@ def docs_table() -> str:
         if spec.kind == "leaf":
             continue
         inputs = {1: "a", 2: "a, b"}[spec.arity] + (", s" if spec.scalar_operand else "")
-        if spec.int_inputs:
-            inputs += " (" + ", ".join(f"{k}: {INT_DTYPE} ids" for k in spec.int_inputs) + ")"
+        notes = [f"{k}: ids" for k in spec.id_inputs]
+        notes += [f"{k}: may be {INT_DTYPE}" for k in spec.int_inputs if k not in spec.id_inputs]
+        if notes:
+            inputs += " (" + ", ".join(notes) + ")"
         attrs = ", ".join(f"`{at.name}`" + ("" if at.required else f" = {at.default}")
                           for at in spec.attrs) or "-"
         if spec.elementwise:
             rule = f"`{E.text(spec.fwd)}`" + (", smooth for x > 0" if spec.domain == "positive"
                                               else "")
-            back = "; ".join(f"{side}: `{E.text(e)}`" for side, e in zip("ab", spec.bwd))
-            if spec.kind == "binary":
+            back = "; ".join(f"{side}: `{E.text(e)}`" if spec.grad_to(side) else f"{side}: none"
+                             for side, e in zip("ab", spec.bwd))
+            if not spec.grad_inputs:
+                back = "none (no gradient: the backward walk stops here)"
+            elif spec.kind == "binary":
                 back += " (each summed down to its input's shape)"
         else:
             rule, back = spec.doc, "hand-written (ops.py)"

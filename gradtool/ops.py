@@ -49,7 +49,9 @@ backward(g, a, b, t, s, attrs, need_a, need_b) -> (ca, cb)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -57,8 +59,8 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import ShapeError
-from .expr import (G, S, T, X, Y, Expr, Sym, abs_, compile_numpy, erf, evaluate, exp, log,
-                   select, sqrt, substitute, tanh)
+from .expr import (G, S, T, X, Y, Const, Expr, Sym, abs_, compile_numpy, eq, erf, evaluate,
+                   exp, log, ne, select, sqrt, substitute, tanh)
 
 LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
@@ -124,8 +126,20 @@ class OpSpec:
     domain: str = "real"             # where the rule is smooth: "real" or "positive" (tests)
     kernels: tuple = ()              # non-elementwise ops: the kernels its launches use
     parts: Optional[dict] = None     # elementwise parts of a hand-written kernel (GT_<OP>_<PART>)
-    int_inputs: tuple = ()           # inputs ("b") that read integer ids: an i64 const leaf
+    int_inputs: tuple = ()           # inputs ("a", "b") that may read integer data (an i64 const)
     index_bound: Optional[Callable] = None   # (sa, attrs) -> ids must lie in [0, bound)
+    id_inputs: tuple = ()            # inputs that must be integer-valued ids (take's "b")
+    grad_inputs: tuple = ("a", "b")  # inputs the gradient flows to (none: a comparison)
+    integral: str = ""               # "always" / "inputs" / "a": its values are whole numbers
+
+    def grad_to(self, role: str) -> bool:
+        """Whether the backward walk gives input ``role`` ("a"/"b") a contribution."""
+        return role in self.grad_inputs
+
+    def integral_of(self, a_integral: bool, b_integral: bool = True) -> bool:
+        """Whether this op's values are whole numbers, given its inputs' (docs/ops.md)."""
+        return (self.integral == "always" or (self.integral == "a" and a_integral)
+                or (self.integral == "inputs" and a_integral and b_integral))
 
     @property
     def elementwise(self) -> bool:
@@ -159,14 +173,30 @@ def attr(attrs, name: str, default=None):
 
 
 def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
-    """None when every id lies in [0, bound); else what the first bad one is and where."""
+    """None when every id lies in [0, bound); else what the first bad one is and where.
+
+    Ids computed on the tape are float64 whole numbers: a fraction, an infinity or a
+    NaN is a bad id too."""
     flat = np.ravel(ids)
-    bad = np.flatnonzero((flat < 0) | (flat >= bound))
+    if flat.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~((flat >= 0) & (flat < bound) & (flat == np.floor(flat))))
+    else:
+        bad = np.flatnonzero((flat < 0) | (flat >= bound))
     if not bad.size:
         return None
     where = list(np.unravel_index(int(bad[0]), np.shape(ids)))
-    return (f"id {int(flat[bad[0]])} at position {[int(k) for k in where]} is outside "
-            f"[0, {bound})")
+    v = flat[bad[0]]
+    whole = flat.dtype.kind in "iu" or (math.isfinite(v) and v == math.floor(v))
+    fraction = not whole and math.isfinite(v)
+    return (f"id {int(v) if whole else repr(float(v))} at position {[int(k) for k in where]} "
+            + ("is not a whole number" if fraction else f"is outside [0, {bound})"))
+
+
+def as_ids(b: np.ndarray) -> np.ndarray:
+    """Ids as int64 for numpy's gathers: an i64 const as it is, computed (float64,
+    checked whole and in range by the caller) ids converted exactly."""
+    return b if b.dtype.kind in "iu" else b.astype(np.int64)
 
 
 # ── device kernels: the metadata contract of every kernel, by field name ────
@@ -447,13 +477,13 @@ def binary(name: str, doc: str, fwd: Expr, bwd_a: Expr, bwd_b: Expr, **extra) ->
 _register(OpSpec("param", "leaf", 0, "a trained leaf (requires grad)"))
 _register(OpSpec("const", "leaf", 0, "a constant leaf; a named const is an input slot"))
 
-binary("add", "a + b", X + Y, G, G)
-binary("sub", "a - b", X - Y, G, -G)
-binary("mul", "a * b", X * Y, G * Y, G * X)
+binary("add", "a + b", X + Y, G, G, integral="inputs")
+binary("sub", "a - b", X - Y, G, -G, integral="inputs")
+binary("mul", "a * b", X * Y, G * Y, G * X, integral="inputs")
 # dL/db = -g * t / b, rounded as -((g * t) / b)
 binary("div", "a / b", X / Y, G / Y, -((G * T) / Y))
 
-unary("neg", "-a", -X, -G)
+unary("neg", "-a", -X, -G, integral="inputs")
 unary("adds", "a + s (a Python number)", X + S, G, scalar_operand=True)
 unary("muls", "a * s (a Python number)", X * S, G * S, scalar_operand=True)
 # x if not (x <= 0) else +0.0: NaN passes through, -0.0 becomes +0.0; the gradient is
@@ -473,7 +503,7 @@ unary("abs", "|a|", abs_(X), select(X > 0.0, G, select(X < 0.0, -G, 0.0)))
 # where a >= b, else to b: on a tie all of it to a; when either is NaN all of it to b
 binary("maximum", "elementwise max, numpy broadcasting; NaN wins",
        select(X >= Y, X, select(X < Y, Y, X + Y)), select(X >= Y, G, 0.0),
-       select(X >= Y, 0.0, G))
+       select(X >= Y, 0.0, G), integral="inputs")
 # erf: fdlibm's s_erf.c (gradtool/fdlibm/_erf.py, C twin gt_erf), within 1 ulp.  Its
 # gradient is PyTorch's 2/sqrt(pi) * exp(-(x*x)) * g, rounded in that order, with
 # TWO_OVER_SQRT_PI = 2.0 / sqrt(pi) rounded once (0x1.20dd750429b6dp+0, M_2_SQRTPI)
@@ -580,14 +610,14 @@ def _max_b(g, a, b, t, s, at, na, nb):
 # one element is that element, and its gradient all of g
 _register(OpSpec("sum", "reduce", 1, "serial sum along an axis, or of every element",
                  _reduce_shape, _sum_f, _sum_b, scalar=(0.0 + X, (G,)),
-                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
+                 kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS, integral="inputs"))
 _register(OpSpec("mean", "reduce", 1, "serial sum / count, along an axis or of every element",
                  _reduce_shape, _mean_f, _mean_b, scalar=((0.0 + X) / 1.0, (G / 1.0,)),
                  kernels=("k_sum", "k_sum_bwd"), attrs=REDUCE_ATTRS))
 _register(OpSpec("max", "max", 1, "the first maximal element along an axis, or of every "
                  "element; a NaN wins; the gradient goes to that one element",
                  _reduce_shape, _max_f, _max_b, scalar=(X, (G,)),
-                 kernels=("k_max", "k_max_bwd"), attrs=REDUCE_ATTRS))
+                 kernels=("k_max", "k_max_bwd"), attrs=REDUCE_ATTRS, integral="inputs"))
 
 
 # ── the table: matrix products ─────────────────────────────────────────────
@@ -688,9 +718,9 @@ def _concat_b(g, a, b, t, s, at, na, nb):
 
 AXIS = "an axis of the input; negative counts from the end"
 _register(OpSpec("transpose", "transpose", 1, "swap the last two axes", _transpose_shape,
-                 _transpose_f, _transpose_b, kernels=("k_copy_nd",)))
+                 _transpose_f, _transpose_b, kernels=("k_copy_nd",), integral="inputs"))
 _register(OpSpec("reshape", "reshape", 1, "the same elements in a new shape", _reshape_shape,
-                 _reshape_f, _reshape_b, kernels=("k_copy_nd",),
+                 _reshape_f, _reshape_b, kernels=("k_copy_nd",), integral="inputs",
                  attrs=(Attr("shape", "shape", "the target shape (the node's own shape)"),)))
 # softmax (between reshape and slice: the table's order is the file format's op list)
 # Along an axis: m = max (exact in any order; a NaN makes the row NaN), e = exp(x - m),
@@ -765,13 +795,13 @@ _register(OpSpec("log_softmax", "softmax", 1, "a - max - log(serial sum of exp(a
 
 
 _register(OpSpec("slice", "slice", 1, "a[starts:stops:steps] on every axis", _slice_shape,
-                 _slice_f, _slice_b, kernels=("k_copy_nd", "k_slice_bwd"),
+                 _slice_f, _slice_b, kernels=("k_copy_nd", "k_slice_bwd"), integral="inputs",
                  attrs=(Attr("starts", "indices", "first index per axis"),
                         Attr("stops", "indices", "one past the last index per axis"),
                         Attr("steps", "indices", "the step per axis, each >= 1; None (absent "
                              "from a file): every step 1", default=None, optional=True))))
 _register(OpSpec("concat", "concat", 2, "a and b joined along an axis", _concat_shape,
-                 _concat_f, _concat_b, kernels=("k_copy_nd",),
+                 _concat_f, _concat_b, kernels=("k_copy_nd",), integral="inputs",
                  attrs=(Attr("axis", "axis", AXIS, default=0),)))
 
 
@@ -803,13 +833,19 @@ _register(OpSpec("permute", "permute", 1, "the axes in a new order: out axis k i
 # numerics.take_index, which the device replay uploads with the ids; take_along: j
 # ascending along the axis), one device thread per destination element: no atomics.
 
-kernel("k_take", "out:w table:r ids:r rows:i width:i",
-       "out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows))")
+kernel("k_take", "out:w table:r ids:r rows:i width:i err:w",
+       "out[p, j] = table[ids[p], j] (a NaN, and err = 1, for an id that is not a whole number "
+       "in [0, rows))")
 kernel("k_take_bwd", "ga:w g:r order:r start:r width:i",
        "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
        "positions order[start[v]:start[v+1]] (numerics.take_index)")
-kernel("k_take_along", "out:w a:r ids:r len:i k:i inner:i",
-       "out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len))")
+kernel("k_take_bwd_scan", "ga:w g:r ids:r n:i rows:i width:i",
+       "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
+       "positions p < n reading row v, ascending (ids computed on the device: the order of "
+       "numerics.take_index without an uploaded index)")
+kernel("k_take_along", "out:w a:r ids:r len:i k:i inner:i err:w",
+       "out[o, j, r] = a[o, ids[o, j, r], r] (a NaN, and err = 1, for an id that is not a whole "
+       "number in [0, len))")
 kernel("k_take_along_bwd", "ga:w g:r ids:r len:i k:i inner:i",
        "per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, "
        "j ascending)")
@@ -820,12 +856,12 @@ def _take_shape(sa, sb, _attrs):
 
 
 def _take_f(a, b, s, at):
-    return np.take(a, b, axis=0)
+    return np.take(a, as_ids(b), axis=0)
 
 
 def _take_b(g, a, b, t, s, at, na, nb):
     rows = a.shape[0]
-    order, start = nx.take_index(b, rows)
+    order, start = nx.take_index(as_ids(b), rows)
     counts = np.diff(start)
     g_rows = g.reshape(-1, a.size // rows)
     c = np.zeros((rows, a.size // rows))
@@ -845,11 +881,11 @@ def _take_along_shape(sa, sb, attrs):
 
 
 def _take_along_f(a, b, s, at):
-    return np.take_along_axis(a, b, axis=at["axis"])
+    return np.take_along_axis(a, as_ids(b), axis=at["axis"])
 
 
 def _take_along_b(g, a, b, t, s, at, na, nb):
-    axis = at["axis"]
+    axis, b = at["axis"], as_ids(b)
     c = np.zeros(a.shape)
     for j in range(b.shape[axis]):                  # one id per line at a time, in order
         idx, gj = np.take(b, [j], axis=axis), np.take(g, [j], axis=axis)
@@ -859,13 +895,83 @@ def _take_along_b(g, a, b, t, s, at, na, nb):
 
 _register(OpSpec("take", "take", 2, "rows of a table picked by integer ids (np.take on axis "
                  "0): [*ids.shape, *table.shape[1:]]", _take_shape, _take_f, _take_b,
-                 kernels=("k_take", "k_take_bwd"), int_inputs=("b",),
-                 index_bound=lambda sa, at: sa[0]))
+                 kernels=("k_take", "k_take_bwd", "k_take_bwd_scan"), int_inputs=("b",),
+                 index_bound=lambda sa, at: sa[0], id_inputs=("b",)))
 _register(OpSpec("take_along", "take_along", 2, "one element of each line along an axis per "
                  "integer id (np.take_along_axis)", _take_along_shape, _take_along_f,
                  _take_along_b, kernels=("k_take_along", "k_take_along_bwd"),
                  attrs=(Attr("axis", "axis", AXIS, default=-1),), int_inputs=("b",),
-                 index_bound=lambda sa, at: sa[at["axis"]]))
+                 index_bound=lambda sa, at: sa[at["axis"]], id_inputs=("b",)))
+
+
+# ── the table: masks and integer data ──────────────────────────────────────
+#
+# A mask is a float64 tensor of 0.0/1.0; integer data (an i64 const: token ids,
+# targets) is read by the ops below as exact float64 values (every int64 with
+# |v| <= 2^53 converts exactly; on the device the arena holds them so already).
+#
+# * comparisons eq/ne/lt/le/gt/ge: 1.0 where the IEEE comparison holds, else 0.0 (a NaN
+#   compares unequal to everything, itself included: ne gives 1.0, the others 0.0).
+#   They carry NO gradient (grad_inputs=()): a comparison's node never requires grad,
+#   so the backward walk stops there on every backend (no zero contributions are run);
+# * keep(x, m) = x where m != 0 else -0.0, and keep_not(x, m) = x where m == 0 else -0.0:
+#   exact copies.  Their gradient is g where the copy was taken, else +0.0, to x only
+#   (none to the mask).  Tape.where(m, a, b) is the composite keep(a, m) + keep_not(b, m):
+#   where m holds that is a + (-0.0), else (-0.0) + b, and x + (-0.0) == x exactly in IEEE
+#   arithmetic for every x (+0.0, -0.0, the infinities; a NaN stays a NaN), so the add is
+#   an exact copy.  A mask element that is NaN counts as holding (NaN != 0), as
+#   torch's bool(nan) is True;
+# * to_f64(a): the values of a (an i64 const: its ids as exact float64; a float64 node:
+#   an exact copy), gradient g;
+# * Tape.logical_and/or/not are the exact composites mul(m, n), maximum(m, n) and
+#   1 - m on masks of 0.0/1.0; any and counts are max and sum over a mask.
+#
+# Integer-valued nodes (``integral``): an i64 const; a comparison; keep and keep_not of an
+# integer-valued a (whatever the mask); to_f64, add, sub, mul, neg, maximum, sum, max and
+# the layout ops (reshape, transpose, slice, concat) of integer-valued inputs.  take and take_along read their
+# ids from any integer-valued node (``id_inputs``): ids computed on the tape are checked,
+# every one a whole number in [0, bound), by the CPU reference at every replay and by the
+# device kernels (a bad id reads nothing, writes a NaN and raises the replay's error flag,
+# which the engine turns into the same error).
+
+def _elementwise_reading_ints(forward):
+    """An elementwise numpy rule whose inputs may be int64 (an i64 const): converted to
+    float64 first (exact below 2^53), so every rule sees the kernels' values."""
+    def rule(a, b, s, at):
+        if a.dtype.kind in "iu":
+            a = a.astype(np.float64)
+        if b is not None and b.dtype.kind in "iu":
+            b = b.astype(np.float64)
+        return forward(a, b, s, at)
+    return rule
+
+
+def _compare(name: str, doc: str, cond: Expr) -> None:
+    binary(name, doc, select(cond, 1.0, 0.0), Const(0.0), Const(0.0), int_inputs=("a", "b"),
+           grad_inputs=(), integral="always")
+
+
+_compare("eq", "1.0 where a == b, else 0.0 (a mask; no gradient)", eq(X, Y))
+_compare("ne", "1.0 where a != b (a NaN too), else 0.0 (a mask; no gradient)", ne(X, Y))
+_compare("lt", "1.0 where a < b, else 0.0 (a mask; no gradient)", X < Y)
+_compare("le", "1.0 where a <= b, else 0.0 (a mask; no gradient)", X <= Y)
+_compare("gt", "1.0 where a > b, else 0.0 (a mask; no gradient)", X > Y)
+_compare("ge", "1.0 where a >= b, else 0.0 (a mask; no gradient)", X >= Y)
+binary("keep", "a where the mask b != 0, else -0.0 (exact; half of Tape.where)",
+       select(ne(Y, 0.0), X, -0.0), select(ne(Y, 0.0), G, 0.0), Const(0.0),
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+binary("keep_not", "a where the mask b == 0, else -0.0 (exact; half of Tape.where)",
+       select(eq(Y, 0.0), X, -0.0), select(eq(Y, 0.0), G, 0.0), Const(0.0),
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+unary("to_f64", "the values as float64 (integer data converted exactly; a float an exact "
+      "copy)", X, G, int_inputs=("a",), integral="inputs")
+for _name in ("eq", "ne", "lt", "le", "gt", "ge", "keep", "keep_not"):
+    OPS[_name] = dataclasses.replace(OPS[_name],
+                                     forward=_elementwise_reading_ints(OPS[_name].forward))
+del _name
+# to_f64's rule x is a copy: a new float64 array (never the input itself)
+OPS["to_f64"] = dataclasses.replace(
+    OPS["to_f64"], forward=lambda a, b, s, at: np.array(a, dtype=np.float64, copy=True))
 
 
 # ── kernels of the engine that belong to no op ─────────────────────────────
@@ -882,6 +988,9 @@ kernel("k_adam", "w:w g:r m:w v:w ctl:r use_clip:i l2:f b1:f b2:f omb1:f omb2:f 
 
 
 OP_NAMES = tuple(OPS)
+# the ops that read integer data (an i64 const), for messages
+INTEGER_READERS = "integer data is read by " + ", ".join(
+    n for n, spec in OPS.items() if spec.int_inputs)
 
 
 def infer_shape(opname: str, sa, sb, attrs) -> tuple:
@@ -890,7 +999,7 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack", "attr", "bad_id", "INT_DTYPE",
+           "contract", "pack", "attr", "bad_id", "as_ids", "INT_DTYPE", "INTEGER_READERS",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",
            "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]

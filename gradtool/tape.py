@@ -21,7 +21,7 @@ import numpy as np
 from . import layout as _layout
 from .errors import GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
-from .ops import INT_DTYPE, OPS, bad_id, infer_shape
+from .ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, infer_shape
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -266,6 +266,7 @@ class Tape:
         self.values: list[np.ndarray] = []
         self.grads: list[Optional[np.ndarray]] = []   # None = untouched (reads as zeros)
         self.requires: list[bool] = []                # a param is an ancestor
+        self.integral: list[bool] = []                # values are whole numbers (ids)
         self.serials: list[int] = []                  # each node's birth stamp, never reused
         self._next_serial = 0
         self.ok = True
@@ -317,8 +318,9 @@ class Tape:
     def const(self, array, name: Optional[str] = None, dtype: str = "f64") -> GVar:
         """Register a constant.  A named const is an input slot training refills.
 
-        ``dtype="i64"``: integer ids (int data only; float data is refused), which
-        only the ids input of ``take`` and ``take_along`` reads.
+        ``dtype="i64"``: integer data (int data only; float data is refused): ids
+        for ``take`` and ``take_along``, or values the ops reading integer data
+        (comparisons, ``where``, ``to_f64``) read as exact float64 (docs/ops.md).
         """
         if dtype not in ("f64", INT_DTYPE):
             raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}', got {dtype!r}"[:200])
@@ -340,6 +342,7 @@ class Tape:
         self.values.append(value)
         self.grads.append(None)
         self.requires.append(requires)
+        self.integral.append(node.a < 0 and value.dtype == np.int64)
         self.serials.append(self._next_serial)
         self._next_serial += 1
         return GVar(self, len(self.nodes) - 1, self.serials[-1])
@@ -362,11 +365,14 @@ class Tape:
         here = f"{op} at node {len(self.nodes)}"
         spec = OPS[op]
         for role, ix in (("a", ia), ("b", ib)):
-            if ix >= 0 and (role in spec.int_inputs) != self.holds_ids(ix):
-                return self._poison(f"{here}: input {role} (node {ix}) " + (
-                    "holds integer ids, which only the ids input of take and take_along reads"
-                    if self.holds_ids(ix) else
-                    f"must be integer ids: a const recorded with dtype='{INT_DTYPE}'"), TapeError)
+            if ix >= 0 and self.holds_ids(ix) and role not in spec.int_inputs:
+                return self._poison(f"{here}: input {role} (node {ix}) holds integer data, "
+                                    f"which {op} does not read ({INTEGER_READERS})", TapeError)
+            if ix >= 0 and role in spec.id_inputs and not self.integral[ix]:
+                return self._poison(f"{here}: input {role} (node {ix}) must be integer ids: a "
+                                    f"const recorded with dtype='{INT_DTYPE}', or integer-valued "
+                                    f"ops of one (docs/ops.md; node {ix} is a "
+                                    f"{self.nodes[ix].op})", TapeError)
         try:
             shape = infer_shape(op, sa, sb, aux)
         except ShapeError as exc:
@@ -375,7 +381,7 @@ class Tape:
         if len(shape) > MAX_DIMS:
             return self._poison(f"{here}: the result has {len(shape)} dims; a tape file "
                                 f"allows at most {MAX_DIMS}")
-        if spec.int_inputs:
+        if spec.id_inputs:
             problem = bad_id(self.values[ib], spec.index_bound(sa, aux))
             if problem:
                 return self._poison(f"{here}: ids node {ib}: {problem} (table {list(sa)})",
@@ -396,8 +402,14 @@ class Tape:
         computed (by :meth:`_record`, or by the file loader, which checked them itself)."""
         if value.base is not None:       # never alias an input (a transpose of a [1,n] leaf)
             value = value.copy()
-        requires = self.requires[ia] or (ib >= 0 and self.requires[ib])
-        return self._append(Node(op, ia, ib, float(s), aux), value, requires)
+        spec = OPS[op]
+        grad_in = spec.grad_inputs
+        requires = (("a" in grad_in and self.requires[ia])
+                    or (ib >= 0 and "b" in grad_in and self.requires[ib]))
+        out = self._append(Node(op, ia, ib, float(s), aux), value, requires)
+        if spec.integral:
+            self.integral[-1] = spec.integral_of(self.integral[ia], ib < 0 or self.integral[ib])
+        return out
 
     def _poisoned_noop(self) -> GVar:
         if self.raise_on_error:
@@ -457,6 +469,46 @@ class Tape:
         if at.kind == "perm":
             return [self._axis(a, d, what) for d in _int_list(value, what)]
         return _int_list(value, what)
+
+    # ── masks (composites over the op table's comparisons, keep and keep_not) ──
+    def where(self, mask, a, b) -> GVar:
+        """``a`` where ``mask`` holds (is not 0.0), else ``b``, broadcasting all three like
+        torch.where; exact copies (signed zeros, infinities and NaNs kept).
+
+        Recorded as ``keep(a, mask) + keep_not(b, mask)`` (docs/ops.md: x + (-0.0) is
+        x exactly).  The gradient goes to ``a`` where the mask holds, to ``b``
+        elsewhere, none to the mask.  ``a`` or ``b`` may be a Python number (an int
+        becomes an i64 const, so ids stay integer-valued; a float an f64 const).
+        """
+        if _is_number(mask):
+            raise TapeError("where: the mask must be a GVar (a comparison's mask), got "
+                            f"{type(mask).__name__}")
+        a = self._number_leaf(a, "where input a")
+        b = self._number_leaf(b, "where input b")
+        return self.add(self.keep(a, mask), self.keep_not(b, mask))
+
+    def logical_and(self, m, n) -> GVar:
+        """m AND n on masks of 0.0/1.0: ``m * n`` (exact on {0, 1})."""
+        return self.mul(m, n)
+
+    def logical_or(self, m, n) -> GVar:
+        """m OR n on masks of 0.0/1.0: ``maximum(m, n)`` (exact on {0, 1})."""
+        return self.maximum(m, n)
+
+    def logical_not(self, m) -> GVar:
+        """NOT m: ``eq(m, 0)``, 1.0 where m is 0.0 (either sign), else 0.0 (a NaN counts
+        as true, as in where)."""
+        return self.eq(m, self._number_leaf(0.0, "logical_not"))
+
+    def _number_leaf(self, x, what: str):
+        """A Python number as a one-element const (an int: dtype i64), else ``x``."""
+        if not _is_number(x):
+            return x
+        if isinstance(x, numbers.Integral):
+            if not -2 ** 63 <= int(x) < 2 ** 63:
+                raise TapeError(f"{what}: {show_int(x)} does not fit in an int64")
+            return self.const(np.array([int(x)], dtype=np.int64), dtype=INT_DTYPE)
+        return self.const(np.array([_scalar(x, what)]))
 
     def mse(self, y, t) -> GVar:
         """mean((y - t) * (y - t)), recorded as its primitive nodes."""
@@ -539,7 +591,7 @@ class Tape:
         self.values[i][...] = data
 
     def holds_ids(self, i: int) -> bool:
-        """Whether node ``i`` is a const of integer ids (dtype i64)."""
+        """Whether node ``i`` is a const of integer data (dtype i64)."""
         return self.values[i].dtype == np.int64
 
     def id_bounds(self, i: int) -> list:
@@ -547,7 +599,7 @@ class Tape:
         out = []
         for j, node in enumerate(self.nodes):
             spec = OPS[node.op]
-            if spec.int_inputs and node.b == i:
+            if spec.id_inputs and node.b == i:
                 out.append((j, spec.index_bound(self.values[node.a].shape, node.aux)))
         return out
 
@@ -580,8 +632,23 @@ class Tape:
             if node.a < 0 or (only is not None and not only[i]):
                 continue
             vb = values[node.b] if node.b >= 0 else None
-            value = OPS[node.op].forward(values[node.a], vb, node.s, node.aux)
+            spec = OPS[node.op]
+            if spec.id_inputs and nodes[node.b].a >= 0:
+                self.check_computed_ids(i)
+            value = spec.forward(values[node.a], vb, node.s, node.aux)
             values[i] = value if value.base is None else value.copy()   # never an alias
+
+    def check_computed_ids(self, i: int) -> None:
+        """Raise GradtoolError unless every id node ``i`` (take/take_along) reads from the
+        node computing them is a whole number in range."""
+        node = self.nodes[i]
+        spec = OPS[node.op]
+        problem = bad_id(self.values[node.b], spec.index_bound(self.values[node.a].shape,
+                                                               node.aux))
+        if problem:
+            raise GradtoolError(f"node {i} ({node.op}): its ids, computed by node {node.b} "
+                                f"({self.nodes[node.b].op}): {problem} (table "
+                                f"{list(self.values[node.a].shape)})")
 
     # ── backward ───────────────────────────────────────────────────────────
     def backward(self, loss: GVar) -> None:
@@ -613,12 +680,13 @@ class Tape:
             if g is None or node.a < 0 or not requires[i]:
                 continue
             a, b = node.a, node.b
-            need_a = requires[a]
-            need_b = b >= 0 and requires[b]
+            spec = OPS[node.op]
+            need_a = requires[a] and spec.grad_to("a")
+            need_b = b >= 0 and requires[b] and spec.grad_to("b")
             if not (need_a or need_b):
                 continue
             vb = values[b] if b >= 0 else None
-            ca, cb = OPS[node.op].backward(g, values[a], vb, values[i], node.s, node.aux,
+            ca, cb = spec.backward(g, values[a], vb, values[i], node.s, node.aux,
                                            need_a, need_b)
             if need_a:
                 self._accumulate(a, ca)
@@ -655,6 +723,7 @@ class Tape:
             if node.name:
                 self._names.pop(node.name, None)
         del self.nodes[mark:], self.values[mark:], self.requires[mark:], self.serials[mark:]
+        del self.integral[mark:]
         self.grads = [None] * mark
         self.ok, self.error = True, None
 
@@ -736,6 +805,20 @@ for _name, _fn in _layout.METHODS.items():
 del _name, _fn
 
 
+def _comparison(op_method):
+    """A comparison's Tape method: ``b`` may also be a Python number (a one-element const)."""
+    def method(self, a, b):
+        return op_method(self, a, self._number_leaf(b, f"{op_method.__name__} input b"))
+    method.__name__, method.__qualname__ = op_method.__name__, op_method.__qualname__
+    method.__doc__ = (op_method.__doc__ or "") + "\n\n``b`` may be a Python number."
+    return method
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Tape, _name, _comparison(getattr(Tape, _name)))
+del _name
+
+
 # ── what backward reaches ──────────────────────────────────────────────────
 
 def requires_wrt(tape: Tape, wrt) -> list:
@@ -751,7 +834,9 @@ def requires_wrt(tape: Tape, wrt) -> list:
         if node.a < 0:
             req.append(i in chosen)
         else:
-            req.append(req[node.a] or (node.b >= 0 and req[node.b]))
+            grad_in = OPS[node.op].grad_inputs
+            req.append(("a" in grad_in and req[node.a])
+                       or (node.b >= 0 and "b" in grad_in and req[node.b]))
     return req
 
 
@@ -771,9 +856,10 @@ def reach(tape: Tape, loss: int, requires: Optional[Sequence[bool]] = None) -> l
         node = nodes[i]
         if not reached[i] or node.a < 0 or not requires[i]:
             continue
-        if requires[node.a]:
+        spec = OPS[node.op]
+        if requires[node.a] and spec.grad_to("a"):
             reached[node.a] = True
-        if node.b >= 0 and requires[node.b]:
+        if node.b >= 0 and requires[node.b] and spec.grad_to("b"):
             reached[node.b] = True
     return reached
 

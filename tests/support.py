@@ -108,7 +108,7 @@ def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
     -> (tape, out, loss)."""
     inputs, s, attrs = op_case(name, rng, scalar=scalar)
     tp = gt.Tape()
-    leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].int_inputs
+    leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].id_inputs
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
     out = tp.record(name, *leaves, s=s, attrs=attrs)
     if scalar:
@@ -144,8 +144,9 @@ def perturb_leaves(tp, rp, rng):
     both sides."""
     for i, node in enumerate(tp.nodes):
         if node.a < 0 and tp.holds_ids(i):
-            bound = min(b for _, b in tp.id_bounds(i))
-            new = rng.integers(0, bound, tp.values[i].shape)
+            bounds = [b for _, b in tp.id_bounds(i)]     # none: ids read through other ops
+            new = (rng.integers(0, min(bounds), tp.values[i].shape) if bounds
+                   else tp.values[i].copy())
             tp.set_value(tp.var(i), new)
             rp.set_input(i, new)
         elif node.a < 0:
@@ -192,9 +193,13 @@ def random_graph(rng, n_ops=14):
     def ids(bound, shape):
         return tp.const(rng.integers(0, bound, shape), dtype="i64")
 
+    def computed(pos):                  # the same ids, computed on the tape
+        return tp.where(tp.ge(pos, 0), pos, 0) if rng.random() < 0.5 else tp.to_f64(pos)
+
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
-                           "softmax", "slice", "concat", "reduce", "take", "take_along"])
+                           "softmax", "slice", "concat", "reduce", "take", "take_along",
+                           "mask"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -237,12 +242,18 @@ def random_graph(rng, n_ops=14):
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
         elif kind == "take":
             table = pick(lambda s: len(s) <= 2) or leaf((4, 3))
-            y = tp.take(table, ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3)))))
+            pos = ids(table.shape[0], tuple(rng.integers(1, 4, rng.integers(1, 3))))
+            y = tp.take(table, computed(pos) if rng.random() < 0.4 else pos)
         elif kind == "take_along":
             axis = int(rng.integers(len(x.shape)))
             shape = list(x.shape)
             shape[axis] = int(rng.integers(1, 4))
-            y = tp.take_along(x, ids(x.shape[axis], tuple(shape)), axis=axis)
+            pos = ids(x.shape[axis], tuple(shape))
+            y = tp.take_along(x, computed(pos) if rng.random() < 0.4 else pos, axis=axis)
+        elif kind == "mask":              # comparisons and where (keep + keep_not)
+            other = pick(lambda s: tuple(s) == tuple(x.shape)) or leaf(tuple(x.shape))
+            m = getattr(tp, rng.choice(["eq", "ne", "lt", "le", "gt", "ge"]))(x, other)
+            y = tp.where(m, x, other) if rng.random() < 0.7 else tp.mul(m, x)
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
@@ -444,7 +455,18 @@ def all_ops_tape():
     # layout: a general permute and a stepped slice
     st = tp.slice(tp.permute(emb, [2, 0, 1]), [0, 0, 0], [3, 2, 2], [2, 1, 2])   # [2,2,1]
     loss = tp.add(loss, tp.sum(st))
-    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
+    # masks and integer data: cross entropy with ignore_index from an i64 input slot
+    # (comparisons, where = keep + keep_not, ids computed on the tape), to_f64
+    tgt = tp.const(np.array([2, -100]), name="target", dtype="i64")
+    valid = tp.ne(tgt, -100)
+    cls = tp.reshape(tp.where(valid, tgt, 0), [2, 1])
+    nll = tp.neg(tp.take_along(tp.log_softmax(t, axis=1), cls, axis=1))          # [2,1]
+    ce = tp.div(tp.sum(tp.where(tp.reshape(valid, [2, 1]), nll, 0.0)), tp.sum(valid))
+    masks = tp.add(tp.logical_or(tp.lt(t, r), tp.le(t, 0.0)),
+                   tp.logical_and(tp.gt(t, c), tp.ge(c, 0.5)))
+    picks = tp.mul(tp.eq(tgt, tp.const(np.array([2, 1]), dtype="i64")), tp.to_f64(tgt))
+    loss = tp.add(loss, tp.add(ce, tp.add(tp.sum(tp.mul(masks, t)), tp.sum(picks))))
+    return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 
 COMMANDS = (["inspect"], ["backward", "--json"], ["fd-check"])
@@ -566,7 +588,7 @@ def node_mutations(node: dict, i: int, doc: dict):
             yield "keepdims stray", {**node, "keepdims": False}
         ids = [k for k, n in enumerate(doc["nodes"][:i])
                if isinstance(n, dict) and n.get("dtype") == "i64"]
-        if OPS[op].int_inputs:
+        if OPS[op].id_inputs:
             yield "ids from a float node", {**node, "b": node["a"]}
             yield "table from the ids", {**node, "a": node["b"]}
         elif ids:

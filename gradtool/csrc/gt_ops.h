@@ -23,6 +23,7 @@
     X(k_sqrt, R_SQRT(xv)) \
     X(k_abs, R_ABS(xv)) \
     X(k_erf, R_ERF(xv)) \
+    X(k_to_f64, xv) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */
@@ -38,6 +39,7 @@
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
     X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
     X(k_erf_bwd, R_MUL(R_MUL(((gt_real)0x1.20dd750429b6dp+0), R_EXP((-R_MUL(xv, xv)))), gv)) \
+    X(k_to_f64_bwd, gv) \
     /* end */
 
 /* broadcasting binary ops: X(forward kernel, out from xv, yv) */
@@ -47,6 +49,14 @@
     X(k_mul, R_MUL(xv, yv)) \
     X(k_div, R_DIV(xv, yv)) \
     X(k_maximum, ((xv >= yv) ? xv : ((xv < yv) ? yv : R_ADD(xv, yv)))) \
+    X(k_eq, ((xv == yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_ne, ((xv != yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_lt, ((xv < yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_le, ((xv <= yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_gt, ((xv > yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_ge, ((xv >= yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
+    X(k_keep, ((yv != ((gt_real)0x0p+0)) ? xv : ((gt_real)(-0x0p+0)))) \
+    X(k_keep_not, ((yv == ((gt_real)0x0p+0)) ? xv : ((gt_real)(-0x0p+0)))) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, yv, tv), per input, summed down
@@ -62,6 +72,22 @@
     X(k_div_bwd_b, (-R_DIV(R_MUL(gv, tv), yv))) \
     X(k_maximum_bwd_a, ((xv >= yv) ? gv : ((gt_real)0x0p+0))) \
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
+    X(k_eq_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_eq_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_ne_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_ne_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_lt_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_lt_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_le_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_le_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_gt_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_gt_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_ge_bwd_a, ((gt_real)0x0p+0)) \
+    X(k_ge_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_keep_bwd_a, ((yv != ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
+    X(k_keep_bwd_b, ((gt_real)0x0p+0)) \
+    X(k_keep_not_bwd_a, ((yv == ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
+    X(k_keep_not_bwd_b, ((gt_real)0x0p+0)) \
     /* end */
 
 /* X(kernel, cost per index): the unary kernels the host may split over threads
@@ -78,6 +104,7 @@
     X(k_sqrt, 4) \
     X(k_abs, 1) \
     X(k_erf, 26) \
+    X(k_to_f64, 1) \
     X(k_neg_bwd, 1) \
     X(k_adds_bwd, 1) \
     X(k_muls_bwd, 1) \
@@ -89,6 +116,7 @@
     X(k_sqrt_bwd, 2) \
     X(k_abs_bwd, 1) \
     X(k_erf_bwd, 12) \
+    X(k_to_f64_bwd, 1) \
     /* end */
 
 /* softmax's elementwise parts (its entry's parts) */
@@ -277,7 +305,7 @@
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)t; (void)len; (void)inner;
 
-/* k_take: out[p, j] = table[ids[p], j] (a NaN for an id outside [0, rows)) */
+/* k_take: out[p, j] = table[ids[p], j] (a NaN, and err = 1, for an id that is not a whole number in [0, rows)) */
 #define GT_ARGS_k_take \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT out = W + *gt_m++; \
@@ -285,7 +313,8 @@
     const gt_real *GT_RESTRICT ids = W + *gt_m++; \
     const long long rows = *gt_m++; \
     const long long width = *gt_m++; \
-    (void)gt_m; (void)out; (void)table; (void)ids; (void)rows; (void)width;
+    gt_real *GT_RESTRICT err = W + *gt_m++; \
+    (void)gt_m; (void)out; (void)table; (void)ids; (void)rows; (void)width; (void)err;
 
 /* k_take_bwd: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions order[start[v]:start[v+1]] (numerics.take_index) */
 #define GT_ARGS_k_take_bwd \
@@ -297,7 +326,18 @@
     const long long width = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)order; (void)start; (void)width;
 
-/* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN for an id outside [0, len)) */
+/* k_take_bwd_scan: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n reading row v, ascending (ids computed on the device: the order of numerics.take_index without an uploaded index) */
+#define GT_ARGS_k_take_bwd_scan \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT ga = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ids = W + *gt_m++; \
+    const long long n = *gt_m++; \
+    const long long rows = *gt_m++; \
+    const long long width = *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)ids; (void)n; (void)rows; (void)width;
+
+/* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN, and err = 1, for an id that is not a whole number in [0, len)) */
 #define GT_ARGS_k_take_along \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT out = W + *gt_m++; \
@@ -306,7 +346,8 @@
     const long long len = *gt_m++; \
     const long long k = *gt_m++; \
     const long long inner = *gt_m++; \
-    (void)gt_m; (void)out; (void)a; (void)ids; (void)len; (void)k; (void)inner;
+    gt_real *GT_RESTRICT err = W + *gt_m++; \
+    (void)gt_m; (void)out; (void)a; (void)ids; (void)len; (void)k; (void)inner; (void)err;
 
 /* k_take_along_bwd: per element (o, l, r) of a: ga = ga + (0.0 + each g[o, j, r] with ids[o, j, r] == l, j ascending) */
 #define GT_ARGS_k_take_along_bwd \
@@ -417,6 +458,32 @@
     X(k_maximum_bwd_b) \
     X(k_erf) \
     X(k_erf_bwd) \
+    X(k_eq) \
+    X(k_eq_bwd_a) \
+    X(k_eq_bwd_b) \
+    X(k_ne) \
+    X(k_ne_bwd_a) \
+    X(k_ne_bwd_b) \
+    X(k_lt) \
+    X(k_lt_bwd_a) \
+    X(k_lt_bwd_b) \
+    X(k_le) \
+    X(k_le_bwd_a) \
+    X(k_le_bwd_b) \
+    X(k_gt) \
+    X(k_gt_bwd_a) \
+    X(k_gt_bwd_b) \
+    X(k_ge) \
+    X(k_ge_bwd_a) \
+    X(k_ge_bwd_b) \
+    X(k_keep) \
+    X(k_keep_bwd_a) \
+    X(k_keep_bwd_b) \
+    X(k_keep_not) \
+    X(k_keep_not_bwd_a) \
+    X(k_keep_not_bwd_b) \
+    X(k_to_f64) \
+    X(k_to_f64_bwd) \
     X(k_sum) \
     X(k_sum_bwd) \
     X(k_max) \
@@ -430,6 +497,7 @@
     X(k_log_softmax_bwd) \
     X(k_take) \
     X(k_take_bwd) \
+    X(k_take_bwd_scan) \
     X(k_take_along) \
     X(k_take_along_bwd) \
     X(k_from_f64) \

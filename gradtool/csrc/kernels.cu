@@ -49,7 +49,9 @@
  * conversion to an integer). */
 GT_DEV long long gt_id(gt_real v, long long bound)
 {
-    return (v >= R0 && v < (gt_real)bound) ? (long long)v : -1;
+    if (!(v >= R0 && v < (gt_real)bound)) return -1;
+    const long long id = (long long)v;
+    return (gt_real)id == v ? id : -1;      /* a fraction (ids computed on the tape) */
 }
 
 /* numerics.first_max over the row a[base + l*inner], l = 0..L-1: the index of
@@ -462,6 +464,7 @@ GT_KERNEL k_take(gt_real *W, const long long *M)
     GT_ARGS_k_take
     GT_LOOP(i, M[0]) {
         const long long v = gt_id(ids[i / width], rows);
+        if (v < 0) err[0] = (gt_real)1;      /* the engine reports it (every writer: 1) */
         out[i] = v < 0 ? R_NAN : table[v * width + i % width];
     }
 }
@@ -480,6 +483,21 @@ GT_KERNEL k_take_bwd(gt_real *W, const long long *M)
     }
 }
 
+/* ids computed on the device (no uploaded index): table element (v, j) gets
+ * ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n with
+ * ids[p] == v, ascending -- numerics.take_index's order; M[0] = rows * width */
+GT_KERNEL k_take_bwd_scan(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_take_bwd_scan
+    GT_LOOP(i, M[0]) {
+        const long long v = i / width, j = i % width;
+        gt_real s = R0;
+        for (long long p = 0; p < n; ++p)
+            if (gt_id(ids[p], rows) == v) s = R_ADD(s, g[p * width + j]);
+        ga[i] = R_ADD(ga[i], s);
+    }
+}
+
 /* out[o, j, r] = a[o, ids[o, j, r], r]: a is [outer, len, inner], ids and
  * out [outer, k, inner]; M[0] = outer * k * inner */
 GT_KERNEL k_take_along(gt_real *W, const long long *M)
@@ -488,6 +506,7 @@ GT_KERNEL k_take_along(gt_real *W, const long long *M)
     GT_LOOP(i, M[0]) {
         const long long l = gt_id(ids[i], len);
         const long long base = (i / (k * inner)) * len * inner + i % inner;
+        if (l < 0) err[0] = (gt_real)1;
         out[i] = l < 0 ? R_NAN : a[base + l * inner];
     }
 }

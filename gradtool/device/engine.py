@@ -27,8 +27,9 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
+from ..ops import bad_id
 from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
-from .program import CaptureError, capture_program
+from .program import EXACT_INTS, CaptureError, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
 
@@ -122,11 +123,34 @@ class DeviceReplay:
             self.dev.write(prog.val_off[i], arr)      # float64: the device converts
             return
         check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
+        if i in prog.int_values and int(np.abs(arr).max()) > EXACT_INTS[prog.dtype]:
+            raise GradtoolError(f"{what}: integer {int(np.abs(arr).max())} is beyond what a "
+                                f"{prog.dtype} arena holds exactly ({EXACT_INTS[prog.dtype]})")
         for off, values in prog.id_writes(i, arr):
             self.dev.write(off, np.asarray(values, dtype=np.float64))
 
     def forward(self) -> None:
         self.dev.run("forward", "forward")
+        self._check_ids()
+
+    def _check_ids(self) -> None:
+        """After a forward: when a take/take_along kernel met an id computed on the tape
+        that is not a whole number in range (it read nothing, wrote a NaN and raised the
+        flag), the CPU reference's error for the first such node, in tape order."""
+        prog = self.program
+        if not prog.computed_ids or self.dev.scalar(prog.err_off) == 0.0:
+            return
+        self.dev.write(prog.err_off, np.zeros(1))
+        for node, ids, bound in prog.computed_ids:
+            problem = bad_id(self.dev.read(prog.val_off[ids], prog.size_of(ids))
+                             .reshape(prog.shapes[ids]), bound)
+            if problem:
+                raise GradtoolError(f"node {node} ({self.tape.nodes[node].op}): its ids, "
+                                    f"computed by node {ids} ({self.tape.nodes[ids].op}): "
+                                    f"{problem} (table "
+                                    f"{list(prog.shapes[self.tape.nodes[node].a])})")
+        raise GradtoolError("a take/take_along kernel met a bad id, but no computed ids "
+                            "hold one now")
 
     def backward(self) -> None:
         self.dev.run("backward", "backward")
@@ -160,10 +184,13 @@ class DeviceReplay:
         """Forward, backward and (with ``train``) the optimizer, as one run; the loss."""
         if not train:
             self.dev.run("forward", "backward")
+            self._check_ids()
             return self.loss()
         before = self._prepare_step()
         self.dev.run("forward", "optimizer")
-        return self._settle_step(before)
+        loss = self._settle_step(before)
+        self._check_ids()       # after the step (it ran, as its loss allowed): the run stops
+        return loss
 
     # ── reading back ───────────────────────────────────────────────────────
     def loss(self) -> float:

@@ -79,6 +79,9 @@ class Program:
     param_ids: list = field(default_factory=list)
     input_ids: list = field(default_factory=list)
     id_bounds: dict = field(default_factory=dict)    # ids leaf -> [(reading node, bound)]
+    computed_ids: list = field(default_factory=list)  # (take node, ids node, bound): checked
+    err_off: int = -1                       # the bad-id flag take/take_along kernels raise
+    int_values: set = field(default_factory=set)     # i64 leaves read as values (comparisons)
     take_indexes: list = field(default_factory=list)  # TakeIndex per take whose table learns
 
     def id_writes(self, leaf: int, ids: np.ndarray) -> list:
@@ -176,6 +179,7 @@ class _Builder:
         self.scratch_need = 0
         self.scratch_off = -1
         self.take_index = {}          # take node -> its TakeIndex
+        self.err_off = -1             # the bad-id flag (one element), if any op reads ids
 
     def alloc(self, n: int) -> int:
         off = self.size
@@ -223,7 +227,13 @@ def _check(tape, loss: int, dtype: str) -> None:
         raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
     for i, node in enumerate(tape.nodes):
         spec = OPS[node.op]
-        if spec.int_inputs:
+        for role, k in (("a", node.a), ("b", node.b)):
+            if (k >= 0 and role not in spec.id_inputs and tape.holds_ids(k)
+                    and int(np.abs(tape.values[k]).max()) > EXACT_INTS[dtype]):
+                raise CaptureError(f"node {i} ({node.op}): reads integer data of node {k} up to "
+                                   f"{int(np.abs(tape.values[k]).max())}; a {dtype} arena "
+                                   f"holds integers exactly only up to {EXACT_INTS[dtype]}")
+        if spec.id_inputs:
             # ids (< bound) and take's index (positions, counts <= N) become arena values
             most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
                        tape.values[node.b].size if node.op == "take" else 0)
@@ -251,9 +261,12 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
     grad_end = b.size
     ctl_off = b.alloc(4)
-    takes = []          # the backward index of every take whose table learns
+    if any(OPS[n.op].id_inputs for n in tape.nodes):
+        b.err_off = b.alloc(1)
+    takes = []          # the backward index of every take whose table learns (leaf ids)
     for i, n in enumerate(tape.nodes):
-        if n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+        if (n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]
+                and tape.nodes[n.b].a < 0):
             rows = b.shapes[n.a][0]
             takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
     b.take_index = {ti.node: ti for ti in takes}
@@ -267,8 +280,9 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
         node = tape.nodes[i]
         if grad_off[i] < 0 or node.a < 0 or not tape.requires[i]:
             continue
-        need_a = tape.requires[node.a]
-        need_b = node.b >= 0 and tape.requires[node.b]
+        spec = OPS[node.op]
+        need_a = tape.requires[node.a] and spec.grad_to("a")
+        need_b = node.b >= 0 and tape.requires[node.b] and spec.grad_to("b")
         if need_a or need_b:
             backward += _backward_node(b, i, need_a, need_b, val_off, grad_off)
     b.alloc(b.scratch_need)
@@ -278,14 +292,20 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
                    launches={"forward": forward, "backward": backward, "optimizer": []},
                    param_ids=[i for i, n in enumerate(tape.nodes) if n.op == "param"],
                    input_ids=[i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name],
-                   take_indexes=takes)
+                   take_indexes=takes, err_off=b.err_off)
     for i, n in enumerate(tape.nodes):
         spec = OPS[n.op]
-        if spec.int_inputs:
+        if spec.id_inputs:
             bound = spec.index_bound(b.shapes[n.a], n.aux)
-            prog.id_bounds.setdefault(n.b, []).append((i, bound))
-    prog.init = [(val_off[i], tape.values[i]) for i in range(len(tape.nodes))
-                 if i not in prog.id_bounds]
+            if tape.nodes[n.b].a < 0:
+                prog.id_bounds.setdefault(n.b, []).append((i, bound))
+            else:
+                prog.computed_ids.append((i, n.b, bound))
+        for role, k in (("a", n.a), ("b", n.b)):
+            if k >= 0 and role not in spec.id_inputs and tape.holds_ids(k):
+                prog.int_values.add(k)
+    prog.init = [(val_off[i], tape.values[i].astype(np.float64) if tape.holds_ids(i)
+                  else tape.values[i]) for i in range(len(tape.nodes)) if i not in prog.id_bounds]
     for leaf in prog.id_bounds:
         prog.init += prog.id_writes(leaf, tape.values[leaf])
     if optimizer is not None:
@@ -293,6 +313,8 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
         prog.launches["optimizer"] = prog.optimizer.launches
     prog.init.append((ctl_off, np.array([prog.optimizer.lr if prog.optimizer else 0.0, 1.0, 0.0,
                                           1.0])))
+    if b.err_off >= 0:
+        prog.init.append((b.err_off, np.zeros(1)))
     prog.size = b.size
     _check_arena(prog, grad_end - grad_start, DEFAULT_MEMORY if max_bytes is None else max_bytes)
     return prog
@@ -428,7 +450,7 @@ def _fwd_take(b, i, spec, val):
     node = b.tape.nodes[i]
     rows = b.shapes[node.a][0]
     return [launch("k_take", b.n(i), i, "take", out=val[i], table=val[node.a], ids=val[node.b],
-                   rows=rows, width=b.n(node.a) // rows)]
+                   rows=rows, width=b.n(node.a) // rows, err=b.err_off)]
 
 
 def _fwd_take_along(b, i, spec, val):
@@ -436,7 +458,8 @@ def _fwd_take_along(b, i, spec, val):
     axis = node.aux["axis"]
     _, length, inner = _axis_split(b.shapes[node.a], axis)
     return [launch("k_take_along", b.n(i), i, "take_along", out=val[i], a=val[node.a],
-                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner)]
+                   ids=val[node.b], len=length, k=b.shapes[node.b][axis], inner=inner,
+                   err=b.err_off)]
 
 
 def _fwd_permute(b, i, spec, val):
@@ -607,8 +630,12 @@ def _bwd_concat(b, i, spec, need_a, need_b, val, grad):
 
 def _bwd_take(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
-    index = b.take_index[i]
     rows = b.shapes[node.a][0]
+    if i not in b.take_index:           # ids computed on the device: no uploaded index
+        return [launch("k_take_bwd_scan", b.n(node.a), i, "take backward", ga=grad[node.a],
+                       g=grad[i], ids=val[node.b], n=b.n(node.b), rows=rows,
+                       width=b.n(node.a) // rows)]
+    index = b.take_index[i]
     return [launch("k_take_bwd", b.n(node.a), i, "take backward", ga=grad[node.a], g=grad[i],
                    order=index.order_off, start=index.start_off, width=b.n(node.a) // rows)]
 

@@ -36,7 +36,7 @@ from importlib import resources
 from typing import Mapping, Optional, Sequence
 
 from ..errors import GradtoolError
-from ..ops import format_shape
+from ..ops import OPS, format_shape
 from ..tape import GVar, Tape, reach, requires_wrt
 from .render import EmitError, EmitScopeError, c_double, rule
 
@@ -277,8 +277,8 @@ def statements(tape: Tape, lay: Layout, loss_value: bool = True) -> Body:
             continue
         b = f"t{node.b}" if node.b >= 0 else None
         ca, cb = rule(node.op).backward(f"g{i}", f"t{node.a}", b, f"t{i}", c_double(node.s))
-        for dst, c in ((node.a, ca), (node.b, cb)):
-            if dst < 0 or not requires[dst]:
+        for role, dst, c in (("a", node.a, ca), ("b", node.b, cb)):
+            if dst < 0 or not requires[dst] or not OPS[node.op].grad_to(role):
                 continue
             if dst in declared:
                 backward.append(f"    g{dst} = GT_ADD(g{dst}, {c});")

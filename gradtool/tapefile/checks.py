@@ -49,7 +49,7 @@ import numpy as np
 from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
 from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from ..ops import INT_DTYPE, OPS, bad_id, format_shape, infer_shape
+from ..ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, infer_shape
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -87,7 +87,8 @@ class CheckedNode:
     l2: float = 0.0
     data: Optional[bytes] = None      # leaves: little-endian float64 (int64 for dtype i64)
     value: Optional[bytes] = None     # op nodes: the recorded value, if the writer stored it
-    dtype: str = "f64"                # "i64": a const of integer ids
+    dtype: str = "f64"                # "i64": a const of integer data
+    integral: bool = False            # integer-valued (ops.OpSpec.integral): may feed ids
 
 
 @dataclass
@@ -510,7 +511,7 @@ _ARITY = {name: spec.arity for name, spec in OPS.items()}
 _PLAIN_KEYS = {name: frozenset({"op", "a", "b", "s", "shape"}
                                | ({"data", "name", "l2"} if name == "param" else
                                   {"data", "name"} if name == "const" else {"value"}))
-               for name, spec in OPS.items() if not spec.attrs and not spec.int_inputs}
+               for name, spec in OPS.items() if not spec.attrs and not spec.id_inputs}
 _SCALAR_OPS = frozenset(name for name, spec in OPS.items() if spec.scalar_operand)
 _SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 
@@ -557,7 +558,7 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
         return None
     if earlier[a].dtype != "f64" or b >= 0 and earlier[b].dtype != "f64":
-        return None                 # integer ids: only take's ids input reads them
+        return None                 # integer data: the general path checks who reads it
     value = get("value")
     if value is not None and (type(value) is not bytes or len(value) != 8 * size):
         return None
@@ -571,7 +572,16 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
             return None
     if inferred != shape:
         return None
-    return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value)
+    return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value,
+                       integral=_integral(op, a, b, earlier))
+
+
+def _integral(op: str, a: int, b: int, earlier: list) -> bool:
+    """Whether an op node's values are whole numbers (ops.OpSpec.integral), as the Tape
+    tracks it."""
+    spec = OPS[op]
+    return bool(spec.integral) and spec.integral_of(earlier[a].integral,
+                                                    b < 0 or earlier[b].integral)
 
 
 
@@ -599,17 +609,19 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         l2 = float(get("l2", 0.0))
         if not math.isfinite(l2):
             raise _bad(i, source, f"must be finite, got {l2}", "l2")
-        return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data,
-                           dtype=get("dtype", "f64"))
+        dtype = get("dtype", "f64")
+        return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data, dtype=dtype,
+                           integral=dtype == INT_DTYPE)
 
     spec = OPS[op]
     for field, ref in (("a", a), ("b", b)):
-        if ref >= 0 and (field in spec.int_inputs) != (earlier[ref].dtype == INT_DTYPE):
-            raise _bad(i, source, f"node {ref} holds integer ids (dtype {INT_DTYPE}), which only "
-                                  f"the ids input of take and take_along reads"
-                       if earlier[ref].dtype == INT_DTYPE
-                       else f"{op} reads integer ids here, but node {ref} is not a const with "
-                            f"dtype {INT_DTYPE}", field)
+        if ref >= 0 and earlier[ref].dtype == INT_DTYPE and field not in spec.int_inputs:
+            raise _bad(i, source, f"node {ref} holds integer data (dtype {INT_DTYPE}), which "
+                                  f"{op} does not read here ({INTEGER_READERS})", field)
+        if ref >= 0 and field in spec.id_inputs and not earlier[ref].integral:
+            raise _bad(i, source, f"{op} reads integer ids here, but node {ref} is not a const "
+                                  f"with dtype {INT_DTYPE}, nor integer-valued ops of one "
+                                  f"(docs/ops.md; it is a {earlier[ref].op})", field)
     attrs = _attrs(op, raw) if spec.attrs else None
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
@@ -622,7 +634,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     if inferred != shape:
         raise _bad(i, source, f"states {format_shape(shape)}, but {op} of its inputs gives "
                               f"{format_shape(inferred)}", "shape")
-    if spec.int_inputs:
+    if spec.id_inputs and earlier[b].a < 0:     # computed ids: checked when replayed
         ids = np.frombuffer(earlier[b].data, dtype="<i8")
         problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
         if problem:
@@ -632,7 +644,8 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     if value is not None and len(value) != 8 * prod(shape):
         raise _bad(i, source, f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
                               f"{8 * prod(shape)}", "value")
-    return CheckedNode(op, a, b, float(get("s", 0.0)), shape, attrs, None, 0.0, None, value)
+    return CheckedNode(op, a, b, float(get("s", 0.0)), shape, attrs, None, 0.0, None, value,
+                       integral=_integral(op, a, b, earlier))
 
 
 def _bad(i: int, source: str, message: str, field=None) -> TapeFileError:

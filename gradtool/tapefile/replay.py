@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import TapeFileError
-from ..ops import INT_DTYPE, OPS
+from ..ops import INT_DTYPE, OPS, bad_id
 from ..tape import GVar, Tape, ieee_silent
 from .checks import CheckedFile
 from .write import dumps, write
@@ -64,8 +64,15 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                 else:
                     tape.const(data, name=node.name, dtype=node.dtype)
                 continue
-            value = OPS[op].forward(values[a], values[b] if b >= 0 else None, node.s,
-                                    node.attrs)
+            spec = OPS[op]
+            if spec.id_inputs and checked.nodes[b].a >= 0:     # ids computed on the tape
+                problem = bad_id(values[b], spec.index_bound(values[a].shape, node.attrs))
+                if problem:
+                    raise TapeFileError(f"its ids, computed by node {b}: {problem} (table "
+                                        f"{list(values[a].shape)})", source=source, node=i,
+                                        field="b")
+            value = spec.forward(values[a], values[b] if b >= 0 else None, node.s,
+                                 node.attrs)
             if value.shape != node.shape:        # defensive: the checks prevent it
                 raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
                                     f"checked {list(node.shape)}", source=source, node=i)
