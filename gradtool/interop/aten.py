@@ -377,23 +377,21 @@ def _detach(r, node, a):
 
 
 @aten("aten._to_copy.default", "aten.to.dtype",
-      doc="a float-to-float copy is the same value (every float is f64); ids to float: "
-          "to_f64; a mask to float: the same 0.0/1.0 value")
+      doc="a float-to-float copy is the same value (every float is f64); i64 data to float: "
+          "to_f64; integer-valued data (ids, masks) to an integer dtype: the same value")
 def _to_copy(r, node, a, *args, dtype=None, **kwargs):
-    v = r.value(a)
     dst = r.torch_dtype(node)
-    if not r.is_ids(v):
-        if dst == "float" or dst == r.torch_dtype(node.args[0]):
-            return v
-        if dst in ("int", "bool") and r.torch_dtype(node.args[0]) == "bool":
-            return v           # a mask stays a 0.0/1.0 f64 mask
-        raise Unsupported(f"conversion of floating-point data to {dst} (ids computed in "
-                          f"floating point)")
-    if dst == "int":
+    if r.is_ids(a):
+        return a if dst == "int" else r.tp.to_f64(a)
+    v = r.f(a)
+    if dst == "float" or dst == r.torch_dtype(node.args[0]):
         return v
-    if not has("to_f64"):
-        raise Unsupported("converting integer ids to float needs Tape.to_f64")
-    return r.tp.to_f64(v)
+    if dst in ("int", "bool") and r.is_integral(v):
+        if dst == "bool" and r.torch_dtype(node.args[0]) != "bool":
+            return r.tp.ne(v, 0.0)
+        return v
+    raise Unsupported(f"conversion of floating-point data to {dst} (ids computed in "
+                      f"floating point)")
 
 
 @aten("aten.permute.default", needs=("permute",),
@@ -474,7 +472,7 @@ def _cat(r, node, tensors, dim=0):
     vals = [v for v, s in vals if 0 not in s]
     ndim = len(r.tshape(node))
     dim %= ndim
-    vals = [r.f(v) if not r.is_gvar(v) or not r.is_ids(v) else v for v in vals]
+    vals = [r.value(v) for v in vals]
     return vals[0] if len(vals) == 1 else r.tp.cat(vals, dim)
 
 

@@ -317,17 +317,24 @@ class _Importer:
         placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
         user_i = 0
         state = ep.state_dict
+        tied = {}                               # id(tensor) -> its param (or const)
         for spec in ep.graph_signature.input_specs:
             node = placeholders[spec.arg.name]
             if spec.kind == IK.PARAMETER:
                 t = state[spec.target]
                 name = self.name(spec.target)
+                if id(t) in tied:               # a tied weight: one param, its first name
+                    self.env[node] = tied[id(t)]
+                    if not t.requires_grad:
+                        self.const_nodes.add(node)
+                    continue
                 if t.requires_grad:
                     arr = t.detach().to(torch.float64).numpy()
                     self.params[name] = self.tp.param(arr, name=name)
-                    self.env[node] = self.params[name]
+                    self.env[node] = tied[id(t)] = self.params[name]
                 else:
                     self._constant(node, t, name)
+                    tied[id(t)] = self.env[node]
             elif spec.kind in (IK.BUFFER, IK.CONSTANT_TENSOR):
                 t = state[spec.target] if spec.target in state else ep.constants[spec.target]
                 self._constant(node, t, self.name(spec.target))
@@ -664,12 +671,10 @@ class Recorder:
         return g
 
     def f(self, x):
-        """A float (or mask) GVar for ``x``: a GVar, a folded tensor or a number."""
+        """A float (or mask) GVar for ``x``: a GVar, a folded tensor or a number.  An i64
+        input slot is converted (to_f64: exact, and still integer-valued for ids)."""
         if self.is_gvar(x):
-            if self.tp.holds_ids(x.id):
-                raise A.Unsupported("arithmetic on integer ids (convert them with .float() "
-                                    "first, or fold them into constants)")
-            return x
+            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return self.tp.const(np.array([float(x)]))
         if isinstance(x, bool):
@@ -679,28 +684,46 @@ class Recorder:
     mask = f
 
     def ids(self, x):
+        """Integer ids for take/take_along: an i64 slot or an integer-valued node computed
+        from one (where(ne(t, -100), t, 0)), a folded integer tensor, or an int."""
         if self.is_gvar(x):
-            if not self.tp.holds_ids(x.id):
-                raise A.Unsupported("ids computed in floating point (gradtool keeps ids as "
-                                    "i64 data; a float tensor used as indices is refused)")
+            if not (self.tp.holds_ids(x.id) or self.tp.integral[x.id]):
+                raise A.Unsupported("ids computed in floating point (gradtool reads ids from "
+                                    "integer data and integer-valued ops of it; a float "
+                                    "tensor used as indices is refused)")
             return x
         if isinstance(x, int) and not isinstance(x, bool):
             return self.tp.const(np.array([x], dtype=np.int64), dtype="i64")
         return self._lift(x, ids=True)
 
     def value(self, x):
-        """A GVar as it is (ids stay ids), else lifted by its dtype."""
+        """A GVar for a layout op: floats as they are, i64 data through to_f64 (layout ops
+        read f64; the result stays integer-valued), folded tensors lifted by dtype."""
         if self.is_gvar(x):
-            return x
+            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
         torch = self.torch
         if isinstance(x, torch.Tensor) and _kind(x.dtype) == "int":
-            return self._lift(x, ids=True)
+            return self.tp.to_f64(self._lift(x, ids=True))
         return self.f(x)
 
+    def is_integral(self, v) -> bool:
+        return self.is_gvar(v) and (self.tp.holds_ids(v.id) or bool(self.tp.integral[v.id]))
+
     def operands(self, a, b):
-        """Two operands of a comparison or where: ids with ids, floats with floats."""
-        ids = self.is_ids(a) or self.is_ids(b)
-        conv = self.ids if ids else self.f
+        """Two operands of a comparison or where.  Beside integer data (an i64 slot or an
+        integer-valued node), an int or a folded integer tensor becomes an i64 const, so
+        that where(ne(t, -100), t, 0) stays integer-valued (ids for a gather)."""
+        if not (self.is_integral(a) or self.is_integral(b)):
+            return self.f(a), self.f(b)
+        torch = self.torch
+
+        def conv(v):
+            if self.is_gvar(v):
+                return v
+            if (isinstance(v, int) and not isinstance(v, bool)) or (
+                    isinstance(v, torch.Tensor) and _kind(v.dtype) == "int"):
+                return self.ids(v)
+            return self.f(v)
         return conv(a), conv(b)
 
     def scale(self, b, alpha):
