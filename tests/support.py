@@ -160,15 +160,25 @@ def weighted_loss(tp, y, rng):
     return tp.mean(y * tp.const(rng.uniform(-1.0, 1.0, y.shape)))
 
 
+# the elementwise math ops of issue 20 (random_unary draws them too)
+MATH_UNARY = ["erf", "sin", "cos", "expm1", "log1p", "rsqrt", "pows", "clamp"]
+
+
 def random_unary(tp, rng, x):
     """A random unary op of x (inputs kept in the domain of log and sqrt)."""
-    op = rng.choice(UNARY + ["adds", "muls"])
-    if op in ("log", "sqrt"):
+    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY)
+    if op in ("log", "sqrt", "log1p", "rsqrt"):
         return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-    if op == "exp":
-        return tp.exp(tp.tanh(x))
+    if op in ("exp", "expm1"):
+        return getattr(tp, op)(tp.tanh(x))
     if op in ("adds", "muls"):
         return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+    if op == "pows":
+        s = [2.0, 3.0, 0.5, -0.5, -1.0, 1.7, -2.3][int(rng.integers(7))]
+        return tp.pows(tp.adds(tp.sigmoid(x), 0.25), s)
+    if op == "clamp":
+        lo = float(rng.uniform(-1.0, 0.0))
+        return tp.clamp(x, lo, lo + float(rng.uniform(0.0, 1.5)))
     return getattr(tp, op)(x)
 
 
@@ -210,7 +220,7 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div", "maximum"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
             y = getattr(tp, op)(a, b)

@@ -23,8 +23,8 @@
  * that gradtool/numerics.py and gradtool/ops.py document, in the same
  * order: arithmetic goes through R_ADD/R_SUB/R_MUL/R_DIV/R_SQRT (for float64
  * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
- * plain operators on the host, compiled with -ffp-contract=off), exp, log and
- * tanh are gt_math.h's libm-free functions (the C twins of
+ * plain operators on the host, compiled with -ffp-contract=off), exp, log,
+ * tanh, erf, sin, cos, ... are gt_math.h's libm-free functions (the C twins of
  * gradtool/fdlibm/), every sum and inner product runs serially in one
  * thread in the documented index order, and every gradient contribution is
  * first computed whole and then added into its slot once (grad = grad + c),

@@ -15,7 +15,8 @@ Method (ix = high word of |x|, hx that of x)::
   ix <= 0x413921fb (|x| <= 2^19*pi/2, "medium"): t = |x|
       n = (int)(t*INVPIO2 + 0.5);  fn = (double)n
       r = t - fn*PIO2_1;  w = fn*PIO2_1T;  y0 = r - w       (85 bits)
-      unless n < 32 and ix != NPIO2_HW[n-1] (no cancellation possible):
+      unless n < 32 and ix != NPIO2_HW[n-1] (no cancellation possible; that table's word
+      is the high word of fn*PIO2_1, which is how the code reads it):
         j = biased exponent of x; if j - (biased exponent of y0) > 16:
           u = r;  w = fn*PIO2_2;  r = u - w;  w = fn*PIO2_2T - ((u - r) - w);  y0 = r - w
           if j - (biased exponent of y0) > 49:
@@ -278,7 +279,8 @@ def _rem_pio2(x: np.ndarray):
         w = nn * PIO2_1T                       # 1st round good to 85 bits
         a = r - w
         ni = nn.astype(np.int64)
-        quick = (ni < 32) & (ix[i] != NPIO2_HW[np.clip(ni - 1, 0, 31)])
+        # fdlibm's NPIO2_HW[n-1] is the high word of fn*PIO2_1 (exact) for every n < 32
+        quick = (ni < 32) & (ix[i] != ((nn * PIO2_1).view(_U64) >> _U64(32)).astype(np.int64))
         j = ix[i] >> 20
         second = ~quick & (j - _exponent(a) > 16)
         u2 = r
