@@ -61,11 +61,11 @@ def elementwise_rule(kernel_name: str) -> tuple:
         if not spec.elementwise:
             continue
         prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
-        for i, k in enumerate(kernel_names(spec)):
-            if k == kernel_name:
-                family = prefix + ("FWD" if i == 0 else "BWD")
-                rule = spec.fwd if i == 0 else spec.bwd[i - 1]
-                return family, _render(rule, _ENVS[family])
+        rules = {f"k_{spec.name}": spec.fwd, f"k_{spec.name}_bwd": spec.bwd[0],
+                 **{f"k_{spec.name}_bwd_{side}": e for side, e in zip("ab", spec.bwd)}}
+        if kernel_name in kernel_names(spec):
+            family = prefix + ("FWD" if kernel_name == f"k_{spec.name}" else "BWD")
+            return family, _render(rules[kernel_name], _ENVS[family])
     raise KeyError(f"{kernel_name!r} is not an elementwise kernel")
 
 
@@ -137,7 +137,8 @@ def header() -> str:
     rows = []
     for s in binary:
         for side, e in zip("ab", s.bwd):
-            rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
+            if s.grad_to(side):           # none for an input the gradient never reaches
+                rows.append((f"k_{s.name}_bwd_{side}", _render(e, BINARY_BWD_ENV)))
     out += _xlist("GT_BINARY_BWD_OPS", rows)
     out += ["", "/* X(kernel, cost per index): the unary kernels the host may split over threads",
             " * (a cost estimate from the rule, expr.cost; it never changes a result) */"]

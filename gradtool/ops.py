@@ -193,6 +193,21 @@ def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
             + ("is not a whole number" if fraction else f"is outside [0, {bound})"))
 
 
+EXACT_INT = 2 ** 53     # every integer of at most this magnitude is exact in a float64
+
+
+def inexact_int(values: np.ndarray, limit: int = EXACT_INT) -> Optional[str]:
+    """None when every integer in ``values`` converts exactly (|v| <= limit); else what
+    the first one that does not is and where (integer data read as float64 values)."""
+    flat = np.ravel(values)
+    big = np.flatnonzero((flat > limit) | (flat < -limit))
+    if not big.size:
+        return None
+    where = [int(k) for k in np.unravel_index(int(big[0]), np.shape(values))]
+    return (f"integer {int(flat[big[0]])} at position {where} is beyond +-{limit}, where "
+            f"floating-point values stop being exact")
+
+
 def as_ids(b: np.ndarray) -> np.ndarray:
     """Ids as int64 for numpy's gathers: an i64 const as it is, computed (float64,
     checked whole and in range by the caller) ids converted exactly."""
@@ -297,8 +312,9 @@ def kernel_names(spec: OpSpec) -> tuple:
     """The kernels an op's launches use (forward, then backward)."""
     if spec.kind == "unary":
         return (f"k_{spec.name}", f"k_{spec.name}_bwd")
-    if spec.kind == "binary":
-        return (f"k_{spec.name}", f"k_{spec.name}_bwd_a", f"k_{spec.name}_bwd_b")
+    if spec.kind == "binary":         # a backward kernel per input the gradient flows to
+        return (f"k_{spec.name}",) + tuple(f"k_{spec.name}_bwd_{side}" for side in "ab"
+                                           if spec.grad_to(side))
     return spec.kernels
 
 
@@ -1069,7 +1085,7 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack", "attr", "bad_id", "as_ids", "INT_DTYPE", "INTEGER_READERS",
+           "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT", "INT_DTYPE", "INTEGER_READERS",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",
            "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]

@@ -21,7 +21,7 @@ import numpy as np
 from . import layout as _layout
 from .errors import GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
-from .ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, infer_shape
+from .ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, inexact_int, infer_shape
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -368,6 +368,10 @@ class Tape:
             if ix >= 0 and self.holds_ids(ix) and role not in spec.int_inputs:
                 return self._poison(f"{here}: input {role} (node {ix}) holds integer data, "
                                     f"which {op} does not read ({INTEGER_READERS})", TapeError)
+            if (ix >= 0 and self.holds_ids(ix) and role not in spec.id_inputs
+                    and inexact_int(self.values[ix])):
+                return self._poison(f"{here}: input {role} (node {ix}): "
+                                    f"{inexact_int(self.values[ix])}", TapeError)
             if ix >= 0 and role in spec.id_inputs and not self.integral[ix]:
                 return self._poison(f"{here}: input {role} (node {ix}) must be integer ids: a "
                                     f"const recorded with dtype='{INT_DTYPE}', or integer-valued "
@@ -598,11 +602,20 @@ class Tape:
                              f"{list(self.values[i].shape)}, got {list(data.shape)}")
         if self.holds_ids(i):
             check_ids(data, self.id_bounds(i), f"value for node {i}")
+            if self.read_as_values(i) and inexact_int(data):
+                raise TapeError(f"value for node {i}: {inexact_int(data)}")
         self.values[i][...] = data
 
     def holds_ids(self, i: int) -> bool:
         """Whether node ``i`` is a const of integer data (dtype i64)."""
         return self.values[i].dtype == np.int64
+
+    def read_as_values(self, i: int) -> bool:
+        """Whether some op reads integer node ``i`` as float64 values (a comparison, keep,
+        to_f64: every value must then be exact, |v| <= 2^53), not only as ids."""
+        return any(OPS[n.op].int_inputs and ((n.a == i and "a" not in OPS[n.op].id_inputs)
+                                             or (n.b == i and "b" not in OPS[n.op].id_inputs))
+                   for n in self.nodes)
 
     def id_bounds(self, i: int) -> list:
         """[(node, bound)] for every op reading node ``i`` as ids: each id must be < bound."""

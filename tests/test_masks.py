@@ -343,3 +343,82 @@ def test_take_with_computed_ids_and_a_learning_table_on_the_host():
         rp.forward()
         rp.backward()
         assert_bits_equal(rp.grad(table), tp.grad(table), variant)
+
+
+def test_integer_data_read_as_values_must_convert_exactly():
+    big = np.array([1, 2 ** 53 + 1])
+    tp = gt.Tape()
+    t = tp.const(big, dtype="i64", name="t")
+    with pytest.raises(gt.TapeError, match=r"integer 9007199254740993 at position \[1\] is "
+                                           r"beyond \+-9007199254740992"):
+        tp.ne(t, 0)
+    tp = gt.Tape()
+    t = tp.const(np.array([1, 2]), dtype="i64", name="t")
+    x = tp.param(np.ones(2))
+    loss = tp.sum(tp.mul(tp.to_f64(tp.ne(t, 1)), x))
+    with pytest.raises(gt.TapeError, match="beyond"):
+        tp.set_value(t, big)
+    doc = msgpack.unpackb(dumps(tp, loss=loss))
+    doc["nodes"][0] = dict(doc["nodes"][0], data=big.astype("<i8").tobytes())
+    with pytest.raises(gt.TapeFileError, match="beyond") as err:
+        load(msgpack.packb(doc))
+    assert err.value.node == 3
+    require_c_compiler()
+    from gradtool.device import capture
+    rp = capture(tp, loss, "host")
+    with pytest.raises(gt.GradtoolError, match="beyond"):
+        rp.set_input(t, big)
+    with pytest.raises(gt.GradtoolError, match=r"beyond \+-16777216"):
+        tp.set_value(t, np.array([1, 2 ** 24 + 1]))
+        capture(tp, loss, "host", dtype="f32")
+
+
+def test_training_data_read_as_values_must_convert_exactly(ce_files):
+    tmp, path, data = ce_files
+    ys = np.load(data)["target"].copy()
+    ys[3] = 2 ** 60
+    np.savez(tmp / "big.npz", x=np.load(data)["x"], target=ys)
+    assert_one_line_error(run("train", path, "--data", tmp / "big.npz"), 2, "array 'target'",
+                          f"integer {2 ** 60} at position [3] is beyond")
+
+
+def test_emitted_c_reads_integer_inputs_and_computes_where_like_the_tape(tmp_path):
+    """A scalar tape (the emitter's scope) with an i64 input slot compared and where-d."""
+    import shutil
+    import subprocess
+    import sys
+
+    from gradtool.emit.cuda import emit_cuda, layout
+    from support import ROOT
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import emitc_harness as H
+
+    sources, runs, want = [], [], {}
+    for k, (target, xv) in enumerate([(3, 0.5), (-100, -0.0), (0, -2.0), (-100, 1.5)]):
+        tp = gt.Tape()
+        t = tp.const(np.array([target]), name="t", dtype="i64")
+        x = tp.param(np.array([xv]), name="x")
+        y = tp.where(tp.ne(t, -100), tp.mul(x, x), tp.to_f64(t))
+        loss = tp.mul(y, tp.where(tp.lt(x, 0.0), x, 1.0))
+        fname = f"masks_{k}"
+        sources.append(emit_cuda(tp, loss, name=fname))
+        lay = layout(tp, loss)
+        runs.append((fname, tp, lay))
+        tp.backward(loss)
+        want[fname] = (H.to_bits(tp.value(loss)[0]),
+                       [H.to_bits(tp.grad(tp.var(i))[0]) for i in lay.params])
+    src = tmp_path / "masks.c"
+    src.write_text(H.harness_program(sources, runs))
+    exe = tmp_path / "masks"
+    proc = subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Werror",
+                           "-o", str(exe), str(src), "-lm"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[:2000]
+    got = H.parse_output(subprocess.run([str(exe)], capture_output=True, text=True,
+                                        check=True).stdout)
+    for fname, (loss_bits, grads) in want.items():
+        assert H.same_bits(got[fname]["loss"], loss_bits), fname
+        for j, g in enumerate(grads):
+            assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"

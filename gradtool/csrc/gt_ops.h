@@ -91,22 +91,8 @@
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
     X(k_minimum_bwd_a, ((xv <= yv) ? gv : ((gt_real)0x0p+0))) \
     X(k_minimum_bwd_b, ((xv <= yv) ? ((gt_real)0x0p+0) : gv)) \
-    X(k_eq_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_eq_bwd_b, ((gt_real)0x0p+0)) \
-    X(k_ne_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_ne_bwd_b, ((gt_real)0x0p+0)) \
-    X(k_lt_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_lt_bwd_b, ((gt_real)0x0p+0)) \
-    X(k_le_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_le_bwd_b, ((gt_real)0x0p+0)) \
-    X(k_gt_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_gt_bwd_b, ((gt_real)0x0p+0)) \
-    X(k_ge_bwd_a, ((gt_real)0x0p+0)) \
-    X(k_ge_bwd_b, ((gt_real)0x0p+0)) \
     X(k_keep_bwd_a, ((yv != ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
-    X(k_keep_bwd_b, ((gt_real)0x0p+0)) \
     X(k_keep_not_bwd_a, ((yv == ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
-    X(k_keep_not_bwd_b, ((gt_real)0x0p+0)) \
     /* end */
 
 /* X(kernel, cost per index): the unary kernels the host may split over threads
@@ -513,29 +499,15 @@
     X(k_clamp_max) \
     X(k_clamp_max_bwd) \
     X(k_eq) \
-    X(k_eq_bwd_a) \
-    X(k_eq_bwd_b) \
     X(k_ne) \
-    X(k_ne_bwd_a) \
-    X(k_ne_bwd_b) \
     X(k_lt) \
-    X(k_lt_bwd_a) \
-    X(k_lt_bwd_b) \
     X(k_le) \
-    X(k_le_bwd_a) \
-    X(k_le_bwd_b) \
     X(k_gt) \
-    X(k_gt_bwd_a) \
-    X(k_gt_bwd_b) \
     X(k_ge) \
-    X(k_ge_bwd_a) \
-    X(k_ge_bwd_b) \
     X(k_keep) \
     X(k_keep_bwd_a) \
-    X(k_keep_bwd_b) \
     X(k_keep_not) \
     X(k_keep_not_bwd_a) \
-    X(k_keep_not_bwd_b) \
     X(k_to_f64) \
     X(k_to_f64_bwd) \
     X(k_sum) \

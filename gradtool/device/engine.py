@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
-from ..ops import bad_id
+from ..ops import bad_id, inexact_int
 from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
 from .program import EXACT_INTS, CaptureError, capture_program
 
@@ -123,9 +123,9 @@ class DeviceReplay:
             self.dev.write(prog.val_off[i], arr)      # float64: the device converts
             return
         check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
-        if i in prog.int_values and int(np.abs(arr).max()) > EXACT_INTS[prog.dtype]:
-            raise GradtoolError(f"{what}: integer {int(np.abs(arr).max())} is beyond what a "
-                                f"{prog.dtype} arena holds exactly ({EXACT_INTS[prog.dtype]})")
+        if i in prog.int_values and inexact_int(arr, EXACT_INTS[prog.dtype]):
+            raise GradtoolError(f"{what}: {inexact_int(arr, EXACT_INTS[prog.dtype])} "
+                                f"(a {prog.dtype} arena)")
         for off, values in prog.id_writes(i, arr):
             self.dev.write(off, np.asarray(values, dtype=np.float64))
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
-from ..ops import OPS, attr, infer_shape
+from ..ops import OPS, attr, inexact_int, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
@@ -229,10 +229,10 @@ def _check(tape, loss: int, dtype: str) -> None:
         spec = OPS[node.op]
         for role, k in (("a", node.a), ("b", node.b)):
             if (k >= 0 and role not in spec.id_inputs and tape.holds_ids(k)
-                    and int(np.abs(tape.values[k]).max()) > EXACT_INTS[dtype]):
-                raise CaptureError(f"node {i} ({node.op}): reads integer data of node {k} up to "
-                                   f"{int(np.abs(tape.values[k]).max())}; a {dtype} arena "
-                                   f"holds integers exactly only up to {EXACT_INTS[dtype]}")
+                    and inexact_int(tape.values[k], EXACT_INTS[dtype])):
+                raise CaptureError(f"node {i} ({node.op}) reads integer data of node {k}: "
+                                   f"{inexact_int(tape.values[k], EXACT_INTS[dtype])} "
+                                   f"(a {dtype} arena)")
         if spec.id_inputs:
             # ids (< bound) and take's index (positions, counts <= N) become arena values
             most = max(spec.index_bound(tape.values[node.a].shape, node.aux),

@@ -332,12 +332,12 @@ def leaf_table(tape: Tape, lay: Layout, data_title: Optional[str] = None) -> lis
     lines = []
     for j, i in enumerate(lay.params):
         lines.append(f" *   p[{j}]  node {i}  {leaf_label(tape, i)}  "
-                     f"(recorded {tape.values[i].item().hex()})")
+                     f"(recorded {float(tape.values[i].item()).hex()})")
     if data_title is not None:
         lines.append(f" * {data_title}")
         for k, i in enumerate(lay.data):
             lines.append(f" *   x[{k}]  node {i}  {leaf_label(tape, i)}  "
-                         f"(recorded {tape.values[i].item().hex()})")
+                         f"(recorded {float(tape.values[i].item()).hex()})")
     if lay.binds:
         lines.append(" * Bound consts:")
         for i, expr in sorted(lay.binds.items()):

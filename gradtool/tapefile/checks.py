@@ -49,7 +49,8 @@ import numpy as np
 from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_work, prod
 from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from ..ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, infer_shape
+from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, inexact_int,
+                   infer_shape)
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -618,6 +619,11 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         if ref >= 0 and earlier[ref].dtype == INT_DTYPE and field not in spec.int_inputs:
             raise _bad(i, source, f"node {ref} holds integer data (dtype {INT_DTYPE}), which "
                                   f"{op} does not read here ({INTEGER_READERS})", field)
+        if (ref >= 0 and earlier[ref].dtype == INT_DTYPE and field not in spec.id_inputs
+                and inexact_int(np.frombuffer(earlier[ref].data, dtype="<i8"))):
+            raise _bad(i, source, f"node {ref}: "
+                                  f"{inexact_int(np.frombuffer(earlier[ref].data, '<i8'))}",
+                       field)
         if ref >= 0 and field in spec.id_inputs and not earlier[ref].integral:
             raise _bad(i, source, f"{op} reads integer ids here, but node {ref} is not a const "
                                   f"with dtype {INT_DTYPE}, nor integer-valued ops of one "

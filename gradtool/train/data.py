@@ -29,7 +29,7 @@ import numpy as np
 from ..budget import DEFAULT_MEMORY, human_bytes, prod
 from ..errors import GradtoolError
 from ..npzio import NpzArchive
-from ..ops import bad_id, format_shape
+from ..ops import bad_id, format_shape, inexact_int
 
 
 class DataError(GradtoolError):
@@ -43,6 +43,7 @@ class Slot:
     shape: tuple
     id_bounds: tuple = ()      # ids slots: (node, bound) per op reading them; () for floats
     ids: bool = False
+    as_values: bool = False    # integer data some op reads as float64 values (comparisons)
 
 
 @dataclass
@@ -61,7 +62,8 @@ class Dataset:
 def input_slots(tape) -> list:
     """The tape's named consts as Slots, with a common batch size (their leading dim)."""
     slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape),
-                  tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id))
+                  tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id),
+                  tape.holds_ids(v.id) and tape.read_as_values(v.id))
              for v in tape.input_slots()]
     if not slots:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
@@ -148,6 +150,8 @@ def _slot_array(a: np.ndarray, slot: Slot, key: str, source: str) -> np.ndarray:
         if problem:
             raise DataError(f"{source}: array {key!r}: {problem}, the range of the "
                             f"{bound}-row table that node {node} reads")
+    if slot.as_values and inexact_int(ids):
+        raise DataError(f"{source}: array {key!r}: {inexact_int(ids)}")
     return ids
 
 
