@@ -136,9 +136,10 @@ def reduction_method(one):
 
 
 def variance(tp, a, axis=None, correction=1, keepdims=False):
-    """torch.var (``Tape.var`` already names a node handle's lookup): ``m = mean(a, axis, keepdims=True)``, ``d = a - m``, then
-    ``sum(d * d, axis) / max(0, N - correction)`` (one division by a const; N the
-    number of reduced elements).  torch's CPU kernel accumulates differently (Welford),
+    """torch.var (named ``variance``: ``Tape.var`` already looks up a node's handle):
+    ``m = mean(a, axis, keepdims=True)``, ``d = a - m``, then ``sum(d * d, axis) /
+    max(0, N - correction)`` (one division by a const; N the number of reduced
+    elements).  torch's CPU kernel accumulates differently (Welford),
     so torch's float64 bits differ from these in the last places."""
     shape = _shape(tp, a, "variance")
     axes = _axes(axis, len(shape), "variance")
@@ -315,8 +316,61 @@ def repeat_interleave(tp, a, repeats, axis):
     return tp.reshape(expand(tp, unsqueeze(tp, a, ax + 1), wide), merged)
 
 
+def swapaxes(tp, a, axis1, axis2):
+    """Two axes exchanged (torch.transpose(a, d0, d1), numpy.swapaxes): a ``permute``
+    (``a`` itself when they are the same axis)."""
+    shape = _shape(tp, a, "swapaxes")
+    i, j = _axis(axis1, len(shape), "swapaxes"), _axis(axis2, len(shape), "swapaxes")
+    if i == j:
+        return a
+    dims = list(range(len(shape)))
+    dims[i], dims[j] = j, i
+    return tp.permute(a, dims)
+
+
+def stack(tp, xs, axis=0):
+    """``xs`` (equally shaped GVars) joined along a new axis (torch.stack): each gets the
+    axis by ``unsqueeze``, then :func:`cat`."""
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise TapeError(f"stack: expected a sequence of GVars, got {xs!r}"[:200]) from None
+    if not xs:
+        raise TapeError("stack: needs at least one input")
+    ax = _axis(axis, len(_shape(tp, xs[0], "stack")), "stack", extra=1)
+    return cat(tp, [unsqueeze(tp, x, ax) for x in xs], ax)
+
+
+def pad(tp, a, widths, value=0.0):
+    """``a`` with ``widths[k] = (before, after)`` elements of ``value`` added on each side
+    of axis k (numpy.pad's constant mode; one pair per axis, each >= 0): concats with
+    const blocks, axis by axis (the values and the gradient are copies)."""
+    shape = _shape(tp, a, "pad")
+    try:
+        pairs = [_dims(w, "pad widths") for w in widths]
+    except TypeError:
+        raise TapeError(f"pad: widths must be one (before, after) pair per axis, got "
+                        f"{widths!r}"[:200]) from None
+    if len(pairs) != len(shape) or any(len(p) != 2 or min(p) < 0 for p in pairs):
+        raise TapeError(f"pad: widths must be one (before, after) pair of ints >= 0 per axis "
+                        f"of {format_shape(shape)}, got {widths!r}"[:200])
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        raise TapeError(f"pad: value must be a number, got {value!r}"[:200])
+    out, cur = a, list(shape)
+    for ax, (before, after) in enumerate(pairs):
+        parts = []
+        for width in (before, after):
+            block = list(cur)
+            block[ax] = width
+            parts.append(tp.const(np.full(block, float(value))) if width else None)
+        out = cat(tp, [x for x in (parts[0], out, parts[1]) if x is not None], ax)
+        cur[ax] += before + after
+    return out
+
+
 # name -> function(tp, ...): each becomes a Tape method of that name (tape.py)
 METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
-           "select": select, "narrow": narrow, "split": split, "cat": cat,
+           "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
+           "swapaxes": swapaxes, "pad": pad,
            "index_select": index_select, "repeat_interleave": repeat_interleave,
            "variance": variance}

@@ -26,7 +26,8 @@ import numpy as np
 from .errors import TapeError
 from .tape import GVar
 
-__all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu", "softmax_cross_entropy", "mse"]
+__all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu",
+           "softmax_cross_entropy", "mse"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715

@@ -564,8 +564,12 @@ class Tape:
         """Whether backward reached this node (optimizers skip untouched params)."""
         return self.grads[self.node_id(v, "touched")] is not None
 
-    def var(self, ref) -> GVar:
-        """A GVar from a node id or a leaf name."""
+    def var(self, ref, *args, **kwargs) -> GVar:
+        """A GVar from a node id or a leaf name (the variance is :meth:`variance`)."""
+        if args or kwargs:
+            raise TapeError("var(ref) gives the handle of a node id or leaf name; torch's "
+                            "var(a, dim, correction, keepdim) is "
+                            "tp.variance(a, axis, correction, keepdims)")
         if isinstance(ref, str):
             if ref not in self._names:
                 raise TapeError(f"no leaf named {ref!r}")

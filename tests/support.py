@@ -102,11 +102,21 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
     raise NotImplementedError(f"tests/support.py: no inputs for op kind {kind!r} (op {name})")
 
 
-def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False):
+# ops whose optional attributes change the kernels' work: the table tests also run each
+# of these attribute sets (on op_case's inputs) besides op_case's own
+OPTIONAL_CASES = {
+    "slice": [{"starts": [1, 0], "stops": [4, 5], "steps": [2, 3]},
+              {"starts": [0, 1], "stops": [4, 4], "steps": [3, 1]}],
+    "sum": [{}, {"axis": 0}], "mean": [{}, {"axis": 0}], "max": [{}, {"axis": 0}],
+}
+
+
+def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False, attrs=None):
     """A tape whose params feed ONE node of op ``name`` (ids inputs are i64 consts); the loss
     weighs its output with a random const so every output element gets its own gradient.
-    -> (tape, out, loss)."""
-    inputs, s, attrs = op_case(name, rng, scalar=scalar)
+    ``attrs`` replaces op_case's attributes (OPTIONAL_CASES).  -> (tape, out, loss)."""
+    inputs, s, case_attrs = op_case(name, rng, scalar=scalar)
+    attrs = case_attrs if attrs is None else attrs
     tp = gt.Tape()
     leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].id_inputs
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
@@ -236,7 +246,8 @@ def random_graph(rng, n_ops=14):
                 y = tp.bmm(leaf((1, 2, y.shape[1]), const=False), y)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2) or leaf((2, 3))
-            y = tp.transpose(x)
+            y = tp.transpose(x) if rng.random() < 0.5 else \
+                tp.permute(x, [int(d) for d in rng.permutation(len(x.shape))])
         elif kind == "reshape":
             y = tp.reshape(x, [int(np.prod(x.shape))])
         elif kind == "softmax":
@@ -246,7 +257,8 @@ def random_graph(rng, n_ops=14):
             starts = [int(rng.integers(d)) for d in x.shape]
             stops = [int(rng.integers(lo + 1, d + 1))
                      for lo, d in zip(starts, x.shape, strict=True)]
-            y = tp.slice(x, starts, stops)
+            steps = [int(rng.integers(1, 3)) for _ in x.shape] if rng.random() < 0.5 else None
+            y = tp.slice(x, starts, stops, steps)
         elif kind == "concat":
             axis = int(rng.integers(len(x.shape)))
             y = tp.concat(x, pick(lambda s: tuple(s) == tuple(x.shape)), axis=axis)
@@ -267,6 +279,8 @@ def random_graph(rng, n_ops=14):
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
+            if axis is not None and len(x.shape) >= 2 and rng.random() < 0.4:   # several axes
+                axis = tuple(int(d) for d in rng.choice(len(x.shape), 2, replace=False))
             y = getattr(tp, op)(x, axis=axis, keepdims=bool(rng.random() < 0.5))
         pool.append(y)
     picks = [pool[int(i)] for i in rng.choice(len(pool), size=3, replace=False)]

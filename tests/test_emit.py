@@ -67,6 +67,8 @@ def _one_element_tape(op):
         out = tp.softmax(tp.param(np.ones(1)))
     elif op == "slice":
         out = tp.slice(tp.param(np.ones(1)), [0], [1])
+    elif op == "permute":
+        out = tp.permute(tp.param(np.ones((1, 1))), [1, 0])
     elif op in ("take", "take_along"):
         out = tp.record(op, tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"))
     else:

@@ -103,6 +103,14 @@ def _cases():
                            lambda v: torch.index_select(v[0], 0, torch.tensor(ids)), True),
         "repeat_interleave": ([(2, 3, 4)], lambda tp, v: tp.repeat_interleave(v[0], 3, 1),
                               lambda v: v[0].repeat_interleave(3, 1), True),
+        "swapaxes": ([(2, 3, 4)], lambda tp, v: tp.swapaxes(v[0], 0, -1),
+                     lambda v: v[0].transpose(0, -1), True),
+        "stack": ([(2, 3), (2, 3), (2, 3)], lambda tp, v: tp.stack(v, 1),
+                  lambda v: torch.stack(v, 1), True),
+        "stack last": ([(2, 3), (2, 3)], lambda tp, v: tp.stack(v, -1),
+                       lambda v: torch.stack(v, -1), True),
+        "pad": ([(2, 3, 4)], lambda tp, v: tp.pad(v[0], [(0, 0), (1, 2), (3, 0)], 0.5),
+                lambda v: torch.nn.functional.pad(v[0], (3, 0, 1, 2), value=0.5), True),
         "native_layer_norm 1": ([(4, 6), (6,), (6,)],
                                 lambda tp, v: nn.native_layer_norm(v[0], 1, v[1], v[2])[0],
                                 lambda v: torch.native_layer_norm(v[0], (6,), v[1], v[2],
@@ -124,7 +132,8 @@ LABELS = ["permute", "permute negative", "expand", "expand -1", "slice steps",
           "sum every axis", "mean (-1,0)", "mean (0,2,3) keepdims", "max (0,2) = amax",
           "max (1,2) keepdims", "variance", "variance (0,2) c0 keepdims", "variance all",
           "select", "squeeze", "squeeze all", "unsqueeze", "flatten", "cat 3", "cat 5", "split",
-          "split sizes", "index_select", "index_select 0", "repeat_interleave",
+          "split sizes", "index_select", "index_select 0", "repeat_interleave", "swapaxes",
+          "stack", "stack last", "pad",
           "native_layer_norm 1", "native_layer_norm 2 mean", "native_layer_norm 2 rstd"]
 
 
@@ -169,8 +178,10 @@ def test_against_pytorch_float64(label):
         assert _rel(tp.grad(leaf), g) <= 1e-11, label
 
 
-@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
-def test_every_case_on_the_host_backend_bit_for_bit(variant):
+@pytest.mark.parametrize("variant, fuse", [("tiled", False), ("per-thread", False),
+                                           ("per-thread-reversed", False),
+                                           ("per-thread-reversed", True)])
+def test_every_case_on_the_host_backend_bit_for_bit(variant, fuse):
     require_c_compiler()
     pytest.importorskip("torch")
     from gradtool.device import capture
@@ -178,7 +189,7 @@ def test_every_case_on_the_host_backend_bit_for_bit(variant):
     for label in LABELS:
         tp, leaves, out, loss, _, _ = _build(label)
         tp.backward(loss)
-        replay = capture(tp, loss, "host", host_kernels=variant)
+        replay = capture(tp, loss, "host", host_kernels=variant, fuse=fuse)
         replay.forward()
         replay.backward()
         assert_bits_equal(replay.value(out), tp.value(out), f"{label} ({variant})")
@@ -299,7 +310,9 @@ def test_misuse_raises_gradtool_errors():
            lambda: tp.select(a, 1, 3), lambda: tp.split(a, [1, 1], 1),
            lambda: tp.split(a, 0, 1), lambda: tp.cat([]), lambda: tp.unsqueeze(a, 4),
            lambda: tp.flatten(a, 2, 1), lambda: tp.repeat_interleave(a, 0, 1),
-           lambda: tp.index_select(a, 1, [[0]]), lambda: tp.index_select(a, 1, [3])]
+           lambda: tp.index_select(a, 1, [[0]]), lambda: tp.index_select(a, 1, [3]),
+           lambda: tp.var(a, 1), lambda: tp.swapaxes(a, 0, 3), lambda: tp.stack([]),
+           lambda: tp.pad(a, [(0, 1)]), lambda: tp.pad(a, [(0, -1), (0, 0), (0, 0)])]
     for k, f in enumerate(bad):
         tp.ok, tp.error = True, None
         with pytest.raises(gt.GradtoolError):

@@ -20,7 +20,7 @@ import gradtool as gt
 from conftest import assert_bits_equal, require_c_compiler
 from gradtool.ops import OPS
 from gradtool.tapefile import dumps, load
-from support import ROOT, TABLE_OPS, op_tape
+from support import OPTIONAL_CASES, ROOT, TABLE_OPS, op_tape
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import emitc_harness as H  # noqa: E402
@@ -46,6 +46,29 @@ def test_numpy_reference_equals_host_backend(name, variant):
     assert_bits_equal(replay.value(out), tp.value(out), f"{name} forward ({variant})")
     for p in tp.params():
         assert_bits_equal(replay.grad(p), tp.grad(p), f"{name} grad of {p.id} ({variant})")
+
+
+OPTIONAL = [(name, k) for name, cases in OPTIONAL_CASES.items() for k in range(len(cases))]
+
+
+@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
+@pytest.mark.parametrize("name, k", OPTIONAL)
+def test_optional_attributes_numpy_reference_equals_host_backend(name, k, variant):
+    require_c_compiler()
+    from gradtool.device import capture
+
+    attrs = OPTIONAL_CASES[name][k]
+    tp, out, loss = op_tape(name, _rng(name), attrs=attrs)
+    tp.backward(loss)
+    replay = capture(tp, loss, "host", host_kernels=variant)
+    replay.forward()
+    replay.backward()
+    assert_bits_equal(replay.value(out), tp.value(out), f"{name} {attrs} ({variant})")
+    for p in tp.params():
+        assert_bits_equal(replay.grad(p), tp.grad(p), f"{name} {attrs} grad ({variant})")
+    raw = dumps(tp, loss=loss, outputs={"out": out}, values=True)
+    back = load(raw)
+    assert dumps(back.tape, loss=back.loss, outputs=back.outputs, values=True) == raw
 
 
 @pytest.mark.parametrize("name", TABLE_OPS)
@@ -80,7 +103,8 @@ def _hostile(name):
         if at.file_required:
             cases.append((f"no {at.name}", {k: v for k, v in node.items() if k != at.name},
                           at.name))
-    foreign = {"axis": 0, "keepdims": True, "starts": [0], "stops": [1]}
+    foreign = {"axis": 0, "keepdims": True, "starts": [0], "stops": [1], "steps": [1],
+               "dims": [0]}
     for key, value in foreign.items():
         if key not in {at.name for at in spec.attrs}:
             cases.append((f"a foreign {key}", dict(node, **{key: value}), key))

@@ -22,7 +22,7 @@ from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
 from ..npzio import member_name_problem, write_npz
-from ..ops import format_shape
+from ..ops import OPS, format_shape
 from ..tapefile import TapeFile
 from ..train.data import gradient_sum, input_slots, load_dataset
 from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
@@ -122,13 +122,18 @@ def _inputs(a: int, b: int) -> str:
     return f"{a},{b}" if b >= 0 else str(a) if a >= 0 else "-"
 
 
+# the scalar operand, the dtype, then every attribute a file node stores, in table order
+_DETAIL_KEYS = ("s", "dtype", *dict.fromkeys(at.name for spec in OPS.values()
+                                             for at in spec.attrs if at.stored))
+
+
 def _detail(n: dict) -> str:
     parts = []
     if "name" in n:
         parts.append(repr(n["name"]))
     if n.get("l2"):
         parts.append(f"l2={n['l2']!r}")
-    for key in ("s", "dtype", "axis", "keepdims", "starts", "stops"):
+    for key in _DETAIL_KEYS:
         if key in n:
             parts.append(f"{key}={n[key]!r}")
     return " ".join(parts)

@@ -134,10 +134,11 @@ GT_KERNEL k_from_f64(gt_real *W, const long long *M)
     GT_LOOP(i, M[0]) { dst[i] = (gt_real)s64[i]; }
 }
 
-/* slice backward: ga = ga + scattered, where scattered is g inside the
- * region and +0.0 outside it (ops._slice_b scatters into np.zeros and the
- * tape adds the whole array), for every element of the input (dims: the
- * input's; gst: g's strides). */
+/* slice backward: ga = ga + scattered, where scattered is g at the
+ * region's elements (lo <= c < hi and c - lo a multiple of the step, on
+ * every axis) and +0.0 elsewhere (ops._slice_b scatters into np.zeros and
+ * the tape adds the whole array), for every element of the input (dims:
+ * the input's; gst: g's strides). */
 GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_slice_bwd

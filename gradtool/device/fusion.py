@@ -33,7 +33,7 @@ The fusion classes (docs/device.md):
 * **optimizer**: the guard and the clip norm in one single-block kernel, every
   parameter update in one kernel (a thread per parameter element).
 
-Anything else (bmm, softmax, transpose, reshape, slice, concat, broadcasts
+Anything else (bmm, softmax, transpose, permute, reshape, slice, concat, broadcasts
 of computed values inside a run) keeps its per-node launches, in place.  A
 fused kernel is only made from two or more launches, so a program that
 fuses nothing is returned unchanged.

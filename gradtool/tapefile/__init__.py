@@ -6,7 +6,7 @@ below produces a file gradtool loads.
 
     {"format": "gradtool-tape", "version": 1,
      "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2", "dtype",
-                "axis", "keepdims", "starts", "stops"}, ...],
+                "axis", "keepdims", "starts", "stops", "steps", "dims"}, ...],
      "loss": id, "outputs": {name: id}, "meta": {...}, "optimizer": {...}}
 
 Writing is byte-for-byte reproducible: keys in a fixed order, floats as
