@@ -248,6 +248,28 @@ def mha_case():
     return MHAModel().eval(), (torch.randn(2, 5, 8), torch.tensor([0, 2]))
 
 
+class RopeFromInputs(nn.Module):
+    """RoPE on positions that are an input (so sin and cos stay on the tape)."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
+
+    def forward(self, x, pos, t):
+        freqs = pos[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        q = self.q(x)
+        q = q * emb.cos() + rotate_half(q) * emb.sin()
+        return F.mse_loss(q, t)
+
+
+def rope_inputs_case():
+    torch.manual_seed(11)
+    return RopeFromInputs(), (torch.randn(2, 5, 8), torch.arange(10.0).view(2, 5) * 3.5,
+                              torch.randn(2, 5, 8))
+
+
 CASES = {
     "mlp_cross_entropy": (mlp_case, ("ne", "where", "to_f64")),
     "gpt2": (gpt_case, ("ne", "eq", "where", "logical_not", "logical_and", "erf", "to_f64")),
@@ -256,6 +278,7 @@ CASES = {
     "gru": (gru_case, ()),
     "lstm": (lstm_case, ()),
     "multihead_attention": (mha_case, ("ne", "where", "to_f64")),
+    "rope_positions_input": (rope_inputs_case, ("sin", "cos")),
 }
 
 
@@ -612,7 +635,7 @@ FUNCTIONS = {
     "elu": (F.elu, ("gt", "where", "expm1")), "selu": (F.selu, ("gt", "where", "expm1")),
     "silu": (F.silu, ()), "mish": (F.mish, ()), "gelu": (F.gelu, ("erf",)),
     "hardswish": (F.hardswish, ()), "glu": (lambda x: F.glu(x), ()),
-    "normalize": (lambda x: F.normalize(x, dim=-1), ()),
+    "normalize": (lambda x: F.normalize(x, dim=-1) + x, ()),
     "logsumexp": (lambda x: torch.logsumexp(x, -1), ()),
     "std": (lambda x: x.std(-1), ()), "var_all": (lambda x: x.var(), ()),
     "max_dim": (lambda x: x.max(dim=1).values, ()), "min_dim": (lambda x: x.min(dim=0).values, ()),

@@ -212,9 +212,10 @@ def _minimum(r, node, a, b):
 def _clamp(r, node, a, lo=None, hi=None):
     if str(node.target).startswith("aten.clamp_max"):
         lo, hi = None, lo
+    lo, hi = (r.scalar_const(b) for b in (lo, hi))
     for bound in (lo, hi):
         if bound is not None and not _num(bound):
-            raise Unsupported("clamp with tensor bounds")
+            raise Unsupported("clamp with tensor bounds (other than a one-element constant)")
     return r.tp.clamp(r.f(a), lo=None if lo is None else float(lo),
                       hi=None if hi is None else float(hi))
 

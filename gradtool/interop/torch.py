@@ -726,6 +726,12 @@ class Recorder:
             return self.f(v)
         return conv(a), conv(b)
 
+    def scalar_const(self, x):
+        """A folded one-element tensor as a Python number; anything else as it is."""
+        if isinstance(x, self.torch.Tensor) and x.numel() == 1:
+            return x.item()
+        return x
+
     def scale(self, b, alpha):
         if isinstance(b, (int, float)):
             return b * alpha
