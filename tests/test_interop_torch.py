@@ -706,3 +706,12 @@ def test_detach_of_a_param_dependent_value_is_refused_not_ignored():
     assert len(info.value.lines) == 1
     assert "aten.alias.default" in info.value.lines[0] and "stop-gradient" in info.value.lines[0]
     assert "y.detach()" in info.value.lines[0]
+
+
+def test_the_command_line_starts_without_importing_torch():
+    import subprocess
+    import sys
+    code = "import sys, gradtool.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
