@@ -502,6 +502,13 @@ class Fine(nn.Module):
 def fine():
     torch.manual_seed(0)
     return Fine(), (torch.randn(2, 3),)
+
+def mse(out, target):
+    return ((out - target) ** 2).mean()
+
+def with_targets():
+    torch.manual_seed(0)
+    return nn.Linear(3, 2), (torch.randn(4, 3),), (torch.randn(4, 2),)
 '''
 
 
@@ -715,3 +722,16 @@ def test_the_command_line_starts_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_cli_loss_function_names_its_targets(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC_FILE)
+    out_file = tmp_path / "m.msgpack"
+    res = run("import-torch", f"{spec}:with_targets", "--loss", "mse", "-o", out_file, "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert list(summary["inputs"]) == ["input", "target"]
+    assert list(summary["params"]) == ["weight", "bias"]
+    res = run("import-torch", f"{spec}:with_targets", "-o", out_file)
+    assert res.exit_code == 2 and "no --loss function" in res.stderr
