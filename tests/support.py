@@ -449,6 +449,12 @@ def all_ops_tape():
     bc = tp.bmm(tp.const(rng.random((3, 1, 2))), bb)             # [3,1,2] @ [1,2,3]
     extra = tp.add(tp.mean(picked, axis=0), tp.mean(bc, axis=-1, keepdims=True))
     loss = tp.add(loss, tp.sum(extra))
+    # the elementwise math of imported models (issue 20)
+    u = tp.add(tp.erf(t), tp.mul(tp.sin(t), tp.cos(t)))
+    u = tp.add(tp.add(u, tp.expm1(th)), tp.log1p(sq))
+    u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
+    u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
+    loss = tp.add(loss, tp.sum(u))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb}
 
 
@@ -547,7 +553,7 @@ def node_mutations(node: dict, i: int, doc: dict):
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}
             yield "value str", {**node, "value": "x"}
-        if op in ("adds", "muls"):
+        if OPS[op].scalar_operand:
             yield "s missing type", {**node, "s": None}
         else:
             yield "s nonzero", {**node, "s": 1.5}
