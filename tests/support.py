@@ -490,6 +490,12 @@ def all_ops_tape():
                    tp.logical_and(tp.gt(t, c), tp.ge(c, 0.5)))
     picks = tp.mul(tp.eq(tgt, tp.const(np.array([2, 1]), dtype="i64")), tp.to_f64(tgt))
     loss = tp.add(loss, tp.add(ce, tp.add(tp.sum(tp.mul(masks, t)), tp.sum(picks))))
+    # the elementwise math of imported models (issue 20)
+    u = tp.add(tp.erf(t), tp.mul(tp.sin(t), tp.cos(t)))
+    u = tp.add(tp.add(u, tp.expm1(th)), tp.log1p(sq))
+    u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
+    u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
+    loss = tp.add(loss, tp.sum(u))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 
@@ -588,7 +594,7 @@ def node_mutations(node: dict, i: int, doc: dict):
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}
             yield "value str", {**node, "value": "x"}
-        if op in ("adds", "muls"):
+        if OPS[op].scalar_operand:
             yield "s missing type", {**node, "s": None}
         else:
             yield "s nonzero", {**node, "s": 1.5}

@@ -9,7 +9,8 @@ from ._sin import _trig
 
 
 def cos(x) -> np.ndarray:
-    """Cosine: fdlibm 5.3 ``s_cos.c``; error < 1 ulp; C twin ``gt_cos``.  Bit for bit
+    """Cosine: fdlibm 5.3 ``s_cos.c``; error < 1 ulp (measured max 0.803 ulp on
+    tests/test_fdlibm_more.py's inputs); C twin ``gt_cos``.  Bit for bit
     fdlibm's (and Java StrictMath's) for every input, NaNs aside.
 
     Method (ix = high word of |x|)::
