@@ -264,8 +264,9 @@ def schema() -> dict:
             "an integer here). Keys a reader does not know are ignored: extensions go under "
             "new optional keys. Semantic rules the schema cannot express (input ids smaller "
             "than the node's own id, shapes recomputed from the op's shape rule, data "
-            "lengths, unique leaf names, a one-element loss, integer ids only where an op "
-            "reads ids and every id in range) are checked by "
+            "lengths, unique leaf names, a one-element loss, integer data only where an op "
+            "reads it, ids only from integer-valued nodes and every id in range) are checked "
+            "by "
             "gradtool.tapefile.load and listed in docs/format.md."),
         "type": "object",
         "required": ["format", "version", "nodes"],

@@ -141,7 +141,9 @@ def softmax_cross_entropy(logits: GVar, ids: GVar, axis: int = -1) -> GVar:
     """Mean cross-entropy of class logits against integer targets: ``-mean(log_softmax
     (logits)[target])``, shape [1].
 
-    ``ids`` is an i64 const (``tp.const(labels, dtype="i64")``) shaped like
+    ``ids`` is an i64 const (``tp.const(labels, dtype="i64")``), or integer-valued ids
+    computed from one on the tape (docs/ops.md; every row counts: for an ignore_index,
+    mask the rows as docs/ops.md's cross-entropy example does), shaped like
     logits with the class axis of size 1 (logits [N, C] -> ids [N, 1]), each
     id a class in [0, C).  Recorded as ``log_softmax`` along the class axis,
     ``take_along`` of each row's target entry, ``mean`` and ``neg``: no

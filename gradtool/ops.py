@@ -1010,12 +1010,13 @@ _register(OpSpec("take_along", "take_along", 2, "one element of each line along 
 # * to_f64(a): the values of a (an i64 const: its ids as exact float64; a float64 node:
 #   an exact copy), gradient g;
 # * Tape.logical_and/or/not are the exact composites mul(m, n), maximum(m, n) and
-#   1 - m on masks of 0.0/1.0; any and counts are max and sum over a mask.
+#   eq(m, 0) on masks of 0.0/1.0; any and counts are max and sum over a mask.
 #
 # Integer-valued nodes (``integral``): an i64 const; a comparison; keep and keep_not of an
 # integer-valued a (whatever the mask); to_f64, add, sub, mul, neg, maximum, sum, max and
-# the layout ops (reshape, transpose, slice, concat) of integer-valued inputs.  take and take_along read their
-# ids from any integer-valued node (``id_inputs``): ids computed on the tape are checked,
+# the layout ops (reshape, transpose, slice, concat) of integer-valued inputs.  take and
+# take_along read their ids from any integer-valued node (``id_inputs``): ids computed on
+# the tape are checked,
 # every one a whole number in [0, bound), by the CPU reference at every replay and by the
 # device kernels (a bad id reads nothing, writes a NaN and raises the replay's error flag,
 # which the engine turns into the same error).
@@ -1085,7 +1086,8 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT", "INT_DTYPE", "INTEGER_READERS",
+           "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT",
+           "INT_DTYPE", "INTEGER_READERS",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",
            "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]
