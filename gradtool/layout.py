@@ -153,6 +153,18 @@ def variance(tp, a, axis=None, correction=1, keepdims=False):
     return tp.div(ss, tp.const(np.array([max(0.0, n - float(correction))])))
 
 
+def std(tp, a, axis=None, correction=1, keepdims=False):
+    """torch.std: ``sqrt(variance(a, axis, correction, keepdims))``."""
+    return tp.sqrt(variance(tp, a, axis, correction, keepdims))
+
+
+def amin(tp, a, axis=None, keepdims=False):
+    """The first minimal element (torch.amin's value; one axis, several, or every one):
+    ``-max(-a)``, exact (negation is), so ties and NaN go as in :meth:`Tape.max`: the
+    first NaN, else the first smallest element, which alone gets the gradient."""
+    return tp.neg(tp.max(tp.neg(a), axis, keepdims))
+
+
 # ── views, as copies ───────────────────────────────────────────────────────
 
 def expand(tp, a, shape):
@@ -373,4 +385,4 @@ METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatte
            "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
            "swapaxes": swapaxes, "pad": pad,
            "index_select": index_select, "repeat_interleave": repeat_interleave,
-           "variance": variance}
+           "variance": variance, "std": std, "amin": amin}
