@@ -67,7 +67,8 @@ def test_round_trip_aux_is_exactly_what_recording_produces():
                    # the masks and integer data block
                    ("reshape", {"shape": [2, 1]}), ("log_softmax", {"axis": 1}),
                    ("take_along", {"axis": 1}), ("reshape", {"shape": [2, 1]}),
-                   ("sum", None), ("sum", None), ("sum", None), ("sum", None)]
+                   ("sum", None), ("sum", None), ("sum", None), ("sum", None),
+                   ("sum", None)]
     assert [n.aux for n in tf.tape.nodes] == [n.aux for n in tp.nodes]
     assert all(type(x) is (bool if k == "keepdims" else int) for _, d in aux if d
                for k, v in d.items() for x in (v if isinstance(v, list) else [v]))
