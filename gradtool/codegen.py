@@ -15,7 +15,9 @@ differs from what this module renders from the current table:
   kernel contract, and the kernel list ``GT_KERNELS``;
 * ``gradtool/schemas/tape.schema.json``: the tape file's JSON Schema (op list,
   which ops carry ``s`` and which attributes);
-* the op reference table in ``docs/ops.md`` (between its GENERATED markers).
+* the op reference table in ``docs/ops.md`` (between its GENERATED markers);
+* the supported-ATen-op table of ``docs/torch.md``, from the importer's one mapping
+  table (:data:`gradtool.interop.aten.ATEN`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ROOT = PACKAGE.parent
 HEADER_PATH = PACKAGE / "csrc" / "gt_ops.h"
 SCHEMA_PATH = PACKAGE / "schemas" / "tape.schema.json"
 DOCS_PATH = ROOT / "docs" / "ops.md"
+TORCH_DOCS_PATH = ROOT / "docs" / "torch.md"
 BEGIN, END = "<!-- BEGIN GENERATED: python -m gradtool.codegen -->", "<!-- END GENERATED -->"
 
 # how the kernel families name the per-element operands (kernels.cu)
@@ -278,19 +281,26 @@ def docs_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def docs_text(current: str) -> str:
-    """docs/ops.md with its generated section replaced."""
+def docs_text(current: str, table=None, path=None) -> str:
+    """docs/ops.md (or ``path``) with its generated section replaced by ``table``."""
     if BEGIN not in current or END not in current:
-        raise SystemExit(f"{DOCS_PATH}: the markers {BEGIN!r} and {END!r} are missing")
+        raise SystemExit(f"{path or DOCS_PATH}: the markers {BEGIN!r} and {END!r} are missing")
     head, rest = current.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{docs_table()}{END}{tail}"
+    return f"{head}{BEGIN}\n{docs_table() if table is None else table}{END}{tail}"
+
+
+def torch_docs_text(current: str) -> str:
+    """docs/torch.md with its supported-op table regenerated from the importer's table."""
+    from .interop.aten import docs_table as aten_table
+    return docs_text(current, aten_table(), TORCH_DOCS_PATH)
 
 
 def outputs() -> dict:
     """path -> text of every generated file."""
     return {HEADER_PATH: header(), SCHEMA_PATH: schema_text(),
-            DOCS_PATH: docs_text(DOCS_PATH.read_text(encoding="utf-8"))}
+            DOCS_PATH: docs_text(DOCS_PATH.read_text(encoding="utf-8")),
+            TORCH_DOCS_PATH: torch_docs_text(TORCH_DOCS_PATH.read_text(encoding="utf-8"))}
 
 
 def stale() -> list:

@@ -9,7 +9,8 @@ softmax) is a small expression tree over
 * float64 constants;
 * the separately rounded operations ``+ - * /`` and ``sqrt`` (each ONE
   correctly rounded binary64 operation), the libm-free ``exp``, ``expm1``,
-  ``log`` and ``tanh`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
+  ``log``, ``log1p``, ``tanh``, ``erf``, ``sin`` and ``cos`` of :mod:`gradtool.fdlibm`
+  (C twin ``gt_math.h``);
 * the exact operations: negation, ``abs`` (clears the sign bit: ``abs(-0.0)``
   is +0.0), the comparisons ``< <= > >= == !=`` and ``select(cond, a, b)``.
 
@@ -42,7 +43,7 @@ import numpy as np
 from . import fdlibm
 
 ARITH = ("add", "sub", "mul", "div")
-FUNCS = ("sqrt", "exp", "expm1", "log", "tanh", "abs")
+FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs")
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -96,6 +97,10 @@ def exp(a) -> Expr: return Op("exp", (lift(a),))
 def expm1(a) -> Expr: return Op("expm1", (lift(a),))
 def log(a) -> Expr: return Op("log", (lift(a),))
 def tanh(a) -> Expr: return Op("tanh", (lift(a),))
+def erf(a) -> Expr: return Op("erf", (lift(a),))
+def log1p(a) -> Expr: return Op("log1p", (lift(a),))
+def sin(a) -> Expr: return Op("sin", (lift(a),))
+def cos(a) -> Expr: return Op("cos", (lift(a),))
 def abs_(a) -> Expr: return Op("abs", (lift(a),))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
@@ -129,7 +134,7 @@ def symbols(expr: Expr) -> list:
 
 # rough cost of one element, in copies (a copy = 1): what the host backend uses to decide
 # when a launch is worth splitting over threads (it never changes a result)
-_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "sqrt": 3, "div": 1}
+_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "log1p": 12, "sin": 14, "cos": 14, "sqrt": 3, "div": 1}
 
 
 def cost(expr: Expr) -> int:
@@ -156,7 +161,8 @@ def operations(expr: Expr) -> set:
 _NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
-    "log": fdlibm.log, "tanh": fdlibm.tanh, "abs": np.abs,
+    "log": fdlibm.log, "tanh": fdlibm.tanh, "erf": fdlibm.erf, "log1p": fdlibm.log1p,
+    "sin": fdlibm.sin, "cos": fdlibm.cos, "abs": np.abs,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
 }
@@ -238,7 +244,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
 class Dialect:
     """How a C rendering spells each operation and constant."""
 
-    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/expm1/log/tanh/abs -> callee
+    arith: Mapping[str, str]          # add/sub/mul/div/sqrt/exp/.../cos/abs -> callee
     const: object                     # float -> C expression
 
     def call(self, op: str, args: list) -> str:
@@ -268,6 +274,7 @@ def c_double(x: float) -> str:
 KERNEL = Dialect(
     arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
            "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
+           "erf": "R_ERF", "log1p": "R_LOG1P", "sin": "R_SIN", "cos": "R_COS",
            "abs": "R_ABS"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
@@ -275,6 +282,7 @@ KERNEL = Dialect(
 SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
            "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
+           "erf": "gt_erf", "log1p": "gt_log1p", "sin": "gt_sin", "cos": "gt_cos",
            "abs": "fabs"},
     const=c_double)
 
@@ -326,7 +334,7 @@ def text(expr: Expr, parent: int = 0) -> str:
         return expr.name
     if isinstance(expr, Const):
         v = expr.value
-        return repr(v) if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
+        return repr(v) if not math.isfinite(v) or v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
     op, args = expr.op, expr.args
     if op in FUNCS:
         return f"{op}({text(args[0])})"
@@ -344,6 +352,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "abs_",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -524,6 +524,16 @@ class Tape:
         d = self.sub(y, t)
         return self.mean(self.mul(d, d))
 
+    def clamp(self, a, lo=None, hi=None) -> GVar:
+        """``torch.clamp(a, min=lo, max=hi)`` for Python numbers lo and hi (either may be
+        None, not both): ``clamp_max(clamp_min(a, lo), hi)``, recorded as those ops.  A
+        NaN stays NaN; the gradient passes where lo <= a <= hi (inclusive, as PyTorch's),
+        and nowhere when lo > hi (every value is then hi, as PyTorch gives)."""
+        if lo is None and hi is None:
+            raise TapeError("clamp: give lo, hi or both (as torch.clamp)")
+        out = a if lo is None else self.clamp_min(a, _scalar(lo, "clamp"))
+        return out if hi is None else self.clamp_max(out, _scalar(hi, "clamp"))
+
     def _axis(self, a, axis, what) -> int:
         """An axis argument as an int, a negative one counted from the end of ``a``'s shape."""
         axis = _int_list([axis], f"{what} axis")[0]

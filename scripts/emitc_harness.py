@@ -171,7 +171,9 @@ def random_scalar_tape(rng: np.random.Generator, n_ops: int = 40, n_params: int 
         return float(rng.choice([rng.normal(), rng.uniform(-3, 3), 0.5, -1.0, 2.0, 0.0, 1e-3]))
 
     unary_domain = {"log": lambda x: 1e-3 < x < 1e6, "sqrt": lambda x: 1e-3 < x < 1e6,
-                    "exp": lambda x: abs(x) < 20.0}
+                    "exp": lambda x: abs(x) < 20.0, "expm1": lambda x: abs(x) < 20.0,
+                    "log1p": lambda x: -0.9 < x < 1e6, "rsqrt": lambda x: 1e-3 < x < 1e6,
+                    "pows": lambda x: 1e-2 < x < 10.0}
     for _ in range(n_ops):
         op = str(rng.choice(SCALAR_OPS))
         const_only = rng.random() < 0.15
@@ -194,7 +196,7 @@ def random_scalar_tape(rng: np.random.Generator, n_ops: int = 40, n_params: int 
                 base = pick()
                 a = tp.adds(tp.mul(base, base), 0.5)
                 pool.append(a)
-            if op in ("adds", "muls"):
+            if OPS[op].scalar_operand:
                 out = getattr(tp, op)(a, scalar())
             else:
                 out = getattr(tp, op)(a)

@@ -181,15 +181,25 @@ def weighted_loss(tp, y, rng):
     return tp.mean(y * tp.const(rng.uniform(-1.0, 1.0, y.shape)))
 
 
+# the elementwise math ops of issue 20 (random_unary draws them too)
+MATH_UNARY = ["erf", "sin", "cos", "expm1", "log1p", "rsqrt", "pows", "clamp"]
+
+
 def random_unary(tp, rng, x):
     """A random unary op of x (inputs kept in the domain of log and sqrt)."""
-    op = rng.choice(UNARY + ["adds", "muls"])
-    if op in ("log", "sqrt"):
+    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY)
+    if op in ("log", "sqrt", "log1p", "rsqrt"):
         return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
-    if op == "exp":
-        return tp.exp(tp.tanh(x))
+    if op in ("exp", "expm1"):
+        return getattr(tp, op)(tp.tanh(x))
     if op in ("adds", "muls"):
         return getattr(tp, op)(x, float(rng.uniform(-2.0, 2.0)))
+    if op == "pows":
+        s = [2.0, 3.0, 0.5, -0.5, -1.0, 1.7, -2.3][int(rng.integers(7))]
+        return tp.pows(tp.adds(tp.sigmoid(x), 0.25), s)
+    if op == "clamp":
+        lo = float(rng.uniform(-1.0, 0.0))
+        return tp.clamp(x, lo, lo + float(rng.uniform(0.0, 1.5)))
     return getattr(tp, op)(x)
 
 
@@ -231,7 +241,7 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div", "maximum"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
             y = getattr(tp, op)(a, b)
@@ -503,6 +513,12 @@ def all_ops_tape():
                    tp.logical_and(tp.gt(t, c), tp.ge(c, 0.5)))
     picks = tp.mul(tp.eq(tgt, tp.const(np.array([2, 1]), dtype="i64")), tp.to_f64(tgt))
     loss = tp.add(loss, tp.add(ce, tp.add(tp.sum(tp.mul(masks, t)), tp.sum(picks))))
+    # the elementwise math of imported models (issue 20)
+    u = tp.add(tp.erf(t), tp.mul(tp.sin(t), tp.cos(t)))
+    u = tp.add(tp.add(u, tp.expm1(th)), tp.log1p(sq))
+    u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
+    u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
+    loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])
     conv = tp.conv2d(img, tp.const(rng.random((2, 1, 2, 2)) - 0.5), stride=[1, 1],
@@ -609,7 +625,7 @@ def node_mutations(node: dict, i: int, doc: dict):
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}
             yield "value str", {**node, "value": "x"}
-        if op in ("adds", "muls"):
+        if OPS[op].scalar_operand:
             yield "s missing type", {**node, "s": None}
         else:
             yield "s nonzero", {**node, "s": 1.5}

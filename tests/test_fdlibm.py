@@ -17,12 +17,15 @@ import pytest
 
 import gradtool
 from gradtool import fdlibm as F
-from gradtool.fdlibm import _common, _driver, _exp, _expm1, _log, _tanh
+from gradtool.fdlibm import (_common, _driver, _erf, _exp, _expm1, _log, _log1p, _rem_pio2,
+                             _sin, _tanh)
 
 HEADER = Path(gradtool.__file__).resolve().parent / "csrc" / "gt_math.h"
 FUNCS = ("exp", "expm1", "log", "tanh")
 # the module holding each function, its constants and its reference path _<name>_ref
 MODULES = {"exp": _exp, "expm1": _expm1, "log": _log, "tanh": _tanh}
+# the functions tests/test_fdlibm_more.py covers (their header constants are checked here)
+MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p)
 CANON_NAN = 0x7FF8000000000000
 U64 = np.uint64
 
@@ -493,7 +496,8 @@ def test_header_constants_are_the_documented_bits():
     text = HEADER.read_text()
     found = re.findall(r"const double (\w+) = ([-+0-9.eE]+);\s*/\* (0x[0-9A-Fa-f]{16})", text)
     assert len(found) >= 30
-    py_bits = {bits1(v) for m in (_common, *MODULES.values()) for k, v in vars(m).items()
+    py_bits = {bits1(v) for m in (_common, *MODULES.values(), *MORE_MODULES)
+               for k, v in vars(m).items()
                if k.isupper() and isinstance(v, float)}
     for name, dec, hexbits in found:
         assert bits1(float(dec)) == int(hexbits, 16), name

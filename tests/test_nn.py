@@ -41,14 +41,15 @@ def _cases(rng):
                        lambda v: nn.layer_norm(v[0], v[1], v[2], eps=1e-5),
                        lambda v: F.layer_norm(v[0], (6,), v[1], v[2], eps=1e-5)),
         "silu": ([x * 4.0], lambda v: nn.silu(v[0]), lambda v: F.silu(v[0])),
-        "gelu": ([x * 4.0], lambda v: nn.gelu(v[0]),
-                 lambda v: F.gelu(v[0], approximate="tanh")),
+        "gelu": ([x * 4.0], lambda v: nn.gelu(v[0]), lambda v: F.gelu(v[0])),
+        "gelu tanh": ([x * 4.0], lambda v: nn.gelu(v[0], approximate="tanh"),
+                      lambda v: F.gelu(v[0], approximate="tanh")),
         "mse": ([x, rng.standard_normal((5, 6))], lambda v: nn.mse(*v),
                 lambda v: F.mse_loss(v[0], v[1]).reshape(1)),
     }
 
 
-CASES = ["linear", "linear 3-d", "rms_norm", "layer_norm", "silu", "gelu", "mse"]
+CASES = ["linear", "linear 3-d", "rms_norm", "layer_norm", "silu", "gelu", "gelu tanh", "mse"]
 
 
 @pytest.mark.parametrize("label", CASES)
@@ -115,7 +116,8 @@ def test_building_blocks_are_plain_ops_that_replay_on_the_host_and_pass_fd():
     w1, b1 = tp.param(rng.standard_normal((6, 8)) * 0.4), tp.param(np.zeros(8))
     g, beta = tp.param(rng.uniform(0.5, 1.5, 8)), tp.param(rng.standard_normal(8) * 0.1)
     w2 = tp.param(rng.standard_normal((8, 3)) * 0.4)
-    h = nn.gelu(nn.layer_norm(nn.linear(x, w1, b1), g, beta))
+    h = nn.gelu(nn.layer_norm(nn.linear(x, w1, b1), g, beta), approximate="tanh")
+    h = nn.gelu(h)
     h = nn.silu(nn.rms_norm(h, g))
     loss = nn.softmax_cross_entropy(nn.linear(h, w2), ids)
     assert {n.op for n in tp.nodes} <= set(gt.OP_NAMES)
@@ -130,5 +132,8 @@ def test_building_blocks_are_plain_ops_that_replay_on_the_host_and_pass_fd():
 
 
 def test_misuse_is_a_gradtool_error():
+    tp = gt.Tape()
+    with pytest.raises(gt.TapeError, match="nn.gelu: approximate must be 'none' or 'tanh'"):
+        nn.gelu(tp.param(np.ones(3)), approximate="fast")
     with pytest.raises(gt.TapeError, match="nn.silu: expected a GVar, got ndarray"):
         nn.silu(np.ones(3))

@@ -26,7 +26,7 @@ def main(debug: bool, max_memory) -> None:
 def _register_commands() -> None:
     # One module per command family; each exposes `commands`, a list of click commands.
     import importlib
-    for module in ("tapes", "train", "emit", "replay"):
+    for module in ("tapes", "train", "emit", "replay", "interop"):
         try:
             mod = importlib.import_module(f"{__name__}.{module}")
         except ModuleNotFoundError as exc:

@@ -1,5 +1,5 @@
 /*
- * gt_math.h -- libm-free exp, expm1, log, tanh for gradtool.
+ * gt_math.h -- libm-free exp, expm1, log, tanh, erf, sin, cos, log1p for gradtool.
  *
  * exp, expm1 and log are Sun's fdlibm 5.3 algorithms (e_exp.c, s_expm1.c,
  * e_log.c; Copyright (C) 1993-2004 Sun Microsystems, Inc.; "Permission to
@@ -14,6 +14,12 @@
  * _tanh.py, plus _common.py for the shared pieces; it documents each
  * operation sequence; this file must stay in step with it, and
  * tests/test_fdlibm.py checks both).
+ *
+ * erf, sin, cos and log1p are fdlibm 5.3's s_erf.c, s_sin.c/s_cos.c (with
+ * k_sin.c, k_cos.c, e_rem_pio2.c and k_rem_pio2.c) and s_log1p.c, likewise
+ * transcribed (numpy mirrors _erf.py, _sin.py, _cos.py, _rem_pio2.py,
+ * _log1p.py); sin, cos and log1p are bit for bit fdlibm's, hence Java
+ * StrictMath's (tests/test_fdlibm_more.py).
  *
  * Rules that make the results reproducible:
  *   - every + - * / is spelled GT_ADD/GT_SUB/GT_MUL/GT_DIV: under nvcc those
@@ -34,7 +40,8 @@
  *     |x| < 2^-55, +-1 for |x| >= 22).
  *
  * Predefine GT_ADD (and then all of GT_ADD, GT_SUB, GT_MUL, GT_DIV,
- * GT_SQRT) and/or GT_INLINE before including this file to override them.
+ * GT_SQRT), GT_INLINE and/or GT_NOINLINE before including this file to
+ * override them.
  * No other macro or global is defined; helpers are named gtm_*.
  */
 #ifndef GT_MATH_H
@@ -62,6 +69,17 @@
 #    define GT_INLINE __device__ __forceinline__
 #  else
 #    define GT_INLINE static inline
+#  endif
+#endif
+
+/* the one function kept out of line on the GPU: sin's and cos's reduction of
+ * |x| > 2^19*pi/2, whose work arrays live in local memory (a stack frame of its
+ * own, touched only by such rare arguments) */
+#ifndef GT_NOINLINE
+#  if defined(__CUDACC__)
+#    define GT_NOINLINE __device__ __noinline__
+#  else
+#    define GT_NOINLINE static inline
 #  endif
 #endif
 
@@ -411,6 +429,461 @@ GT_INLINE double gt_tanh(double x)
     rem = GT_SUB(GT_ADD(GT_SUB(GT_SUB(th, prod), prod_lo), tl), GT_MUL(q, dl));
     z = GT_ADD(q, GT_DIV(rem, dh));
     return neg ? -z : z;
+}
+
+/* ---- erf (fdlibm s_erf.c) --------------------------------------------- */
+/* Horner c[0] + z*(c[1] + z*(... + z*c[n-1])), innermost first (the order
+ * of fdlibm's nested expressions); numpy twin _horner in _erf.py. */
+GT_INLINE double gtm_horner(double z, const double *c, int n)
+{
+    double acc = GT_MUL(z, c[n - 1]);
+    int i;
+    for (i = n - 2; i > 0; i--) acc = GT_MUL(z, GT_ADD(c[i], acc));
+    return GT_ADD(c[0], acc);
+}
+
+/* Method, error bound (< 1 ulp) and operation order: see erf() in
+ * gradtool/fdlibm/_erf.py. */
+GT_INLINE double gt_erf(double x)
+{
+    const double erx = 8.45062911510467529297e-01;  /* 0x3FEB0AC160000000 */
+    const double efx = 1.28379167095512586316e-01;  /* 0x3FC06EBA8214DB69 */
+    const double efx8 = 1.02703333676410069053e+00; /* 0x3FF06EBA8214DB69 */
+    const double pp[5] = {1.28379167095512558561e-01, -3.25042107247001499370e-01,
+                          -2.84817495755985104766e-02, -5.77027029648944159157e-03,
+                          -2.37630166566501626084e-05};
+    const double qq[5] = {3.97917223959155352819e-01, 6.50222499887672944485e-02,
+                          5.08130628187576562776e-03, 1.32494738004321644526e-04,
+                          -3.96022827877536812320e-06};
+    const double pa[7] = {-2.36211856075265944077e-03, 4.14856118683748331666e-01,
+                          -3.72207876035701323847e-01, 3.18346619901161753674e-01,
+                          -1.10894694282396677476e-01, 3.54783043256182359371e-02,
+                          -2.16637559486879084300e-03};
+    const double qa[6] = {1.06420880400844228286e-01, 5.40397917702171048937e-01,
+                          7.18286544141962662868e-02, 1.26171219808761642112e-01,
+                          1.36370839120290507362e-02, 1.19844998467991074170e-02};
+    const double ra[8] = {-9.86494403484714822705e-03, -6.93858572707181764372e-01,
+                          -1.05586262253232909814e+01, -6.23753324503260060396e+01,
+                          -1.62396669462573470355e+02, -1.84605092906711035994e+02,
+                          -8.12874355063065934246e+01, -9.81432934416914548592e+00};
+    const double sa[8] = {1.96512716674392571292e+01, 1.37657754143519042600e+02,
+                          4.34565877475229228821e+02, 6.45387271733267880336e+02,
+                          4.29008140027567833386e+02, 1.08635005541779435134e+02,
+                          6.57024977031928170135e+00, -6.04244152148580987438e-02};
+    const double rb[7] = {-9.86494292470009928597e-03, -7.99283237680523006574e-01,
+                          -1.77579549177547519889e+01, -1.60636384855821916062e+02,
+                          -6.37566443368389627722e+02, -1.02509513161107724954e+03,
+                          -4.83519191608651397019e+02};
+    const double sb[7] = {3.03380607434824582924e+01, 3.25792512996573918826e+02,
+                          1.53672958608443695994e+03, 3.19985821950859553908e+03,
+                          2.55305040643316442583e+03, 4.74528541206955367215e+02,
+                          -2.24409524465858183362e+01};
+    unsigned long long ux = gtm_bits(x);
+    int neg = (int)(ux >> 63);
+    unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
+    double a, s, z, r, q, pq, rs;
+
+    if (ix >= 0x7ff00000u) {               /* inf or NaN */
+        if (((ix & 0xfffffu) | (unsigned int)ux) != 0u) return gtm_nan();
+        return neg ? -1.0 : 1.0;           /* erf(+-inf) = +-1 */
+    }
+    if (ix < 0x3feb0000u) {                /* |x| < 0.84375 */
+        if (ix < 0x3e300000u) {            /* |x| < 2^-28 */
+            if (ix < 0x00800000u)          /* avoid underflow */
+                return GT_MUL(0.125, GT_ADD(GT_MUL(8.0, x), GT_MUL(efx8, x)));
+            return GT_ADD(x, GT_MUL(efx, x));
+        }
+        z = GT_MUL(x, x);
+        r = gtm_horner(z, pp, 5);
+        s = GT_ADD(1.0, GT_MUL(z, gtm_horner(z, qq, 5)));
+        return GT_ADD(x, GT_MUL(x, GT_DIV(r, s)));
+    }
+    if (ix < 0x3ff40000u) {                /* 0.84375 <= |x| < 1.25 */
+        s = GT_SUB(gtm_from_bits(ux & 0x7fffffffffffffffULL), 1.0);
+        pq = GT_DIV(gtm_horner(s, pa, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, qa, 6))));
+        return neg ? GT_SUB(-erx, pq) : GT_ADD(erx, pq);
+    }
+    if (ix >= 0x40180000u)                 /* 6 <= |x| < inf: 1 - tiny rounds to 1 */
+        return neg ? -1.0 : 1.0;
+    a = gtm_from_bits(ux & 0x7fffffffffffffffULL);
+    s = GT_DIV(1.0, GT_MUL(a, a));
+    if (ix < 0x4006db6eu)                  /* |x| < 1/0.35 */
+        rs = GT_DIV(gtm_horner(s, ra, 8), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sa, 8))));
+    else
+        rs = GT_DIV(gtm_horner(s, rb, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sb, 7))));
+    z = gtm_from_bits(gtm_bits(a) & 0xffffffff00000000ULL); /* low word cleared */
+    r = GT_MUL(gt_exp(GT_SUB(GT_MUL(-z, z), 0.5625)),
+               gt_exp(GT_ADD(GT_MUL(GT_SUB(z, a), GT_ADD(z, a)), rs)));
+    q = GT_DIV(r, a);
+    return neg ? GT_SUB(q, 1.0) : GT_SUB(1.0, q);
+}
+
+/* ---- sin, cos (fdlibm s_sin.c, s_cos.c, k_sin.c, k_cos.c, e_rem_pio2.c,
+ * k_rem_pio2.c) ---------------------------------------------------------- */
+/* 2^k for -1022 <= k <= 1023, from its bits (exact): fdlibm's scalbn(z, k) is
+ * z * gtm_pow2(k) wherever it is called here (the results stay normal). */
+GT_INLINE double gtm_pow2(int k)
+{
+    return gtm_from_bits((unsigned long long)(k + 1023) << 52);
+}
+
+/* fdlibm's __kernel_rem_pio2(x, y, e0, nx, prec = 2) for e_rem_pio2.c's large
+ * arguments: returns n & 7 and y[0] + y[1] = x - n*pi/2.  Operation order and
+ * variables: _kernel_rem_pio2 in gradtool/fdlibm/_rem_pio2.py; floor(v) of
+ * the v >= 0 (< 2^52) it sees is the truncating cast. */
+GT_NOINLINE int gtm_kernel_rem_pio2(const double *x, double *y, int e0, int nx)
+{
+    const int ipio2[66] = {
+        0xA2F983, 0x6E4E44, 0x1529FC, 0x2757D1, 0xF534DD, 0xC0DB62, 0x95993C, 0x439041,
+        0xFE5163, 0xABDEBB, 0xC561B7, 0x246E3A, 0x424DD2, 0xE00649, 0x2EEA09, 0xD1921C,
+        0xFE1DEB, 0x1CB129, 0xA73EE8, 0x8235F5, 0x2EBB44, 0x84E99C, 0x7026B4, 0x5F7E41,
+        0x3991D6, 0x398353, 0x39F49C, 0x845F8B, 0xBDF928, 0x3B1FF8, 0x97FFDE, 0x05980F,
+        0xEF2F11, 0x8B5A0A, 0x6D1F6D, 0x367ECF, 0x27CB09, 0xB74F46, 0x3F669E, 0x5FEA2D,
+        0x7527BA, 0xC7EBE5, 0xF17B3D, 0x0739F7, 0x8A5292, 0xEA6BFB, 0x5FB11F, 0x8D5D08,
+        0x560330, 0x46FC7B, 0x6BABF0, 0xCFBC20, 0x9AF436, 0x1DA9E3, 0x91615E, 0xE61B08,
+        0x659985, 0x5F14A0, 0x68408D, 0xFFD880, 0x4D7327, 0x310606, 0x1556CA, 0x73A8C9,
+        0x60E27B, 0xC08C6B};
+    const double PIo2[8] = {1.57079625129699707031e+00, 7.54978941586159635335e-08,
+                            5.39030252995776476554e-15, 3.28200341580791294123e-22,
+                            1.27065575308067607349e-29, 1.22933308981111328932e-36,
+                            2.73370053816464559624e-44, 2.16741683877804819444e-51};
+    const double two24 = 1.67772160000000000000e+07;  /* 0x4170000000000000 */
+    const double twon24 = 5.96046447753906250000e-08; /* 0x3E70000000000000 */
+    int jz, jx, jv, jp, jk, carry, n, iq[20], i, j, k, m, q0, ih;
+    double z, fw, f[20], fq[20] = {0.0}, q[20];
+
+    jk = 4;                                 /* init_jk[2] */
+    jp = jk;
+    jx = nx - 1;
+    jv = (e0 - 3) / 24;
+    if (jv < 0) jv = 0;
+    q0 = e0 - 24 * (jv + 1);
+    j = jv - jx;
+    m = jx + jk;
+    for (i = 0; i <= m; i++, j++) f[i] = (j < 0) ? 0.0 : (double)ipio2[j];
+    for (i = 0; i <= jk; i++) {
+        for (j = 0, fw = 0.0; j <= jx; j++) fw = GT_ADD(fw, GT_MUL(x[j], f[jx + i - j]));
+        q[i] = fw;
+    }
+    jz = jk;
+    for (;;) {                              /* recompute: */
+        for (i = 0, j = jz, z = q[jz]; j > 0; i++, j--) {
+            fw = (double)(int)GT_MUL(twon24, z);
+            iq[i] = (int)GT_SUB(z, GT_MUL(two24, fw));
+            z = GT_ADD(q[j - 1], fw);
+        }
+        z = GT_MUL(z, gtm_pow2(q0));
+        z = GT_SUB(z, GT_MUL(8.0, (double)(long long)GT_MUL(z, 0.125)));
+        n = (int)z;
+        z = GT_SUB(z, (double)n);
+        ih = 0;
+        if (q0 > 0) {
+            i = (iq[jz - 1] >> (24 - q0));
+            n += i;
+            iq[jz - 1] -= i << (24 - q0);
+            ih = iq[jz - 1] >> (23 - q0);
+        } else if (q0 == 0) {
+            ih = iq[jz - 1] >> 23;
+        } else if (z >= 0.5) {
+            ih = 2;
+        }
+        if (ih > 0) {                       /* q > 0.5 */
+            n += 1;
+            carry = 0;
+            for (i = 0; i < jz; i++) {      /* compute 1 - q */
+                j = iq[i];
+                if (carry == 0) {
+                    if (j != 0) { carry = 1; iq[i] = 0x1000000 - j; }
+                } else {
+                    iq[i] = 0xffffff - j;
+                }
+            }
+            if (q0 == 1) iq[jz - 1] &= 0x7fffff;
+            else if (q0 == 2) iq[jz - 1] &= 0x3fffff;
+            if (ih == 2) {
+                z = GT_SUB(1.0, z);
+                if (carry != 0) z = GT_SUB(z, gtm_pow2(q0));
+            }
+        }
+        if (z == 0.0) {                     /* check if recomputation is needed */
+            j = 0;
+            for (i = jz - 1; i >= jk; i--) j |= iq[i];
+            if (j == 0) {
+                for (k = 1; iq[jk - k] == 0; k++) {}
+                for (i = jz + 1; i <= jz + k; i++) {
+                    f[jx + i] = (double)ipio2[jv + i];
+                    for (j = 0, fw = 0.0; j <= jx; j++)
+                        fw = GT_ADD(fw, GT_MUL(x[j], f[jx + i - j]));
+                    q[i] = fw;
+                }
+                jz += k;
+                continue;
+            }
+        }
+        break;
+    }
+    if (z == 0.0) {                         /* chop off zero terms */
+        jz -= 1;
+        q0 -= 24;
+        while (iq[jz] == 0) { jz--; q0 -= 24; }
+    } else {                                /* break z into 24-bit if necessary */
+        z = GT_MUL(z, gtm_pow2(-q0));
+        if (z >= two24) {
+            fw = (double)(int)GT_MUL(twon24, z);
+            iq[jz] = (int)GT_SUB(z, GT_MUL(two24, fw));
+            jz += 1;
+            q0 += 24;
+            iq[jz] = (int)fw;
+        } else {
+            iq[jz] = (int)z;
+        }
+    }
+    fw = gtm_pow2(q0);
+    for (i = jz; i >= 0; i--) {
+        q[i] = GT_MUL(fw, (double)iq[i]);
+        fw = GT_MUL(fw, twon24);
+    }
+    for (i = jz; i >= 0; i--) {
+        for (fw = 0.0, k = 0; k <= jp && k <= jz - i; k++) fw = GT_ADD(fw, GT_MUL(PIo2[k], q[i + k]));
+        fq[jz - i] = fw;
+    }
+    fw = 0.0;
+    for (i = jz; i >= 0; i--) fw = GT_ADD(fw, fq[i]);
+    y[0] = (ih == 0) ? fw : -fw;
+    fw = GT_SUB(fq[0], fw);
+    for (i = 1; i <= jz; i++) fw = GT_ADD(fw, fq[i]);
+    y[1] = (ih == 0) ? fw : -fw;
+    return n & 7;
+}
+
+/* fdlibm's __ieee754_rem_pio2 for finite x, |x| > pi/4: returns n with
+ * x = n*pi/2 + y[0] + y[1].  Method: _rem_pio2 in gradtool/fdlibm/_rem_pio2.py. */
+GT_INLINE int gtm_rem_pio2(double x, double *y)
+{
+    const double two24 = 1.67772160000000000000e+07;   /* 0x4170000000000000 */
+    const double invpio2 = 6.36619772367581382433e-01; /* 0x3FE45F306DC9C883 */
+    const double pio2_1 = 1.57079632673412561417e+00;  /* 0x3FF921FB54400000 */
+    const double pio2_1t = 6.07710050650619224932e-11; /* 0x3DD0B4611A626331 */
+    const double pio2_2 = 6.07710050630396597660e-11;  /* 0x3DD0B4611A600000 */
+    const double pio2_2t = 2.02226624879595063154e-21; /* 0x3BA3198A2E037073 */
+    const double pio2_3 = 2.02226624871116645580e-21;  /* 0x3BA3198A2E000000 */
+    const double pio2_3t = 8.47842766036889956997e-32; /* 0x397B839A252049C1 */
+    unsigned long long ux = gtm_bits(x);
+    int neg = (int)(ux >> 63);
+    int ix = (int)((ux >> 32) & 0x7fffffffu), e0, i, j, n, nx;
+    double z, w, t, r, fn, tx[3];
+
+    if (ix < 0x4002d97c) {                 /* |x| < 3pi/4: n = +-1 */
+        if (!neg) {
+            z = GT_SUB(x, pio2_1);
+            if (ix != 0x3ff921fb) {
+                y[0] = GT_SUB(z, pio2_1t);
+                y[1] = GT_SUB(GT_SUB(z, y[0]), pio2_1t);
+            } else {                       /* near pi/2: 33+33+53 bits of pi */
+                z = GT_SUB(z, pio2_2);
+                y[0] = GT_SUB(z, pio2_2t);
+                y[1] = GT_SUB(GT_SUB(z, y[0]), pio2_2t);
+            }
+            return 1;
+        }
+        z = GT_ADD(x, pio2_1);
+        if (ix != 0x3ff921fb) {
+            y[0] = GT_ADD(z, pio2_1t);
+            y[1] = GT_ADD(GT_SUB(z, y[0]), pio2_1t);
+        } else {
+            z = GT_ADD(z, pio2_2);
+            y[0] = GT_ADD(z, pio2_2t);
+            y[1] = GT_ADD(GT_SUB(z, y[0]), pio2_2t);
+        }
+        return -1;
+    }
+    if (ix <= 0x413921fb) {                /* |x| <~ 2^19*(pi/2): medium size */
+        t = gtm_from_bits(ux & 0x7fffffffffffffffULL);
+        n = (int)GT_ADD(GT_MUL(t, invpio2), 0.5);
+        fn = (double)n;
+        r = GT_SUB(t, GT_MUL(fn, pio2_1));
+        w = GT_MUL(fn, pio2_1t);           /* 1st round good to 85 bits */
+        y[0] = GT_SUB(r, w);
+        /* fdlibm's npio2_hw[n-1], the high word of n*pi/2, is that of fn*pio2_1 (exact)
+         * for every n < 32 (tests/test_fdlibm_more.py checks the 32 words) */
+        if (!(n < 32 && ix != (int)(gtm_bits(GT_MUL(fn, pio2_1)) >> 32))) {
+            j = ix >> 20;
+            i = j - (int)((gtm_bits(y[0]) >> 52) & 0x7ff);
+            if (i > 16) {                  /* 2nd iteration, good to 118 bits */
+                t = r;
+                w = GT_MUL(fn, pio2_2);
+                r = GT_SUB(t, w);
+                w = GT_SUB(GT_MUL(fn, pio2_2t), GT_SUB(GT_SUB(t, r), w));
+                y[0] = GT_SUB(r, w);
+                i = j - (int)((gtm_bits(y[0]) >> 52) & 0x7ff);
+                if (i > 49) {              /* 3rd iteration, 151 bits */
+                    t = r;
+                    w = GT_MUL(fn, pio2_3);
+                    r = GT_SUB(t, w);
+                    w = GT_SUB(GT_MUL(fn, pio2_3t), GT_SUB(GT_SUB(t, r), w));
+                    y[0] = GT_SUB(r, w);
+                }
+            }
+        }
+        y[1] = GT_SUB(GT_SUB(r, y[0]), w);
+        if (neg) { y[0] = -y[0]; y[1] = -y[1]; return -n; }
+        return n;
+    }
+    /* large: z = |x| scaled by 2^-e0, e0 = ilogb(x) - 23, in 24-bit pieces */
+    e0 = (ix >> 20) - 1046;
+    z = gtm_from_bits(((unsigned long long)(unsigned int)(ix - (e0 << 20)) << 32)
+                      | (ux & 0xffffffffULL));
+    for (i = 0; i < 2; i++) {
+        tx[i] = (double)(int)z;
+        z = GT_MUL(GT_SUB(z, tx[i]), two24);
+    }
+    tx[2] = z;
+    nx = 3;
+    while (tx[nx - 1] == 0.0) nx--;        /* skip zero terms */
+    n = gtm_kernel_rem_pio2(tx, y, e0, nx);
+    if (neg) { y[0] = -y[0]; y[1] = -y[1]; return -n; }
+    return n;
+}
+
+/* __kernel_sin(x, y, iy) on |x| <~ pi/4; order: _kernel_sin in _sin.py. */
+GT_INLINE double gtm_kernel_sin(double x, double y, int iy)
+{
+    const double S1 = -1.66666666666666324348e-01; /* 0xBFC5555555555549 */
+    const double S[5] = {8.33333333332248946124e-03, -1.98412698298579493134e-04,
+                         2.75573137070700676789e-06, -2.50507602534068634195e-08,
+                         1.58969099521155010221e-10};
+    unsigned int ix = (unsigned int)(gtm_bits(x) >> 32) & 0x7fffffffu;
+    double z, r, v;
+    if (ix < 0x3e400000u) return x;        /* |x| < 2^-27 */
+    z = GT_MUL(x, x);
+    v = GT_MUL(z, x);
+    r = gtm_horner(z, S, 5);
+    if (iy == 0) return GT_ADD(x, GT_MUL(v, GT_ADD(S1, GT_MUL(z, r))));
+    return GT_SUB(x, GT_SUB(GT_SUB(GT_MUL(z, GT_SUB(GT_MUL(0.5, y), GT_MUL(v, r))), y),
+                             GT_MUL(v, S1)));
+}
+
+/* __kernel_cos(x, y) on |x| <~ pi/4; order: _kernel_cos in _sin.py. */
+GT_INLINE double gtm_kernel_cos(double x, double y)
+{
+    const double C[6] = {4.16666666666666019037e-02, -1.38888888888741095749e-03,
+                         2.48015872894767294178e-05, -2.75573143513906633035e-07,
+                         2.08757232129817482790e-09, -1.13596475577881948265e-11};
+    unsigned int ix = (unsigned int)(gtm_bits(x) >> 32) & 0x7fffffffu;
+    double z, r, zr, qx;
+    if (ix < 0x3e400000u) return 1.0;      /* |x| < 2^-27 */
+    z = GT_MUL(x, x);
+    r = GT_MUL(z, gtm_horner(z, C, 6));
+    zr = GT_SUB(GT_MUL(z, r), GT_MUL(x, y));
+    if (ix < 0x3fd33333u) return GT_SUB(1.0, GT_SUB(GT_MUL(0.5, z), zr)); /* |x| < 0.3 */
+    if (ix > 0x3fe90000u) qx = 0.28125;    /* |x| > 0.78125 */
+    else qx = gtm_from_bits((unsigned long long)(ix - 0x00200000u) << 32); /* |x|/4 */
+    return GT_SUB(GT_SUB(1.0, qx), GT_SUB(GT_SUB(GT_MUL(0.5, z), qx), zr));
+}
+
+/* sin(x): fdlibm s_sin.c.  Method and error: sin() in gradtool/fdlibm/_sin.py. */
+GT_INLINE double gt_sin(double x)
+{
+    unsigned int ix = (unsigned int)(gtm_bits(x) >> 32) & 0x7fffffffu;
+    double y[2];
+    if (ix <= 0x3fe921fbu) return gtm_kernel_sin(x, 0.0, 0);
+    if (ix >= 0x7ff00000u) return gtm_nan(); /* sin(inf or NaN) is NaN */
+    switch (gtm_rem_pio2(x, y) & 3) {
+    case 0: return gtm_kernel_sin(y[0], y[1], 1);
+    case 1: return gtm_kernel_cos(y[0], y[1]);
+    case 2: return -gtm_kernel_sin(y[0], y[1], 1);
+    default: return -gtm_kernel_cos(y[0], y[1]);
+    }
+}
+
+/* cos(x): fdlibm s_cos.c.  Method and error: cos() in gradtool/fdlibm/_cos.py. */
+GT_INLINE double gt_cos(double x)
+{
+    unsigned int ix = (unsigned int)(gtm_bits(x) >> 32) & 0x7fffffffu;
+    double y[2];
+    if (ix <= 0x3fe921fbu) return gtm_kernel_cos(x, 0.0);
+    if (ix >= 0x7ff00000u) return gtm_nan(); /* cos(inf or NaN) is NaN */
+    switch (gtm_rem_pio2(x, y) & 3) {
+    case 0: return gtm_kernel_cos(y[0], y[1]);
+    case 1: return -gtm_kernel_sin(y[0], y[1], 1);
+    case 2: return -gtm_kernel_cos(y[0], y[1]);
+    default: return gtm_kernel_sin(y[0], y[1], 1);
+    }
+}
+
+/* ---- log1p (fdlibm s_log1p.c) ------------------------------------------ */
+/* Method, error bound (< 1 ulp) and operation order: see log1p() in
+ * gradtool/fdlibm/_log1p.py. */
+GT_INLINE double gt_log1p(double x)
+{
+    const double ln2_hi = 6.93147180369123816490e-01; /* 0x3FE62E42FEE00000 */
+    const double ln2_lo = 1.90821492927058770002e-10; /* 0x3DEA39EF35793C76 */
+    const double two_thirds = 6.66666666666666629659e-01; /* 0x3FE5555555555555, fdlibm's 0.66666666666666666 */
+    const double Lp[7] = {6.666666666666735130e-01, 3.999999999940941908e-01,
+                          2.857142874366239149e-01, 2.222219843214978396e-01,
+                          1.818357216161805012e-01, 1.531383769920937332e-01,
+                          1.479819860511658591e-01};
+    unsigned long long ux = gtm_bits(x), uu;
+    int hx = (int)(unsigned int)(ux >> 32), ax = hx & 0x7fffffff, hu = 0, k = 1;
+    double hfsq, f = 0.0, c = 0.0, s, z, R, u, dk;
+
+    if (hx < 0x3FDA827A) {                 /* x < 0.41422 */
+        if (ax >= 0x3ff00000) {            /* x <= -1.0 */
+            if (x == -1.0) return -gtm_inf();
+            return gtm_nan();
+        }
+        if (ax < 0x3e200000) {             /* |x| < 2^-29 */
+            if (ax < 0x3c900000) return x; /* |x| < 2^-54 */
+            return GT_SUB(x, GT_MUL(GT_MUL(x, x), 0.5));
+        }
+        if (hx > 0 || hx <= (int)0xbfd2bec3u) { k = 0; f = x; hu = 1; } /* -0.2929 < x < 0.41422 */
+    }
+    if (hx >= 0x7ff00000) {                /* +inf or NaN */
+        if (((hx & 0xfffff) | (int)(unsigned int)ux) != 0) return gtm_nan();
+        return x;
+    }
+    if (k != 0) {
+        if (hx < 0x43400000) {
+            u = GT_ADD(1.0, x);
+            hu = (int)(unsigned int)(gtm_bits(u) >> 32);
+            k = (hu >> 20) - 1023;
+            c = (k > 0) ? GT_SUB(1.0, GT_SUB(u, x)) : GT_SUB(x, GT_SUB(u, 1.0)); /* correction */
+            c = GT_DIV(c, u);
+        } else {
+            u = x;
+            hu = (int)(unsigned int)(gtm_bits(u) >> 32);
+            k = (hu >> 20) - 1023;
+            c = 0.0;
+        }
+        hu &= 0x000fffff;
+        uu = gtm_bits(u) & 0xffffffffULL;
+        if (hu < 0x6a09e) {
+            u = gtm_from_bits(((unsigned long long)(unsigned int)(hu | 0x3ff00000) << 32) | uu);
+        } else {
+            k += 1;
+            u = gtm_from_bits(((unsigned long long)(unsigned int)(hu | 0x3fe00000) << 32) | uu);
+            hu = (0x00100000 - hu) >> 2;
+        }
+        f = GT_SUB(u, 1.0);
+    }
+    hfsq = GT_MUL(GT_MUL(0.5, f), f);
+    dk = (double)k;
+    if (hu == 0) {                         /* |f| < 2^-20 */
+        if (f == 0.0) {
+            if (k == 0) return 0.0;
+            return GT_ADD(GT_MUL(dk, ln2_hi), GT_ADD(c, GT_MUL(dk, ln2_lo)));
+        }
+        R = GT_MUL(hfsq, GT_SUB(1.0, GT_MUL(two_thirds, f)));
+        if (k == 0) return GT_SUB(f, R);
+        return GT_SUB(GT_MUL(dk, ln2_hi), GT_SUB(GT_SUB(R, GT_ADD(GT_MUL(dk, ln2_lo), c)), f));
+    }
+    s = GT_DIV(f, GT_ADD(2.0, f));
+    z = GT_MUL(s, s);
+    R = GT_MUL(z, gtm_horner(z, Lp, 7));
+    if (k == 0) return GT_SUB(f, GT_SUB(hfsq, GT_MUL(s, GT_ADD(hfsq, R))));
+    return GT_SUB(GT_MUL(dk, ln2_hi),
+                  GT_SUB(GT_SUB(hfsq, GT_ADD(GT_MUL(s, GT_ADD(hfsq, R)),
+                                             GT_ADD(GT_MUL(dk, ln2_lo), c))), f));
 }
 
 #endif /* GT_MATH_H */

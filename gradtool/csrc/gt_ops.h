@@ -22,6 +22,15 @@
     X(k_log, R_LOG(xv)) \
     X(k_sqrt, R_SQRT(xv)) \
     X(k_abs, R_ABS(xv)) \
+    X(k_erf, R_ERF(xv)) \
+    X(k_sin, R_SIN(xv)) \
+    X(k_cos, R_COS(xv)) \
+    X(k_expm1, R_EXPM1(xv)) \
+    X(k_log1p, R_LOG1P(xv)) \
+    X(k_rsqrt, R_DIV(((gt_real)0x1p+0), R_SQRT(xv))) \
+    X(k_pows, ((s == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((s == ((gt_real)0x1p+0)) ? xv : ((s == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((s == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((s == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((s == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((s == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((s == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((s == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))))))))))))) \
+    X(k_clamp_min, ((xv < s) ? s : xv)) \
+    X(k_clamp_max, ((xv > s) ? s : xv)) \
     X(k_to_f64, xv) \
     /* end */
 
@@ -37,6 +46,15 @@
     X(k_log_bwd, R_DIV(gv, xv)) \
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
     X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
+    X(k_erf_bwd, R_MUL(R_MUL(((gt_real)0x1.20dd750429b6dp+0), R_EXP((-R_MUL(xv, xv)))), gv)) \
+    X(k_sin_bwd, R_MUL(gv, R_COS(xv))) \
+    X(k_cos_bwd, R_MUL(gv, (-R_SIN(xv)))) \
+    X(k_expm1_bwd, R_MUL(gv, R_ADD(tv, ((gt_real)0x1p+0)))) \
+    X(k_log1p_bwd, R_DIV(gv, R_ADD(xv, ((gt_real)0x1p+0)))) \
+    X(k_rsqrt_bwd, R_MUL(R_MUL(((gt_real)(-0x1p-1)), gv), R_MUL(R_MUL(tv, tv), tv))) \
+    X(k_pows_bwd, ((s == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_MUL(gv, R_MUL(s, ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+0)) ? xv : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))))))))))))))) \
+    X(k_clamp_min_bwd, ((xv >= s) ? gv : ((gt_real)0x0p+0))) \
+    X(k_clamp_max_bwd, ((xv <= s) ? gv : ((gt_real)0x0p+0))) \
     X(k_to_f64_bwd, gv) \
     /* end */
 
@@ -47,6 +65,7 @@
     X(k_mul, R_MUL(xv, yv)) \
     X(k_div, R_DIV(xv, yv)) \
     X(k_maximum, ((xv >= yv) ? xv : ((xv < yv) ? yv : R_ADD(xv, yv)))) \
+    X(k_minimum, ((xv <= yv) ? xv : ((xv > yv) ? yv : R_ADD(xv, yv)))) \
     X(k_eq, ((xv == yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
     X(k_ne, ((xv != yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
     X(k_lt, ((xv < yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
@@ -70,6 +89,8 @@
     X(k_div_bwd_b, (-R_DIV(R_MUL(gv, tv), yv))) \
     X(k_maximum_bwd_a, ((xv >= yv) ? gv : ((gt_real)0x0p+0))) \
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
+    X(k_minimum_bwd_a, ((xv <= yv) ? gv : ((gt_real)0x0p+0))) \
+    X(k_minimum_bwd_b, ((xv <= yv) ? ((gt_real)0x0p+0) : gv)) \
     X(k_keep_bwd_a, ((yv != ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
     X(k_keep_not_bwd_a, ((yv == ((gt_real)0x0p+0)) ? gv : ((gt_real)0x0p+0))) \
     /* end */
@@ -87,6 +108,15 @@
     X(k_log, 12) \
     X(k_sqrt, 4) \
     X(k_abs, 1) \
+    X(k_erf, 26) \
+    X(k_sin, 15) \
+    X(k_cos, 15) \
+    X(k_expm1, 12) \
+    X(k_log1p, 13) \
+    X(k_rsqrt, 5) \
+    X(k_pows, 165) \
+    X(k_clamp_min, 1) \
+    X(k_clamp_max, 1) \
     X(k_to_f64, 1) \
     X(k_neg_bwd, 1) \
     X(k_adds_bwd, 1) \
@@ -98,6 +128,15 @@
     X(k_log_bwd, 2) \
     X(k_sqrt_bwd, 2) \
     X(k_abs_bwd, 1) \
+    X(k_erf_bwd, 12) \
+    X(k_sin_bwd, 15) \
+    X(k_cos_bwd, 15) \
+    X(k_expm1_bwd, 1) \
+    X(k_log1p_bwd, 2) \
+    X(k_rsqrt_bwd, 1) \
+    X(k_pows_bwd, 165) \
+    X(k_clamp_min_bwd, 1) \
+    X(k_clamp_max_bwd, 1) \
     X(k_to_f64_bwd, 1) \
     /* end */
 
@@ -567,6 +606,27 @@
     X(k_maximum) \
     X(k_maximum_bwd_a) \
     X(k_maximum_bwd_b) \
+    X(k_erf) \
+    X(k_erf_bwd) \
+    X(k_sin) \
+    X(k_sin_bwd) \
+    X(k_cos) \
+    X(k_cos_bwd) \
+    X(k_expm1) \
+    X(k_expm1_bwd) \
+    X(k_log1p) \
+    X(k_log1p_bwd) \
+    X(k_rsqrt) \
+    X(k_rsqrt_bwd) \
+    X(k_pows) \
+    X(k_pows_bwd) \
+    X(k_minimum) \
+    X(k_minimum_bwd_a) \
+    X(k_minimum_bwd_b) \
+    X(k_clamp_min) \
+    X(k_clamp_min_bwd) \
+    X(k_clamp_max) \
+    X(k_clamp_max_bwd) \
     X(k_eq) \
     X(k_ne) \
     X(k_lt) \

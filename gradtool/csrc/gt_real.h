@@ -1,7 +1,7 @@
 /*
  * gt_real.h -- what every kernel source of the device engine starts with:
  * the launch macros (CUDA, or host_prelude.h for the C build), the element
- * type gt_real and its correctly rounded operations R_ADD ... R_EXPM1 (and
+ * type gt_real and its correctly rounded operations R_ADD ... R_COS (and
  * R_FMA, the inner products' fused multiply-add, used nowhere else), and
  * the metadata conventions.  Included by kernels.cu (the per-node kernels)
  * and by the fused kernels gradtool/device/fusion.py generates per tape, so
@@ -73,6 +73,10 @@ typedef float gt_real;
 #  define R_LOG(x) ((gt_real)gt_log((double)(x)))
 #  define R_TANH(x) ((gt_real)gt_tanh((double)(x)))
 #  define R_EXPM1(x) ((gt_real)gt_expm1((double)(x)))
+#  define R_ERF(x) ((gt_real)gt_erf((double)(x)))
+#  define R_LOG1P(x) ((gt_real)gt_log1p((double)(x)))
+#  define R_SIN(x) ((gt_real)gt_sin((double)(x)))
+#  define R_COS(x) ((gt_real)gt_cos((double)(x)))
 #  define R_ABS(x) fabsf((x))
 #else
 typedef double gt_real;
@@ -86,6 +90,10 @@ typedef double gt_real;
 #  define R_LOG(x) gt_log((x))
 #  define R_TANH(x) gt_tanh((x))
 #  define R_EXPM1(x) gt_expm1((x))
+#  define R_ERF(x) gt_erf((x))
+#  define R_LOG1P(x) gt_log1p((x))
+#  define R_SIN(x) gt_sin((x))
+#  define R_COS(x) gt_cos((x))
 #  define R_ABS(x) fabs((x))
 #endif
 

@@ -25,8 +25,8 @@
  * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
  * plain operators on the host, compiled with -ffp-contract=off), the inner
  * products' one fused multiply-add through R_FMA (GT_FMA: __fma_rn under
- * nvcc, fma() on the host; numerics.fma), exp, log and
- * tanh are gt_math.h's libm-free functions (the C twins of
+ * nvcc, fma() on the host; numerics.fma), exp, log, tanh, erf, sin, cos, ...
+ * are gt_math.h's libm-free functions (the C twins of
  * gradtool/fdlibm/), every sum and inner product runs serially in one
  * thread in the documented index order, and every gradient contribution is
  * first computed whole and then added into its slot once (grad = grad + c),

@@ -6,7 +6,7 @@ ABI's output is a single ``.cu`` file that compiles both as C99
 (``cc -std=c99 -O2 -ffp-contract=off``) and as CUDA (``nvcc -c``):
 
 1. a header comment: source, node counts, the p[j] / x[k] / bound / frozen leaves;
-2. ``gradtool/csrc/gt_math.h`` verbatim (the libm-free exp/log/tanh and the
+2. ``gradtool/csrc/gt_math.h`` verbatim (the libm-free exp/log/tanh/erf/sin/... and the
    GT_ADD/GT_SUB/GT_MUL/GT_DIV/GT_SQRT macros that cannot be contracted);
 3. a small guarded prelude (``GT_DEVICE``, ``GT_G_ADD``);
 4. ``GT_DEVICE double NAME(const double *p, const double *x, double *g)``:

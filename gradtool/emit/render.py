@@ -6,7 +6,8 @@ input's gradient contribution.  They are the op table's own expressions
 every ``+ - * /`` and sqrt a ``GT_*`` macro from ``gradtool/csrc/gt_math.h``
 (plain operators on the host, ``__d*_rn`` intrinsics under nvcc, so no
 compiler can fuse a multiply-add), the transcendental functions
-gt_math.h's ``gt_exp``/``gt_log``/``gt_tanh``/``gt_expm1``, the C twins of
+gt_math.h's ``gt_exp``/``gt_log``/``gt_tanh``/``gt_expm1``/``gt_log1p``/``gt_erf``/
+``gt_sin``/``gt_cos``, the C twins of
 :mod:`gradtool.fdlibm`.  Unary minus, comparisons and the ternary select are
 exact and stay plain C.  Nothing here restates an op's arithmetic.
 

@@ -1,5 +1,5 @@
-"""exp, expm1, log and tanh without libm: Sun's fdlibm 5.3 (and a compensated
-tanh on top of its expm1) in numpy.
+"""exp, expm1, log, tanh, erf, sin, cos and log1p without libm: Sun's fdlibm 5.3
+(and a compensated tanh on top of its expm1) in numpy.
 
 Why this package exists
 -----------------------
@@ -87,6 +87,15 @@ Each module imports only from those listed above it (no cycles):
   THIRD and the hfsq band bounds ``_BAND_F1``/``_BAND_F2``.
 * ``_tanh.py``: ``tanh`` with its reference path and kernel; SPLIT and
   Veltkamp's split (``_split``, ``_split_block``).
+* ``_erf.py``, ``_log1p.py``: fdlibm's ``s_erf.c`` (on ``exp``) and
+  ``s_log1p.c`` (on log's polynomial); ``_rem_pio2.py``: the pi/2 reduction
+  (``e_rem_pio2.c`` and ``k_rem_pio2.c``); ``_sin.py``: the kernels
+  ``k_sin.c``/``k_cos.c`` and ``sin``; ``_cos.py``: ``cos``.  These four have
+  no separate block kernel: they split the lanes by fdlibm's branch and
+  evaluate each branch's formula one ufunc call per operation (the large
+  reduction one element at a time, in Python floats), so their ``_<name>_ref``
+  is the function itself.  Each is within 1 ulp; sin, cos and log1p are bit for
+  bit fdlibm's (tests/test_fdlibm_more.py checks them against Java StrictMath).
 
 The module names start with an underscore: the public API is the four
 functions re-exported here (a submodule named ``exp`` would also clash with
@@ -102,5 +111,9 @@ from ._exp import exp
 from ._expm1 import expm1
 from ._log import log
 from ._tanh import tanh
+from ._cos import cos
+from ._erf import erf
+from ._log1p import log1p
+from ._sin import sin
 
-__all__ = ["exp", "expm1", "log", "tanh"]
+__all__ = ["exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos"]

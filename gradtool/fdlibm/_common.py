@@ -105,6 +105,16 @@ def _half_with_sign_of(x, out):
     np.bitwise_or(ob, _K_HALF_BITS, out=ob)
 
 
+def _horner(z, coefs):
+    """c0 + z*(c1 + z*(... + z*cn)) for coefs = (c0, ..., cn), n >= 1, on arrays or
+    scalars: innermost first, one rounding per operation, as fdlibm's nested expressions
+    (erf, sin, cos, log1p; C twin ``gtm_horner``)."""
+    acc = z * coefs[-1]
+    for c in coefs[-2:0:-1]:
+        acc = z * (c + acc)
+    return coefs[0] + acc
+
+
 def _poly_block(z, coefs, out) -> None:
     """out = c0 + z*(c1 + z*(... + z*cn)) for coefs = (c0, ..., cn), n >= 1:
     Horner, innermost first, one ufunc call per operation (z*cn, + c(n-1),

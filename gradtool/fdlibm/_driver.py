@@ -110,6 +110,21 @@ def _run(x, kernel, ref) -> np.ndarray:
     return out.reshape(x.shape)
 
 
+def _run_branches(x, fn) -> np.ndarray:
+    """``fn`` (a function evaluating a 1-d block, the branch-by-branch functions erf, sin,
+    cos and log1p) over blocks of ``_BLOCK`` elements, so that its temporaries stay in
+    the caches; the result has x's shape.  Each element's value does not depend on the
+    block it is in."""
+    x = np.asarray(x, dtype=_F64)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    if flat.size <= _BLOCK:
+        return fn(flat).reshape(x.shape)
+    out = np.empty(flat.shape, _F64)
+    for start in range(0, flat.size, _BLOCK):
+        out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
+    return out.reshape(x.shape)
+
+
 def _patch(x, out, flagged, bad, special):
     """Settle the kernel's flagged lanes: early-return cases (specials, tiny,
     huge) are written here; lanes that need fdlibm's full computation are

@@ -1,0 +1,778 @@
+"""The one mapping table from ATen ops to gradtool recordings.
+
+Each entry maps one ATen OpOverload, by its name (``aten.addmm.default``), to a
+small function that records it through the :class:`~gradtool.tape.Tape` (the
+importer's recorder :class:`~gradtool.interop.torch.Recorder` is only the
+environment: argument lifting and shapes; it records nothing itself).  The
+importer looks every graph node up here once, in its unsupported-op pass, and
+again when recording; ``docs/torch.md``'s supported-op table is generated from
+this table (``python -m gradtool.codegen``).
+
+An entry's function is called as ``fn(r, node, *args, **kwargs)`` with the
+node's arguments where every graph value is replaced by what it became: a
+:class:`~gradtool.tape.GVar` (on the tape), a ``torch.Tensor`` (a folded
+constant, float64/int64/bool) or a Python value.  It returns a GVar (or a
+tuple of them for multi-output ops).  ``needs`` names the Tape methods the
+entry requires: an op whose needs this build lacks is reported as unsupported
+(by name, with the missing method), never approximated.
+
+No torch import at module level: the table is plain data (and codegen reads it
+on machines without torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import GradtoolError
+
+
+class Unsupported(GradtoolError):
+    """An entry cannot record this particular call (an argument it does not handle)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str                 # aten.add.Tensor
+    fn: Callable
+    needs: tuple              # Tape methods (or "nn.<fn>") the entry requires
+    doc: str                  # how it is recorded (docs/torch.md)
+
+
+ATEN: dict[str, Entry] = {}
+
+
+def aten(*names, needs=(), doc=""):
+    def register(fn):
+        for name in names:
+            if name in ATEN:
+                raise ValueError(f"{name} is mapped twice")
+            ATEN[name] = Entry(name, fn, tuple(needs), doc)
+        return fn
+    return register
+
+
+def missing_needs(entry: Entry) -> list:
+    """The Tape methods (or nn functions) this build lacks for ``entry``."""
+    from .. import nn
+    from ..tape import Tape
+    out = []
+    for need in entry.needs:
+        if need.startswith("nn."):
+            if not hasattr(nn, need[3:]):
+                out.append(f"gradtool.{need}")
+        elif not hasattr(Tape, need):
+            out.append(f"Tape.{need}")
+    return out
+
+
+def has(method: str) -> bool:
+    from ..tape import Tape
+    return hasattr(Tape, method)
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# ── elementwise arithmetic ─────────────────────────────────────────────────
+
+@aten("aten.add.Tensor", "aten.add.Scalar", doc="add; a number operand: adds")
+def _add(r, node, a, b, alpha=1):
+    if alpha != 1:
+        b = r.scale(b, alpha)
+    if _num(b):
+        return r.tp.adds(r.f(a), float(b))
+    if _num(a):
+        return r.tp.adds(r.f(b), float(a))
+    return r.tp.add(r.f(a), r.f(b))
+
+
+@aten("aten.sub.Tensor", "aten.sub.Scalar", doc="sub; a number operand: adds (of -b, exact)")
+def _sub(r, node, a, b, alpha=1):
+    if alpha != 1:
+        b = r.scale(b, alpha)
+    if _num(b):
+        return r.tp.adds(r.f(a), -float(b))
+    if _num(a):
+        return r.tp.adds(r.tp.neg(r.f(b)), float(a))
+    return r.tp.sub(r.f(a), r.f(b))
+
+
+@aten("aten.rsub.Scalar", "aten.rsub.Tensor", doc="b - a, as sub")
+def _rsub(r, node, a, b, alpha=1):
+    return _sub(r, node, b, a, alpha)
+
+
+@aten("aten.mul.Tensor", "aten.mul.Scalar", doc="mul; a number operand: muls")
+def _mul(r, node, a, b):
+    if _num(b):
+        return r.tp.muls(r.f(a), float(b))
+    if _num(a):
+        return r.tp.muls(r.f(b), float(a))
+    return r.tp.mul(r.f(a), r.f(b))
+
+
+@aten("aten.div.Tensor", "aten.div.Scalar",
+      doc="div; a number operand becomes a one-element const (x / c, never x * (1/c))")
+def _div(r, node, a, b):
+    return r.tp.div(r.f(a), r.f(b))
+
+
+@aten("aten.neg.default", doc="neg")
+def _neg(r, node, a):
+    return r.tp.neg(r.f(a))
+
+
+@aten("aten.reciprocal.default", doc="div(1, a)")
+def _reciprocal(r, node, a):
+    return r.tp.div(r.f(1.0), r.f(a))
+
+
+def _unary(aten_name, method, note=None):
+    @aten(aten_name, needs=(method,), doc=note or method)
+    def fn(r, node, a):
+        return getattr(r.tp, method)(r.f(a))
+    return fn
+
+
+for _name, _method in [("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"),
+                       ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"),
+                       ("erf", "erf"), ("sin", "sin"), ("cos", "cos"), ("expm1", "expm1"),
+                       ("log1p", "log1p")]:
+    _unary(f"aten.{_name}.default", _method)
+
+
+@aten("aten.rsqrt.default", doc="rsqrt (the op where present, else div(1, sqrt(a)): the "
+                                "same two roundings)")
+def _rsqrt(r, node, a):
+    if has("rsqrt"):
+        return r.tp.rsqrt(r.f(a))
+    return r.tp.div(r.f(1.0), r.tp.sqrt(r.f(a)))
+
+
+@aten("aten.pow.Tensor_Scalar",
+      doc="exponent 1: a; 2: a*a; 0.5: sqrt; -0.5: rsqrt; -1: 1/a; 3: a*a*a (torch's CPU "
+          "special cases); any other: pows")
+def _pow(r, node, a, e):
+    if not _num(e):
+        raise Unsupported("pow with a tensor exponent")
+    a, e = r.f(a), float(e)
+    tp = r.tp
+    if e == 1.0:
+        return a
+    if e == 2.0:
+        return tp.mul(a, a)
+    if e == 3.0:
+        return tp.mul(tp.mul(a, a), a)
+    if e == 0.5:
+        return tp.sqrt(a)
+    if e == -0.5:
+        return _rsqrt(r, node, a)
+    if e == -1.0:
+        return tp.div(r.f(1.0), a)
+    if not has("pows"):
+        raise Unsupported(f"pow by {e!r} needs Tape.pows")
+    return tp.pows(a, e)
+
+
+@aten("aten.silu.default", doc="gradtool.nn.silu: a * sigmoid(a)")
+def _silu(r, node, a):
+    from .. import nn
+    return nn.silu(r.f(a))
+
+
+@aten("aten.gelu.default", doc="gradtool.nn.gelu (approximate='tanh'; 'none' needs erf)")
+def _gelu(r, node, a, approximate="none"):
+    import inspect
+    from .. import nn
+    takes = "approximate" in inspect.signature(nn.gelu).parameters
+    if approximate == "tanh":
+        return nn.gelu(r.f(a), approximate="tanh") if takes else nn.gelu(r.f(a))
+    if not takes:
+        raise Unsupported("exact gelu (approximate='none') needs gradtool.nn.gelu(x, "
+                          "approximate='none')")
+    return nn.gelu(r.f(a), approximate=approximate)
+
+
+@aten("aten.maximum.default", needs=("maximum",), doc="maximum")
+def _maximum(r, node, a, b):
+    return r.tp.maximum(r.f(a), r.f(b))
+
+
+@aten("aten.minimum.default", needs=("minimum",), doc="minimum")
+def _minimum(r, node, a, b):
+    return r.tp.minimum(r.f(a), r.f(b))
+
+
+@aten("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
+      "aten.clamp.Tensor", needs=("clamp",), doc="clamp")
+def _clamp(r, node, a, lo=None, hi=None):
+    if str(node.target).startswith("aten.clamp_max"):
+        lo, hi = None, lo
+    lo, hi = (r.scalar_const(b) for b in (lo, hi))
+    for bound in (lo, hi):
+        if bound is not None and not _num(bound):
+            raise Unsupported("clamp with tensor bounds (other than a one-element constant)")
+    return r.tp.clamp(r.f(a), lo=None if lo is None else float(lo),
+                      hi=None if hi is None else float(hi))
+
+
+# ── comparisons, masks, where ──────────────────────────────────────────────
+
+def _compare(aten_names, method):
+    @aten(*aten_names, needs=(method,), doc=f"{method} (a mask of 0.0/1.0)")
+    def fn(r, node, a, b):
+        a, b = r.operands(a, b)
+        return getattr(r.tp, method)(a, b)
+    return fn
+
+
+for _m in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _compare((f"aten.{_m}.Tensor", f"aten.{_m}.Scalar"), _m)
+
+
+@aten("aten.logical_and.default", needs=("logical_and",), doc="logical_and")
+def _land(r, node, a, b):
+    return r.tp.logical_and(r.mask(a), r.mask(b))
+
+
+@aten("aten.logical_or.default", needs=("logical_or",), doc="logical_or")
+def _lor(r, node, a, b):
+    return r.tp.logical_or(r.mask(a), r.mask(b))
+
+
+@aten("aten.logical_not.default", needs=("logical_not",), doc="logical_not")
+def _lnot(r, node, a):
+    return r.tp.logical_not(r.mask(a))
+
+
+@aten("aten.bitwise_not.default", needs=("logical_not",), doc="logical_not (bool only)")
+def _bnot(r, node, a):
+    if r.torch_dtype(node) != "bool":
+        raise Unsupported("bitwise_not of integers")
+    return r.tp.logical_not(r.mask(a))
+
+
+@aten("aten.where.self", needs=("where",),
+      doc="where (the gradient to a where the mask holds, to b elsewhere)")
+def _where(r, node, m, a, b):
+    a, b = r.operands(a, b)
+    return r.tp.where(r.mask(m), a, b)
+
+
+@aten("aten.any.dim", "aten.any.dims", "aten.any.default",
+      doc="max of the 0.0/1.0 mask over the axes (exact)")
+def _any(r, node, a, dim=None, keepdim=False):
+    return r.reduce("max", r.mask(a), dim, keepdim)
+
+
+# ── reductions and normalisations ──────────────────────────────────────────
+
+@aten("aten.sum.dim_IntList", "aten.sum.default",
+      doc="sum (over one, several or all axes)")
+def _sum(r, node, a, dim=None, keepdim=False, dtype=None):
+    return r.reduce("sum", r.f(a), dim, keepdim)
+
+
+@aten("aten.mean.dim", "aten.mean.default", doc="mean (over one, several or all axes)")
+def _mean(r, node, a, dim=None, keepdim=False, dtype=None):
+    return r.reduce("mean", r.f(a), dim, keepdim)
+
+
+@aten("aten.amax.default", "aten.max.default", doc="max (the first maximal element)")
+def _amax(r, node, a, dim=None, keepdim=False):
+    return r.reduce("max", r.f(a), dim, keepdim)
+
+
+@aten("aten.var.correction", "aten.var.dim", needs=("variance",),
+      doc="variance (torch's formula, one or several axes)")
+def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=None):
+    if args:                       # var.dim(self, dim, unbiased, keepdim)
+        unbiased = args[0]
+        keepdim = args[1] if len(args) > 1 else keepdim
+    if correction is None:
+        correction = 1 if unbiased in (None, True) else 0
+    a = r.f(a)
+    axes = r.axes(a, dim)
+    axis = axes[0] if len(axes) == 1 else tuple(axes)
+    return r.tp.variance(a, axis, correction=correction, keepdims=bool(keepdim))
+
+
+@aten("aten._softmax.default", doc="softmax")
+def _softmax(r, node, a, dim, half_to_float=False):
+    return r.tp.softmax(r.f(a), axis=dim)
+
+
+@aten("aten._log_softmax.default", doc="log_softmax")
+def _log_softmax(r, node, a, dim, half_to_float=False):
+    return r.tp.log_softmax(r.f(a), axis=dim)
+
+
+@aten("aten.native_layer_norm.default", needs=("nn.native_layer_norm",),
+      doc="gradtool.nn.native_layer_norm: (y, mean, rstd) over the normalized axes")
+def _native_layer_norm(r, node, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    from .. import nn
+    w = None if weight is None else r.f(weight)
+    b = None if bias is None else r.f(bias)
+    return tuple(nn.native_layer_norm(r.f(x), len(normalized_shape), w, b, eps=float(eps)))
+
+
+# ── matrix products ────────────────────────────────────────────────────────
+
+@aten("aten.mm.default", doc="matmul")
+def _mm(r, node, a, b):
+    return r.tp.matmul(r.f(a), r.f(b))
+
+
+@aten("aten.bmm.default", doc="bmm")
+def _bmm(r, node, a, b):
+    return r.tp.bmm(r.f(a), r.f(b))
+
+
+@aten("aten.addmm.default", doc="add(matmul(a, b), bias)")
+def _addmm(r, node, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise Unsupported("addmm with beta or alpha other than 1")
+    return r.tp.add(r.tp.matmul(r.f(a), r.f(b)), r.f(bias))
+
+
+@aten("aten.baddbmm.default", doc="add(bmm(a, b), input)")
+def _baddbmm(r, node, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise Unsupported("baddbmm with beta or alpha other than 1")
+    return r.tp.add(r.tp.bmm(r.f(a), r.f(b)), r.f(bias))
+
+
+# ── layout ─────────────────────────────────────────────────────────────────
+
+@aten("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+      "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+      "aten.squeeze.default", "aten.view_copy.default", "aten.flatten.using_ints",
+      "aten.unflatten.int",
+      doc="reshape to the exported shape (a no-op where the shape does not change)")
+def _view(r, node, a, *args):
+    return r.reshape(r.value(a), r.shape(node))
+
+
+@aten("aten.clone.default", "aten.contiguous.default",
+      "aten.lift_fresh_copy.default", "aten.dropout.default",
+      doc="the same value (no node)")
+def _identity(r, node, a, *args, **kwargs):
+    if str(node.target).startswith("aten.dropout") and len(args) > 1 and args[1]:
+        raise Unsupported("train-mode dropout")
+    return r.value(a)
+
+
+@aten("aten.detach.default", "aten.alias.default",
+      doc="the same value, for values no param reaches; else refused (run_decompositions "
+          "turns detach() into alias, and gradtool has no stop-gradient op)")
+def _detach(r, node, a):
+    v = r.value(a)
+    if r.requires_grad(v):
+        raise Unsupported("detach of a value that depends on a parameter (a stop-gradient "
+                          "gradtool has no op for)")
+    return v
+
+
+@aten("aten._to_copy.default", "aten.to.dtype",
+      doc="a float-to-float copy is the same value (every float is f64); i64 data to float: "
+          "to_f64; integer-valued data (ids, masks) to an integer dtype: the same value")
+def _to_copy(r, node, a, *args, dtype=None, **kwargs):
+    dst = r.torch_dtype(node)
+    if r.is_ids(a):
+        return a if dst == "int" else r.tp.to_f64(a)
+    v = r.f(a)
+    if dst == "float" or dst == r.torch_dtype(node.args[0]):
+        return v
+    if dst in ("int", "bool") and r.is_integral(v):
+        if dst == "bool" and r.torch_dtype(node.args[0]) != "bool":
+            return r.tp.ne(v, 0.0)
+        return v
+    raise Unsupported(f"conversion of floating-point data to {dst} (ids computed in "
+                      f"floating point)")
+
+
+@aten("aten.permute.default", needs=("permute",),
+      doc="permute (a swap of the last two axes: transpose; the identity: no node)")
+def _permute(r, node, a, dims):
+    return r.permute(r.value(a), list(dims))
+
+
+@aten("aten.t.default", doc="transpose (of a 2-dim tensor)")
+def _t(r, node, a):
+    v = r.value(a)
+    return v if len(v.shape) < 2 else r.tp.transpose(v)
+
+
+@aten("aten.transpose.int", needs=("permute",), doc="as permute")
+def _transpose(r, node, a, d0, d1):
+    v = r.value(a)
+    n = len(r.tshape(node))
+    perm = list(range(n))
+    d0, d1 = d0 % n, d1 % n
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return r.permute(v, perm)
+
+
+@aten("aten.expand.default", needs=("expand",),
+      doc="expand (the gradient summed back in reduce_to_shape's order)")
+def _expand(r, node, a, size, implicit=False):
+    return r.expand(r.f(a), r.shape(node))
+
+
+@aten("aten.slice.Tensor", doc="slice (with steps where the step is > 1)")
+def _slice(r, node, a, dim=0, start=None, end=None, step=1):
+    v = r.value(a)
+    shape = list(r.tshape(node.args[0]))
+    if not shape:
+        raise Unsupported("slice of a 0-dim tensor")
+    dim %= len(shape)
+    start, end, _ = slice(start, end, step).indices(shape[dim])
+    return r.slice_axis(v, dim, start, end, step)
+
+
+@aten("aten.select.int", doc="slice + reshape")
+def _select(r, node, a, dim, index):
+    v = r.value(a)
+    shape = list(r.tshape(node.args[0]))
+    dim %= len(shape)
+    index %= shape[dim]
+    return r.reshape(r.slice_axis(v, dim, index, index + 1, 1), r.shape(node))
+
+
+@aten("aten.split_with_sizes.default", "aten.split.Tensor", doc="slices")
+def _split(r, node, a, sizes, dim=0):
+    v = r.value(a)
+    shape = list(r.tshape(node.args[0]))
+    dim %= len(shape)
+    if isinstance(sizes, int):
+        sizes = [min(sizes, shape[dim] - s) for s in range(0, shape[dim], sizes)]
+    out, start = [], 0
+    for n in sizes:
+        out.append(r.slice_axis(v, dim, start, start + n, 1))
+        start += n
+    return tuple(out)
+
+
+@aten("aten.unbind.int", doc="select of each index")
+def _unbind(r, node, a, dim=0):
+    v = r.value(a)
+    shape = list(r.tshape(node.args[0]))
+    dim %= len(shape)
+    keep = shape[:dim] + shape[dim + 1:]
+    return tuple(r.reshape(r.slice_axis(v, dim, i, i + 1, 1), keep or [1])
+                 for i in range(shape[dim]))
+
+
+@aten("aten.cat.default", needs=("cat",), doc="cat (N inputs; empty ones dropped)")
+def _cat(r, node, tensors, dim=0):
+    vals = [(r.value(t), s) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])]
+    vals = [v for v, s in vals if 0 not in s]
+    ndim = len(r.tshape(node))
+    dim %= ndim
+    vals = [r.value(v) for v in vals]
+    return vals[0] if len(vals) == 1 else r.tp.cat(vals, dim)
+
+
+@aten("aten.stack.default", needs=("cat",), doc="unsqueeze (reshape) of each input, then cat")
+def _stack(r, node, tensors, dim=0):
+    shape = list(r.tshape(node.args[0][0]))
+    dim %= len(shape) + 1
+    parts = [r.reshape(r.f(t), shape[:dim] + [1] + shape[dim:]) for t in tensors]
+    return parts[0] if len(parts) == 1 else r.tp.cat(parts, dim)
+
+
+# ── gathers ────────────────────────────────────────────────────────────────
+
+@aten("aten.embedding.default", doc="take (rows of the weight by i64 ids)")
+def _embedding(r, node, weight, ids, padding_idx=-1, scale_grad=False, sparse=False):
+    if padding_idx is not None and padding_idx >= 0:
+        raise Unsupported("embedding with padding_idx (its row gets no gradient in torch)")
+    if scale_grad:
+        raise Unsupported("embedding with scale_grad_by_freq")
+    return r.tp.take(r.f(weight), r.ids(ids))
+
+
+@aten("aten.index_select.default", needs=("index_select",), doc="index_select")
+def _index_select(r, node, a, dim, ids):
+    v = r.f(a)
+    return r.tp.index_select(v, dim % len(v.shape), r.ids(ids))
+
+
+@aten("aten.gather.default", doc="take_along")
+def _gather(r, node, a, dim, ids, sparse_grad=False):
+    v = r.f(a)
+    return r.tp.take_along(v, r.ids(ids), axis=dim % len(v.shape))
+
+
+# ── activations and norms that decompose no further ───────────────────────
+
+@aten("aten.leaky_relu.default", needs=("gt", "where"),
+      doc="where(a > 0, a, a * slope)")
+def _leaky_relu(r, node, a, slope=0.01):
+    a = r.f(a)
+    return r.tp.where(r.tp.gt(a, r.f(0.0)), a, r.tp.muls(a, float(slope)))
+
+
+@aten("aten.hardtanh.default", needs=("le", "ge", "where"),
+      doc="where(a <= lo, lo, where(a >= hi, hi, a)): the gradient passes where lo < a < hi, "
+          "as torch's")
+def _hardtanh(r, node, a, lo=-1.0, hi=1.0):
+    a = r.f(a)
+    tp = r.tp
+    lo_c, hi_c = r.f(float(lo)), r.f(float(hi))
+    return tp.where(tp.le(a, lo_c), lo_c, tp.where(tp.ge(a, hi_c), hi_c, a))
+
+
+@aten("aten.elu.default", needs=("gt", "where", "expm1"),
+      doc="where(a > 0, a * scale, expm1(a * input_scale) * alpha * scale) (also selu)")
+def _elu(r, node, a, alpha=1.0, scale=1.0, input_scale=1.0):
+    a = r.f(a)
+    tp = r.tp
+    pos = a if scale == 1 else tp.muls(a, float(scale))
+    inner = a if input_scale == 1 else tp.muls(a, float(input_scale))
+    neg = tp.muls(tp.expm1(inner), float(alpha) * float(scale)) if scale != 1 else \
+        tp.muls(tp.expm1(inner), float(alpha))
+    return tp.where(tp.gt(a, r.f(0.0)), pos, neg)
+
+
+@aten("aten.max.dim", doc="(max along the axis, -): the values only (the first maximal "
+                          "element); reading the indices is refused")
+def _max_dim(r, node, a, dim, keepdim=False):
+    a = r.f(a)
+    return (r.tp.max(a, axis=dim % len(a.shape), keepdims=bool(keepdim)), None)
+
+
+@aten("aten.min.dim", doc="(-max(-a) along the axis, -): the values only")
+def _min_dim(r, node, a, dim, keepdim=False):
+    a = r.f(a)
+    tp = r.tp
+    return (tp.neg(tp.max(tp.neg(a), axis=dim % len(a.shape), keepdims=bool(keepdim))), None)
+
+
+@aten("aten.amin.default", doc="-max(-a) (negation is exact)")
+def _amin(r, node, a, dim=None, keepdim=False):
+    tp = r.tp
+    return tp.neg(r.reduce("max", tp.neg(r.f(a)), dim, keepdim))
+
+
+@aten("aten.linalg_vector_norm.default",
+      doc="ord 2: sqrt(sum(a * a)) over the axes; other orders refused")
+def _vector_norm(r, node, a, ord=2, dim=None, keepdim=False, dtype=None):
+    if ord != 2:
+        raise Unsupported(f"vector norm of order {ord!r} (only 2)")
+    a = r.f(a)
+    return r.tp.sqrt(r.reduce("sum", r.tp.mul(a, a), dim, keepdim))
+
+
+@aten("aten.repeat.default", needs=("expand",),
+      doc="reshape with a size-1 axis before each, expand, reshape (exact copies)")
+def _repeat(r, node, a, repeats):
+    v = r.value(a)
+    shape = r.tshape(node.args[0])
+    shape = [1] * (len(repeats) - len(shape)) + shape
+    inter = [d for s in shape for d in (1, s)]
+    target = [d for rep, s in zip(repeats, shape) for d in (rep, s)]
+    v = r.expand(r.reshape(v, inter), target)
+    return r.reshape(v, r.shape(node))
+
+
+@aten("aten.constant_pad_nd.default", needs=("cat",),
+      doc="cat with const blocks of the pad value (padding >= 0)")
+def _pad(r, node, a, pad, value=0.0):
+    import numpy as np
+    v = r.f(a)
+    shape = list(v.shape)
+    for i in range(len(pad) // 2):
+        axis = len(shape) - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            raise Unsupported("negative padding (cropping)")
+        pieces = []
+        for n, piece in ((before, None), (0, v), (after, None)):
+            if piece is not None:
+                pieces.append(piece)
+            elif n:
+                block = list(shape)
+                block[axis] = n
+                pieces.append(r.tp.const(np.full(block, float(value))))
+        if len(pieces) > 1:
+            v = r.tp.cat(pieces, axis)
+        shape[axis] += before + after
+    return v
+
+
+@aten("aten.index.Tensor", needs=("permute",),
+      doc="one index tensor: take along its axis (ids of any shape); more are refused")
+def _index(r, node, a, indices):
+    given = [(i, t) for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise Unsupported("indexing with more than one index tensor (or a mask)")
+    axis, ids = given[0]
+    if r.torch_dtype(node.args[1][axis]) == "bool":
+        raise Unsupported("boolean-mask indexing (a data-dependent shape)")
+    v = r.f(a)
+    n = len(v.shape)
+    if axis == 0:
+        return r.tp.take(v, r.ids(ids))
+    perm = [axis] + [i for i in range(n) if i != axis]
+    out = r.tp.take(r.permute(v, perm), r.ids(ids))
+    k = len(out.shape) - (n - 1)           # the ids' dims, now in front
+    rest = list(range(k, len(out.shape)))
+    back = rest[:axis] + list(range(k)) + rest[axis:]
+    return r.permute(out, back)
+
+
+# ── constants that only depend on shapes (folded at import; listed here for the report)
+
+SHAPE_ONLY = {
+    "aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default",
+    "aten.empty_like.default", "aten.new_zeros.default", "aten.new_ones.default",
+    "aten.new_full.default", "aten.new_empty.default", "aten.scalar_tensor.default",
+    "aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format",
+    "aten.arange.start_step", "aten.arange.default", "aten.arange.start",
+}
+
+# ops that draw random numbers: refused (train-mode dropout and the like)
+RANDOM = {
+    "aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+    "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
+    "aten.randn_like.default", "aten.randint.default", "aten.randint_like.default",
+    "aten.randperm.default", "aten.normal.Tensor_float", "aten.uniform.default",
+}
+
+# no-op bookkeeping nodes torch.export leaves in graphs
+SKIP = {"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
+        "aten.sym_constrain_range_for_size.default", "aten.sym_constrain_range.default",
+        "aten._assert_async.msg", "aten._assert_async.default"}
+
+
+def docs_table() -> str:
+    """The supported-op table of docs/torch.md (generated by ``python -m gradtool.codegen``)."""
+    rows = ["| ATen op | recorded as | needs |", "|---|---|---|"]
+    for name in sorted(ATEN):
+        e = ATEN[name]
+        needs = ", ".join(f"`{n}`" for n in e.needs) or "-"
+        rows.append(f"| `{name}` | {e.doc.replace('|', chr(92) + '|')} | {needs} |")
+    rows.append("")
+    rows.append("Folded at import when they depend only on shapes and constants (evaluated "
+                "once by torch in float64, recorded as consts): any op; always folded: "
+                + ", ".join(f"`{n}`" for n in sorted(SHAPE_ONLY)) + ".")
+    return "\n".join(rows) + "\n"
+
+
+# ── convolutional layers (issue 21) ────────────────────────────────────────
+#
+# ATen mappings of the convolutional ops (issue 21): convolution, batch norm, pooling.
+#
+# Each entry records through ``gradtool.nn``:
+#
+# * ``aten.convolution.default``: ``nn.conv2d`` (NCHW) or ``nn.conv1d`` (NCL), bias
+#   added by broadcasting; transposed convolution is refused by name.
+# * ``aten.max_pool2d_with_indices.default``: ``nn.max_pool2d`` (the values; a graph
+#   that reads the indices is refused by the importer's getitem check).
+# * ``aten.avg_pool2d.default``: ``nn.avg_pool2d`` (``divisor_override`` refused).
+# * ``aten._native_batch_norm_legit_no_training.default``: ``nn.batch_norm2d`` with the
+#   running statistics as consts (eval mode).
+# * ``aten._native_batch_norm_legit_functional.default``: ``nn.batch_norm2d_train``
+#   (train mode): the new running statistics are its outputs 3 and 4, which the
+#   importer turns into named outputs under the buffers' names (its BUFFER_MUTATION
+#   rule); eval mode through this overload records ``nn.batch_norm2d``.
+# * ``aten.mean.dim`` (adaptive average pooling to 1x1) is the table's own mean entry.
+
+
+
+
+def _pair(v, what):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if len(v) == 1:
+        v = v * 2
+    if len(v) != 2 or not all(isinstance(x, int) for x in v):
+        raise Unsupported(f"{what} {v} is not one or two ints")
+    return v
+
+
+@aten("aten.convolution.default", needs=("conv2d", "nn.conv2d", "nn.conv1d"),
+      doc="gradtool.nn.conv2d (NCHW) or nn.conv1d (NCL); the bias a broadcast add")
+def _convolution(r, node, x, w, bias, stride, padding, dilation, transposed,
+                 output_padding, groups):
+    from .. import nn
+    if transposed:
+        raise Unsupported("transposed convolution is not an op of gradtool yet")
+    x, w = r.f(x), r.f(w)
+    b = None if bias is None else r.f(bias)
+    if len(x.shape) == 4:
+        return nn.conv2d(x, w, b, stride=_pair(stride, "stride"),
+                         padding=_pair(padding, "padding"),
+                         dilation=_pair(dilation, "dilation"), groups=int(groups))
+    if len(x.shape) == 3:
+        one = lambda v: (list(v) if isinstance(v, (list, tuple)) else [v])[0]   # noqa: E731
+        return nn.conv1d(x, w, b, stride=one(stride), padding=one(padding),
+                         dilation=one(dilation), groups=int(groups))
+    raise Unsupported(f"a convolution of a rank-{len(x.shape)} input (1-d and 2-d only)")
+
+
+@aten("aten.max_pool2d_with_indices.default", needs=("max_pool2d",),
+      doc="gradtool.nn.max_pool2d (the values; the indices are not recorded)")
+def _max_pool2d(r, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    from .. import nn
+    k = _pair(kernel_size, "kernel_size")
+    y = nn.max_pool2d(r.f(x), k, _pair(stride, "stride") if stride else k,
+                      _pair(padding, "padding"), _pair(dilation, "dilation"),
+                      ceil_mode=bool(ceil_mode))
+    return (y, None)
+
+
+@aten("aten.avg_pool2d.default", needs=("avg_pool2d",),
+      doc="gradtool.nn.avg_pool2d (ceil_mode, count_include_pad; no divisor_override)")
+def _avg_pool2d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    from .. import nn
+    if divisor_override is not None:
+        raise Unsupported("avg_pool2d's divisor_override")
+    k = _pair(kernel_size, "kernel_size")
+    return nn.avg_pool2d(r.f(x), k, _pair(stride, "stride") if stride else k,
+                         _pair(padding, "padding"), ceil_mode=bool(ceil_mode),
+                         count_include_pad=bool(count_include_pad))
+
+
+def _optional(r, v):
+    return None if v is None else r.f(v)
+
+
+def _check_rank(x):
+    if len(x.shape) != 4:
+        raise Unsupported(f"batch norm of a rank-{len(x.shape)} input (NCHW only)")
+
+
+@aten("aten._native_batch_norm_legit_no_training.default", needs=("nn.batch_norm2d",),
+      doc="gradtool.nn.batch_norm2d (eval mode: the running statistics as consts)")
+def _batch_norm_eval(r, node, x, weight, bias, running_mean, running_var, momentum, eps):
+    from .. import nn
+    x = r.f(x)
+    _check_rank(x)
+    y = nn.batch_norm2d(x, _optional(r, weight), _optional(r, bias), r.f(running_mean),
+                        r.f(running_var), eps=float(eps))
+    return (y, None, None)
+
+
+@aten("aten._native_batch_norm_legit_functional.default",
+      needs=("nn.batch_norm2d_train",),
+      doc="gradtool.nn.batch_norm2d_train (batch statistics; the running statistics' "
+          "update as the buffers' named outputs)")
+def _batch_norm_train(r, node, x, weight, bias, running_mean, running_var, training,
+                      momentum, eps):
+    from .. import nn
+    x = r.f(x)
+    _check_rank(x)
+    w, b = _optional(r, weight), _optional(r, bias)
+    if not training:
+        y = nn.batch_norm2d(x, w, b, r.f(running_mean), r.f(running_var), eps=float(eps))
+        return (y, None, None, r.f(running_mean), r.f(running_var))
+    y, new_mean, new_var = nn.batch_norm2d_train(x, w, b, r.f(running_mean),
+                                                 r.f(running_var), momentum=float(momentum),
+                                                 eps=float(eps))
+    return (y, None, None, new_mean, new_var)

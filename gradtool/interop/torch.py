@@ -1,0 +1,874 @@
+"""Import a PyTorch module into a gradtool tape: ``torch.export`` -> Tape -> tape file.
+
+    from gradtool.interop.torch import import_module, load_weights
+    result = import_module(model, (x, y))            # the module returns its scalar loss
+    result.save("model.msgpack")                     # gradtool train model.msgpack ...
+    load_weights(model, "trained.msgpack")           # the trained params back, by name
+
+How it works (``docs/torch.md``):
+
+1. ``torch.export.export(module, inputs)`` then ``run_decompositions()`` give a
+   graph of core ATen ops.  :func:`import_module` exports a float64 copy of
+   the module (every float becomes float64: see "dtype policy" below).
+2. ``graph_signature.input_specs`` first: each PARAMETER becomes ``tp.param``
+   named by its state_dict name, in registration order; frozen params
+   (``requires_grad=False``), BUFFERs and CONSTANT_TENSORs are constants; each
+   USER_INPUT becomes a named const (an input slot ``gradtool train`` fills
+   from an npz member of that name), floats f64, integers i64 ids, bools a
+   0.0/1.0 f64 mask; names come from the forward's signature.
+3. Two passes over the nodes before anything is recorded: constant folding
+   (a node whose inputs are all constants -- shapes, arange, full, frozen
+   weights, buffers -- is evaluated once by torch in float64 and becomes a
+   const where a recorded op reads it: causal masks, RoPE tables of constant
+   positions) and the problem report (unsupported ops, random ops,
+   data-dependent shapes, mutated inputs).  Any problem raises ONE
+   :class:`TorchImportError` listing every offending target with its count
+   and the user's source line; nothing is written.
+4. Then every remaining node, in graph order, goes through the mapping table
+   :data:`gradtool.interop.aten.ATEN` (one small function per ATen op that
+   records through the Tape).
+
+Buffers and frozen params are recorded as *unnamed* consts (a named const is
+a training input slot, which a buffer is not); their names and node ids are
+kept in the tape file's ``meta["torch"]["consts"]``.  Buffers the forward
+mutates (batch-norm running statistics) become named outputs under their
+buffer names, which :func:`load_weights` copies back.
+
+dtype policy: every floating-point value becomes float64 -- parameters,
+buffers, inputs and every intermediate (float32, float16 and bfloat16 alike).
+gradtool's results therefore match torch float64 autograd of the same module
+(loss within 1e-12 relative in the tests), not a float32 run: against the
+user's own float32 training, expect float32-sized differences (1e-7
+relative per op, growing with depth), which are the float32 run's rounding,
+not gradtool's.  :func:`load_weights` rounds the trained float64 params to
+each parameter's own dtype.
+
+Dropout policy: eval-mode dropout disappears in the export and imports; a
+train-mode dropout (``native_dropout``, ``bernoulli``, ``rand*``) is refused
+with a message to call ``module.eval()`` or remove it.  Random masks whose
+bits agree on every backend need a counter-based generator op (Philox-style:
+the mask a pure function of (seed, step, element index)), future work.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import inspect
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import GradtoolError
+from . import aten as A
+
+_MISSING = object()           # the value of a node that could not be recorded
+
+
+# ── the one error ──────────────────────────────────────────────────────────
+
+@dataclass
+class Problem:
+    kind: str                 # "unsupported op", "train-mode dropout", ...
+    target: str               # aten.sort.default, an input's name, ...
+    sources: list = field(default_factory=list)
+    count: int = 0
+    detail: str = ""
+
+    def line(self) -> str:
+        where = self.sources[0] if self.sources else "unknown source line"
+        more = f" (and {len(self.sources) - 1} more places)" if len(self.sources) > 1 else ""
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.kind} {self.target} (x{self.count}) at {where}{more}{detail}"
+
+
+class TorchImportError(GradtoolError):
+    """The module cannot be imported: ``problems`` lists every offending target (one
+    :class:`Problem` each, with its count and the user's source lines)."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+        self.lines = [p.line() for p in problems]
+        n = len(problems)
+        super().__init__(f"cannot import the module ({n} problem{'s' * (n != 1)}):\n  "
+                         + "\n  ".join(self.lines))
+
+
+class _Problems:
+    def __init__(self):
+        self.by_key: dict = {}
+
+    def add(self, kind: str, target: str, node=None, detail: str = "") -> None:
+        p = self.by_key.setdefault((kind, target), Problem(kind, target, detail=detail))
+        p.count += 1
+        src = source_line(node) if node is not None else None
+        if src and src not in p.sources:
+            p.sources.append(src)
+
+    def __bool__(self):
+        return bool(self.by_key)
+
+    def error(self) -> TorchImportError:
+        return TorchImportError(list(self.by_key.values()))
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def source_line(node) -> Optional[str]:
+    """``path:line (function): code`` of the user's frame in ``node.meta["stack_trace"]``
+    (the innermost frame outside torch itself)."""
+    trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
+    if not trace:
+        return None
+    lines = trace.splitlines()
+    frames = []
+    for i, text in enumerate(lines):
+        m = _FRAME.search(text)
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
+                lines[i + 1]) else ""
+            frames.append((m.group(1), m.group(2), m.group(3), code))
+    if not frames:
+        return None
+    torch_dir = _torch_dir()
+    user = [f for f in frames if not (torch_dir and f[0].startswith(torch_dir))]
+    path, line, func, code = (user or frames)[-1]
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:
+        pass
+    return f"{path}:{line} ({func})" + (f": {code}" if code else "")
+
+
+def _torch_dir() -> str:
+    import torch
+    return os.path.dirname(torch.__file__) + os.sep
+
+
+# ── the result ─────────────────────────────────────────────────────────────
+
+@dataclass
+class TorchImport:
+    """What :func:`import_module` recorded: the tape, its loss, named outputs, and the
+    torch names of params, input slots and consts (each a GVar)."""
+    tape: Any
+    loss: Any
+    outputs: dict
+    params: dict
+    inputs: dict
+    consts: dict
+    histogram: collections.Counter
+    input_dtypes: dict
+
+    def meta(self) -> dict:
+        return {"torch": {
+            "params": {k: v.id for k, v in self.params.items()},
+            "inputs": {k: {"node": v.id, "dtype": self.input_dtypes[k]}
+                       for k, v in self.inputs.items()},
+            "consts": {k: v.id for k, v in self.consts.items()},
+        }}
+
+    def save(self, path, meta=None) -> None:
+        """Write the tape file (atomically: a path is replaced whole or not at all).
+
+        ``meta``: further meta entries (``{"train": {...}}`` training defaults) next to
+        ``meta["torch"]`` (the torch names of params, input slots and consts)."""
+        from ..tapefile import save
+        save(self.tape, path, loss=self.loss, outputs=self.outputs or None,
+             meta={**self.meta(), **(meta or {})})
+
+    def summary(self) -> dict:
+        tp = self.tape
+        return {
+            "params": {k: list(tp.values[v.id].shape) for k, v in self.params.items()},
+            "param_count": int(sum(tp.values[v.id].size for v in self.params.values())),
+            "inputs": {k: {"shape": list(tp.values[v.id].shape),
+                           "dtype": "i64" if tp.holds_ids(v.id) else "f64"}
+                       for k, v in self.inputs.items()},
+            "consts": sorted(self.consts),
+            "outputs": sorted(self.outputs),
+            "nodes": len(tp.nodes),
+            "aten_ops": dict(sorted(self.histogram.items())),
+            "unsupported": [],
+        }
+
+
+# ── entry points ───────────────────────────────────────────────────────────
+
+def _with_loss(module, loss_fn, n_inputs: int):
+    import torch
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = module
+
+        def forward(self, *args):
+            out = self.model(*args[:n_inputs])
+            return loss_fn(out, *args[n_inputs:])
+
+    return WithLoss()
+
+
+def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
+                  input_names=None, loss_output: int = 0, strict: bool = True) -> TorchImport:
+    """Record ``module`` applied to ``example_inputs`` (a tuple of tensors) as a Tape.
+
+    The loss is the module's scalar output (``loss_output`` picks it among several
+    outputs; the others become named outputs ``output<i>``), or ``loss_fn(outputs,
+    *loss_inputs)`` with ``loss_inputs`` (targets) as further input slots, named
+    from ``loss_fn``'s signature.  Input slot names default to the forward's
+    parameter names.  The module itself is not changed (a float64 copy is
+    exported).  Raises :class:`TorchImportError` listing every problem.
+    """
+    import torch
+    if not isinstance(module, torch.nn.Module):
+        raise TorchImportError([Problem("not a torch.nn.Module:", type(module).__name__,
+                                        count=1)])
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
+        else (example_inputs,)
+    loss_inputs = tuple(loss_inputs)
+    names = list(input_names) if input_names is not None else \
+        _arg_names(module.forward, len(example_inputs))
+    if loss_fn is not None and input_names is None:
+        names += _arg_names(loss_fn, len(loss_inputs) + 1)[1:]
+    m64 = copy.deepcopy(module).to(torch.float64)
+    args = tuple(_as_f64(t) for t in example_inputs + loss_inputs)
+    prefix = ""
+    if loss_fn is not None:
+        m64 = _with_loss(m64, loss_fn, len(example_inputs))
+        prefix = "model."
+    # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
+    try:
+        ep = torch.export.export(m64, args)
+    except Exception as exc:          # torch's own refusal (data-dependent control flow...)
+        raise TorchImportError([Problem("torch.export failed:", type(exc).__name__, count=1,
+                                        detail=" ".join(str(exc).split())[:500])]) from None
+    return import_program(ep, input_names=names, loss_output=loss_output, strip=prefix,
+                          strict=strict)
+
+
+def _as_f64(t):
+    import torch
+    if isinstance(t, torch.Tensor) and t.is_floating_point():
+        return t.detach().to(torch.float64)
+    return t
+
+
+def _arg_names(fn, n: int) -> list:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:n]]
+    names += [f"input{i}" for i in range(len(names), n)]
+    return names
+
+
+def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "",
+                   strict: bool = True) -> TorchImport:
+    """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``)."""
+    ep = ep.run_decompositions()
+    return _Importer(ep, input_names, loss_output, strip).run()
+
+
+# ── the importer ───────────────────────────────────────────────────────────
+
+class _Importer:
+    def __init__(self, ep, input_names, loss_output, strip):
+        import torch
+        from torch.export.graph_signature import InputKind, OutputKind
+        from ..tape import Tape
+        self.torch, self.ep = torch, ep
+        self.IK, self.OK = InputKind, OutputKind
+        self.input_names = input_names
+        self.loss_output = loss_output
+        self.strip = strip
+        self.tp = Tape()
+        self.env: dict = {}
+        self.const_nodes: set = set()
+        self.problems = _Problems()
+        self.params: dict = {}
+        self.inputs: dict = {}
+        self.input_dtypes: dict = {}
+        self.const_names: dict = {}          # id(tensor) -> torch name (buffers, frozen)
+        self.consts: dict = {}               # torch name -> GVar, once lifted
+        self.lifted: dict = {}
+        self.histogram = collections.Counter()
+        self.graph = ep.graph_module.graph
+        self.examples = None
+        self.user_tensor_i = 0
+
+    def name(self, target: str) -> str:
+        return target[len(self.strip):] if self.strip and target.startswith(self.strip) \
+            else target
+
+    # pass 0: the signature
+    def signature(self):
+        torch, IK = self.torch, self.IK
+        ep = self.ep
+        placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        user_i = 0
+        state = ep.state_dict
+        tied = {}                               # id(tensor) -> its param (or const)
+        for spec in ep.graph_signature.input_specs:
+            node = placeholders[spec.arg.name]
+            if spec.kind == IK.PARAMETER:
+                t = state[spec.target]
+                name = self.name(spec.target)
+                if id(t) in tied:               # a tied weight: one param, its first name
+                    self.env[node] = tied[id(t)]
+                    if not t.requires_grad:
+                        self.const_nodes.add(node)
+                    continue
+                if t.requires_grad:
+                    arr = t.detach().to(torch.float64).numpy()
+                    self.params[name] = self.tp.param(arr, name=name)
+                    self.env[node] = tied[id(t)] = self.params[name]
+                else:
+                    self._constant(node, t, name)
+                    tied[id(t)] = self.env[node]
+            elif spec.kind in (IK.BUFFER, IK.CONSTANT_TENSOR):
+                t = state[spec.target] if spec.target in state else ep.constants[spec.target]
+                self._constant(node, t, self.name(spec.target))
+            elif spec.kind == IK.USER_INPUT:
+                val = node.meta.get("val")
+                names = self.input_names or []
+                name = names[user_i] if user_i < len(names) else spec.arg.name
+                user_i += 1
+                if not isinstance(val, torch.Tensor):
+                    self.const_nodes.add(node)
+                    self.env[node] = val           # a specialised Python value
+                    continue
+                self._input(node, val, name)
+            else:
+                self.problems.add("unsupported input kind", str(spec.kind), node)
+
+    def _constant(self, node, t, name):
+        torch = self.torch
+        t = t.detach()
+        if t.is_floating_point():
+            t = t.to(torch.float64)
+        self.env[node] = t
+        self.const_nodes.add(node)
+        self.const_names[id(t)] = name
+
+    def _input(self, node, val, name):
+        torch = self.torch
+        shape = tuple(val.shape)
+        if not all(isinstance(d, int) for d in shape):
+            self.problems.add("data-dependent shape", f"input {name!r}", node)
+            self.env[node] = _MISSING
+            return
+        kind = _kind(val.dtype)
+        self.input_dtypes[name] = str(val.dtype).removeprefix("torch.")
+        # the example's values seed the slot (training refills it)
+        example = self._example_value(node, val)
+        if kind == "int":
+            g = self.tp.const(example.astype(np.int64), name=name, dtype="i64")
+        else:
+            g = self.tp.const(example.astype(np.float64), name=name)
+        self.inputs[name] = g
+        self.env[node] = g
+
+    def _example_value(self, node, val) -> np.ndarray:
+        """The example input's values (the slot's initial contents), else zeros."""
+        shape = tuple(val.shape) or (1,)
+        if self.examples is None:
+            import torch.utils._pytree as pytree
+            try:
+                args, kwargs = self.ep.example_inputs
+                flat = pytree.tree_leaves((args, kwargs))
+            except Exception:                # noqa: BLE001 - a program without examples
+                flat = []
+            self.examples = [t for t in flat if isinstance(t, self.torch.Tensor)]
+        i = self.user_tensor_i
+        self.user_tensor_i += 1
+        if i < len(self.examples) and tuple(self.examples[i].shape) == tuple(val.shape):
+            t = self.examples[i].detach()
+            if t.dtype == self.torch.bool:
+                t = t.to(self.torch.float64)
+            return t.numpy().reshape(shape)
+        return np.zeros(shape)
+
+    # pass 1: constant folding
+    def fold(self):
+        torch = self.torch
+        for node in self.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = _target_name(node)
+            if name in A.SKIP:
+                continue
+            inputs = node.all_input_nodes
+            shape_only = name in A.SHAPE_ONLY
+            if name in A.RANDOM:
+                continue
+            if not shape_only and not all(n in self.const_nodes for n in inputs):
+                continue
+            try:
+                self.env[node] = self._evaluate(node, shape_only)
+            except Exception as exc:       # noqa: BLE001 - reported, not swallowed
+                self.problems.add("constant folding failed for", name, node,
+                                  " ".join(str(exc).split())[:200])
+                self.env[node] = _MISSING
+            self.const_nodes.add(node)
+
+    def _evaluate(self, node, shape_only):
+        torch = self.torch
+
+        def arg(n):
+            if n in self.const_nodes:
+                return self.env[n]
+            val = n.meta["val"]        # shape_only: only the shape (and dtype) is read
+            return torch.zeros(tuple(val.shape), dtype=_f64(torch, val.dtype))
+
+        args = _map_nodes(node.args, arg)
+        kwargs = _map_nodes(node.kwargs, arg)
+        if "dtype" in kwargs and kwargs["dtype"] is not None and kwargs["dtype"].is_floating_point:
+            kwargs["dtype"] = torch.float64
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("cpu")
+        out = node.target(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out = out.to(torch.float64)
+        return out
+
+    # pass 2: the problem report
+    def check(self):
+        torch = self.torch
+        for node in self.graph.nodes:
+            if node.op != "call_function" or node in self.const_nodes:
+                continue
+            name = _target_name(node)
+            if name in A.SKIP:
+                continue
+            if name in A.RANDOM:
+                trace = (node.meta.get("stack_trace") or "").lower()
+                if "dropout" in name or "dropout" in trace:
+                    self.problems.add("train-mode dropout", name, node,
+                                      "call module.eval() before importing, or remove the "
+                                      "dropout (gradtool has no random op whose bits agree "
+                                      "on every backend yet)")
+                else:
+                    self.problems.add("random op", name, node,
+                                      "gradtool records deterministic computations only")
+                continue
+            val = node.meta.get("val")
+            if _data_dependent(val, torch):
+                self.problems.add("data-dependent shape", name, node,
+                                  "the output's shape depends on the input's values; "
+                                  "gradtool records fixed shapes")
+                continue
+            if name == "<built-in function getitem>":
+                continue
+            entry = A.ATEN.get(name)
+            if entry is None:
+                self.problems.add("unsupported op", name, node)
+                continue
+            missing = A.missing_needs(entry)
+            if missing:
+                self.problems.add("unsupported op", name, node,
+                                  f"this build lacks {', '.join(missing)}")
+        OK = self.OK
+        outputs = list(self.graph.output_node().args[0])
+        for spec, out in zip(self.ep.graph_signature.output_specs, outputs):
+            if spec.kind == OK.USER_INPUT_MUTATION:
+                self.problems.add("in-place mutation of user input", repr(spec.target),
+                                  out if hasattr(out, "meta") else None,
+                                  "the forward writes into its input; copy it first")
+            elif spec.kind == OK.PARAMETER_MUTATION:
+                self.problems.add("in-place mutation of parameter", repr(spec.target),
+                                  out if hasattr(out, "meta") else None)
+
+    # pass 3: recording
+    def record(self):
+        r = Recorder(self)
+        for node in self.graph.nodes:
+            if node.op != "call_function" or node in self.const_nodes:
+                continue
+            name = _target_name(node)
+            if name in A.SKIP:
+                continue
+            inputs = node.all_input_nodes
+            if any(self.env.get(n, _MISSING) is _MISSING for n in inputs):
+                self.env[node] = _MISSING
+                continue
+            if name == "<built-in function getitem>":
+                src, idx = node.args
+                value = self.env[src][idx]
+                if value is None:
+                    self.problems.add("unsupported use of", _target_name(src), node,
+                                      f"its output {idx} (indices) is not recorded")
+                    value = _MISSING
+                self.env[node] = value
+                continue
+            entry = A.ATEN[name]
+            args = _map_nodes(node.args, self.env.__getitem__)
+            kwargs = _map_nodes(node.kwargs, self.env.__getitem__)
+            try:
+                out = entry.fn(r, node, *args, **kwargs)
+                out = r.conform(node, out)
+            except A.Unsupported as exc:
+                self.problems.add("unsupported use of", name, node, str(exc))
+                out = _MISSING
+            self.histogram[name] += 1
+            self.env[node] = out
+
+    def outputs(self):
+        torch, OK = self.torch, self.OK
+        r = Recorder(self)
+        out_nodes = list(self.graph.output_node().args[0])
+        user = []
+        named = {}
+        for spec, out in zip(self.ep.graph_signature.output_specs, out_nodes):
+            if spec.kind in (OK.USER_OUTPUT, OK.LOSS_OUTPUT):
+                user.append(out)
+            elif spec.kind == OK.BUFFER_MUTATION:
+                named[self.name(spec.target)] = out
+        if not user:
+            self.problems.add("no output", "forward", None)
+            return None, {}
+        if not 0 <= self.loss_output < len(user):
+            self.problems.add("no output", f"#{self.loss_output}", None,
+                              f"the module has {len(user)} outputs")
+            return None, {}
+        loss_node = user[self.loss_output]
+        for i, out in enumerate(user):
+            if i != self.loss_output:
+                named[f"output{i}"] = out
+        val = loss_node.meta.get("val") if hasattr(loss_node, "meta") else None
+        if not isinstance(val, torch.Tensor) or val.numel() != 1:
+            shape = list(val.shape) if isinstance(val, torch.Tensor) else type(val).__name__
+            self.problems.add("non-scalar loss", f"of shape {shape}",
+                              loss_node if hasattr(loss_node, "meta") else None,
+                              "return a scalar loss from the module, or pass loss_fn=")
+            return None, {}
+        loss = self.env.get(loss_node, _MISSING)
+        if loss is _MISSING:
+            return None, {}
+        if not r.is_gvar(loss) or not self.tp.requires[loss.id]:
+            self.problems.add("constant loss", "(no parameter reaches it)", loss_node)
+            return None, {}
+        outputs = {}
+        for k, n in named.items():
+            v = self.env.get(n, _MISSING) if hasattr(n, "meta") else n
+            if v is _MISSING:
+                continue
+            outputs[k] = r.value(v)
+        return loss, outputs
+
+    def run(self) -> TorchImport:
+        self.signature()
+        self.fold()
+        self.check()
+        if self.problems:
+            raise self.problems.error()
+        self.record()
+        loss, outputs = self.outputs()
+        if self.problems:
+            raise self.problems.error()
+        return TorchImport(self.tp, loss, outputs, self.params, self.inputs, self.consts,
+                           self.histogram, self.input_dtypes)
+
+
+def _target_name(node) -> str:
+    return str(node.target)
+
+
+def _kind(dtype) -> str:
+    if dtype.is_floating_point:
+        return "float"
+    if str(dtype) == "torch.bool":
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "int"
+
+
+def _f64(torch, dtype):
+    return torch.float64 if dtype.is_floating_point else dtype
+
+
+def _data_dependent(val, torch) -> bool:
+    if isinstance(val, (tuple, list)):
+        return any(_data_dependent(v, torch) for v in val)
+    if isinstance(val, torch.Tensor):
+        return not all(isinstance(d, int) for d in val.shape)
+    return False
+
+
+def _map_nodes(obj, fn):
+    """``obj`` (args/kwargs, nested lists and tuples) with every graph node replaced."""
+    from torch.fx import Node
+    if isinstance(obj, Node):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(_map_nodes(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [_map_nodes(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map_nodes(v, fn) for k, v in obj.items()}
+    return obj
+
+
+# ── the recorder environment the mapping table's entries use ───────────────
+
+class Recorder:
+    """Argument lifting and shapes for :mod:`gradtool.interop.aten`'s entries.  Every op it
+    records is one a table entry asked for; it decides nothing about semantics."""
+
+    def __init__(self, imp: _Importer):
+        self.imp = imp
+        self.tp = imp.tp
+        self.torch = imp.torch
+
+    # kinds of values
+    def is_gvar(self, v) -> bool:
+        from ..tape import GVar
+        return isinstance(v, GVar)
+
+    def is_ids(self, v) -> bool:
+        return self.is_gvar(v) and self.tp.holds_ids(v.id)
+
+    def requires_grad(self, v) -> bool:
+        return self.is_gvar(v) and self.tp.requires[v.id]
+
+    def torch_dtype(self, node_or_value) -> str:
+        val = node_or_value.meta.get("val") if hasattr(node_or_value, "meta") else node_or_value
+        if isinstance(val, self.torch.Tensor):
+            return _kind(val.dtype)
+        if isinstance(val, bool):
+            return "bool"
+        return "int" if isinstance(val, int) else "float"
+
+    # lifting folded constants and numbers onto the tape
+    def _lift(self, t, ids: bool):
+        torch = self.torch
+        key = (id(t), ids)
+        if key in self.imp.lifted:
+            return self.imp.lifted[key][1]
+        arr = t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if ids:
+            if arr.dtype.kind not in "iu":
+                raise A.Unsupported("integer ids expected, got floating-point data")
+            g = self.tp.const(arr.astype(np.int64), dtype="i64")
+        else:
+            g = self.tp.const(arr.astype(np.float64))
+        self.imp.lifted[key] = (t, g)          # keep t alive: ids are reused otherwise
+        name = self.imp.const_names.get(id(t))
+        if name is not None and name not in self.imp.consts:
+            self.imp.consts[name] = g
+        return g
+
+    def f(self, x):
+        """A float (or mask) GVar for ``x``: a GVar, a folded tensor or a number.  An i64
+        input slot is converted (to_f64: exact, and still integer-valued for ids)."""
+        if self.is_gvar(x):
+            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return self.tp.const(np.array([float(x)]))
+        if isinstance(x, bool):
+            return self.tp.const(np.array([1.0 if x else 0.0]))
+        return self._lift(x, ids=False)
+
+    mask = f
+
+    def ids(self, x):
+        """Integer ids for take/take_along: an i64 slot or an integer-valued node computed
+        from one (where(ne(t, -100), t, 0)), a folded integer tensor, or an int."""
+        if self.is_gvar(x):
+            if not (self.tp.holds_ids(x.id) or self.tp.integral[x.id]):
+                raise A.Unsupported("ids computed in floating point (gradtool reads ids from "
+                                    "integer data and integer-valued ops of it; a float "
+                                    "tensor used as indices is refused)")
+            return x
+        if isinstance(x, int) and not isinstance(x, bool):
+            return self.tp.const(np.array([x], dtype=np.int64), dtype="i64")
+        return self._lift(x, ids=True)
+
+    def value(self, x):
+        """A GVar for a layout op: floats as they are, i64 data through to_f64 (layout ops
+        read f64; the result stays integer-valued), folded tensors lifted by dtype."""
+        if self.is_gvar(x):
+            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
+        torch = self.torch
+        if isinstance(x, torch.Tensor) and _kind(x.dtype) == "int":
+            return self.tp.to_f64(self._lift(x, ids=True))
+        return self.f(x)
+
+    def is_integral(self, v) -> bool:
+        return self.is_gvar(v) and (self.tp.holds_ids(v.id) or bool(self.tp.integral[v.id]))
+
+    def operands(self, a, b):
+        """Two operands of a comparison or where.  Beside integer data (an i64 slot or an
+        integer-valued node), an int or a folded integer tensor becomes an i64 const, so
+        that where(ne(t, -100), t, 0) stays integer-valued (ids for a gather)."""
+        if not (self.is_integral(a) or self.is_integral(b)):
+            return self.f(a), self.f(b)
+        torch = self.torch
+
+        def conv(v):
+            if self.is_gvar(v):
+                return v
+            if (isinstance(v, int) and not isinstance(v, bool)) or (
+                    isinstance(v, torch.Tensor) and _kind(v.dtype) == "int"):
+                return self.ids(v)
+            return self.f(v)
+        return conv(a), conv(b)
+
+    def scalar_const(self, x):
+        """A folded one-element tensor as a Python number; anything else as it is."""
+        if isinstance(x, self.torch.Tensor) and x.numel() == 1:
+            return x.item()
+        return x
+
+    def scale(self, b, alpha):
+        if isinstance(b, (int, float)):
+            return b * alpha
+        return self.tp.muls(self.f(b), float(alpha))
+
+    # shapes
+    def tshape(self, node) -> list:
+        val = node.meta["val"] if hasattr(node, "meta") else node
+        return [int(d) for d in val.shape]
+
+    def shape(self, node) -> list:
+        return self.tshape(node) or [1]
+
+    def getitems_used(self, node) -> set:
+        return {u.args[1] for u in node.users if str(u.target) == "<built-in function getitem>"}
+
+    def reshape(self, v, shape):
+        shape = list(shape) or [1]
+        if list(v.shape) == shape:
+            return v
+        return self.tp.reshape(v, shape)
+
+    def conform(self, node, out):
+        """The entry's result in the node's exported shape (0-dim tensors are [1])."""
+        if isinstance(out, tuple):
+            vals = node.meta.get("val")
+            return tuple(self._conform1(v, o) if o is not None else None
+                         for v, o in zip(vals, out))
+        return self._conform1(node.meta.get("val"), out)
+
+    def _conform1(self, val, out):
+        if not self.is_gvar(out) or not isinstance(val, self.torch.Tensor):
+            return out
+        want = [int(d) for d in val.shape] or [1]
+        if list(out.shape) != want:
+            if math.prod(out.shape) != math.prod(want):
+                raise A.Unsupported(f"recorded shape {list(out.shape)} differs from the "
+                                    f"exported {want} (an importer bug)")
+            return self.tp.reshape(out, want)
+        return out
+
+    def axes(self, a, dim) -> list:
+        n = len(a.shape)
+        if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+            return list(range(n))
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        return sorted({d % n for d in dims})
+
+    def reduce(self, kind, a, dim, keepdim):
+        """sum / mean / max over the axes ``dim`` (None or []: all), as one node."""
+        axes = self.axes(a, dim)
+        fn = getattr(self.tp, kind)
+        if len(axes) == len(a.shape) and not keepdim:
+            return fn(a)
+        return fn(a, axis=axes[0] if len(axes) == 1 else tuple(axes), keepdims=bool(keepdim))
+
+    def permute(self, v, perm):
+        n = len(v.shape)
+        perm = [p % n for p in perm]
+        if perm == list(range(n)):
+            return v
+        if perm == list(range(n - 2)) + [n - 1, n - 2]:
+            return self.tp.transpose(v)
+        return self.tp.permute(v, perm)
+
+    def expand(self, v, shape):
+        shape = list(shape)
+        return v if list(v.shape) == shape else self.tp.expand(v, shape)
+
+    def slice_axis(self, v, dim, start, stop, step):
+        shape = list(v.shape)
+        if start == 0 and stop == shape[dim] and step == 1:
+            return v
+        if stop <= start:
+            raise A.Unsupported("an empty slice (gradtool values have at least one element)")
+        starts = [0] * len(shape)
+        stops = list(shape)
+        starts[dim], stops[dim] = start, stop
+        if step == 1:
+            return self.tp.slice(v, starts, stops)
+        steps = [1] * len(shape)
+        steps[dim] = step
+        return self.tp.slice(v, starts, stops, steps=steps)
+
+
+# ── weights back ───────────────────────────────────────────────────────────
+
+def load_weights(module, tape_or_file) -> list:
+    """Copy a tape's (or a tape file's) params into ``module`` by state_dict name, cast to
+    each parameter's dtype; buffers carried as named outputs are copied too.
+
+    ``tape_or_file``: a path, a :class:`~gradtool.tapefile.TapeFile`, a
+    :class:`TorchImport`, or a Tape whose params carry the torch names.  Refuses
+    (TorchImportError, nothing copied) a param of the tape the module lacks, a
+    module param the tape lacks, or a shape that differs, naming each.  Returns
+    the names copied.
+    """
+    import torch
+    from ..tape import Tape
+    from ..tapefile import TapeFile, load
+    outputs = {}
+    if isinstance(tape_or_file, TorchImport):
+        tape, outputs = tape_or_file.tape, tape_or_file.outputs
+    elif isinstance(tape_or_file, Tape):
+        tape = tape_or_file
+    elif isinstance(tape_or_file, TapeFile):
+        tape, outputs = tape_or_file.tape, tape_or_file.outputs
+    else:
+        tf = load(tape_or_file)
+        tape, outputs = tf.tape, tf.outputs
+    values = {tape.nodes[v.id].name: tape.values[v.id] for v in tape.params()}
+    named = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    bufvals = {}
+    for k, v in (outputs or {}).items():
+        if k in buffers:
+            i = v if isinstance(v, int) else v.id
+            bufvals[k] = tape.values[i]
+    trainable = {k for k, p in named.items() if p.requires_grad}
+    problems = _Problems()
+    for k in values:
+        if k not in named:
+            problems.add("param not in the module:", repr(k))
+        elif tuple(named[k].shape) != values[k].shape and not (
+                named[k].dim() == 0 and values[k].shape == (1,)):
+            problems.add("shape mismatch for", repr(k), detail=f"the module has "
+                         f"{list(named[k].shape)}, the tape {list(values[k].shape)}")
+    for k in trainable:
+        if k not in values:
+            problems.add("param missing from the tape:", repr(k))
+    if problems:
+        raise problems.error()
+    with torch.no_grad():
+        for k, arr in values.items():
+            p = named[k]
+            p.copy_(torch.from_numpy(np.array(arr)).reshape(p.shape).to(p.dtype))
+        for k, arr in bufvals.items():
+            b = buffers[k]
+            b.copy_(torch.from_numpy(np.array(arr)).reshape(b.shape).to(b.dtype))
+    return list(values) + list(bufvals)

@@ -1,0 +1,737 @@
+"""The PyTorch importer (gradtool.interop.torch) on models written in plain torch.nn.
+
+Each model is exported by the real torch.export, recorded, saved and loaded back as a
+tape file, and then checked against torch float64 autograd of the same module (loss
+within 1e-12 relative, every parameter's gradient within 1e-11 relative norm-wise), by
+finite differences, and on the host C backend (``replay-gpu --backend host --check``:
+identical to the bit to the CPU engine).  Skipped cleanly without torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import gradtool as gt                                          # noqa: E402
+from gradtool.interop import aten as A                         # noqa: E402
+from gradtool.interop.torch import (TorchImportError, import_module,  # noqa: E402
+                                    load_weights)
+from conftest import require_c_compiler                         # noqa: E402
+from support import run                                        # noqa: E402
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def needs(*methods):
+    """Skip (naming them) where this build's Tape lacks ops a model imports to."""
+    from gradtool import nn as gnn
+    missing = [m for m in methods
+               if not (hasattr(gnn, m[3:]) if m.startswith("nn.") else hasattr(gt.Tape, m))]
+    return pytest.mark.skipif(bool(missing), reason=f"this build lacks {missing}")
+
+
+# ── the models ─────────────────────────────────────────────────────────────
+
+class MLP(nn.Module):
+    def __init__(self, n_in=6, hidden=10, classes=4):
+        super().__init__()
+        self.fc1 = nn.Linear(n_in, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(F.relu(self.fc1(x))), y)
+
+
+def mlp_case():
+    torch.manual_seed(1)
+    x = torch.randn(7, 6)
+    y = torch.tensor([0, 3, -100, 1, 2, -100, 3])
+    return MLP(), (x, y)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, approximate):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+        self.approximate = approximate
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
+        q = q.view(B, T, self.heads, D // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, D // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, D // self.heads).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+        x = x + self.drop(self.proj(a.transpose(1, 2).contiguous().view(B, T, D)))
+        h = F.gelu(self.fc(self.ln2(x)), approximate=self.approximate)
+        return x + self.drop(self.out(h))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=13, block=8, d=8, heads=2, layers=2):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(block, d)
+        self.drop = nn.Dropout(0.1)
+        self.blocks = nn.ModuleList(
+            [Block(d, heads, "tanh" if i % 2 == 0 else "none") for i in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight                     # tied
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        pos = torch.arange(0, T, dtype=torch.long)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def gpt_case():
+    torch.manual_seed(2)
+    m = GPT().eval()
+    idx = torch.randint(0, 13, (2, 6))
+    tgt = torch.randint(0, 13, (2, 6))
+    return m, (idx, tgt)
+
+
+class RMSNorm(nn.Module):          # as Llama's reference code writes it
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """RMSNorm, RoPE (tables of constant positions), SwiGLU, grouped-query attention
+    (repeat_interleave of the key/value heads), as Qwen2/Llama write it."""
+
+    def __init__(self, d=16, heads=4, kv_heads=2, hidden=24, vocab=11, max_t=8):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.embed = nn.Embedding(vocab, d)
+        self.norm1 = RMSNorm(d)
+        self.q = nn.Linear(d, heads * self.hd, bias=True)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=True)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=True)
+        self.o = nn.Linear(heads * self.hd, d, bias=False)
+        self.norm2 = nn.RMSNorm(d, eps=1e-6)
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.lm = nn.Linear(d, vocab, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.embed(idx)
+        pos = torch.arange(T).float()
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        h = self.norm1(x)
+        q = self.q(h).view(B, T, self.heads, self.hd).transpose(1, 2)
+        k = self.k(h).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v(h).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = self.heads // self.kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v[:, :, None].expand(B, self.kv_heads, rep, T, self.hd).reshape(
+            B, self.heads, T, self.hd)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(B, T, -1))
+        h = self.norm2(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return F.cross_entropy(self.lm(x).flatten(0, 1), targets.flatten())
+
+
+def llama_case():
+    torch.manual_seed(3)
+    return LlamaBlock(), (torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 5)))
+
+
+class WhereModel(nn.Module):
+    """Masks with torch.where on its inputs: a leaky clamp of x, a validity mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x, valid, t):
+        h = torch.where(x > 0, x, 0.1 * x)
+        y = self.fc(h)
+        err = torch.where(valid, (y - t) ** 2, torch.zeros_like(y))
+        return err.sum() / valid.sum()
+
+
+def where_case():
+    torch.manual_seed(4)
+    x = torch.randn(6, 5)
+    valid = torch.rand(6, 3) > 0.3
+    return WhereModel(), (x, valid, torch.randn(6, 3))
+
+
+class GRUModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(4, 5, batch_first=True)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x, t):
+        out, h = self.rnn(x)
+        return F.mse_loss(self.head(out[:, -1]), t)
+
+
+def gru_case():
+    torch.manual_seed(5)
+    return GRUModel(), (torch.randn(3, 4, 4), torch.randn(3, 2))
+
+
+class LSTMModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(3, 4, batch_first=True)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x, t):
+        out, _ = self.rnn(x)
+        return F.mse_loss(self.head(out).squeeze(-1), t)
+
+
+def lstm_case():
+    torch.manual_seed(6)
+    return LSTMModel(), (torch.randn(2, 3, 3), torch.randn(2, 3))
+
+
+class MHAModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        a, _ = self.attn(x, x, x, need_weights=False)
+        return F.cross_entropy(self.head(self.norm(x + a)).mean(1), y)
+
+
+def mha_case():
+    torch.manual_seed(7)
+    return MHAModel().eval(), (torch.randn(2, 5, 8), torch.tensor([0, 2]))
+
+
+class RopeFromInputs(nn.Module):
+    """RoPE on positions that are an input (so sin and cos stay on the tape)."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
+
+    def forward(self, x, pos, t):
+        freqs = pos[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        q = self.q(x)
+        q = q * emb.cos() + rotate_half(q) * emb.sin()
+        return F.mse_loss(q, t)
+
+
+def rope_inputs_case():
+    torch.manual_seed(11)
+    return RopeFromInputs(), (torch.randn(2, 5, 8), torch.arange(10.0).view(2, 5) * 3.5,
+                              torch.randn(2, 5, 8))
+
+
+CASES = {
+    "mlp_cross_entropy": (mlp_case, ("ne", "where", "to_f64")),
+    "gpt2": (gpt_case, ("ne", "eq", "where", "logical_not", "logical_and", "erf", "to_f64")),
+    "llama_block": (llama_case, ("ne", "eq", "where", "logical_not", "to_f64")),
+    "where_inputs": (where_case, ("gt", "where")),
+    "gru": (gru_case, ()),
+    "lstm": (lstm_case, ()),
+    "multihead_attention": (mha_case, ("ne", "where", "to_f64")),
+    "rope_positions_input": (rope_inputs_case, ("sin", "cos")),
+}
+
+
+def _case_params():
+    out = []
+    for name, (fn, methods) in CASES.items():
+        out.append(pytest.param(fn, id=name, marks=needs(*methods)))
+    return out
+
+
+# ── the checks ─────────────────────────────────────────────────────────────
+
+def torch_reference(module, inputs):
+    """Loss and param grads of torch float64 autograd on a float64 copy of ``module``."""
+    m = copy.deepcopy(module).double()
+    args = [t.double() if t.is_floating_point() else t for t in inputs]
+    loss = m(*args)
+    loss.backward()
+    grads = {k: p.grad.numpy().copy() for k, p in m.named_parameters() if p.requires_grad}
+    return loss.item(), grads
+
+
+@pytest.mark.parametrize("case", _case_params())
+def test_model_matches_torch_float64(case, tmp_path):
+    module, inputs = case()
+    result = import_module(module, inputs)
+    path = tmp_path / "model.msgpack"
+    result.save(path)
+    tf = gt.load(path)
+    tape, loss = tf.tape, tf.tape.var(tf.loss)
+    tape.backward(loss)
+    ref_loss, ref_grads = torch_reference(module, inputs)
+    got = float(tape.values[loss.id][0])
+    assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss), (got, ref_loss)
+    names = [tape.nodes[p.id].name for p in tape.params()]
+    assert names == list(ref_grads)              # state_dict names, registration order
+    for p in tape.params():
+        name = tape.nodes[p.id].name
+        g, ref = tape.grad(p), ref_grads[name]
+        assert g.shape == ref.shape or (ref.ndim == 0 and g.shape == (1,)), name
+        err = np.linalg.norm(g.reshape(-1) - ref.reshape(-1))
+        assert err <= 1e-11 * np.linalg.norm(ref), (name, err, np.linalg.norm(ref))
+    report = gt.fd_check(tape, loss)
+    assert report.passed, [(p.name, p.max_abs_err) for p in report.params if not p.passed]
+    require_c_compiler()
+    out = run("replay-gpu", path, "--backend", "host", "--check", "--episodes", "2",
+              "--warmup", "0")
+    assert out.exit_code == 0, out.output
+
+
+def test_inputs_are_named_slots_and_backward_names_params(tmp_path):
+    module, inputs = mlp_case() if hasattr(gt.Tape, "where") else (None, None)
+    if module is None:
+        pytest.skip("needs the mask ops")
+    result = import_module(module, inputs)
+    assert sorted(result.inputs) == ["x", "y"]
+    assert result.tape.holds_ids(result.inputs["y"].id)
+    path = tmp_path / "m.msgpack"
+    result.save(path)
+    out = run("backward", path, "--json")
+    assert out.exit_code == 0, out.output
+    names = [p["name"] for p in json.loads(out.stdout)["params"]]
+    assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
+class Regression(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(4, 6)
+        self.l2 = nn.Linear(6, 2)
+        self.l2.bias.requires_grad_(False)               # frozen: a const
+        self.register_buffer("scale", torch.tensor([2.0, 0.5]))
+
+    def forward(self, x, t):
+        y = self.l2(torch.tanh(self.l1(x))) * self.scale
+        return F.mse_loss(y, t)
+
+
+def regression_case():
+    torch.manual_seed(8)
+    return Regression(), (torch.randn(5, 4), torch.randn(5, 2))
+
+
+def test_frozen_params_and_buffers_are_consts_named_in_meta(tmp_path):
+    module, inputs = regression_case()
+    result = import_module(module, inputs)
+    assert list(result.params) == ["l1.weight", "l1.bias", "l2.weight"]
+    assert sorted(result.consts) == ["l2.bias", "scale"]
+    path = tmp_path / "r.msgpack"
+    result.save(path)
+    tf = gt.load(path)
+    assert sorted(tf.meta["torch"]["consts"]) == ["l2.bias", "scale"]
+    assert [tf.tape.nodes[v.id].name for v in tf.tape.input_slots()] == ["x", "t"]
+    ref_loss, _ = torch_reference(module, inputs)
+    assert abs(float(tf.tape.values[tf.tape.var(tf.loss).id][0]) - ref_loss) <= 1e-12 * abs(ref_loss)
+
+
+def test_loss_fn_names_its_targets_and_other_outputs_are_named():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    def loss_fn(out, target):
+        return F.mse_loss(out, target)
+
+    torch.manual_seed(9)
+    net = Net()
+    result = import_module(net, (torch.randn(4, 3),), loss_fn, (torch.randn(4, 2),))
+    assert list(result.inputs) == ["x", "target"]
+    assert list(result.params) == ["fc.weight", "fc.bias"]
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return (y * y).mean(), y
+
+    r2 = import_module(Two(), (torch.randn(4, 3),))
+    assert list(r2.outputs) == ["output1"]
+    assert r2.outputs["output1"].shape == (4, 2)
+
+
+def test_weights_back_give_torch_the_tapes_loss(tmp_path):
+    module, inputs = regression_case()
+    result = import_module(module, inputs)
+    tape = result.tape
+    rng = np.random.default_rng(0)
+    for p in tape.params():               # stand-in for training: new weights
+        tape.set_value(p, tape.values[p.id] + 0.1 * rng.standard_normal(p.shape))
+    tape.forward()
+    path = tmp_path / "trained.msgpack"
+    gt.save(tape, path, loss=result.loss)
+    copied = load_weights(module, path)
+    assert copied == ["l1.weight", "l1.bias", "l2.weight"]
+    for name, p in module.named_parameters():
+        assert p.dtype == torch.float32
+    m64 = copy.deepcopy(module).double()
+    with torch.no_grad():
+        m64.l1.weight.copy_(torch.from_numpy(tape.values[result.params["l1.weight"].id]))
+        m64.l1.bias.copy_(torch.from_numpy(tape.values[result.params["l1.bias"].id]))
+        m64.l2.weight.copy_(torch.from_numpy(tape.values[result.params["l2.weight"].id]))
+        loss = m64(*[t.double() for t in inputs]).item()
+    got = float(tape.values[result.loss.id][0])
+    assert abs(loss - got) <= 1e-12 * abs(got)
+
+
+def test_weights_back_refuse_mismatches_naming_them():
+    module, inputs = regression_case()
+    result = import_module(module, inputs)
+    other = MLP()
+    with pytest.raises(TorchImportError) as info:
+        load_weights(other, result)
+    text = str(info.value)
+    assert "'l1.weight'" in text and "'fc1.weight'" in text
+    small = Regression()
+    small.l1 = nn.Linear(4, 7)
+    small.l2 = nn.Linear(7, 2)
+    with pytest.raises(TorchImportError, match="shape mismatch for 'l1.weight'"):
+        load_weights(small, result)
+
+
+# ── failures ───────────────────────────────────────────────────────────────
+
+class Sorts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y, _ = torch.sort(self.fc(x), dim=1)
+        z = torch.cumsum(y, 1)
+        w, _ = torch.sort(z, dim=0)
+        return (w * w).sum()
+
+
+SPEC_FILE = '''
+import torch, torch.nn as nn
+
+class Sorts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y, _ = torch.sort(self.fc(x), dim=1)
+        z = torch.cumsum(y, 1)
+        w, _ = torch.sort(z, dim=0)
+        return (w * w).sum()
+
+class Nonzero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        idx = torch.nonzero(y > 0)
+        return y[idx[:, 0]].sum()
+
+def sorts():
+    return Sorts(), (torch.randn(2, 3),)
+
+def nonzero():
+    return Nonzero(), (torch.randn(4, 3),)
+
+class Fine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, input):
+        return self.fc(input).square().mean()
+
+def fine():
+    torch.manual_seed(0)
+    return Fine(), (torch.randn(2, 3),)
+
+def mse(out, target):
+    return ((out - target) ** 2).mean()
+
+def with_targets():
+    torch.manual_seed(0)
+    return nn.Linear(3, 2), (torch.randn(4, 3),), (torch.randn(4, 2),)
+'''
+
+
+def test_unsupported_ops_one_error_listing_each_with_count_and_line():
+    with pytest.raises(TorchImportError) as info:
+        import_module(Sorts(), (torch.randn(2, 3),))
+    lines = info.value.lines
+    assert len(lines) == 2
+    assert lines[0].startswith("unsupported op aten.sort.default (x2) at ")
+    assert "test_interop_torch.py" in lines[0] and "torch.sort(self.fc(x), dim=1)" in lines[0]
+    assert "and 1 more places" in lines[0]
+    assert lines[1].startswith("unsupported op aten.cumsum.default (x1) at ")
+
+
+def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC_FILE)
+    out_file = tmp_path / "m.msgpack"
+    res = run("import-torch", f"{spec}:sorts", "-o", out_file)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 2, res.stderr
+    assert "aten.sort.default (x2)" in lines[0] and "model.py:10 (forward)" in lines[0]
+    assert "aten.cumsum.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
+    assert all(line.startswith("gradtool: ") for line in lines)
+    assert "Traceback" not in res.stderr
+    assert not out_file.exists()
+    assert list(tmp_path.iterdir()) == [spec]        # no temporary left behind either
+
+
+def test_cli_nonzero_is_refused_with_its_line(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC_FILE)
+    out_file = tmp_path / "m.msgpack"
+    res = run("import-torch", f"{spec}:nonzero", "-o", out_file, "--json")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert any("aten.nonzero.default" in line and "model.py:22" in line for line in lines), \
+        res.stderr
+    assert all(line.startswith("gradtool: ") for line in lines)
+    report = json.loads(res.stdout)
+    assert any(p["target"] == "aten.nonzero.default" for p in report["unsupported"])
+    assert not out_file.exists()
+
+
+def test_cli_writes_a_tape_and_a_json_summary(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC_FILE)
+    out_file = tmp_path / "m.msgpack"
+    res = run("import-torch", f"{spec}:fine", "-o", out_file, "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["params"] == {"fc.weight": [1, 3], "fc.bias": [1]}
+    assert summary["inputs"] == {"input": {"shape": [2, 3], "dtype": "f64"}}
+    assert summary["unsupported"] == []
+    assert summary["aten_ops"]["aten.addmm.default"] == 1
+    tf = gt.load(out_file)
+    assert [tf.tape.nodes[p.id].name for p in tf.tape.params()] == ["fc.weight", "fc.bias"]
+
+
+def test_cli_bad_spec_is_one_line(tmp_path):
+    res = run("import-torch", f"{tmp_path}/nope.py:build", "-o", tmp_path / "m.msgpack")
+    assert res.exit_code == 2
+    assert len(res.stderr.splitlines()) == 1 and "no such file" in res.stderr
+
+
+class TrainDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.fc(x)).sum()
+
+
+def test_train_mode_dropout_is_refused_eval_mode_imports():
+    m = TrainDropout().train()
+    with pytest.raises(TorchImportError) as info:
+        import_module(m, (torch.randn(2, 3),))
+    assert len(info.value.lines) == 1
+    assert info.value.lines[0].startswith("train-mode dropout ")
+    assert "module.eval()" in info.value.lines[0]
+    result = import_module(m.eval(), (torch.randn(2, 3),))
+    assert list(result.params) == ["fc.weight", "fc.bias"]
+
+
+class Mutates(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x.mul_(2.0)
+        return self.fc(x).sum()
+
+
+def test_mutating_a_user_input_is_refused():
+    with pytest.raises(TorchImportError, match="in-place mutation of user input"):
+        import_module(Mutates(), (torch.randn(2, 3),))
+
+
+class NotScalar(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_non_scalar_loss_is_refused():
+    with pytest.raises(TorchImportError) as info:
+        import_module(NotScalar(), (torch.randn(2, 3),))
+    assert info.value.lines[0].startswith("non-scalar loss of shape [2, 3]")
+
+
+def test_every_table_entry_is_documented_and_the_table_is_generated():
+    from gradtool import codegen
+    text = (codegen.ROOT / "docs" / "torch.md").read_text(encoding="utf-8")
+    for name in A.ATEN:
+        assert f"`{name}`" in text, name
+
+
+# ── torch.nn.functional beyond the model set ───────────────────────────────
+
+FUNCTIONS = {
+    "softplus": (F.softplus, ()), "logsigmoid": (F.logsigmoid, ()),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), ("gt", "where")),
+    "hardtanh": (lambda x: F.hardtanh(x, -0.5, 0.5), ("le", "ge", "where")),
+    "elu": (F.elu, ("gt", "where", "expm1")), "selu": (F.selu, ("gt", "where", "expm1")),
+    "silu": (F.silu, ()), "mish": (F.mish, ()), "gelu": (F.gelu, ("erf",)),
+    "hardswish": (F.hardswish, ()), "glu": (lambda x: F.glu(x), ()),
+    "normalize": (lambda x: F.normalize(x, dim=-1) + x, ()),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1), ()),
+    "std": (lambda x: x.std(-1), ()), "var_all": (lambda x: x.var(), ()),
+    "max_dim": (lambda x: x.max(dim=1).values, ()), "min_dim": (lambda x: x.min(dim=0).values, ()),
+    "amin": (lambda x: x.amin(dim=(0, 1)), ()), "einsum": (lambda x: torch.einsum("ij,kj->ik", x, x), ()),
+    "softmin": (lambda x: F.softmin(x, -1), ()), "repeat": (lambda x: x.repeat(2, 1, 3), ()),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), ()),
+    "index": (lambda x: x[:, torch.tensor([[0, 2], [5, 5]])], ()),
+    "masked_fill": (lambda x: x.masked_fill(torch.ones(4, 6).tril().bool(), 0.0), ("where",)),
+    "l1": (lambda x: F.l1_loss(x, torch.zeros_like(x)), ()),
+    "smooth_l1": (lambda x: F.smooth_l1_loss(x, torch.full_like(x, 0.2)), ()),
+    "bce_logits": (lambda x: F.binary_cross_entropy_with_logits(x, torch.full_like(x, 0.3)), ()),
+    "soft_targets": (lambda x: F.cross_entropy(
+        x, torch.softmax(torch.arange(6.0, dtype=x.dtype).expand(4, 6), -1)), ()),
+    "label_smoothing": (lambda x: F.cross_entropy(x, torch.tensor([0, 1, 2, 1]),
+                                                  label_smoothing=0.1), ()),
+    "cosine": (lambda x: F.cosine_similarity(x, x * x + 1), ()),
+    "addcmul_lerp": (lambda x: torch.lerp(torch.addcmul(x, x, x), x * 2, 0.3), ()),
+}
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        y = self.fn(x * self.w)
+        return (y * y).sum()
+
+
+@pytest.mark.parametrize("fn", [pytest.param(f, id=k, marks=needs(*n))
+                                for k, (f, n) in FUNCTIONS.items()])
+def test_functional_matches_torch_float64(fn):
+    torch.manual_seed(10)
+    module, x = Fn(fn), torch.randn(4, 6)
+    try:
+        result = import_module(module, (x,))
+    except TorchImportError as exc:
+        lacks = [p for p in exc.problems if "this build lacks" in p.detail]
+        if lacks and len(lacks) == len(exc.problems):
+            pytest.skip(str(exc))
+        raise
+    tape = result.tape
+    tape.backward(result.loss)
+    ref_loss, ref = torch_reference(module, (x,))
+    got = float(tape.values[result.loss.id][0])
+    assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss), (got, ref_loss)
+    g = tape.grad(result.params["w"])
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+
+
+class Detaches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        y = x * self.w
+        return F.cross_entropy(y, torch.softmax(y.detach() * 0.5, -1))
+
+
+def test_detach_of_a_param_dependent_value_is_refused_not_ignored():
+    """run_decompositions turns detach() into alias: recorded as the identity, the
+    gradient would flow through it (a silent wrong result), so it is refused."""
+    with pytest.raises(TorchImportError) as info:
+        import_module(Detaches(), (torch.randn(4, 6),))
+    assert len(info.value.lines) == 1
+    assert "aten.alias.default" in info.value.lines[0] and "stop-gradient" in info.value.lines[0]
+    assert "y.detach()" in info.value.lines[0]
+
+
+def test_the_command_line_starts_without_importing_torch():
+    import subprocess
+    import sys
+    code = "import sys, gradtool.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_loss_function_names_its_targets(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC_FILE)
+    out_file = tmp_path / "m.msgpack"
+    res = run("import-torch", f"{spec}:with_targets", "--loss", "mse", "-o", out_file, "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert list(summary["inputs"]) == ["input", "target"]
+    assert list(summary["params"]) == ["weight", "bias"]
+    res = run("import-torch", f"{spec}:with_targets", "-o", out_file)
+    assert res.exit_code == 2 and "no --loss function" in res.stderr
