@@ -10,145 +10,24 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import gradtool
 from gradtool import fdlibm as F
 from gradtool.fdlibm import (_common, _driver, _erf, _exp, _expm1, _log, _log1p, _rem_pio2,
                              _sin, _tanh)
+from support import (CANON_NAN, CC_FLAGS, HEADER, TANH_FDLIBM_WORST, U64, assert_strictmath,
+                     bits, bits1, from_bits, mpmath, parity_inputs, random_doubles, ulp_errors)
 
-HEADER = Path(gradtool.__file__).resolve().parent / "csrc" / "gt_math.h"
 FUNCS = ("exp", "expm1", "log", "tanh")
 # the module holding each function, its constants and its reference path _<name>_ref
 MODULES = {"exp": _exp, "expm1": _expm1, "log": _log, "tanh": _tanh}
 # the functions tests/test_fdlibm_more.py covers (their header constants are checked here)
 MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p)
-CANON_NAN = 0x7FF8000000000000
-U64 = np.uint64
-
-
 def ref_impl(fname):
     """The mask-by-mask reference transcription of gt_<fname>."""
     return getattr(MODULES[fname], f"_{fname}_ref")
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float64).view(U64)
-
-
-def bits1(v) -> int:
-    return int(np.float64(v).view(U64))
-
-
-def from_bits(b) -> np.ndarray:
-    return np.asarray(b, dtype=U64).view(np.float64)
-
-
-# ---------------------------------------------------------------------------
-# inputs
-# ---------------------------------------------------------------------------
-def random_doubles(rng, n, emin, emax, sign=True):
-    """Random mantissas with biased exponents uniform in [emin, emax]."""
-    e = rng.integers(emin, emax + 1, n).astype(U64)
-    m = rng.integers(0, 1 << 52, n, dtype=U64)
-    s = (rng.integers(0, 2, n).astype(U64) << U64(63)) if sign else np.zeros(n, U64)
-    return from_bits(s | (e << U64(52)) | m)
-
-
-def around(rng, centres, n_each, spread):
-    """Doubles within +-spread ulps (bit patterns) of each centre, both signs."""
-    c = bits(np.asarray(centres, dtype=np.float64)).astype(np.int64)
-    d = rng.integers(-spread, spread + 1, (c.size, n_each))
-    b = (c[:, None] + d).reshape(-1).astype(U64)
-    x = from_bits(b)
-    return np.concatenate([x, -x])
-
-
-def hiword(hw):
-    return float(from_bits(np.array([hw << 32], U64))[0])
-
-
-SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 5e-324, -5e-324,
-                     2.2250738585072014e-308, -2.2250738585072014e-308, 1.7976931348623157e308,
-                     -1.7976931348623157e308, _common.O_THRESHOLD, _common.U_THRESHOLD, 22.0,
-                     -22.0, 2.0 ** -54, 2.0 ** -55, 2.0 ** -28, 0.5, 2.0])
-# a NaN with a payload and a signalling NaN, both signs
-SPECIALS = np.concatenate([SPECIALS, from_bits(np.array(
-    [0x7FF0000000000001, 0xFFF0000000000001, 0x7FF8DEADBEEF0000, 0xFFFC000000000123], U64))])
-
-
-# tanh's k = trunc(2|x|/ln2 + 0.5) steps at |x| = (k - 1/2)*ln2/2, 1 <= k <= 63
-TANH_K_STEPS = (np.arange(1, 64) - 0.5) * _common.LN2_HI / 2
-# inputs where fdlibm's s_tanh.c is more than 2 ulp from the exact value
-TANH_FDLIBM_WORST = np.array([0.2292752006275934, -0.2460230746389431, 0.48229395637779127,
-                              0.5425668835808728])
-
-
-def parity_inputs(seed=1234, n_random=64_000) -> np.ndarray:
-    """~200k inputs: every exponent, each function's working range, every
-    branch threshold of fdlibm and of the numpy kernels, specials."""
-    rng = np.random.default_rng(seed)
-    thresholds = [0x40862E42, 0x3FD62E42, 0x3FD62E43, 0x3FF0A2B2, 0x3E300000, 0x4043687A,
-                  0x3C900000, 0x3C800000, 0x00100000, 0x7FF00000, 0x40360000, 0x3FF00000,
-                  0x3FE00000, 0x3FF6A09E, 0x3FE6A09E, 0x4086232B, 0x408633CE]
-    parts = [
-        random_doubles(rng, n_random, 0, 2047),                 # everything, incl. inf/NaN
-        random_doubles(rng, n_random // 2, 0x3C0, 0x409),       # |x| in [2^-63, 1024)
-        rng.uniform(-750.0, 720.0, n_random // 2),
-        rng.uniform(-45.0, 45.0, n_random // 4),
-        rng.uniform(-1.2, 1.2, n_random // 4),
-        random_doubles(rng, n_random // 4, 0, 0),               # subnormals
-        1.0 + rng.uniform(-3e-6, 3e-6, n_random // 8),          # log near 1
-        around(rng, [hiword(h) for h in thresholds], 300, 3000),
-        around(rng, [_common.O_THRESHOLD, -_common.U_THRESHOLD, -_expm1._EM1_NEG,
-                     _common._hex("0x1.62e42fefa39efp-2"), _log._BAND_F1 + 1, _log._BAND_F2 + 1,
-                     1 + 2.0 ** -20, 1 - 2.0 ** -21],
-               300, 3000),
-        around(rng, TANH_K_STEPS, 60, 3000),                  # where tanh's k changes
-        2.0 ** np.arange(-1074, 1024, dtype=np.float64),       # every power of two
-        np.arange(-60.0, 61.0),
-        SPECIALS,
-    ]
-    return np.concatenate(parts)
-
-
-# ---------------------------------------------------------------------------
-# (a) accuracy against mpmath
-# ---------------------------------------------------------------------------
-try:
-    import mpmath
-except ImportError:  # only the accuracy test needs it
-    mpmath = None
-
-
-def ulp_errors(fname, x, y):
-    """For each y = f(x): (err, dist) where err = |y - f(x)| in units of the
-    last place of the exact f(x) (50 digits; ulp(v) = 2^(e-52) for |v| in
-    [2^e, 2^(e+1)), 2^-1074 below 2^-1022), and dist = how many doubles y is
-    away from the correctly rounded f(x)."""
-    mp = mpmath.mp
-    f = getattr(mp, fname)
-    errs = np.empty(x.size)
-    dists = np.zeros(x.size, dtype=np.int64)
-    with mp.workdps(50):
-        for i, (xi, yi) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
-            exact = f(mp.mpf(xi))
-            _, e = mp.frexp(exact)                     # exact = m * 2^e, 0.5 <= |m| < 1
-            ulp = mp.ldexp(1, max(int(e) - 53, -1074))
-            errs[i] = float(abs(mp.mpf(yi) - exact) / ulp)
-            if errs[i] > 0.5:                          # walk towards the exact value
-                step = np.inf if exact > yi else -np.inf
-                cur = yi
-                while True:
-                    nxt = float(np.nextafter(cur, step))
-                    if abs(mp.mpf(nxt) - exact) >= abs(mp.mpf(cur) - exact):
-                        break
-                    cur = nxt
-                    dists[i] += 1
-    return errs, dists
 
 
 def accuracy_inputs(fname, rng, n=700):
@@ -447,11 +326,6 @@ int main(int argc, char **argv)
 }
 """
 
-CC_FLAGS = {
-    "O2": ["-std=c99", "-O2", "-ffp-contract=off"],
-    # FMA hardware enabled: -ffp-contract=off must still keep every op separate
-    "O3-native": ["-std=c99", "-O3", "-march=native", "-ffp-contract=off"],
-}
 
 
 @pytest.fixture(scope="module")
@@ -562,41 +436,7 @@ def test_header_compiles_under_nvcc(tmp_path):
 # s_tanh.c is up to 2.16 ulp off), so the Java side computes no tanh.
 # ---------------------------------------------------------------------------
 FDLIBM_FUNCS = ("exp", "expm1", "log")
-JAVA_SRC = r"""
-import java.nio.*; import java.nio.file.*;
-public class StrictRef {
-  public static void main(String[] a) throws Exception {
-    ByteBuffer in = ByteBuffer.wrap(Files.readAllBytes(Paths.get(a[0])))
-                              .order(ByteOrder.LITTLE_ENDIAN);
-    int n = in.capacity() / 8;
-    ByteBuffer out = ByteBuffer.allocate(24 * n).order(ByteOrder.LITTLE_ENDIAN);
-    for (int f = 0; f < 3; f++)
-      for (int i = 0; i < n; i++) {
-        double x = in.getDouble(8 * i);
-        out.putDouble(f == 0 ? StrictMath.exp(x) : f == 1 ? StrictMath.expm1(x)
-                      : StrictMath.log(x));
-      }
-    Files.write(Paths.get(a[1]), out.array());
-  }
-}
-"""
 
 
 def test_identical_to_fdlibm_via_java_strictmath(tmp_path, parity_data):
-    javac, java = shutil.which("javac"), shutil.which("java")
-    if javac is None or java is None:
-        pytest.skip("no JDK")
-    (tmp_path / "StrictRef.java").write_text(JAVA_SRC)
-    subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "StrictRef.java")], check=True,
-                   capture_output=True)
-    x = parity_data
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
-    subprocess.run([java, "-cp", str(tmp_path), "StrictRef", str(tmp_path / "in.bin"),
-                    str(tmp_path / "out.bin")], check=True, capture_output=True)
-    ref = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype="<f8").reshape(3, x.size)
-    for row, fname in enumerate(FDLIBM_FUNCS):
-        y = getattr(F, fname)(x)
-        same = (bits(y) == bits(ref[row])) | (np.isnan(y) & np.isnan(ref[row]))
-        bad = np.flatnonzero(~same)
-        assert bad.size == 0, (f"{fname}({x[bad[0]]!r}): ours {y[bad[0]]!r}, "
-                               f"StrictMath {ref[row][bad[0]]!r}")
+    assert_strictmath(tmp_path, parity_data, FDLIBM_FUNCS)

@@ -1,5 +1,5 @@
 """erf, sin, cos and log1p of gradtool.fdlibm and gradtool/csrc/gt_math.h, tested like
-exp and log (tests/test_fdlibm.py, whose helpers this file uses): accuracy against
+exp and log (tests/test_fdlibm.py; the shared helpers are in tests/support.py): accuracy against
 50-digit mpmath, special values bitwise, canonical NaNs, numpy == C bit for bit on ~200k
 inputs (two compilers' flags), fdlibm itself through Java's StrictMath (sin, cos, log1p),
 and the header compiling as CUDA without an FMA."""
@@ -16,8 +16,8 @@ import pytest
 
 from gradtool import fdlibm as F
 from gradtool.fdlibm import _rem_pio2
-from test_fdlibm import (CANON_NAN, CC_FLAGS, HEADER, SPECIALS, around, bits, from_bits,
-                         hiword, mpmath, parity_inputs, random_doubles, ulp_errors)
+from support import (CANON_NAN, CC_FLAGS, HEADER, SPECIALS, around, assert_strictmath, bits,
+                     from_bits, hiword, mpmath, parity_inputs, random_doubles, ulp_errors)
 
 FUNCS = ("erf", "sin", "cos", "log1p")
 nan, inf = float("nan"), float("inf")
@@ -220,44 +220,9 @@ def test_c_parity_bitwise(tmp_path, parity_data, flags):
 # ---------------------------------------------------------------------------
 # fdlibm itself: Java's StrictMath returns fdlibm's sin, cos and log1p (it has no erf)
 # ---------------------------------------------------------------------------
-JAVA_SRC = r"""
-import java.nio.*; import java.nio.file.*;
-public class StrictTrig {
-  public static void main(String[] a) throws Exception {
-    ByteBuffer in = ByteBuffer.wrap(Files.readAllBytes(Paths.get(a[0])))
-                              .order(ByteOrder.LITTLE_ENDIAN);
-    int n = in.capacity() / 8;
-    ByteBuffer out = ByteBuffer.allocate(24 * n).order(ByteOrder.LITTLE_ENDIAN);
-    for (int f = 0; f < 3; f++)
-      for (int i = 0; i < n; i++) {
-        double x = in.getDouble(8 * i);
-        out.putDouble(f == 0 ? StrictMath.sin(x) : f == 1 ? StrictMath.cos(x)
-                      : StrictMath.log1p(x));
-      }
-    Files.write(Paths.get(a[1]), out.array());
-  }
-}
-"""
-
-
 def test_identical_to_fdlibm_via_java_strictmath(tmp_path, parity_data):
-    javac, java = shutil.which("javac"), shutil.which("java")
-    if javac is None or java is None:
-        pytest.skip("no JDK")
-    (tmp_path / "StrictTrig.java").write_text(JAVA_SRC)
-    subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "StrictTrig.java")],
-                   check=True, capture_output=True)
-    x = parity_data
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
-    subprocess.run([java, "-cp", str(tmp_path), "StrictTrig", str(tmp_path / "in.bin"),
-                    str(tmp_path / "out.bin")], check=True, capture_output=True)
-    ref = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype="<f8").reshape(3, x.size)
-    for row, fname in enumerate(("sin", "cos", "log1p")):
-        y = getattr(F, fname)(x)
-        same = (bits(y) == bits(ref[row])) | (np.isnan(y) & np.isnan(ref[row]))
-        bad = np.flatnonzero(~same)
-        assert bad.size == 0, (f"{fname}({x[bad[0]]!r}): ours {y[bad[0]]!r}, "
-                               f"StrictMath {ref[row][bad[0]]!r}")
+    assert_strictmath(tmp_path, parity_data, ("sin", "cos", "log1p"))
+
 
 
 CUDA_SRC = r"""

@@ -18,7 +18,7 @@ import pytest
 
 import gradtool as gt
 from conftest import assert_bits_equal, bits
-from test_ops_models import VARIANTS, host_matches
+from support import VARIANTS, host_matches
 
 NAN, INF = math.nan, math.inf
 

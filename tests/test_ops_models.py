@@ -25,36 +25,9 @@ from gradtool.device import capture
 from gradtool.errors import GradtoolError
 from gradtool.npzio import write_npz
 from gradtool.tapefile import dumps, load
-from support import assert_one_line_error, run
+from support import VARIANTS, assert_one_line_error, backward_grads, host_matches, run
 
 NAN, INF = math.nan, math.inf
-VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]
-
-
-def backward_grads(tp, loss):
-    tp.zero_grad()
-    tp.backward(loss)
-    return {p.id: np.array(tp.grad(p)) for p in tp.params()}
-
-
-def host_matches(tp, loss, variant="tiled"):
-    """Forward and backward on the host backend give the tape's bits (NaN payloads aside)."""
-    require_c_compiler()
-    want = backward_grads(tp, loss)
-    rp = capture(tp, loss, "host", host_kernels=variant)
-    rp.forward()
-    rp.backward()
-    for i in range(len(tp.nodes)):
-        got, ref = np.asarray(rp.value(i), float), np.asarray(tp.values[i], float)
-        assert np.array_equal(np.isnan(got), np.isnan(ref)), i
-        ok = ~np.isnan(ref)
-        assert_bits_equal(got[ok], ref[ok], f"{variant}: node {i} ({tp.nodes[i].op})")
-    for pid, g in want.items():
-        got = rp.grad(pid)
-        assert np.array_equal(np.isnan(got), np.isnan(g)), pid
-        assert_bits_equal(got[~np.isnan(g)], g[~np.isnan(g)], f"{variant}: grad {pid}")
-
-
 # ── max: ties, signed zeros, NaN ──────────────────────────────────────────
 
 MAX_ROWS = [
