@@ -73,6 +73,7 @@ def _attribute_fields() -> list:
                 "count": {"type": "integer", "minimum": 1},
                 "flag": {"type": "boolean"}}.get(at.kind, {"$ref": "#/$defs/indices"})
         test = {"axis": lambda x: type(x) is int and x >= 0,
+                "count": lambda x: type(x) is int and x >= 1,
                 "flag": lambda x: type(x) is bool}.get(at.kind, _dims(0))
         docs = sorted({a.doc.split(";")[0] for op in ops for a in OPS[op].attrs
                        if a.name == aname})
