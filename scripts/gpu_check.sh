@@ -249,7 +249,7 @@ run() {
 
     # 2. tests: the CUDA files first (they must not skip here), then the host file and the CLI's
     local ts=$SECONDS
-    timeout 270 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py tests/test_masks.py \
+    timeout 270 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py tests/test_masks.py tests/test_conv.py \
         tests/test_fusion.py tests/test_device_host.py tests/test_replay_cli.py \
         > "$OUTDIR/pytest.log" 2>&1 || fail "pytest (log: pytest.log)"
     grep -E "passed|failed|error" "$OUTDIR/pytest.log" | tail -1

@@ -248,11 +248,18 @@ def _host_cases():
 HOST_CASES = list(_host_cases())
 
 
-@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed"])
+@pytest.mark.parametrize("variant", ["tiled", "per-thread", "per-thread-reversed", "cuda"])
 @pytest.mark.parametrize("case", HOST_CASES, ids=[c[0] for c in HOST_CASES])
 def test_host_backend_is_bit_identical(case, variant):
-    require_c_compiler()
+    """Every case on the host backend's three kernel builds, and (on a GPU) on CUDA."""
     from gradtool.device import capture
+    if variant == "cuda":
+        from gradtool.device.cuda import cuda_status
+        ok, why = cuda_status()
+        if not ok:
+            pytest.skip(f"no CUDA backend here: {why}")
+    else:
+        require_c_compiler()
 
     _, fn, arrays = case
     tp = gt.Tape()
@@ -261,7 +268,8 @@ def test_host_backend_is_bit_identical(case, variant):
     wts = np.random.default_rng(1).uniform(0.5, 1.5, tp.value(y).shape)
     loss = tp.sum(tp.mul(y, tp.const(wts)))
     tp.backward(loss)
-    replay = capture(tp, loss, "host", host_kernels=variant)
+    replay = (capture(tp, loss, "cuda") if variant == "cuda"
+              else capture(tp, loss, "host", host_kernels=variant))
     replay.forward()
     replay.backward()
     assert_bits_equal(replay.value(y), tp.value(y), f"{case[0]} forward ({variant})")
