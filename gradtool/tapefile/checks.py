@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import json
 import math
+import dataclasses
 from dataclasses import dataclass
+from itertools import chain, repeat
 from functools import lru_cache
 from importlib import resources
 from typing import Optional
@@ -101,6 +103,10 @@ class CheckedFile:
     meta: dict
     optimizer: Optional[dict]
     numerics: int = 1                 # the contract recorded values came from (absent: 1)
+    runs: list = dataclasses.field(default_factory=list)
+    # (start, stop) of runs of plain unary nodes (see _plain_runs): ops without attributes,
+    # integer inputs or a stored value, reading one float node of their own shape, no
+    # integer values anywhere in the file; replay takes them in a tight loop
 
 
 def show(x, limit: int = 60) -> str:
@@ -447,7 +453,32 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
-    for i, raw in enumerate(raw_nodes):
+    columns = _plain_runs(raw_nodes)
+    runs = []                         # (start, stop) of the node runs checked as columns
+    run_start = run_stop = len(raw_nodes)
+    if columns is not None:
+        run_starts, run_stops = columns[0], columns[1]
+        next_run = 0
+        if len(run_starts):
+            run_start, run_stop = run_starts[0], run_stops[0]
+    i = 0
+    count_nodes = len(raw_nodes)
+    while i < count_nodes:
+        if i == run_start:
+            done = _take_run(columns, i, run_stop, nodes, sizes, works,
+                             max_elements - elements_total, max_work - work_total)
+            next_run += 1
+            if next_run < len(run_starts):
+                run_start, run_stop = run_starts[next_run], run_stops[next_run]
+            else:
+                run_start = run_stop = count_nodes
+            if done is not None:      # the whole run fits the budgets: checked
+                elements_total += done
+                work_total += done
+                runs.append((i, len(nodes)))
+                i = len(nodes)
+                continue
+        raw = raw_nodes[i]
         node = plain_node(i, raw, nodes, names)
         if node is None:
             if skeleton(raw) not in valid:
@@ -485,6 +516,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         elif op in _INT_INPUTS:
             for field in _INT_INPUTS[op]:
                 unread_ids.pop(a if field == "a" else b, None)
+        i += 1
     if unread_ids:
         raise _unread_ids(next(iter(unread_ids)), source)
     loss = doc.get("loss", len(nodes) - 1)
@@ -504,8 +536,98 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                                 source=source, field=f"outputs.{name}")
     _check_budget(nodes, sizes, works, loss, work_total, source, limits)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
-                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1))
+                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
+                       runs=runs)
 
+
+
+# ── the columnar fast path: runs of plain unary nodes ──────────────────────
+#
+# A tape at the node limit is mostly ordinary elementwise nodes; even plain_node costs
+# ~4 us each there.  _plain_runs reads every node's op, a, b, s and shape in a few passes
+# over the whole node list (map over dict.get, no Python code per node) and finds, with
+# numpy, the nodes that plain_node would accept for certain and that need nothing from
+# it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
+# keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
+# a scalar operand, a valid shape equal to node a's (a unary op's shape is its
+# input's), in a file without integer data (no i64 const, no op whose values are
+# always whole numbers: then every node's ``integral`` is False).  Every other node,
+# and any file where a column holds a value of an unexpected type, goes through the
+# node-by-node path, which gives the exact messages; so does a run whose elements or
+# work would cross a budget (then the node-by-node path names the node that crosses).
+
+_RUN_MIN = 1024                   # fewer nodes: the columns cost more than they save
+_RUN_OPS = [name for name, spec in OPS.items()
+            if spec.kind == "unary" and spec.arity == 1 and not spec.attrs
+            and not spec.int_inputs and spec.integral in ("", "inputs", "a")]
+_RUN_CODE = {name: k + 1 for k, name in enumerate(_RUN_OPS)}      # 0: not a run op
+_RUN_SCALAR = np.array([False] + [name in SCALAR_OPS for name in _RUN_OPS])
+_WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral == "always")
+_INT_TYPE = frozenset((int,))
+_NUMBER_TYPES = frozenset((int, float))
+_LIST_TYPE = frozenset((list,))
+
+
+def _plain_runs(raw_nodes):
+    """(run starts, run stops, ops, a, s, shapes) of the runs of plain unary nodes, or
+    None: the node-by-node path for the whole file."""
+    n = len(raw_nodes)
+    if n < _RUN_MIN:
+        return None
+    get = dict.get
+    try:
+        ops = list(map(get, raw_nodes, repeat("op")))      # TypeError: a node not a map
+        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
+        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in map(get, raw_nodes,
+                                                                    repeat("dtype")):
+            return None
+        keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
+        a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
+        b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
+        s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
+        shapes = list(map(get, raw_nodes, repeat("shape")))
+        if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
+                or not set(map(type, s_col)) <= _NUMBER_TYPES
+                or not set(map(type, shapes)) <= _LIST_TYPE
+                or not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE):
+            return None
+        a = np.fromiter(a_col, dtype=np.int64, count=n)
+        b = np.fromiter(b_col, dtype=np.int64, count=n)
+        s = np.fromiter(s_col, dtype=np.float64, count=n)
+    except (TypeError, OverflowError, ValueError):
+        return None
+    # every dim is an int (not a bool or a float equal to one): equal tuples, equal shapes
+    tuples = list(map(tuple, shapes))
+    ids = {}
+    shape_id = np.fromiter([ids.setdefault(t, len(ids)) for t in tuples], dtype=np.int64,
+                           count=n)
+    valid_shape = np.array([0 < len(t) <= 32 and min(t) >= 1 for t in ids], dtype=bool)
+    index = np.arange(n)
+    ok = (codes > 0) & keys & (b == -1) & (a >= 0) & (a < index)
+    ok &= (s == 0) | _RUN_SCALAR[codes]
+    ok &= valid_shape[shape_id]
+    ok &= shape_id == shape_id[np.where(ok, a, 0)]
+    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
+    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    sizes = np.array([prod(t) for t in ids], dtype=object)
+    return starts.tolist(), stops.tolist(), ops, a_col, s_col, tuples, shape_id, sizes
+
+
+def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
+              elements_left: int, work_left: int) -> Optional[int]:
+    """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
+    its elements (its work too: a unary node's work is its size), or None, appending
+    nothing, when that would cross ``elements_left`` or ``work_left``."""
+    _, _, ops, a_col, s_col, tuples, shape_id, shape_sizes = columns
+    run_sizes = shape_sizes[shape_id[start:stop]].tolist()
+    total = sum(run_sizes)
+    if total > elements_left or total > work_left:
+        return None
+    nodes.extend(map(CheckedNode, ops[start:stop], a_col[start:stop], repeat(-1),
+                     map(float, s_col[start:stop]), tuples[start:stop], repeat(None)))
+    sizes.extend(run_sizes)
+    works.extend(run_sizes)
+    return total
 
 _INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
 
