@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from itertools import count
+from operator import attrgetter
 from typing import Optional
 
 import numpy as np
@@ -58,7 +60,7 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
         "format": "gradtool-tape",
         "version": 1,
         "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(n.op for n in tape.nodes).items())),
+        "ops": dict(sorted(Counter(map(_OP, tape.nodes)).items())),
         "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
                     "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
                    for p in tape.params()],
@@ -83,22 +85,18 @@ def summary_json(tf: TapeFile) -> str:
     (``tests/test_describe`` compares the two on every sample)."""
     tape = _tape_of(tf)
     head = json.dumps(summary(tf, nodes=False))
-    op_text = {}
-    shape_text = {}
-    parts = []
-    append = parts.append
-    for i, (n, v) in enumerate(zip(tape.nodes, tape.values)):
-        a, b = n.a, n.b
-        if n.name or n.aux or n.op in _NOT_PLAIN or type(a) is not int or type(b) is not int:
-            append(json.dumps(node_entry(tape, i)))
-            continue
-        op = op_text.get(n.op) or op_text.setdefault(n.op, json.dumps(n.op))
-        shape = v.shape
-        dims = shape_text.get(shape) or shape_text.setdefault(shape, json.dumps(list(shape)))
-        append(f'{{"id": {i}, "op": {op}, "a": {a}, "b": {b}, "shape": {dims}}}')
+    nodes = tape.nodes
+    op_text = {op: json.dumps(op) for op in set(map(_OP, nodes))}
+    shape_text = {shape: json.dumps(list(shape)) for shape in set(map(_SHAPE, tape.values))}
+    parts = [f'{{"id": {i}, "op": {op_text[n.op]}, "a": {n.a}, "b": {n.b}, '
+             f'"shape": {shape_text[v.shape]}}}'
+             if not (n.name or n.aux or n.op in _NOT_PLAIN) and type(n.a) is int
+             and type(n.b) is int else json.dumps(node_entry(tape, i))
+             for i, n, v in zip(count(), nodes, tape.values)]
     return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
 
 
+_OP, _SHAPE = attrgetter("op"), attrgetter("shape")
 _NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import dataclasses
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -566,51 +567,68 @@ _WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral =
 _INT_TYPE = frozenset((int,))
 _NUMBER_TYPES = frozenset((int, float))
 _LIST_TYPE = frozenset((list,))
+_CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
 
 
 def _plain_runs(raw_nodes):
-    """(run starts, run stops, ops, a, s, shapes) of the runs of plain unary nodes, or
-    None: the node-by-node path for the whole file."""
+    """(run starts, run stops, ops, a, s, shapes, shape ids, sizes per shape id) of the
+    runs of plain unary nodes, or None: the node-by-node path for the whole file."""
     n = len(raw_nodes)
     if n < _RUN_MIN:
         return None
     get = dict.get
     try:
-        ops = list(map(get, raw_nodes, repeat("op")))      # TypeError: a node not a map
-        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
-        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in map(get, raw_nodes,
-                                                                    repeat("dtype")):
+        try:                    # every node has the five core keys (as the writer writes)
+            ops, a_col, b_col, s_col, shapes = (list(map(item, raw_nodes))
+                                                for item in _CORE_ITEMS)
+            lengths = np.fromiter(map(len, raw_nodes), dtype=np.int64, count=n)
+            keys = lengths == len(_CORE)            # then no other key
+            more = np.flatnonzero(~keys).tolist()   # the only nodes that may hold a dtype
+            dtypes = [raw_nodes[k].get("dtype") for k in more]
+        except KeyError:
+            ops = list(map(get, raw_nodes, repeat("op")))
+            keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
+            a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
+            b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
+            s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
+            shapes = list(map(get, raw_nodes, repeat("shape")))
+            dtypes = map(get, raw_nodes, repeat("dtype"))
+        # (TypeError above: a node that is not a map)
+        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in dtypes:
             return None
-        keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
-        a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
-        b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
-        s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
-        shapes = list(map(get, raw_nodes, repeat("shape")))
+        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
         if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
                 or not set(map(type, s_col)) <= _NUMBER_TYPES
-                or not set(map(type, shapes)) <= _LIST_TYPE
-                or not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE):
+                or not set(map(type, shapes)) <= _LIST_TYPE):
             return None
         a = np.fromiter(a_col, dtype=np.int64, count=n)
         b = np.fromiter(b_col, dtype=np.int64, count=n)
         s = np.fromiter(s_col, dtype=np.float64, count=n)
+        if not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE:
+            return None             # a dim not an int (a bool or a float equal to one)
     except (TypeError, OverflowError, ValueError):
         return None
-    # every dim is an int (not a bool or a float equal to one): equal tuples, equal shapes
+    # every dim an int: equal tuples are equal shapes
     tuples = list(map(tuple, shapes))
-    ids = {}
-    shape_id = np.fromiter([ids.setdefault(t, len(ids)) for t in tuples], dtype=np.int64,
-                           count=n)
-    valid_shape = np.array([0 < len(t) <= 32 and min(t) >= 1 for t in ids], dtype=bool)
+    unique = dict.fromkeys(tuples)
+    for k, dims in enumerate(unique):
+        unique[dims] = k
+    shape_id = np.fromiter(map(unique.__getitem__, tuples), dtype=np.int64, count=n)
+    valid, canon, sizes = [], [], []
+    for dims in unique:
+        ok = 0 < len(dims) <= 32 and min(dims) >= 1
+        valid.append(ok)
+        canon.append(dims if ok else None)
+        sizes.append(prod(dims) if ok else 0)
     index = np.arange(n)
     ok = (codes > 0) & keys & (b == -1) & (a >= 0) & (a < index)
     ok &= (s == 0) | _RUN_SCALAR[codes]
-    ok &= valid_shape[shape_id]
+    ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    sizes = np.array([prod(t) for t in ids], dtype=object)
-    return starts.tolist(), stops.tolist(), ops, a_col, s_col, tuples, shape_id, sizes
+    return (starts.tolist(), stops.tolist(), ops, a_col, s_col, canon, shape_id,
+            np.array(sizes, dtype=object))
 
 
 def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
@@ -618,13 +636,15 @@ def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: l
     """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
     its elements (its work too: a unary node's work is its size), or None, appending
     nothing, when that would cross ``elements_left`` or ``work_left``."""
-    _, _, ops, a_col, s_col, tuples, shape_id, shape_sizes = columns
-    run_sizes = shape_sizes[shape_id[start:stop]].tolist()
+    _, _, ops, a_col, s_col, canon, shape_id, shape_sizes = columns
+    run_ids = shape_id[start:stop].tolist()
+    run_sizes = shape_sizes[run_ids].tolist()
     total = sum(run_sizes)
     if total > elements_left or total > work_left:
         return None
     nodes.extend(map(CheckedNode, ops[start:stop], a_col[start:stop], repeat(-1),
-                     map(float, s_col[start:stop]), tuples[start:stop], repeat(None)))
+                     map(float, s_col[start:stop]), map(canon.__getitem__, run_ids),
+                     repeat(None)))
     sizes.extend(run_sizes)
     works.extend(run_sizes)
     return total
