@@ -96,6 +96,24 @@ class CheckedNode:
     integral: bool = False            # integer-valued (ops.OpSpec.integral): may feed ids
 
 
+class RunNode(tuple):
+    """A CheckedNode of a plain unary node checked in columns (see :func:`_plain_runs`):
+    the same fields, as a tuple ``(op, a, s, shape)`` built without Python code per node
+    (tuple.__new__); every other field is the same for all of them."""
+
+    __slots__ = ()
+    op = property(operator.itemgetter(0))
+    a = property(operator.itemgetter(1))
+    s = property(operator.itemgetter(2))
+    shape = property(operator.itemgetter(3))
+    b, attrs, name, l2, data, value, dtype, integral = -1, None, None, 0.0, None, None, "f64", \
+        False
+
+    def __repr__(self):
+        return (f"RunNode(op={self.op!r}, a={self.a}, b=-1, s={self.s!r}, "
+                f"shape={self.shape})")
+
+
 @dataclass
 class CheckedFile:
     nodes: list
@@ -535,7 +553,8 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
-    _check_budget(nodes, sizes, works, loss, work_total, source, limits)
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits,
+                  columns[2:5] if columns is not None else None)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
                        runs=runs)
@@ -571,7 +590,7 @@ _CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
 
 
 def _plain_runs(raw_nodes):
-    """(run starts, run stops, ops, a, s, shapes, shape ids, sizes per shape id) of the
+    """(run starts, run stops, op, a, b, s, shapes, shape ids, sizes per shape id) of the
     runs of plain unary nodes, or None: the node-by-node path for the whole file."""
     n = len(raw_nodes)
     if n < _RUN_MIN:
@@ -627,7 +646,7 @@ def _plain_runs(raw_nodes):
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return (starts.tolist(), stops.tolist(), ops, a_col, s_col, canon, shape_id,
+    return (starts.tolist(), stops.tolist(), ops, a_col, b_col, s_col, canon, shape_id,
             np.array(sizes, dtype=object))
 
 
@@ -636,15 +655,15 @@ def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: l
     """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
     its elements (its work too: a unary node's work is its size), or None, appending
     nothing, when that would cross ``elements_left`` or ``work_left``."""
-    _, _, ops, a_col, s_col, canon, shape_id, shape_sizes = columns
+    _, _, ops, a_col, _, s_col, canon, shape_id, shape_sizes = columns
     run_ids = shape_id[start:stop].tolist()
     run_sizes = shape_sizes[run_ids].tolist()
     total = sum(run_sizes)
     if total > elements_left or total > work_left:
         return None
-    nodes.extend(map(CheckedNode, ops[start:stop], a_col[start:stop], repeat(-1),
-                     map(float, s_col[start:stop]), map(canon.__getitem__, run_ids),
-                     repeat(None)))
+    nodes.extend(map(tuple.__new__, repeat(RunNode),
+                     zip(ops[start:stop], a_col[start:stop], map(float, s_col[start:stop]),
+                         map(canon.__getitem__, run_ids))))
     sizes.extend(run_sizes)
     works.extend(run_sizes)
     return total
@@ -669,10 +688,14 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
                          f"{limits.max_work}", source=source, node=node)
 
 
-def _check_budget(nodes, sizes, works, loss, forward_work, source, limits) -> None:
-    """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``."""
-    est = estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
-                          sizes, works, loss)
+def _check_budget(nodes, sizes, works, loss, forward_work, source, limits,
+                  columns=None) -> None:
+    """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
+    ``columns``: the file's op, a and b of every node as :func:`_plain_runs` read them,
+    which equal the checked nodes' once every node has passed."""
+    if columns is None:
+        columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
+    est = estimate_memory(*columns, sizes, works, loss)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,

@@ -127,22 +127,21 @@ def _run_rule(op: str) -> tuple:
 
 def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> None:
     """The nodes ``start:stop`` of a run of plain unary nodes (CheckedFile.runs: no
-    attributes, stored value or integer data; a float input of the node's own shape), as
+    attributes, stored value or integer data; a float input of the node's own shape;
+    checks.RunNode tuples ``(op, a, s, shape)``), as
     the general loop of :func:`replay` appends them, with less per node."""
     values, requires = tape.values, tape.requires
     append_node, append_value, append_requires = (tape.nodes.append, values.append,
                                                   requires.append)
     rules = {}
-    for k in range(start, stop):
-        node = nodes[k]
-        op, a, s = node.op, node.a, node.s
+    for k, (op, a, s, shape) in enumerate(nodes[start:stop], start):
         rule = rules.get(op)
         if rule is None:
             rule = rules[op] = _run_rule(op)
         value = rule[0](values[a], None, s, None)
-        if value.shape != node.shape:        # defensive: the checks prevent it
+        if value.shape != shape:             # defensive: the checks prevent it
             raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
-                                f"checked {list(node.shape)}", source=source, node=k)
+                                f"checked {list(shape)}", source=source, node=k)
         if value.base is not None:           # never alias an input (as _append_op)
             value = value.copy()
         append_node(Node(op, a, -1, s, None))
