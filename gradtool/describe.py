@@ -18,6 +18,7 @@ import numpy as np
 from .errors import GradtoolError
 from .ops import INT_DTYPE, format_shape
 from .tapefile import TapeFile
+from .tapefile.read import gc_paused
 
 
 def node_entry(tape, i: int) -> dict:
@@ -82,20 +83,36 @@ def summary_json(tf: TapeFile) -> str:
     """``json.dumps(summary(tf))``, the same text, at a fraction of the time for a tape of
     a million nodes: a node with nothing beyond id, op, inputs and shape (see
     :func:`plain_node`) is written from a template instead of built as a dict and encoded
-    (``tests/test_describe`` compares the two on every sample)."""
+    (``tests/test_cli_tapes.py`` compares the two texts on every sample)."""
+    with gc_paused():               # a million new strings and tuples, no cycles
+        return _summary_json(tf)
+
+
+def _summary_json(tf: TapeFile) -> str:
     tape = _tape_of(tf)
     head = json.dumps(summary(tf, nodes=False))
-    nodes = tape.nodes
-    op_text = {op: json.dumps(op) for op in set(map(_OP, nodes))}
-    shape_text = {shape: json.dumps(list(shape)) for shape in set(map(_SHAPE, tape.values))}
-    parts = [f'{{"id": {i}, "op": {op_text[n.op]}, "a": {n.a}, "b": {n.b}, '
-             f'"shape": {shape_text[v.shape]}}}'
-             if not (n.name or n.aux or n.op in _NOT_PLAIN) and type(n.a) is int
-             and type(n.b) is int else json.dumps(node_entry(tape, i))
-             for i, n, v in zip(count(), nodes, tape.values)]
+    nodes, values, n = tape.nodes, tape.values, len(tape.nodes)
+    ops, a, b = list(map(_OP, nodes)), list(map(_A, nodes)), list(map(_B, nodes))
+    shapes = list(map(_SHAPE, values))
+    if not set(map(type, a)) <= _INT or not set(map(type, b)) <= _INT:
+        special = range(n)          # not a tape recorded here: every node in full
+    else:                           # the nodes with more than id, op, inputs and shape
+        special = np.flatnonzero(
+            np.fromiter(map(bool, map(_NAME, nodes)), dtype=bool, count=n)
+            | np.fromiter(map(bool, map(_AUX, nodes)), dtype=bool, count=n)
+            | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
+    op_text = {op: json.dumps(op) for op in set(ops)}
+    shape_text = {shape: json.dumps(list(shape)) for shape in set(shapes)}
+    parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a, b,
+                                             map(shape_text.__getitem__, shapes))))
+    for i in special:
+        parts[i] = json.dumps(node_entry(tape, i))
     return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
 
 
+_NODE_TEXT = '{"id": %d, "op": %s, "a": %d, "b": %d, "shape": %s}'
+_A, _B, _NAME, _AUX = attrgetter("a"), attrgetter("b"), attrgetter("name"), attrgetter("aux")
+_INT = frozenset((int,))
 _OP, _SHAPE = attrgetter("op"), attrgetter("shape")
 _NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
 
