@@ -28,7 +28,10 @@ Three gates, in order, each before anything the file claims is allocated:
 Gates 2 and 3 go through the nodes once, node by node, so the first bad node
 in file order is the one reported; an ordinary node takes a fast path
 (:func:`plain_node`) that returns only what the schema and the general checks
-would, which keeps a tape at the node limit (2^20 nodes) to seconds.
+would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
+nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
+fast path would accept for certain are taken, and every other node, or a run
+that crosses a budget, goes node by node, so the messages are the same.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
