@@ -35,8 +35,11 @@ The default memory budget is :data:`DEFAULT_MEMORY` (2 GiB); ``gradtool
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from .errors import GradtoolError
 
@@ -117,45 +120,66 @@ class MemoryEstimate:
 def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEstimate:
     """The model for a tape given per node its op, input ids (-1: none), element count
     and forward work; ``loss`` is the node backward seeds; ``extra``: per node its
-    :func:`node_temporary` (default none)."""
+    :func:`node_temporary` (default none), added to the node's temporaries.
+
+    The two walks that depend on earlier answers (which nodes require grad, forward;
+    which ones the backward walk reaches, from the loss down) are plain loops; the
+    temporaries and the backward work are then taken over all nodes at once with numpy
+    (a tape at the node limit has 2^20 nodes)."""
     n = len(ops)
     extra = extra or [0] * n
     requires = [False] * n
-    temporary, temporary_node = 0, -1
-    for i, ia, ib, op in zip(range(n), a, b, ops):
+    for i, ia, ib in zip(range(n), a, b):
         if ia < 0:
-            requires[i] = op == "param"
-            continue
-        requires[i] = requires[ia] or (ib >= 0 and requires[ib])
-        big = sizes[i] if sizes[i] >= sizes[ia] else sizes[ia]
-        if ib >= 0 and sizes[ib] > big:
-            big = sizes[ib]
-        if FORWARD_TEMPORARIES * big + extra[i] > temporary:
-            temporary, temporary_node = FORWARD_TEMPORARIES * big + extra[i], i
+            if ops[i] == "param":
+                requires[i] = True
+        elif requires[ia] or (ib >= 0 and requires[ib]):
+            requires[i] = True
     reached = [False] * n
     reached[loss] = True
-    grads = backward_work = 0
     for i in range(loss, -1, -1):
-        if not reached[i]:
-            continue
-        grads += sizes[i]
-        ia, ib = a[i], b[i]
-        if ia < 0 or not requires[i]:
-            continue
-        sides = 0
-        if requires[ia]:
-            reached[ia] = True
-            sides += 1
-        if ib >= 0 and requires[ib]:
-            reached[ib] = True
-            sides += 1
-        if sides:
-            backward_work += sides * works[i]
-            big = BACKWARD_TEMPORARIES * max(sizes[i], sizes[ia], sizes[ib] if ib >= 0 else 0)
-            big += extra[i]
-            if big > temporary:
-                temporary, temporary_node = big, i
-    return MemoryEstimate(sum(sizes), grads, temporary, temporary_node, backward_work)
+        if reached[i] and requires[i]:
+            ia = a[i]
+            if ia >= 0:
+                if requires[ia]:
+                    reached[ia] = True
+                ib = b[i]
+                if ib >= 0 and requires[ib]:
+                    reached[ib] = True
+    if n == 0:
+        return MemoryEstimate(0, 0, 0, -1, 0)
+    size = np.array(sizes, dtype=object if max(sizes) >= 1 << 58 else np.int64)
+    ia, ib = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+    op_node = ia >= 0
+    req = np.array(requires, dtype=bool)
+    big = np.maximum(size, size[np.where(op_node, ia, 0)])
+    big = np.maximum(big, np.where(ib >= 0, size[np.where(ib >= 0, ib, 0)], 0))
+    big = np.where(op_node, big, 0)
+    xtra = np.where(op_node, np.array(extra, dtype=size.dtype), 0)   # node_temporary's
+    grads = int(size[np.array(reached, dtype=bool)].sum())
+    # the sides a node's backward differentiates: those of its inputs that require grad
+    sides = ((req[np.where(op_node, ia, 0)] & op_node).astype(np.int64)
+             + (req[np.where(ib >= 0, ib, 0)] & (ib >= 0)))
+    sides[~(np.array(reached, dtype=bool) & req & op_node)] = 0
+    sides[loss + 1:] = 0
+    walked = np.flatnonzero(sides)
+    backward_work = sum(map(operator.mul, sides[walked].tolist(),
+                            [works[i] for i in walked.tolist()]))
+    # the largest temporary: the first node of the largest forward one, unless a node the
+    # backward walk differentiates needs more (the first such from the loss down)
+    temporary, temporary_node = 0, -1
+    if op_node.any():
+        forward = FORWARD_TEMPORARIES * big + xtra
+        temporary_node = int(np.argmax(forward))
+        temporary = int(forward[temporary_node])
+    if len(walked):
+        backward = BACKWARD_TEMPORARIES * big[walked] + xtra[walked]
+        top = int(backward.max())
+        if top > temporary:
+            temporary = top
+            temporary_node = int(walked[np.flatnonzero(backward == top)[-1]])
+    return MemoryEstimate(int(size.sum()), grads, temporary, temporary_node,
+                          int(backward_work))
 
 
 # ── sizes as people write them ─────────────────────────────────────────────

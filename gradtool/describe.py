@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from itertools import count
+from operator import attrgetter
 from typing import Optional
 
 import numpy as np
@@ -16,6 +18,7 @@ import numpy as np
 from .errors import GradtoolError
 from .ops import INT_DTYPE, format_shape
 from .tapefile import TapeFile
+from .tapefile.read import gc_paused
 
 
 def node_entry(tape, i: int) -> dict:
@@ -58,7 +61,7 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
         "format": "gradtool-tape",
         "version": 1,
         "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(n.op for n in tape.nodes).items())),
+        "ops": dict(sorted(Counter(map(_OP, tape.nodes)).items())),
         "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
                     "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
                    for p in tape.params()],
@@ -80,25 +83,37 @@ def summary_json(tf: TapeFile) -> str:
     """``json.dumps(summary(tf))``, the same text, at a fraction of the time for a tape of
     a million nodes: a node with nothing beyond id, op, inputs and shape (see
     :func:`plain_node`) is written from a template instead of built as a dict and encoded
-    (``tests/test_describe`` compares the two on every sample)."""
+    (``tests/test_cli_tapes.py`` compares the two texts on every sample)."""
+    with gc_paused():               # a million new strings and tuples, no cycles
+        return _summary_json(tf)
+
+
+def _summary_json(tf: TapeFile) -> str:
     tape = _tape_of(tf)
     head = json.dumps(summary(tf, nodes=False))
-    op_text = {}
-    shape_text = {}
-    parts = []
-    append = parts.append
-    for i, (n, v) in enumerate(zip(tape.nodes, tape.values)):
-        a, b = n.a, n.b
-        if n.name or n.aux or n.op in _NOT_PLAIN or type(a) is not int or type(b) is not int:
-            append(json.dumps(node_entry(tape, i)))
-            continue
-        op = op_text.get(n.op) or op_text.setdefault(n.op, json.dumps(n.op))
-        shape = v.shape
-        dims = shape_text.get(shape) or shape_text.setdefault(shape, json.dumps(list(shape)))
-        append(f'{{"id": {i}, "op": {op}, "a": {a}, "b": {b}, "shape": {dims}}}')
+    nodes, values, n = tape.nodes, tape.values, len(tape.nodes)
+    ops, a, b = list(map(_OP, nodes)), list(map(_A, nodes)), list(map(_B, nodes))
+    shapes = list(map(_SHAPE, values))
+    if not set(map(type, a)) <= _INT or not set(map(type, b)) <= _INT:
+        special = range(n)          # not a tape recorded here: every node in full
+    else:                           # the nodes with more than id, op, inputs and shape
+        special = np.flatnonzero(
+            np.fromiter(map(bool, map(_NAME, nodes)), dtype=bool, count=n)
+            | np.fromiter(map(bool, map(_AUX, nodes)), dtype=bool, count=n)
+            | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
+    op_text = {op: json.dumps(op) for op in set(ops)}
+    shape_text = {shape: json.dumps(list(shape)) for shape in set(shapes)}
+    parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a, b,
+                                             map(shape_text.__getitem__, shapes))))
+    for i in special:
+        parts[i] = json.dumps(node_entry(tape, i))
     return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
 
 
+_NODE_TEXT = '{"id": %d, "op": %s, "a": %d, "b": %d, "shape": %s}'
+_A, _B, _NAME, _AUX = attrgetter("a"), attrgetter("b"), attrgetter("name"), attrgetter("aux")
+_INT = frozenset((int,))
+_OP, _SHAPE = attrgetter("op"), attrgetter("shape")
 _NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
 
 

@@ -2,6 +2,7 @@
 have, each as small as a node gets), through the commands that load it.
 
     python scripts/bench_load.py [--nodes N] [--runs R] [--checkout DIR] [--baseline REV]
+                                 [--commands load,inspect-json,inspect,backward]
 
 Prints, for loading alone (``gradtool.load`` in a fresh process), ``gradtool inspect
 --json``, ``inspect`` and ``backward`` run as fresh processes, the median wall time and
@@ -97,7 +98,15 @@ def main() -> None:
     ap.add_argument("--checkout", type=Path, default=ROOT)
     ap.add_argument("--baseline", metavar="REV", default=None,
                     help="also time this commit (e.g. 1d644f5), side by side")
+    ap.add_argument("--commands", default="load,inspect-json,inspect,backward",
+                    help="which commands to time, comma-separated (default: all four)")
     opts = ap.parse_args()
+    known = {"load": ["load"], "inspect-json": ["inspect", "--json"],
+             "inspect": ["inspect"], "backward": ["backward"]}
+    unknown = set(opts.commands.split(",")) - set(known)
+    if unknown:
+        ap.error(f"unknown command(s) {sorted(unknown)}; pick from {sorted(known)}")
+    commands = [known[c] for c in opts.commands.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "chain.msgpack"
         path.write_bytes(chain(opts.nodes))
@@ -110,7 +119,7 @@ def main() -> None:
               f"{opts.checkout}" + (f" and commit {opts.baseline}" if opts.baseline else "")
               + f"; median of {opts.runs} runs, wall / CPU seconds")
         print("  " + " " * 24 + "".join(f"{name:>24s}" for name in trees))
-        for command in (["load"], ["inspect", "--json"], ["inspect"], ["backward"]):
+        for command in commands:
             runs = {name: [] for name in trees}
             for _ in range(opts.runs):           # interleaved: the same noise for both
                 for name, tree in trees.items():

@@ -28,7 +28,10 @@ Three gates, in order, each before anything the file claims is allocated:
 Gates 2 and 3 go through the nodes once, node by node, so the first bad node
 in file order is the one reported; an ordinary node takes a fast path
 (:func:`plain_node`) that returns only what the schema and the general checks
-would, which keeps a tape at the node limit (2^20 nodes) to seconds.
+would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
+nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
+fast path would accept for certain are taken, and every other node, or a run
+that crosses a budget, goes node by node, so the messages are the same.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
@@ -38,7 +41,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
+import dataclasses
 from dataclasses import dataclass
+from itertools import chain, repeat
 from functools import lru_cache
 from importlib import resources
 from typing import Optional
@@ -93,6 +99,24 @@ class CheckedNode:
     integral: bool = False            # integer-valued (ops.OpSpec.integral): may feed ids
 
 
+class RunNode(tuple):
+    """A CheckedNode of a plain unary node checked in columns (see :func:`_plain_runs`):
+    the same fields, as a tuple ``(op, a, s, shape)`` built without Python code per node
+    (tuple.__new__); every other field is the same for all of them."""
+
+    __slots__ = ()
+    op = property(operator.itemgetter(0))
+    a = property(operator.itemgetter(1))
+    s = property(operator.itemgetter(2))
+    shape = property(operator.itemgetter(3))
+    b, attrs, name, l2, data, value, dtype, integral = -1, None, None, 0.0, None, None, "f64", \
+        False
+
+    def __repr__(self):
+        return (f"RunNode(op={self.op!r}, a={self.a}, b=-1, s={self.s!r}, "
+                f"shape={self.shape})")
+
+
 @dataclass
 class CheckedFile:
     nodes: list
@@ -101,6 +125,10 @@ class CheckedFile:
     meta: dict
     optimizer: Optional[dict]
     numerics: int = 1                 # the contract recorded values came from (absent: 1)
+    runs: list = dataclasses.field(default_factory=list)
+    # (start, stop) of runs of plain unary nodes (see _plain_runs): ops without attributes,
+    # integer inputs or a stored value, reading one float node of their own shape, no
+    # integer values anywhere in the file; replay takes them in a tight loop
 
 
 def show(x, limit: int = 60) -> str:
@@ -448,7 +476,32 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
-    for i, raw in enumerate(raw_nodes):
+    columns = _plain_runs(raw_nodes)
+    runs = []                         # (start, stop) of the node runs checked as columns
+    run_start = run_stop = len(raw_nodes)
+    if columns is not None:
+        run_starts, run_stops = columns[0], columns[1]
+        next_run = 0
+        if len(run_starts):
+            run_start, run_stop = run_starts[0], run_stops[0]
+    i = 0
+    count_nodes = len(raw_nodes)
+    while i < count_nodes:
+        if i == run_start:
+            done = _take_run(columns, i, run_stop, nodes, sizes, works,
+                             max_elements - elements_total, max_work - work_total)
+            next_run += 1
+            if next_run < len(run_starts):
+                run_start, run_stop = run_starts[next_run], run_stops[next_run]
+            else:
+                run_start = run_stop = count_nodes
+            if done is not None:      # the whole run fits the budgets: checked
+                elements_total += done
+                work_total += done
+                runs.append((i, len(nodes)))
+                i = len(nodes)
+                continue
+        raw = raw_nodes[i]
         node = plain_node(i, raw, nodes, names)
         if node is None:
             if skeleton(raw) not in valid:
@@ -490,6 +543,7 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         elif op in _INT_INPUTS:
             for field in _INT_INPUTS[op]:
                 unread_ids.pop(a if field == "a" else b, None)
+        i += 1
     if unread_ids:
         raise _unread_ids(next(iter(unread_ids)), source)
     loss = doc.get("loss", len(nodes) - 1)
@@ -507,10 +561,120 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
-    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra)
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra,
+                  columns[2:5] if columns is not None else None)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
-                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1))
+                       optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
+                       runs=runs)
 
+
+
+# ── the columnar fast path: runs of plain unary nodes ──────────────────────
+#
+# A tape at the node limit is mostly ordinary elementwise nodes; even plain_node costs
+# ~4 us each there.  _plain_runs reads every node's op, a, b, s and shape in a few passes
+# over the whole node list (map over dict.get, no Python code per node) and finds, with
+# numpy, the nodes that plain_node would accept for certain and that need nothing from
+# it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
+# keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
+# a scalar operand, a valid shape equal to node a's (a unary op's shape is its
+# input's), in a file without integer data (no i64 const, no op whose values are
+# always whole numbers: then every node's ``integral`` is False).  Every other node,
+# and any file where a column holds a value of an unexpected type, goes through the
+# node-by-node path, which gives the exact messages; so does a run whose elements or
+# work would cross a budget (then the node-by-node path names the node that crosses).
+
+_RUN_MIN = 1024                   # fewer nodes: the columns cost more than they save
+_RUN_OPS = [name for name, spec in OPS.items()
+            if spec.kind == "unary" and spec.arity == 1 and not spec.attrs
+            and not spec.int_inputs and spec.integral in ("", "inputs", "a")]
+_RUN_CODE = {name: k + 1 for k, name in enumerate(_RUN_OPS)}      # 0: not a run op
+_RUN_SCALAR = np.array([False] + [name in SCALAR_OPS for name in _RUN_OPS])
+_WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral == "always")
+_INT_TYPE = frozenset((int,))
+_NUMBER_TYPES = frozenset((int, float))
+_LIST_TYPE = frozenset((list,))
+_CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
+
+
+def _plain_runs(raw_nodes):
+    """(run starts, run stops, op, a, b, s, shapes, shape ids, sizes per shape id) of the
+    runs of plain unary nodes, or None: the node-by-node path for the whole file."""
+    n = len(raw_nodes)
+    if n < _RUN_MIN:
+        return None
+    get = dict.get
+    try:
+        try:                    # every node has the five core keys (as the writer writes)
+            ops, a_col, b_col, s_col, shapes = (list(map(item, raw_nodes))
+                                                for item in _CORE_ITEMS)
+            lengths = np.fromiter(map(len, raw_nodes), dtype=np.int64, count=n)
+            keys = lengths == len(_CORE)            # then no other key
+            more = np.flatnonzero(~keys).tolist()   # the only nodes that may hold a dtype
+            dtypes = [raw_nodes[k].get("dtype") for k in more]
+        except KeyError:
+            ops = list(map(get, raw_nodes, repeat("op")))
+            keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
+            a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
+            b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
+            s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
+            shapes = list(map(get, raw_nodes, repeat("shape")))
+            dtypes = map(get, raw_nodes, repeat("dtype"))
+        # (TypeError above: a node that is not a map)
+        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in dtypes:
+            return None
+        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
+        if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
+                or not set(map(type, s_col)) <= _NUMBER_TYPES
+                or not set(map(type, shapes)) <= _LIST_TYPE):
+            return None
+        a = np.fromiter(a_col, dtype=np.int64, count=n)
+        b = np.fromiter(b_col, dtype=np.int64, count=n)
+        s = np.fromiter(s_col, dtype=np.float64, count=n)
+        if not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE:
+            return None             # a dim not an int (a bool or a float equal to one)
+    except (TypeError, OverflowError, ValueError):
+        return None
+    # every dim an int: equal tuples are equal shapes
+    tuples = list(map(tuple, shapes))
+    unique = dict.fromkeys(tuples)
+    for k, dims in enumerate(unique):
+        unique[dims] = k
+    shape_id = np.fromiter(map(unique.__getitem__, tuples), dtype=np.int64, count=n)
+    valid, canon, sizes = [], [], []
+    for dims in unique:
+        ok = 0 < len(dims) <= 32 and min(dims) >= 1
+        valid.append(ok)
+        canon.append(dims if ok else None)
+        sizes.append(prod(dims) if ok else 0)
+    index = np.arange(n)
+    ok = (codes > 0) & keys & (b == -1) & (a >= 0) & (a < index)
+    ok &= (s == 0) | _RUN_SCALAR[codes]
+    ok &= np.array(valid, dtype=bool)[shape_id]
+    ok &= shape_id == shape_id[np.where(ok, a, 0)]
+    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
+    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return (starts.tolist(), stops.tolist(), ops, a_col, b_col, s_col, canon, shape_id,
+            np.array(sizes, dtype=object))
+
+
+def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
+              elements_left: int, work_left: int) -> Optional[int]:
+    """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
+    its elements (its work too: a unary node's work is its size), or None, appending
+    nothing, when that would cross ``elements_left`` or ``work_left``."""
+    _, _, ops, a_col, _, s_col, canon, shape_id, shape_sizes = columns
+    run_ids = shape_id[start:stop].tolist()
+    run_sizes = shape_sizes[run_ids].tolist()
+    total = sum(run_sizes)
+    if total > elements_left or total > work_left:
+        return None
+    nodes.extend(map(tuple.__new__, repeat(RunNode),
+                     zip(ops[start:stop], a_col[start:stop], map(float, s_col[start:stop]),
+                         map(canon.__getitem__, run_ids))))
+    sizes.extend(run_sizes)
+    works.extend(run_sizes)
+    return total
 
 _INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
 
@@ -532,10 +696,15 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
                          f"{limits.max_work}", source=source, node=node)
 
 
-def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra) -> None:
-    """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``."""
-    est = estimate_memory([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes],
-                          sizes, works, loss, extra)
+def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra,
+                  columns=None) -> None:
+    """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
+    ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b of
+    every node as :func:`_plain_runs` read them, which equal the checked nodes' once every
+    node has passed."""
+    if columns is None:
+        columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
+    est = estimate_memory(*columns, sizes, works, loss, extra)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,

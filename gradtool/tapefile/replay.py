@@ -63,8 +63,18 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
     integral = tape.integral
     append_integral = integral.append
     ops_from = len(tape.nodes)
+    nodes = checked.nodes
+    runs = {start: stop for start, stop in checked.runs}
     with ieee_silent():
-        for i, node in enumerate(checked.nodes):
+        i, count = 0, len(nodes)
+        while i < count:
+            stop = runs.get(i)
+            if stop is not None:
+                _replay_run(nodes, i, stop, tape, source)
+                i = stop
+                continue
+            node, k = nodes[i], i
+            i += 1
             op, a, b = node.op, node.a, node.b
             if a < 0:
                 _finish_ops(tape, ops_from)
@@ -81,12 +91,12 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                 problem = bad_id(values[b], spec.index_bound(values[a].shape, node.attrs))
                 if problem:
                     raise TapeFileError(f"its ids, computed by node {b}: {problem} (table "
-                                        f"{list(values[a].shape)})", source=source, node=i,
+                                        f"{list(values[a].shape)})", source=source, node=k,
                                         field="b")
             value = spec.forward(values[a], values[b] if b >= 0 else None, node.s, node.attrs)
             if value.shape != node.shape:        # defensive: the checks prevent it
                 raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
-                                    f"checked {list(node.shape)}", source=source, node=i)
+                                    f"checked {list(node.shape)}", source=source, node=k)
             if value.base is not None:           # never alias an input (as _append_op)
                 value = value.copy()
             append_node(Node(op, a, b, node.s, node.attrs))
@@ -97,11 +107,47 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
             append_integral(bool(spec.integral)
                             and spec.integral_of(integral[a], b < 0 or integral[b]))
             if node.value is not None:
-                recorded[i] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
+                recorded[k] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
         _finish_ops(tape, ops_from)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
     return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
                     source, recorded, checked.numerics)
+
+
+_RUN_RULES = {}
+
+
+def _run_rule(op: str) -> tuple:
+    rule = _RUN_RULES.get(op)
+    if rule is None:
+        spec = OPS[op]
+        rule = _RUN_RULES[op] = (spec.forward, "a" in spec.grad_inputs)
+    return rule
+
+
+def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> None:
+    """The nodes ``start:stop`` of a run of plain unary nodes (CheckedFile.runs: no
+    attributes, stored value or integer data; a float input of the node's own shape;
+    checks.RunNode tuples ``(op, a, s, shape)``), as
+    the general loop of :func:`replay` appends them, with less per node."""
+    values, requires = tape.values, tape.requires
+    append_node, append_value, append_requires = (tape.nodes.append, values.append,
+                                                  requires.append)
+    rules = {}
+    for k, (op, a, s, shape) in enumerate(nodes[start:stop], start):
+        rule = rules.get(op)
+        if rule is None:
+            rule = rules[op] = _run_rule(op)
+        value = rule[0](values[a], None, s, None)
+        if value.shape != shape:             # defensive: the checks prevent it
+            raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
+                                f"checked {list(shape)}", source=source, node=k)
+        if value.base is not None:           # never alias an input (as _append_op)
+            value = value.copy()
+        append_node(Node(op, a, -1, s, None))
+        append_value(value)
+        append_requires(rule[1] and requires[a])
+    tape.integral.extend([False] * (stop - start))    # no integer data in the file
 
 
 def _finish_ops(tape: Tape, start: int) -> None:

@@ -1,0 +1,153 @@
+"""The loader's columnar path (tapefile.checks._plain_runs: runs of plain unary nodes
+checked with numpy, replayed in a tight loop) against the node-by-node path, on real
+files long enough to take it (the fuzz tests' files are shorter than _RUN_MIN).
+
+Every file, valid or mutated, must give the same thing both ways: the same error
+message, or tapes equal node by node, bit for bit.
+"""
+
+import copy
+
+import msgpack
+import numpy as np
+import pytest
+
+import gradtool
+from gradtool.errors import TapeFileError
+from gradtool.tapefile import checks
+from support import Mutator
+
+NODES = 1500
+SEED = 20261202
+MUTATIONS = 160
+
+
+def long_doc(seed: int = 0) -> dict:
+    """Two params, then runs of unary ops (some with a scalar operand, some on a
+    broadcast shape) broken by binary ones and a sum, then a one-element loss."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        {"op": "param", "a": -1, "b": -1, "s": 0.0, "shape": [3], "name": "x",
+         "data": rng.standard_normal(3).astype("<f8").tobytes()},
+        {"op": "param", "a": -1, "b": -1, "s": 0.0, "shape": [2, 3], "name": "w",
+         "data": rng.standard_normal(6).astype("<f8").tobytes()},
+        {"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": [3],
+         "data": rng.standard_normal(3).astype("<f8").tobytes()}]
+    last = {(3,): 0, (2, 3): 1}
+    unary = [("neg", 0.0), ("tanh", 0.0), ("sigmoid", 0.0), ("adds", 0.25), ("muls", 0.5),
+             ("relu", 0.0), ("abs", 0.0)]
+    while len(nodes) < NODES - 2:
+        i = len(nodes)
+        shape = (3,) if rng.integers(3) else (2, 3)
+        if rng.integers(40) == 0:          # a binary node breaks the run
+            nodes.append({"op": "add", "a": last[(2, 3)], "b": last[(3,)], "s": 0.0,
+                          "shape": [2, 3]})
+            last[(2, 3)] = i
+            continue
+        op, s = unary[int(rng.integers(len(unary)))]
+        nodes.append({"op": op, "a": last[shape], "b": -1, "s": s, "shape": list(shape)})
+        last[shape] = i
+    n = len(nodes)
+    nodes.append({"op": "add", "a": last[(2, 3)], "b": last[(3,)], "s": 0.0,
+                  "shape": [2, 3]})
+    nodes.append({"op": "sum", "a": n, "b": -1, "s": 0.0, "shape": [1]})
+    return {"format": "gradtool-tape", "version": 1, "nodes": nodes}
+
+
+def outcome(raw: bytes):
+    """An error's message, or the loaded tape as comparable plain data."""
+    try:
+        tf = gradtool.load(raw, name="f")
+    except TapeFileError as exc:
+        return ("error", str(exc))
+    tape = tf.tape
+    return ("ok", [(n.op, n.a, n.b, type(n.s), repr(n.s), n.aux, n.name, n.l2)
+                   for n in tape.nodes],
+            [(v.dtype.str, v.shape, v.tobytes()) for v in tape.values], list(tape.requires),
+            list(tape.integral), list(tape.serials), len(tape.grads), sorted(tf.recorded),
+            tf.loss.id)
+
+
+def both_ways(raw: bytes, monkeypatch) -> tuple:
+    columns = outcome(raw)
+    with monkeypatch.context() as m:
+        m.setattr(checks, "_RUN_MIN", 1 << 62)
+        nodes = outcome(raw)
+    return columns, nodes
+
+
+def test_a_long_valid_file_takes_the_columnar_path_and_loads_identically(monkeypatch):
+    doc = long_doc()
+    raw = msgpack.packb(doc, use_bin_type=True)
+    checked = checks.check(checks.decode(raw, "f", checks.Limits()), "f", checks.Limits())
+    assert sum(stop - start for start, stop in checked.runs) > NODES // 2
+    columns, nodes = both_ways(raw, monkeypatch)
+    assert columns[0] == "ok" and columns == nodes
+
+
+TARGETED = [
+    ("a", -1), ("a", 10**6), ("a", True), ("a", 2.0), ("a", (1 << 64) - 1), ("b", 0), ("b", None),
+    ("s", float("nan")), ("s", 1.5), ("s", True), ("s", (1 << 64) - 1), ("s", -(1 << 63)),
+    ("shape", [True, 3]), ("shape", [3.0]), ("shape", []), ("shape", [0]), ("shape", [4]),
+    ("shape", [[3]]), ("shape", None), ("op", "exp"), ("op", "nope"), ("op", ["neg"]),
+    ("op", "sum"), ("value", b"\0" * 24), ("value", b"\0" * 8), ("extra", 1),
+    ("dtype", "i64"), ("name", "x"), ("data", b""),
+]
+
+
+@pytest.mark.parametrize("field,value", TARGETED, ids=[f"{f}={v!r}"[:40] for f, v in TARGETED])
+def test_one_bad_field_inside_a_run_gives_the_node_by_node_outcome(field, value, monkeypatch):
+    doc = long_doc()
+    rng = np.random.default_rng(hash((field, repr(value))) % (1 << 32))
+    for _ in range(3):                     # anywhere in the runs, near the start or the end
+        k = int(rng.integers(3, NODES - 2))
+        bad = copy.deepcopy(doc)
+        bad["nodes"][k][field] = value
+        columns, nodes = both_ways(msgpack.packb(bad, use_bin_type=True), monkeypatch)
+        assert columns == nodes, (k, field, value)
+
+
+def test_an_i64_const_or_a_node_not_a_map_turns_the_columns_off(monkeypatch):
+    doc = long_doc()
+    doc["nodes"].insert(3, {"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": [2],
+                            "dtype": "i64", "data": np.arange(2).astype("<i8").tobytes()})
+    for node in doc["nodes"][4:]:          # the ids moved up by one
+        node["a"] += node["a"] >= 3
+        node["b"] += node["b"] >= 3
+    columns, nodes = both_ways(msgpack.packb(doc, use_bin_type=True), monkeypatch)
+    assert columns == nodes and columns[0] == "error" and "no op reads them" in columns[1]
+    doc = long_doc()
+    doc["nodes"][700] = [1, 2]
+    columns, nodes = both_ways(msgpack.packb(doc, use_bin_type=True), monkeypatch)
+    assert columns == nodes and columns[0] == "error"
+
+
+@pytest.mark.parametrize("limit", ["max_elements", "max_work"])
+def test_a_budget_crossed_inside_a_run_names_the_same_node(limit, monkeypatch):
+    raw = msgpack.packb(long_doc(), use_bin_type=True)
+    for cap in (2000, 3001, 4444):
+        limits = checks.Limits(**{limit: cap})
+        got = []
+        for run_min in (checks._RUN_MIN, 1 << 62):
+            with monkeypatch.context() as m:
+                m.setattr(checks, "_RUN_MIN", run_min)
+                with pytest.raises(TapeFileError) as err:
+                    gradtool.load(raw, name="f", limits=limits)
+            got.append(str(err.value))
+        assert got[0] == got[1] and "over this reader's limit" in got[0]
+
+
+def test_mutated_long_files_give_the_node_by_node_outcome(monkeypatch):
+    doc = long_doc(1)
+    mutator = Mutator(SEED)
+    errors = 0
+    for _ in range(MUTATIONS):
+        bad = mutator.mutate(doc)
+        try:
+            raw = msgpack.packb(bad, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        columns, nodes = both_ways(raw, monkeypatch)
+        assert columns == nodes
+        errors += columns[0] == "error"
+    assert errors > MUTATIONS // 4          # the mutations do reach the checks
