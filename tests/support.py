@@ -1296,6 +1296,57 @@ def ulp_errors(fname, x, y):
     return errs, dists
 
 
+def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags) -> np.ndarray:
+    """gt_math.h's C twins of ``fnames`` on ``x``, compiled with ``flags`` (one of
+    CC_FLAGS) and -Werror: an array [len(fnames), x.size].  Skips without a C compiler."""
+    import shutil
+
+    import pytest
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    calls = "\n".join(f"        y[{k} * n + i] = gt_{f}(x[i]);" for k, f in enumerate(fnames))
+    (tmp_path / "drv.c").write_text(f"""#include <stdio.h>
+#include <stdlib.h>
+#include "gt_math.h"
+/* usage: drv IN OUT -- IN holds n little-endian doubles; OUT receives
+   {", ".join("gt_" + f for f in fnames)} of them, n doubles each */
+int main(int argc, char **argv)
+{{
+    FILE *fi, *fo;
+    long n, i;
+    double *x, *y;
+    if (argc != 3) return 2;
+    fi = fopen(argv[1], "rb");
+    if (!fi || fseek(fi, 0, SEEK_END)) return 3;
+    n = ftell(fi) / 8;
+    rewind(fi);
+    x = malloc(n * sizeof *x);
+    y = malloc({len(fnames)} * n * sizeof *y);
+    if (!x || !y || (long)fread(x, 8, n, fi) != n) return 4;
+    fclose(fi);
+    for (i = 0; i < n; i++) {{
+{calls}
+    }}
+    fo = fopen(argv[2], "wb");
+    if (!fo || (long)fwrite(y, 8, {len(fnames)} * n, fo) != {len(fnames)} * n) return 5;
+    fclose(fo);
+    return 0;
+}}
+""")
+    exe = tmp_path / "drv"
+    cmd = [cc, *CC_FLAGS[flags], "-Wall", "-Wextra", "-pedantic", "-Werror",
+           "-I", str(HEADER.parent), str(tmp_path / "drv.c"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 and flags != "O2" and "march" in res.stderr:
+        pytest.skip("compiler rejects -march=native")
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
+    subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
+    return np.frombuffer((tmp_path / "out.bin").read_bytes(),
+                         dtype="<f8").reshape(len(fnames), x.size)
+
+
 def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames) -> None:
     """fdlibm itself: Java's StrictMath is specified to return fdlibm's bits, so each of
     ``fnames`` (gradtool.fdlibm functions StrictMath has) must give StrictMath's bits on

@@ -17,7 +17,7 @@ import pytest
 from gradtool import fdlibm as F
 from gradtool.fdlibm import (_common, _driver, _erf, _exp, _expm1, _log, _log1p, _rem_pio2,
                              _sin, _tanh)
-from support import (CANON_NAN, CC_FLAGS, HEADER, TANH_FDLIBM_WORST, U64, assert_strictmath,
+from support import (CANON_NAN, CC_FLAGS, HEADER, c_parity_outputs, TANH_FDLIBM_WORST, U64, assert_strictmath,
                      bits, bits1, from_bits, mpmath, parity_inputs, random_doubles, ulp_errors)
 
 FUNCS = ("exp", "expm1", "log", "tanh")
@@ -293,38 +293,6 @@ def test_scratch_reuse_across_sizes_and_threads():
 # ---------------------------------------------------------------------------
 # (c) C parity: the same header, compiled with a C99 compiler
 # ---------------------------------------------------------------------------
-C_DRIVER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include "gt_math.h"
-/* usage: drv IN OUT -- IN holds n little-endian doubles; OUT receives
-   gt_exp, gt_expm1, gt_log, gt_tanh of them, n doubles each */
-int main(int argc, char **argv)
-{
-    FILE *fi, *fo;
-    long n, i;
-    double *x, *y;
-    if (argc != 3) return 2;
-    fi = fopen(argv[1], "rb");
-    if (!fi || fseek(fi, 0, SEEK_END)) return 3;
-    n = ftell(fi) / 8;
-    rewind(fi);
-    x = malloc(n * sizeof *x);
-    y = malloc(4 * n * sizeof *y);
-    if (!x || !y || (long)fread(x, 8, n, fi) != n) return 4;
-    fclose(fi);
-    for (i = 0; i < n; i++) {
-        y[i] = gt_exp(x[i]);
-        y[n + i] = gt_expm1(x[i]);
-        y[2 * n + i] = gt_log(x[i]);
-        y[3 * n + i] = gt_tanh(x[i]);
-    }
-    fo = fopen(argv[2], "wb");
-    if (!fo || (long)fwrite(y, 8, 4 * n, fo) != 4 * n) return 5;
-    fclose(fo);
-    return 0;
-}
-"""
 
 
 
@@ -337,22 +305,8 @@ def parity_data():
 
 @pytest.mark.parametrize("flags", list(CC_FLAGS))
 def test_c_parity_bitwise(tmp_path, parity_data, flags):
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler")
-    src = tmp_path / "drv.c"
-    src.write_text(C_DRIVER)
-    exe = tmp_path / "drv"
-    cmd = [cc, *CC_FLAGS[flags], "-Wall", "-Wextra", "-pedantic", "-Werror",
-           "-I", str(HEADER.parent), str(src), "-o", str(exe)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 and flags != "O2" and "march" in res.stderr:
-        pytest.skip("compiler rejects -march=native")
-    assert res.returncode == 0, res.stderr
     x = parity_data
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
-    subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
-    c_out = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype="<f8").reshape(4, x.size)
+    c_out = c_parity_outputs(tmp_path, x, FUNCS, flags)
     for row, fname in enumerate(FUNCS):
         want = bits(c_out[row])
         for impl in (getattr(F, fname), ref_impl(fname)):

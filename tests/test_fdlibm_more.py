@@ -17,7 +17,8 @@ import pytest
 from gradtool import fdlibm as F
 from gradtool.fdlibm import _rem_pio2
 from support import (CANON_NAN, CC_FLAGS, HEADER, SPECIALS, around, assert_strictmath, bits,
-                     from_bits, hiword, mpmath, parity_inputs, random_doubles, ulp_errors)
+                     c_parity_outputs, from_bits, hiword, mpmath, parity_inputs,
+                     random_doubles, ulp_errors)
 
 FUNCS = ("erf", "sin", "cos", "log1p")
 nan, inf = float("nan"), float("inf")
@@ -146,37 +147,6 @@ def test_reduction_of_large_arguments_is_exact():
 # ---------------------------------------------------------------------------
 # numpy == C, bit for bit
 # ---------------------------------------------------------------------------
-C_DRIVER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include "gt_math.h"
-/* usage: drv IN OUT -- OUT receives gt_erf, gt_sin, gt_cos, gt_log1p of IN's doubles */
-int main(int argc, char **argv)
-{
-    FILE *fi, *fo;
-    long n, i;
-    double *x, *y;
-    if (argc != 3) return 2;
-    fi = fopen(argv[1], "rb");
-    if (!fi || fseek(fi, 0, SEEK_END)) return 3;
-    n = ftell(fi) / 8;
-    rewind(fi);
-    x = malloc(n * sizeof *x);
-    y = malloc(4 * n * sizeof *y);
-    if (!x || !y || (long)fread(x, 8, n, fi) != n) return 4;
-    fclose(fi);
-    for (i = 0; i < n; i++) {
-        y[i] = gt_erf(x[i]);
-        y[n + i] = gt_sin(x[i]);
-        y[2 * n + i] = gt_cos(x[i]);
-        y[3 * n + i] = gt_log1p(x[i]);
-    }
-    fo = fopen(argv[2], "wb");
-    if (!fo || (long)fwrite(y, 8, 4 * n, fo) != 4 * n) return 5;
-    fclose(fo);
-    return 0;
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -193,22 +163,8 @@ def parity_data():
 
 @pytest.mark.parametrize("flags", list(CC_FLAGS))
 def test_c_parity_bitwise(tmp_path, parity_data, flags):
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler")
-    src = tmp_path / "drv.c"
-    src.write_text(C_DRIVER)
-    exe = tmp_path / "drv"
-    cmd = [cc, *CC_FLAGS[flags], "-Wall", "-Wextra", "-pedantic", "-Werror",
-           "-I", str(HEADER.parent), str(src), "-o", str(exe)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 and flags != "O2" and "march" in res.stderr:
-        pytest.skip("compiler rejects -march=native")
-    assert res.returncode == 0, res.stderr
     x = parity_data
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
-    subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
-    c_out = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype="<f8").reshape(4, x.size)
+    c_out = c_parity_outputs(tmp_path, x, FUNCS, flags)
     for row, fname in enumerate(FUNCS):
         got, want = bits(getattr(F, fname)(x)), bits(c_out[row])
         bad = np.flatnonzero(got != want)
