@@ -1420,3 +1420,34 @@ def host_matches(tp, loss, variant="tiled"):
         got = rp.grad(pid)
         assert np.array_equal(np.isnan(got), np.isnan(g)), pid
         assert_bits_equal(got[~np.isnan(g)], g[~np.isnan(g)], f"{variant}: grad {pid}")
+
+
+def assert_emitted_c_equals_tape(tmp_path: Path, cases, cc: str, *, cflags=()) -> None:
+    """Emit each (name, tape, loss) of ``cases`` as C (gradtool.emit.cuda), compile them
+    into one harness program with the real C compiler, run it, and compare every loss and
+    parameter gradient with the tape's own backward, bit for bit."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import emitc_harness as H
+    from gradtool.emit.cuda import emit_cuda, layout
+
+    sources, runs, want = [], [], {}
+    for fname, tp, loss in cases:
+        sources.append(emit_cuda(tp, loss, name=fname))
+        lay = layout(tp, loss)
+        runs.append((fname, tp, lay))
+        tp.backward(loss)
+        want[fname] = (H.to_bits(tp.value(loss)[0]),
+                       [H.to_bits(tp.grad(tp.var(i))[0]) for i in lay.params])
+    src = tmp_path / "emitted.c"
+    src.write_text(H.harness_program(sources, runs))
+    exe = tmp_path / "emitted"
+    proc = subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", *cflags, "-o",
+                           str(exe), str(src), "-lm"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[:2000]
+    got = H.parse_output(subprocess.run([str(exe)], capture_output=True, text=True,
+                                        check=True).stdout)
+    assert set(got) == set(want)
+    for fname, (loss_bits, grads) in want.items():
+        assert H.same_bits(got[fname]["loss"], loss_bits), fname
+        for j, g in enumerate(grads):
+            assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"

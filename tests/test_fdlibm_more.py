@@ -2,13 +2,12 @@
 exp and log (tests/test_fdlibm.py; the shared helpers are in tests/support.py): accuracy against
 50-digit mpmath, special values bitwise, canonical NaNs, numpy == C bit for bit on ~200k
 inputs (two compilers' flags), fdlibm itself through Java's StrictMath (sin, cos, log1p),
-and the header compiling as CUDA without an FMA."""
+(the header compiling as CUDA, without an FMA, is tested for every function in
+tests/test_fdlibm.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 
 from gradtool import fdlibm as F
 from gradtool.fdlibm import _rem_pio2
-from support import (CANON_NAN, CC_FLAGS, HEADER, SPECIALS, around, assert_strictmath, bits,
+from support import (CANON_NAN, CC_FLAGS, SPECIALS, around, assert_strictmath, bits,
                      c_parity_outputs, from_bits, hiword, mpmath, parity_inputs,
                      random_doubles, ulp_errors)
 
@@ -179,40 +178,6 @@ def test_c_parity_bitwise(tmp_path, parity_data, flags):
 def test_identical_to_fdlibm_via_java_strictmath(tmp_path, parity_data):
     assert_strictmath(tmp_path, parity_data, ("sin", "cos", "log1p"))
 
-
-
-CUDA_SRC = r"""
-#include "gt_math.h"
-__global__ void gt_math_probe2(const double *x, double *y, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        y[4 * i + 0] = gt_erf(x[i]);
-        y[4 * i + 1] = gt_sin(x[i]);
-        y[4 * i + 2] = gt_cos(x[i]);
-        y[4 * i + 3] = gt_log1p(x[i]);
-    }
-}
-"""
-
-
-def test_header_compiles_under_nvcc_without_fma(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc not on PATH")
-    src = tmp_path / "probe.cu"
-    src.write_text(CUDA_SRC)
-    inc = ["-arch=sm_90", "-I", str(HEADER.parent), str(src)]
-    for extra in ([], ["--use_fast_math"]):
-        ptx = tmp_path / "probe.ptx"
-        res = subprocess.run([nvcc, "-ptx", *extra, *inc, "-o", str(ptx)],
-                             capture_output=True, text=True)
-        if "Unsupported gpu architecture" in res.stderr:
-            pytest.skip("this nvcc does not know sm_90")
-        assert res.returncode == 0, res.stderr
-        text = ptx.read_text()
-        assert "fma" not in text and ".approx" not in text, extra
-        assert "div.rn.f64" in text
 
 
 def test_the_medium_reduction_reads_fdlibms_table_as_a_product():

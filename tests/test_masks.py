@@ -16,7 +16,7 @@ import pytest
 import gradtool as gt
 from conftest import assert_bits_equal, require_c_compiler
 from gradtool.tapefile import dumps, load
-from support import assert_one_line_error, run
+from support import assert_emitted_c_equals_tape, assert_one_line_error, run
 
 try:
     import torch
@@ -393,43 +393,17 @@ def test_training_data_read_as_values_must_convert_exactly(ce_files):
 def test_emitted_c_reads_integer_inputs_and_computes_where_like_the_tape(tmp_path):
     """A scalar tape (the emitter's scope) with an i64 input slot compared and where-d."""
     import shutil
-    import subprocess
-    import sys
-
-    from gradtool.emit.cuda import emit_cuda, layout
-    from support import ROOT
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import emitc_harness as H
-
-    sources, runs, want = [], [], {}
+    cases = []
     for k, (target, xv) in enumerate([(3, 0.5), (-100, -0.0), (0, -2.0), (-100, 1.5)]):
         tp = gt.Tape()
         t = tp.const(np.array([target]), name="t", dtype="i64")
         x = tp.param(np.array([xv]), name="x")
         y = tp.where(tp.ne(t, -100), tp.mul(x, x), tp.to_f64(t))
-        loss = tp.mul(y, tp.where(tp.lt(x, 0.0), x, 1.0))
-        fname = f"masks_{k}"
-        sources.append(emit_cuda(tp, loss, name=fname))
-        lay = layout(tp, loss)
-        runs.append((fname, tp, lay))
-        tp.backward(loss)
-        want[fname] = (H.to_bits(tp.value(loss)[0]),
-                       [H.to_bits(tp.grad(tp.var(i))[0]) for i in lay.params])
-    src = tmp_path / "masks.c"
-    src.write_text(H.harness_program(sources, runs))
-    exe = tmp_path / "masks"
-    proc = subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Werror",
-                           "-o", str(exe), str(src), "-lm"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[:2000]
-    got = H.parse_output(subprocess.run([str(exe)], capture_output=True, text=True,
-                                        check=True).stdout)
-    for fname, (loss_bits, grads) in want.items():
-        assert H.same_bits(got[fname]["loss"], loss_bits), fname
-        for j, g in enumerate(grads):
-            assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"
+        cases.append((f"masks_{k}", tp, tp.mul(y, tp.where(tp.lt(x, 0.0), x, 1.0))))
+    assert_emitted_c_equals_tape(tmp_path, cases, cc, cflags=("-Wall", "-Werror"))
 
 
 # ── on a GPU (skipped without one; scripts/gpu_check.sh runs them) ─────────

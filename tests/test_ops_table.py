@@ -9,8 +9,6 @@ A new op is covered here by its table entry alone:
 """
 
 import shutil
-import subprocess
-import sys
 
 import msgpack
 import numpy as np
@@ -20,10 +18,7 @@ import gradtool as gt
 from conftest import assert_bits_equal, require_c_compiler
 from gradtool.ops import OPS
 from gradtool.tapefile import dumps, load
-from support import OPTIONAL_CASES, ROOT, TABLE_OPS, op_tape
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import emitc_harness as H  # noqa: E402
+from support import OPTIONAL_CASES, TABLE_OPS, assert_emitted_c_equals_tape, op_tape
 
 SCALAR_TABLE_OPS = [n for n in TABLE_OPS if OPS[n].rules is not None]
 
@@ -130,29 +125,9 @@ CC = shutil.which("cc") or shutil.which("gcc")
 
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_emitter_equals_tape_for_every_scalar_op(tmp_path):
-    from gradtool.emit.cuda import emit_cuda, layout
-
-    sources, runs, want = [], [], {}
+    cases = []
     for name in SCALAR_TABLE_OPS:
         for k in range(4):
             tp, _, loss = op_tape(name, np.random.default_rng(k), scalar=True)
-            fname = f"op_{name}_{k}"
-            sources.append(emit_cuda(tp, loss, name=fname))
-            lay = layout(tp, loss)
-            runs.append((fname, tp, lay))
-            tp.backward(loss)
-            want[fname] = (H.to_bits(tp.value(loss)[0]),
-                           [H.to_bits(tp.grad(tp.var(i))[0]) for i in lay.params])
-    src = tmp_path / "ops.c"
-    src.write_text(H.harness_program(sources, runs))
-    exe = tmp_path / "ops"
-    proc = subprocess.run([CC, "-std=c99", "-O2", "-ffp-contract=off", "-o", str(exe),
-                           str(src), "-lm"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[:2000]
-    got = H.parse_output(subprocess.run([str(exe)], capture_output=True, text=True,
-                                        check=True).stdout)
-    assert set(got) == set(want)
-    for fname, (loss_bits, grads) in want.items():
-        assert H.same_bits(got[fname]["loss"], loss_bits), fname
-        for j, g in enumerate(grads):
-            assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"
+            cases.append((f"op_{name}_{k}", tp, loss))
+    assert_emitted_c_equals_tape(tmp_path, cases, CC)
