@@ -187,7 +187,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     t = tf.tape
     summed = None
     if data_path is not None:
-        slots = input_slots(t)
+        slots = input_slots(t, tf.state)
         summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
                               slots)
         loss = summed.loss
