@@ -102,6 +102,10 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines.append(f"inputs (named consts, {len(s['inputs'])}):")
     lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["dtype"]]
                      for c in s["inputs"]], ["id", "name", "shape", "dtype"])
+    if "state" in s:
+        lines.append(f"state (named consts each step's output replaces, {len(s['state'])}):")
+        lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["output"]]
+                         for c in s["state"]], ["id", "name", "shape", "output"])
     lines.append(f"outputs ({len(s['outputs'])}):")
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
