@@ -10,7 +10,9 @@ docs/training.md ("Data-parallel training") is the user-level description.  In s
   fold runs as a pipelined chain W-1 -> W-2 -> ... -> 0 (each rank adds its shards, in
   order, to the running sum it receives); rank 0 divides by S, steps the optimizer and
   sends the updated parameters back up the chain 0 -> 1 -> ... -> W-1.  Every rank
-  sends at most 2 (P + HEAD) float64 values per step for P trained parameter values.
+  sends at most 2 (P + T + HEAD) float64 values per step for P trained parameter values
+  and T state values (the file's state slots: each shard's outputs for them ride in the
+  same fold, so a state slot takes the shard mean of its output, in shard order).
   Only point-to-point messages are used: MPI's reductions sum in an unspecified order.
 
 The pieces:
@@ -341,7 +343,7 @@ def fingerprint(trainer) -> dict:
     from ..tapefile import dumps
     tf = trainer.tf
     tape = dumps(tf.tape, loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
-                 optimizer=tf.optimizer)
+                 optimizer=tf.optimizer, state=tf.state)
     return {"tape": hashlib.sha256(tape).hexdigest(), "tape_source": str(tf.source),
             "data": _data_digest(trainer.data), "data_source": str(trainer.data.source),
             "val": _data_digest(trainer.val),

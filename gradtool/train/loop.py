@@ -6,7 +6,10 @@
 Per step the loop fills the tape's input slots (named consts) with the next
 minibatch, then asks the engine for one training step: forward replay,
 backward, optimizer step.  The tape's node structure never changes, so
-memory does not grow with the number of steps.
+memory does not grow with the number of steps.  After a step whose loss is finite,
+each state slot (the file's ``state`` map: a named const, not an input slot) takes
+the value of its output from that step's forward (data-parallel: the shard mean of
+the shards' outputs), in the tape, which checkpoints write, and in the engine.
 
 Engines (:mod:`gradtool.train.engines`, ``make_engine``): ``cpu`` is :class:`CpuEngine`, the numpy
 reference; ``host``/``cuda``/``auto`` are ``gradtool.device.engine.DeviceEngine``,
