@@ -88,6 +88,39 @@ def test_the_importer_records_mutated_buffers_as_state(files):
     assert import_module(model, (x, y)).state == {}
 
 
+SPEC = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(2)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).square().mean()
+
+def build():
+    torch.manual_seed(0)
+    return Net().train(), (torch.randn(4, 1, 5, 5),)
+"""
+
+
+def test_import_torch_on_the_command_line_writes_the_state(tmp_path):
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC)
+    out = tmp_path / "m.msgpack"
+    r = run("import-torch", f"{spec}:build", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.rstrip().endswith(", state " + ", ".join(sorted(STATE)))
+    tf = load(out)
+    assert tf.state == {k: k for k in STATE}
+    got = _state(out)
+    assert got["bn.running_mean"].tolist() == [0.0, 0.0]          # the buffers' values
+    assert got["bn.running_var"].tolist() == [1.0, 1.0]
+    assert got["bn.num_batches_tracked"].tolist() == [0.0]
+
+
 def test_running_statistics_and_loss_match_torch_after_k_steps(files, tmp_path):
     """k steps of `gradtool train` against k steps of torch float64 on the same batches
     (file order), the same optimizer (SGD: torch.optim.SGD is the same arithmetic;
