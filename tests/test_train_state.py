@@ -74,6 +74,7 @@ def test_the_importer_records_mutated_buffers_as_state(files):
     d, _, _ = files
     tf = load(d / "cnn.msgpack")
     assert tf.state == {k: k for k in STATE}
+    assert tf.dumps() == (d / "cnn.msgpack").read_bytes()           # the map round-trips
     named = {n.name for n in tf.tape.nodes if n.op == "const" and n.name}
     assert named == {"x", "y", *STATE}
     r = run("inspect", "--json", d / "cnn.msgpack")

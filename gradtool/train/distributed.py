@@ -494,8 +494,8 @@ class DataParallel:
         state = (f" and {self.length - HEAD - self.n_params} state values"
                  if self.state_layout else "")
         return (f"{what} on {self.W} MPI ranks, {self.S // self.W} each; {self.params} "
-                f"parameter values{state}, at most {2 * 8 * self.length} bytes sent per rank per "
-                f"step; {ranks}")
+                f"parameter values{state}, at most {2 * 8 * self.length} bytes sent per "
+                f"rank per step; {ranks}")
 
     def watch(self, local) -> Decision:
         """The trainer's stop flag from now on; ``local`` (a StopFlag) only votes."""
