@@ -324,3 +324,49 @@ def test_the_library_refuses_to_write_a_malformed_state_map(files):
         dumps(tf.tape, loss=tf.loss, outputs=tf.outputs, state={"bn.running_var": "ghost"})
     with pytest.raises(TapeError, match="state outputs must be non-empty strings"):
         dumps(tf.tape, loss=tf.loss, outputs=tf.outputs, state={"bn.running_var": 3})
+
+
+def test_a_hand_recorded_tape_with_state_trains_the_same_in_python(tmp_path):
+    """gt.Tape + nn.batch_norm2d_train + save(state=...): two steps through the library's
+    Trainer, each state slot replaced by its output of the step's forward (recomputed by
+    hand from the parameters before each update), and the state slots need no data."""
+    import gradtool as gt
+    from gradtool import nn
+    from gradtool.optim import SGD
+    from gradtool.tapefile import save
+    from gradtool.train import TrainOptions, Trainer
+    rng = np.random.default_rng(5)
+    tp = gt.Tape()
+    x = tp.const(rng.normal(size=(4, 2, 3, 3)), name="x")
+    w, b = tp.param(rng.normal(size=2), name="w"), tp.param(rng.normal(size=2), name="b")
+    rm = tp.const(np.zeros(2), name="rm")
+    rv = tp.const(np.ones(2), name="rv")
+    y, new_mean, new_var = nn.batch_norm2d_train(x, w, b, rm, rv, momentum=0.25)
+    loss = tp.mean(tp.mul(y, tp.const(rng.normal(size=(4, 2, 3, 3)))))
+    path = tmp_path / "bn.msgpack"
+    save(tp, path, loss=loss, outputs={"mean": new_mean, "var": new_var},
+         state={"rm": "mean", "rv": "var"}, meta={"train": {"optimizer": "sgd", "lr": 0.5}})
+    data = rng.normal(size=(8, 2, 3, 3))
+    np.savez(tmp_path / "d.npz", x=data)
+    out = tmp_path / "out.msgpack"
+    Trainer(load(path), str(tmp_path / "d.npz"),
+            TrainOptions(shuffle=False, save=str(out))).run()
+
+    ref = load(path)                 # the same two steps by hand, on the library's tape
+    tape, (ix, irm, irv) = ref.tape, (0, 3, 4)
+    assert [tape.nodes[i].name for i in (ix, irm, irv)] == ["x", "rm", "rv"]
+    opt = SGD(0.5)
+    for p in tape.params():
+        opt.add(tape, p)
+    for step in range(2):
+        tape.values[ix][...] = data[step * 4:(step + 1) * 4]
+        tape.forward()
+        m, v = (np.array(tape.values[ref.outputs[k].id]) for k in ("mean", "var"))
+        tape.zero_grad()
+        tape.backward(ref.loss)
+        opt.step(tape)
+        tape.values[irm][...], tape.values[irv][...] = m, v
+    got = _state(out)
+    assert np.array_equal(got["rm"], tape.values[irm]) and np.array_equal(got["rv"],
+                                                                           tape.values[irv])
+    assert not np.array_equal(got["rm"], np.zeros(2))
