@@ -206,6 +206,12 @@ def schema() -> dict:
             "outputs": {"type": "object", "description": "Named nodes of interest, name -> "
                                                          "node id.",
                         "additionalProperties": {"$ref": "#/$defs/nodeId"}},
+            "state": {"type": "object", "description": (
+                "Training state, slot name -> output name: each key names a float64 const "
+                "(a state slot, not an input slot), each value one of the outputs, of the "
+                "slot's shape, whose value replaces the slot's after every training step "
+                "(batch norm's running statistics). Absent: no state."),
+                      "additionalProperties": {"type": "string", "minLength": 1}},
             "meta": {"type": "object",
                      "description": "Free-form (producer, description); tools ignore it."},
             "optimizer": {"type": "object", "description": "Optimizer state written by "

@@ -67,13 +67,17 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
                    for p in tape.params()],
         "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
                     "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
-                   for c in tape.input_slots()],
+                   for c in tape.input_slots() if tape.nodes[c.id].name not in tf.state],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
                  "value": float(tape.values[loss_id].reshape(-1)[0])},
         "meta": json_safe(tf.meta),
     }
+    if tf.state:                    # named consts that training carries, not input slots
+        slots = {tape.nodes[c.id].name: c for c in tape.input_slots()}
+        summary["state"] = [{"name": k, "id": slots[k].id, "shape": list(slots[k].shape),
+                             "output": v} for k, v in tf.state.items()]
     if nodes:
         summary["nodes"] = [node_entry(tape, i) for i in range(len(tape.nodes))]
     return summary

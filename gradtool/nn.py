@@ -245,9 +245,10 @@ def global_avg_pool2d(x: GVar) -> GVar:
 # computes them over (n, h, w): x as [N*H*W, C] (reshape, transpose, reshape), mean =
 # the serial axis sum / count, var = the same of (x - mean)^2 (biased), and the
 # gradient flows through both, as torch's.  The running statistics' update (torch's
-# momentum rule, the unbiased variance) is returned as two nodes for the caller to
-# name as outputs and copy back into the running consts; ``gradtool train`` does not
-# carry them from step to step (docs/training.md).
+# momentum rule, the unbiased variance) is returned as two nodes; name them as outputs
+# and the running consts as state (``save(..., state={"bn.running_mean": "bn.mean"})``)
+# and ``gradtool train`` replaces the consts by them after every step (docs/training.md,
+# "Training state").
 
 
 def _channel_vector(tp, v, what):

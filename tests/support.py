@@ -734,6 +734,13 @@ def top_cases(bases: dict):
     yield "meta int", edit(meta=5), None
     yield "meta array", edit(meta=[1]), None
     yield "optimizer str", edit(optimizer="adam"), None
+    yield "state array", edit(state=["x"]), None
+    yield "state value int", edit(state={"x": 10}), None
+    yield "state value empty", edit(state={"x": ""}), None
+    yield "state no leaf", edit(state={"ghost": "pred"}), None
+    yield "state a param", edit(state={"W1": "pred"}), None
+    yield "state unknown output", edit(state={"y": "logits"}), None
+    yield "state shape mismatch", edit(state={"x": "pred"}), None
     deep = {}
     for _ in range(100):
         deep = {"d": deep}
@@ -828,7 +835,7 @@ def assert_clean_reject(result, label, fname, node):
 OP_NAMES = sorted(OPS)
 NODE_KEYS = ("op", "a", "b", "s", "shape", "data", "name", "l2", "dtype", "axis", "keepdims",
              "starts", "stops", "value")
-TOP_KEYS = ("format", "version", "nodes", "loss", "outputs", "meta", "optimizer")
+TOP_KEYS = ("format", "version", "nodes", "loss", "outputs", "state", "meta", "optimizer")
 
 
 class Mutator:

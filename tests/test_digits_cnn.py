@@ -109,6 +109,7 @@ def test_trained_weights_in_a_torch_module_give_the_same_loss(tmp_path):
 # ── the torch.nn version, recorded through the importer ───────────────────────────
 
 CNN_TORCH = SAMPLES / "digits_cnn" / "digits_cnn_torch.msgpack"
+CNN_BN_TORCH = SAMPLES / "digits_cnn" / "digits_cnn_bn_torch.msgpack"
 
 
 def test_the_imported_cnn_trains_alike_on_cpu_and_host(tmp_path):
@@ -143,18 +144,19 @@ def _make_torch():
     return make
 
 
-def test_the_importer_records_the_committed_torch_tape():
+@pytest.mark.parametrize("batch_norm", [False, True], ids=["plain", "bn"])
+def test_the_importer_records_the_committed_torch_tape(batch_norm):
     _importer_with_conv()
     import numpy as np
     make = _make_torch()
     with np.load(DIGITS_DATA) as data:
         arrays = {k: data[k] for k in ("x", "y")}
-    _, result = make.record(arrays)
-    path = Path(str(CNN_TORCH) + ".new")
+    _, result = make.record(arrays, batch_norm)
+    committed = CNN_BN_TORCH if batch_norm else CNN_TORCH
+    path = Path(str(committed) + ".new")
     try:
-        result.save(path, meta={"description": "8x8 digits CNN written in torch.nn, recorded "
-                                "through gradtool.interop.torch", "train": make.TRAIN_DEFAULTS})
-        assert path.read_bytes() == CNN_TORCH.read_bytes()
+        result.save(path, meta=make.META[batch_norm])
+        assert path.read_bytes() == committed.read_bytes()
     finally:
         path.unlink(missing_ok=True)
 
@@ -229,3 +231,82 @@ def test_conv_pool_and_batch_norm_import_against_torch():
                 got = tp.value(result.outputs[name])
                 assert np.abs(got - buffers[name].numpy()).max() <= 1e-12 * float(
                     buffers[name].abs().max()), name
+
+
+# ── the batch-norm variant: running statistics as training state ──────────────
+
+def _state(tf) -> dict:
+    slots = {n.name: i for i, n in enumerate(tf.tape.nodes) if n.op == "const" and n.name}
+    return {k: tf.tape.values[slots[k]] for k in tf.state}
+
+
+def test_the_batch_norm_cnn_trains_to_97_percent_and_carries_its_running_statistics(
+        tmp_path):
+    out = tmp_path / "bn.msgpack"
+    res = Trainer(load(CNN_BN_TORCH), str(DIGITS_DATA), TrainOptions(save=str(out))).run()
+    assert res.accuracy_on == "val" and res.epochs == 15
+    assert res.accuracy >= 0.97, res.summary()
+    before, after = _state(load(CNN_BN_TORCH)), _state(load(out))
+    assert sorted(after) == sorted(f"features.{i}.{b}" for i in (1, 5) for b in (
+        "running_mean", "running_var", "num_batches_tracked"))
+    assert after["features.1.num_batches_tracked"].tolist() == [float(res.steps)]
+    for name in after:
+        assert not (after[name] == before[name]).all(), name
+
+
+def test_the_batch_norm_cnn_saves_the_same_bytes_on_every_engine_and_two_ranks(tmp_path):
+    require_c_compiler()
+    common = ["--data", DIGITS_DATA, "--epochs", 1]
+    saved = {}
+    for name, extra in (("cpu", []), ("host", ["--backend", "host"]),
+                        ("cpu2", ["--shards", 2]), ("host2", ["--backend", "host", "--shards", 2])):
+        path = tmp_path / f"{name}.msgpack"
+        r = run("train", CNN_BN_TORCH, *common, *extra, "--save", path)
+        assert r.exit_code == 0, r.stderr
+        saved[name] = path.read_bytes()
+    assert saved["cpu"] == saved["host"]
+    assert saved["cpu2"] == saved["host2"] != saved["cpu"]
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpi4py/mpiexec: the in-process engines and shards were compared")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
+        env.pop(var, None)
+    mpi = tmp_path / "mpi.msgpack"
+    cmd = [mpiexec, "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
+           "train", str(CNN_BN_TORCH), *map(str, common), "--shards", "2", "--save", str(mpi)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert mpi.read_bytes() == saved["cpu2"]
+
+
+def test_the_batch_norm_cnn_written_back_gives_torch_the_same_loss_and_buffers(tmp_path):
+    """load_weights puts the trained parameters and the state into the module: its
+    buffers are the checkpoint's bits, and a train-mode forward on the tape's batch
+    gives gradtool's loss within 1e-12 relative."""
+    _importer_with_conv()
+    import numpy as np
+    import torch
+
+    from gradtool.interop.torch import load_weights
+    make = _make_torch()
+    out = tmp_path / "bn.msgpack"
+    assert run("train", CNN_BN_TORCH, "--data", DIGITS_DATA, "--epochs", 1, "--save",
+               out).exit_code == 0
+    tf = load(out)
+    tf.tape.forward()
+    want = float(tf.tape.values[tf.loss.id][0])
+    model = make.build(batch_norm=True)
+    load_weights(model, str(out))
+    state = _state(tf)
+    for name, b in model.named_buffers():
+        if name.endswith("num_batches_tracked"):
+            assert b.dtype == torch.int64 and [float(b)] == state[name].tolist()
+        else:
+            assert np.array_equal(b.numpy(), state[name]), name
+    with np.load(DIGITS_DATA) as data:
+        x, y = (torch.tensor(data[k][:32].astype(np.float64)) for k in ("x", "y"))
+    with torch.no_grad():
+        got = float(model(x, y)[0])
+    assert abs(got - want) <= 1e-12 * abs(want), (got, want)

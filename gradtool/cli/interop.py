@@ -115,7 +115,8 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
     else:
         s = result.summary()
         click.echo(f"wrote {output}: {len(s['params'])} params ({s['param_count']} values), "
-                   f"inputs {', '.join(s['inputs']) or '-'}, {s['nodes']} nodes")
+                   f"inputs {', '.join(s['inputs']) or '-'}, {s['nodes']} nodes"
+                   + (f", state {', '.join(s['state'])}" if s["state"] else ""))
 
 
 commands = [import_torch]

@@ -102,6 +102,10 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines.append(f"inputs (named consts, {len(s['inputs'])}):")
     lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["dtype"]]
                      for c in s["inputs"]], ["id", "name", "shape", "dtype"])
+    if "state" in s:
+        lines.append(f"state (named consts each step's output replaces, {len(s['state'])}):")
+        lines += _table([[c["id"], c["name"], format_shape(c["shape"]), c["output"]]
+                         for c in s["state"]], ["id", "name", "shape", "output"])
     lines.append(f"outputs ({len(s['outputs'])}):")
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
@@ -187,7 +191,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     t = tf.tape
     summed = None
     if data_path is not None:
-        slots = input_slots(t)
+        slots = input_slots(t, tf.state)
         summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
                               slots)
         loss = summed.loss

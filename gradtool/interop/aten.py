@@ -680,7 +680,9 @@ def docs_table() -> str:
 # * ``aten._native_batch_norm_legit_functional.default``: ``nn.batch_norm2d_train``
 #   (train mode): the new running statistics are its outputs 3 and 4, which the
 #   importer turns into named outputs under the buffers' names (its BUFFER_MUTATION
-#   rule); eval mode through this overload records ``nn.batch_norm2d``.
+#   rule), the buffers themselves being state slots of those names (named consts the
+#   outputs replace after every training step); eval mode through this overload
+#   records ``nn.batch_norm2d``.
 # * ``aten.mean.dim`` (adaptive average pooling to 1x1) is the table's own mean entry.
 
 

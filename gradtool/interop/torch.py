@@ -31,8 +31,11 @@ How it works (``docs/torch.md``):
 Buffers and frozen params are recorded as *unnamed* consts (a named const is
 a training input slot, which a buffer is not); their names and node ids are
 kept in the tape file's ``meta["torch"]["consts"]``.  Buffers the forward
-mutates (batch-norm running statistics) become named outputs under their
-buffer names, which :func:`load_weights` copies back.
+mutates (batch norm's running statistics and ``num_batches_tracked`` in train
+mode) are *state*: a named float64 const under the buffer's name, and the new
+value a named output of the same name, paired in the file's ``state`` map, so
+``gradtool train`` replaces the one by the other after every step and
+:func:`load_weights` copies the trained state back into the buffers.
 
 dtype policy: every floating-point value becomes float64 -- parameters,
 buffers, inputs and every intermediate (float32, float16 and bfloat16 alike).
@@ -165,6 +168,7 @@ class TorchImport:
     consts: dict
     histogram: collections.Counter
     input_dtypes: dict
+    state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
 
     def meta(self) -> dict:
         return {"torch": {
@@ -181,7 +185,7 @@ class TorchImport:
         ``meta["torch"]`` (the torch names of params, input slots and consts)."""
         from ..tapefile import save
         save(self.tape, path, loss=self.loss, outputs=self.outputs or None,
-             meta={**self.meta(), **(meta or {})})
+             meta={**self.meta(), **(meta or {})}, state=self.state or None)
 
     def summary(self) -> dict:
         tp = self.tape
@@ -192,6 +196,7 @@ class TorchImport:
                            "dtype": "i64" if tp.holds_ids(v.id) else "f64"}
                        for k, v in self.inputs.items()},
             "consts": sorted(self.consts),
+            "state": sorted(self.state),
             "outputs": sorted(self.outputs),
             "nodes": len(tp.nodes),
             "aten_ops": dict(sorted(self.histogram.items())),
@@ -305,6 +310,7 @@ class _Importer:
         self.graph = ep.graph_module.graph
         self.examples = None
         self.user_tensor_i = 0
+        self.state: dict = {}                # mutated buffer's name -> its state const
 
     def name(self, target: str) -> str:
         return target[len(self.strip):] if self.strip and target.startswith(self.strip) \
@@ -318,6 +324,8 @@ class _Importer:
         user_i = 0
         state = ep.state_dict
         tied = {}                               # id(tensor) -> its param (or const)
+        mutated = {spec.target for spec in ep.graph_signature.output_specs
+                   if spec.kind == self.OK.BUFFER_MUTATION}
         for spec in ep.graph_signature.input_specs:
             node = placeholders[spec.arg.name]
             if spec.kind == IK.PARAMETER:
@@ -335,6 +343,8 @@ class _Importer:
                 else:
                     self._constant(node, t, name)
                     tied[id(t)] = self.env[node]
+            elif spec.kind == IK.BUFFER and spec.target in mutated:
+                self._state(node, state[spec.target], self.name(spec.target))
             elif spec.kind in (IK.BUFFER, IK.CONSTANT_TENSOR):
                 t = state[spec.target] if spec.target in state else ep.constants[spec.target]
                 self._constant(node, t, self.name(spec.target))
@@ -359,6 +369,26 @@ class _Importer:
         self.env[node] = t
         self.const_nodes.add(node)
         self.const_names[id(t)] = name
+
+    def _state(self, node, t, name):
+        """A buffer the forward mutates: a named float64 const (a state slot), recorded
+        now, read by the ops like any value; its new value becomes the output ``name``.
+        An integer buffer (``num_batches_tracked``) is held exactly as float64 up to 2^53."""
+        torch = self.torch
+        t = t.detach()
+        if _kind(t.dtype) not in ("float", "int"):
+            self.problems.add("unsupported buffer", repr(name), node,
+                              f"the forward updates a {t.dtype} buffer (float and integer "
+                              f"buffers only)")
+            self.env[node] = _MISSING
+            return
+        arr = t.to(torch.float64).numpy().reshape(tuple(t.shape) or (1,))
+        if _kind(t.dtype) == "int" and not (np.abs(arr) <= 2.0 ** 53).all():
+            self.problems.add("unsupported buffer", repr(name), node,
+                              "an integer buffer beyond 2^53 has no exact float64 value")
+            self.env[node] = _MISSING
+            return
+        self.state[name] = self.env[node] = self.tp.const(arr.copy(), name=name)
 
     def _input(self, node, val, name):
         torch = self.torch
@@ -563,6 +593,11 @@ class _Importer:
             if v is _MISSING:
                 continue
             outputs[k] = r.value(v)
+        for k, slot in self.state.items():
+            if k not in outputs or list(outputs[k].shape) != list(slot.shape):
+                self.problems.add("unsupported buffer", repr(k), None,
+                                  "the forward's new value of the buffer was not recorded "
+                                  "with the buffer's shape")
         return loss, outputs
 
     def run(self) -> TorchImport:
@@ -576,7 +611,7 @@ class _Importer:
         if self.problems:
             raise self.problems.error()
         return TorchImport(self.tp, loss, outputs, self.params, self.inputs, self.consts,
-                           self.histogram, self.input_dtypes)
+                           self.histogram, self.input_dtypes, {k: k for k in self.state})
 
 
 def _target_name(node) -> str:
@@ -821,7 +856,11 @@ class Recorder:
 
 def load_weights(module, tape_or_file) -> list:
     """Copy a tape's (or a tape file's) params into ``module`` by state_dict name, cast to
-    each parameter's dtype; buffers carried as named outputs are copied too.
+    each parameter's dtype; its state slots (batch norm's running statistics, as
+    ``gradtool train`` left them) go into the buffers of their names, cast to each
+    buffer's dtype (``num_batches_tracked`` back to int64, exactly).  A file without a
+    ``state`` map (written before it existed) gives its buffers from the named outputs
+    of the buffers' names, as before.
 
     ``tape_or_file``: a path, a :class:`~gradtool.tapefile.TapeFile`, a
     :class:`TorchImport`, or a Tape whose params carry the torch names.  Refuses
@@ -832,24 +871,28 @@ def load_weights(module, tape_or_file) -> list:
     import torch
     from ..tape import Tape
     from ..tapefile import TapeFile, load
-    outputs = {}
+    outputs, state = {}, {}
     if isinstance(tape_or_file, TorchImport):
-        tape, outputs = tape_or_file.tape, tape_or_file.outputs
+        tape, outputs, state = tape_or_file.tape, tape_or_file.outputs, tape_or_file.state
     elif isinstance(tape_or_file, Tape):
         tape = tape_or_file
     elif isinstance(tape_or_file, TapeFile):
-        tape, outputs = tape_or_file.tape, tape_or_file.outputs
+        tape, outputs, state = tape_or_file.tape, tape_or_file.outputs, tape_or_file.state
     else:
         tf = load(tape_or_file)
-        tape, outputs = tf.tape, tf.outputs
+        tape, outputs, state = tf.tape, tf.outputs, tf.state
     values = {tape.nodes[v.id].name: tape.values[v.id] for v in tape.params()}
     named = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
     bufvals = {}
-    for k, v in (outputs or {}).items():
-        if k in buffers:
-            i = v if isinstance(v, int) else v.id
-            bufvals[k] = tape.values[i]
+    if state:                     # the state slots hold the trained buffers
+        slots = {n.name: i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name}
+        bufvals = {k: tape.values[slots[k]] for k in state if k in buffers and k in slots}
+    else:
+        for k, v in (outputs or {}).items():
+            if k in buffers:
+                i = v if isinstance(v, int) else v.id
+                bufvals[k] = tape.values[i]
     trainable = {k for k, p in named.items() if p.requires_grad}
     problems = _Problems()
     for k in values:
@@ -859,6 +902,10 @@ def load_weights(module, tape_or_file) -> list:
                 named[k].dim() == 0 and values[k].shape == (1,)):
             problems.add("shape mismatch for", repr(k), detail=f"the module has "
                          f"{list(named[k].shape)}, the tape {list(values[k].shape)}")
+    for k, arr in bufvals.items():
+        if buffers[k].numel() != arr.size:
+            problems.add("shape mismatch for", repr(k), detail=f"the module's buffer has "
+                         f"{list(buffers[k].shape)}, the tape {list(arr.shape)}")
     for k in trainable:
         if k not in values:
             problems.add("param missing from the tape:", repr(k))

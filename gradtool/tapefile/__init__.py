@@ -7,7 +7,8 @@ below produces a file gradtool loads.
     {"format": "gradtool-tape", "version": 1,
      "nodes": [{"op", "a", "b", "s", "shape", "data"|"value", "name", "l2", "dtype",
                 "axis", "keepdims", "starts", "stops", "steps", "dims"}, ...],
-     "loss": id, "outputs": {name: id}, "meta": {...}, "optimizer": {...}}
+     "loss": id, "outputs": {name: id}, "state": {slot name: output name},
+     "meta": {...}, "optimizer": {...}}
 
 Writing is byte-for-byte reproducible: keys in a fixed order, floats as
 float64, no timestamps.  Reading never trusts the file: every check in

@@ -125,6 +125,7 @@ class CheckedFile:
     meta: dict
     optimizer: Optional[dict]
     numerics: int = 1                 # the contract recorded values came from (absent: 1)
+    state: dict = dataclasses.field(default_factory=dict)   # state slot name -> output name
     runs: list = dataclasses.field(default_factory=list)
     # (start, stop) of runs of plain unary nodes (see _plain_runs): ops without attributes,
     # integer inputs or a stored value, reading one float node of their own shape, no
@@ -561,11 +562,44 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
+    state = doc.get("state", {})
+    for slot, output in state.items():
+        _check_state(slot, output, nodes, names, outputs, source)
     _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra,
                   columns[2:5] if columns is not None else None)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
-                       runs=runs)
+                       runs=runs, state=dict(state))
+
+
+def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict,
+                 source: str) -> None:
+    """One entry of the file's ``state`` map: a named float64 const, updated after every
+    training step by a named output of its shape (docs/format.md)."""
+    field = f"state.{slot}"
+    i = names.get(slot)
+    if i is None:
+        raise TapeFileError(f"names no leaf: a state is a named const (the file's leaves "
+                            f"have no name {show(slot)})", source=source, field=field)
+    node = nodes[i]
+    if node.op != "const":
+        raise TapeFileError(f"names node {i}, a {node.op}; a state is a const (params are "
+                            f"the optimizer's)", source=source, field=field)
+    if node.dtype == INT_DTYPE:
+        raise TapeFileError(f"names node {i}, which holds integer ids (dtype i64); a state "
+                            f"holds float64", source=source, field=field)
+    if output not in outputs:
+        known = ", ".join(sorted(map(show, outputs))[:8]) or "none"
+        raise TapeFileError(f"is updated by output {show(output)}, which the file does not "
+                            f"have (its outputs: {known})", source=source, field=field)
+    ref = outputs[output]
+    if nodes[ref].shape != node.shape:
+        raise TapeFileError(f"node {i} has shape {format_shape(node.shape)}, but output "
+                            f"{show(output)} (node {ref}, {nodes[ref].op}) has "
+                            f"{format_shape(nodes[ref].shape)}", source=source, field=field)
+    if nodes[ref].dtype == INT_DTYPE:
+        raise TapeFileError(f"is updated by output {show(output)} (node {ref}), which holds "
+                            f"integer ids; a state holds float64", source=source, field=field)
 
 
 

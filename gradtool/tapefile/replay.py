@@ -19,11 +19,13 @@ class TapeFile:
     ``recorded`` maps op-node ids to the values the writer stored (``values=True``),
     for bit-for-bit verification of the replay; ``numerics`` is the contract they were
     computed under (the file's ``numerics`` field, 1 when absent:
-    :data:`gradtool.numerics.NUMERICS_VERSION`).
+    :data:`gradtool.numerics.NUMERICS_VERSION`).  ``state`` maps each state slot's name
+    to the output that updates it after a training step (the file's ``state``; ``{}``).
     """
 
     def __init__(self, tape: Tape, loss: GVar, outputs: dict, meta: dict,
-                 optimizer: Optional[dict], source: str, recorded: dict, numerics: int = 1):
+                 optimizer: Optional[dict], source: str, recorded: dict, numerics: int = 1,
+                 state: Optional[dict] = None):
         self.tape = tape
         self.loss = loss
         self.outputs = outputs
@@ -32,15 +34,17 @@ class TapeFile:
         self.source = source
         self.recorded = recorded
         self.numerics = numerics
+        self.state = dict(state or {})
 
     def __repr__(self):
         return (f"TapeFile({self.source!r}, {len(self.tape)} nodes, loss=node {self.loss.id}, "
                 f"outputs={sorted(self.outputs)})")
 
     def dumps(self, *, values: bool = False) -> bytes:
-        """This file's tape re-encoded with the same loss, outputs, meta and optimizer."""
+        """This file's tape re-encoded with the same loss, outputs, state, meta and
+        optimizer."""
         return dumps(self.tape, loss=self.loss, outputs=self.outputs, meta=self.meta,
-                     values=values, optimizer=self.optimizer)
+                     values=values, optimizer=self.optimizer, state=self.state)
 
     def save(self, dest, *, values: bool = False) -> None:
         write(self.dumps(values=values), dest)
@@ -111,7 +115,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
         _finish_ops(tape, ops_from)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
     return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
-                    source, recorded, checked.numerics)
+                    source, recorded, checked.numerics, checked.state)
 
 
 _RUN_RULES = {}

@@ -23,17 +23,19 @@ from .checks import FORMAT, VERSION, Limits, check, decode
 _DEFAULT = Limits()
 
 def save(tape: Tape, dest, *, loss=None, outputs=None, meta=None, values=False,
-         optimizer=None) -> None:
+         optimizer=None, state=None) -> None:
     """Write ``tape`` as a v1 tape file.
 
     dest: a path (written atomically) or a binary file object.  loss: GVar or
     node id of a one-element node (default: the last node).  outputs: {name:
     GVar or id}.  meta: a msgpack-able dict (free-form).  values=True also
     stores every op node's current value, for ``gradtool backward --verify``.
-    optimizer: a msgpack-able dict stored verbatim.
+    optimizer: a msgpack-able dict stored verbatim.  state: {slot name: output name},
+    each a named float64 const that training overwrites after every step with that
+    output's value (docs/format.md, "state").
     """
     write(dumps(tape, loss=loss, outputs=outputs, meta=meta, values=values,
-                 optimizer=optimizer), dest)
+                 optimizer=optimizer, state=state), dest)
 
 
 def write(data: bytes, dest) -> None:
@@ -47,7 +49,7 @@ def write(data: bytes, dest) -> None:
 
 
 def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
-          optimizer=None, limits: Optional[Limits] = None) -> bytes:
+          optimizer=None, state=None, limits: Optional[Limits] = None) -> bytes:
     """The bytes :func:`save` would write.
 
     The bytes pass :func:`load`'s checks under ``limits`` (default: the
@@ -69,6 +71,9 @@ def dumps(tape: Tape, *, loss=None, outputs=None, meta=None, values=False,
     if outputs:
         doc["outputs"] = {_output_name(k): _node_id(tape, v, f"output {k!r}")
                           for k, v in outputs.items()}
+    if state:
+        doc["state"] = {_output_name(k, "state slot names"): _output_name(v, "state outputs")
+                        for k, v in state.items()}
     if meta:
         doc["meta"] = _mapping(meta, "meta")
     if optimizer is not None:
@@ -135,9 +140,9 @@ def _node_id(tape: Tape, ref, what: str) -> int:
     return int(ref)
 
 
-def _output_name(name) -> str:
+def _output_name(name, what: str = "output names") -> str:
     if not isinstance(name, str) or not name:
-        raise TapeError(f"output names must be non-empty strings, got {name!r}")
+        raise TapeError(f"{what} must be non-empty strings, got {name!r}")
     return name
 
 

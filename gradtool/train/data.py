@@ -59,12 +59,15 @@ class Dataset:
                        self.source)
 
 
-def input_slots(tape) -> list:
-    """The tape's named consts as Slots, with a common batch size (their leading dim)."""
+def input_slots(tape, state=()) -> list:
+    """The tape's named consts as Slots, with a common batch size (their leading dim).
+
+    ``state``: the names of the file's state slots (its ``state`` map), which training
+    carries from step to step instead of filling from the data: they are left out."""
     slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape),
                   tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id),
                   tape.holds_ids(v.id) and tape.read_as_values(v.id))
-             for v in tape.input_slots()]
+             for v in tape.input_slots() if tape.nodes[v.id].name not in state]
     if not slots:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
     sizes = {s.shape[0] for s in slots}

@@ -10,7 +10,9 @@ docs/training.md ("Data-parallel training") is the user-level description.  In s
   fold runs as a pipelined chain W-1 -> W-2 -> ... -> 0 (each rank adds its shards, in
   order, to the running sum it receives); rank 0 divides by S, steps the optimizer and
   sends the updated parameters back up the chain 0 -> 1 -> ... -> W-1.  Every rank
-  sends at most 2 (P + HEAD) float64 values per step for P trained parameter values.
+  sends at most 2 (P + T + HEAD) float64 values per step for P trained parameter values
+  and T state values (the file's state slots: each shard's outputs for them ride in the
+  same fold, so a state slot takes the shard mean of its output, in shard order).
   Only point-to-point messages are used: MPI's reductions sum in an unspecified order.
 
 The pieces:
@@ -341,7 +343,7 @@ def fingerprint(trainer) -> dict:
     from ..tapefile import dumps
     tf = trainer.tf
     tape = dumps(tf.tape, loss=tf.loss, outputs=tf.outputs, meta=tf.meta,
-                 optimizer=tf.optimizer)
+                 optimizer=tf.optimizer, state=tf.state)
     return {"tape": hashlib.sha256(tape).hexdigest(), "tape_source": str(tf.source),
             "data": _data_digest(trainer.data), "data_source": str(trainer.data.source),
             "val": _data_digest(trainer.val),
@@ -460,6 +462,14 @@ class DataParallel:
                 n = tape.values[e.node_id].size
                 self.layout.append((e.node_id, offset, n))
                 offset += n
+        self.n_params = offset - HEAD
+        # then each state output's values: folded in shard order like the gradients, so
+        # the state after a step is the shard mean of the shards' outputs
+        self.state_layout = []
+        for slot, output in trainer.state:
+            n = tape.values[slot].size
+            self.state_layout.append((slot, output, offset, n))
+            offset += n
         self.length = offset
         self.parts = [np.zeros(offset) for _ in self.mine]    # this rank's shard results
         self.acc = np.zeros(offset)                            # the running fold
@@ -471,7 +481,7 @@ class DataParallel:
     @property
     def params(self) -> int:
         """P: the trained parameter values one step exchanges."""
-        return self.length - HEAD
+        return self.n_params
 
     def describe(self) -> str:
         t = self.trainer
@@ -481,9 +491,11 @@ class DataParallel:
             return what + ", all in this process"
         ranks = "; ".join(f"rank {r} {host} pid {pid} {backend}"
                           for r, (host, pid, backend) in enumerate(self.ranks or ()))
+        state = (f" and {self.length - HEAD - self.n_params} state values"
+                 if self.state_layout else "")
         return (f"{what} on {self.W} MPI ranks, {self.S // self.W} each; {self.params} "
-                f"parameter values, at most {2 * 8 * self.length} bytes sent per rank per "
-                f"step; {ranks}")
+                f"parameter values{state}, at most {2 * 8 * self.length} bytes sent per "
+                f"rank per step; {ranks}")
 
     def watch(self, local) -> Decision:
         """The trainer's stop flag from now on; ``local`` (a StopFlag) only votes."""
@@ -535,6 +547,10 @@ class DataParallel:
                 for node_id, off, n in self.layout:
                     values[node_id][...] = self.out[off:off + n].reshape(values[node_id].shape)
             self.engine.params_from_tape()
+            if self.state_layout:
+                values = self.trainer.tape.values
+                self.trainer.set_state([self.out[off:off + n].reshape(values[slot].shape)
+                                        for slot, _, off, n in self.state_layout])
         if stop and not self.decided.stop:
             self.decided.stop, self.decided.signum = True, int(stop)
             if self.local is not None and self.local.signum is None:
@@ -557,6 +573,8 @@ class DataParallel:
                                         t.data.arrays[t.acc.target][shard])
             for node_id, off, n in self.layout:
                 part[off:off + n] = self.engine.grad(node_id).reshape(-1)
+            for _, output, off, n in self.state_layout:
+                part[off:off + n] = self.engine.output(output).reshape(-1)
 
     def _update(self) -> None:
         """Rank 0: finish the fold (divide by S), step the optimizer, fill ``out``."""
@@ -572,6 +590,8 @@ class DataParallel:
         self.trainer.opt.step(tape)       # the reference optimizer, on the combined gradient
         for node_id, off, n in self.layout:
             out[off:off + n] = tape.values[node_id].reshape(-1)
+        for _, _, off, n in self.state_layout:
+            out[off:off + n] = acc[off:off + n]             # the shards' mean output
         out[3] = 1.0
 
     # ── validation, checkpoints ────────────────────────────────────────────
@@ -601,6 +621,8 @@ class DataParallel:
         h = hashlib.sha256()
         for e in self.trainer.opt.entries:
             h.update(np.ascontiguousarray(self.trainer.tape.values[e.node_id], dtype="<f8"))
+        for slot, _ in self.trainer.state:
+            h.update(np.ascontiguousarray(self.trainer.tape.values[slot], dtype="<f8"))
         step = self.trainer.global_step
         digests = self.world.gather_obj(h.hexdigest(), TAG_AGREE,
                                         f"the parameter check before saving step {step}")

@@ -6,7 +6,10 @@
 Per step the loop fills the tape's input slots (named consts) with the next
 minibatch, then asks the engine for one training step: forward replay,
 backward, optimizer step.  The tape's node structure never changes, so
-memory does not grow with the number of steps.
+memory does not grow with the number of steps.  After a step whose loss is finite,
+each state slot (the file's ``state`` map: a named const, not an input slot) takes
+the value of its output from that step's forward (data-parallel: the shard mean of
+the shards' outputs), in the tape, which checkpoints write, and in the engine.
 
 Engines (:mod:`gradtool.train.engines`, ``make_engine``): ``cpu`` is :class:`CpuEngine`, the numpy
 reference; ``host``/``cuda``/``auto`` are ``gradtool.device.engine.DeviceEngine``,
@@ -115,6 +118,7 @@ class Trainer:
         self.tf, self.tape, self.options = tf, tf.tape, options
         self.reporters = list(reporters)
         self.source = tf.source
+        self.state = state_pairs(tf)      # (slot id, output id): carried from step to step
         meta = meta_defaults(tf.meta, self.source)
         self.saved = tf.optimizer
         position = check_saved_state(self.saved, self.source) if self.saved is not None else {}
@@ -142,7 +146,7 @@ class Trainer:
 
     def _load_data(self, data_path, meta) -> None:
         """Training and validation sets (see gradtool.train.data for the precedence of the latter)."""
-        self.slots = input_slots(self.tape)
+        self.slots = input_slots(self.tape, self.tf.state)
         self.shard_rows = batch_size(self.slots)           # b: the rows the tape holds
         self.batch = self.shard_rows * self.shards          # B: one step's minibatch
         val_file, val_split = self.options.val, self.options.val_split
@@ -248,6 +252,9 @@ class Trainer:
                    f"backend {getattr(self.engine, 'label', self.engine.name)}"
                    + (f"; continuing at epoch {self.epoch + 1} step {self.step}" if resumed
                       else ""))
+        if self.state:
+            names = ", ".join(self.tf.state)
+            self._emit("note", f"state: {names}, each replaced after every step by its output")
         if self.parallel is not None:
             self._emit("note", self.parallel.describe())
 
@@ -272,7 +279,7 @@ class Trainer:
         state = self.opt.state_dict()
         state["position"] = self.position()
         save(self.tape, path, loss=self.tf.loss, outputs=self.tf.outputs, meta=self.tf.meta,
-             optimizer=state)
+             optimizer=state, state=self.tf.state)
 
     def params_finite(self) -> bool:
         if self.parallel is None:         # data-parallel: the tape is always current
@@ -379,10 +386,19 @@ class Trainer:
             return self.parallel.step(rows)
         self._fill(self.data, rows)
         loss = self.engine.train_step()
+        if self.state and math.isfinite(loss):
+            self.set_state([np.array(self.engine.output(o)) for _, o in self.state])
         if not (self.acc and self.val is None and math.isfinite(loss)):
             return loss, 0
         return loss, count_correct(self.acc, self.engine.output(self.acc.output_id),
                                    self.data.arrays[self.acc.target][rows])
+
+    def set_state(self, values) -> None:
+        """The state slots take ``values`` (one array per :attr:`state` entry): in the tape,
+        which a checkpoint writes, and in the engine, which the next step reads."""
+        for (slot, _), value in zip(self.state, values):
+            self.tape.values[slot][...] = value
+            self.engine.set_input(slot, self.tape.values[slot])
 
     def _maybe_checkpoint(self) -> None:
         every = self.options.every
@@ -407,6 +423,15 @@ class Trainer:
         self._emit("epoch", record)
 
 
+def state_pairs(tf) -> list:
+    """(slot node id, output node id) for each entry of the file's ``state`` map, in file
+    order (the loader checked both: a named float64 const, an output of its shape)."""
+    if not tf.state:
+        return []
+    names = {n.name: i for i, n in enumerate(tf.tape.nodes) if n.op == "const" and n.name}
+    return [(names[slot], tf.outputs[out].id) for slot, out in tf.state.items()]
+
+
 def train(tf, data_path, options: Optional[TrainOptions] = None, reporters=(),
           stop: Optional[StopFlag] = None, keep_history: bool = False) -> TrainResult:
     """Train a loaded tape file on ``data_path`` (see the module docstring), in this one
@@ -416,4 +441,4 @@ def train(tf, data_path, options: Optional[TrainOptions] = None, reporters=(),
     return trainer.run(stop, keep_history=keep_history)
 
 
-__all__ = ["Trainer", "train", "StopFlag"]
+__all__ = ["Trainer", "train", "StopFlag", "state_pairs"]
