@@ -133,8 +133,9 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
     op_node = ia >= 0
     has_b = ib >= 0
     a0, b0 = np.where(op_node, ia, 0), np.where(has_b, ib, 0)
-    req = _requires(ops, ia, ib, op_node, has_b)
-    reached = _reached(req, ia, ib, op_node, has_b, loss)
+    root, depth = _roots(ia, ib, op_node, has_b)
+    req = _requires(ops, root, ia, ib, op_node, has_b)
+    reached = _reached(req, root, depth, ia, ib, op_node, has_b, loss)
     big = np.maximum(size, size[a0])
     big = np.maximum(big, np.where(has_b, size[b0], 0))
     big = np.where(op_node, big, 0)
@@ -172,23 +173,32 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
 
 
 def _roots(ia, ib, op_node, has_b):
-    """Per node the first node down its chain of unary inputs (``a`` while ``b`` is -1)
-    that is not a unary op node: a leaf or a binary node (itself, for those), by
-    pointer jumping (log2 of the longest chain passes; inputs are earlier nodes)."""
+    """(root, depth): per node the first node down its chain of unary inputs (``a``
+    while ``b`` is -1) that is not a unary op node (a leaf or a binary node: itself, for
+    those), and how many steps down it is, by pointer jumping (log2 of the longest chain
+    passes; inputs are earlier nodes)."""
     index = np.arange(len(ia))
-    ptr = np.where(op_node & ~has_b, ia, index)
+    unary = op_node & ~has_b
+    ptr = np.where(unary, ia, index)
+    depth = unary.astype(np.int64)
+    # a stretch of nodes each reading the one before (a tape recorded in order) points
+    # at once to the node before the stretch
+    follows = unary & (ia == index - 1)
+    before = np.maximum.accumulate(np.where(follows, 0, index))
+    ptr = np.where(follows, before, ptr)
+    depth = np.where(follows, index - before, depth)
     for _ in range(len(ia).bit_length() + 1):
         nxt = ptr[ptr]
         if np.array_equal(nxt, ptr):
             break
+        depth = depth + depth[ptr]
         ptr = nxt
-    return ptr
+    return ptr, depth
 
 
-def _requires(ops, ia, ib, op_node, has_b):
+def _requires(ops, root, ia, ib, op_node, has_b):
     """Which nodes require grad (a param among their ancestors): a unary node as its
     chain's root (:func:`_roots`), a binary node as either input, in order."""
-    root = _roots(ia, ib, op_node, has_b)
     leaves = np.flatnonzero(~op_node).tolist()
     req_root = [False] * len(ops)
     for i in leaves:
@@ -201,25 +211,49 @@ def _requires(ops, ia, ib, op_node, has_b):
     return np.array(req_root, dtype=bool)[root]
 
 
-def _reached(req, ia, ib, op_node, has_b, loss: int):
+def _reached(req, root, depth, ia, ib, op_node, has_b, loss: int):
     """The nodes the backward walk from ``loss`` gives a gradient: the loss, and every
     node that requires grad with a path to the loss (a node's consumers require grad
-    when it does, so the walk passes through requiring nodes only)."""
+    when it does, so the walk passes through requiring nodes only).
+
+    Where no node is the unary input of two nodes, the unary chains are paths: an
+    ancestor of the loss is then a node at most as far down its chain as the farthest
+    node of that chain reached from above, and only the binary nodes are walked one by
+    one; otherwise every node is."""
     n = len(req)
+    if not req[loss]:
+        reached = np.zeros(n, dtype=bool)
+        reached[loss] = True
+        return reached
+    unary = op_node & ~has_b
+    if not unary.any() or np.bincount(ia[unary], minlength=n).max() <= 1:
+        need = [-1] * n               # per chain root: the deepest node reached on it
+        need[int(root[loss])] = int(depth[loss])
+        binary = np.flatnonzero((op_node & has_b)[:loss + 1])[::-1]
+        for r, xa, da, xb, db in zip(binary.tolist(), root[ia[binary]].tolist(),
+                                     depth[ia[binary]].tolist(), root[ib[binary]].tolist(),
+                                     depth[ib[binary]].tolist()):
+            if need[r] >= 0:          # r is an ancestor of the loss: so are its inputs
+                if da > need[xa]:
+                    need[xa] = da
+                if db > need[xb]:
+                    need[xb] = db
+        reached = (depth <= np.array(need, dtype=np.int64)[root]) & req
+        reached[loss] = True
+        return reached
     reached = bytearray(n)
     reached[loss] = 1
-    if req[loss]:
-        a, b = ia.tolist(), ib.tolist()
-        reach = bytearray(req.tobytes())        # 1 where a node requires grad
-        for i in range(loss, -1, -1):
-            if reached[i]:
-                x = a[i]
-                if x >= 0:
-                    if reach[x]:
-                        reached[x] = 1
-                    y = b[i]
-                    if y >= 0 and reach[y]:
-                        reached[y] = 1
+    a, b = ia.tolist(), ib.tolist()
+    reach = bytearray(req.tobytes())        # 1 where a node requires grad
+    for i in range(loss, -1, -1):
+        if reached[i]:
+            x = a[i]
+            if x >= 0:
+                if reach[x]:
+                    reached[x] = 1
+                y = b[i]
+                if y >= 0 and reach[y]:
+                    reached[y] = 1
     return np.frombuffer(bytes(reached), dtype=bool)
 
 
