@@ -56,18 +56,21 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
     node list)."""
     tape = _tape_of(tf)
     loss_id = tf.loss.id
+    ops = list(map(_OP, tape.nodes))
+    records, values = tape.nodes, tape.values
     summary = {
         "file": tf.source,
         "format": "gradtool-tape",
         "version": 1,
         "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(map(_OP, tape.nodes)).items())),
-        "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
-                    "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
-                   for p in tape.params()],
-        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
-                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
-                   for c in tape.input_slots()],
+        "ops": dict(sorted(Counter(ops).items())),
+        # the ids of tape.params() and tape.input_slots(), found by list.index
+        "params": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
+                    "elements": int(values[i].size), "l2": records[i].l2}
+                   for i in _positions(ops, "param")],
+        "inputs": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
+                    "dtype": INT_DTYPE if tape.holds_ids(i) else "f64"}
+                   for i in _positions(ops, "const") if records[i].name],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
@@ -77,6 +80,18 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
     if nodes:
         summary["nodes"] = [node_entry(tape, i) for i in range(len(tape.nodes))]
     return summary
+
+
+def _positions(items: list, item) -> list:
+    """The indices where ``item`` is in ``items``, in order (list.index: no Python code
+    per element)."""
+    found, i = [], -1
+    try:
+        while True:
+            i = items.index(item, i + 1)
+            found.append(i)
+    except ValueError:
+        return found
 
 
 def summary_json(tf: TapeFile) -> str:
