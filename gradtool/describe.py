@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from itertools import count
-from operator import attrgetter
+from itertools import count, repeat
+from operator import attrgetter, eq
 from typing import Optional
 
 import numpy as np
@@ -118,14 +118,37 @@ def _summary_json(tf: TapeFile) -> str:
             | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
     op_text = {op: json.dumps(op) for op in set(ops)}
     shape_text = {shape: json.dumps(list(shape)) for shape in set(shapes)}
-    parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a, b,
-                                             map(shape_text.__getitem__, shapes))))
+    same = None if type(special) is range else _common_kind(ops, b, shapes)
+    if same is None:
+        parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a,
+                                                 b, map(shape_text.__getitem__, shapes))))
+    else:                           # most nodes one op on one shape, b -1: id and a only
+        op, shape, same = same
+        common = ('{"id": %d, "op": ' + op_text[op].replace("%", "%%") + ', "a": %d, '
+                  '"b": -1, "shape": ' + shape_text[shape].replace("%", "%%") + "}")
+        parts = list(map(common.__mod__, zip(range(n), a)))
+        for i in np.flatnonzero(~same).tolist():
+            parts[i] = _NODE_TEXT % (i, op_text[ops[i]], a[i], b[i], shape_text[shapes[i]])
     for i in special:
         parts[i] = json.dumps(node_entry(tape, i))
     return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
 
 
 _NODE_TEXT = '{"id": %d, "op": %s, "a": %d, "b": %d, "shape": %s}'
+
+
+def _common_kind(ops: list, b: list, shapes: list):
+    """(op, shape, mask) when more than half the nodes of a long tape are that op on that
+    shape with b == -1 (mask: which ones), else None."""
+    n = len(ops)
+    if n < 4096:
+        return None
+    (op, _), = Counter(ops).most_common(1)
+    (shape, _), = Counter(shapes).most_common(1)
+    same = np.array(b, dtype=np.int64) == -1
+    same &= np.fromiter(map(eq, ops, repeat(op)), dtype=bool, count=n)
+    same &= np.fromiter(map(eq, shapes, repeat(shape)), dtype=bool, count=n)
+    return (op, shape, same) if 2 * int(same.sum()) > n else None
 _A, _B, _NAME, _AUX = attrgetter("a"), attrgetter("b"), attrgetter("name"), attrgetter("aux")
 _INT = frozenset((int,))
 _OP, _SHAPE = attrgetter("op"), attrgetter("shape")
