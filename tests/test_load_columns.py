@@ -136,13 +136,15 @@ def test_a_budget_crossed_inside_a_run_names_the_same_node(limit, monkeypatch):
     for cap in (2000, 3001, 4444):
         limits = checks.Limits(**{limit: cap})
         got = []
-        for run_min in (checks._RUN_MIN, 1 << 62):
+        for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
+                                  (checks._RUN_MIN, 32)):
             with monkeypatch.context() as m:
                 m.setattr(checks, "_RUN_MIN", run_min)
+                m.setattr(scan, "SCAN_MIN", scan_min)
                 with pytest.raises(TapeFileError) as err:
                     gradtool.load(raw, name="f", limits=limits)
             got.append(str(err.value))
-        assert got[0] == got[1] and "over this reader's limit" in got[0]
+        assert got[0] == got[1] == got[2] and "over this reader's limit" in got[0]
 
 
 def test_mutated_long_files_give_the_node_by_node_outcome(monkeypatch):

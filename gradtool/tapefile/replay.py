@@ -135,19 +135,19 @@ def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> 
     values, requires = tape.values, tape.requires
     append_value, append_requires = values.append, requires.append
     ops, ids, scalars, shapes = zip(*nodes[start:stop])
-    rules = {}
+    last = forward = grad_a = None
     for k, op, a, s, shape in zip(range(start, stop), ops, ids, scalars, shapes):
-        rule = rules.get(op)
-        if rule is None:
-            rule = rules[op] = _run_rule(op)
-        value = rule[0](values[a], None, s, None)
+        if op is not last:                   # the rule of a new op (runs are mostly one)
+            forward, grad_a = _run_rule(op)
+            last = op
+        value = forward(values[a], None, s, None)
         if value.shape != shape:             # defensive: the checks prevent it
             raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
                                 f"checked {list(shape)}", source=source, node=k)
         if value.base is not None:           # never alias an input (as _append_op)
             value = value.copy()
         append_value(value)
-        append_requires(rule[1] and requires[a])
+        append_requires(grad_a and requires[a])
     tape.nodes.extend(map(Node, ops, ids, repeat(-1), scalars))
     tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
 
