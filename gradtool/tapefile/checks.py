@@ -31,7 +31,10 @@ in file order is the one reported; an ordinary node takes a fast path
 would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
 nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
 fast path would accept for certain are taken, and every other node, or a run
-that crosses a budget, goes node by node, so the messages are the same.
+that crosses a budget, goes node by node, so the messages are the same.  For a
+long file, :mod:`gradtool.tapefile.scan` gives those columns without decoding the
+plain nodes' maps at all (:func:`_scanned_runs`); a plain node the runs do not take
+is decoded from its bytes when the node-by-node path reaches it.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
