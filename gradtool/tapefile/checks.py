@@ -801,7 +801,7 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
     node has passed."""
     if columns is None:
         columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
-    est = estimate_memory(*columns, sizes, works, loss, extra)
+    est = estimate_memory(*columns, sizes, works, loss, extra if any(extra) else None)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,

@@ -133,6 +133,8 @@ def _scan(raw: bytes, source: str, limits: Limits):
 def _nodes(raw: bytes, begin: int, length: int, unpacker):
     """(node list, Scanned, end offset) of the node array whose first node starts at
     ``begin``, or None."""
+    if raw.count(b"\xa1b\xff\xa1s", begin) < length // 2:
+        return None               # few nodes with b -1: mostly other nodes (a quick count)
     cand = _candidates(raw, begin)
     starts, ends = cand["start"], cand["end"]
     if len(starts) < length // 2:
