@@ -135,6 +135,8 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
     ``begin``, or None."""
     if raw.count(b"\xa1b\xff\xa1s", begin) < length // 2:
         return None               # few nodes with b -1: mostly other nodes (a quick count)
+    if raw.count(b"\x85\xa2op", begin) > 2 * length + 1024:
+        return None               # the bytes of a node's start everywhere: not worth it
     cand = _candidates(raw, begin)
     starts, ends = cand["start"], cand["end"]
     if len(starts) < length // 2:
@@ -237,9 +239,14 @@ def _candidates(raw: bytes, begin: int) -> dict:
     buf = np.frombuffer(raw + bytes(pad), dtype=np.uint8)
     # the 8 bytes at each position as one little-endian word (unaligned, stride 1)
     words = np.ndarray(shape=(len(buf) - 8,), dtype="<u8", buffer=buf, strides=(1,))
-    p = np.flatnonzero(buf[begin:len(raw)] == 0x85) + begin
-    head, head_mask = _word(b"\x85\xa2op")
-    p = p[(words[p] & head_mask) == head]
+    # where a map of 5 starts with the key "op" (at most 2 * length + 1024 places, and
+    # no array per byte of the file but booleans)
+    body = buf[begin:len(raw)]
+    start = (body == 0x85)
+    for k, byte in enumerate(b"\xa2op", 1):
+        start[:-k] &= body[k:] == byte
+        start[len(body) - k:] = False
+    p = np.flatnonzero(start) + begin
     name_len = buf[p + 4].astype(np.int64) - 0xa0
     ok = (name_len >= 1) & (name_len <= 9)
     p, name_len = p[ok], name_len[ok]
