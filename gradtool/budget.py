@@ -122,49 +122,39 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
     and forward work; ``loss`` is the node backward seeds; ``extra``: per node its
     :func:`node_temporary` (default none), added to the node's temporaries.
 
-    The two walks that depend on earlier answers (which nodes require grad, forward;
-    which ones the backward walk reaches, from the loss down) are plain loops; the
-    temporaries and the backward work are then taken over all nodes at once with numpy
-    (a tape at the node limit has 2^20 nodes)."""
+    Taken over all nodes at once with numpy (a tape at the node limit has 2^20 nodes):
+    which nodes require grad (:func:`_requires`), which ones the backward walk reaches
+    (:func:`_reached`), the temporaries and the backward work."""
     n = len(ops)
-    extra = extra or [0] * n
-    requires = [False] * n
-    for i, ia, ib in zip(range(n), a, b):
-        if ia < 0:
-            if ops[i] == "param":
-                requires[i] = True
-        elif requires[ia] or (ib >= 0 and requires[ib]):
-            requires[i] = True
-    reached = [False] * n
-    reached[loss] = True
-    for i in range(loss, -1, -1):
-        if reached[i] and requires[i]:
-            ia = a[i]
-            if ia >= 0:
-                if requires[ia]:
-                    reached[ia] = True
-                ib = b[i]
-                if ib >= 0 and requires[ib]:
-                    reached[ib] = True
     if n == 0:
         return MemoryEstimate(0, 0, 0, -1, 0)
     size = np.array(sizes, dtype=object if max(sizes) >= 1 << 58 else np.int64)
     ia, ib = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
     op_node = ia >= 0
-    req = np.array(requires, dtype=bool)
-    big = np.maximum(size, size[np.where(op_node, ia, 0)])
-    big = np.maximum(big, np.where(ib >= 0, size[np.where(ib >= 0, ib, 0)], 0))
+    has_b = ib >= 0
+    a0, b0 = np.where(op_node, ia, 0), np.where(has_b, ib, 0)
+    root, depth = _roots(ia, ib, op_node, has_b)
+    req = _requires(ops, root, ia, ib, op_node, has_b)
+    reached = _reached(req, root, depth, ia, ib, op_node, has_b, loss)
+    big = np.maximum(size, size[a0])
+    big = np.maximum(big, np.where(has_b, size[b0], 0))
     big = np.where(op_node, big, 0)
-    xtra = np.where(op_node, np.array(extra, dtype=size.dtype), 0)   # node_temporary's
-    grads = int(size[np.array(reached, dtype=bool)].sum())
+    if extra is None:
+        xtra = np.zeros(n, dtype=size.dtype)
+    else:
+        xtra = np.where(op_node, np.array(extra, dtype=size.dtype), 0)   # node_temporary's
+    grads = int(size[reached].sum())
     # the sides a node's backward differentiates: those of its inputs that require grad
-    sides = ((req[np.where(op_node, ia, 0)] & op_node).astype(np.int64)
-             + (req[np.where(ib >= 0, ib, 0)] & (ib >= 0)))
-    sides[~(np.array(reached, dtype=bool) & req & op_node)] = 0
+    sides = (req[a0] & op_node).astype(np.int64) + (req[b0] & has_b)
+    sides[~(reached & req & op_node)] = 0
     sides[loss + 1:] = 0
     walked = np.flatnonzero(sides)
-    backward_work = sum(map(operator.mul, sides[walked].tolist(),
-                            [works[i] for i in walked.tolist()]))
+    top_work = max(works) if len(walked) else 0
+    if 2 * n * top_work < 1 << 62:         # no sum can overflow int64
+        backward_work = int((sides[walked] * np.array(works, dtype=np.int64)[walked]).sum())
+    else:
+        backward_work = sum(map(operator.mul, sides[walked].tolist(),
+                                [works[i] for i in walked.tolist()]))
     # the largest temporary: the first node of the largest forward one, unless a node the
     # backward walk differentiates needs more (the first such from the loss down)
     temporary, temporary_node = 0, -1
@@ -180,6 +170,91 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
             temporary_node = int(walked[np.flatnonzero(backward == top)[-1]])
     return MemoryEstimate(int(size.sum()), grads, temporary, temporary_node,
                           int(backward_work))
+
+
+def _roots(ia, ib, op_node, has_b):
+    """(root, depth): per node the first node down its chain of unary inputs (``a``
+    while ``b`` is -1) that is not a unary op node (a leaf or a binary node: itself, for
+    those), and how many steps down it is, by pointer jumping (log2 of the longest chain
+    passes; inputs are earlier nodes)."""
+    index = np.arange(len(ia))
+    unary = op_node & ~has_b
+    ptr = np.where(unary, ia, index)
+    depth = unary.astype(np.int64)
+    # a stretch of nodes each reading the one before (a tape recorded in order) points
+    # at once to the node before the stretch
+    follows = unary & (ia == index - 1)
+    before = np.maximum.accumulate(np.where(follows, 0, index))
+    ptr = np.where(follows, before, ptr)
+    depth = np.where(follows, index - before, depth)
+    for _ in range(len(ia).bit_length() + 1):
+        nxt = ptr[ptr]
+        if np.array_equal(nxt, ptr):
+            break
+        depth = depth + depth[ptr]
+        ptr = nxt
+    return ptr, depth
+
+
+def _requires(ops, root, ia, ib, op_node, has_b):
+    """Which nodes require grad (a param among their ancestors): a unary node as its
+    chain's root (:func:`_roots`), a binary node as either input, in order."""
+    leaves = np.flatnonzero(~op_node).tolist()
+    req_root = [False] * len(ops)
+    for i in leaves:
+        if ops[i] == "param":
+            req_root[i] = True
+    binary = np.flatnonzero(op_node & has_b)
+    for i, x, y in zip(binary.tolist(), root[ia[binary]].tolist(), root[ib[binary]].tolist()):
+        if req_root[x] or req_root[y]:
+            req_root[i] = True
+    return np.array(req_root, dtype=bool)[root]
+
+
+def _reached(req, root, depth, ia, ib, op_node, has_b, loss: int):
+    """The nodes the backward walk from ``loss`` gives a gradient: the loss, and every
+    node that requires grad with a path to the loss (a node's consumers require grad
+    when it does, so the walk passes through requiring nodes only).
+
+    Where no node is the unary input of two nodes, the unary chains are paths: an
+    ancestor of the loss is then a node at most as far down its chain as the farthest
+    node of that chain reached from above, and only the binary nodes are walked one by
+    one; otherwise every node is."""
+    n = len(req)
+    if not req[loss]:
+        reached = np.zeros(n, dtype=bool)
+        reached[loss] = True
+        return reached
+    unary = op_node & ~has_b
+    if not unary.any() or np.bincount(ia[unary], minlength=n).max() <= 1:
+        need = [-1] * n               # per chain root: the deepest node reached on it
+        need[int(root[loss])] = int(depth[loss])
+        binary = np.flatnonzero((op_node & has_b)[:loss + 1])[::-1]
+        for r, xa, da, xb, db in zip(binary.tolist(), root[ia[binary]].tolist(),
+                                     depth[ia[binary]].tolist(), root[ib[binary]].tolist(),
+                                     depth[ib[binary]].tolist()):
+            if need[r] >= 0:          # r is an ancestor of the loss: so are its inputs
+                if da > need[xa]:
+                    need[xa] = da
+                if db > need[xb]:
+                    need[xb] = db
+        reached = (depth <= np.array(need, dtype=np.int64)[root]) & req
+        reached[loss] = True
+        return reached
+    reached = bytearray(n)
+    reached[loss] = 1
+    a, b = ia.tolist(), ib.tolist()
+    reach = bytearray(req.tobytes())        # 1 where a node requires grad
+    for i in range(loss, -1, -1):
+        if reached[i]:
+            x = a[i]
+            if x >= 0:
+                if reach[x]:
+                    reached[x] = 1
+                y = b[i]
+                if y >= 0 and reach[y]:
+                    reached[y] = 1
+    return np.frombuffer(bytes(reached), dtype=bool)
 
 
 # ── sizes as people write them ─────────────────────────────────────────────

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from itertools import count
-from operator import attrgetter
+from itertools import count, repeat
+from operator import attrgetter, eq
 from typing import Optional
 
 import numpy as np
@@ -56,18 +56,22 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
     node list)."""
     tape = _tape_of(tf)
     loss_id = tf.loss.id
+    ops = list(map(_OP, tape.nodes))
+    records, values = tape.nodes, tape.values
     summary = {
         "file": tf.source,
         "format": "gradtool-tape",
         "version": 1,
         "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(map(_OP, tape.nodes)).items())),
-        "params": [{"id": p.id, "name": tape.nodes[p.id].name, "shape": list(p.shape),
-                    "elements": int(tape.values[p.id].size), "l2": tape.nodes[p.id].l2}
-                   for p in tape.params()],
-        "inputs": [{"id": c.id, "name": tape.nodes[c.id].name, "shape": list(c.shape),
-                    "dtype": INT_DTYPE if tape.holds_ids(c.id) else "f64"}
-                   for c in tape.input_slots() if tape.nodes[c.id].name not in tf.state],
+        "ops": dict(sorted(Counter(ops).items())),
+        # the ids of tape.params() and tape.input_slots(), found by list.index
+        "params": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
+                    "elements": int(values[i].size), "l2": records[i].l2}
+                   for i in _positions(ops, "param")],
+        "inputs": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
+                    "dtype": INT_DTYPE if tape.holds_ids(i) else "f64"}
+                   for i in _positions(ops, "const")
+                   if records[i].name and records[i].name not in tf.state],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
@@ -81,6 +85,18 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
     if nodes:
         summary["nodes"] = [node_entry(tape, i) for i in range(len(tape.nodes))]
     return summary
+
+
+def _positions(items: list, item) -> list:
+    """The indices where ``item`` is in ``items``, in order (list.index: no Python code
+    per element)."""
+    found, i = [], -1
+    try:
+        while True:
+            i = items.index(item, i + 1)
+            found.append(i)
+    except ValueError:
+        return found
 
 
 def summary_json(tf: TapeFile) -> str:
@@ -107,14 +123,37 @@ def _summary_json(tf: TapeFile) -> str:
             | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
     op_text = {op: json.dumps(op) for op in set(ops)}
     shape_text = {shape: json.dumps(list(shape)) for shape in set(shapes)}
-    parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a, b,
-                                             map(shape_text.__getitem__, shapes))))
+    same = None if type(special) is range else _common_kind(ops, b, shapes)
+    if same is None:
+        parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a,
+                                                 b, map(shape_text.__getitem__, shapes))))
+    else:                           # most nodes one op on one shape, b -1: id and a only
+        op, shape, same = same
+        common = ('{"id": %d, "op": ' + op_text[op].replace("%", "%%") + ', "a": %d, '
+                  '"b": -1, "shape": ' + shape_text[shape].replace("%", "%%") + "}")
+        parts = list(map(common.__mod__, zip(range(n), a)))
+        for i in np.flatnonzero(~same).tolist():
+            parts[i] = _NODE_TEXT % (i, op_text[ops[i]], a[i], b[i], shape_text[shapes[i]])
     for i in special:
         parts[i] = json.dumps(node_entry(tape, i))
     return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
 
 
 _NODE_TEXT = '{"id": %d, "op": %s, "a": %d, "b": %d, "shape": %s}'
+
+
+def _common_kind(ops: list, b: list, shapes: list):
+    """(op, shape, mask) when more than half the nodes of a long tape are that op on that
+    shape with b == -1 (mask: which ones), else None."""
+    n = len(ops)
+    if n < 4096:
+        return None
+    (op, _), = Counter(ops).most_common(1)
+    (shape, _), = Counter(shapes).most_common(1)
+    same = np.array(b, dtype=np.int64) == -1
+    same &= np.fromiter(map(eq, ops, repeat(op)), dtype=bool, count=n)
+    same &= np.fromiter(map(eq, shapes, repeat(shape)), dtype=bool, count=n)
+    return (op, shape, same) if 2 * int(same.sum()) > n else None
 _A, _B, _NAME, _AUX = attrgetter("a"), attrgetter("b"), attrgetter("name"), attrgetter("aux")
 _INT = frozenset((int,))
 _OP, _SHAPE = attrgetter("op"), attrgetter("shape")

@@ -66,16 +66,19 @@ def stages(path: Path) -> dict:
     from gradtool.tapefile import checks as tapefile_checks
     from gradtool.tapefile import read as tapefile_read
     from gradtool.tapefile import replay as tapefile_replay
+    from gradtool.tapefile import scan as tapefile_scan
     raw = path.read_bytes()
     limits = tapefile_checks.Limits()
     out = {}
     with tapefile_read.gc_paused():
         clock = time.process_time
         t = clock()
-        doc = tapefile_checks.decode(raw, str(path), limits)
+        found = tapefile_scan.scan(raw, str(path), limits)
+        if found is None:
+            found = tapefile_checks.decode(raw, str(path), limits), None
         out["decode"] = clock() - t
         t = clock()
-        checked = tapefile_checks.check(doc, str(path), limits)
+        checked = tapefile_checks.check(*found[:1], str(path), limits, found[1])
         out["check"] = clock() - t
         t = clock()
         tapefile_replay.replay(checked, str(path))

@@ -214,3 +214,54 @@ def test_a_device_program_over_the_budget_is_refused_before_anything_is_allocate
                     r"256\.0 KiB, optimizer state and scratch 256\.0 KiB, launch metadata \d+ "
                     r"bytes\), over the memory limit of 390\.6 KiB", str(info.value))
     capture(tp, loss, "host", optimizer=opt, max_bytes=800_000)
+
+
+def _walks_node_by_node(ops, a, b, loss):
+    """The model's two walks written as plain loops (estimate_memory takes them with
+    pointer jumping): which nodes require grad, which ones the backward walk reaches."""
+    n = len(ops)
+    requires = [False] * n
+    for i in range(n):
+        if a[i] < 0:
+            requires[i] = ops[i] == "param"
+        else:
+            requires[i] = requires[a[i]] or (b[i] >= 0 and requires[b[i]])
+    reached = [False] * n
+    reached[loss] = True
+    for i in range(loss, -1, -1):
+        if reached[i] and requires[i] and a[i] >= 0:
+            for x in (a[i], b[i]):
+                if x >= 0 and requires[x]:
+                    reached[x] = True
+    return requires, reached
+
+
+def test_the_walks_taken_in_bulk_match_the_node_by_node_walks():
+    rng = np.random.default_rng(23)
+    for trial in range(400):
+        n = int(rng.integers(1, 60))
+        ops, a, b = [], [], []
+        for i in range(n):
+            kind = rng.random()
+            if i == 0 or kind < 0.15:
+                ops.append("param" if rng.random() < 0.5 else "const")
+                a.append(-1)
+                b.append(-1)
+            elif kind < 0.7:               # unary: chains, and values read twice
+                ops.append("neg")
+                a.append(i - 1 if rng.random() < 0.6 else int(rng.integers(i)))
+                b.append(-1)
+            else:
+                ops.append("add")
+                a.append(int(rng.integers(i)))
+                b.append(int(rng.integers(i)))
+        loss = int(rng.integers(n))
+        sizes = [int(rng.integers(1, 50)) for _ in range(n)]
+        works = [0 if a[i] < 0 else int(rng.integers(1, 90)) for i in range(n)]
+        requires, reached = _walks_node_by_node(ops, a, b, loss)
+        est = estimate_memory(ops, a, b, sizes, works, loss)
+        assert est.values == sum(sizes)
+        assert est.grads == sum(s for s, r in zip(sizes, reached) if r), trial
+        sides = [0 if not (reached[i] and requires[i] and a[i] >= 0) or i > loss else
+                 requires[a[i]] + (b[i] >= 0 and requires[b[i]]) for i in range(n)]
+        assert est.backward_work == sum(s * w for s, w in zip(sides, works)), trial

@@ -418,7 +418,55 @@ def test_summary_json_is_json_dumps_of_the_summary_for_every_sample_and_op(tmp_p
     for _ in range(5):
         x = chain.neg(x)
     files.append(load(dumps(chain, loss=chain.sum(x))))
+    files.append(load(_dumps_long()))       # most nodes of one kind: a template
     for tf in files:
         assert summary_json(tf) == json.dumps(summary(tf)), tf.source
     result = run("inspect", "--json", SAMPLE_TAPES[0])
     assert json.loads(result.stdout) == summary(load(SAMPLE_TAPES[0]))
+
+
+def test_inspects_node_table_is_the_row_by_row_table_for_every_sample_and_op():
+    from gradtool.cli.tapes import _NODE_HEADER, _detail, _inputs, _node_table, _table
+    from gradtool.describe import node_entry, plain_node
+    from gradtool.ops import format_shape
+    from support import SAMPLE_TAPES
+    from gradtool.tapefile.write import dumps
+    tp, loss, outputs = all_ops_tape()
+    files = [load(dumps(tp, loss=loss, outputs=outputs))] + [load(p) for p in SAMPLE_TAPES]
+    chain = Tape()
+    x = chain.param(np.ones((2, 1)), name="x")
+    for _ in range(12):                    # ids of two digits: a wider right-aligned column
+        x = chain.neg(x)
+    files.append(load(dumps(chain, loss=chain.sum(x))))
+    files.append(load(_dumps_long()))
+    for tf in files:
+        rows = [[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
+                 "" if plain_node(n) else _detail(node_entry(tf.tape, i))]
+                for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))]
+        assert _node_table(tf) == _table(rows, _NODE_HEADER), tf.source
+
+
+def long_tape():
+    """(tape, loss): 5000 nodes, most of them one op on one shape reading the node before
+    (the rows inspect writes from one template), broken by other ops, shapes, scalars, a
+    named const and a binary op."""
+    tp = Tape()
+    x = tp.param(np.ones((2, 3)), name="x")
+    y = tp.const(np.full((3,), 0.5), name="y%s")
+    z = tp.tanh(y)
+    for k in range(5000):
+        if k % 97 == 0:
+            x = tp.muls(x, 0.5)
+        elif k % 89 == 0:
+            x = tp.add(x, z)
+        elif k % 83 == 0:
+            z = tp.neg(z)
+        else:
+            x = tp.neg(x)
+    return tp, tp.sum(x)
+
+
+def _dumps_long() -> bytes:
+    from gradtool.tapefile.write import dumps
+    tp, loss = long_tape()
+    return dumps(tp, loss=loss)

@@ -1,6 +1,7 @@
 """The loader's columnar path (tapefile.checks._plain_runs: runs of plain unary nodes
-checked with numpy, replayed in a tight loop) against the node-by-node path, on real
-files long enough to take it (the fuzz tests' files are shorter than _RUN_MIN).
+checked with numpy, replayed in a tight loop; tapefile.scan: their maps never built)
+against the node-by-node path, on real files long enough to take it (the fuzz tests'
+files are shorter than _RUN_MIN).
 
 Every file, valid or mutated, must give the same thing both ways: the same error
 message, or tapes equal node by node, bit for bit.
@@ -14,7 +15,7 @@ import pytest
 
 import gradtool
 from gradtool.errors import TapeFileError
-from gradtool.tapefile import checks
+from gradtool.tapefile import checks, scan
 from support import Mutator
 
 NODES = 1500
@@ -69,10 +70,17 @@ def outcome(raw: bytes):
 
 
 def both_ways(raw: bytes, monkeypatch) -> tuple:
-    columns = outcome(raw)
+    """(columnar outcome, node-by-node outcome); the columnar one the same whether the file
+    is decoded by msgpack or by tapefile.scan (checked here)."""
     with monkeypatch.context() as m:
+        m.setattr(scan, "SCAN_MIN", 1 << 62)
+        columns = outcome(raw)
         m.setattr(checks, "_RUN_MIN", 1 << 62)
         nodes = outcome(raw)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "SCAN_MIN", 32)      # the scan takes files this short too
+        scanned = outcome(raw)
+    assert scanned == columns
     return columns, nodes
 
 
@@ -128,13 +136,15 @@ def test_a_budget_crossed_inside_a_run_names_the_same_node(limit, monkeypatch):
     for cap in (2000, 3001, 4444):
         limits = checks.Limits(**{limit: cap})
         got = []
-        for run_min in (checks._RUN_MIN, 1 << 62):
+        for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
+                                  (checks._RUN_MIN, 32)):
             with monkeypatch.context() as m:
                 m.setattr(checks, "_RUN_MIN", run_min)
+                m.setattr(scan, "SCAN_MIN", scan_min)
                 with pytest.raises(TapeFileError) as err:
                     gradtool.load(raw, name="f", limits=limits)
             got.append(str(err.value))
-        assert got[0] == got[1] and "over this reader's limit" in got[0]
+        assert got[0] == got[1] == got[2] and "over this reader's limit" in got[0]
 
 
 def test_mutated_long_files_give_the_node_by_node_outcome(monkeypatch):
@@ -151,3 +161,61 @@ def test_mutated_long_files_give_the_node_by_node_outcome(monkeypatch):
         assert columns == nodes
         errors += columns[0] == "error"
     assert errors > MUTATIONS // 4          # the mutations do reach the checks
+
+
+def scanned_way(raw: bytes, monkeypatch):
+    """(outcome through tapefile.scan, through msgpack decoding, whether the scan took it)."""
+    with monkeypatch.context() as m:
+        m.setattr(scan, "SCAN_MIN", 32)
+        took = scan.scan(raw, "f", checks.Limits()) is not None
+        scanned = outcome(raw)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "SCAN_MIN", 1 << 62)
+        decoded = outcome(raw)
+    return scanned, decoded, took
+
+
+def test_the_scan_takes_a_long_valid_file_and_loads_it_identically(monkeypatch):
+    raw = msgpack.packb(long_doc(), use_bin_type=True)
+    scanned, decoded, took = scanned_way(raw, monkeypatch)
+    assert took and scanned[0] == "ok" and scanned == decoded
+
+
+def test_bytes_that_look_like_a_node_inside_data_or_other_encodings(monkeypatch):
+    doc = long_doc()
+    fake = msgpack.packb({"op": "neg", "a": 0, "b": -1, "s": 0.0, "shape": [3]})
+    doc["nodes"][0]["data"] = (fake + bytes(24))[:24]       # a node's bytes inside a param
+    doc["meta"] = {"junk": fake * 3}                        # and after the node list
+    raw = msgpack.packb(doc, use_bin_type=True)
+    scanned, decoded, took = scanned_way(raw, monkeypatch)
+    assert took and scanned[0] == "ok" and scanned == decoded
+    # the same nodes in other msgpack encodings (ints as uint16/32, s as an int, a
+    # float32 s, a signed int): decoded by msgpack, or matched, never misread
+    body = msgpack.packb(doc, use_bin_type=True)
+    for old, new in ((b"\xa1a\x05", b"\xa1a\xcd\x00\x05"), (b"\xa1a\x06", b"\xa1a\xce\x00\x00\x00\x06"),
+                     (b"\xa1s\xcb" + bytes(8), b"\xa1s\x00"), (b"\xa1a\x07", b"\xa1a\xd0\x07"),
+                     (b"\xa1s\xcb" + bytes(8), b"\xa1s\xca" + bytes(4)),
+                     (b"\x91\x03", b"\x91\xcc\x03")):
+        raw = body.replace(old, new, 7)
+        scanned, decoded, took = scanned_way(raw, monkeypatch)
+        assert scanned == decoded, (old, new)
+
+
+def test_broken_bytes_give_the_messages_of_msgpack_decoding(monkeypatch):
+    doc = long_doc()
+    raw = msgpack.packb(doc, use_bin_type=True)
+    rng = np.random.default_rng(SEED)
+    cases = [raw + b"\x00", raw[:-1], raw[:len(raw) // 2],
+             raw.replace(b"\xa5nodes", b"\xa5nodez", 1),
+             raw.replace(b"\xa7version\x01", b"\xa5nodes\x90", 1)]   # "nodes" twice
+    for _ in range(120):                   # random bytes replaced
+        mutated = bytearray(raw)
+        for _ in range(int(rng.integers(1, 4))):
+            mutated[int(rng.integers(len(raw)))] = int(rng.integers(256))
+        cases.append(bytes(mutated))
+    errors = 0
+    for case in cases:
+        scanned, decoded, _ = scanned_way(case, monkeypatch)
+        assert scanned == decoded
+        errors += scanned[0] == "error"
+    assert errors > 5

@@ -13,11 +13,12 @@ import json
 import math
 import sys
 import time
+from operator import attrgetter
 
 import click
 import numpy as np
 
-from ..describe import first_mismatch, node_entry, plain_node, summary, summary_json, to_dot
+from ..describe import _common_kind, first_mismatch, node_entry, plain_node, summary, summary_json, to_dot
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
@@ -110,11 +111,82 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    lines += _table([[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
-                      "" if plain_node(n) else _detail(node_entry(tf.tape, i))]
-                     for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))],
-                    ["id", "op", "inputs", "shape", "detail"])
+    lines += _node_table(tf)
     return lines
+
+
+_NODE_HEADER = ["id", "op", "inputs", "shape", "detail"]
+
+
+def _node_table(tf: TapeFile) -> list:
+    """``_table`` of the node rows (id, op, inputs, shape, detail), the same lines, made
+    by columns for a tape of a million nodes: each column's cells in one pass, whether
+    a column is numeric decided on its distinct cells, the lines from %-templates (the
+    most common kind of row, one op on one shape reading one input, from a template
+    with only its id and input left to fill)."""
+    tape = tf.tape
+    nodes, n = tape.nodes, len(tape.nodes)
+    ops = list(map(_OP, nodes))
+    a, b = list(map(_A, nodes)), list(map(_B, nodes))
+    if n == 0 or not set(map(type, a)) <= _INT or not set(map(type, b)) <= _INT:
+        return _table([[str(i), nd.op, _inputs(nd.a, nd.b), format_shape(v.shape),
+                        "" if plain_node(nd) else _detail(node_entry(tape, i))]
+                       for i, (nd, v) in enumerate(zip(nodes, tape.values))], _NODE_HEADER)
+    ia, ib = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+    unary = (ia >= 0) & (ib < 0)               # inputs cell: str(a)
+    others = np.flatnonzero(~unary).tolist()
+    other_inputs = {i: _inputs(a[i], b[i]) for i in others}
+    shapes = list(map(_SHAPE, tape.values))
+    shape_text = {shape: format_shape(shape) for shape in set(shapes)}
+    special = np.flatnonzero(
+        np.fromiter(map(bool, map(_NAME, nodes)), dtype=bool, count=n)
+        | np.fromiter(map(bool, map(_AUX, nodes)), dtype=bool, count=n)
+        | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
+    details = {}
+    for i in special:
+        if not plain_node(nodes[i]):
+            details[i] = _detail(node_entry(tape, i))
+    detail_cells = set(details.values()) | ({""} if len(details) < n else set())
+    op_cells, shape_cells = set(ops), set(shape_text.values())
+    numeric = [True,                           # str of an int
+               all(map(_is_num, op_cells)),
+               not others,                     # "-" and "a,b" are not numbers
+               all(map(_is_num, shape_cells)),
+               all(map(_is_num, detail_cells))]
+    longest_a = len(str(int(ia[unary].max()))) if unary.any() else 0
+    widths = [len(str(n - 1)), max(map(len, op_cells)),
+              max([longest_a, *map(len, other_inputs.values())]), max(map(len, shape_cells)),
+              max(map(len, detail_cells))]
+    widths = [max(len(h), w) for h, w in zip(_NODE_HEADER, widths)]
+    cell = [f"%{'' if num else '-'}{w}s" for num, w in zip(numeric, widths)]
+    template = "  " + "  ".join(cell)
+    header = (template % tuple(_NODE_HEADER)).rstrip()
+
+    def line(i: int) -> str:
+        return (template % (str(i), ops[i], other_inputs.get(i) or str(a[i]),
+                            shape_text[shapes[i]], details.get(i, ""))).rstrip()
+
+    kind = _common_kind(ops, b, shapes)
+    if kind is None:
+        return [header, *map(line, range(n))]
+    op, shape, common = kind
+    common &= unary
+    common[special] = False
+    # the common row: id and a as %d, its op and shape cells fixed, the detail cell ""
+    fixed_op = (cell[1] % op).replace("%", "%%")
+    tail = ("  " + cell[3] % shape_text[shape]).rstrip().replace("%", "%%")
+    common_line = (f"  %{widths[0]}d  {fixed_op}  %{'' if numeric[2] else '-'}{widths[2]}d"
+                   f"{tail}")
+    lines = list(map(common_line.__mod__, zip(range(n), a)))
+    for i in np.flatnonzero(~common).tolist():
+        lines[i] = line(i)
+    return [header, *lines]
+
+
+_OP, _A, _B = attrgetter("op"), attrgetter("a"), attrgetter("b")
+_NAME, _AUX, _SHAPE = attrgetter("name"), attrgetter("aux"), attrgetter("shape")
+_INT = frozenset((int,))
+_NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
 
 
 def _short(value, limit: int = 100) -> str:

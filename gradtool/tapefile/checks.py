@@ -31,7 +31,10 @@ in file order is the one reported; an ordinary node takes a fast path
 would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
 nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
 fast path would accept for certain are taken, and every other node, or a run
-that crosses a budget, goes node by node, so the messages are the same.
+that crosses a budget, goes node by node, so the messages are the same.  For a
+long file, :mod:`gradtool.tapefile.scan` gives those columns without decoding the
+plain nodes' maps at all (:func:`_scanned_runs`); a plain node the runs do not take
+is decoded from its bytes when the node-by-node path reaches it.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
@@ -117,6 +120,20 @@ class RunNode(tuple):
                 f"shape={self.shape})")
 
 
+class _Plain:
+    """The placeholder of a plain node in a node list decoded by
+    :func:`gradtool.tapefile.scan.scan`: its fields are the scan's columns, and its map is
+    decoded from its bytes only where the node-by-node path needs it."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<plain node>"
+
+
+PLAIN = _Plain()
+
+
 @dataclass
 class CheckedFile:
     nodes: list
@@ -154,6 +171,10 @@ class _TooManyContainers(Exception):
     pass
 
 
+_NOT_CONTAINER_BYTES = bytes(x for x in range(256)
+                             if not (0x80 <= x < 0xa0 or 0xdc <= x < 0xe0))
+
+
 def decode(raw: bytes, source: str, limits: Limits):
     """msgpack bytes -> Python objects, within ``limits``; TapeFileError otherwise."""
     if not raw:
@@ -174,8 +195,8 @@ def decode(raw: bytes, source: str, limits: Limits):
     # tape near the node limit) is decoded without a callback per container.
     hooks = {"object_hook": count, "list_hook": count}
     if len(raw) > limits.max_containers:
-        histogram = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
-        if int(histogram[0x80:0xa0].sum() + histogram[0xdc:0xe0].sum()) <= limits.max_containers:
+        # the file without every other byte value: a copy of its container bytes only
+        if len(raw.translate(None, _NOT_CONTAINER_BYTES)) <= limits.max_containers:
             hooks = {}
     else:
         hooks = {}                    # fewer bytes than the limit: fewer containers too
@@ -453,11 +474,13 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
 
 # ── gate 3: semantic checks ────────────────────────────────────────────────
 
-def check(doc, source: str, limits: Limits) -> CheckedFile:
+def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     """Validate a decoded document completely; CheckedFile or TapeFileError.
 
     The nodes are checked in one pass, each against the schema and then the
     semantic rules, so the first bad node in file order is the one reported.
+    ``scanned``: the plain nodes of a document decoded by
+    :func:`gradtool.tapefile.scan.scan` (:data:`PLAIN` in its node list).
     """
     _check_header(doc, source)
     schema = schema_check()
@@ -477,7 +500,10 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
-    columns = _plain_runs(raw_nodes)
+    if scanned is not None:
+        columns = _scanned_runs(raw_nodes, scanned)
+    else:
+        columns = _plain_runs(raw_nodes)
     runs = []                         # (start, stop) of the node runs checked as columns
     run_start = run_stop = len(raw_nodes)
     if columns is not None:
@@ -503,6 +529,8 @@ def check(doc, source: str, limits: Limits) -> CheckedFile:
                 i = len(nodes)
                 continue
         raw = raw_nodes[i]
+        if raw is PLAIN:              # a plain node the runs did not take: its map
+            raw = raw_nodes[i] = scanned.node_map(i)
         node = plain_node(i, raw, nodes, names)
         if node is None:
             if skeleton(raw) not in valid:
@@ -692,6 +720,75 @@ def _plain_runs(raw_nodes):
             np.array(sizes, dtype=object))
 
 
+def _scanned_runs(raw_nodes: list, scanned):
+    """:func:`_plain_runs`'s columns for a node list decoded by
+    :func:`gradtool.tapefile.scan.scan`: the plain nodes' fields from the scan's columns,
+    the other nodes' (few: the scan gives up otherwise) read from their maps; a plain
+    node is in a run on the same conditions (the scan found no integer data)."""
+    n = len(raw_nodes)
+    index = scanned.index
+    ops = np.array(scanned.ops, dtype=object)[scanned.code].tolist()
+    codes = np.zeros(n, dtype=np.int64)
+    codes[index] = np.array([_RUN_CODE[op] for op in scanned.ops], dtype=np.int64)[scanned.code]
+    a = np.full(n, -1, dtype=np.int64)
+    a[index] = scanned.a
+    b = np.full(n, -1, dtype=np.int64)
+    s = np.zeros(n, dtype=np.float64)
+    s[index] = scanned.s
+    # shape ids: the scan's distinct shapes first (two encodings of one shape: one id),
+    # then the other nodes' as tuples
+    canon, valid, sizes, unique, remap = [], [], [], {}, []
+    for dims in scanned.shapes:
+        if dims is None or len(dims) > 32:
+            remap.append(-1)
+            continue
+        dims = tuple(dims)
+        if dims not in unique:
+            unique[dims] = len(canon)
+            canon.append(dims)
+            valid.append(True)
+            sizes.append(prod(dims))
+        remap.append(unique[dims])
+    shape_id = np.full(n, -1, dtype=np.int64)
+    shape_id[index] = np.array(remap, dtype=np.int64)[scanned.shape_id]
+    ops_full = np.empty(n, dtype=object)
+    ops_full[index] = ops
+    others = np.ones(n, dtype=bool)
+    others[index] = False
+    for k in np.flatnonzero(others).tolist():
+        raw = raw_nodes[k]
+        if type(raw) is not dict:
+            continue
+        ops_full[k] = raw.get("op")
+        for column, key in ((a, "a"), (b, "b")):
+            value = raw.get(key, -1)
+            if type(value) is int and -1 <= value < n:
+                column[k] = value
+        shape = raw.get("shape")
+        if type(shape) is list and 0 < len(shape) <= 32 and set(map(type, shape)) <= _INT_TYPE \
+                and min(shape) >= 1:
+            dims = tuple(shape)
+            if dims not in unique:
+                unique[dims] = len(canon)
+                canon.append(dims)
+                valid.append(True)
+                sizes.append(prod(dims))
+            shape_id[k] = unique[dims]
+    valid.append(False)                   # shape id -1: a node whose shape is not plain
+    sizes.append(0)
+    # the same conditions as _plain_runs (the core keys only, b == -1: a plain node's
+    # encoding; the other nodes have code 0)
+    idx = np.arange(n)
+    ok = (codes > 0) & (a >= 0) & (a < idx)
+    ok &= (s == 0) | _RUN_SCALAR[codes]
+    ok &= np.array(valid, dtype=bool)[shape_id]
+    ok &= shape_id == shape_id[np.where(ok, a, 0)]
+    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
+    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return (starts.tolist(), stops.tolist(), ops_full.tolist(), a.tolist(), b, s.tolist(),
+            canon, shape_id, np.array(sizes, dtype=object))
+
+
 def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
               elements_left: int, work_left: int) -> Optional[int]:
     """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
@@ -738,7 +835,7 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
     node has passed."""
     if columns is None:
         columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
-    est = estimate_memory(*columns, sizes, works, loss, extra)
+    est = estimate_memory(*columns, sizes, works, loss, extra if any(extra) else None)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,

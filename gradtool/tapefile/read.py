@@ -12,6 +12,7 @@ from ..errors import TapeError, TapeFileError
 from ..fileio import NUL_IN_NAME
 from .checks import Limits, check, decode
 from .replay import TapeFile, replay
+from .scan import scan
 
 _DEFAULT = Limits()
 
@@ -31,8 +32,17 @@ def load(src, *, name: Optional[str] = None, max_elements: int = _DEFAULT.max_el
         limits = dataclasses.replace(limits, max_elements=max_elements)
     raw, source = _read(src, name, limits)
     with gc_paused():
-        checked = check(decode(raw, source, limits), source, limits)
-        return replay(checked, source)
+        return replay(check_bytes(raw, source, limits), source)
+
+
+def check_bytes(raw: bytes, source: str, limits: Limits):
+    """The checked file of ``raw``: decoded by :func:`gradtool.tapefile.scan.scan` where it
+    can (a tape of mostly plain nodes), else by :func:`~.checks.decode`; the checks and
+    their messages are the same either way."""
+    found = scan(raw, source, limits)
+    if found is None:
+        return check(decode(raw, source, limits), source, limits)
+    return check(found[0], source, limits, found[1])
 
 
 @contextlib.contextmanager
@@ -98,4 +108,4 @@ def _read_bounded(f, source: str, limits: Limits) -> bytes:
 
 
 
-__all__ = ["load", "gc_paused"]
+__all__ = ["load", "check_bytes", "gc_paused"]

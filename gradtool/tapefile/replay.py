@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -133,25 +134,26 @@ def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> 
     """The nodes ``start:stop`` of a run of plain unary nodes (CheckedFile.runs: no
     attributes, stored value or integer data; a float input of the node's own shape;
     checks.RunNode tuples ``(op, a, s, shape)``), as
-    the general loop of :func:`replay` appends them, with less per node."""
+    the general loop of :func:`replay` appends them, with less per node: the values one
+    by one, the Nodes in one call."""
     values, requires = tape.values, tape.requires
-    append_node, append_value, append_requires = (tape.nodes.append, values.append,
-                                                  requires.append)
-    rules = {}
-    for k, (op, a, s, shape) in enumerate(nodes[start:stop], start):
-        rule = rules.get(op)
-        if rule is None:
-            rule = rules[op] = _run_rule(op)
-        value = rule[0](values[a], None, s, None)
+    append_value, append_requires = values.append, requires.append
+    ops, ids, scalars, shapes = zip(*nodes[start:stop])
+    last = forward = grad_a = None
+    for k, op, a, s, shape in zip(range(start, stop), ops, ids, scalars, shapes):
+        if op is not last:                   # the rule of a new op (runs are mostly one)
+            forward, grad_a = _run_rule(op)
+            last = op
+        value = forward(values[a], None, s, None)
         if value.shape != shape:             # defensive: the checks prevent it
             raise TapeFileError(f"replay gave shape {list(value.shape)}, not the "
                                 f"checked {list(shape)}", source=source, node=k)
         if value.base is not None:           # never alias an input (as _append_op)
             value = value.copy()
-        append_node(Node(op, a, -1, s, None))
         append_value(value)
-        append_requires(rule[1] and requires[a])
-    tape.integral.extend([False] * (stop - start))    # no integer data in the file
+        append_requires(grad_a and requires[a])
+    tape.nodes.extend(map(Node, ops, ids, repeat(-1), scalars))
+    tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
 
 
 def _finish_ops(tape: Tape, start: int) -> None:
