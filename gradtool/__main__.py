@@ -6,8 +6,9 @@ process is on its way out, would end in a Python traceback (or "Exception ignore
 in ..."); here it ends like one during a command: ``gradtool: interrupted`` on
 stderr, exit status 130.
 
-:func:`run` first installs :func:`interrupted_outside_a_command` as the SIGINT
-handler: it writes that line and ends the process at once.  Only while a command
+:func:`interrupted_outside_a_command` becomes the SIGINT handler as this module is
+imported (the console script and ``python -m gradtool`` import it before calling
+:func:`run`, which installs it again): it writes that line and ends the process at once.  Only while a command
 runs does SIGINT raise KeyboardInterrupt as usual (the command cleans up on the
 way out: an atomic write removes its temporary file, ``train`` saves), see
 ``gradtool.cli.common.GradtoolGroup``.  This module imports nothing heavy before
@@ -31,11 +32,20 @@ def interrupted_outside_a_command(signum, frame):
 interrupted_outside_a_command.gradtool_start_up = True    # see cli.common.command_interrupts
 
 
-def run() -> None:
+def install_start_up_handler() -> None:
     try:
         signal.signal(signal.SIGINT, interrupted_outside_a_command)
     except (ValueError, OSError):         # not the main thread: leave Python's handler
         pass
+
+
+# at import: the console script's "from gradtool.__main__ import run" is followed by
+# run(), and a signal between the two would otherwise be Python's KeyboardInterrupt
+install_start_up_handler()
+
+
+def run() -> None:
+    install_start_up_handler()
     try:
         from gradtool.cli import main
     except KeyboardInterrupt:
