@@ -219,3 +219,64 @@ def test_broken_bytes_give_the_messages_of_msgpack_decoding(monkeypatch):
         assert scanned == decoded
         errors += scanned[0] == "error"
     assert errors > 5
+
+
+SPECIAL = [float("nan"), -float("inf"), float("inf"), -0.0, 0.0, 5e-324, -5e-324, 1e308,
+           -1e308, 2.2250738585072014e-308, 0.5, -0.5, 1.0, -3.75, 40.0, 710.5, -745.2, 1e-20]
+
+
+def compiled_run_doc(shapes, seed=3):
+    """Runs the compiled replay takes (long stretches of one shape each): every op it
+    knows read straight from a param full of special values (an input before the
+    stretch), and long chains, each node reading the one before it, of ops that keep
+    values bounded; a param and three such stretches per shape, one shape after another."""
+    from gradtool.ops import OPS
+    from gradtool.tapefile.replay import run_library
+    rng = np.random.default_rng(seed)
+    known = sorted(set(run_library()[1]) & set(checks._RUN_OPS))
+    bounded = [op for op in ("neg", "tanh", "sigmoid", "sin", "cos", "erf", "abs", "relu",
+                             "muls", "adds", "clamp_min", "clamp_max") if op in known]
+
+    def scalar(op):
+        return float(rng.choice([0.5, 2.0, -1.5, 3.0, -0.25])) if OPS[op].scalar_operand \
+            else 0.0
+    nodes = []
+    for shape in shapes:
+        size = int(np.prod(shape))
+        data = np.resize(np.array(SPECIAL), size)
+        x = len(nodes)
+        nodes.append({"op": "param", "a": -1, "b": -1, "s": 0.0, "shape": list(shape),
+                      "name": f"x{x}", "data": np.asarray(data, dtype="<f8").tobytes()})
+        for _ in range(3):
+            for op in known:
+                nodes.append({"op": op, "a": x, "b": -1, "s": scalar(op),
+                              "shape": list(shape)})
+            for _ in range(400 // len(shapes)):
+                op = bounded[int(rng.integers(len(bounded)))]
+                nodes.append({"op": op, "a": len(nodes) - 1, "b": -1, "s": scalar(op),
+                              "shape": list(shape)})
+    nodes.append({"op": "sum", "a": len(nodes) - 1, "b": -1, "s": 0.0, "shape": [1]})
+    return {"format": "gradtool-tape", "version": 1, "nodes": nodes}
+
+
+@pytest.mark.parametrize("shapes", [[(18,)], [(3, 7)], [(1,)], [(2, 1, 5)], [(4,), (2, 9)]])
+def test_the_compiled_replay_of_runs_gives_the_numpy_rules_bits(shapes, monkeypatch):
+    from gradtool.tapefile import replay
+    if replay.run_library() is None:
+        pytest.skip("no C compiler (or GRADTOOL_NATIVE=0): runs replay by the numpy rules")
+    raw = msgpack.packb(compiled_run_doc(shapes), use_bin_type=True)
+    calls = []
+    real = replay._run_compiled
+    with monkeypatch.context() as m:
+        m.setattr(replay, "_run_compiled", lambda *a: calls.append(1) or real(*a))
+        compiled = outcome(raw)
+    assert compiled[0] == "ok" and len(calls) == len(shapes)   # the compiled path ran
+    with monkeypatch.context() as m:
+        m.setattr(replay, "COMPILED_RUN_MIN", 1 << 62)
+        numpy_rules = outcome(raw)
+    assert compiled == numpy_rules
+    tf = gradtool.load(raw, name="f")
+    values = tf.tape.values
+    params = [i for i, n in enumerate(tf.tape.nodes) if n.op == "param"]
+    assert all(type(v) is np.ndarray and v.shape in shapes for v in values[:-1])
+    assert not any(np.shares_memory(values[p], v) for p in params for v in values[p + 1:])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import groupby, repeat
 from typing import Optional
 
 import numpy as np
 
 from ..errors import TapeFileError
-from ..ops import INT_DTYPE, OPS, bad_id
+from ..ops import INT_DTYPE, OPS, bad_id, kernel_names
 from ..tape import GVar, Node, Tape, ieee_silent
 from .checks import CheckedFile
 from .write import dumps, write
@@ -130,19 +130,85 @@ def _run_rule(op: str) -> tuple:
     return rule
 
 
+RUN_SOURCES = ("gt_replay.c", "gt_real.h", "gt_ops.h", "gt_math.h", "host_prelude.h")
+COMPILED_RUN_MIN = 64          # shorter stretches replay node by node (a call costs more)
+_RUN_LIBRARY: list = []        # [(library, {op: code}) or None], once per process
+
+
+def run_library():
+    """``csrc/gt_replay.c`` (built and cached on first use) and the code of each op it
+    knows, or None: no C compiler, or ``GRADTOOL_NATIVE=0``."""
+    if not _RUN_LIBRARY:
+        found = None
+        from .. import native
+        if native.enabled():
+            import ctypes
+            try:
+                lib = native.load("gt_replay", native.CSRC / RUN_SOURCES[0],
+                                  native.SAFE_FLAGS,
+                                  [native.CSRC / name for name in RUN_SOURCES[1:]])
+                lib.gt_run_op_name.restype = ctypes.c_char_p
+                lib.gt_run_op_name.argtypes = [ctypes.c_int]
+                lib.gt_run_unary.restype = ctypes.c_longlong
+                lib.gt_run_unary.argtypes = [ctypes.c_longlong, ctypes.c_longlong,
+                                             *[ctypes.c_void_p] * 4]
+                codes = {}
+                for code in range(lib.gt_run_op_count()):
+                    kernel = lib.gt_run_op_name(code).decode()
+                    op = kernel[2:]
+                    if op in OPS and OPS[op].kind == "unary" and kernel_names(OPS[op])[0] == kernel:
+                        codes[op] = code
+                found = (lib, codes)
+            except (native.NativeUnavailable, OSError):
+                found = None
+        _RUN_LIBRARY.append(found)
+    return _RUN_LIBRARY[0]
+
+
 def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> None:
     """The nodes ``start:stop`` of a run of plain unary nodes (CheckedFile.runs: no
     attributes, stored value or integer data; a float input of the node's own shape;
-    checks.RunNode tuples ``(op, a, s, shape)``), as
-    the general loop of :func:`replay` appends them, with less per node: the values one
-    by one, the Nodes in one call."""
+    checks.RunNode tuples ``(op, a, s, shape)``), as the general loop of :func:`replay`
+    appends them, with less per node: each stretch of one shape in one call of the
+    compiled rules (:func:`run_library`; its nodes' values are the rows of one array),
+    else the values one by one; the Nodes in one call."""
     values, requires = tape.values, tape.requires
-    append_value, append_requires = values.append, requires.append
+    append_requires = requires.append
     ops, ids, scalars, shapes = zip(*nodes[start:stop])
-    last = forward = grad_a = None
-    for k, op, a, s, shape in zip(range(start, stop), ops, ids, scalars, shapes):
+    compiled = run_library()
+    if compiled is None or stop - start < COMPILED_RUN_MIN:
+        _run_values(values, ops, ids, scalars, shapes, start, source)
+    else:
+        first = 0
+        if shapes.count(shapes[0]) == len(shapes):          # mostly: one shape
+            stretches = [(shapes[0], len(shapes))]
+        else:
+            stretches = [(shape, sum(1 for _ in group)) for shape, group in groupby(shapes)]
+        for shape, length in stretches:
+            last = first + length
+            part = slice(first, last)
+            if last - first < COMPILED_RUN_MIN or not _run_compiled(
+                    compiled, values, ops[part], ids[part], scalars[part], shape,
+                    start + first):
+                _run_values(values, ops[part], ids[part], scalars[part], shapes[part],
+                            start + first, source)
+            first = last
+    last = grad_a = None
+    for op, a in zip(ops, ids):
+        if op is not last:                   # runs are mostly one op
+            grad_a, last = _run_rule(op)[1], op
+        append_requires(grad_a and requires[a])
+    tape.nodes.extend(map(Node, ops, ids, repeat(-1), scalars))
+    tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
+
+
+def _run_values(values, ops, ids, scalars, shapes, start, source) -> None:
+    """A run's values node by node, by the numpy rules."""
+    append_value = values.append
+    last = forward = None
+    for k, op, a, s, shape in zip(range(start, start + len(ops)), ops, ids, scalars, shapes):
         if op is not last:                   # the rule of a new op (runs are mostly one)
-            forward, grad_a = _run_rule(op)
+            forward = _run_rule(op)[0]
             last = op
         value = forward(values[a], None, s, None)
         if value.shape != shape:             # defensive: the checks prevent it
@@ -151,9 +217,37 @@ def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> 
         if value.base is not None:           # never alias an input (as _append_op)
             value = value.copy()
         append_value(value)
-        append_requires(grad_a and requires[a])
-    tape.nodes.extend(map(Node, ops, ids, repeat(-1), scalars))
-    tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
+
+
+def _run_compiled(compiled, values, ops, ids, scalars, shape, start) -> bool:
+    """A stretch of one shape, nodes ``start`` onwards, in one call of gt_run_unary: the
+    values are the rows of one new array (they alias each other, never an input).
+    False, with nothing appended, when some op is not compiled."""
+    lib, codes = compiled
+    try:
+        op_codes = np.fromiter(map(codes.__getitem__, ops), dtype=np.intc, count=len(ops))
+    except KeyError:
+        return False
+    n = len(ops)
+    size = int(np.prod(shape, dtype=np.int64))
+    out = np.empty((n, size))
+    a = np.fromiter(ids, dtype=np.int64, count=n)
+    inside = a >= start
+    row_bytes = size * 8
+    ptrs = np.empty(n, dtype=np.uintp)
+    ptrs[inside] = out.ctypes.data + (a[inside] - start) * row_bytes
+    keep = []                                # inputs before the stretch, contiguous
+    for j in np.flatnonzero(~inside).tolist():
+        x = np.ascontiguousarray(values[ids[j]], dtype=np.float64)
+        keep.append(x)
+        ptrs[j] = x.ctypes.data
+    sv = np.fromiter(scalars, dtype=np.float64, count=n)
+    done = lib.gt_run_unary(n, size, op_codes.ctypes.data, ptrs.ctypes.data, sv.ctypes.data,
+                            out.ctypes.data)
+    if done != n:                            # defensive: every code came from the library
+        raise RuntimeError(f"gt_run_unary stopped at row {done} of {n}")
+    values.extend(out.reshape((n, *shape)))    # a file's shapes are never empty
+    return True
 
 
 def _finish_ops(tape: Tape, start: int) -> None:
