@@ -28,24 +28,31 @@
  *    flags, and gradtool builds with -march=native keyed by the machine's
  *    CPU flags (gradtool/native.py), so this is the run-time dispatch.
  *    Widths, by what the compiler targets:
- *        AVX-512   8 doubles/vector, 4 rows x 4 vectors = 4 x 32 tile
- *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile
+ *        AVX-512   8 doubles/vector, 8 rows x 3 vectors = 8 x 24 tile (24 of
+ *                  the 32 registers accumulate; per k 3 panel loads and 8
+ *                  broadcasts feed 24 FMAs)
+ *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile (12 of
+ *                  16 registers)
  *        other GCC/Clang targets (SSE2, NEON): 16-byte vectors, 4 x 6
  *        GT_MM_PORTABLE, or a compiler without vector extensions: plain C
  *        scalars, a 4 x 4 tile
- *    Edge tiles (fewer rows or columns) run kernels of their own size;
- *    columns past N inside the last vector compute on zero padding and are
- *    never stored.
+ *    (GT_MM_MR, up to 8, and GT_MM_NV, up to 4, may be defined to try other
+ *    tiles.)  Edge tiles (fewer rows or columns) run kernels of their own
+ *    size; columns past N inside the last vector compute on zero padding
+ *    and are never stored (on AVX-512 a masked store writes the partial
+ *    vector).
  *  - Packing.  B is copied, panel by panel (K x GT_MM_NR, k-major,
  *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
  *    whatever B's strides are (B or B^T), the panel is the same exact
- *    copy.  A is read in place when its k stride is 1; otherwise (A^T in
- *    a backward product) a block's rows that three or more panels read are
- *    first packed into K x GT_MM_MR tiles.  No transposed copy of an
+ *    copy.  A is read in place when its k stride is 1 or its row stride is
+ *    1 (A^T stored contiguously, as in X^T @ G: a tile's MR values for one k
+ *    are adjacent); otherwise a block's rows that three or more panels read
+ *    are first packed into K x GT_MM_MR tiles.  No transposed copy of an
  *    operand is ever made outside this file.
  *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is cut
  *    into about GT_MM_CHUNKS_PER_THREAD chunks per thread (gt_mm_plan):
- *    whole batch items when there are enough, else groups of column panels,
+ *    whole batch items when there are enough, else groups of whole column
+ *    panels (as many per chunk as leave at least that many chunks),
  *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  The caller and the
  *    pool's workers claim chunks one at a time (gt_pool_run).  Every output
  *    element is still computed by one kernel call over the whole k range,
@@ -189,7 +196,12 @@ static inline void gt_mm_vstore(gt_mm_t *p, gt_mm_v v) { memcpy(p, &v, sizeof v)
  * vector of a tile's row. */
 static inline void gt_mm_store_part(gt_mm_t *p, gt_mm_v x, int n, int acc)
 {
-#if defined(__AVX512F__) && GT_MM_VBYTES == 64 && !defined(GT_MM_F32)
+#if defined(__AVX512F__) && GT_MM_VBYTES == 64 && defined(GT_MM_F32)
+    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    __m512 v = (__m512)x;
+    if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), v);
+    _mm512_mask_storeu_ps(p, m, v);
+#elif defined(__AVX512F__) && GT_MM_VBYTES == 64
     const __mmask8 m = (__mmask8)((1u << n) - 1u);
     __m512d v = (__m512d)x;
     if (acc) v = _mm512_add_pd(_mm512_maskz_loadu_pd(m, p), v);
@@ -460,8 +472,10 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     gt_mm_t *own = j->bpack ? NULL : gt_mm_buffer(0, (size_t)panel_size);
     const gt_mm_t *ap = NULL;
     if ((own || j->bpack) && j->sak != 1 && j->sai != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
-        /* A^T-like, read by three panels or more: pack this block's rows once
-         * (for one or two, reading in place is as fast as the copy) */
+        /* neither stride 1, read by three panels or more: pack this block's rows
+         * once (for one or two, reading in place is as fast as the copy; an A^T
+         * with contiguous rows, sai == 1, is read in place: measured faster than
+         * packing it on the 784-256-10 X^T @ G) */
         const long long tiles = (i1 - i0 + GT_MM_MR - 1) / GT_MM_MR;
         gt_mm_t *pa = gt_mm_buffer(1, (size_t)(tiles * GT_MM_MR * K));
         if (pa) {
@@ -780,7 +794,9 @@ static int gt_mm_plan(gt_mm_job *j)
     if (want < threads) want = threads;
     if (j->Bn >= want) return threads;
     const long long per_item = gt_ceil_div(want, j->Bn);
-    const long long group = gt_ceil_div(panels, per_item < panels ? per_item : panels);
+    /* panels per chunk: at least per_item chunks, of whole panels (rounded down, so a
+     * few panels over two threads split as evenly as whole panels can) */
+    const long long group = panels / per_item > 1 ? panels / per_item : 1;
     j->pc = gt_ceil_div(panels, group);
     j->cols_per_chunk = group * GT_MM_NR;
     if (j->Bn * j->pc >= threads) return threads;   /* column chunks suffice: no row cuts */
