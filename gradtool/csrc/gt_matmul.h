@@ -36,8 +36,8 @@
  *        other GCC/Clang targets (SSE2, NEON): 16-byte vectors, 4 x 6
  *        GT_MM_PORTABLE, or a compiler without vector extensions: plain C
  *        scalars, a 4 x 4 tile
- *    (GT_MM_MR, up to 8, and GT_MM_NV, up to 4, may be defined to try other
- *    tiles.)  Edge tiles (fewer rows or columns) run kernels of their own
+ *    (On AVX-512, -DGT_MM_MR=4 -DGT_MM_NV=4 builds the previous 4 x 32
+ *    tile, for comparisons.)  Edge tiles (fewer rows or columns) run kernels of their own
  *    size; columns past N inside the last vector compute on zero padding
  *    and are never stored (on AVX-512 a masked store writes the partial
  *    vector).
