@@ -233,7 +233,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     -------------------------------------------------------------------
     ``docs/cpu-kernels.md`` has the details.
 
-    * Register tile: 4 rows x 32 columns of C in 16 AVX-512 vector
+    * Register tile: 8 rows x 24 columns of C in 24 AVX-512 vector
       accumulators (4 x 12 in 12 AVX2 ones, 4 x 6 with 16-byte vectors, a
       4 x 4 scalar tile with ``-DGT_MM_PORTABLE`` or without GCC/Clang
       vector extensions).  A SIMD lane is one output element, and each gets
@@ -242,9 +242,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       fusing anything else, and a test disassembles the library and finds
       FMAs in the micro-kernels only).  Without an FMA instruction (or under
       ``GRADTOOL_NO_FMA=1``) each lane calls libm's ``fma()``: same bits.
-    * Packing: B is copied panel by panel (K x 32, zero-padded) into a
-      per-thread buffer, from either layout; A is read in place, or packed
-      into K x 4 tiles when its k stride is not 1 (``A^T``).
+    * Packing: B is copied panel by panel (K x 24, zero-padded) into a
+      per-thread buffer, from either layout; A is read in place (also
+      ``A^T`` with contiguous rows), or packed into K x (tile rows) tiles
+      when neither of its strides is 1.
     * Threads: products of at least 2^20 multiply-adds are cut into
       chunks (batch items, column panels or row groups) that
       ``GRADTOOL_NUM_THREADS`` threads claim (default: the usable cores;

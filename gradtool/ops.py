@@ -133,6 +133,7 @@ class OpSpec:
     id_inputs: tuple = ()            # inputs that must be integer-valued ids (take's "b")
     grad_inputs: tuple = ("a", "b")  # inputs the gradient flows to (none: a comparison)
     integral: str = ""               # "always" / "inputs" / "a": its values are whole numbers
+    fresh_grads: bool = False        # backward returns new arrays without a -0.0 (below)
 
     def grad_to(self, role: str) -> bool:
         """Whether the backward walk gives input ``role`` ("a"/"b") a contribution."""
@@ -748,11 +749,15 @@ def _bmm_b(g, a, b, t, s, at, na, nb):
             _batch_sum(nx.bmm(np.swapaxes(wa, 1, 2), g), b.shape) if nb else None)
 
 
+# fresh_grads: each contribution is a new array from an FMA chain started at +0.0
+# (or a serial sum from 0.0 of such arrays), which never holds -0.0, so the backward
+# walk keeps a first contribution as it is: 0.0 + c, its usual copy, would be c bit
+# for bit (tape.Tape._accumulate).
 _register(OpSpec("matmul", "matmul", 2, "[M,K] @ [K,N], serial over K", _matmul_shape,
-                 _matmul_f, _matmul_b, kernels=("k_matmul",)))
+                 _matmul_f, _matmul_b, kernels=("k_matmul",), fresh_grads=True))
 _register(OpSpec("bmm", "bmm", 2, "[B,M,K] @ [B,K,N], the matmul order per batch; a batch of "
                  "1 on either side stretches, and its gradient is the batch's serial sum",
-                 _bmm_shape, _bmm_f, _bmm_b, kernels=("k_matmul", "k_sum")))
+                 _bmm_shape, _bmm_f, _bmm_b, kernels=("k_matmul", "k_sum"), fresh_grads=True))
 
 
 # ── the table: data movement ───────────────────────────────────────────────

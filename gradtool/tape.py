@@ -721,14 +721,17 @@ class Tape:
             ca, cb = spec.backward(g, values[a], vb, values[i], node.s, node.aux,
                                            need_a, need_b)
             if need_a:
-                self._accumulate(a, ca)
+                self._accumulate(a, ca, spec.fresh_grads)
             if need_b:
-                self._accumulate(b, cb)
+                self._accumulate(b, cb, spec.fresh_grads)
 
-    def _accumulate(self, i: int, c: np.ndarray) -> None:
+    def _accumulate(self, i: int, c: np.ndarray, fresh: bool = False) -> None:
         slot = self.grads[i]
         if slot is None:
-            self.grads[i] = c + 0.0       # = zeros + c, as a fresh array
+            # = zeros + c, as a fresh array; an op whose contributions are new arrays
+            # without -0.0 (ops.OpSpec.fresh_grads: the products) gives c itself, which
+            # is that sum bit for bit
+            self.grads[i] = c if fresh and c.dtype == np.float64 else c + 0.0
         else:
             np.add(slot, c, out=slot)
 

@@ -28,24 +28,31 @@
  *    flags, and gradtool builds with -march=native keyed by the machine's
  *    CPU flags (gradtool/native.py), so this is the run-time dispatch.
  *    Widths, by what the compiler targets:
- *        AVX-512   8 doubles/vector, 4 rows x 4 vectors = 4 x 32 tile
- *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile
+ *        AVX-512   8 doubles/vector, 8 rows x 3 vectors = 8 x 24 tile (24 of
+ *                  the 32 registers accumulate; per k 3 panel loads and 8
+ *                  broadcasts feed 24 FMAs)
+ *        AVX/AVX2  4 doubles/vector, 4 rows x 3 vectors = 4 x 12 tile (12 of
+ *                  16 registers)
  *        other GCC/Clang targets (SSE2, NEON): 16-byte vectors, 4 x 6
  *        GT_MM_PORTABLE, or a compiler without vector extensions: plain C
  *        scalars, a 4 x 4 tile
- *    Edge tiles (fewer rows or columns) run kernels of their own size;
- *    columns past N inside the last vector compute on zero padding and are
- *    never stored.
+ *    (On AVX-512, -DGT_MM_MR=4 -DGT_MM_NV=4 builds the previous 4 x 32
+ *    tile, for comparisons.)  Edge tiles (fewer rows or columns) run kernels of their own
+ *    size; columns past N inside the last vector compute on zero padding
+ *    and are never stored (on AVX-512 a masked store writes the partial
+ *    vector).
  *  - Packing.  B is copied, panel by panel (K x GT_MM_NR, k-major,
  *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
  *    whatever B's strides are (B or B^T), the panel is the same exact
- *    copy.  A is read in place when its k stride is 1; otherwise (A^T in
- *    a backward product) a block's rows that three or more panels read are
- *    first packed into K x GT_MM_MR tiles.  No transposed copy of an
+ *    copy.  A is read in place when its k stride is 1 or its row stride is
+ *    1 (A^T stored contiguously, as in X^T @ G: a tile's MR values for one k
+ *    are adjacent); otherwise a block's rows that three or more panels read
+ *    are first packed into K x GT_MM_MR tiles.  No transposed copy of an
  *    operand is ever made outside this file.
  *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is cut
  *    into about GT_MM_CHUNKS_PER_THREAD chunks per thread (gt_mm_plan):
- *    whole batch items when there are enough, else groups of column panels,
+ *    whole batch items when there are enough, else groups of whole column
+ *    panels (as many per chunk as leave at least that many chunks),
  *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  The caller and the
  *    pool's workers claim chunks one at a time (gt_pool_run).  Every output
  *    element is still computed by one kernel call over the whole k range,
@@ -97,7 +104,12 @@ typedef gt_mm_t gt_mm_v;
 #else
 #  if defined(__AVX512F__)
 #    define GT_MM_VBYTES 64
-#    define GT_MM_NV 4
+#    ifndef GT_MM_MR
+#      define GT_MM_MR 8
+#    endif
+#    ifndef GT_MM_NV
+#      define GT_MM_NV 3
+#    endif
 #  elif defined(__AVX__)
 #    define GT_MM_VBYTES 32
 #    define GT_MM_NV 3
@@ -105,7 +117,9 @@ typedef gt_mm_t gt_mm_v;
 #    define GT_MM_VBYTES 16
 #    define GT_MM_NV 3
 #  endif
-#  define GT_MM_MR 4
+#  ifndef GT_MM_MR
+#    define GT_MM_MR 4
+#  endif
 #  define GT_MM_VW ((int)(GT_MM_VBYTES / sizeof(gt_mm_t)))
 typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
 #  define GT_MM_LANE(v, l) ((v)[(l)])
@@ -165,6 +179,10 @@ static inline gt_mm_v gt_mm_fma_lanes(gt_mm_v b, gt_mm_t x, gt_mm_v acc)
 #  endif
 #endif
 
+#if defined(__AVX512F__) && GT_MM_VBYTES == 64
+#  include <immintrin.h>
+#endif
+
 static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)
 {
     gt_mm_v v;
@@ -173,6 +191,37 @@ static inline gt_mm_v gt_mm_vload(const gt_mm_t *p)
 }
 
 static inline void gt_mm_vstore(gt_mm_t *p, gt_mm_v v) { memcpy(p, &v, sizeof v); }
+
+/* p[0 .. n) (=|+=) the first n lanes of x (n < GT_MM_VW): the last, partial
+ * vector of a tile's row. */
+static inline void gt_mm_store_part(gt_mm_t *p, gt_mm_v x, int n, int acc)
+{
+#if defined(__AVX512F__) && GT_MM_VBYTES == 64 && defined(GT_MM_F32)
+    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    __m512 v = (__m512)x;
+    if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), v);
+    _mm512_mask_storeu_ps(p, m, v);
+#elif defined(__AVX512F__) && GT_MM_VBYTES == 64
+    const __mmask8 m = (__mmask8)((1u << n) - 1u);
+    __m512d v = (__m512d)x;
+    if (acc) v = _mm512_add_pd(_mm512_maskz_loadu_pd(m, p), v);
+    _mm512_mask_storeu_pd(p, m, v);
+#else
+    gt_mm_t lanes[GT_MM_VW];
+    gt_mm_vstore(lanes, x);
+    for (int l = 0; l < n; ++l) p[l] = acc ? p[l] + lanes[l] : lanes[l];
+#endif
+}
+
+/* Whole unrolling of the loops over a tile's rows and vectors, so that the
+ * accumulators stay in registers (an array indexed in a loop lives on the stack). */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define GT_MM_UNROLL _Pragma("GCC unroll 32")
+#elif defined(__clang__)
+#  define GT_MM_UNROLL _Pragma("unroll")
+#else
+#  define GT_MM_UNROLL
+#endif
 
 /* The micro-kernel for an MR_ x (NV_ vectors) tile: a points at the tile's
  * first row (row stride sai, k stride sak), bp at a packed panel
@@ -194,37 +243,63 @@ static inline void gt_mm_vstore(gt_mm_t *p, gt_mm_v v) { memcpy(p, &v, sizeof v)
                 for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(b[v], x, s[r][v]); \
             }                                                                    \
         }                                                                        \
+        GT_MM_UNROLL                                                             \
         for (int r = 0; r < MR_; ++r) {                                          \
             gt_mm_t *row = c + r * ldc;                                          \
             if (ncols == NV_ * GT_MM_VW) {                                       \
+                GT_MM_UNROLL                                                     \
                 for (int v = 0; v < NV_; ++v) {                                  \
                     gt_mm_t *p = row + v * GT_MM_VW;                             \
                     gt_mm_vstore(p, acc ? gt_mm_vload(p) + s[r][v] : s[r][v]);   \
                 }                                                                \
-            } else {                                                             \
-                for (int j = 0; j < ncols; ++j) {                                \
-                    const gt_mm_t x = GT_MM_LANE(s[r][j / GT_MM_VW], j % GT_MM_VW); \
-                    row[j] = acc ? row[j] + x : x;                               \
+            } else {             /* vector by vector, so that s stays in registers */ \
+                GT_MM_UNROLL                                                     \
+                for (int v = 0; v < NV_; ++v) {                                  \
+                    if (v * GT_MM_VW >= ncols) break;                            \
+                    const int n = ncols - v * GT_MM_VW < GT_MM_VW ? ncols - v * GT_MM_VW \
+                                                                  : GT_MM_VW;    \
+                    gt_mm_store_part(row + v * GT_MM_VW, s[r][v], n, acc);       \
                 }                                                                \
             }                                                                    \
         }                                                                        \
     }
 
-#define GT_MM_KERNELS_NV(NV_) GT_MM_KERNEL(1, NV_) GT_MM_KERNEL(2, NV_)          \
+#if GT_MM_MR > 8 || GT_MM_NV > 4
+#  error "gt_matmul.h: the kernel table covers at most 8 rows x 4 vectors"
+#endif
+#if GT_MM_MR > 4
+#  define GT_MM_KERNELS_NV(NV_) GT_MM_KERNEL(1, NV_) GT_MM_KERNEL(2, NV_)       \
+    GT_MM_KERNEL(3, NV_) GT_MM_KERNEL(4, NV_) GT_MM_KERNEL(5, NV_)              \
+    GT_MM_KERNEL(6, NV_) GT_MM_KERNEL(7, NV_) GT_MM_KERNEL(8, NV_)
+#  define GT_MM_ROW_OF(NV_) { gt_mm_k1_##NV_, gt_mm_k2_##NV_, gt_mm_k3_##NV_, gt_mm_k4_##NV_, \
+                              gt_mm_k5_##NV_, gt_mm_k6_##NV_, gt_mm_k7_##NV_, gt_mm_k8_##NV_ }
+#else
+#  define GT_MM_KERNELS_NV(NV_) GT_MM_KERNEL(1, NV_) GT_MM_KERNEL(2, NV_)       \
     GT_MM_KERNEL(3, NV_) GT_MM_KERNEL(4, NV_)
+#  define GT_MM_ROW_OF(NV_) { gt_mm_k1_##NV_, gt_mm_k2_##NV_, gt_mm_k3_##NV_, gt_mm_k4_##NV_ }
+#endif
 GT_MM_KERNELS_NV(1)
+#if GT_MM_NV >= 2
 GT_MM_KERNELS_NV(2)
+#endif
+#if GT_MM_NV >= 3
 GT_MM_KERNELS_NV(3)
+#endif
 #if GT_MM_NV >= 4
 GT_MM_KERNELS_NV(4)
 #endif
 
 typedef void (*gt_mm_kernel_fn)(long long, const gt_mm_t *, long long, long long,
                                 const gt_mm_t *, gt_mm_t *, long long, int, int);
-#define GT_MM_ROW_OF(NV_) { gt_mm_k1_##NV_, gt_mm_k2_##NV_, gt_mm_k3_##NV_, gt_mm_k4_##NV_ }
 /* gt_mm_kernels[nv - 1][mr - 1] */
 static const gt_mm_kernel_fn gt_mm_kernels[GT_MM_NV][GT_MM_MR] = {
-    GT_MM_ROW_OF(1), GT_MM_ROW_OF(2), GT_MM_ROW_OF(3),
+    GT_MM_ROW_OF(1),
+#if GT_MM_NV >= 2
+    GT_MM_ROW_OF(2),
+#endif
+#if GT_MM_NV >= 3
+    GT_MM_ROW_OF(3),
+#endif
 #if GT_MM_NV >= 4
     GT_MM_ROW_OF(4),
 #endif
@@ -343,6 +418,15 @@ static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long lon
 static void gt_mm_pack_b(gt_mm_t *dst, const gt_mm_t *B, long long sbk, long long sbj,
                          long long K, long long j0, int ncols, int width)
 {
+    if (sbj == 1 && ncols == GT_MM_NR) {
+        /* a whole panel: whole vectors (a memcpy call per k row costs more than the
+         * copy for rows this short) */
+        const gt_mm_t *src = B + j0;
+        for (long long k = 0; k < K; ++k, src += sbk, dst += GT_MM_NR)
+            for (int v = 0; v < GT_MM_NV; ++v)
+                gt_mm_vstore(dst + v * GT_MM_VW, gt_mm_vload(src + v * GT_MM_VW));
+        return;
+    }
     if (sbj == 1) {
         for (long long k = 0; k < K; ++k) {
             gt_mm_t *d = dst + k * width;
@@ -387,9 +471,11 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     const long long panel_size = (K > 0 ? K : 1) * GT_MM_NR;
     gt_mm_t *own = j->bpack ? NULL : gt_mm_buffer(0, (size_t)panel_size);
     const gt_mm_t *ap = NULL;
-    if ((own || j->bpack) && j->sak != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
-        /* A^T-like, read by three panels or more: pack this block's rows once
-         * (for one or two, reading in place is as fast as the copy) */
+    if ((own || j->bpack) && j->sak != 1 && j->sai != 1 && K > 1 && c1 - c0 > 2 * GT_MM_NR) {
+        /* neither stride 1, read by three panels or more: pack this block's rows
+         * once (for one or two, reading in place is as fast as the copy; an A^T
+         * with contiguous rows, sai == 1, is read in place: measured faster than
+         * packing it on the 784-256-10 X^T @ G) */
         const long long tiles = (i1 - i0 + GT_MM_MR - 1) / GT_MM_MR;
         gt_mm_t *pa = gt_mm_buffer(1, (size_t)(tiles * GT_MM_MR * K));
         if (pa) {
@@ -708,7 +794,9 @@ static int gt_mm_plan(gt_mm_job *j)
     if (want < threads) want = threads;
     if (j->Bn >= want) return threads;
     const long long per_item = gt_ceil_div(want, j->Bn);
-    const long long group = gt_ceil_div(panels, per_item < panels ? per_item : panels);
+    /* panels per chunk: at least per_item chunks, of whole panels (rounded down, so a
+     * few panels over two threads split as evenly as whole panels can) */
+    const long long group = panels / per_item > 1 ? panels / per_item : 1;
     j->pc = gt_ceil_div(panels, group);
     j->cols_per_chunk = group * GT_MM_NR;
     if (j->Bn * j->pc >= threads) return threads;   /* column chunks suffice: no row cuts */
