@@ -103,6 +103,7 @@ __all__ = [
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
     "fma", "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
     "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
+    "conv2d_numpy", "conv2d_backward_numpy",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
 ]
 
@@ -460,7 +461,7 @@ def _fma_general(a, b, c):
     return np.where(dominated, c, z), (np.abs(z) <= _TINY) & (zs != 0) & ~dominated
 
 
-CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_optim.h")
+CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_conv.h", "gt_optim.h")
 _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
@@ -504,6 +505,11 @@ def _declare(lib) -> None:
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
     lib.gt_sum_rows.restype = None
     lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.gt_max_pool2d.restype = ctypes.c_int
+    lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr]
     lib.gt_opt_step.restype = None
     lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
                                 f64, f64, f64, f64, f64, f64, f64, f64]
@@ -651,7 +657,23 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     twin): whatever inner-product contract matmul has, conv2d has.  Padding
     contributes ``w * 0.0`` products (so an infinite or NaN weight gives a NaN
     there, as in torch's im2col).
+
+    Compiled (``csrc/gt_conv.h``), the same products run sample by sample: each
+    sample's columns, then the matmul kernel on them, straight into NCHW -- the
+    same chains, so the same bits as :func:`conv2d_numpy` (the tests compare them).
     """
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        x, w = _f64(x), _f64(w)
+        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
+        geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+        if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0):
+            return out
+    return conv2d_numpy(x, w, stride, padding, dilation, groups)
+
+
+def conv2d_numpy(x, w, stride, padding, dilation, groups) -> np.ndarray:
+    """:func:`conv2d` as :func:`im2col` of the whole batch, then :func:`bmm`."""
     oc, cg, kh, kw = w.shape
     n = x.shape[0]
     cols = im2col(x, (kh, kw), stride, padding, dilation, groups)
@@ -659,6 +681,17 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     return np.ascontiguousarray(
         out.reshape(oc, n, -1).transpose(1, 0, 2)).reshape(n, oc, *_out_hw(x, w, stride,
                                                                               padding, dilation))
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _conv_geo(x_shape, w_shape, out_shape, stride, padding, dilation, groups) -> np.ndarray:
+    """The geometry csrc/gt_conv.h reads (gt_conv_geo): nb ch ih iw kh kw oh ow sh sw ph pw
+    dh dw oc groups."""
+    return np.array([*x_shape, *w_shape[2:], *out_shape[2:], *stride, *padding, *dilation,
+                     w_shape[0], groups], dtype=np.int64)
 
 
 def _out_hw(x, w, stride, padding, dilation):
@@ -675,7 +708,27 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
     group's output channels ascending, then dx = :func:`col2im` (dcols): the
     terms summed from 0.0 over (i, j) ascending.  Both products in the matmul
     order by :func:`bmm`.
+
+    Compiled (``csrc/gt_conv.h``), sample by sample: dx per sample (its dcols, then
+    its col2im); dw as one FMA chain per element carried from sample to sample in
+    (n, oh, ow) order, so the same bits as :func:`conv2d_backward_numpy`.
     """
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        g, x, w = _f64(g), _f64(x), _f64(w)
+        geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
+        dx = np.empty(x.shape) if need_x else None
+        dw = np.empty(w.shape) if need_w else None
+        if ((not need_x or lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data,
+                                             w.ctypes.data, 0))
+                and (not need_w or lib.gt_conv2d_dw(geo.ctypes.data, dw.ctypes.data,
+                                                    g.ctypes.data, x.ctypes.data, 0))):
+            return dx, dw
+    return conv2d_backward_numpy(g, x, w, stride, padding, dilation, groups, need_x, need_w)
+
+
+def conv2d_backward_numpy(g, x, w, stride, padding, dilation, groups, need_x, need_w):
+    """:func:`conv2d_backward` through the whole batch's columns and :func:`bmm`."""
     oc, cg, kh, kw = w.shape
     n = x.shape[0]
     gt = np.ascontiguousarray(g.reshape(n, oc, -1).transpose(1, 0, 2)).reshape(groups, oc // groups, -1)
@@ -730,13 +783,36 @@ def _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode):
 def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     """Per window the first maximum over its positions inside the input, in (i, j)
     row-major order: ``m = first; for each later l: if m == m and (v > m or v != v): m = v``
-    (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies."""
+    (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies.
+    Compiled (``csrc/gt_conv.h``) when available: the same rule, the same bits."""
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        x = _f64(x)
+        out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
+                                                    ceil_mode)[:2])
+        geo = _pool_geo(x.shape, out.shape, kernel, stride, padding, dilation)
+        if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data):
+            return out
     return _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[0]
+
+
+def _pool_geo(x_shape, out_shape, kernel, stride, padding, dilation) -> np.ndarray:
+    return np.array([*x_shape, *kernel, *out_shape[2:], *stride, *padding, *dilation, 0, 1],
+                    dtype=np.int64)
 
 
 def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     """Per input element ``0.0 + g[window] + ...`` over the windows whose maximum it is,
-    (i, j) ascending; +0.0 where it is none's."""
+    (i, j) ascending; +0.0 where it is none's.  Compiled (``csrc/gt_conv.h``) when
+    available: the same sums in the same order."""
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        g, x = _f64(g), _f64(x)
+        dx = np.empty(x.shape)
+        geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
+        if lib.gt_max_pool2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, x.ctypes.data,
+                                0):
+            return dx
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     idx = _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[1]
     dxp = np.zeros(x.shape[:2] + (hp, wp))

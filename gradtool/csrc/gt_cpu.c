@@ -3,7 +3,9 @@
  *     transposed products of their backward rules), gt_matmul.h's kernel;
  *   - gt_sum_rows: numerics.reduce_to_shape's sums over broadcast rows;
  *   - gt_opt_step: one parameter's SGD or Adam update for gradtool/optim.py,
- *     gt_optim.h's element rule.
+ *     gt_optim.h's element rule;
+ *   - gt_conv2d*, gt_max_pool2d*: numerics.conv2d's three products and max
+ *     pooling, sample by sample (gt_conv.h).
  * The host backend compiles the same two headers into kernels.cu, so both
  * engines run one kernel for each.  Build flags (gradtool/native.py): -O3
  * -ffp-contract=off -fno-math-errno -pthread, -march=native when wanted;
@@ -12,6 +14,7 @@
 #include <math.h>
 
 #include "gt_matmul.h"
+#include "gt_conv.h"
 
 typedef double gt_real;
 #define GT_DEV static inline
@@ -37,6 +40,42 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
                          int acc)
 {
     gt_mm_run(C, A, sab, sai, sak, B, sbb, sbk, sbj, Bn, M, K, N, acc);
+}
+
+/* conv2d and max pooling (gt_conv.h); geo: the GT_CONV_GEO_LEN numbers of
+ * gt_conv_geo.  Each returns 1, or 0 when out of memory (nothing written). */
+GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
+                            const double *w, int acc)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_forward(&G, out, x, w, acc);
+}
+
+GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, double *gx, const double *g,
+                               const double *w, int acc)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_backward_x(&G, gx, g, w, acc);
+}
+
+GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, double *gw, const double *g,
+                               const double *x, int acc)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_backward_w(&G, gw, g, x, acc);
+}
+
+GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_max_pool2d_forward(&G, out, x);
+}
+
+GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, double *gx, const double *g,
+                                   const double *x, int acc)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_max_pool2d_backward(&G, gx, g, x, acc);
 }
 
 GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
