@@ -334,7 +334,43 @@ def test_per_sample_products_match_the_whole_batch_products(case):
         native.set_num_threads(None)
 
 
-@pytest.mark.parametrize("case", MAX_POOL_CASES, ids=[c[0] for c in MAX_POOL_CASES])
+def test_out_of_memory_fallbacks_give_the_same_bits(monkeypatch):
+    """Built with -DGT_CONV_NO_BUFFERS every buffer allocation of csrc/gt_conv.h fails:
+    the products then run their element-by-element loops (gt_mm_naive_conv) and the
+    pools hand back to numpy; the bits are those of the default build."""
+    require_c_compiler()
+    lib = nx.cpu_library(extra_flags=("-DGT_CONV_NO_BUFFERS",))
+    assert lib is not None
+    rng = np.random.default_rng(24)
+    case = CONV_CASES[-1]
+    x, w = _wide(rng, case[1]), _wide(rng, case[2])
+    geo = dict(stride=tuple(_pair(case[3])), padding=tuple(_pair(case[4])),
+               dilation=tuple(_pair(case[5])), groups=case[6])
+    y = nx.conv2d(x, w, **geo)
+    g = _wide(rng, y.shape)
+    dx, dw = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    pool = ((3, 3), (1, 1), (1, 1), (1, 1), False)
+    py = nx.max_pool2d(x, *pool)
+    pdx = nx.max_pool2d_backward(py, x, *pool)
+    monkeypatch.setattr(nx, "_DEFAULT", [lib])
+    assert_bits_equal(nx.conv2d(x, w, **geo), y, "forward")
+    got = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    assert_bits_equal(got[0], dx, "dx")
+    assert_bits_equal(got[1], dw, "dw")
+    assert_bits_equal(nx.max_pool2d(x, *pool), py, "max pool")
+    assert_bits_equal(nx.max_pool2d_backward(py, x, *pool), pdx, "max pool backward")
+
+
+# more geometries for the compiled pools' paths: windows that never overlap (stride 3,
+# with padding: edge windows partly outside), stride 1 without padding, LeNet's 2x2
+POOL_PATHS = MAX_POOL_CASES + [
+    ("disjoint 3x3 stride 3 padded", (2, 3, 11, 10), 3, 3, 1, 1, True),
+    ("stride 1 no padding", (1, 2, 7, 9), (2, 3), 1, 0, 1, False),
+    ("lenet 2x2", (4, 6, 24, 24), 2, 2, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", POOL_PATHS, ids=[c[0] for c in POOL_PATHS])
 def test_compiled_max_pool_matches_the_numpy_loops(case, monkeypatch):
     """numerics.max_pool2d and its backward, compiled (csrc/gt_conv.h), against the numpy
     loops: ties, NaNs, signed zeros and -0.0 gradients, to the bit."""

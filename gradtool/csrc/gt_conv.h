@@ -28,8 +28,10 @@
  *    the input, (i, j) row-major; the backward sums 0.0 + g + ... over the windows
  *    whose maximum an element is, (i, j) ascending (exact copies and adds).
  *
- * Every function returns 1, or 0 when a buffer could not be allocated (the
- * caller then runs its plain loops; nothing was added to an output).
+ * The products always succeed (without memory for their buffers they run the
+ * documented loops element by element, gt_mm_naive_conv); the pools return 1,
+ * or 0 when a buffer could not be allocated (nothing written: the caller then
+ * runs its own loops).
  */
 #ifndef GT_CONV_H
 #define GT_CONV_H
@@ -79,7 +81,11 @@ static int gt_conv_bufs_alloc(gt_conv_bufs *b, int threads, size_t bytes)
     b->id = atomic_fetch_add(&gt_conv_runs, 1) + 1;
     atomic_store(&b->slots, 0);
     b->bytes = (bytes + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN;
+#ifdef GT_CONV_NO_BUFFERS      /* tests: every allocation fails (the fallbacks run) */
+    b->base = NULL;
+#else
     b->base = (char *)aligned_alloc(GT_MM_ALIGN, (b->bytes ? b->bytes : GT_MM_ALIGN) * threads);
+#endif
     return b->base != NULL;
 }
 
@@ -229,15 +235,86 @@ typedef struct {
     gt_conv_bufs bufs;
 } gt_conv_job;
 
+/* x at (n, c, y*sh - ph + i*dh, z*sw - pw + j*dw), +0.0 at padding */
+static inline gt_mm_t gt_conv_x(const gt_conv_geo *G, const gt_mm_t *x, long long n, long long c,
+                                long long y, long long z, long long i, long long j)
+{
+    const long long hh = y * G->sh - G->ph + i * G->dh, ww = z * G->sw - G->pw + j * G->dw;
+    return (hh >= 0 && hh < G->ih && ww >= 0 && ww < G->iw)
+               ? x[((n * G->ch + c) * G->ih + hh) * G->iw + ww] : 0;
+}
+
+/* Out of memory for the buffers: the documented loops element by element, serially
+ * (which 0: out = conv2d(a = x, b = w); 1: the input gradient for a = g, b = w;
+ * 2: the weight gradient for a = g, b = x).  Never inlined: the disassembly test
+ * finds its fused multiply-adds by name, as gt_mm_naive's. */
+static GT_CONV_NOINLINE void gt_mm_naive_conv(const gt_conv_geo *G, int which, gt_mm_t *out,
+                                              const gt_mm_t *a, const gt_mm_t *b, int acc)
+{
+    const long long cg = G->ch / G->groups, ocg = G->oc / G->groups;
+    const long long kk = G->kh * G->kw, p = G->oh * G->ow;
+    long long e = 0;
+    if (which == 0) {
+        for (long long n = 0; n < G->nb; ++n)
+            for (long long o = 0; o < G->oc; ++o)
+                for (long long q = 0; q < p; ++q, ++e) {
+                    gt_mm_t s = 0;
+                    for (long long r = 0; r < cg * kk; ++r)
+                        s = GT_MM_FMA1(b[o * cg * kk + r],
+                                       gt_conv_x(G, a, n, o / ocg * cg + r / kk, q / G->ow,
+                                                 q % G->ow, (r % kk) / G->kw, r % G->kw), s);
+                    out[e] = acc ? out[e] + s : s;
+                }
+    } else if (which == 2) {
+        for (long long o = 0; o < G->oc; ++o)
+            for (long long r = 0; r < cg * kk; ++r, ++e) {
+                const long long c = o / ocg * cg + r / kk, i = (r % kk) / G->kw, j = r % G->kw;
+                gt_mm_t s = 0;
+                for (long long n = 0; n < G->nb; ++n)
+                    for (long long q = 0; q < p; ++q)
+                        s = GT_MM_FMA1(a[(n * G->oc + o) * p + q],
+                                       gt_conv_x(G, b, n, c, q / G->ow, q % G->ow, i, j), s);
+                out[e] = acc ? out[e] + s : s;
+            }
+    } else {
+        for (long long n = 0; n < G->nb; ++n)
+            for (long long c = 0; c < G->ch; ++c)
+                for (long long h = 0; h < G->ih; ++h)
+                    for (long long w = 0; w < G->iw; ++w, ++e) {
+                        gt_mm_t s = 0;
+                        for (long long i = 0; i < G->kh; ++i)
+                            for (long long j = 0; j < G->kw; ++j) {
+                                const long long ty = h + G->ph - i * G->dh;
+                                const long long tz = w + G->pw - j * G->dw;
+                                if (ty < 0 || tz < 0 || ty % G->sh || tz % G->sw
+                                    || ty / G->sh >= G->oh || tz / G->sw >= G->ow)
+                                    continue;
+                                const long long q = ty / G->sh * G->ow + tz / G->sw;
+                                gt_mm_t t = 0;
+                                for (long long o = c / cg * ocg; o < (c / cg + 1) * ocg; ++o)
+                                    t = GT_MM_FMA1(b[(o * cg + c % cg) * kk + i * G->kw + j],
+                                                   a[(n * G->oc + o) * p + q], t);
+                                s = s + t;
+                            }
+                        out[e] = acc ? out[e] + s : s;
+                    }
+    }
+}
+
 /* Run chunks [0, chunks) of fn over job (its geometry set), each thread with a
- * buffer of `bytes`; 0 (nothing written) when the buffers cannot be allocated. */
+ * buffer of `bytes`; when those cannot be allocated, gt_mm_naive_conv(which). */
 static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long long work,
-                       size_t bytes)
+                       size_t bytes, int which)
 {
     if (chunks <= 0) return 1;
     const int threads = gt_conv_threads(work, chunks);
-    if (!gt_conv_bufs_alloc(&job->bufs, threads, bytes)) return 0;
     GT_FP_ENTER(saved);
+    if (!gt_conv_bufs_alloc(&job->bufs, threads, bytes)) {
+        gt_mm_naive_conv(&job->G, which, job->out, which ? job->g : job->x,
+                         which == 2 ? job->x : job->w, job->acc);
+        GT_FP_LEAVE(saved);
+        return 1;
+    }
     if (threads > 1)
         gt_pool_run(fn, job, chunks, threads, gt_fp_clean(saved));
     else
@@ -262,7 +339,7 @@ static void gt_conv_fwd_chunk(void *arg, long long n)
     }
 }
 
-/* out (=|+=) conv2d(x, w), NCHW; 1, or 0 (nothing written) when out of memory. */
+/* out (=|+=) conv2d(x, w), NCHW; returns 1. */
 static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
                              const gt_mm_t *w, int acc)
 {
@@ -270,7 +347,7 @@ static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *
     if (p <= 0 || G->oc <= 0) return 1;
     gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}};
     return gt_conv_run(gt_conv_fwd_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       (size_t)(kg * p) * sizeof(gt_mm_t));
+                       (size_t)(kg * p) * sizeof(gt_mm_t), 0);
 }
 
 /* input gradient, chunk = sample n */
@@ -314,8 +391,7 @@ static void gt_conv_bwd_x_chunk(void *arg, long long n)
         for (long long e = 0; e < G->ch * plane; ++e) gx[e] = gx[e] + sum[e];
 }
 
-/* gx (=|+=) conv2d's input gradient for the output gradient g; 1, or 0 (nothing
- * written) when out of memory. */
+/* gx (=|+=) conv2d's input gradient for the output gradient g; returns 1. */
 static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
                                 const gt_mm_t *w, int acc)
 {
@@ -324,7 +400,7 @@ static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t
     gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}};
     const size_t elems = (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0));
     return gt_conv_run(gt_conv_bwd_x_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       elems * sizeof(gt_mm_t));
+                       elems * sizeof(gt_mm_t), 1);
 }
 
 /* weight gradient, chunk = (group, block of column vectors): those outputs' chains,
@@ -364,8 +440,7 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
     }
 }
 
-/* gw (=|+=) conv2d's weight gradient for the output gradient g; 1, or 0 (nothing
- * written) when out of memory. */
+/* gw (=|+=) conv2d's weight gradient for the output gradient g; returns 1. */
 static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
                                 const gt_mm_t *x, int acc)
 {
@@ -392,7 +467,7 @@ static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t
         return 1;
     }
     return gt_conv_run(gt_conv_bwd_w_chunk, &job, G->groups * job.blocks,
-                       G->nb * G->oc * kg * p, elems * sizeof(gt_mm_t));
+                       G->nb * G->oc * kg * p, elems * sizeof(gt_mm_t), 2);
 }
 
 /* ---- max pooling --------------------------------------------------------- */
@@ -441,6 +516,52 @@ static inline long long gt_conv_argmax(const gt_conv_geo *G, const gt_mm_t *plan
     return idx;
 }
 
+/* Windows (y, z), zl <= z < zh, of an output row y whose windows lie inside the
+ * input: per window the first-max rule over (i, j) row-major, many windows at a
+ * time (the loops over z vectorize; a lane is one window, its comparisons in
+ * gt_conv_argmax's order).  m[z]: the maximum, l[z]: its window offset i*kw + j. */
+#define GT_POOL_ROW(SW)                                                          \
+    for (long long q = 1; q < kk; ++q) {                                         \
+        const gt_mm_t *r = base + off[q];                                        \
+        for (long long z = zl; z < zh; ++z) {                                    \
+            const gt_mm_t v = r[z * (SW)], mz = m[z];                            \
+            const int take = (mz == mz) & ((v > mz) | (v != v));                 \
+            m[z] = take ? v : mz;                                                \
+            l[z] = take ? q : l[z];                                              \
+        }                                                                        \
+    }
+static void gt_pool_row(const gt_conv_geo *G, const gt_mm_t *base, const long long *off,
+                        long long zl, long long zh, gt_mm_t *restrict m, long long *restrict l)
+{
+    const long long kk = G->kh * G->kw;
+    for (long long z = zl; z < zh; ++z) {
+        m[z] = base[z * G->sw];
+        l[z] = 0;
+    }
+    if (G->sw == 1) {
+        GT_POOL_ROW(1)
+    } else if (G->sw == 2) {
+        GT_POOL_ROW(2)
+    } else {
+        GT_POOL_ROW(G->sw)
+    }
+}
+
+/* The output row's windows inside the input along w: [*zl, *zh); 0 when the row's
+ * windows reach outside along h. */
+static inline int gt_pool_inside(const gt_conv_geo *G, long long y, long long *zl, long long *zh)
+{
+    const long long h0 = y * G->sh - G->ph, span = (G->kw - 1) * G->dw;
+    if (h0 < 0 || h0 + (G->kh - 1) * G->dh >= G->ih) return 0;
+    long long lo = G->pw > 0 ? (G->pw + G->sw - 1) / G->sw : 0;      /* z*sw - pw >= 0 */
+    long long hi = G->iw - 1 - span + G->pw >= 0 ? (G->iw - 1 - span + G->pw) / G->sw + 1 : 0;
+    if (hi > G->ow) hi = G->ow;
+    if (lo > hi) lo = hi;
+    *zl = lo;
+    *zh = hi;
+    return 1;
+}
+
 /* pooling jobs reuse gt_conv_job (out, x, g, acc; vecs_per_block = planes per chunk) */
 static void gt_max_pool_fwd_chunk(void *arg, long long chunk)
 {
@@ -448,15 +569,24 @@ static void gt_max_pool_fwd_chunk(void *arg, long long chunk)
     const gt_conv_geo *G = &j->G;
     const long long q0 = chunk * j->vecs_per_block, planes = G->nb * G->ch;
     const long long q1 = q0 + j->vecs_per_block < planes ? q0 + j->vecs_per_block : planes;
+    long long *off = (long long *)gt_conv_slot_of(&j->bufs);           /* [kh*kw] */
+    long long *l = off + G->kh * G->kw;                                /* [ow] */
+    for (long long q = 0; q < G->kh * G->kw; ++q)
+        off[q] = q / G->kw * G->dh * G->iw + q % G->kw * G->dw;
     for (long long q = q0; q < q1; ++q) {
         const gt_mm_t *plane = j->x + q * G->ih * G->iw;
         gt_mm_t *out = j->out + q * G->oh * G->ow;
-        for (long long y = 0; y < G->oh; ++y)
+        for (long long y = 0; y < G->oh; ++y, out += G->ow) {
+            long long zl = 0, zh = 0;
+            if (gt_pool_inside(G, y, &zl, &zh))
+                gt_pool_row(G, plane + (y * G->sh - G->ph) * G->iw - G->pw, off, zl, zh, out, l);
             for (long long z = 0; z < G->ow; ++z) {
+                if (z == zl && zh > zl) z = zh;          /* the inside windows are done */
+                if (z >= G->ow) break;
                 long long e;
-                const long long l = gt_conv_argmax(G, plane, y, z, &e);
-                out[y * G->ow + z] = l < 0 ? (gt_mm_t)(-INFINITY) : plane[e];
+                out[z] = gt_conv_argmax(G, plane, y, z, &e) < 0 ? (gt_mm_t)(-INFINITY) : plane[e];
             }
+        }
     }
 }
 
@@ -471,18 +601,34 @@ static void gt_max_pool_bwd_chunk(void *arg, long long chunk)
     const long long area = G->ih * G->iw, windows = G->oh * G->ow;
     const int disjoint = G->sh > (G->kh - 1) * G->dh && G->sw > (G->kw - 1) * G->dw;
     long long *arg_ = (long long *)gt_conv_slot_of(&j->bufs);         /* [windows, 2] */
-    gt_mm_t *tmp = (gt_mm_t *)(arg_ + 2 * windows);                    /* [area], acc */
+    long long *off = arg_ + 2 * windows, *l = off + G->kh * G->kw;     /* [kh*kw], [ow] */
+    gt_mm_t *m = (gt_mm_t *)(l + G->ow);                               /* [ow] */
+    gt_mm_t *tmp = m + G->ow;                                          /* [area], acc */
+    for (long long q = 0; q < G->kh * G->kw; ++q)
+        off[q] = q / G->kw * G->dh * G->iw + q % G->kw * G->dw;
     for (long long q = q0; q < q1; ++q) {
         const gt_mm_t *plane = j->x + q * area, *g = j->g + q * windows;
         gt_mm_t *gx = j->out + q * area, *sum = j->acc ? tmp : gx;
         for (long long e = 0; e < area; ++e) sum[e] = 0;                 /* +0.0 */
         if (disjoint) {
-            for (long long y = 0; y < G->oh; ++y)
+            for (long long y = 0; y < G->oh; ++y) {
+                long long zl = 0, zh = 0;
+                if (gt_pool_inside(G, y, &zl, &zh)) {
+                    const long long row = (y * G->sh - G->ph) * G->iw - G->pw;
+                    gt_pool_row(G, plane + row, off, zl, zh, m, l);
+                    for (long long z = zl; z < zh; ++z) {
+                        const long long e = row + z * G->sw + off[l[z]];
+                        sum[e] = sum[e] + g[y * G->ow + z];
+                    }
+                }
                 for (long long z = 0; z < G->ow; ++z) {
+                    if (z == zl && zh > zl) z = zh;
+                    if (z >= G->ow) break;
                     long long e;
                     if (gt_conv_argmax(G, plane, y, z, &e) < 0) continue;
                     sum[e] = sum[e] + g[y * G->ow + z];
                 }
+            }
         } else {
             for (long long y = 0; y < G->oh; ++y)     /* window offset, then position */
                 for (long long z = 0; z < G->ow; ++z) {
@@ -526,7 +672,8 @@ static int gt_max_pool_run(gt_pool_fn fn, const gt_conv_geo *G, gt_mm_t *out, co
 static int gt_max_pool2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x)
 {
     return gt_max_pool_run(gt_max_pool_fwd_chunk, G, out, x, NULL, 0,
-                           G->oh * G->ow * G->kh * G->kw, 0);
+                           G->oh * G->ow * G->kh * G->kw,
+                           (size_t)(G->kh * G->kw + G->ow) * sizeof(long long));
 }
 
 /* gx (=|+=) max_pool2d's input gradient for g; 1, or 0 (nothing written) when out
@@ -534,8 +681,8 @@ static int gt_max_pool2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm
 static int gt_max_pool2d_backward(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
                                   const gt_mm_t *x, int acc)
 {
-    const size_t bytes = (size_t)(2 * G->oh * G->ow) * sizeof(long long)
-                         + (acc ? (size_t)(G->ih * G->iw) * sizeof(gt_mm_t) : 0);
+    const size_t bytes = (size_t)(2 * G->oh * G->ow + G->kh * G->kw + G->ow) * sizeof(long long)
+                         + (size_t)(G->ow + (acc ? G->ih * G->iw : 0)) * sizeof(gt_mm_t);
     return gt_max_pool_run(gt_max_pool_bwd_chunk, G, gx, x, g, acc,
                            G->oh * G->ow * G->kh * G->kw + G->ih * G->iw, bytes);
 }

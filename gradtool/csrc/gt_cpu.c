@@ -43,7 +43,8 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
 }
 
 /* conv2d and max pooling (gt_conv.h); geo: the GT_CONV_GEO_LEN numbers of
- * gt_conv_geo.  Each returns 1, or 0 when out of memory (nothing written). */
+ * gt_conv_geo.  The products return 1; the pools 1, or 0 when out of memory
+ * (nothing written: numerics.py then runs its numpy loops). */
 GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
                             const double *w, int acc)
 {
