@@ -191,10 +191,24 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     padded = (1,) * (nd - len(shape)) + shape
     bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
     kept = [ax for ax in range(nd) if ax not in bcast]
-    moved = np.transpose(c, bcast + kept)
     count = math.prod(c.shape[ax] for ax in bcast)
-    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None and count > 1:
+        # broadcast axes before and after the kept ones (size-1 axes aside): the same
+        # sums straight from c, compiled, without moving the kept axes last
+        pattern = "".join("b" if ax in bcast else "k" for ax in range(nd) if c.shape[ax] != 1)
+        inner = pattern.lstrip("b")
+        lead, core = len(pattern) - len(inner), inner.rstrip("b")
+        if "b" not in core:
+            dims = [d for d in c.shape if d != 1]
+            src = np.ascontiguousarray(c, dtype=np.float64)
+            total = np.empty(math.prod(dims[lead:lead + len(core)]))
+            lib.gt_sum_outer_inner(math.prod(dims[:lead]), total.size,
+                                   math.prod(dims[lead + len(core):]), src.ctypes.data,
+                                   total.ctypes.data)
+            return total.reshape(shape)
+    moved = np.transpose(c, bcast + kept)
+    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     if lib is not None and count > 1:         # the same sums, row after row, compiled
         flat = np.ascontiguousarray(flat, dtype=np.float64)
         total = np.empty(flat.shape[1])
@@ -505,6 +519,8 @@ def _declare(lib) -> None:
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
     lib.gt_sum_rows.restype = None
     lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    lib.gt_sum_outer_inner.restype = None
+    lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
     for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
         getattr(lib, name).restype = ctypes.c_int
         getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int]

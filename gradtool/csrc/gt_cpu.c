@@ -100,6 +100,29 @@ GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, d
     GT_FP_LEAVE(saved);
 }
 
+/* dst[k] = src[0][k][0] + src[0][k][1] + ... + src[A-1][k][B-1]: for each k the
+ * rows (a, b) in row-major order, left to right from the first (no 0.0 seed), src
+ * C-contiguous [A, K, B] -- gt_sum_rows' order for a contribution whose broadcast
+ * axes lead and trail its kept ones (a bias over NCHW channels: A = N, K = C,
+ * B = H*W), without the transposed copy.  Blocks of k advance together, so the
+ * blocks' chains interleave (each k's adds stay in order). */
+GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const double *src,
+                                      double *dst)
+{
+    GT_FP_ENTER(saved);
+    enum { BLOCK = 64 };
+    for (long long k0 = 0; k0 < K; k0 += BLOCK) {
+        const long long k1 = K - k0 < BLOCK ? K : k0 + BLOCK;
+        for (long long k = k0; k < k1; ++k) dst[k] = src[k * B];
+        for (long long a = 0; a < A; ++a)
+            for (long long b = a ? 0 : 1; b < B; ++b) {
+                const double *restrict col = src + a * K * B + b;
+                for (long long k = k0; k < k1; ++k) dst[k] = dst[k] + col[k * B];
+            }
+    }
+    GT_FP_LEAVE(saved);
+}
+
 /* ---- the optimizer step --------------------------------------------------- */
 typedef struct {
     double *w, *m, *v;
