@@ -593,9 +593,11 @@ def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
 # One geometry per node: kernel (kh, kw), stride (sh, sw), padding (ph, pw),
 # dilation (dh, dw).  Window (oh, ow) reads input position (oh*sh - ph + i*dh,
 # ow*sw - pw + j*dw) for kernel offset (i, j); a position outside the input is
-# padding.  The device kernels (kernels.cu: k_im2col, k_col2im, k_max_pool,
-# k_max_pool_bwd, k_avg_pool, k_avg_pool_bwd) compute exactly these orders, one
-# thread per output element.
+# padding.  The device kernels (kernels.cu: k_matmul_conv2d, k_matmul_conv2d_dw,
+# k_matmul_conv2d_dx, k_max_pool, k_max_pool_bwd, k_avg_pool, k_avg_pool_bwd)
+# compute exactly these orders, one thread per output element; the compiled CPU
+# paths (csrc/gt_conv.h: conv2d's products and max pooling, for this module and the
+# host backend's tiled build) too, sample by sample.
 
 
 def conv_out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
