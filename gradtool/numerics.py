@@ -523,9 +523,11 @@ def _declare(lib) -> None:
     lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
     for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
         getattr(lib, name).restype = ctypes.c_int
-        getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int]
+        getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64]
     lib.gt_max_pool2d.restype = ctypes.c_int
-    lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr]
+    lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr, ptr, i64]
+    lib.gt_conv_ws_bytes.restype = i64
+    lib.gt_conv_ws_bytes.argtypes = [ptr, ctypes.c_int, ctypes.c_int]
     lib.gt_opt_step.restype = None
     lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
                                 f64, f64, f64, f64, f64, f64, f64, f64]
@@ -685,7 +687,9 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
         x, w = _f64(x), _f64(w)
         out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
         geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
-        if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0):
+        ws, nbytes = _workspace(lib, geo, _CONV_FWD)
+        if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0,
+                         ws.ctypes.data, nbytes):
             return out
     return conv2d_numpy(x, w, stride, padding, dilation, groups)
 
@@ -703,6 +707,18 @@ def conv2d_numpy(x, w, stride, padding, dilation, groups) -> np.ndarray:
 
 def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
+
+
+_CONV_FWD, _CONV_DX, _CONV_DW, _POOL_FWD, _POOL_DX = range(5)
+
+
+def _workspace(lib, geo: np.ndarray, which: int) -> tuple:
+    """(pointer, bytes) of a numpy workspace for one csrc/gt_conv.h call: a buffer per
+    thread, allocated here so that it is numpy memory like every other temporary (the
+    memory budget, gradtool.budget, counts it)."""
+    nbytes = int(lib.gt_conv_ws_bytes(geo.ctypes.data, which, 0))
+    ws = np.empty(nbytes // 8 + 1)
+    return ws, ws.nbytes
 
 
 def _conv_geo(x_shape, w_shape, out_shape, stride, padding, dilation, groups) -> np.ndarray:
@@ -737,11 +753,15 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
         geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
         dx = np.empty(x.shape) if need_x else None
         dw = np.empty(w.shape) if need_w else None
-        if ((not need_x or lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data,
-                                             w.ctypes.data, 0))
-                and (not need_w or lib.gt_conv2d_dw(geo.ctypes.data, dw.ctypes.data,
-                                                    g.ctypes.data, x.ctypes.data, 0))):
-            return dx, dw
+        if need_x:
+            ws, nbytes = _workspace(lib, geo, _CONV_DX)
+            lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, w.ctypes.data, 0,
+                             ws.ctypes.data, nbytes)
+        if need_w:
+            ws, nbytes = _workspace(lib, geo, _CONV_DW)
+            lib.gt_conv2d_dw(geo.ctypes.data, dw.ctypes.data, g.ctypes.data, x.ctypes.data, 0,
+                             ws.ctypes.data, nbytes)
+        return dx, dw
     return conv2d_backward_numpy(g, x, w, stride, padding, dilation, groups, need_x, need_w)
 
 
@@ -809,7 +829,9 @@ def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
         out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
                                                     ceil_mode)[:2])
         geo = _pool_geo(x.shape, out.shape, kernel, stride, padding, dilation)
-        if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data):
+        ws, nbytes = _workspace(lib, geo, _POOL_FWD)
+        if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, ws.ctypes.data,
+                             nbytes):
             return out
     return _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[0]
 
@@ -828,8 +850,9 @@ def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> n
         g, x = _f64(g), _f64(x)
         dx = np.empty(x.shape)
         geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
+        ws, nbytes = _workspace(lib, geo, _POOL_DX)
         if lib.gt_max_pool2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, x.ctypes.data,
-                                0):
+                                0, ws.ctypes.data, nbytes):
             return dx
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     idx = _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[1]

@@ -496,10 +496,12 @@ def test_batch_norm_train_fd_check_and_host_replay():
     assert gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7).passed
 
 
-def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load():
-    """A tiny output can hide a huge padded input and im2col columns: the loader's budget
-    counts them (budget.node_temporary) before anything is allocated."""
+def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load(monkeypatch):
+    """A tiny output can hide a huge padded input and im2col columns (numpy's conv2d,
+    GRADTOOL_NATIVE=0: the compiled one reads padding in place and needs neither): the
+    loader's budget counts them (budget.node_temporary) before anything is allocated."""
     import msgpack
+    monkeypatch.setenv("GRADTOOL_NATIVE", "0")
 
     from gradtool.tapefile import dumps, load
     tp = gt.Tape()

@@ -73,18 +73,38 @@ typedef struct {
     atomic_int slots;
     char *base;
     size_t bytes;                                  /* per slot, a multiple of GT_MM_ALIGN */
+    int owned;                                     /* base is ours to free */
 } gt_conv_bufs;
 
-/* `threads` slots of `bytes` each; 0 when out of memory. */
-static int gt_conv_bufs_alloc(gt_conv_bufs *b, int threads, size_t bytes)
+/* A caller's workspace (or NULL): at least gt_conv_workspace's bytes. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} gt_conv_ws;
+
+static inline size_t gt_conv_slot_round(size_t bytes)
+{
+    return (bytes + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN + GT_MM_ALIGN;
+}
+
+/* `threads` slots of `bytes` each, in the caller's workspace when it is large
+ * enough, else allocated; 0 when out of memory. */
+static int gt_conv_bufs_alloc(gt_conv_bufs *b, int threads, size_t bytes, gt_conv_ws ws)
 {
     b->id = atomic_fetch_add(&gt_conv_runs, 1) + 1;
     atomic_store(&b->slots, 0);
-    b->bytes = (bytes + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN;
+    b->bytes = gt_conv_slot_round(bytes);
+    b->owned = 0;
 #ifdef GT_CONV_NO_BUFFERS      /* tests: every allocation fails (the fallbacks run) */
+    (void)ws;
     b->base = NULL;
 #else
-    b->base = (char *)aligned_alloc(GT_MM_ALIGN, (b->bytes ? b->bytes : GT_MM_ALIGN) * threads);
+    if (ws.p && ws.bytes >= b->bytes * (size_t)threads) {
+        b->base = (char *)ws.p;
+    } else {
+        b->base = (char *)aligned_alloc(GT_MM_ALIGN, b->bytes * (size_t)threads);
+        b->owned = 1;
+    }
 #endif
     return b->base != NULL;
 }
@@ -233,6 +253,7 @@ typedef struct {
     int acc;
     long long vecs_per_block, blocks;      /* the weight gradient's column blocks */
     gt_conv_bufs bufs;
+    gt_conv_ws ws;
 } gt_conv_job;
 
 /* x at (n, c, y*sh - ph + i*dh, z*sw - pw + j*dw), +0.0 at padding */
@@ -309,7 +330,7 @@ static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long l
     if (chunks <= 0) return 1;
     const int threads = gt_conv_threads(work, chunks);
     GT_FP_ENTER(saved);
-    if (!gt_conv_bufs_alloc(&job->bufs, threads, bytes)) {
+    if (!gt_conv_bufs_alloc(&job->bufs, threads, bytes, job->ws)) {
         gt_mm_naive_conv(&job->G, which, job->out, which ? job->g : job->x,
                          which == 2 ? job->x : job->w, job->acc);
         GT_FP_LEAVE(saved);
@@ -320,8 +341,39 @@ static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long l
     else
         for (long long c = 0; c < chunks; ++c) fn(job, c);
     GT_FP_LEAVE(saved);
-    free(job->bufs.base);
+    if (job->bufs.owned) free(job->bufs.base);
     return 1;
+}
+
+/* Bytes of one thread's buffer: which 0 forward, 1 input gradient, 2 weight
+ * gradient (per: its column block, gt_conv_dw_block), 3 max-pool forward, 4 its
+ * backward. */
+static long long gt_conv_dw_block(const gt_conv_geo *G);
+static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    const size_t t = sizeof(gt_mm_t), ll = sizeof(long long);
+    switch (which) {
+    case 0: return (size_t)(kg * p) * t;
+    case 1: return (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0)) * t;
+    case 2: {
+        const long long span = gt_conv_dw_block(G) * GT_MM_VW;
+        return (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW
+                        + G->oc / G->groups * span + 3 * span) * t;
+    }
+    case 3: return (size_t)(G->kh * G->kw + G->ow) * ll;
+    default:
+        return (size_t)(2 * p + G->kh * G->kw + G->ow) * ll
+               + (size_t)(G->ow + (acc ? G->ih * G->iw : 0)) * t;
+    }
+}
+
+/* Bytes of a workspace that spares a call (which, acc) any allocation: a slot for
+ * every thread it may use. */
+static size_t gt_conv_workspace(const gt_conv_geo *G, int which, int acc)
+{
+    return gt_conv_slot_round(gt_conv_slot_bytes(G, which, acc))
+           * (size_t)atomic_load(&gt_pool.threads);
 }
 
 /* forward, chunk = sample n */
@@ -341,13 +393,13 @@ static void gt_conv_fwd_chunk(void *arg, long long n)
 
 /* out (=|+=) conv2d(x, w), NCHW; returns 1. */
 static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
-                             const gt_mm_t *w, int acc)
+                             const gt_mm_t *w, int acc, gt_conv_ws ws)
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (p <= 0 || G->oc <= 0) return 1;
-    gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}};
+    gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws};
     return gt_conv_run(gt_conv_fwd_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       (size_t)(kg * p) * sizeof(gt_mm_t), 0);
+                       gt_conv_slot_bytes(G, 0, acc), 0);
 }
 
 /* input gradient, chunk = sample n */
@@ -393,14 +445,13 @@ static void gt_conv_bwd_x_chunk(void *arg, long long n)
 
 /* gx (=|+=) conv2d's input gradient for the output gradient g; returns 1. */
 static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
-                                const gt_mm_t *w, int acc)
+                                const gt_mm_t *w, int acc, gt_conv_ws ws)
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (G->ch <= 0 || G->ih * G->iw <= 0) return 1;
-    gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}};
-    const size_t elems = (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0));
+    gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}, ws};
     return gt_conv_run(gt_conv_bwd_x_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       elems * sizeof(gt_mm_t), 1);
+                       gt_conv_slot_bytes(G, 1, acc), 1);
 }
 
 /* weight gradient, chunk = (group, block of column vectors): those outputs' chains,
@@ -441,33 +492,38 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
 }
 
 /* gw (=|+=) conv2d's weight gradient for the output gradient g; returns 1. */
-static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
-                                const gt_mm_t *x, int acc)
+/* Vectors per column block of the weight gradient: at most GT_CONV_NV; narrower (two
+ * at least, for the tile's independent chains) when that leaves fewer chunks than
+ * threads. */
+static long long gt_conv_dw_block(const gt_conv_geo *G)
 {
-    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
-    const long long ocg = G->oc / G->groups;
-    if (G->oc <= 0 || kg <= 0) return 1;
+    const long long kg = G->ch / G->groups * G->kh * G->kw;
     const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW;
     const int wanted = atomic_load(&gt_pool.threads);
-    /* blocks of at most GT_CONV_NV vectors; narrower (two vectors at least, for the
-     * tile's independent chains) when that leaves fewer chunks than threads */
     long long per = vecs < GT_CONV_NV ? vecs : GT_CONV_NV;
+    if (per < 1) per = 1;
     if (wanted > 1 && G->groups * ((vecs + per - 1) / per) < wanted) {
         const long long want_blocks = (wanted + G->groups - 1) / G->groups;
         long long split = (vecs + want_blocks - 1) / want_blocks;
         if (split < 2) split = 2;
         if (split < per) per = split;
     }
-    gt_conv_job job = {*G, gw, x, NULL, g, acc, per, (vecs + per - 1) / per, {0}};
-    const long long span = per * GT_MM_VW;
-    const size_t elems = (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW + ocg * span
-                                  + 3 * span);
+    return per;
+}
+
+static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
+                                const gt_mm_t *x, int acc, gt_conv_ws ws)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    if (G->oc <= 0 || kg <= 0) return 1;
+    const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW, per = gt_conv_dw_block(G);
+    gt_conv_job job = {*G, gw, x, NULL, g, acc, per, (vecs + per - 1) / per, {0}, ws};
     if (G->nb <= 0 || p <= 0) {          /* no terms: every chain is +0.0 */
         for (long long e = 0; e < G->oc * kg; ++e) gw[e] = acc ? gw[e] + 0 : 0;
         return 1;
     }
     return gt_conv_run(gt_conv_bwd_w_chunk, &job, G->groups * job.blocks,
-                       G->nb * G->oc * kg * p, elems * sizeof(gt_mm_t), 2);
+                       G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 2, acc), 2);
 }
 
 /* ---- max pooling --------------------------------------------------------- */
@@ -645,11 +701,12 @@ static void gt_max_pool_bwd_chunk(void *arg, long long chunk)
 }
 
 static int gt_max_pool_run(gt_pool_fn fn, const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
-                           const gt_mm_t *g, int acc, long long work_per_plane, size_t bytes)
+                           const gt_mm_t *g, int acc, long long work_per_plane, size_t bytes,
+                           gt_conv_ws ws)
 {
     const long long planes = G->nb * G->ch;
     if (planes <= 0) return 1;
-    gt_conv_job job = {*G, out, x, NULL, g, acc, planes, 0, {0}};
+    gt_conv_job job = {*G, out, x, NULL, g, acc, planes, 0, {0}, ws};
     long long chunks = 1;
     const int threads = gt_conv_threads(planes * work_per_plane * 8, planes);
     if (threads > 1) {
@@ -657,34 +714,33 @@ static int gt_max_pool_run(gt_pool_fn fn, const gt_conv_geo *G, gt_mm_t *out, co
         job.vecs_per_block = (planes + chunks - 1) / chunks;
         chunks = (planes + job.vecs_per_block - 1) / job.vecs_per_block;
     }
-    if (!gt_conv_bufs_alloc(&job.bufs, threads, bytes)) return 0;
+    if (!gt_conv_bufs_alloc(&job.bufs, threads, bytes, ws)) return 0;
     GT_FP_ENTER(saved);
     if (threads > 1 && chunks > 1)
         gt_pool_run(fn, &job, chunks, threads, gt_fp_clean(saved));
     else
         for (long long c = 0; c < chunks; ++c) fn(&job, c);
     GT_FP_LEAVE(saved);
-    free(job.bufs.base);
+    if (job.bufs.owned) free(job.bufs.base);
     return 1;
 }
 
 /* out = max_pool2d(x) (G->oc unused); 1, or 0 when out of memory. */
-static int gt_max_pool2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x)
+static int gt_max_pool2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
+                                 gt_conv_ws ws)
 {
     return gt_max_pool_run(gt_max_pool_fwd_chunk, G, out, x, NULL, 0,
-                           G->oh * G->ow * G->kh * G->kw,
-                           (size_t)(G->kh * G->kw + G->ow) * sizeof(long long));
+                           G->oh * G->ow * G->kh * G->kw, gt_conv_slot_bytes(G, 3, 0), ws);
 }
 
 /* gx (=|+=) max_pool2d's input gradient for g; 1, or 0 (nothing written) when out
  * of memory. */
 static int gt_max_pool2d_backward(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
-                                  const gt_mm_t *x, int acc)
+                                  const gt_mm_t *x, int acc, gt_conv_ws ws)
 {
-    const size_t bytes = (size_t)(2 * G->oh * G->ow + G->kh * G->kw + G->ow) * sizeof(long long)
-                         + (size_t)(G->ow + (acc ? G->ih * G->iw : 0)) * sizeof(gt_mm_t);
     return gt_max_pool_run(gt_max_pool_bwd_chunk, G, gx, x, g, acc,
-                           G->oh * G->ow * G->kh * G->kw + G->ih * G->iw, bytes);
+                           G->oh * G->ow * G->kh * G->kw + G->ih * G->iw,
+                           gt_conv_slot_bytes(G, 4, acc), ws);
 }
 
 #endif /* GT_CONV_H */

@@ -43,40 +43,51 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
 }
 
 /* conv2d and max pooling (gt_conv.h); geo: the GT_CONV_GEO_LEN numbers of
- * gt_conv_geo.  The products return 1; the pools 1, or 0 when out of memory
- * (nothing written: numerics.py then runs its numpy loops). */
-GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
-                            const double *w, int acc)
+ * gt_conv_geo; ws, ws_bytes: a workspace of gt_conv_ws_bytes(geo, which, acc)
+ * bytes (numerics.py allocates it, so that it is counted as numpy memory), or
+ * NULL.  The products return 1; the pools 1, or 0 when out of memory (nothing
+ * written: numerics.py then runs its numpy loops). */
+GT_CPU_EXPORT long long gt_conv_ws_bytes(const long long *geo, int which, int acc)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
-    return gt_conv2d_forward(&G, out, x, w, acc);
+    return (long long)gt_conv_workspace(&G, which, acc);
+}
+
+#define GT_WS ((gt_conv_ws){ws, (size_t)ws_bytes})
+
+GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
+                            const double *w, int acc, void *ws, long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_forward(&G, out, x, w, acc, GT_WS);
 }
 
 GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, double *gx, const double *g,
-                               const double *w, int acc)
+                               const double *w, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
-    return gt_conv2d_backward_x(&G, gx, g, w, acc);
+    return gt_conv2d_backward_x(&G, gx, g, w, acc, GT_WS);
 }
 
 GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, double *gw, const double *g,
-                               const double *x, int acc)
+                               const double *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
-    return gt_conv2d_backward_w(&G, gw, g, x, acc);
+    return gt_conv2d_backward_w(&G, gw, g, x, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x)
+GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x, void *ws,
+                                long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
-    return gt_max_pool2d_forward(&G, out, x);
+    return gt_max_pool2d_forward(&G, out, x, GT_WS);
 }
 
 GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, double *gx, const double *g,
-                                   const double *x, int acc)
+                                   const double *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
-    return gt_max_pool2d_backward(&G, gx, g, x, acc);
+    return gt_max_pool2d_backward(&G, gx, g, x, acc, GT_WS);
 }
 
 GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }

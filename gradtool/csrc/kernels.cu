@@ -728,7 +728,7 @@ GT_KERNEL k_matmul_conv2d(gt_real *W, const long long *M)
     GT_ARGS_k_matmul_conv2d
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
-    gt_conv2d_forward(&G, out, x, w, 0);
+    gt_conv2d_forward(&G, out, x, w, 0, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
     GT_LOOP4(t, n, o, y, z, nb, oc, oh, ow) {
@@ -758,7 +758,7 @@ GT_KERNEL k_matmul_conv2d_dw(gt_real *W, const long long *M)
     GT_ARGS_k_matmul_conv2d_dw
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
-    gt_conv2d_backward_w(&G, gw, g, x, 1);
+    gt_conv2d_backward_w(&G, gw, g, x, 1, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
     GT_LOOP4(t, o, c, i, j, oc, cg, kh, kw) {
@@ -790,7 +790,7 @@ GT_KERNEL k_matmul_conv2d_dx(gt_real *W, const long long *M)
     GT_ARGS_k_matmul_conv2d_dx
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
-    gt_conv2d_backward_x(&G, gx, g, w, 1);
+    gt_conv2d_backward_x(&G, gx, g, w, 1, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
     GT_LOOP4(t, n, c, h, v, nb, ch, ih, iw) {
@@ -821,7 +821,7 @@ GT_KERNEL k_max_pool(gt_real *W, const long long *M)
     GT_ARGS_k_max_pool
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
-    if (gt_max_pool2d_forward(&G, out, x)) return;       /* gt_conv.h, threaded by planes */
+    if (gt_max_pool2d_forward(&G, out, x, (gt_conv_ws){0, 0})) return;       /* gt_conv.h, threaded by planes */
 #endif
     GT_LOOP4(t, n, c, y, z, nb, ch, oh, ow) {
         const long long l = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
@@ -839,7 +839,7 @@ GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
     GT_ARGS_k_max_pool_bwd
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
-    if (gt_max_pool2d_backward(&G, gx, g, x, 1)) return;  /* gt_conv.h, threaded by planes */
+    if (gt_max_pool2d_backward(&G, gx, g, x, 1, (gt_conv_ws){0, 0})) return;  /* gt_conv.h, threaded by planes */
     if (gt_max_pool_bwd_host(gx, g, x, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
         return;
 #endif
