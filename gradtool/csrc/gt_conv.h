@@ -349,6 +349,17 @@ static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long l
  * gradient (per: its column block, gt_conv_dw_block), 3 max-pool forward, 4 its
  * backward. */
 static long long gt_conv_dw_block(const gt_conv_geo *G);
+
+/* The weight gradient's slot: columns [p, span], S [ocg, span], then (at this byte
+ * offset, aligned for long long) gt_conv_im2col_t's table. */
+static inline size_t gt_conv_dw_table_at(const gt_conv_geo *G, long long span)
+{
+    const long long p = G->oh * G->ow;
+    const size_t f = (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW
+                              + G->oc / G->groups * span) * sizeof(gt_mm_t);
+    return (f + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
+}
+
 static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
@@ -356,10 +367,9 @@ static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
     switch (which) {
     case 0: return (size_t)(kg * p) * t;
     case 1: return (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0)) * t;
-    case 2: {
+    case 2: {                   /* columns, S, then the im2col table (long longs) */
         const long long span = gt_conv_dw_block(G) * GT_MM_VW;
-        return (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW
-                        + G->oc / G->groups * span + 3 * span) * t;
+        return gt_conv_dw_table_at(G, span) + (size_t)(3 * span) * ll;
     }
     case 3: return (size_t)(G->kh * G->kw + G->ow) * ll;
     default:
@@ -468,7 +478,7 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
     const long long nvec = (k1 - k0 + GT_MM_VW - 1) / GT_MM_VW, width = nvec * GT_MM_VW;
     gt_mm_t *cols = (gt_mm_t *)gt_conv_slot_of(&j->bufs);       /* [p, width] */
     gt_mm_t *S = cols + (p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW;   /* [ocg, width] */
-    long long *tab = (long long *)(S + ocg * span);                          /* [3 * span] */
+    long long *tab = (long long *)((char *)cols + gt_conv_dw_table_at(G, span)); /* [3*span] */
     for (long long e = 0; e < ocg * width; ++e) S[e] = 0;             /* the chains' +0.0 */
     for (long long q = 0; q < p; ++q)                                 /* padding columns */
         for (long long c = k1 - k0; c < width; ++c) cols[q * width + c] = 0;
