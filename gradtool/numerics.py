@@ -483,7 +483,9 @@ _DEFAULT: list = []           # [library or None] once the default one was asked
 def cpu_library(extra_flags=(), native_arch=None):
     """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
     use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
-    (``gt_sum_rows``) and the optimizer step (``gt_opt_step``).
+    (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
+    (``gt_conv2d*``, ``gt_max_pool2d*``: ``csrc/gt_conv.h``) and the optimizer step
+    (``gt_opt_step``).
 
     The default (no arguments) is the one :func:`matmul`, :func:`bmm` and
     :mod:`gradtool.optim` use.  ``extra_flags=("-DGT_MM_PORTABLE",)`` builds

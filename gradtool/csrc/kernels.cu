@@ -821,7 +821,8 @@ GT_KERNEL k_max_pool(gt_real *W, const long long *M)
     GT_ARGS_k_max_pool
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
-    if (gt_max_pool2d_forward(&G, out, x, (gt_conv_ws){0, 0})) return;       /* gt_conv.h, threaded by planes */
+    /* gt_conv.h, threaded by planes; the loop below only when out of memory */
+    if (gt_max_pool2d_forward(&G, out, x, (gt_conv_ws){0, 0})) return;
 #endif
     GT_LOOP4(t, n, c, y, z, nb, ch, oh, ow) {
         const long long l = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
@@ -839,7 +840,8 @@ GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
     GT_ARGS_k_max_pool_bwd
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
     const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
-    if (gt_max_pool2d_backward(&G, gx, g, x, 1, (gt_conv_ws){0, 0})) return;  /* gt_conv.h, threaded by planes */
+    /* gt_conv.h, threaded by planes; the paths below only when out of memory */
+    if (gt_max_pool2d_backward(&G, gx, g, x, 1, (gt_conv_ws){0, 0})) return;
     if (gt_max_pool_bwd_host(gx, g, x, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
         return;
 #endif
