@@ -25,9 +25,11 @@ device capture (:mod:`gradtool.device.program`), training data
   largest of its output's and inputs' element counts; the backward walk
   counts a node's work once per input it differentiates.
 * conv2d and the pools also hold arrays of other sizes than their output and
-  inputs (:func:`node_temporary`): conv2d its im2col columns (twice, backward:
-  the columns and their gradient) and a zero-padded copy of its input, a pool
-  its padded input; those add to the node's temporary.
+  inputs (:func:`node_temporary`): compiled (csrc/gt_conv.h), conv2d per thread one
+  sample's columns and input-gradient sum, max_pool2d per thread one plane's window
+  records; in numpy, conv2d its im2col columns (twice, backward: the columns and
+  their gradient) and a zero-padded copy of its input, a pool its padded input;
+  those add to the node's temporary.
 
 The default memory budget is :data:`DEFAULT_MEMORY` (2 GiB); ``gradtool
 --max-memory SIZE`` and ``Limits(max_memory=...)`` change it.
@@ -36,6 +38,7 @@ The default memory budget is :data:`DEFAULT_MEMORY` (2 GiB); ``gradtool
 from __future__ import annotations
 
 import operator
+import os
 import re
 from dataclasses import dataclass
 
@@ -77,9 +80,25 @@ def node_work(op: str, shape, sa, sb, attrs=None) -> int:
     return big
 
 
+def compiled_windows() -> bool:
+    """Whether conv2d and max_pool2d run compiled here (csrc/gt_conv.h: a C compiler on
+    PATH and ``GRADTOOL_NATIVE`` not 0), holding one sample's (one plane's) buffers per
+    thread instead of numpy's whole-batch columns and padded copies."""
+    import shutil
+    from . import native
+    return native.enabled() and shutil.which(os.environ.get("CC", "cc")) is not None
+
+
 def node_temporary(op: str, shape, sa, sb, attrs=None) -> int:
     """Elements a node holds besides arrays of its output's and inputs' sizes while it is
     replayed or differentiated (numerics.conv2d, max_pool2d, avg_pool2d); 0 for most ops."""
+    if op in ("conv2d", "max_pool2d") and attrs and compiled_windows():
+        from .native import num_threads
+        if op == "conv2d":      # per thread one sample's columns and input-gradient sum
+            per, count = prod(sb[1:]) * shape[2] * shape[3] + prod(sa[1:]), sa[0]
+        else:                   # per thread one plane's window records and sum
+            per, count = 3 * shape[2] * shape[3] + sa[2] * sa[3], sa[0] * sa[1]
+        return max(1, min(num_threads(), count)) * per
     if op == "conv2d" and attrs:
         ph, pw = attrs["padding"]
         cols = prod(sb[1:]) * attrs["groups"] * shape[0] * shape[2] * shape[3]

@@ -103,6 +103,7 @@ __all__ = [
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
     "fma", "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
     "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
+    "conv2d_numpy", "conv2d_backward_numpy",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
 ]
 
@@ -190,10 +191,24 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     padded = (1,) * (nd - len(shape)) + shape
     bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
     kept = [ax for ax in range(nd) if ax not in bcast]
-    moved = np.transpose(c, bcast + kept)
     count = math.prod(c.shape[ax] for ax in bcast)
-    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None and count > 1:
+        # broadcast axes before and after the kept ones (size-1 axes aside): the same
+        # sums straight from c, compiled, without moving the kept axes last
+        pattern = "".join("b" if ax in bcast else "k" for ax in range(nd) if c.shape[ax] != 1)
+        inner = pattern.lstrip("b")
+        lead, core = len(pattern) - len(inner), inner.rstrip("b")
+        if "b" not in core:
+            dims = [d for d in c.shape if d != 1]
+            src = np.ascontiguousarray(c, dtype=np.float64)
+            total = np.empty(math.prod(dims[lead:lead + len(core)]))
+            lib.gt_sum_outer_inner(math.prod(dims[:lead]), total.size,
+                                   math.prod(dims[lead + len(core):]), src.ctypes.data,
+                                   total.ctypes.data)
+            return total.reshape(shape)
+    moved = np.transpose(c, bcast + kept)
+    flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     if lib is not None and count > 1:         # the same sums, row after row, compiled
         flat = np.ascontiguousarray(flat, dtype=np.float64)
         total = np.empty(flat.shape[1])
@@ -461,7 +476,7 @@ def _fma_general(a, b, c):
     return np.where(dominated, c, z), (np.abs(z) <= _TINY) & (zs != 0) & ~dominated
 
 
-CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_optim.h")
+CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_conv.h", "gt_optim.h")
 _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
@@ -469,7 +484,9 @@ _DEFAULT: list = []           # [library or None] once the default one was asked
 def cpu_library(extra_flags=(), native_arch=None):
     """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
     use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
-    (``gt_sum_rows``) and the optimizer step (``gt_opt_step``).
+    (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
+    (``gt_conv2d*``, ``gt_max_pool2d*``: ``csrc/gt_conv.h``) and the optimizer step
+    (``gt_opt_step``).
 
     The default (no arguments) is the one :func:`matmul`, :func:`bmm` and
     :mod:`gradtool.optim` use.  ``extra_flags=("-DGT_MM_PORTABLE",)`` builds
@@ -505,6 +522,15 @@ def _declare(lib) -> None:
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
     lib.gt_sum_rows.restype = None
     lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    lib.gt_sum_outer_inner.restype = None
+    lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
+    for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64]
+    lib.gt_max_pool2d.restype = ctypes.c_int
+    lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr, ptr, i64]
+    lib.gt_conv_ws_bytes.restype = i64
+    lib.gt_conv_ws_bytes.argtypes = [ptr, ctypes.c_int, ctypes.c_int]
     lib.gt_opt_step.restype = None
     lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
                                 f64, f64, f64, f64, f64, f64, f64, f64]
@@ -572,9 +598,11 @@ def shard_divide(acc: np.ndarray, shards: int) -> np.ndarray:
 # One geometry per node: kernel (kh, kw), stride (sh, sw), padding (ph, pw),
 # dilation (dh, dw).  Window (oh, ow) reads input position (oh*sh - ph + i*dh,
 # ow*sw - pw + j*dw) for kernel offset (i, j); a position outside the input is
-# padding.  The device kernels (kernels.cu: k_im2col, k_col2im, k_max_pool,
-# k_max_pool_bwd, k_avg_pool, k_avg_pool_bwd) compute exactly these orders, one
-# thread per output element.
+# padding.  The device kernels (kernels.cu: k_matmul_conv2d, k_matmul_conv2d_dw,
+# k_matmul_conv2d_dx, k_max_pool, k_max_pool_bwd, k_avg_pool, k_avg_pool_bwd)
+# compute exactly these orders, one thread per output element; the compiled CPU
+# paths (csrc/gt_conv.h: conv2d's products and max pooling, for this module and the
+# host backend's tiled build) too, sample by sample.
 
 
 def conv_out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -652,7 +680,25 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     twin): whatever inner-product contract matmul has, conv2d has.  Padding
     contributes ``w * 0.0`` products (so an infinite or NaN weight gives a NaN
     there, as in torch's im2col).
+
+    Compiled (``csrc/gt_conv.h``), the same products run sample by sample: each
+    sample's columns, then the matmul kernel on them, straight into NCHW -- the
+    same chains, so the same bits as :func:`conv2d_numpy` (the tests compare them).
     """
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        x, w = _f64(x), _f64(w)
+        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
+        geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+        ws, nbytes = _workspace(lib, geo, _CONV_FWD)
+        if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0,
+                         ws.ctypes.data, nbytes):
+            return out
+    return conv2d_numpy(x, w, stride, padding, dilation, groups)
+
+
+def conv2d_numpy(x, w, stride, padding, dilation, groups) -> np.ndarray:
+    """:func:`conv2d` as :func:`im2col` of the whole batch, then :func:`bmm`."""
     oc, cg, kh, kw = w.shape
     n = x.shape[0]
     cols = im2col(x, (kh, kw), stride, padding, dilation, groups)
@@ -660,6 +706,29 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     return np.ascontiguousarray(
         out.reshape(oc, n, -1).transpose(1, 0, 2)).reshape(n, oc, *_out_hw(x, w, stride,
                                                                               padding, dilation))
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+_CONV_FWD, _CONV_DX, _CONV_DW, _POOL_FWD, _POOL_DX = range(5)
+
+
+def _workspace(lib, geo: np.ndarray, which: int) -> tuple:
+    """(pointer, bytes) of a numpy workspace for one csrc/gt_conv.h call: a buffer per
+    thread, allocated here so that it is numpy memory like every other temporary (the
+    memory budget, gradtool.budget, counts it)."""
+    nbytes = int(lib.gt_conv_ws_bytes(geo.ctypes.data, which, 0))
+    ws = np.empty(nbytes // 8 + 1)
+    return ws, ws.nbytes
+
+
+def _conv_geo(x_shape, w_shape, out_shape, stride, padding, dilation, groups) -> np.ndarray:
+    """The geometry csrc/gt_conv.h reads (gt_conv_geo): nb ch ih iw kh kw oh ow sh sw ph pw
+    dh dw oc groups."""
+    return np.array([*x_shape, *w_shape[2:], *out_shape[2:], *stride, *padding, *dilation,
+                     w_shape[0], groups], dtype=np.int64)
 
 
 def _out_hw(x, w, stride, padding, dilation):
@@ -676,7 +745,31 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
     group's output channels ascending, then dx = :func:`col2im` (dcols): the
     terms summed from 0.0 over (i, j) ascending.  Both products in the matmul
     order by :func:`bmm`.
+
+    Compiled (``csrc/gt_conv.h``), sample by sample: dx per sample (its dcols, then
+    its col2im); dw as one FMA chain per element carried from sample to sample in
+    (n, oh, ow) order, so the same bits as :func:`conv2d_backward_numpy`.
     """
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        g, x, w = _f64(g), _f64(x), _f64(w)
+        geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
+        dx = np.empty(x.shape) if need_x else None
+        dw = np.empty(w.shape) if need_w else None
+        if need_x:
+            ws, nbytes = _workspace(lib, geo, _CONV_DX)
+            lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, w.ctypes.data, 0,
+                             ws.ctypes.data, nbytes)
+        if need_w:
+            ws, nbytes = _workspace(lib, geo, _CONV_DW)
+            lib.gt_conv2d_dw(geo.ctypes.data, dw.ctypes.data, g.ctypes.data, x.ctypes.data, 0,
+                             ws.ctypes.data, nbytes)
+        return dx, dw
+    return conv2d_backward_numpy(g, x, w, stride, padding, dilation, groups, need_x, need_w)
+
+
+def conv2d_backward_numpy(g, x, w, stride, padding, dilation, groups, need_x, need_w):
+    """:func:`conv2d_backward` through the whole batch's columns and :func:`bmm`."""
     oc, cg, kh, kw = w.shape
     n = x.shape[0]
     gt = np.ascontiguousarray(g.reshape(n, oc, -1).transpose(1, 0, 2)).reshape(groups, oc // groups, -1)
@@ -731,13 +824,39 @@ def _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode):
 def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     """Per window the first maximum over its positions inside the input, in (i, j)
     row-major order: ``m = first; for each later l: if m == m and (v > m or v != v): m = v``
-    (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies."""
+    (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies.
+    Compiled (``csrc/gt_conv.h``) when available: the same rule, the same bits."""
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        x = _f64(x)
+        out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
+                                                    ceil_mode)[:2])
+        geo = _pool_geo(x.shape, out.shape, kernel, stride, padding, dilation)
+        ws, nbytes = _workspace(lib, geo, _POOL_FWD)
+        if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, ws.ctypes.data,
+                             nbytes):
+            return out
     return _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[0]
+
+
+def _pool_geo(x_shape, out_shape, kernel, stride, padding, dilation) -> np.ndarray:
+    return np.array([*x_shape, *kernel, *out_shape[2:], *stride, *padding, *dilation, 0, 1],
+                    dtype=np.int64)
 
 
 def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     """Per input element ``0.0 + g[window] + ...`` over the windows whose maximum it is,
-    (i, j) ascending; +0.0 where it is none's."""
+    (i, j) ascending; +0.0 where it is none's.  Compiled (``csrc/gt_conv.h``) when
+    available: the same sums in the same order."""
+    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    if lib is not None:
+        g, x = _f64(g), _f64(x)
+        dx = np.empty(x.shape)
+        geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
+        ws, nbytes = _workspace(lib, geo, _POOL_DX)
+        if lib.gt_max_pool2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, x.ctypes.data,
+                                0, ws.ctypes.data, nbytes):
+            return dx
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     idx = _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[1]
     dxp = np.zeros(x.shape[:2] + (hp, wp))

@@ -1077,18 +1077,23 @@ OPS["to_f64"] = dataclasses.replace(
 # whatever inner-product contract matmul has.  max_pool2d and avg_pool2d follow
 # torch's output sizes (ceil_mode) and avg_pool2d torch's divisor
 # (count_include_pad).  The orders: numerics.conv2d, max_pool2d, avg_pool2d.  On
-# the device: conv2d is k_im2col into scratch, k_matmul, and a k_copy_nd into
-# NCHW (backward: g copied to [OC, N*OH*OW], k_im2col + k_matmul for dw, k_matmul +
-# k_col2im for dx); the pools are one thread per output (forward) and per input
-# element (backward), no atomics.
+# the device: conv2d's three products are one launch each, k_matmul_conv2d (one
+# thread per output), k_matmul_conv2d_dw (per weight) and k_matmul_conv2d_dx (per
+# input element), each the matmul's FMA chain in numerics' order (the tiled host
+# build runs csrc/gt_conv.h, the CPU reference's code, instead); the pools are one
+# thread per output (forward) and per input element (backward), no atomics.
 
 _GEOMETRY = ("nb:i ch:i ih:i iw:i kh:i kw:i oh:i ow:i sh:i sw:i ph:i pw:i dh:i dw:i")
-kernel("k_im2col", "cols:w x:r " + _GEOMETRY,
-       "cols[(c, i, j), (n, oh, ow)] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], +0.0 "
-       "at padding (numerics.im2col)")
-kernel("k_col2im", "gx:w dcols:r " + _GEOMETRY,
-       "gx = gx + (0.0 + dcols[(c, i, j), (n, oh, ow)] + ...) over (i, j) ascending, per "
-       "input element (numerics.col2im)")
+_CONV = "oc:i groups:i " + _GEOMETRY
+kernel("k_matmul_conv2d", "out:w x:r w:r " + _CONV,
+       "out[n, o, y, z] = the FMA chain over (c, i, j) ascending from +0.0 of w * x (+0.0 "
+       "at padding; numerics.conv2d)")
+kernel("k_matmul_conv2d_dw", "gw:w g:r x:r " + _CONV,
+       "gw = gw + the FMA chain over (n, y, z) ascending from +0.0 of g * x, per weight "
+       "(numerics.conv2d_backward)")
+kernel("k_matmul_conv2d_dx", "gx:w g:r w:r " + _CONV,
+       "gx = gx + (0.0 + term + ...) over (i, j) ascending, each term the FMA chain over "
+       "the group's output channels of w * g, per input element (numerics.conv2d_backward)")
 kernel("k_max_pool", "out:w x:r " + _GEOMETRY,
        "per window the first maximum inside the input, (i, j) row-major; -inf if none "
        "(numerics.max_pool2d)")
@@ -1199,7 +1204,7 @@ _CEIL = Attr("ceil_mode", "flag", "torch's ceil_mode: count a last partial windo
 _register(OpSpec("conv2d", "conv2d", 2, "NCHW cross-correlation of x [N,C,H,W] by w "
                  "[OC,C/groups,KH,KW] (torch's conv2d, no bias), the matmul's products",
                  _conv2d_shape, _conv2d_f, _conv2d_b,
-                 kernels=("k_im2col", "k_matmul", "k_copy_nd", "k_col2im"),
+                 kernels=("k_matmul_conv2d", "k_matmul_conv2d_dw", "k_matmul_conv2d_dx"),
                  attrs=(Attr("stride", "indices", "the step: " + PAIR, default=(1, 1)),
                         Attr("padding", "indices", "zeros on each side: " + PAIR,
                              default=(0, 0)),

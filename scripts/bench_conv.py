@@ -8,8 +8,8 @@ relu, max_pool 2, conv 16@5x5 + bias, relu, max_pool 2, reshape [64, 256], linea
 256-120 + relu, linear 120-10, mean cross-entropy (log_softmax, take_along); one step =
 forward + backward + Adam (lr 1e-3).  The same init and data in every row:
 
-  cpu            gradtool.train.CpuEngine (the numpy reference: im2col + the compiled
-                 matmul kernel, numerics.conv2d)
+  cpu            gradtool.train.CpuEngine (the numpy reference; conv2d and max_pool2d
+                 compiled, csrc/gt_conv.h: numerics.conv2d)
   host           the device engine's host backend (kernels.cu compiled by cc)
   torch          PyTorch float64 eager on the CPU, torch.optim.Adam(foreach), all cores
                  (torch.get_num_threads(), or --torch-threads)
@@ -18,10 +18,11 @@ Per row: the median and best seconds per step (interleaved runs, so all rows see
 same machine load), and the ratio to torch (below 1: faster).  The cpu and host rows
 must end on the same parameter bits (checked; exit 1 if not).
 
-Then the products alone: conv2d's three products of the first conv layer (forward,
-weight gradient, input-gradient columns) as numerics.bmm calls on the im2col columns,
-and one square matmul of about the same multiply-adds, in GFLOP/s (2 flops per
-multiply-add).  A benchmark, not a test: nothing here asserts a time.
+Then the products alone, in GFLOP/s (2 flops per multiply-add): each conv layer's
+products as the step runs them (numerics.conv2d / conv2d_backward, csrc/gt_conv.h:
+sample by sample, im2col copies included), the same as whole-batch im2col + numerics.bmm
+(conv2d_numpy, conv2d_backward_numpy), the per-sample matmul shapes alone, and a square
+matmul.  A benchmark, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -166,40 +167,47 @@ def main(argv=None) -> int:
         r["ratio"] = r["median_s"] / base if base else None
     print(f"  cpu and host end on the same parameter bits: {same}")
 
-    # the products alone: conv1's three products, then a square matmul of similar size
+    # the products alone, as the step runs them (numerics.conv2d and conv2d_backward:
+    # csrc/gt_conv.h, sample by sample, the im2col copies included), then the same
+    # products as whole-batch im2col + numerics.bmm, and plain matmuls for scale
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((BATCH, 1, 28, 28))
-    w = rng.standard_normal((6, 1, 5, 5))
-    cols = nx.im2col(x, (5, 5), (1, 1), (0, 0), (1, 1), 1)            # [1, 25, 36864]
-    wg = w.reshape(1, 6, 25)
-    g = rng.standard_normal((1, 6, cols.shape[2]))
-    madds = 6 * 25 * cols.shape[2]
-    prod = {
-        "conv1 forward  [6,25]@[25,36864]": gflops(lambda: nx.bmm(wg, cols), madds, 9),
-        "conv1 dW  [6,36864]@[36864,25]": gflops(
-            lambda: nx.bmm(g, cols.transpose(0, 2, 1)), madds, 9),
-        "conv1 dcols  [25,6]@[6,36864]": gflops(
-            lambda: nx.bmm(wg.transpose(0, 2, 1), g), madds, 9),
-    }
-    x2 = rng.standard_normal((BATCH, 6, 12, 12))
-    cols2 = nx.im2col(x2, (5, 5), (1, 1), (0, 0), (1, 1), 1)          # [1, 150, 4096]
-    w2 = rng.standard_normal((1, 16, 150))
-    prod["conv2 forward  [16,150]@[150,4096]"] = gflops(
-        lambda: nx.bmm(w2, cols2), 16 * 150 * 4096, 9)
-    n = int(round(madds ** (1 / 3)))
+    geo = dict(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
+    layers = {"conv1": ((BATCH, 1, 28, 28), (6, 1, 5, 5)), "conv2": ((BATCH, 6, 12, 12),
+                                                                     (16, 6, 5, 5))}
+    prod = {}
+    for name, (xs_, ws_) in layers.items():
+        x, w = rng.standard_normal(xs_), rng.standard_normal(ws_)
+        g = rng.standard_normal(nx.conv2d(x, w, **geo).shape)
+        kg, p = ws_[1] * ws_[2] * ws_[3], g.shape[2] * g.shape[3]
+        madds = BATCH * ws_[0] * kg * p
+        shape = f"[{ws_[0]},{kg}]@[{kg},{BATCH}x{p}]"
+        prod[f"{name} forward {shape}"] = gflops(lambda: nx.conv2d(x, w, **geo), madds, 9)
+        prod[f"{name} weight gradient"] = gflops(
+            lambda: nx.conv2d_backward(g, x, w, **geo, need_x=False, need_w=True), madds, 9)
+        if name == "conv2":
+            prod[f"{name} input gradient"] = gflops(
+                lambda: nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=False), madds, 9)
+        prod[f"{name} forward, whole-batch im2col + bmm"] = gflops(
+            lambda: nx.conv2d_numpy(x, w, **geo), madds, 9)
+        prod[f"{name} weight gradient, whole-batch"] = gflops(
+            lambda: nx.conv2d_backward_numpy(g, x, w, **geo, need_x=False, need_w=True),
+            madds, 9)
+    a1, b1 = rng.standard_normal((6, 25)), rng.standard_normal((25, 576))
+    prod["matmul [6,25]@[25,576] (conv1's per-sample product)"] = gflops(
+        lambda: nx.matmul(a1, b1), 6 * 25 * 576, 9)
+    a2, b2 = rng.standard_normal((16, 150)), rng.standard_normal((150, 64))
+    prod["matmul [16,150]@[150,64] (conv2's per-sample product)"] = gflops(
+        lambda: nx.matmul(a2, b2), 16 * 150 * 64, 9)
+    n = 211                                       # about conv2's multiply-adds
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    prod[f"matmul  [{n},{n}]@[{n},{n}]"] = gflops(lambda: nx.matmul(a, b), n ** 3, 9)
-    im2col_s = statistics.median(
-        [(lambda t0: (nx.im2col(x, (5, 5), (1, 1), (0, 0), (1, 1), 1),
-                      time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(5)])
-    print("products (numerics.bmm / matmul, the compiled kernel), GFLOP/s:")
+    prod[f"matmul [{n},{n}]@[{n},{n}]"] = gflops(lambda: nx.matmul(a, b), n ** 3, 9)
+    print("products (compiled; GFLOP/s, 2 flops per multiply-add, median of 9):")
     for k, v in prod.items():
-        print(f"  {k:<40} {v:6.2f}")
-    print(f"  conv1 im2col (numpy copies): {im2col_s * 1e3:.2f} ms")
+        print(f"  {k:<54} {v:6.2f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"cpu": cpu_name(), "rows": rows, "same_bits": same,
-                       "gflops": prod, "im2col_ms": im2col_s * 1e3}, fh, indent=2)
+                       "gflops": prod}, fh, indent=2)
     return 0 if same else 1
 
 

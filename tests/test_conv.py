@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import gradtool as gt
-from conftest import assert_bits_equal, require_c_compiler
+from conftest import assert_bits_equal, bits, require_c_compiler
 from gradtool import nn
 from gradtool import numerics as nx
 
@@ -229,6 +229,167 @@ def test_compiled_and_numpy_paths_agree_to_the_bit(case, monkeypatch):
     assert_bits_equal(compiled_b[1], plain_b[1], "dw")
 
 
+def _wide(rng, shape):
+    """Values over 60 binades, some exact zeros of both signs: summed in any other order
+    than the documented one, the chains below round differently."""
+    v = rng.standard_normal(shape) * np.exp2(rng.integers(-30, 30, shape))
+    flat = v.reshape(-1)
+    flat[::11] = 0.0
+    flat[::13] = -0.0
+    return v
+
+
+def _naive_conv_grads(g, x, w, stride, padding, dilation, groups):
+    """numerics.conv2d_backward's documented orders in plain Python loops: dw[o, c, i, j]
+    the FMA chain over (n, oh, ow) ascending from +0.0 (padding reads +0.0); dx each
+    element 0.0 + term + ... over (i, j) ascending, each term the FMA chain over the
+    group's output channels ascending from +0.0."""
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    ocg = oc // groups
+    oh, ow = g.shape[2:]
+    (sh, sw), (ph, pw), (dh, dw_) = stride, padding, dilation
+
+    def xv(b, ch, y, z, i, j):
+        hh, ww = y * sh - ph + i * dh, z * sw - pw + j * dw_
+        return x[b, ch, hh, ww] if 0 <= hh < h and 0 <= ww < wd else 0.0
+    dw = np.empty(w.shape)
+    for o in range(oc):
+        for ci in range(cg):
+            for i in range(kh):
+                for j in range(kw):
+                    s = 0.0
+                    for b in range(n):
+                        for y in range(oh):
+                            for z in range(ow):
+                                s = float(nx.fma(g[b, o, y, z], xv(b, o // ocg * cg + ci, y, z,
+                                                                   i, j), s))
+                    dw[o, ci, i, j] = s
+    dx = np.empty(x.shape)
+    for b in range(n):
+        for ch in range(c):
+            grp, ci = divmod(ch, cg)
+            for hh in range(h):
+                for ww in range(wd):
+                    s = 0.0
+                    for i in range(kh):
+                        for j in range(kw):
+                            ty, tz = hh + ph - i * dh, ww + pw - j * dw_
+                            if ty % sh or tz % sw or not (0 <= ty // sh < oh and
+                                                          0 <= tz // sw < ow):
+                                continue
+                            t = 0.0
+                            for o in range(grp * ocg, (grp + 1) * ocg):
+                                t = float(nx.fma(w[o, ci, i, j], g[b, o, ty // sh, tz // sw], t))
+                            s = s + t
+                    dx[b, ch, hh, ww] = s
+    return dx, dw
+
+
+@pytest.mark.parametrize("numpy_path", [False, True], ids=["compiled", "numpy"])
+def test_conv2d_gradients_are_the_documented_loops_to_the_bit(numpy_path, monkeypatch):
+    """The compiled per-sample products (csrc/gt_conv.h: dw's chains carried from sample
+    to sample) and the whole-batch numpy twin both give the documented orders' bits, on
+    values where another order would not (checked: the reversed chain differs)."""
+    if not numpy_path:
+        require_c_compiler()
+    else:
+        monkeypatch.setattr(nx, "_DEFAULT", [None])
+    rng = np.random.default_rng(21)
+    x, w = _wide(rng, (3, 4, 7, 6)), _wide(rng, (4, 2, 3, 2))
+    geo = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    y = nx.conv2d(x, w, **geo)
+    assert_bits_equal(y, _naive_conv(x, w, **geo), "forward")
+    g = _wide(rng, y.shape)
+    dx, dw = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    want_dx, want_dw = _naive_conv_grads(g, x, w, **geo)
+    assert_bits_equal(dx, want_dx, "dx order")
+    assert_bits_equal(dw, want_dw, "dw order")
+    flipped = _naive_conv_grads(g[::-1].copy(), x[::-1].copy(), w, **geo)[1]
+    assert not np.array_equal(bits(flipped), bits(want_dw)), "the data do not tell orders apart"
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_per_sample_products_match_the_whole_batch_products(case):
+    """numerics.conv2d / conv2d_backward (compiled, sample by sample) against
+    conv2d_numpy / conv2d_backward_numpy (im2col of the batch, the compiled bmm), on
+    wide-range values, every case, one thread and two."""
+    require_c_compiler()
+    from gradtool import native
+    rng = np.random.default_rng(22)
+    x, w = _wide(rng, case[1]), _wide(rng, case[2])
+    geo = dict(stride=tuple(_pair(case[3])), padding=tuple(_pair(case[4])),
+               dilation=tuple(_pair(case[5])), groups=case[6])
+    want = nx.conv2d_numpy(x, w, **geo)
+    g = _wide(rng, want.shape)
+    want_b = nx.conv2d_backward_numpy(g, x, w, **geo, need_x=True, need_w=True)
+    try:
+        for threads in (1, 2):
+            native.set_num_threads(threads)
+            assert_bits_equal(nx.conv2d(x, w, **geo), want, f"forward, {threads} threads")
+            got = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+            assert_bits_equal(got[0], want_b[0], f"dx, {threads} threads")
+            assert_bits_equal(got[1], want_b[1], f"dw, {threads} threads")
+    finally:
+        native.set_num_threads(None)
+
+
+def test_out_of_memory_fallbacks_give_the_same_bits(monkeypatch):
+    """Built with -DGT_CONV_NO_BUFFERS every buffer allocation of csrc/gt_conv.h fails:
+    the products then run their element-by-element loops (gt_mm_naive_conv) and the
+    pools hand back to numpy; the bits are those of the default build."""
+    require_c_compiler()
+    lib = nx.cpu_library(extra_flags=("-DGT_CONV_NO_BUFFERS",))
+    assert lib is not None
+    rng = np.random.default_rng(24)
+    case = CONV_CASES[-1]
+    x, w = _wide(rng, case[1]), _wide(rng, case[2])
+    geo = dict(stride=tuple(_pair(case[3])), padding=tuple(_pair(case[4])),
+               dilation=tuple(_pair(case[5])), groups=case[6])
+    y = nx.conv2d(x, w, **geo)
+    g = _wide(rng, y.shape)
+    dx, dw = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    pool = ((3, 3), (1, 1), (1, 1), (1, 1), False)
+    py = nx.max_pool2d(x, *pool)
+    pdx = nx.max_pool2d_backward(py, x, *pool)
+    monkeypatch.setattr(nx, "_DEFAULT", [lib])
+    assert_bits_equal(nx.conv2d(x, w, **geo), y, "forward")
+    got = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
+    assert_bits_equal(got[0], dx, "dx")
+    assert_bits_equal(got[1], dw, "dw")
+    assert_bits_equal(nx.max_pool2d(x, *pool), py, "max pool")
+    assert_bits_equal(nx.max_pool2d_backward(py, x, *pool), pdx, "max pool backward")
+
+
+# more geometries for the compiled pools' paths: windows that never overlap (stride 3,
+# with padding: edge windows partly outside), stride 1 without padding, LeNet's 2x2
+POOL_PATHS = MAX_POOL_CASES + [
+    ("disjoint 3x3 stride 3 padded", (2, 3, 11, 10), 3, 3, 1, 1, True),
+    ("stride 1 no padding", (1, 2, 7, 9), (2, 3), 1, 0, 1, False),
+    ("lenet 2x2", (4, 6, 24, 24), 2, 2, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", POOL_PATHS, ids=[c[0] for c in POOL_PATHS])
+def test_compiled_max_pool_matches_the_numpy_loops(case, monkeypatch):
+    """numerics.max_pool2d and its backward, compiled (csrc/gt_conv.h), against the numpy
+    loops: ties, NaNs, signed zeros and -0.0 gradients, to the bit."""
+    require_c_compiler()
+    _, xs, k, s, p, d, ceil = case
+    k, s, p, d = (tuple(_pair(v)) for v in (k, s, p, d))
+    rng = np.random.default_rng(23)
+    x = np.round(rng.standard_normal(xs) * 2) / 2          # many ties
+    x.reshape(-1)[::17] = np.nan
+    x.reshape(-1)[::19] = -0.0
+    y = nx.max_pool2d(x, k, s, p, d, ceil)
+    g = rng.standard_normal(y.shape)
+    g.reshape(-1)[::5] = -0.0
+    dx = nx.max_pool2d_backward(g, x, k, s, p, d, ceil)
+    monkeypatch.setattr(nx, "_DEFAULT", [None])
+    assert_bits_equal(y, nx.max_pool2d(x, k, s, p, d, ceil), f"{case[0]} forward")
+    assert_bits_equal(dx, nx.max_pool2d_backward(g, x, k, s, p, d, ceil), f"{case[0]} backward")
+
+
 # ── every case on the host backend, all three kernel variants ─────────────────────
 
 def _host_cases():
@@ -335,10 +496,12 @@ def test_batch_norm_train_fd_check_and_host_replay():
     assert gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7).passed
 
 
-def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load():
-    """A tiny output can hide a huge padded input and im2col columns: the loader's budget
-    counts them (budget.node_temporary) before anything is allocated."""
+def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load(monkeypatch):
+    """A tiny output can hide a huge padded input and im2col columns (numpy's conv2d,
+    GRADTOOL_NATIVE=0: the compiled one reads padding in place and needs neither): the
+    loader's budget counts them (budget.node_temporary) before anything is allocated."""
     import msgpack
+    monkeypatch.setenv("GRADTOOL_NATIVE", "0")
 
     from gradtool.tapefile import dumps, load
     tp = gt.Tape()

@@ -48,7 +48,8 @@ SERIAL_KERNELS = ("k_sum", "k_clip_norm", "k_guard")    # one thread walks the w
 def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
     """nvcc --cubin on exactly what SourceModule(no_extern_c=True) gets: no warning, every
     kernel an unmangled entry, no stack frame (no recursion, no local arrays), and
-    fma.rn only in the inner product (k_matmul: the FMA chain), nowhere else."""
+    fma.rn only in the inner products (k_matmul and conv2d's k_matmul_conv2d*: the FMA
+    chain), nowhere else."""
     (tmp_path / "kernel.cu").write_text(kernel_source())
     opts = [*nvcc_options(dtype), "-arch", "sm_90"]
     cubin = subprocess.run([NVCC, "--cubin", *opts, "-Xptxas", "-v", "kernel.cu"], cwd=tmp_path,
@@ -67,7 +68,8 @@ def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
     text = (tmp_path / "kernel.ptx").read_text()
     entries = set(re.findall(r"\.entry\s+(\w+)\(", text))
     assert entries == set(names)                  # extern "C": get_function finds them by name
-    assert_fma_only_in_inner_products(text, dtype, {"k_matmul"})
+    # the inner products: k_matmul and conv2d's products (k_matmul_conv2d*)
+    assert_fma_only_in_inner_products(text, dtype, {n for n in names if n.startswith("k_matmul")})
     assert not re.search(r"\bmul\.rn\.f(32|64)\b", ptx_entries(text)["k_matmul"])
     for name, body in ptx_functions(text).items():
         assert ".local" not in body or name in set(TRIG_KERNELS) | {REM_PIO2}, name

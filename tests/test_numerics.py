@@ -121,6 +121,28 @@ def test_reduce_to_shape_walks_out_row_major(rng, out_shape, in_shape, path, mon
     assert_bits_equal(got, expected)
 
 
+@pytest.mark.parametrize("out_shape,in_shape", [
+    ((5, 6, 7, 3), (1, 6, 1, 1)),         # a conv bias over NCHW: N, then H*W, broadcast
+    ((3, 1, 130, 4), (1, 130, 1)),        # size-1 axes aside; kept blocks of 64 and more
+    ((2, 3, 4, 5), (3, 4, 1)),            # two kept axes between broadcast ones
+])
+def test_reduce_to_shape_with_leading_and_trailing_broadcast_axes(rng, out_shape, in_shape):
+    """The compiled path that sums straight from c (gt_sum_outer_inner) against the
+    transposed row walk (gt_sum_rows) and the numpy one: the same bits."""
+    require_c_compiler()
+    c = rng.standard_normal(out_shape) * 10.0 ** rng.integers(-8, 9, out_shape)
+    c.flat[::3] = -0.0
+    got = nx.reduce_to_shape(c, in_shape)
+    nd = len(out_shape)
+    padded = (1,) * (nd - len(in_shape)) + tuple(in_shape)
+    bcast = [ax for ax in range(nd) if padded[ax] == 1 and out_shape[ax] != 1]
+    kept = [ax for ax in range(nd) if ax not in bcast]
+    rows = np.ascontiguousarray(np.transpose(c, bcast + kept)).reshape(
+        math.prod(out_shape[ax] for ax in bcast), -1)
+    expected = np.add.accumulate(rows, axis=0)[-1].reshape(in_shape)
+    assert_bits_equal(got, expected)
+
+
 def test_relu_passes_nan_and_clears_negative_zero():
     out = OPS["relu"].forward(np.array([np.nan, -0.0, -1.0, 2.0]), None, 0.0, None)
     assert np.isnan(out[0]) and out[1] == 0.0 and not np.signbit(out[1])

@@ -3,7 +3,9 @@
  *     transposed products of their backward rules), gt_matmul.h's kernel;
  *   - gt_sum_rows: numerics.reduce_to_shape's sums over broadcast rows;
  *   - gt_opt_step: one parameter's SGD or Adam update for gradtool/optim.py,
- *     gt_optim.h's element rule.
+ *     gt_optim.h's element rule;
+ *   - gt_conv2d*, gt_max_pool2d*: numerics.conv2d's three products and max
+ *     pooling, sample by sample (gt_conv.h).
  * The host backend compiles the same two headers into kernels.cu, so both
  * engines run one kernel for each.  Build flags (gradtool/native.py): -O3
  * -ffp-contract=off -fno-math-errno -pthread, -march=native when wanted;
@@ -12,6 +14,7 @@
 #include <math.h>
 
 #include "gt_matmul.h"
+#include "gt_conv.h"
 
 typedef double gt_real;
 #define GT_DEV static inline
@@ -39,6 +42,54 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
     gt_mm_run(C, A, sab, sai, sak, B, sbb, sbk, sbj, Bn, M, K, N, acc);
 }
 
+/* conv2d and max pooling (gt_conv.h); geo: the GT_CONV_GEO_LEN numbers of
+ * gt_conv_geo; ws, ws_bytes: a workspace of gt_conv_ws_bytes(geo, which, acc)
+ * bytes (numerics.py allocates it, so that it is counted as numpy memory), or
+ * NULL.  The products return 1; the pools 1, or 0 when out of memory (nothing
+ * written: numerics.py then runs its numpy loops). */
+GT_CPU_EXPORT long long gt_conv_ws_bytes(const long long *geo, int which, int acc)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return (long long)gt_conv_workspace(&G, which, acc);
+}
+
+#define GT_WS ((gt_conv_ws){ws, (size_t)ws_bytes})
+
+GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
+                            const double *w, int acc, void *ws, long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_forward(&G, out, x, w, acc, GT_WS);
+}
+
+GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, double *gx, const double *g,
+                               const double *w, int acc, void *ws, long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_backward_x(&G, gx, g, w, acc, GT_WS);
+}
+
+GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, double *gw, const double *g,
+                               const double *x, int acc, void *ws, long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_conv2d_backward_w(&G, gw, g, x, acc, GT_WS);
+}
+
+GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x, void *ws,
+                                long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_max_pool2d_forward(&G, out, x, GT_WS);
+}
+
+GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, double *gx, const double *g,
+                                   const double *x, int acc, void *ws, long long ws_bytes)
+{
+    const gt_conv_geo G = gt_conv_geo_of(geo);
+    return gt_max_pool2d_backward(&G, gx, g, x, acc, GT_WS);
+}
+
 GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
 /* the tile, thread count, threaded runs so far, FMA kind (gt_mm_config_impl) */
@@ -56,6 +107,29 @@ GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, d
         const double *restrict row = src + i * n;
         double *restrict out = dst;
         for (long long j = 0; j < n; ++j) out[j] = out[j] + row[j];
+    }
+    GT_FP_LEAVE(saved);
+}
+
+/* dst[k] = src[0][k][0] + src[0][k][1] + ... + src[A-1][k][B-1]: for each k the
+ * rows (a, b) in row-major order, left to right from the first (no 0.0 seed), src
+ * C-contiguous [A, K, B] -- gt_sum_rows' order for a contribution whose broadcast
+ * axes lead and trail its kept ones (a bias over NCHW channels: A = N, K = C,
+ * B = H*W), without the transposed copy.  Blocks of k advance together, so the
+ * blocks' chains interleave (each k's adds stay in order). */
+GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const double *src,
+                                      double *dst)
+{
+    GT_FP_ENTER(saved);
+    enum { BLOCK = 64 };
+    for (long long k0 = 0; k0 < K; k0 += BLOCK) {
+        const long long k1 = K - k0 < BLOCK ? K : k0 + BLOCK;
+        for (long long k = k0; k < k1; ++k) dst[k] = src[k * B];
+        for (long long a = 0; a < A; ++a)
+            for (long long b = a ? 0 : 1; b < B; ++b) {
+                const double *restrict col = src + a * K * B + b;
+                for (long long k = k0; k < k1; ++k) dst[k] = dst[k] + col[k * B];
+            }
     }
     GT_FP_LEAVE(saved);
 }

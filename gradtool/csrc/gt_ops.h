@@ -381,11 +381,14 @@
     const long long inner = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)ids; (void)len; (void)k; (void)inner;
 
-/* k_im2col: cols[(c, i, j), (n, oh, ow)] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], +0.0 at padding (numerics.im2col) */
-#define GT_ARGS_k_im2col \
+/* k_matmul_conv2d: out[n, o, y, z] = the FMA chain over (c, i, j) ascending from +0.0 of w * x (+0.0 at padding; numerics.conv2d) */
+#define GT_ARGS_k_matmul_conv2d \
     const long long *gt_m = M + 1; \
-    gt_real *GT_RESTRICT cols = W + *gt_m++; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
     const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const gt_real *GT_RESTRICT w = W + *gt_m++; \
+    const long long oc = *gt_m++; \
+    const long long groups = *gt_m++; \
     const long long nb = *gt_m++; \
     const long long ch = *gt_m++; \
     const long long ih = *gt_m++; \
@@ -400,13 +403,40 @@
     const long long pw = *gt_m++; \
     const long long dh = *gt_m++; \
     const long long dw = *gt_m++; \
-    (void)gt_m; (void)cols; (void)x; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+    (void)gt_m; (void)out; (void)x; (void)w; (void)oc; (void)groups; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
 
-/* k_col2im: gx = gx + (0.0 + dcols[(c, i, j), (n, oh, ow)] + ...) over (i, j) ascending, per input element (numerics.col2im) */
-#define GT_ARGS_k_col2im \
+/* k_matmul_conv2d_dw: gw = gw + the FMA chain over (n, y, z) ascending from +0.0 of g * x, per weight (numerics.conv2d_backward) */
+#define GT_ARGS_k_matmul_conv2d_dw \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT gw = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT x = W + *gt_m++; \
+    const long long oc = *gt_m++; \
+    const long long groups = *gt_m++; \
+    const long long nb = *gt_m++; \
+    const long long ch = *gt_m++; \
+    const long long ih = *gt_m++; \
+    const long long iw = *gt_m++; \
+    const long long kh = *gt_m++; \
+    const long long kw = *gt_m++; \
+    const long long oh = *gt_m++; \
+    const long long ow = *gt_m++; \
+    const long long sh = *gt_m++; \
+    const long long sw = *gt_m++; \
+    const long long ph = *gt_m++; \
+    const long long pw = *gt_m++; \
+    const long long dh = *gt_m++; \
+    const long long dw = *gt_m++; \
+    (void)gt_m; (void)gw; (void)g; (void)x; (void)oc; (void)groups; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+
+/* k_matmul_conv2d_dx: gx = gx + (0.0 + term + ...) over (i, j) ascending, each term the FMA chain over the group's output channels of w * g, per input element (numerics.conv2d_backward) */
+#define GT_ARGS_k_matmul_conv2d_dx \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT gx = W + *gt_m++; \
-    const gt_real *GT_RESTRICT dcols = W + *gt_m++; \
+    const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    const gt_real *GT_RESTRICT w = W + *gt_m++; \
+    const long long oc = *gt_m++; \
+    const long long groups = *gt_m++; \
     const long long nb = *gt_m++; \
     const long long ch = *gt_m++; \
     const long long ih = *gt_m++; \
@@ -421,7 +451,7 @@
     const long long pw = *gt_m++; \
     const long long dh = *gt_m++; \
     const long long dw = *gt_m++; \
-    (void)gt_m; (void)gx; (void)dcols; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
+    (void)gt_m; (void)gx; (void)g; (void)w; (void)oc; (void)groups; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
 
 /* k_max_pool: per window the first maximum inside the input, (i, j) row-major; -inf if none (numerics.max_pool2d) */
 #define GT_ARGS_k_max_pool \
@@ -655,8 +685,9 @@
     X(k_take_bwd_scan) \
     X(k_take_along) \
     X(k_take_along_bwd) \
-    X(k_im2col) \
-    X(k_col2im) \
+    X(k_matmul_conv2d) \
+    X(k_matmul_conv2d_dw) \
+    X(k_matmul_conv2d_dx) \
     X(k_max_pool) \
     X(k_max_pool_bwd) \
     X(k_avg_pool) \

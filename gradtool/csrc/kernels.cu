@@ -531,15 +531,38 @@ GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
     }
 }
 
+#ifndef __CUDACC__
+/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
+ * (gradtool/numerics.py): register tiles over packed B panels, threaded
+ * over output chunks, every output element one k-ascending FMA chain from +0.0,
+ * computed whole and then stored or added once -- the per-element sequence
+ * of the one-thread-per-output body (k_matmul, below), which the GT_PER_THREAD host
+ * builds run instead.  It needs no arena scratch (its packing buffers are
+ * per thread).  Every host build includes it for gt_run's floating-point
+ * mode (below). */
+#  define GT_MM_T gt_real
+#  ifdef GT_REAL_F32
+#    define GT_MM_F32 1
+#  endif
+#  include "gt_matmul.h"
+#endif
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+/* The tiled host build's conv2d products and max pooling: gt_conv.h, the code the
+ * CPU reference runs (sample by sample, over gt_matmul.h's kernel). */
+#  include "gt_conv.h"
+#endif
+
 /* ========================================================================
  * Convolution and pooling, NCHW (gradtool/numerics.py, "conv2d",
  * "max_pool2d", "avg_pool2d").  Every kernel decodes one geometry: nb, ch,
  * ih, iw (the input), kh, kw (kernel), oh, ow (output), sh, sw (stride), ph,
  * pw (padding), dh, dw (dilation).  Window (y, z) reads input position
  * (y*sh - ph + i*dh, z*sw - pw + j*dw) at kernel offset (i, j).  conv2d's
- * products are k_matmul launches over the columns k_im2col writes (so conv2d
- * has matmul's inner-product body); the backward kernels run one thread per
- * input element, gathering what reaches it: no atomics, no races.
+ * three products are the k_matmul_conv2d* kernels: one thread per output (per
+ * weight, per input element), each the matmul's FMA chain in the documented
+ * order; the tiled host build runs gt_conv.h instead (the same chains, sample
+ * by sample).  The backward kernels gather what reaches their element: no
+ * atomics, no races.
  * ====================================================================== */
 
 /* The window offset l = i*kw + j whose input position (y*sh - ph + i*dh, ...)
@@ -635,75 +658,13 @@ static long long *gt_window_table(long long size, long long k, long long s, long
 #define GT_WINDOW_Z(w, j) GT_WINDOW(ztab, w, j, kw, sw, pw, dw, ow)
 #define GT_WINDOW_TABLES_FREE GT_WINDOW_FREE(ytab); GT_WINDOW_FREE(ztab);
 
-/* cols[(c, i, j), (n, y, z)] = x[n, c, y*sh - ph + i*dh, z*sw - pw + j*dw], +0.0 at
- * padding (exact copies); M[0] = ch*kh*kw * nb*oh*ow */
-GT_KERNEL k_im2col(gt_real *W, const long long *M)
-{
-    GT_ARGS_k_im2col
-#if defined(__CUDACC__) || defined(GT_THREAD_BODIES)
-    GT_LOOP4(t, row, n, y, z, ch * kh * kw, nb, oh, ow) {
-        const long long j = row % kw, i = (row / kw) % kh, c = row / (kw * kh);
-        const long long hh = y * sh - ph + i * dh, ww = z * sw - pw + j * dw;
-        cols[t] = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
-                      ? x[((n * ch + c) * ih + hh) * iw + ww] : R0;
-    }
-#else
-    /* host: the same copies, row by row (one launch, not split over threads) */
-    gt_real *GT_RESTRICT dst = cols;
-    for (long long c = 0; c < ch; ++c)
-        for (long long i = 0; i < kh; ++i)
-            for (long long j = 0; j < kw; ++j)
-                for (long long n = 0; n < nb; ++n)
-                    for (long long y = 0; y < oh; ++y, dst += ow) {
-                        const long long hh = y * sh - ph + i * dh;
-                        if (hh < 0 || hh >= ih) {
-                            for (long long z = 0; z < ow; ++z) dst[z] = R0;
-                            continue;
-                        }
-                        const gt_real *GT_RESTRICT src = x + ((n * ch + c) * ih + hh) * iw;
-                        for (long long z = 0; z < ow; ++z) {
-                            const long long ww = z * sw - pw + j * dw;
-                            dst[z] = (ww >= 0 && ww < iw) ? src[ww] : R0;
-                        }
-                    }
-#endif
-}
-
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
-/* The tiled host build's col2im and max-pool backward: the same per-element sums,
+/* The tiled host build's max-pool backward when gt_conv.h is out of memory: the same
+ * per-element sums,
  * gathered into a zeroed buffer in the documented order by walking the sources row
  * by row (cache friendly), then gx = gx + sum for every element (+0.0 where nothing
  * reached it, exactly what the per-element body adds).  0 when the buffer cannot be
  * allocated: the kernel then runs its per-element body. */
-static int gt_col2im_host(gt_real *gx, const gt_real *dcols, long long nb, long long ch,
-                          long long ih, long long iw, long long kh, long long kw,
-                          long long oh, long long ow, long long sh, long long sw,
-                          long long ph, long long pw, long long dh, long long dw)
-{
-    const long long total = nb * ch * ih * iw, np_ = nb * oh * ow;
-    gt_real *acc = (gt_real *)calloc((size_t)total, sizeof(gt_real));   /* +0.0 */
-    if (!acc) return 0;
-    for (long long c = 0; c < ch; ++c)
-        for (long long i = 0; i < kh; ++i)         /* (i, j) ascending per element */
-            for (long long j = 0; j < kw; ++j) {
-                const gt_real *src = dcols + ((c * kh + i) * kw + j) * np_;
-                for (long long n = 0; n < nb; ++n)
-                    for (long long y = 0; y < oh; ++y) {
-                        const long long hh = y * sh - ph + i * dh;
-                        if (hh < 0 || hh >= ih) continue;
-                        gt_real *row = acc + ((n * ch + c) * ih + hh) * iw;
-                        const gt_real *sr = src + (n * oh + y) * ow;
-                        for (long long z = 0; z < ow; ++z) {
-                            const long long ww = z * sw - pw + j * dw;
-                            if (ww >= 0 && ww < iw) row[ww] = R_ADD(row[ww], sr[z]);
-                        }
-                    }
-            }
-    for (long long e = 0; e < total; ++e) gx[e] = R_ADD(gx[e], acc[e]);
-    free(acc);
-    return 1;
-}
-
 static int gt_max_pool_bwd_host(gt_real *gx, const gt_real *g, const gt_real *x,
                                 long long nb, long long ch, long long ih, long long iw,
                                 long long kh, long long kw, long long oh, long long ow,
@@ -759,31 +720,98 @@ static int gt_max_pool_bwd_host(gt_real *gx, const gt_real *g, const gt_real *x,
 }
 #endif
 
-/* gx = gx + (0.0 + dcols[(c, i, j), (n, y, z)] + ...) over (i, j) ascending, the
- * windows that read the element; M[0] = nb*ch*ih*iw */
-GT_KERNEL k_col2im(gt_real *W, const long long *M)
+/* out[n, o, y, z] = the FMA chain over (c, i, j) ascending from +0.0 of
+ * w[o, c, i, j] * x[n, group's c, y*sh - ph + i*dh, z*sw - pw + j*dw] (+0.0 at
+ * padding; numerics.conv2d); M[0] = nb*oc*oh*ow */
+GT_KERNEL k_matmul_conv2d(gt_real *W, const long long *M)
 {
-    GT_ARGS_k_col2im
+    GT_ARGS_k_matmul_conv2d
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
-    if (gt_col2im_host(gx, dcols, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
-        return;
+    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    gt_conv2d_forward(&G, out, x, w, 0, (gt_conv_ws){0, 0});
+#else
+    const long long cg = ch / groups, ocg = oc / groups;
+    GT_LOOP4(t, n, o, y, z, nb, oc, oh, ow) {
+        const gt_real *plane = x + (n * ch + o / ocg * cg) * ih * iw;
+        const gt_real *wo = w + o * cg * kh * kw;
+        gt_real s = R0;
+        for (long long c = 0; c < cg; ++c, plane += ih * iw)
+            for (long long i = 0; i < kh; ++i) {
+                const long long hh = y * sh - ph + i * dh;
+                for (long long j = 0; j < kw; ++j, ++wo) {
+                    const long long ww = z * sw - pw + j * dw;
+                    const gt_real v = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
+                                          ? plane[hh * iw + ww] : R0;
+                    s = R_FMA(*wo, v, s);
+                }
+            }
+        out[t] = s;
+    }
 #endif
-    GT_WINDOW_TABLES
-    const long long np_ = nb * oh * ow;
-    GT_LOOP4(t, n, c, h, w, nb, ch, ih, iw) {
+}
+
+/* gw[o, c, i, j] = gw + the FMA chain over (n, y, z) ascending from +0.0 of
+ * g[n, o, y, z] * x[n, group's c, y*sh - ph + i*dh, z*sw - pw + j*dw] (+0.0 at
+ * padding; numerics.conv2d_backward); M[0] = oc*(ch/groups)*kh*kw */
+GT_KERNEL k_matmul_conv2d_dw(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_matmul_conv2d_dw
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    gt_conv2d_backward_w(&G, gw, g, x, 1, (gt_conv_ws){0, 0});
+#else
+    const long long cg = ch / groups, ocg = oc / groups;
+    GT_LOOP4(t, o, c, i, j, oc, cg, kh, kw) {
+        gt_real s = R0;
+        for (long long n = 0; n < nb; ++n) {
+            const gt_real *plane = x + (n * ch + o / ocg * cg + c) * ih * iw;
+            const gt_real *go = g + (n * oc + o) * oh * ow;
+            for (long long y = 0; y < oh; ++y) {
+                const long long hh = y * sh - ph + i * dh;
+                for (long long z = 0; z < ow; ++z) {
+                    const long long ww = z * sw - pw + j * dw;
+                    const gt_real v = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
+                                          ? plane[hh * iw + ww] : R0;
+                    s = R_FMA(go[y * ow + z], v, s);
+                }
+            }
+        }
+        gw[t] = R_ADD(gw[t], s);
+    }
+#endif
+}
+
+/* gx[n, c, h, w] = gx + (0.0 + term + ...) over (i, j) ascending, the windows
+ * (y, z) that read the element, each term the FMA chain over the group's output
+ * channels o ascending from +0.0 of w[o, c, i, j] * g[n, o, y, z]
+ * (numerics.conv2d_backward); M[0] = nb*ch*ih*iw */
+GT_KERNEL k_matmul_conv2d_dx(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_matmul_conv2d_dx
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    gt_conv2d_backward_x(&G, gx, g, w, 1, (gt_conv_ws){0, 0});
+#else
+    const long long cg = ch / groups, ocg = oc / groups;
+    GT_LOOP4(t, n, c, h, v, nb, ch, ih, iw) {
+        const long long o0 = c / cg * ocg;
         gt_real s = R0;
         for (long long i = 0; i < kh; ++i) {
-            const long long y = GT_WINDOW_Y(h, i);
+            const long long y = gt_window_of(h, i, sh, ph, dh, oh);
             if (y < 0) continue;
             for (long long j = 0; j < kw; ++j) {
-                const long long z = GT_WINDOW_Z(w, j);
+                const long long z = gt_window_of(v, j, sw, pw, dw, ow);
                 if (z < 0) continue;
-                s = R_ADD(s, dcols[((c * kh + i) * kw + j) * np_ + (n * oh + y) * ow + z]);
+                gt_real term = R0;
+                for (long long o = o0; o < o0 + ocg; ++o)
+                    term = R_FMA(w[((o * cg + c % cg) * kh + i) * kw + j],
+                                 g[((n * oc + o) * oh + y) * ow + z], term);
+                s = R_ADD(s, term);
             }
         }
         gx[t] = R_ADD(gx[t], s);
     }
-    GT_WINDOW_TABLES_FREE
+#endif
 }
 
 /* out = the window's first maximum (gt_pool_argmax), -inf if it has no position
@@ -791,6 +819,11 @@ GT_KERNEL k_col2im(gt_real *W, const long long *M)
 GT_KERNEL k_max_pool(gt_real *W, const long long *M)
 {
     GT_ARGS_k_max_pool
+#if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
+    /* gt_conv.h, threaded by planes; the loop below only when out of memory */
+    if (gt_max_pool2d_forward(&G, out, x, (gt_conv_ws){0, 0})) return;
+#endif
     GT_LOOP4(t, n, c, y, z, nb, ch, oh, ow) {
         const long long l = gt_pool_argmax(x, n, c, y, z, ch, ih, iw, kh, kw, sh, sw, ph, pw,
                                            dh, dw);
@@ -806,6 +839,9 @@ GT_KERNEL k_max_pool_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_max_pool_bwd
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
+    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, 0, 1};
+    /* gt_conv.h, threaded by planes; the paths below only when out of memory */
+    if (gt_max_pool2d_backward(&G, gx, g, x, 1, (gt_conv_ws){0, 0})) return;
     if (gt_max_pool_bwd_host(gx, g, x, nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw))
         return;
 #endif
@@ -879,21 +915,6 @@ GT_KERNEL k_avg_pool_bwd(gt_real *W, const long long *M)
  * Forward matmul/bmm and both backward products (G @ B^T, A^T @ G) are this
  * kernel with different strides.  M[0] = Bn * Mm * N.
  * ====================================================================== */
-#ifndef __CUDACC__
-/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
- * (gradtool/numerics.py): register tiles over packed B panels, threaded
- * over output chunks, every output element one k-ascending FMA chain from +0.0,
- * computed whole and then stored or added once -- the per-element sequence
- * of the one-thread-per-output body below, which the GT_PER_THREAD host
- * builds run instead.  It needs no arena scratch (its packing buffers are
- * per thread).  Every host build includes it for gt_run's floating-point
- * mode (below). */
-#  define GT_MM_T gt_real
-#  ifdef GT_REAL_F32
-#    define GT_MM_F32 1
-#  endif
-#  include "gt_matmul.h"
-#endif
 
 GT_KERNEL k_matmul(gt_real *W, const long long *M)
 {
@@ -973,7 +994,6 @@ GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
  * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
 #define GT_SPLIT_KERNELS(X)                                                    \
     X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_sgd, 2) X(k_adam, 8)    \
-    X(k_max_pool, 8)                                                           \
     X(k_avg_pool, 8) X(k_avg_pool_bwd, 16)                                     \
     GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
 #define GT_SPLIT_MIN (1LL << 18)

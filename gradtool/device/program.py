@@ -470,9 +470,9 @@ def _fwd_permute(b, i, spec, val):
                   [st[d] for d in node.aux["dims"]], acc=False, what="permute")]
 
 
-# conv2d and the pools (numerics.conv2d, max_pool2d, avg_pool2d): conv2d is k_im2col's
-# columns [C*KH*KW, N*OH*OW] in scratch, then per group w_g @ cols_g by k_matmul (the
-# matmul's own products) into [OC, N*OH*OW] scratch, copied into NCHW
+# conv2d and the pools (numerics.conv2d, max_pool2d, avg_pool2d): each of conv2d's
+# products is one launch (k_matmul_conv2d, _dw, _dx: the matmul's FMA chains in
+# numerics' order), the pools one launch each way
 
 def _window_geometry(b, i, kernel, dilation=(1, 1)):
     node = b.tape.nodes[i]
@@ -483,28 +483,18 @@ def _window_geometry(b, i, kernel, dilation=(1, 1)):
                 sw=sw, ph=ph, pw=pw, dh=dilation[0], dw=dilation[1])
 
 
-def _conv_dims(b, i):
-    """(geometry, groups, OC, OC per group, K per group, N*OH*OW, OH*OW)."""
+def _conv_geometry(b, i):
+    """The conv2d launches' geometry fields (ops.py's _CONV)."""
     node = b.tape.nodes[i]
     oc, cg, kh, kw = b.shapes[node.b]
-    geo = _window_geometry(b, i, (kh, kw), node.aux["dilation"])
-    groups = node.aux["groups"]
-    p = geo["oh"] * geo["ow"]
-    return geo, groups, oc, oc // groups, cg * kh * kw, geo["nb"] * p, p
+    return dict(_window_geometry(b, i, (kh, kw), node.aux["dilation"]), oc=oc,
+                groups=node.aux["groups"])
 
 
 def _fwd_conv2d(b, i, spec, val):
     node = b.tape.nodes[i]
-    geo, groups, oc, ocg, kg, np_, p = _conv_dims(b, i)
-    cols = b.need_scratch(groups * kg * np_ + oc * np_)
-    prod = cols + groups * kg * np_
-    n = geo["nb"]
-    return [launch("k_im2col", groups * kg * np_, i, "conv2d columns", cols=cols,
-                   x=val[node.a], **geo),
-            _matmul(b, i, prod, val[node.b], cols, groups, ocg, kg, np_, (ocg * kg, kg, 1),
-                    (kg * np_, np_, 1), acc=False, what="conv2d product"),
-            _copy(b, i, val[i], prod, [n, oc, p], [oc * p, p, 1], [p, n * p, 1], acc=False,
-                  what="conv2d into NCHW")]
+    return [launch("k_matmul_conv2d", b.n(i), i, "conv2d", out=val[i], x=val[node.a],
+                   w=val[node.b], **_conv_geometry(b, i))]
 
 
 def _fwd_max_pool2d(b, i, spec, val):
@@ -712,23 +702,14 @@ def _bwd_permute(b, i, spec, need_a, need_b, val, grad):
 
 def _bwd_conv2d(b, i, spec, need_a, need_b, val, grad):
     node = b.tape.nodes[i]
-    geo, groups, oc, ocg, kg, np_, p = _conv_dims(b, i)
-    n = geo["nb"]
-    gt = b.need_scratch(oc * np_ + groups * kg * np_)     # g as [OC, N*OH*OW], then columns
-    cols = gt + oc * np_
-    out = [_copy(b, i, gt, grad[i], [n, oc, p], [p, n * p, 1], [oc * p, p, 1], acc=False,
-                 what="conv2d backward g")]
-    if need_b:      # dw_g += g_g @ cols_g^T: serial over (n, oh, ow)
-        out += [launch("k_im2col", groups * kg * np_, i, "conv2d backward columns", cols=cols,
-                       x=val[node.a], **geo),
-                _matmul(b, i, grad[node.b], gt, cols, groups, ocg, np_, kg,
-                        (ocg * np_, np_, 1), (kg * np_, 1, np_), acc=True,
-                        what="conv2d backward w")]
-    if need_a:      # dcols_g = w_g^T @ g_g: serial over the group's channels; then col2im
-        out += [_matmul(b, i, cols, val[node.b], gt, groups, kg, ocg, np_, (ocg * kg, 1, kg),
-                        (ocg * np_, np_, 1), acc=False, what="conv2d backward columns"),
-                launch("k_col2im", b.n(node.a), i, "conv2d backward x", gx=grad[node.a],
-                       dcols=cols, **geo)]
+    geo = _conv_geometry(b, i)
+    out = []
+    if need_b:      # gw += the chain over (n, oh, ow) ascending, per weight
+        out.append(launch("k_matmul_conv2d_dw", b.n(node.b), i, "conv2d backward w",
+                          gw=grad[node.b], g=grad[i], x=val[node.a], **geo))
+    if need_a:      # gx += (i, j) ascending sums of chains over the group's channels
+        out.append(launch("k_matmul_conv2d_dx", b.n(node.a), i, "conv2d backward x",
+                          gx=grad[node.a], g=grad[i], w=val[node.b], **geo))
     return out
 
 

@@ -1,0 +1,756 @@
+/*
+ * gt_conv.h -- conv2d's three products and max pooling on the CPU, one sample
+ * at a time so that the columns stay in cache.  Included after gt_matmul.h by
+ * gt_cpu.c (the CPU reference, gradtool/numerics.py: conv2d, conv2d_backward,
+ * max_pool2d, max_pool2d_backward) and by kernels.cu's host build (the host
+ * backend's k_max_pool and k_max_pool_bwd); docs/cpu-kernels.md.
+ *
+ * The orders are numerics.py's, unchanged; only the blocking differs from the
+ * whole-batch im2col there:
+ *
+ *  - forward: per sample n and group, the columns cols_n [Kg, OH*OW] (im2col of
+ *    that sample alone, +0.0 at padding), then out[n, group] = w_g @ cols_n by
+ *    gt_mm_run, the matmul kernel itself: each output the FMA chain over
+ *    (c, i, j) ascending from +0.0, written straight into NCHW.
+ *  - weight gradient: each dw[o, (c, i, j)] is one FMA chain over (n, oh, ow)
+ *    ascending from +0.0.  The chain is cut at sample boundaries and carried:
+ *    its running value lives in a small buffer S [OCg, width], and sample n's
+ *    steps continue it (gt_mm_kc: the register tile starts from S, not from
+ *    +0.0, and is stored back), so every output sees the same k sequence of
+ *    fused multiply-adds as the one long chain; dw = S (or dw + S) at the end.
+ *    Sample n's columns are built transposed, [OH*OW, width], so a SIMD lane is
+ *    one output (c, i, j).  Threads split the outputs (groups and blocks of
+ *    columns), never a chain.
+ *  - input gradient: per sample n and group, dcols_n = w_g^T @ g_n by gt_mm_run
+ *    (each term the chain over the group's output channels), then col2im of that
+ *    sample: each input element 0.0 + term + ... over (i, j) ascending.
+ *  - max pooling: numerics.first_max's rule over each window's positions inside
+ *    the input, (i, j) row-major; the backward sums 0.0 + g + ... over the windows
+ *    whose maximum an element is, (i, j) ascending (exact copies and adds).
+ *
+ * The products always succeed (without memory for their buffers they run the
+ * documented loops element by element, gt_mm_naive_conv); the pools return 1,
+ * or 0 when a buffer could not be allocated (nothing written: the caller then
+ * runs its own loops).
+ */
+#ifndef GT_CONV_H
+#define GT_CONV_H
+
+#ifndef GT_MATMUL_H
+#  error "include gt_matmul.h before gt_conv.h"
+#endif
+
+/* The geometry, numerics.py's names: x [nb, ch, ih, iw], w [oc, ch/groups, kh, kw],
+ * out [nb, oc, oh, ow]; stride (sh, sw), padding (ph, pw), dilation (dh, dw). */
+typedef struct {
+    long long nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups;
+} gt_conv_geo;
+
+#define GT_CONV_GEO_LEN 16
+
+static inline gt_conv_geo gt_conv_geo_of(const long long *g)
+{
+    gt_conv_geo G = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7],
+                     g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]};
+    return G;
+}
+
+/* ---- buffers: one per thread taking part, allocated before a run ---------- */
+/* A run's chunks may be run by up to `threads` threads (gt_pool_run: the caller and
+ * threads - 1 workers); each takes the next free slot the first time it runs a
+ * chunk of this run, and works in that slot's part of the run's one allocation. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define GT_CONV_TLS __thread
+#else
+#  define GT_CONV_TLS _Thread_local
+#endif
+static atomic_ullong gt_conv_runs;                 /* run ids, so a slot is per run */
+static GT_CONV_TLS unsigned long long gt_conv_slot_run;
+static GT_CONV_TLS int gt_conv_slot;
+
+typedef struct {
+    unsigned long long id;
+    atomic_int slots;
+    char *base;
+    size_t bytes;                                  /* per slot, a multiple of GT_MM_ALIGN */
+    int owned;                                     /* base is ours to free */
+} gt_conv_bufs;
+
+/* A caller's workspace (or NULL): at least gt_conv_workspace's bytes. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} gt_conv_ws;
+
+static inline size_t gt_conv_slot_round(size_t bytes)
+{
+    return (bytes + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN + GT_MM_ALIGN;
+}
+
+/* `threads` slots of `bytes` each, in the caller's workspace when it is large
+ * enough, else allocated; 0 when out of memory. */
+static int gt_conv_bufs_alloc(gt_conv_bufs *b, int threads, size_t bytes, gt_conv_ws ws)
+{
+    b->id = atomic_fetch_add(&gt_conv_runs, 1) + 1;
+    atomic_store(&b->slots, 0);
+    b->bytes = gt_conv_slot_round(bytes);
+    b->owned = 0;
+#ifdef GT_CONV_NO_BUFFERS      /* tests: every allocation fails (the fallbacks run) */
+    (void)ws;
+    b->base = NULL;
+#else
+    if (ws.p && ws.bytes >= b->bytes * (size_t)threads) {
+        b->base = (char *)ws.p;
+    } else {
+        b->base = (char *)aligned_alloc(GT_MM_ALIGN, b->bytes * (size_t)threads);
+        b->owned = 1;
+    }
+#endif
+    return b->base != NULL;
+}
+
+/* This thread's slot of the run's buffers. */
+static void *gt_conv_slot_of(gt_conv_bufs *b)
+{
+    if (gt_conv_slot_run != b->id) {
+        gt_conv_slot_run = b->id;
+        gt_conv_slot = atomic_fetch_add(&b->slots, 1);
+    }
+    return b->base + (size_t)gt_conv_slot * b->bytes;
+}
+
+/* Threads for a run of `chunks` chunks doing `work` multiply-adds (or copies). */
+static int gt_conv_threads(long long work, long long chunks)
+{
+    const int threads = atomic_load(&gt_pool.threads);
+    if (threads <= 1 || chunks < 2 || work < GT_MM_PAR_MIN || !gt_pool_wanted()) return 1;
+    return threads;
+}
+
+/* ---- im2col of one sample ------------------------------------------------ */
+/* Rows [r0, r1) of group g's columns of sample n: element (r, p) at
+ * dst[(r - r0) * rs + p * ps], r = (c, i, j) row-major within the group,
+ * p = (y, z); x or +0.0 at padding (exact copies). */
+static void gt_conv_im2col(const gt_conv_geo *G, const gt_mm_t *x, long long n, long long g,
+                           long long r0, long long r1, gt_mm_t *dst, long long rs, long long ps)
+{
+    const long long cg = G->ch / G->groups, khw = G->kh * G->kw;
+    for (long long r = r0; r < r1; ++r) {
+        const long long c = g * cg + r / khw, i = (r % khw) / G->kw, j = r % G->kw;
+        const gt_mm_t *plane = x + (n * G->ch + c) * G->ih * G->iw;
+        gt_mm_t *d = dst + (r - r0) * rs;
+        for (long long y = 0; y < G->oh; ++y) {
+            const long long hh = y * G->sh - G->ph + i * G->dh;
+            gt_mm_t *dy = d + y * G->ow * ps;
+            if (hh < 0 || hh >= G->ih) {
+                for (long long z = 0; z < G->ow; ++z) dy[z * ps] = 0;
+                continue;
+            }
+            const gt_mm_t *src = plane + hh * G->iw;
+            const long long w0 = -G->pw + j * G->dw;
+            if (G->sw == 1 && w0 >= 0 && w0 + G->ow <= G->iw) {     /* the row inside */
+                if (ps == 1) {
+                    memcpy(dy, src + w0, (size_t)G->ow * sizeof(gt_mm_t));
+                } else {
+                    for (long long z = 0; z < G->ow; ++z) dy[z * ps] = src[w0 + z];
+                }
+                continue;
+            }
+            for (long long z = 0; z < G->ow; ++z) {
+                const long long ww = z * G->sw + w0;
+                dy[z * ps] = (ww >= 0 && ww < G->iw) ? src[ww] : 0;
+            }
+        }
+    }
+}
+
+/* Rows [r0, r1) of group g's columns of sample n, transposed: element (r, p) at
+ * dst[p * width + r - r0] (the same copies as gt_conv_im2col, written position by
+ * position: each window's values side by side).  tab: 3 * (r1 - r0) scratch. */
+static void gt_conv_im2col_t(const gt_conv_geo *G, const gt_mm_t *x, long long n, long long g,
+                             long long r0, long long r1, gt_mm_t *dst, long long width,
+                             long long *tab)
+{
+    const long long cg = G->ch / G->groups, khw = G->kh * G->kw, nr = r1 - r0;
+    for (long long q = 0; q < nr; ++q) {
+        const long long r = r0 + q, c = g * cg + r / khw;
+        const long long i = (r % khw) / G->kw, j = r % G->kw;
+        tab[3 * q] = (c * G->ih + i * G->dh) * G->iw + j * G->dw;
+        tab[3 * q + 1] = i * G->dh;
+        tab[3 * q + 2] = j * G->dw;
+    }
+    const gt_mm_t *xs = x + n * G->ch * G->ih * G->iw;
+    for (long long y = 0; y < G->oh; ++y) {
+        const long long h0 = y * G->sh - G->ph;
+        const int rows_inside = h0 >= 0 && h0 + (G->kh - 1) * G->dh < G->ih;
+        for (long long z = 0; z < G->ow; ++z) {
+            const long long w0 = z * G->sw - G->pw;
+            gt_mm_t *d = dst + (y * G->ow + z) * width;
+            if (rows_inside && w0 >= 0 && w0 + (G->kw - 1) * G->dw < G->iw) {
+                const gt_mm_t *base = xs + h0 * G->iw + w0;
+                for (long long q = 0; q < nr; ++q) d[q] = base[tab[3 * q]];
+                continue;
+            }
+            for (long long q = 0; q < nr; ++q) {
+                const long long hh = h0 + tab[3 * q + 1], ww = w0 + tab[3 * q + 2];
+                d[q] = (hh >= 0 && hh < G->ih && ww >= 0 && ww < G->iw)
+                           ? xs[tab[3 * q] + h0 * G->iw + w0] : 0;
+            }
+        }
+    }
+}
+
+/* ---- the chain-continuing tile of the weight gradient -------------------- */
+/* c[r][col] (MR_ rows, row stride ldc; NV_ vectors of columns) continues its FMA
+ * chain over K steps: c = fma(b[k][col], a[r][k], c), k ascending, a[r][k] at
+ * a[r * sai + k], b[k] at b + k * ldb.  The tile is loaded from c, kept in
+ * registers for all K steps, and stored back: the same per-element sequence as
+ * gt_matmul.h's micro-kernels, started from the carried value instead of +0.0.
+ * (Named gt_mm_k*: the disassembly test allows fused multiply-adds there.) */
+#if defined(__GNUC__) || defined(__clang__)
+#  define GT_CONV_NOINLINE __attribute__((noinline))
+#else
+#  define GT_CONV_NOINLINE
+#endif
+#define GT_CONV_KERNEL(MR_, NV_)                                                 \
+    static GT_CONV_NOINLINE void gt_mm_kc##MR_##_##NV_(                          \
+        long long K, const gt_mm_t *a, long long sai, const gt_mm_t *b, long long ldb, \
+        gt_mm_t *c, long long ldc)                                               \
+    {                                                                            \
+        gt_mm_v s[MR_][NV_];                                                     \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) s[r][v] = gt_mm_vload(c + r * ldc + v * GT_MM_VW); \
+        for (long long k = 0; k < K; ++k, ++a, b += ldb) {                       \
+            gt_mm_v bv[NV_];                                                     \
+            for (int v = 0; v < NV_; ++v) bv[v] = gt_mm_vload(b + v * GT_MM_VW); \
+            for (int r = 0; r < MR_; ++r) {                                      \
+                const gt_mm_t x = a[r * sai];                                    \
+                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+            }                                                                    \
+        }                                                                        \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) gt_mm_vstore(c + r * ldc + v * GT_MM_VW, s[r][v]); \
+    }
+#define GT_CONV_KERNELS_NV(NV_) GT_CONV_KERNEL(1, NV_) GT_CONV_KERNEL(2, NV_)    \
+    GT_CONV_KERNEL(3, NV_) GT_CONV_KERNEL(4, NV_)
+#define GT_CONV_NV 4                 /* vectors of columns per tile, at most */
+GT_CONV_KERNELS_NV(1)
+GT_CONV_KERNELS_NV(2)
+GT_CONV_KERNELS_NV(3)
+GT_CONV_KERNELS_NV(4)
+typedef void (*gt_conv_kernel_fn)(long long, const gt_mm_t *, long long, const gt_mm_t *,
+                                  long long, gt_mm_t *, long long);
+#define GT_CONV_ROW_OF(NV_) { gt_mm_kc1_##NV_, gt_mm_kc2_##NV_, gt_mm_kc3_##NV_, gt_mm_kc4_##NV_ }
+/* gt_conv_kernels[nv - 1][mr - 1]; 4 rows per tile (GT_MM_MR's 4, whatever it is) */
+static const gt_conv_kernel_fn gt_conv_kernels[GT_CONV_NV][4] = {
+    GT_CONV_ROW_OF(1), GT_CONV_ROW_OF(2), GT_CONV_ROW_OF(3), GT_CONV_ROW_OF(4)};
+
+/* ---- the three products ------------------------------------------------- */
+typedef struct {
+    gt_conv_geo G;
+    gt_mm_t *out;                          /* out, gx or gw */
+    const gt_mm_t *x, *w, *g;
+    int acc;
+    long long vecs_per_block, blocks;      /* the weight gradient's column blocks */
+    gt_conv_bufs bufs;
+    gt_conv_ws ws;
+} gt_conv_job;
+
+/* x at (n, c, y*sh - ph + i*dh, z*sw - pw + j*dw), +0.0 at padding */
+static inline gt_mm_t gt_conv_x(const gt_conv_geo *G, const gt_mm_t *x, long long n, long long c,
+                                long long y, long long z, long long i, long long j)
+{
+    const long long hh = y * G->sh - G->ph + i * G->dh, ww = z * G->sw - G->pw + j * G->dw;
+    return (hh >= 0 && hh < G->ih && ww >= 0 && ww < G->iw)
+               ? x[((n * G->ch + c) * G->ih + hh) * G->iw + ww] : 0;
+}
+
+/* Out of memory for the buffers: the documented loops element by element, serially
+ * (which 0: out = conv2d(a = x, b = w); 1: the input gradient for a = g, b = w;
+ * 2: the weight gradient for a = g, b = x).  Never inlined: the disassembly test
+ * finds its fused multiply-adds by name, as gt_mm_naive's. */
+static GT_CONV_NOINLINE void gt_mm_naive_conv(const gt_conv_geo *G, int which, gt_mm_t *out,
+                                              const gt_mm_t *a, const gt_mm_t *b, int acc)
+{
+    const long long cg = G->ch / G->groups, ocg = G->oc / G->groups;
+    const long long kk = G->kh * G->kw, p = G->oh * G->ow;
+    long long e = 0;
+    if (which == 0) {
+        for (long long n = 0; n < G->nb; ++n)
+            for (long long o = 0; o < G->oc; ++o)
+                for (long long q = 0; q < p; ++q, ++e) {
+                    gt_mm_t s = 0;
+                    for (long long r = 0; r < cg * kk; ++r)
+                        s = GT_MM_FMA1(b[o * cg * kk + r],
+                                       gt_conv_x(G, a, n, o / ocg * cg + r / kk, q / G->ow,
+                                                 q % G->ow, (r % kk) / G->kw, r % G->kw), s);
+                    out[e] = acc ? out[e] + s : s;
+                }
+    } else if (which == 2) {
+        for (long long o = 0; o < G->oc; ++o)
+            for (long long r = 0; r < cg * kk; ++r, ++e) {
+                const long long c = o / ocg * cg + r / kk, i = (r % kk) / G->kw, j = r % G->kw;
+                gt_mm_t s = 0;
+                for (long long n = 0; n < G->nb; ++n)
+                    for (long long q = 0; q < p; ++q)
+                        s = GT_MM_FMA1(a[(n * G->oc + o) * p + q],
+                                       gt_conv_x(G, b, n, c, q / G->ow, q % G->ow, i, j), s);
+                out[e] = acc ? out[e] + s : s;
+            }
+    } else {
+        for (long long n = 0; n < G->nb; ++n)
+            for (long long c = 0; c < G->ch; ++c)
+                for (long long h = 0; h < G->ih; ++h)
+                    for (long long w = 0; w < G->iw; ++w, ++e) {
+                        gt_mm_t s = 0;
+                        for (long long i = 0; i < G->kh; ++i)
+                            for (long long j = 0; j < G->kw; ++j) {
+                                const long long ty = h + G->ph - i * G->dh;
+                                const long long tz = w + G->pw - j * G->dw;
+                                if (ty < 0 || tz < 0 || ty % G->sh || tz % G->sw
+                                    || ty / G->sh >= G->oh || tz / G->sw >= G->ow)
+                                    continue;
+                                const long long q = ty / G->sh * G->ow + tz / G->sw;
+                                gt_mm_t t = 0;
+                                for (long long o = c / cg * ocg; o < (c / cg + 1) * ocg; ++o)
+                                    t = GT_MM_FMA1(b[(o * cg + c % cg) * kk + i * G->kw + j],
+                                                   a[(n * G->oc + o) * p + q], t);
+                                s = s + t;
+                            }
+                        out[e] = acc ? out[e] + s : s;
+                    }
+    }
+}
+
+/* Run chunks [0, chunks) of fn over job (its geometry set), each thread with a
+ * buffer of `bytes`; when those cannot be allocated, gt_mm_naive_conv(which). */
+static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long long work,
+                       size_t bytes, int which)
+{
+    if (chunks <= 0) return 1;
+    const int threads = gt_conv_threads(work, chunks);
+    GT_FP_ENTER(saved);
+    if (!gt_conv_bufs_alloc(&job->bufs, threads, bytes, job->ws)) {
+        gt_mm_naive_conv(&job->G, which, job->out, which ? job->g : job->x,
+                         which == 2 ? job->x : job->w, job->acc);
+        GT_FP_LEAVE(saved);
+        return 1;
+    }
+    if (threads > 1)
+        gt_pool_run(fn, job, chunks, threads, gt_fp_clean(saved));
+    else
+        for (long long c = 0; c < chunks; ++c) fn(job, c);
+    GT_FP_LEAVE(saved);
+    if (job->bufs.owned) free(job->bufs.base);
+    return 1;
+}
+
+/* Bytes of one thread's buffer: which 0 forward, 1 input gradient, 2 weight
+ * gradient (per: its column block, gt_conv_dw_block), 3 max-pool forward, 4 its
+ * backward. */
+static long long gt_conv_dw_block(const gt_conv_geo *G);
+
+/* The weight gradient's slot: columns [p, span], S [ocg, span], then (at this byte
+ * offset, aligned for long long) gt_conv_im2col_t's table. */
+static inline size_t gt_conv_dw_table_at(const gt_conv_geo *G, long long span)
+{
+    const long long p = G->oh * G->ow;
+    const size_t f = (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW
+                              + G->oc / G->groups * span) * sizeof(gt_mm_t);
+    return (f + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
+}
+
+static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    const size_t t = sizeof(gt_mm_t), ll = sizeof(long long);
+    switch (which) {
+    case 0: return (size_t)(kg * p) * t;
+    case 1: return (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0)) * t;
+    case 2: {                   /* columns, S, then the im2col table (long longs) */
+        const long long span = gt_conv_dw_block(G) * GT_MM_VW;
+        return gt_conv_dw_table_at(G, span) + (size_t)(3 * span) * ll;
+    }
+    case 3: return (size_t)(G->kh * G->kw + G->ow) * ll;
+    default:
+        return (size_t)(2 * p + G->kh * G->kw + G->ow) * ll
+               + (size_t)(G->ow + (acc ? G->ih * G->iw : 0)) * t;
+    }
+}
+
+/* Bytes of a workspace that spares a call (which, acc) any allocation: a slot for
+ * every thread it may use. */
+static size_t gt_conv_workspace(const gt_conv_geo *G, int which, int acc)
+{
+    return gt_conv_slot_round(gt_conv_slot_bytes(G, which, acc))
+           * (size_t)atomic_load(&gt_pool.threads);
+}
+
+/* forward, chunk = sample n */
+static void gt_conv_fwd_chunk(void *arg, long long n)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    const long long ocg = G->oc / G->groups;
+    gt_mm_t *cols = (gt_mm_t *)gt_conv_slot_of(&j->bufs);
+    for (long long g = 0; g < G->groups; ++g) {
+        gt_conv_im2col(G, j->x, n, g, 0, kg, cols, p, 1);
+        gt_mm_run(j->out + (n * G->oc + g * ocg) * p, j->w + g * ocg * kg, 0, kg, 1, cols, 0,
+                  p, 1, 1, ocg, kg, p, j->acc);
+    }
+}
+
+/* out (=|+=) conv2d(x, w), NCHW; returns 1. */
+static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
+                             const gt_mm_t *w, int acc, gt_conv_ws ws)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    if (p <= 0 || G->oc <= 0) return 1;
+    gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws};
+    return gt_conv_run(gt_conv_fwd_chunk, &job, G->nb, G->nb * G->oc * kg * p,
+                       gt_conv_slot_bytes(G, 0, acc), 0);
+}
+
+/* input gradient, chunk = sample n */
+static void gt_conv_bwd_x_chunk(void *arg, long long n)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long cg = G->ch / G->groups, kg = cg * G->kh * G->kw, p = G->oh * G->ow;
+    const long long ocg = G->oc / G->groups, plane = G->ih * G->iw, khw = G->kh * G->kw;
+    gt_mm_t *dcols = (gt_mm_t *)gt_conv_slot_of(&j->bufs);
+    gt_mm_t *gx = j->out + n * G->ch * plane;
+    gt_mm_t *sum = j->acc ? dcols + kg * p : gx;
+    for (long long e = 0; e < G->ch * plane; ++e) sum[e] = 0;           /* +0.0 */
+    for (long long g = 0; g < G->groups; ++g) {
+        /* dcols[r, q] = the chain over the group's output channels o of w[o, r] * g[n, o, q] */
+        gt_mm_run(dcols, j->w + g * ocg * kg, 0, 1, kg, j->g + (n * G->oc + g * ocg) * p, 0,
+                  p, 1, 1, kg, ocg, p, 0);
+        for (long long r = 0; r < kg; ++r) {              /* (c, i, j) ascending */
+            const long long c = g * cg + r / khw, i = (r % khw) / G->kw, jj = r % G->kw;
+            gt_mm_t *dst = sum + c * plane;
+            const gt_mm_t *src = dcols + r * p;
+            const long long w0 = -G->pw + jj * G->dw;
+            const int inside = G->sw == 1 && w0 >= 0 && w0 + G->ow <= G->iw;
+            for (long long y = 0; y < G->oh; ++y) {
+                const long long hh = y * G->sh - G->ph + i * G->dh;
+                if (hh < 0 || hh >= G->ih) continue;
+                gt_mm_t *row = dst + hh * G->iw;
+                const gt_mm_t *sr = src + y * G->ow;
+                if (inside) {
+                    for (long long z = 0; z < G->ow; ++z) row[w0 + z] = row[w0 + z] + sr[z];
+                    continue;
+                }
+                for (long long z = 0; z < G->ow; ++z) {
+                    const long long ww = z * G->sw + w0;
+                    if (ww >= 0 && ww < G->iw) row[ww] = row[ww] + sr[z];
+                }
+            }
+        }
+    }
+    if (j->acc)
+        for (long long e = 0; e < G->ch * plane; ++e) gx[e] = gx[e] + sum[e];
+}
+
+/* gx (=|+=) conv2d's input gradient for the output gradient g; returns 1. */
+static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
+                                const gt_mm_t *w, int acc, gt_conv_ws ws)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    if (G->ch <= 0 || G->ih * G->iw <= 0) return 1;
+    gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}, ws};
+    return gt_conv_run(gt_conv_bwd_x_chunk, &job, G->nb, G->nb * G->oc * kg * p,
+                       gt_conv_slot_bytes(G, 1, acc), 1);
+}
+
+/* weight gradient, chunk = (group, block of column vectors): those outputs' chains,
+ * over every sample in order */
+static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    const long long ocg = G->oc / G->groups;
+    const long long g = chunk / j->blocks, blk = chunk % j->blocks;
+    const long long span = j->vecs_per_block * GT_MM_VW;
+    const long long k0 = blk * span, k1 = k0 + span < kg ? k0 + span : kg;
+    const long long nvec = (k1 - k0 + GT_MM_VW - 1) / GT_MM_VW, width = nvec * GT_MM_VW;
+    gt_mm_t *cols = (gt_mm_t *)gt_conv_slot_of(&j->bufs);       /* [p, width] */
+    gt_mm_t *S = cols + (p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW;   /* [ocg, width] */
+    long long *tab = (long long *)((char *)cols + gt_conv_dw_table_at(G, span)); /* [3*span] */
+    for (long long e = 0; e < ocg * width; ++e) S[e] = 0;             /* the chains' +0.0 */
+    for (long long q = 0; q < p; ++q)                                 /* padding columns */
+        for (long long c = k1 - k0; c < width; ++c) cols[q * width + c] = 0;
+    for (long long n = 0; n < G->nb; ++n) {
+        gt_conv_im2col_t(G, j->x, n, g, k0, k1, cols, width, tab);
+        const gt_mm_t *a = j->g + (n * G->oc + g * ocg) * p;
+        for (long long t0 = 0; t0 < ocg; t0 += 4) {
+            const int mr = (int)(ocg - t0 < 4 ? ocg - t0 : 4);
+            for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
+                const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
+                gt_conv_kernels[nv - 1][mr - 1](p, a + t0 * p, p, cols + v0 * GT_MM_VW, width,
+                                                S + t0 * width + v0 * GT_MM_VW, width);
+            }
+        }
+    }
+    for (long long o = 0; o < ocg; ++o) {
+        gt_mm_t *dst = j->out + (g * ocg + o) * kg;
+        for (long long k = k0; k < k1; ++k)
+            dst[k] = j->acc ? dst[k] + S[o * width + k - k0] : S[o * width + k - k0];
+    }
+}
+
+/* gw (=|+=) conv2d's weight gradient for the output gradient g; returns 1. */
+/* Vectors per column block of the weight gradient: at most GT_CONV_NV; narrower (two
+ * at least, for the tile's independent chains) when that leaves fewer chunks than
+ * threads. */
+static long long gt_conv_dw_block(const gt_conv_geo *G)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw;
+    const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW;
+    const int wanted = atomic_load(&gt_pool.threads);
+    long long per = vecs < GT_CONV_NV ? vecs : GT_CONV_NV;
+    if (per < 1) per = 1;
+    if (wanted > 1 && G->groups * ((vecs + per - 1) / per) < wanted) {
+        const long long want_blocks = (wanted + G->groups - 1) / G->groups;
+        long long split = (vecs + want_blocks - 1) / want_blocks;
+        if (split < 2) split = 2;
+        if (split < per) per = split;
+    }
+    return per;
+}
+
+static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
+                                const gt_mm_t *x, int acc, gt_conv_ws ws)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    if (G->oc <= 0 || kg <= 0) return 1;
+    const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW, per = gt_conv_dw_block(G);
+    gt_conv_job job = {*G, gw, x, NULL, g, acc, per, (vecs + per - 1) / per, {0}, ws};
+    if (G->nb <= 0 || p <= 0) {          /* no terms: every chain is +0.0 */
+        for (long long e = 0; e < G->oc * kg; ++e) gw[e] = acc ? gw[e] + 0 : 0;
+        return 1;
+    }
+    return gt_conv_run(gt_conv_bwd_w_chunk, &job, G->groups * job.blocks,
+                       G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 2, acc), 2);
+}
+
+/* ---- max pooling --------------------------------------------------------- */
+/* The window offset i*kw + j of output (y, z)'s maximum within `plane`, or -1
+ * when no position of the window is inside the input (numerics.first_max's rule:
+ * the first NaN, else the first largest, in (i, j) row-major order). */
+static inline long long gt_conv_argmax(const gt_conv_geo *G, const gt_mm_t *plane, long long y,
+                                       long long z, long long *at)
+{
+    gt_mm_t m = 0;
+    long long idx = -1, where = 0;
+    const long long h0 = y * G->sh - G->ph, w0 = z * G->sw - G->pw;
+    if (h0 >= 0 && h0 + (G->kh - 1) * G->dh < G->ih && w0 >= 0
+        && w0 + (G->kw - 1) * G->dw < G->iw) {           /* the window inside the input */
+        const gt_mm_t *base = plane + h0 * G->iw + w0;
+        m = base[0];
+        idx = 0;
+        for (long long i = 0; i < G->kh; ++i)
+            for (long long j = 0; j < G->kw; ++j) {
+                const long long pos = i * G->dh * G->iw + j * G->dw;
+                const gt_mm_t v = base[pos];
+                const int take = (m == m) & ((v > m) | (v != v));
+                m = take ? v : m;
+                idx = take ? i * G->kw + j : idx;
+                where = take ? pos : where;
+            }
+        *at = where + h0 * G->iw + w0;
+        return idx;
+    }
+    for (long long i = 0; i < G->kh; ++i) {
+        const long long hh = h0 + i * G->dh;
+        if (hh < 0 || hh >= G->ih) continue;
+        const gt_mm_t *row = plane + hh * G->iw;
+        for (long long j = 0; j < G->kw; ++j) {
+            const long long ww = w0 + j * G->dw;
+            if (ww < 0 || ww >= G->iw) continue;
+            const gt_mm_t v = row[ww];
+            /* branch-free (the comparisons are data, not pattern): selects, not jumps */
+            const int take = (idx < 0) | ((m == m) & ((v > m) | (v != v)));
+            m = take ? v : m;
+            idx = take ? i * G->kw + j : idx;
+            where = take ? hh * G->iw + ww : where;
+        }
+    }
+    *at = where;                        /* the maximum's position in the plane */
+    return idx;
+}
+
+/* Windows (y, z), zl <= z < zh, of an output row y whose windows lie inside the
+ * input: per window the first-max rule over (i, j) row-major, many windows at a
+ * time (the loops over z vectorize; a lane is one window, its comparisons in
+ * gt_conv_argmax's order).  m[z]: the maximum, l[z]: its window offset i*kw + j. */
+#define GT_POOL_ROW(SW)                                                          \
+    for (long long q = 1; q < kk; ++q) {                                         \
+        const gt_mm_t *r = base + off[q];                                        \
+        for (long long z = zl; z < zh; ++z) {                                    \
+            const gt_mm_t v = r[z * (SW)], mz = m[z];                            \
+            const int take = (mz == mz) & ((v > mz) | (v != v));                 \
+            m[z] = take ? v : mz;                                                \
+            l[z] = take ? q : l[z];                                              \
+        }                                                                        \
+    }
+static void gt_pool_row(const gt_conv_geo *G, const gt_mm_t *base, const long long *off,
+                        long long zl, long long zh, gt_mm_t *restrict m, long long *restrict l)
+{
+    const long long kk = G->kh * G->kw;
+    for (long long z = zl; z < zh; ++z) {
+        m[z] = base[z * G->sw];
+        l[z] = 0;
+    }
+    if (G->sw == 1) {
+        GT_POOL_ROW(1)
+    } else if (G->sw == 2) {
+        GT_POOL_ROW(2)
+    } else {
+        GT_POOL_ROW(G->sw)
+    }
+}
+
+/* The output row's windows inside the input along w: [*zl, *zh); 0 when the row's
+ * windows reach outside along h. */
+static inline int gt_pool_inside(const gt_conv_geo *G, long long y, long long *zl, long long *zh)
+{
+    const long long h0 = y * G->sh - G->ph, span = (G->kw - 1) * G->dw;
+    if (h0 < 0 || h0 + (G->kh - 1) * G->dh >= G->ih) return 0;
+    long long lo = G->pw > 0 ? (G->pw + G->sw - 1) / G->sw : 0;      /* z*sw - pw >= 0 */
+    long long hi = G->iw - 1 - span + G->pw >= 0 ? (G->iw - 1 - span + G->pw) / G->sw + 1 : 0;
+    if (hi > G->ow) hi = G->ow;
+    if (lo > hi) lo = hi;
+    *zl = lo;
+    *zh = hi;
+    return 1;
+}
+
+/* pooling jobs reuse gt_conv_job (out, x, g, acc; vecs_per_block = planes per chunk) */
+static void gt_max_pool_fwd_chunk(void *arg, long long chunk)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long q0 = chunk * j->vecs_per_block, planes = G->nb * G->ch;
+    const long long q1 = q0 + j->vecs_per_block < planes ? q0 + j->vecs_per_block : planes;
+    long long *off = (long long *)gt_conv_slot_of(&j->bufs);           /* [kh*kw] */
+    long long *l = off + G->kh * G->kw;                                /* [ow] */
+    for (long long q = 0; q < G->kh * G->kw; ++q)
+        off[q] = q / G->kw * G->dh * G->iw + q % G->kw * G->dw;
+    for (long long q = q0; q < q1; ++q) {
+        const gt_mm_t *plane = j->x + q * G->ih * G->iw;
+        gt_mm_t *out = j->out + q * G->oh * G->ow;
+        for (long long y = 0; y < G->oh; ++y, out += G->ow) {
+            long long zl = 0, zh = 0;
+            if (gt_pool_inside(G, y, &zl, &zh))
+                gt_pool_row(G, plane + (y * G->sh - G->ph) * G->iw - G->pw, off, zl, zh, out, l);
+            for (long long z = 0; z < G->ow; ++z) {
+                if (z == zl && zh > zl) z = zh;          /* the inside windows are done */
+                if (z >= G->ow) break;
+                long long e;
+                out[z] = gt_conv_argmax(G, plane, y, z, &e) < 0 ? (gt_mm_t)(-INFINITY) : plane[e];
+            }
+        }
+    }
+}
+
+/* gx (=|+=) per element 0.0 + g + ... over the windows whose maximum it is, (i, j)
+ * ascending.  Windows that never overlap read an element once at most: one pass. */
+static void gt_max_pool_bwd_chunk(void *arg, long long chunk)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long q0 = chunk * j->vecs_per_block, planes = G->nb * G->ch;
+    const long long q1 = q0 + j->vecs_per_block < planes ? q0 + j->vecs_per_block : planes;
+    const long long area = G->ih * G->iw, windows = G->oh * G->ow;
+    const int disjoint = G->sh > (G->kh - 1) * G->dh && G->sw > (G->kw - 1) * G->dw;
+    long long *arg_ = (long long *)gt_conv_slot_of(&j->bufs);         /* [windows, 2] */
+    long long *off = arg_ + 2 * windows, *l = off + G->kh * G->kw;     /* [kh*kw], [ow] */
+    gt_mm_t *m = (gt_mm_t *)(l + G->ow);                               /* [ow] */
+    gt_mm_t *tmp = m + G->ow;                                          /* [area], acc */
+    for (long long q = 0; q < G->kh * G->kw; ++q)
+        off[q] = q / G->kw * G->dh * G->iw + q % G->kw * G->dw;
+    for (long long q = q0; q < q1; ++q) {
+        const gt_mm_t *plane = j->x + q * area, *g = j->g + q * windows;
+        gt_mm_t *gx = j->out + q * area, *sum = j->acc ? tmp : gx;
+        for (long long e = 0; e < area; ++e) sum[e] = 0;                 /* +0.0 */
+        if (disjoint) {
+            for (long long y = 0; y < G->oh; ++y) {
+                long long zl = 0, zh = 0;
+                if (gt_pool_inside(G, y, &zl, &zh)) {
+                    const long long row = (y * G->sh - G->ph) * G->iw - G->pw;
+                    gt_pool_row(G, plane + row, off, zl, zh, m, l);
+                    for (long long z = zl; z < zh; ++z) {
+                        const long long e = row + z * G->sw + off[l[z]];
+                        sum[e] = sum[e] + g[y * G->ow + z];
+                    }
+                }
+                for (long long z = 0; z < G->ow; ++z) {
+                    if (z == zl && zh > zl) z = zh;
+                    if (z >= G->ow) break;
+                    long long e;
+                    if (gt_conv_argmax(G, plane, y, z, &e) < 0) continue;
+                    sum[e] = sum[e] + g[y * G->ow + z];
+                }
+            }
+        } else {
+            for (long long y = 0; y < G->oh; ++y)     /* window offset, then position */
+                for (long long z = 0; z < G->ow; ++z) {
+                    const long long t = y * G->ow + z;
+                    arg_[2 * t] = gt_conv_argmax(G, plane, y, z, &arg_[2 * t + 1]);
+                }
+            for (long long l = 0; l < G->kh * G->kw; ++l)                /* (i, j) ascending */
+                for (long long t = 0; t < windows; ++t)
+                    if (arg_[2 * t] == l) sum[arg_[2 * t + 1]] = sum[arg_[2 * t + 1]] + g[t];
+        }
+        if (j->acc)
+            for (long long e = 0; e < area; ++e) gx[e] = gx[e] + sum[e];
+    }
+}
+
+static int gt_max_pool_run(gt_pool_fn fn, const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
+                           const gt_mm_t *g, int acc, long long work_per_plane, size_t bytes,
+                           gt_conv_ws ws)
+{
+    const long long planes = G->nb * G->ch;
+    if (planes <= 0) return 1;
+    gt_conv_job job = {*G, out, x, NULL, g, acc, planes, 0, {0}, ws};
+    long long chunks = 1;
+    const int threads = gt_conv_threads(planes * work_per_plane * 8, planes);
+    if (threads > 1) {
+        chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+        job.vecs_per_block = (planes + chunks - 1) / chunks;
+        chunks = (planes + job.vecs_per_block - 1) / job.vecs_per_block;
+    }
+    if (!gt_conv_bufs_alloc(&job.bufs, threads, bytes, ws)) return 0;
+    GT_FP_ENTER(saved);
+    if (threads > 1 && chunks > 1)
+        gt_pool_run(fn, &job, chunks, threads, gt_fp_clean(saved));
+    else
+        for (long long c = 0; c < chunks; ++c) fn(&job, c);
+    GT_FP_LEAVE(saved);
+    if (job.bufs.owned) free(job.bufs.base);
+    return 1;
+}
+
+/* out = max_pool2d(x) (G->oc unused); 1, or 0 when out of memory. */
+static int gt_max_pool2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *x,
+                                 gt_conv_ws ws)
+{
+    return gt_max_pool_run(gt_max_pool_fwd_chunk, G, out, x, NULL, 0,
+                           G->oh * G->ow * G->kh * G->kw, gt_conv_slot_bytes(G, 3, 0), ws);
+}
+
+/* gx (=|+=) max_pool2d's input gradient for g; 1, or 0 (nothing written) when out
+ * of memory. */
+static int gt_max_pool2d_backward(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t *g,
+                                  const gt_mm_t *x, int acc, gt_conv_ws ws)
+{
+    return gt_max_pool_run(gt_max_pool_bwd_chunk, G, gx, x, g, acc,
+                           G->oh * G->ow * G->kh * G->kw + G->ih * G->iw,
+                           gt_conv_slot_bytes(G, 4, acc), ws);
+}
+
+#endif /* GT_CONV_H */
