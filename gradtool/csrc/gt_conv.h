@@ -241,7 +241,8 @@ GT_CONV_KERNELS_NV(4)
 typedef void (*gt_conv_kernel_fn)(long long, const gt_mm_t *, long long, const gt_mm_t *,
                                   long long, gt_mm_t *, long long);
 #define GT_CONV_ROW_OF(NV_) { gt_mm_kc1_##NV_, gt_mm_kc2_##NV_, gt_mm_kc3_##NV_, gt_mm_kc4_##NV_ }
-/* gt_conv_kernels[nv - 1][mr - 1]; 4 rows per tile (GT_MM_MR's 4, whatever it is) */
+/* gt_conv_kernels[nv - 1][mr - 1]; 4 rows per tile: this file's own tile, whatever
+ * gt_matmul.h's GT_MM_MR is */
 static const gt_conv_kernel_fn gt_conv_kernels[GT_CONV_NV][4] = {
     GT_CONV_ROW_OF(1), GT_CONV_ROW_OF(2), GT_CONV_ROW_OF(3), GT_CONV_ROW_OF(4)};
 
