@@ -1458,3 +1458,38 @@ def assert_emitted_c_equals_tape(tmp_path: Path, cases, cc: str, *, cflags=()) -
         assert H.same_bits(got[fname]["loss"], loss_bits), fname
         for j, g in enumerate(grads):
             assert H.same_bits(got[fname]["p"][j], g), f"{fname} p[{j}]"
+
+
+def mpiexec_path():
+    """The mpiexec beside this Python (the mpich wheel's) or on PATH; None without it or
+    without mpi4py."""
+    import importlib.util
+    import shutil
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def train_under_mpiexec(tape, args, save: Path, ranks: int = 2) -> bytes:
+    """``mpiexec -n RANKS gradtool train TAPE ARGS --save SAVE`` with this checkout first on
+    the path, one BLAS thread a rank and no launcher variables inherited from a caller;
+    the bytes it saved.  Skips the test without mpi4py or mpiexec."""
+    import pytest
+    from gradtool.train.distributed import LAUNCHER_RANK_VARS
+    mpiexec = mpiexec_path()
+    if mpiexec is None:
+        pytest.skip("no mpi4py/mpiexec (pip install -e '.[mpi]'): the in-process runs were "
+                    "compared")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"
+    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
+        env.pop(var, None)
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-c",
+           "from gradtool.cli import main; main()", "train", str(tape), *map(str, args),
+           "--save", str(save)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return Path(save).read_bytes()

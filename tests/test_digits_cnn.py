@@ -1,10 +1,6 @@
 """The digits CNN sample (samples/digits_cnn/): a reproducible tape, it learns, and every
 engine (cpu, host, shards in one process, two MPI ranks) saves the same bytes."""
 
-import importlib.util
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +9,7 @@ import pytest
 from conftest import require_c_compiler
 from gradtool.tapefile import dumps, load
 from gradtool.train import TrainOptions, Trainer
-from gradtool.train.distributed import LAUNCHER_RANK_VARS
-from support import DIGITS_DATA, ROOT, SAMPLES, run
+from support import DIGITS_DATA, SAMPLES, run, train_under_mpiexec
 
 CNN = SAMPLES / "digits_cnn" / "digits_cnn.msgpack"
 
@@ -40,13 +35,6 @@ def test_it_trains_to_97_percent_validation_accuracy():
     assert res.accuracy >= 0.97, res.summary()
 
 
-def _mpiexec():
-    if importlib.util.find_spec("mpi4py") is None:
-        return None
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def test_cpu_host_shards_and_mpi_ranks_save_the_same_bytes(tmp_path):
     require_c_compiler()
     common = ["--data", DIGITS_DATA, "--epochs", 2]
@@ -60,19 +48,8 @@ def test_cpu_host_shards_and_mpi_ranks_save_the_same_bytes(tmp_path):
     assert saved["cpu"] == saved["host"]
     assert saved["cpu2"] == saved["host2"]
     assert saved["cpu"] != saved["cpu2"]           # two shards: a step of 64 rows
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("no mpi4py/mpiexec: the in-process shards were compared")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
-        env.pop(var, None)
-    mpi = tmp_path / "mpi.msgpack"
-    cmd = [mpiexec, "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
-           "train", str(CNN), *map(str, common), "--shards", "2", "--save", str(mpi)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert mpi.read_bytes() == saved["cpu2"]
+    assert train_under_mpiexec(CNN, [*common, "--shards", 2],
+                               tmp_path / "mpi.msgpack") == saved["cpu2"]
 
 
 def test_trained_weights_in_a_torch_module_give_the_same_loss(tmp_path):
@@ -266,19 +243,8 @@ def test_the_batch_norm_cnn_saves_the_same_bytes_on_every_engine_and_two_ranks(t
         saved[name] = path.read_bytes()
     assert saved["cpu"] == saved["host"]
     assert saved["cpu2"] == saved["host2"] != saved["cpu"]
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("no mpi4py/mpiexec: the in-process engines and shards were compared")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
-        env.pop(var, None)
-    mpi = tmp_path / "mpi.msgpack"
-    cmd = [mpiexec, "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
-           "train", str(CNN_BN_TORCH), *map(str, common), "--shards", "2", "--save", str(mpi)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert mpi.read_bytes() == saved["cpu2"]
+    assert train_under_mpiexec(CNN_BN_TORCH, [*common, "--shards", 2],
+                               tmp_path / "mpi.msgpack") == saved["cpu2"]
 
 
 def test_the_batch_norm_cnn_written_back_gives_torch_the_same_loss_and_buffers(tmp_path):

@@ -6,8 +6,6 @@ without mpi4py/mpiexec)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -21,8 +19,7 @@ torch = pytest.importorskip("torch")
 import gradtool as gt                                          # noqa: E402
 from conftest import require_c_compiler                        # noqa: E402
 from gradtool.interop.torch import load_weights                # noqa: E402
-from gradtool.train.distributed import LAUNCHER_RANK_VARS      # noqa: E402
-from support import run                                        # noqa: E402
+from support import mpiexec_path, run, train_under_mpiexec      # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "tiny_gpt"
@@ -70,30 +67,15 @@ def test_cpu_and_host_train_to_the_same_bytes(tmp_path):
     assert outs["cpu"].read_bytes() != TAPE.read_bytes()
 
 
-def _mpiexec():
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or _mpiexec() is None,
+@pytest.mark.skipif(mpiexec_path() is None,
                     reason="MPI tests skipped: mpi4py or mpiexec missing "
                            "(pip install -e '.[mpi]')")
 def test_two_mpi_ranks_train_to_the_same_bytes_as_one_process(tmp_path):
     one, two = tmp_path / "one.msgpack", tmp_path / "two.msgpack"
     r = run("train", TAPE, "--data", DATA, *STEPS, "--shards", 2, "--save", one)
     assert r.exit_code == 0, r.output
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"
-    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
-        env.pop(var, None)
-    cmd = [_mpiexec(), "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
-           "train", str(TAPE), "--data", str(DATA), *map(str, STEPS), "--shards", "2",
-           "--save", str(two)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stderr
-    assert two.read_bytes() == one.read_bytes()
+    assert train_under_mpiexec(TAPE, ["--data", DATA, *STEPS, "--shards", 2],
+                               two) == one.read_bytes()
 
 
 def test_trained_weights_back_in_torch_give_gradtools_loss(tmp_path):

@@ -6,13 +6,6 @@ one-line refusals of a malformed ``state`` map.
 The real things throughout: torch.export through the importer, msgpack files on disk,
 the command line, MPICH's mpiexec where it is installed."""
 
-import importlib.util
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import msgpack
 import numpy as np
 import pytest
@@ -20,8 +13,7 @@ import pytest
 from conftest import require_c_compiler
 from gradtool.numerics import shard_accumulate, shard_divide
 from gradtool.tapefile import load
-from gradtool.train.distributed import LAUNCHER_RANK_VARS
-from support import ROOT, assert_one_line_error, run
+from support import assert_one_line_error, run, train_under_mpiexec
 
 torch = pytest.importorskip("torch")
 
@@ -171,13 +163,6 @@ def test_running_statistics_and_loss_match_torch_after_k_steps(files, tmp_path):
             assert np.array_equal(b.numpy(), got[name]), name     # the checkpoint's bits
 
 
-def _mpiexec():
-    if importlib.util.find_spec("mpi4py") is None:
-        return None
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def test_every_engine_and_two_mpi_ranks_save_the_same_bytes(files, tmp_path):
     require_c_compiler()
     d, _, _ = files
@@ -199,20 +184,8 @@ def test_every_engine_and_two_mpi_ranks_save_the_same_bytes(files, tmp_path):
         end = _state(tmp_path / f"{name}.msgpack")
         assert end["bn.num_batches_tracked"].tolist() == [12.0 if name == "cpu" else 6.0]
         assert not np.array_equal(end["bn.running_mean"], start["bn.running_mean"])
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("no mpi4py/mpiexec: the in-process engines and shards were compared")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in LAUNCHER_RANK_VARS + ("GRADTOOL_MPI_WORKER",):
-        env.pop(var, None)
-    mpi = tmp_path / "mpi.msgpack"
-    cmd = [mpiexec, "-n", "2", sys.executable, "-c", "from gradtool.cli import main; main()",
-           "train", str(d / "cnn.msgpack"), *map(str, common), "--shards", "2",
-           "--save", str(mpi)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert mpi.read_bytes() == saved["cpu2"]
+    assert train_under_mpiexec(d / "cnn.msgpack", [*common, "--shards", 2],
+                               tmp_path / "mpi.msgpack") == saved["cpu2"]
 
 
 def test_with_shards_the_state_is_the_shard_mean_of_the_outputs(files, tmp_path):
