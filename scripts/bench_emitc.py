@@ -83,11 +83,22 @@ def bench_torch(tp, loss):
     # element is x - x
     unary = {"neg": torch.neg, "relu": torch.relu, "sigmoid": torch.sigmoid,
              "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-             "abs": torch.abs, "sum": lambda a: a.sum().reshape(1),
+             "abs": torch.abs, "erf": torch.erf, "sin": torch.sin, "cos": torch.cos,
+             "expm1": torch.expm1, "log1p": torch.log1p, "rsqrt": lambda a: 1.0 / torch.sqrt(a),
+             "to_f64": lambda a: a, "sum": lambda a: a.sum().reshape(1),
              "mean": lambda a: a.mean().reshape(1), "max": lambda a: a.max().reshape(1),
              "log_softmax": lambda a: torch.log_softmax(a, dim=-1)}
+    def mask(compare):
+        return lambda a, b: compare(a, b).to(torch.float64)
     binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-              "maximum": torch.maximum}
+              "maximum": torch.maximum, "minimum": torch.minimum,
+              "eq": mask(torch.eq), "ne": mask(torch.ne), "lt": mask(torch.lt),
+              "le": mask(torch.le), "gt": mask(torch.gt), "ge": mask(torch.ge),
+              "keep": lambda a, m: torch.where(m != 0, a, 0.0),
+              "keep_not": lambda a, m: torch.where(m == 0, a, 0.0)}
+    scalar = {"adds": lambda a, s: a + s, "muls": lambda a, s: a * s,
+              "pows": lambda a, s: a ** s, "clamp_min": lambda a, s: torch.clamp(a, min=s),
+              "clamp_max": lambda a, s: torch.clamp(a, max=s)}
     plan = [(i, n.op, n.a, n.b, n.s) for i, n in enumerate(nodes[:loss.id + 1]) if n.a >= 0]
     params = [leaves[p.id] for p in tp.params()]
 
@@ -96,10 +107,8 @@ def bench_torch(tp, loss):
         for i, op, a, b, s in plan:
             if op in binary:
                 vals[i] = binary[op](vals[a], vals[b])
-            elif op == "adds":
-                vals[i] = vals[a] + s
-            elif op == "muls":
-                vals[i] = vals[a] * s
+            elif op in scalar:
+                vals[i] = scalar[op](vals[a], s)
             else:
                 vals[i] = unary[op](vals[a])
         for p in params:
