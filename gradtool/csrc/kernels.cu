@@ -720,6 +720,16 @@ static int gt_max_pool_bwd_host(gt_real *gx, const gt_real *g, const gt_real *x,
 }
 #endif
 
+/* an input plane's element (hh, ww), +0.0 in the padding around it */
+GT_DEV gt_real gt_plane_at(const gt_real *plane, long long hh, long long ww, long long ih,
+                           long long iw)
+{
+    return (hh >= 0 && hh < ih && ww >= 0 && ww < iw) ? plane[hh * iw + ww] : R0;
+}
+
+/* the tiled host build's geometry (csrc/gt_conv.h) from a conv kernel's decoded fields */
+#define GT_CONV_GEO_OF_ARGS {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups}
+
 /* out[n, o, y, z] = the FMA chain over (c, i, j) ascending from +0.0 of
  * w[o, c, i, j] * x[n, group's c, y*sh - ph + i*dh, z*sw - pw + j*dw] (+0.0 at
  * padding; numerics.conv2d); M[0] = nb*oc*oh*ow */
@@ -727,7 +737,7 @@ GT_KERNEL k_matmul_conv2d(gt_real *W, const long long *M)
 {
     GT_ARGS_k_matmul_conv2d
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
-    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    const gt_conv_geo G = GT_CONV_GEO_OF_ARGS;
     gt_conv2d_forward(&G, out, x, w, 0, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
@@ -740,8 +750,7 @@ GT_KERNEL k_matmul_conv2d(gt_real *W, const long long *M)
                 const long long hh = y * sh - ph + i * dh;
                 for (long long j = 0; j < kw; ++j, ++wo) {
                     const long long ww = z * sw - pw + j * dw;
-                    const gt_real v = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
-                                          ? plane[hh * iw + ww] : R0;
+                    const gt_real v = gt_plane_at(plane, hh, ww, ih, iw);
                     s = R_FMA(*wo, v, s);
                 }
             }
@@ -757,7 +766,7 @@ GT_KERNEL k_matmul_conv2d_dw(gt_real *W, const long long *M)
 {
     GT_ARGS_k_matmul_conv2d_dw
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
-    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    const gt_conv_geo G = GT_CONV_GEO_OF_ARGS;
     gt_conv2d_backward_w(&G, gw, g, x, 1, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
@@ -770,8 +779,7 @@ GT_KERNEL k_matmul_conv2d_dw(gt_real *W, const long long *M)
                 const long long hh = y * sh - ph + i * dh;
                 for (long long z = 0; z < ow; ++z) {
                     const long long ww = z * sw - pw + j * dw;
-                    const gt_real v = (hh >= 0 && hh < ih && ww >= 0 && ww < iw)
-                                          ? plane[hh * iw + ww] : R0;
+                    const gt_real v = gt_plane_at(plane, hh, ww, ih, iw);
                     s = R_FMA(go[y * ow + z], v, s);
                 }
             }
@@ -789,7 +797,7 @@ GT_KERNEL k_matmul_conv2d_dx(gt_real *W, const long long *M)
 {
     GT_ARGS_k_matmul_conv2d_dx
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
-    const gt_conv_geo G = {nb, ch, ih, iw, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, oc, groups};
+    const gt_conv_geo G = GT_CONV_GEO_OF_ARGS;
     gt_conv2d_backward_x(&G, gx, g, w, 1, (gt_conv_ws){0, 0});
 #else
     const long long cg = ch / groups, ocg = oc / groups;
