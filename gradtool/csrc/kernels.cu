@@ -20,7 +20,7 @@
  * episode from two arrays.
  *
  * Exactness.  Every result is the sequence of separately rounded operations
- * that gradtool/numerics.py and gradtool/ops.py document, in the same
+ * that gradtool/numerics.py and gradtool/ops/ document, in the same
  * order: arithmetic goes through R_ADD/R_SUB/R_MUL/R_DIV/R_SQRT (for float64
  * gt_math.h's GT_* macros: __d*_rn under nvcc, never contracted into an FMA;
  * plain operators on the host, compiled with -ffp-contract=off), the inner

@@ -484,7 +484,7 @@ def _window_geometry(b, i, kernel, dilation=(1, 1)):
 
 
 def _conv_geometry(b, i):
-    """The conv2d launches' geometry fields (ops.py's _CONV)."""
+    """The conv2d launches' geometry fields (gradtool/ops/conv.py's _CONV)."""
     node = b.tape.nodes[i]
     oc, cg, kh, kw = b.shapes[node.b]
     return dict(_window_geometry(b, i, (kh, kw), node.aux["dilation"]), oc=oc,

@@ -1,0 +1,82 @@
+"""The table's masks and integer data: comparisons, logical ops, conversions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..expr import G, X, Y, Const, Expr, eq, ne, select
+from .spec import OPS
+from .elementwise import binary, unary
+
+
+# ── the table: masks and integer data ──────────────────────────────────────
+#
+# A mask is a float64 tensor of 0.0/1.0; integer data (an i64 const: token ids,
+# targets) is read by the ops below as exact float64 values (every int64 with
+# |v| <= 2^53 converts exactly; on the device the arena holds them so already).
+#
+# * comparisons eq/ne/lt/le/gt/ge: 1.0 where the IEEE comparison holds, else 0.0 (a NaN
+#   compares unequal to everything, itself included: ne gives 1.0, the others 0.0).
+#   They carry NO gradient (grad_inputs=()): a comparison's node never requires grad,
+#   so the backward walk stops there on every backend (no zero contributions are run);
+# * keep(x, m) = x where m != 0 else -0.0, and keep_not(x, m) = x where m == 0 else -0.0:
+#   exact copies.  Their gradient is g where the copy was taken, else +0.0, to x only
+#   (none to the mask).  Tape.where(m, a, b) is the composite keep(a, m) + keep_not(b, m):
+#   where m holds that is a + (-0.0), else (-0.0) + b, and x + (-0.0) == x exactly in IEEE
+#   arithmetic for every x (+0.0, -0.0, the infinities; a NaN stays a NaN), so the add is
+#   an exact copy.  A mask element that is NaN counts as holding (NaN != 0), as
+#   torch's bool(nan) is True;
+# * to_f64(a): the values of a (an i64 const: its ids as exact float64; a float64 node:
+#   an exact copy), gradient g;
+# * Tape.logical_and/or/not are the exact composites mul(m, n), maximum(m, n) and
+#   eq(m, 0) on masks of 0.0/1.0; any and counts are max and sum over a mask.
+#
+# Integer-valued nodes (``integral``): an i64 const; a comparison; keep and keep_not of an
+# integer-valued a (whatever the mask); to_f64, add, sub, mul, neg, maximum, sum, max and
+# the layout ops (reshape, transpose, slice, concat) of integer-valued inputs.  take and
+# take_along read their ids from any integer-valued node (``id_inputs``): ids computed on
+# the tape are checked,
+# every one a whole number in [0, bound), by the CPU reference at every replay and by the
+# device kernels (a bad id reads nothing, writes a NaN and raises the replay's error flag,
+# which the engine turns into the same error).
+
+def _elementwise_reading_ints(forward):
+    """An elementwise numpy rule whose inputs may be int64 (an i64 const): converted to
+    float64 first (exact below 2^53), so every rule sees the kernels' values."""
+    def rule(a, b, s, at):
+        if a.dtype.kind in "iu":
+            a = a.astype(np.float64)
+        if b is not None and b.dtype.kind in "iu":
+            b = b.astype(np.float64)
+        return forward(a, b, s, at)
+    return rule
+
+
+def _compare(name: str, doc: str, cond: Expr) -> None:
+    binary(name, doc, select(cond, 1.0, 0.0), Const(0.0), Const(0.0), int_inputs=("a", "b"),
+           grad_inputs=(), integral="always")
+
+
+_compare("eq", "1.0 where a == b, else 0.0 (a mask; no gradient)", eq(X, Y))
+_compare("ne", "1.0 where a != b (a NaN too), else 0.0 (a mask; no gradient)", ne(X, Y))
+_compare("lt", "1.0 where a < b, else 0.0 (a mask; no gradient)", X < Y)
+_compare("le", "1.0 where a <= b, else 0.0 (a mask; no gradient)", X <= Y)
+_compare("gt", "1.0 where a > b, else 0.0 (a mask; no gradient)", X > Y)
+_compare("ge", "1.0 where a >= b, else 0.0 (a mask; no gradient)", X >= Y)
+binary("keep", "a where the mask b != 0, else -0.0 (exact; half of Tape.where)",
+       select(ne(Y, 0.0), X, -0.0), select(ne(Y, 0.0), G, 0.0), Const(0.0),
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+binary("keep_not", "a where the mask b == 0, else -0.0 (exact; half of Tape.where)",
+       select(eq(Y, 0.0), X, -0.0), select(eq(Y, 0.0), G, 0.0), Const(0.0),
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+unary("to_f64", "the values as float64 (integer data converted exactly; a float an exact "
+      "copy)", X, G, int_inputs=("a",), integral="inputs")
+for _name in ("eq", "ne", "lt", "le", "gt", "ge", "keep", "keep_not"):
+    OPS[_name] = dataclasses.replace(OPS[_name],
+                                     forward=_elementwise_reading_ints(OPS[_name].forward))
+del _name
+# to_f64's rule x is a copy: a new float64 array (never the input itself)
+OPS["to_f64"] = dataclasses.replace(
+    OPS["to_f64"], forward=lambda a, b, s, at: np.array(a, dtype=np.float64, copy=True))
