@@ -104,8 +104,9 @@ class CheckedNode:
 
 class RunNode(tuple):
     """A CheckedNode of a plain unary node checked in columns (see :func:`_plain_runs`):
-    the same fields, as a tuple ``(op, a, s, shape)`` built without Python code per node
-    (tuple.__new__); every other field is the same for all of them."""
+    the same fields, as a tuple ``(op, a, s, shape)``; every other field is the same for
+    all of them.  Built from the columns (:meth:`RunColumns.node`) only where a check
+    reads that node (an input of a node checked one by one, the loss, an output)."""
 
     __slots__ = ()
     op = property(operator.itemgetter(0))
@@ -118,6 +119,53 @@ class RunNode(tuple):
     def __repr__(self):
         return (f"RunNode(op={self.op!r}, a={self.a}, b=-1, s={self.s!r}, "
                 f"shape={self.shape})")
+
+
+class _InRun:
+    """The placeholder, in :attr:`CheckedFile.nodes`, of a node of a run checked in
+    columns: its fields are in :attr:`CheckedFile.columns` (:meth:`CheckedFile.node`)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<node of a run>"
+
+
+IN_RUN = _InRun()
+
+
+@dataclass
+class RunColumns:
+    """Per node of a file, the fields :func:`_plain_runs` (or :func:`_scanned_runs`) read,
+    as numpy arrays: ``code`` (``_RUN_CODE`` of the op; 0: not a run op), ``a``, ``b``,
+    ``s`` (float64), ``shape_id`` (an index into ``shapes``, the distinct shapes as
+    tuples, None where not a valid shape) and per shape id its elements (``sizes``);
+    ``ops`` the op of every node (what the budget reads of the others); ``starts`` and
+    ``stops`` the runs.  Only a node of a run that the checks took is read from them."""
+
+    starts: list
+    stops: list
+    ops: object
+    code: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    s: np.ndarray
+    shapes: list
+    shape_id: np.ndarray
+    sizes: np.ndarray
+
+    def node(self, k: int) -> RunNode:
+        """The CheckedNode of node ``k`` of a run."""
+        return tuple.__new__(RunNode, (_RUN_OPS[int(self.code[k]) - 1], int(self.a[k]),
+                                       float(self.s[k]), self.shapes[self.shape_id[k]]))
+
+
+def _at(nodes: list, k: int, columns: Optional[RunColumns]):
+    """``nodes[k]``, built from the columns first where it is a run's placeholder."""
+    node = nodes[k]
+    if node is IN_RUN:
+        node = nodes[k] = columns.node(k)
+    return node
 
 
 class _Plain:
@@ -146,7 +194,13 @@ class CheckedFile:
     runs: list = dataclasses.field(default_factory=list)
     # (start, stop) of runs of plain unary nodes (see _plain_runs): ops without attributes,
     # integer inputs or a stored value, reading one float node of their own shape, no
-    # integer values anywhere in the file; replay takes them in a tight loop
+    # integer values anywhere in the file; replay takes them from ``columns`` in a few
+    # calls, and ``nodes`` holds IN_RUN there (``node(k)`` builds one)
+    columns: Optional[RunColumns] = None
+
+    def node(self, k: int):
+        """Node ``k`` as checked (a CheckedNode, or a RunNode for a node of a run)."""
+        return _at(self.nodes, k, self.columns)
 
 
 def show(x, limit: int = 60) -> str:
@@ -505,9 +559,10 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     else:
         columns = _plain_runs(raw_nodes)
     runs = []                         # (start, stop) of the node runs checked as columns
+    took = False                      # whether nodes holds IN_RUN anywhere
     run_start = run_stop = len(raw_nodes)
     if columns is not None:
-        run_starts, run_stops = columns[0], columns[1]
+        run_starts, run_stops = columns.starts, columns.stops
         next_run = 0
         if len(run_starts):
             run_start, run_stop = run_starts[0], run_stops[0]
@@ -517,6 +572,8 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
         if i == run_start:
             done = _take_run(columns, i, run_stop, nodes, sizes, works,
                              max_elements - elements_total, max_work - work_total)
+            if done is not None:
+                took = True
             next_run += 1
             if next_run < len(run_starts):
                 run_start, run_stop = run_starts[next_run], run_stops[next_run]
@@ -531,6 +588,10 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
         raw = raw_nodes[i]
         if raw is PLAIN:              # a plain node the runs did not take: its map
             raw = raw_nodes[i] = scanned.node_map(i)
+        if took and type(raw) is dict:      # its inputs as checked, where in a run
+            for ref in (raw.get("a"), raw.get("b")):
+                if type(ref) is int and 0 <= ref < i and nodes[ref] is IN_RUN:
+                    nodes[ref] = columns.node(ref)
         node = plain_node(i, raw, nodes, names)
         if node is None:
             if skeleton(raw) not in valid:
@@ -579,25 +640,26 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
                             source=source, field="loss")
+    loss_node = _at(nodes, loss, columns)
     if sizes[loss] != 1:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
-                            f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
+                            f"{loss_node.op} has shape {format_shape(loss_node.shape)}",
                             source=source, node=loss)
-    if nodes[loss].dtype == INT_DTYPE:
+    if loss_node.dtype == INT_DTYPE:
         raise TapeFileError("is the loss, but it holds integer ids", source=source, node=loss)
     outputs = doc.get("outputs", {})
     for name, ref in outputs.items():
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
+        _at(nodes, ref, columns)      # as checked, for the states
     state = doc.get("state", {})
     for slot, output in state.items():
         _check_state(slot, output, nodes, names, outputs, source)
-    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra,
-                  columns[2:5] if columns is not None else None)
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra, columns)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
-                       runs=runs, state=dict(state))
+                       runs=runs, state=dict(state), columns=columns if runs else None)
 
 
 def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict,
@@ -660,8 +722,8 @@ _CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
 
 
 def _plain_runs(raw_nodes):
-    """(run starts, run stops, op, a, b, s, shapes, shape ids, sizes per shape id) of the
-    runs of plain unary nodes, or None: the node-by-node path for the whole file."""
+    """The :class:`RunColumns` of the runs of plain unary nodes, or None: the node-by-node
+    path for the whole file."""
     n = len(raw_nodes)
     if n < _RUN_MIN:
         return None
@@ -716,8 +778,13 @@ def _plain_runs(raw_nodes):
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return (starts.tolist(), stops.tolist(), ops, a_col, b_col, s_col, canon, shape_id,
-            np.array(sizes, dtype=object))
+    return RunColumns(starts.tolist(), stops.tolist(), ops, codes, a, b, s, canon, shape_id,
+                      _size_table(sizes))
+
+
+def _size_table(sizes: list) -> np.ndarray:
+    """Elements per shape id, as int64 where no sum over a file's nodes can overflow."""
+    return np.array(sizes, dtype=np.int64 if max(sizes, default=0) < 1 << 40 else object)
 
 
 def _scanned_runs(raw_nodes: list, scanned):
@@ -727,7 +794,6 @@ def _scanned_runs(raw_nodes: list, scanned):
     node is in a run on the same conditions (the scan found no integer data)."""
     n = len(raw_nodes)
     index = scanned.index
-    ops = np.array(scanned.ops, dtype=object)[scanned.code].tolist()
     codes = np.zeros(n, dtype=np.int64)
     codes[index] = np.array([_RUN_CODE[op] for op in scanned.ops], dtype=np.int64)[scanned.code]
     a = np.full(n, -1, dtype=np.int64)
@@ -752,7 +818,7 @@ def _scanned_runs(raw_nodes: list, scanned):
     shape_id = np.full(n, -1, dtype=np.int64)
     shape_id[index] = np.array(remap, dtype=np.int64)[scanned.shape_id]
     ops_full = np.empty(n, dtype=object)
-    ops_full[index] = ops
+    ops_full[index] = np.array(scanned.ops, dtype=object)[scanned.code]
     others = np.ones(n, dtype=bool)
     others[index] = False
     for k in np.flatnonzero(others).tolist():
@@ -785,24 +851,21 @@ def _scanned_runs(raw_nodes: list, scanned):
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return (starts.tolist(), stops.tolist(), ops_full.tolist(), a.tolist(), b, s.tolist(),
-            canon, shape_id, np.array(sizes, dtype=object))
+    return RunColumns(starts.tolist(), stops.tolist(), ops_full, codes, a, b, s, canon,
+                      shape_id, _size_table(sizes))
 
 
-def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
-              elements_left: int, work_left: int) -> Optional[int]:
-    """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
+def _take_run(columns: RunColumns, start: int, stop: int, nodes: list, sizes: list,
+              works: list, elements_left: int, work_left: int) -> Optional[int]:
+    """Append the placeholders, sizes and works of the plain run ``start:stop`` and return
     its elements (its work too: a unary node's work is its size), or None, appending
     nothing, when that would cross ``elements_left`` or ``work_left``."""
-    _, _, ops, a_col, _, s_col, canon, shape_id, shape_sizes = columns
-    run_ids = shape_id[start:stop].tolist()
-    run_sizes = shape_sizes[run_ids].tolist()
-    total = sum(run_sizes)
+    run_sizes = columns.sizes[columns.shape_id[start:stop]]
+    total = int(run_sizes.sum())
     if total > elements_left or total > work_left:
         return None
-    nodes.extend(map(tuple.__new__, repeat(RunNode),
-                     zip(ops[start:stop], a_col[start:stop], map(float, s_col[start:stop]),
-                         map(canon.__getitem__, run_ids))))
+    nodes.extend(repeat(IN_RUN, stop - start))
+    run_sizes = run_sizes.tolist()
     sizes.extend(run_sizes)
     works.extend(run_sizes)
     return total
@@ -831,20 +894,23 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
                   columns=None) -> None:
     """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
     ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b of
-    every node as :func:`_plain_runs` read them, which equal the checked nodes' once every
-    node has passed."""
+    every node as :func:`_plain_runs` read them (:class:`RunColumns`), which equal the
+    checked nodes' once every node has passed."""
     if columns is None:
-        columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
-    est = estimate_memory(*columns, sizes, works, loss, extra if any(extra) else None)
+        ops, a, b = [n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes]
+    else:
+        ops, a, b = columns.ops, columns.a, columns.b
+    est = estimate_memory(ops, a, b, sizes, works, loss, extra if any(extra) else None)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,
-                         nodes[worst].op)
+                         _at(nodes, worst, columns).op)
     if est.bytes > limits.max_memory:
         at, where = est.temporary_node, ""
         if at >= 0:
-            node = nodes[at]
-            operands = [node.shape] + [nodes[k].shape for k in (node.a, node.b) if k >= 0]
+            node = _at(nodes, at, columns)
+            operands = [node.shape] + [_at(nodes, k, columns).shape for k in (node.a, node.b)
+                                       if k >= 0]
             where = (f"; the largest temporary is this {node.op}'s, on "
                      f"{format_shape(max(operands, key=prod))} arrays")
         raise TapeFileError(f"replay and backward would need {est.describe()}, over this "
