@@ -656,7 +656,8 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     state = doc.get("state", {})
     for slot, output in state.items():
         _check_state(slot, output, nodes, names, outputs, source)
-    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra, columns)
+    _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra,
+                  columns if runs else None, runs)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
                        runs=runs, state=dict(state), columns=columns if runs else None)
@@ -891,16 +892,19 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
 
 
 def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra,
-                  columns=None) -> None:
+                  columns=None, runs=()) -> None:
     """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
     ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b of
     every node as :func:`_plain_runs` read them (:class:`RunColumns`), which equal the
-    checked nodes' once every node has passed."""
+    checked nodes' once every node has passed; the sizes and works of the ``runs``'
+    nodes are then taken from them too (a unary node's work is its size)."""
     if columns is None:
         ops, a, b = [n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes]
+        size_col, work_col = sizes, works
     else:
         ops, a, b = columns.ops, columns.a, columns.b
-    est = estimate_memory(ops, a, b, sizes, works, loss, extra if any(extra) else None)
+        size_col, work_col = _run_counts(sizes, works, runs, columns)
+    est = estimate_memory(ops, a, b, size_col, work_col, loss, extra if any(extra) else None)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,
@@ -917,6 +921,25 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
                             f"reader's memory limit of {human_bytes(limits.max_memory)}{where} "
                             f"(gradtool --max-memory SIZE raises it)", source=source,
                             node=at if at >= 0 else None)
+
+
+def _run_counts(sizes: list, works: list, runs: list, columns: RunColumns) -> tuple:
+    """Every node's size and work as int64 arrays, the runs' nodes' from the columns and
+    the others' from the lists (the lists where one is too large for int64)."""
+    others = np.ones(len(sizes), dtype=bool)
+    for start, stop in runs:
+        others[start:stop] = False
+    others = np.flatnonzero(others).tolist()
+    other_sizes = [sizes[k] for k in others]
+    other_works = [works[k] for k in others]
+    if columns.sizes.dtype != np.int64 or max(other_sizes, default=0) >= 1 << 58 \
+            or max(other_works, default=0) >= 1 << 58:
+        return sizes, works
+    size_col = columns.sizes[columns.shape_id]       # a run's node: a size of its shape
+    work_col = size_col.copy()
+    size_col[others] = other_sizes
+    work_col[others] = other_works
+    return size_col, work_col
 
 
 _ARITY = {name: spec.arity for name, spec in OPS.items()}
