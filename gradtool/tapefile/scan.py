@@ -38,6 +38,7 @@ from .checks import (_NOT_CONTAINER_BYTES, _RUN_OPS, _WHOLE_SOURCES, PLAIN, Limi
                      check_structure)
 
 SCAN_MIN = 1 << 14                # fewer nodes: decode as usual
+_TAIL = 256                       # more than a plain node's encoding reads (< 160 bytes)
 _SHAPE_KEY = bytes([0xa5]) + b"shape"
 
 
@@ -219,11 +220,29 @@ def _word(text: bytes) -> tuple:
 
 
 def _views(buf: np.ndarray) -> tuple:
-    """The 8 bytes and the 4 bytes at each position of ``buf`` as one little-endian
-    word (unaligned views, stride 1)."""
-    words = np.ndarray(shape=(len(buf) - 8,), dtype="<u8", buffer=buf, strides=(1,))
-    quads = np.ndarray(shape=(len(buf) - 4,), dtype="<u4", buffer=buf, strides=(1,))
+    """The 8 bytes and the 4 bytes at each position of ``buf`` (as far as they are
+    inside it) as one little-endian word (unaligned views, stride 1)."""
+    words = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
+    quads = np.ndarray(shape=(len(buf) - 3,), dtype="<u4", buffer=buf, strides=(1,))
     return words, quads
+
+
+_NODE_START = int.from_bytes(b"\x85\xa2op", "little")
+_CHUNK = 1 << 20
+
+
+def _starts(quads: np.ndarray, begin: int, end: int, most: int) -> Optional[np.ndarray]:
+    """The positions ``begin <= p < end`` where a map of 5 starts with the key "op", or
+    None where there are more than ``most`` (booleans for a chunk of the file at a time,
+    then positions only)."""
+    parts, count = [], 0
+    for at in range(begin, end, _CHUNK):
+        found = np.flatnonzero(quads[at:min(at + _CHUNK, end)] == _NODE_START)
+        count += len(found)
+        if count > most:
+            return None
+        parts.append(found + at)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _uint(buf: np.ndarray, quads: np.ndarray, pos: np.ndarray):
@@ -241,18 +260,14 @@ def _uint(buf: np.ndarray, quads: np.ndarray, pos: np.ndarray):
 
 def _candidates(raw: bytes, begin: int, most: int) -> Optional[dict]:
     """Every position at or after ``begin`` where a plain node's encoding (the module
-    doc) starts, with its fields and end, in increasing order of position; None where
-    more than ``most`` positions start like a node (a map of 5 whose first key is
-    "op")."""
-    pad = 256                       # reads past the end land in zeros (a node reads < 160)
-    buf = np.frombuffer(raw + bytes(pad), dtype=np.uint8)
+    doc) starts, with its fields and end, in increasing order of position (but in the
+    file's last ``_TAIL`` bytes: the nodes there are decoded by msgpack); None where more
+    than ``most`` positions start like a node (a map of 5 whose first key is "op")."""
+    buf = np.frombuffer(raw, dtype=np.uint8)
     words, quads = _views(buf)
-    # where a map of 5 starts with the key "op" (booleans per byte of the file, then
-    # positions only where at most ``most``)
-    start = quads[begin:len(raw)] == int.from_bytes(b"\x85\xa2op", "little")
-    if np.count_nonzero(start) > most:
+    p = _starts(quads, begin, len(raw) - _TAIL, most)   # every read below stays inside
+    if p is None:
         return None
-    p = np.flatnonzero(start) + begin
     # every field read at every candidate, its offsets bounded (so inside the padding),
     # and the candidates that fail any test dropped once at the end
     name_len = buf[p + 4].astype(np.int64) - 0xa0
