@@ -464,6 +464,35 @@ def schema_check() -> SchemaCheck:
     return SchemaCheck()
 
 
+def _node_id(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+# The schema's tests of the document's own fields (without the nodes' items: those are
+# plain_node's and the schema's), for plain_top; tests/test_tapefile.py checks the keys
+# against the schema's and the verdicts against jsonschema's on mutated documents.
+_TOP_REQUIRED = ("format", "version", "nodes")
+_TOP_TESTS = {
+    "format": lambda x: type(x) is str and x == FORMAT,
+    "version": lambda x: type(x) is int and x == VERSION,
+    "nodes": lambda x: type(x) is list and len(x) >= 1,
+    "loss": _node_id,
+    "outputs": lambda x: type(x) is dict and all(map(_node_id, x.values())),
+    "state": lambda x: type(x) is dict and all(type(v) is str and v != "" for v in x.values()),
+    "meta": lambda x: type(x) is dict,
+    "optimizer": lambda x: type(x) is dict,
+    "numerics": lambda x: type(x) is int and x >= 1,
+}
+
+
+def plain_top(doc) -> bool:
+    """Whether the document without its nodes' items is plainly valid: True only where
+    the schema says so (then jsonschema, 0.2 s to import and build, is not needed for a
+    file whose nodes are all plain), False where it may not (then it decides)."""
+    return (type(doc) is dict and all(key in doc for key in _TOP_REQUIRED)
+            and all(test(doc[key]) for key, test in _TOP_TESTS.items() if key in doc))
+
+
 def _check_header(doc, source: str) -> None:
     if not isinstance(doc, dict):
         raise TapeFileError(f"not a gradtool tape file: the top level is {kind(doc)}, "
@@ -537,10 +566,12 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     :func:`gradtool.tapefile.scan.scan` (:data:`PLAIN` in its node list).
     """
     _check_header(doc, source)
-    schema = schema_check()
-    err = schema.top_error(doc)
-    if err is not None:
-        raise _schema_error(err, None, doc, source)
+    schema = None                     # jsonschema, built where a check needs it
+    if not plain_top(doc):
+        schema = schema_check()
+        err = schema.top_error(doc)
+        if err is not None:
+            raise _schema_error(err, None, doc, source)
     raw_nodes = doc["nodes"]
     if len(raw_nodes) > limits.max_nodes:
         raise TapeFileError(f"{len(raw_nodes)} nodes, over this reader's limit of "
@@ -550,7 +581,6 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     extra = [0] * len(raw_nodes)          # budget.node_temporary of the windowed ops
     elements_total = work_total = 0
     max_elements, max_work = limits.max_elements, limits.max_work
-    valid, node_error = schema.valid_skeletons, schema.node_error
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
@@ -594,8 +624,10 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
                     nodes[ref] = columns.node(ref)
         node = plain_node(i, raw, nodes, names)
         if node is None:
-            if skeleton(raw) not in valid:
-                err = node_error(raw, source, limits)
+            if schema is None:
+                schema = schema_check()
+            if skeleton(raw) not in schema.valid_skeletons:
+                err = schema.node_error(raw, source, limits)
                 if err is not None:
                     raise _schema_error(err, i, doc, source)
             node = _check_node(i, raw, nodes, names, source)
