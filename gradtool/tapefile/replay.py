@@ -177,7 +177,12 @@ def _replay_run(columns: RunColumns, start: int, stop: int, tape: Tape, source: 
     ids = columns.a[start:stop]
     shape_id = columns.shape_id[start:stop]
     ops = _RUN_NAMES[code].tolist()
-    id_list, scalars = ids.tolist(), columns.s[start:stop].tolist()
+    scalars = columns.s[start:stop]
+    if scalars.any() or np.signbit(scalars).any():
+        scalars = scalars.tolist()
+    else:                                     # mostly: +0.0 everywhere, one float object
+        scalars = [0.0] * (stop - start)
+    id_list = ids.tolist()
     shapes = columns.shapes
     compiled = run_library()
     # the stretches of one shape (mostly: one)

@@ -142,16 +142,16 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
     starts, ends = cand["start"], cand["end"]
     if len(starts) < length // 2:
         return None               # mostly other nodes: one msgpack call decodes faster
-    start_list = starts.tolist()
     # a block: candidates each starting where the previous one ends
-    breaks = np.flatnonzero(ends[:-1] != starts[1:]).tolist() + [len(start_list) - 1]
+    breaks = np.flatnonzero(ends[:-1] != starts[1:]).tolist() + [len(starts) - 1]
+    start_list = starts           # a list once there are other nodes (bisect on a list)
     nodes = [None] * length
     index_parts, cand_parts = [], []
     pos, i, others = begin, 0, []
     stretch = None                # the Unpacker of a stretch of other nodes
     while i < length:
         j = bisect_left(start_list, pos)
-        if j < len(start_list) and start_list[j] == pos:
+        if j < len(starts) and start_list[j] == pos:
             k = breaks[bisect_left(breaks, j)]          # the block's last candidate
             m = min(k - j + 1, length - i)
             index_parts.append(np.arange(i, i + m))
@@ -161,6 +161,8 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
             pos = int(ends[j + m - 1])
             stretch = None
             continue
+        if start_list is starts:
+            start_list = starts.tolist()
         if stretch is None:
             stretch, stretch_at = unpacker(pos), pos
         node = nodes[i] = stretch.unpack()
@@ -179,7 +181,10 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
         keys = np.stack([shape_key, long_keys], axis=1).view("V16").ravel()
     else:
         keys = shape_key
-    unique, first, shape_id = np.unique(keys, return_index=True, return_inverse=True)
+    if len(keys) and (keys == keys[0]).all():        # mostly: one shape
+        first, shape_id = np.zeros(1, dtype=np.int64), np.zeros(len(keys), dtype=np.int64)
+    else:
+        _, first, shape_id = np.unique(keys, return_index=True, return_inverse=True)
     shape_start, shape_end = cand["shape_start"][chosen], ends[chosen]
     shapes = []
     for k in first.tolist():
