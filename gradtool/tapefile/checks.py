@@ -29,12 +29,17 @@ Gates 2 and 3 go through the nodes once, node by node, so the first bad node
 in file order is the one reported; an ordinary node takes a fast path
 (:func:`plain_node`) that returns only what the schema and the general checks
 would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
-nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
+nodes) is checked in columns with numpy (:func:`~.runs._plain_runs`): only nodes the
 fast path would accept for certain are taken, and every other node, or a run
 that crosses a budget, goes node by node, so the messages are the same.  For a
 long file, :mod:`gradtool.tapefile.scan` gives those columns without decoding the
-plain nodes' maps at all (:func:`_scanned_runs`); a plain node the runs do not take
-is decoded from its bytes when the node-by-node path reaches it.
+plain nodes' maps at all (:func:`~.runs._scanned_runs`); a plain node the runs do not take
+is decoded from its bytes when the node-by-node path reaches it.  A run stays columns
+(:class:`~.runs.RunColumns`) through the budgets and the replay: a node of a run becomes a
+Python object (:class:`~.runs.RunNode`) only where a check reads it (an input of a node
+checked one by one, the loss, an output, a node a budget message names).  The
+document's own fields are checked without jsonschema where plainly valid
+(:func:`plain_top`), so a file of plain nodes never builds the validators.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
@@ -44,10 +49,8 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import dataclasses
 from dataclasses import dataclass
-from itertools import chain, repeat
 from functools import lru_cache
 from importlib import resources
 from typing import Optional
@@ -61,6 +64,9 @@ from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, inexact_int,
                    infer_shape)
 from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
+from .runs import (_CORE, IN_RUN, RunColumns, _plain_runs, _run_counts, _scanned_runs,
+                   _take_run, node_at)
+from .runs import _RUN_OPS, RunNode  # noqa: F401  (where the runs' ops and nodes were)
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -102,72 +108,6 @@ class CheckedNode:
     integral: bool = False            # integer-valued (ops.OpSpec.integral): may feed ids
 
 
-class RunNode(tuple):
-    """A CheckedNode of a plain unary node checked in columns (see :func:`_plain_runs`):
-    the same fields, as a tuple ``(op, a, s, shape)``; every other field is the same for
-    all of them.  Built from the columns (:meth:`RunColumns.node`) only where a check
-    reads that node (an input of a node checked one by one, the loss, an output)."""
-
-    __slots__ = ()
-    op = property(operator.itemgetter(0))
-    a = property(operator.itemgetter(1))
-    s = property(operator.itemgetter(2))
-    shape = property(operator.itemgetter(3))
-    b, attrs, name, l2, data, value, dtype, integral = -1, None, None, 0.0, None, None, "f64", \
-        False
-
-    def __repr__(self):
-        return (f"RunNode(op={self.op!r}, a={self.a}, b=-1, s={self.s!r}, "
-                f"shape={self.shape})")
-
-
-class _InRun:
-    """The placeholder, in :attr:`CheckedFile.nodes`, of a node of a run checked in
-    columns: its fields are in :attr:`CheckedFile.columns` (:meth:`CheckedFile.node`)."""
-
-    __slots__ = ()
-
-    def __repr__(self):
-        return "<node of a run>"
-
-
-IN_RUN = _InRun()
-
-
-@dataclass
-class RunColumns:
-    """Per node of a file, the fields :func:`_plain_runs` (or :func:`_scanned_runs`) read,
-    as numpy arrays: ``code`` (``_RUN_CODE`` of the op; 0: not a run op), ``a``, ``b``,
-    ``s`` (float64), ``shape_id`` (an index into ``shapes``, the distinct shapes as
-    tuples, None where not a valid shape) and per shape id its elements (``sizes``);
-    ``ops`` the op of every node (what the budget reads of the others); ``starts`` and
-    ``stops`` the runs.  Only a node of a run that the checks took is read from them."""
-
-    starts: list
-    stops: list
-    ops: object
-    code: np.ndarray
-    a: np.ndarray
-    b: np.ndarray
-    s: np.ndarray
-    shapes: list
-    shape_id: np.ndarray
-    sizes: np.ndarray
-
-    def node(self, k: int) -> RunNode:
-        """The CheckedNode of node ``k`` of a run."""
-        return tuple.__new__(RunNode, (_RUN_OPS[int(self.code[k]) - 1], int(self.a[k]),
-                                       float(self.s[k]), self.shapes[self.shape_id[k]]))
-
-
-def _at(nodes: list, k: int, columns: Optional[RunColumns]):
-    """``nodes[k]``, built from the columns first where it is a run's placeholder."""
-    node = nodes[k]
-    if node is IN_RUN:
-        node = nodes[k] = columns.node(k)
-    return node
-
-
 class _Plain:
     """The placeholder of a plain node in a node list decoded by
     :func:`gradtool.tapefile.scan.scan`: its fields are the scan's columns, and its map is
@@ -200,7 +140,7 @@ class CheckedFile:
 
     def node(self, k: int):
         """Node ``k`` as checked (a CheckedNode, or a RunNode for a node of a run)."""
-        return _at(self.nodes, k, self.columns)
+        return node_at(self.nodes, k, self.columns)
 
 
 def show(x, limit: int = 60) -> str:
@@ -557,6 +497,8 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
 
 # ── gate 3: semantic checks ────────────────────────────────────────────────
 
+_RUN_MIN = 1024                   # fewer nodes: the columns (runs.py) cost more than they save
+
 def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     """Validate a decoded document completely; CheckedFile or TapeFileError.
 
@@ -586,8 +528,10 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
     if scanned is not None:
         columns = _scanned_runs(raw_nodes, scanned)
-    else:
+    elif len(raw_nodes) >= _RUN_MIN:
         columns = _plain_runs(raw_nodes)
+    else:
+        columns = None
     runs = []                         # (start, stop) of the node runs checked as columns
     took = False                      # whether nodes holds IN_RUN anywhere
     run_start = run_stop = len(raw_nodes)
@@ -672,7 +616,7 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
                             source=source, field="loss")
-    loss_node = _at(nodes, loss, columns)
+    loss_node = node_at(nodes, loss, columns)
     if sizes[loss] != 1:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
                             f"{loss_node.op} has shape {format_shape(loss_node.shape)}",
@@ -684,7 +628,7 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
-        _at(nodes, ref, columns)      # as checked, for the states
+        node_at(nodes, ref, columns)      # as checked, for the states
     state = doc.get("state", {})
     for slot, output in state.items():
         _check_state(slot, output, nodes, names, outputs, source)
@@ -726,183 +670,6 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
 
 
 
-# ── the columnar fast path: runs of plain unary nodes ──────────────────────
-#
-# A tape at the node limit is mostly ordinary elementwise nodes; even plain_node costs
-# ~4 us each there.  _plain_runs reads every node's op, a, b, s and shape in a few passes
-# over the whole node list (map over dict.get, no Python code per node) and finds, with
-# numpy, the nodes that plain_node would accept for certain and that need nothing from
-# it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
-# keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
-# a scalar operand, a valid shape equal to node a's (a unary op's shape is its
-# input's), in a file without integer data (no i64 const, no op whose values are
-# always whole numbers: then every node's ``integral`` is False).  Every other node,
-# and any file where a column holds a value of an unexpected type, goes through the
-# node-by-node path, which gives the exact messages; so does a run whose elements or
-# work would cross a budget (then the node-by-node path names the node that crosses).
-
-_RUN_MIN = 1024                   # fewer nodes: the columns cost more than they save
-_RUN_OPS = [name for name, spec in OPS.items()
-            if spec.kind == "unary" and spec.arity == 1 and not spec.attrs
-            and not spec.int_inputs and spec.integral in ("", "inputs", "a")]
-_RUN_CODE = {name: k + 1 for k, name in enumerate(_RUN_OPS)}      # 0: not a run op
-_RUN_SCALAR = np.array([False] + [name in SCALAR_OPS for name in _RUN_OPS])
-_WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral == "always")
-_INT_TYPE = frozenset((int,))
-_NUMBER_TYPES = frozenset((int, float))
-_LIST_TYPE = frozenset((list,))
-_CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
-
-
-def _plain_runs(raw_nodes):
-    """The :class:`RunColumns` of the runs of plain unary nodes, or None: the node-by-node
-    path for the whole file."""
-    n = len(raw_nodes)
-    if n < _RUN_MIN:
-        return None
-    get = dict.get
-    try:
-        try:                    # every node has the five core keys (as the writer writes)
-            ops, a_col, b_col, s_col, shapes = (list(map(item, raw_nodes))
-                                                for item in _CORE_ITEMS)
-            lengths = np.fromiter(map(len, raw_nodes), dtype=np.int64, count=n)
-            keys = lengths == len(_CORE)            # then no other key
-            more = np.flatnonzero(~keys).tolist()   # the only nodes that may hold a dtype
-            dtypes = [raw_nodes[k].get("dtype") for k in more]
-        except KeyError:
-            ops = list(map(get, raw_nodes, repeat("op")))
-            keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
-            a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
-            b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
-            s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
-            shapes = list(map(get, raw_nodes, repeat("shape")))
-            dtypes = map(get, raw_nodes, repeat("dtype"))
-        # (TypeError above: a node that is not a map)
-        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in dtypes:
-            return None
-        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
-        if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
-                or not set(map(type, s_col)) <= _NUMBER_TYPES
-                or not set(map(type, shapes)) <= _LIST_TYPE):
-            return None
-        a = np.fromiter(a_col, dtype=np.int64, count=n)
-        b = np.fromiter(b_col, dtype=np.int64, count=n)
-        s = np.fromiter(s_col, dtype=np.float64, count=n)
-        if not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE:
-            return None             # a dim not an int (a bool or a float equal to one)
-    except (TypeError, OverflowError, ValueError):
-        return None
-    # every dim an int: equal tuples are equal shapes
-    tuples = list(map(tuple, shapes))
-    unique = dict.fromkeys(tuples)
-    for k, dims in enumerate(unique):
-        unique[dims] = k
-    shape_id = np.fromiter(map(unique.__getitem__, tuples), dtype=np.int64, count=n)
-    valid, canon, sizes = [], [], []
-    for dims in unique:
-        ok = 0 < len(dims) <= 32 and min(dims) >= 1
-        valid.append(ok)
-        canon.append(dims if ok else None)
-        sizes.append(prod(dims) if ok else 0)
-    index = np.arange(n)
-    ok = (codes > 0) & keys & (b == -1) & (a >= 0) & (a < index)
-    ok &= (s == 0) | _RUN_SCALAR[codes]
-    ok &= np.array(valid, dtype=bool)[shape_id]
-    ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
-    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return RunColumns(starts.tolist(), stops.tolist(), ops, codes, a, b, s, canon, shape_id,
-                      _size_table(sizes))
-
-
-def _size_table(sizes: list) -> np.ndarray:
-    """Elements per shape id, as int64 where no sum over a file's nodes can overflow."""
-    return np.array(sizes, dtype=np.int64 if max(sizes, default=0) < 1 << 40 else object)
-
-
-def _scanned_runs(raw_nodes: list, scanned):
-    """:func:`_plain_runs`'s columns for a node list decoded by
-    :func:`gradtool.tapefile.scan.scan`: the plain nodes' fields from the scan's columns,
-    the other nodes' (few: the scan gives up otherwise) read from their maps; a plain
-    node is in a run on the same conditions (the scan found no integer data)."""
-    n = len(raw_nodes)
-    index = scanned.index
-    codes = np.zeros(n, dtype=np.int64)
-    codes[index] = np.array([_RUN_CODE[op] for op in scanned.ops], dtype=np.int64)[scanned.code]
-    a = np.full(n, -1, dtype=np.int64)
-    a[index] = scanned.a
-    b = np.full(n, -1, dtype=np.int64)
-    s = np.zeros(n, dtype=np.float64)
-    s[index] = scanned.s
-    # shape ids: the scan's distinct shapes first (two encodings of one shape: one id),
-    # then the other nodes' as tuples
-    canon, valid, sizes, unique, remap = [], [], [], {}, []
-    for dims in scanned.shapes:
-        if dims is None or len(dims) > 32:
-            remap.append(-1)
-            continue
-        dims = tuple(dims)
-        if dims not in unique:
-            unique[dims] = len(canon)
-            canon.append(dims)
-            valid.append(True)
-            sizes.append(prod(dims))
-        remap.append(unique[dims])
-    shape_id = np.full(n, -1, dtype=np.int64)
-    shape_id[index] = np.array(remap, dtype=np.int64)[scanned.shape_id]
-    ops_full = np.empty(n, dtype=object)
-    ops_full[index] = np.array(scanned.ops, dtype=object)[scanned.code]
-    others = np.ones(n, dtype=bool)
-    others[index] = False
-    for k in np.flatnonzero(others).tolist():
-        raw = raw_nodes[k]
-        if type(raw) is not dict:
-            continue
-        ops_full[k] = raw.get("op")
-        for column, key in ((a, "a"), (b, "b")):
-            value = raw.get(key, -1)
-            if type(value) is int and -1 <= value < n:
-                column[k] = value
-        shape = raw.get("shape")
-        if type(shape) is list and 0 < len(shape) <= 32 and set(map(type, shape)) <= _INT_TYPE \
-                and min(shape) >= 1:
-            dims = tuple(shape)
-            if dims not in unique:
-                unique[dims] = len(canon)
-                canon.append(dims)
-                valid.append(True)
-                sizes.append(prod(dims))
-            shape_id[k] = unique[dims]
-    valid.append(False)                   # shape id -1: a node whose shape is not plain
-    sizes.append(0)
-    # the same conditions as _plain_runs (the core keys only, b == -1: a plain node's
-    # encoding; the other nodes have code 0)
-    idx = np.arange(n)
-    ok = (codes > 0) & (a >= 0) & (a < idx)
-    ok &= (s == 0) | _RUN_SCALAR[codes]
-    ok &= np.array(valid, dtype=bool)[shape_id]
-    ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
-    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return RunColumns(starts.tolist(), stops.tolist(), ops_full, codes, a, b, s, canon,
-                      shape_id, _size_table(sizes))
-
-
-def _take_run(columns: RunColumns, start: int, stop: int, nodes: list, sizes: list,
-              works: list, elements_left: int, work_left: int) -> Optional[int]:
-    """Append the placeholders, sizes and works of the plain run ``start:stop`` and return
-    its elements (its work too: a unary node's work is its size), or None, appending
-    nothing, when that would cross ``elements_left`` or ``work_left``."""
-    run_sizes = columns.sizes[columns.shape_id[start:stop]]
-    total = int(run_sizes.sum())
-    if total > elements_left or total > work_left:
-        return None
-    nodes.extend(repeat(IN_RUN, stop - start))
-    run_sizes = run_sizes.tolist()
-    sizes.extend(run_sizes)
-    works.extend(run_sizes)
-    return total
-
 _INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
 
 
@@ -926,10 +693,10 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
 def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra,
                   columns=None, runs=()) -> None:
     """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
-    ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b of
-    every node as :func:`_plain_runs` read them (:class:`RunColumns`), which equal the
-    checked nodes' once every node has passed; the sizes and works of the ``runs``'
-    nodes are then taken from them too (a unary node's work is its size)."""
+    ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b
+    of every node as :func:`~.runs._plain_runs` read them (:class:`~.runs.RunColumns`),
+    which equal the checked nodes' once every node has passed; the sizes and works of
+    the ``runs``' nodes are then taken from them too (a unary node's work is its size)."""
     if columns is None:
         ops, a, b = [n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes]
         size_col, work_col = sizes, works
@@ -940,12 +707,12 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,
-                         _at(nodes, worst, columns).op)
+                         node_at(nodes, worst, columns).op)
     if est.bytes > limits.max_memory:
         at, where = est.temporary_node, ""
         if at >= 0:
-            node = _at(nodes, at, columns)
-            operands = [node.shape] + [_at(nodes, k, columns).shape for k in (node.a, node.b)
+            node = node_at(nodes, at, columns)
+            operands = [node.shape] + [node_at(nodes, k, columns).shape for k in (node.a, node.b)
                                        if k >= 0]
             where = (f"; the largest temporary is this {node.op}'s, on "
                      f"{format_shape(max(operands, key=prod))} arrays")
@@ -953,25 +720,6 @@ def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra
                             f"reader's memory limit of {human_bytes(limits.max_memory)}{where} "
                             f"(gradtool --max-memory SIZE raises it)", source=source,
                             node=at if at >= 0 else None)
-
-
-def _run_counts(sizes: list, works: list, runs: list, columns: RunColumns) -> tuple:
-    """Every node's size and work as int64 arrays, the runs' nodes' from the columns and
-    the others' from the lists (the lists where one is too large for int64)."""
-    others = np.ones(len(sizes), dtype=bool)
-    for start, stop in runs:
-        others[start:stop] = False
-    others = np.flatnonzero(others).tolist()
-    other_sizes = [sizes[k] for k in others]
-    other_works = [works[k] for k in others]
-    if columns.sizes.dtype != np.int64 or max(other_sizes, default=0) >= 1 << 58 \
-            or max(other_works, default=0) >= 1 << 58:
-        return sizes, works
-    size_col = columns.sizes[columns.shape_id]       # a run's node: a size of its shape
-    work_col = size_col.copy()
-    size_col[others] = other_sizes
-    work_col[others] = other_works
-    return size_col, work_col
 
 
 _ARITY = {name: spec.arity for name, spec in OPS.items()}
@@ -982,7 +730,6 @@ _PLAIN_TESTS = {name: FIELD_TESTS[name] for name, spec in OPS.items()
                 if not spec.attrs and not spec.int_inputs}
 _INT_READERS_TEXT = " and ".join(INT_READERS) if len(INT_READERS) <= 2 else \
     ", ".join(INT_READERS[:-1]) + " and " + INT_READERS[-1]
-_CORE = frozenset({"op", "a", "b", "s", "shape"})      # tested inline below
 _SCALAR_OPS = frozenset(SCALAR_OPS)
 _SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 

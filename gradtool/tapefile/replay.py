@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import groupby, repeat
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -10,7 +10,8 @@ import numpy as np
 from ..errors import TapeFileError
 from ..ops import INT_DTYPE, OPS, bad_id, kernel_names
 from ..tape import GVar, Node, Tape, ieee_silent
-from .checks import _RUN_OPS, CheckedFile, RunColumns
+from .checks import CheckedFile
+from .runs import _RUN_OPS, RunColumns
 from .write import dumps, write
 
 
@@ -123,7 +124,7 @@ def _run_rule(op: str):
     return OPS[op].forward
 
 
-_RUN_NAMES = np.array([None, *_RUN_OPS], dtype=object)       # per checks._RUN_CODE
+_RUN_NAMES = np.array([None, *_RUN_OPS], dtype=object)       # per runs._RUN_CODE
 _RUN_GRAD_A = np.array([False, *("a" in OPS[op].grad_inputs for op in _RUN_OPS)])
 
 
@@ -134,7 +135,7 @@ _RUN_LIBRARY: list = []        # [(library, {op: code}) or None], once per proce
 
 def run_library():
     """``csrc/gt_replay.c`` (built and cached on first use), the code of each op it
-    knows, and the same per ``checks._RUN_CODE`` (-1: not compiled) as an array; or None:
+    knows, and the same per ``runs._RUN_CODE`` (-1: not compiled) as an array; or None:
     no C compiler, or ``GRADTOOL_NATIVE=0``."""
     if not _RUN_LIBRARY:
         found = None
@@ -157,7 +158,7 @@ def run_library():
                     if op in OPS and OPS[op].kind == "unary" and kernel_names(OPS[op])[0] == kernel:
                         codes[op] = code
                 lib_code = np.array([-1, *(codes.get(op, -1) for op in _RUN_OPS)],
-                                    dtype=np.intc)               # per checks._RUN_CODE
+                                    dtype=np.intc)               # per runs._RUN_CODE
                 found = (lib, codes, lib_code)
             except (native.NativeUnavailable, OSError):
                 found = None

@@ -34,8 +34,8 @@ import msgpack
 import numpy as np
 
 from ..ops import INT_DTYPE
-from .checks import (_NOT_CONTAINER_BYTES, _RUN_OPS, _WHOLE_SOURCES, PLAIN, Limits,
-                     check_structure)
+from .checks import _NOT_CONTAINER_BYTES, PLAIN, Limits, check_structure
+from .runs import _RUN_OPS, _WHOLE_SOURCES
 
 SCAN_MIN = 1 << 14                # fewer nodes: decode as usual
 _TAIL = 256                       # more than a plain node's encoding reads (< 160 bytes)
