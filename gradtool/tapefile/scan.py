@@ -273,8 +273,21 @@ def _candidates(raw: bytes, begin: int, most: int) -> Optional[dict]:
     p = _starts(quads, begin, len(raw) - _TAIL, most)   # every read below stays inside
     if p is None:
         return None
-    # every field read at every candidate, its offsets bounded (so inside the padding),
-    # and the candidates that fail any test dropped once at the end
+    # a block of candidates at a time: the temporaries stay in the cache
+    parts = [_fields(buf, words, quads, p[at:at + _BLOCK])
+             for at in range(0, len(p), _BLOCK)] or [_fields(buf, words, quads, p)]
+    if len(parts) == 1:
+        return parts[0]
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
+_BLOCK = 1 << 15
+
+
+def _fields(buf: np.ndarray, words: np.ndarray, quads: np.ndarray, p: np.ndarray) -> dict:
+    """The candidates at ``p`` that are a plain node's encoding, and their fields."""
+    # every field read at every candidate, its offsets bounded (so inside the file), and
+    # the candidates that fail any test dropped once at the end
     name_len = buf[p + 4].astype(np.int64) - 0xa0
     ok = (name_len >= 1) & (name_len <= 9)
     name_len = np.where(ok, name_len, 1)
