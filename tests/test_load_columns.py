@@ -449,3 +449,13 @@ def test_gc_paused_leaves_its_objects_old_and_collectable():
     finally:
         if not was:
             gc.disable()
+
+
+def test_the_scan_in_small_blocks_of_candidates_gives_the_same_tape(monkeypatch):
+    raw = msgpack.packb(long_doc(), use_bin_type=True)
+    whole = scanned_way(raw, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "_BLOCK", 7)               # a block boundary every few nodes
+        m.setattr(scan, "_CHUNK", 1000)            # and a chunk of node starts too
+        blocks = scanned_way(raw, monkeypatch)
+    assert whole[2] and blocks[2] and blocks[0] == whole[0] == whole[1]
