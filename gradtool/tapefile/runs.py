@@ -32,7 +32,8 @@ from ..budget import prod
 from ..ops import INT_DTYPE, OPS
 from .fields import SCALAR_OPS
 
-_CORE = frozenset({"op", "a", "b", "s", "shape"})     # the keys every node may have
+_CORE = frozenset({"op", "a", "b", "s", "shape"})     # a plain node's keys (the checks'
+                                                      # plain_node tests them inline)
 
 
 class RunNode(tuple):
