@@ -138,8 +138,9 @@ class MemoryEstimate:
 
 def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEstimate:
     """The model for a tape given per node its op, input ids (-1: none), element count
-    and forward work; ``loss`` is the node backward seeds; ``extra``: per node its
-    :func:`node_temporary` (default none), added to the node's temporaries.
+    and forward work (lists, or numpy integer arrays); ``loss`` is the node backward
+    seeds; ``extra``: per node its :func:`node_temporary` (default none), added to the
+    node's temporaries.
 
     Taken over all nodes at once with numpy (a tape at the node limit has 2^20 nodes):
     which nodes require grad (:func:`_requires`), which ones the backward walk reaches
@@ -147,7 +148,7 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
     n = len(ops)
     if n == 0:
         return MemoryEstimate(0, 0, 0, -1, 0)
-    size = np.array(sizes, dtype=object if max(sizes) >= 1 << 58 else np.int64)
+    size = _counts(sizes)
     ia, ib = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
     op_node = ia >= 0
     has_b = ib >= 0
@@ -168,12 +169,13 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
     sides[~(reached & req & op_node)] = 0
     sides[loss + 1:] = 0
     walked = np.flatnonzero(sides)
-    top_work = max(works) if len(walked) else 0
+    work = _counts(works)
+    top_work = int(work.max()) if len(walked) else 0
     if 2 * n * top_work < 1 << 62:         # no sum can overflow int64
-        backward_work = int((sides[walked] * np.array(works, dtype=np.int64)[walked]).sum())
+        backward_work = int((sides[walked] * work[walked].astype(np.int64)).sum())
     else:
         backward_work = sum(map(operator.mul, sides[walked].tolist(),
-                                [works[i] for i in walked.tolist()]))
+                                [int(work[i]) for i in walked.tolist()]))
     # the largest temporary: the first node of the largest forward one, unless a node the
     # backward walk differentiates needs more (the first such from the loss down)
     temporary, temporary_node = 0, -1
@@ -189,6 +191,18 @@ def estimate_memory(ops, a, b, sizes, works, loss: int, extra=None) -> MemoryEst
             temporary_node = int(walked[np.flatnonzero(backward == top)[-1]])
     return MemoryEstimate(int(size.sum()), grads, temporary, temporary_node,
                           int(backward_work))
+
+
+def _counts(counts) -> np.ndarray:
+    """Non-negative counts as an int64 array, or of Python ints where one is 2^58 or more
+    (then no sum of them in int64 is safe)."""
+    if type(counts) is np.ndarray and counts.dtype == np.int64:
+        if len(counts) and counts.max() >= 1 << 58:
+            return counts.astype(object)
+        return counts
+    if type(counts) is np.ndarray:
+        counts = counts.tolist()
+    return np.array(counts, dtype=object if max(counts) >= 1 << 58 else np.int64)
 
 
 def _roots(ia, ib, op_node, has_b):
@@ -219,15 +233,15 @@ def _requires(ops, root, ia, ib, op_node, has_b):
     """Which nodes require grad (a param among their ancestors): a unary node as its
     chain's root (:func:`_roots`), a binary node as either input, in order."""
     leaves = np.flatnonzero(~op_node).tolist()
-    req_root = [False] * len(ops)
+    req_root = bytearray(len(ops))        # 1: the node requires grad (where a root)
     for i in leaves:
         if ops[i] == "param":
-            req_root[i] = True
+            req_root[i] = 1
     binary = np.flatnonzero(op_node & has_b)
     for i, x, y in zip(binary.tolist(), root[ia[binary]].tolist(), root[ib[binary]].tolist()):
         if req_root[x] or req_root[y]:
-            req_root[i] = True
-    return np.array(req_root, dtype=bool)[root]
+            req_root[i] = 1
+    return np.frombuffer(req_root, dtype=bool)[root]
 
 
 def _reached(req, root, depth, ia, ib, op_node, has_b, loss: int):
@@ -246,18 +260,20 @@ def _reached(req, root, depth, ia, ib, op_node, has_b, loss: int):
         return reached
     unary = op_node & ~has_b
     if not unary.any() or np.bincount(ia[unary], minlength=n).max() <= 1:
-        need = [-1] * n               # per chain root: the deepest node reached on it
-        need[int(root[loss])] = int(depth[loss])
+        need = {int(root[loss]): int(depth[loss])}   # per chain root: the deepest node
+        get = need.get                                # reached on it (absent: none)
         binary = np.flatnonzero((op_node & has_b)[:loss + 1])[::-1]
         for r, xa, da, xb, db in zip(binary.tolist(), root[ia[binary]].tolist(),
                                      depth[ia[binary]].tolist(), root[ib[binary]].tolist(),
                                      depth[ib[binary]].tolist()):
-            if need[r] >= 0:          # r is an ancestor of the loss: so are its inputs
-                if da > need[xa]:
+            if r in need:             # r is an ancestor of the loss: so are its inputs
+                if da > get(xa, -1):
                     need[xa] = da
-                if db > need[xb]:
+                if db > get(xb, -1):
                     need[xb] = db
-        reached = (depth <= np.array(need, dtype=np.int64)[root]) & req
+        deepest = np.full(n, -1, dtype=np.int64)
+        deepest[list(need)] = list(need.values())
+        reached = (depth <= deepest[root]) & req
         reached[loss] = True
         return reached
     reached = bytearray(n)

@@ -280,3 +280,182 @@ def test_the_compiled_replay_of_runs_gives_the_numpy_rules_bits(shapes, monkeypa
     params = [i for i, n in enumerate(tf.tape.nodes) if n.op == "param"]
     assert all(type(v) is np.ndarray and v.shape in shapes for v in values[:-1])
     assert not any(np.shares_memory(values[p], v) for p in params for v in values[p + 1:])
+
+
+# ── the rest of the node-limit work: the document's own fields without jsonschema, the
+# runs' requires, the replay without the compiled rules, the checks that read a node of a
+# run (loss, outputs, states, the memory budget), the collector after a load ──────────
+
+TOP_VALUES = [None, True, False, 0, 1, 2, -1, 1.0, 0.0, "", "x", "gradtool-tape", b"x", [],
+              [1], {}, {"a": 0}, {"a": -1}, {"a": True}, {"a": 1.0}, {"a": "y"}, {"a": ""},
+              {"a": None}, {"a": [0]}]
+
+
+def test_plain_top_accepts_only_what_the_schema_accepts():
+    from gradtool.tapefile.checks import _TOP_REQUIRED, _TOP_TESTS, plain_top, schema_check
+    root = checks.schema()
+    assert set(_TOP_TESTS) == set(root["properties"]) and list(_TOP_REQUIRED) == root["required"]
+    doc = long_doc()
+    doc.update(loss=len(doc["nodes"]) - 1, outputs={"y": 5}, state={}, meta={"m": 1},
+               optimizer={}, numerics=1)
+    assert plain_top(doc) and schema_check().top_error(doc) is None
+    plain = 0
+    for key in [*_TOP_TESTS, "other"]:
+        for value in TOP_VALUES:
+            bad = dict(doc, **{key: value})
+            valid = schema_check().top_error(bad) is None
+            assert not plain_top(bad) or valid, (key, value)
+            plain += plain_top(bad)
+        bad = dict(doc)
+        bad.pop(key, None)
+        assert not plain_top(bad) or schema_check().top_error(bad) is None, key
+    assert plain > len(_TOP_TESTS)               # the fast verdict is taken where it can be
+
+
+def test_a_file_of_plain_nodes_loads_without_importing_jsonschema(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = tmp_path / "long.msgpack"
+    path.write_bytes(msgpack.packb(chain_doc(), use_bin_type=True))
+    code = ("import sys, gradtool; tf = gradtool.load(sys.argv[1]); "
+            "print(len(tf.tape.nodes), 'jsonschema' in sys.modules)")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True, env={"PYTHONPATH": str(root), "PATH": ""},
+                         cwd=tmp_path).stdout.split()
+    assert out == [str(len(chain_doc()["nodes"])), "False"]
+
+
+def test_run_requires_is_the_node_by_node_rule():
+    from gradtool.tapefile.replay import run_requires
+    rng = np.random.default_rng(SEED)
+    for trial in range(300):
+        m = int(rng.integers(1, 60))
+        before = int(rng.integers(1, 5))        # nodes before the run
+        reqs = rng.integers(2, size=before).astype(bool).tolist()
+        grad_a = rng.random(m) < [0.5, 0.9, 1.0][trial % 3]
+        ids = []
+        for k in range(m):                     # mostly the node before, else any earlier one
+            ids.append(before + k - 1 if rng.random() < 0.7 and k else
+                       int(rng.integers(before + k)))
+        requires = list(reqs)
+        for k, a in enumerate(ids):
+            requires.append(bool(grad_a[k]) and requires[a])
+        ids = np.array(ids)
+        local = ids - before
+        outside = np.flatnonzero(local < 0)
+        outside_req = np.array([reqs[a] for a in ids[outside]], dtype=bool)
+        got = run_requires(grad_a, local, outside, outside_req).tolist()
+        assert got == requires[before:], trial
+
+
+def test_runs_replay_the_same_without_the_compiled_rules(monkeypatch):
+    from gradtool.tapefile import replay
+    for raw in (msgpack.packb(long_doc(), use_bin_type=True),
+                msgpack.packb(compiled_run_doc([(3,), (2, 2)]), use_bin_type=True)):
+        compiled = outcome(raw)
+        with monkeypatch.context() as m:
+            m.setattr(replay, "run_library", lambda: None)      # no compiler, NATIVE=0
+            plain = outcome(raw)
+        assert compiled[0] == "ok" and compiled == plain
+
+
+def chain_doc(n: int = 1600) -> dict:
+    """A param, a named const and a chain of unary nodes of shape [1] after them; the loss,
+    the outputs and the state's output inside the chain."""
+    nodes = [{"op": "param", "a": -1, "b": -1, "s": 0.0, "shape": [1], "name": "x",
+              "data": np.array([0.5]).astype("<f8").tobytes()},
+             {"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": [1], "name": "st",
+              "data": np.array([2.0]).astype("<f8").tobytes()}]
+    ops = [("neg", 0.0), ("tanh", 0.0), ("adds", 0.5), ("muls", -1.5), ("sigmoid", 0.0)]
+    for i in range(2, n):
+        op, s = ops[i % len(ops)]
+        nodes.append({"op": op, "a": i - 1 if i > 2 else 0, "b": -1, "s": s, "shape": [1]})
+    return {"format": "gradtool-tape", "version": 1, "nodes": nodes, "loss": n // 2,
+            "outputs": {"mid": n // 3, "end": n - 1}, "state": {"st": "mid"}}
+
+
+def test_loss_outputs_and_states_inside_a_run(monkeypatch):
+    doc = chain_doc()
+    columns, nodes = both_ways(msgpack.packb(doc, use_bin_type=True), monkeypatch)
+    assert columns[0] == "ok" and columns == nodes
+    tf = gradtool.load(msgpack.packb(doc, use_bin_type=True))
+    assert tf.loss.id == len(doc["nodes"]) // 2 and tf.state == {"st": "mid"}
+    for key, value in (("loss", 5), ("loss", 2000), ("outputs", {"mid": 1700}),
+                       ("state", {"st": "end"}), ("state", {"x": "mid"})):
+        bad = dict(doc, **{key: value})
+        columns, nodes = both_ways(msgpack.packb(bad, use_bin_type=True), monkeypatch)
+        assert columns == nodes, (key, value)
+    wide = chain_doc()                       # a loss of 3 elements inside the run
+    for node in wide["nodes"]:
+        node["shape"] = [3]
+        if node["op"] in ("param", "const"):
+            node["data"] = np.ones(3).astype("<f8").tobytes()
+    columns, nodes = both_ways(msgpack.packb(wide, use_bin_type=True), monkeypatch)
+    assert columns == nodes and columns[0] == "error" and "one element" in columns[1]
+
+
+def test_the_memory_budget_names_the_same_node_both_ways(monkeypatch):
+    from gradtool.budget import tape_memory
+    raw = msgpack.packb(chain_doc(), use_bin_type=True)    # the temporary: the loss's,
+    tf = gradtool.load(raw)                                 # inside a run
+    need = tape_memory(tf.tape, tf.loss.id).bytes
+    for cap in (2000, need // 2, need - 1):
+        limits = checks.Limits(max_memory=cap)
+        got = []
+        for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
+                                  (checks._RUN_MIN, 32)):
+            with monkeypatch.context() as m:
+                m.setattr(checks, "_RUN_MIN", run_min)
+                m.setattr(scan, "SCAN_MIN", scan_min)
+                with pytest.raises(TapeFileError) as err:
+                    gradtool.load(raw, name="f", limits=limits)
+            got.append(str(err.value))
+        assert got[0] == got[1] == got[2] and "memory limit" in got[0], got
+        op = tf.tape.nodes[tf.loss.id].op
+        assert f"node {tf.loss.id}:" in got[0] and f"this {op}'s" in got[0]
+
+
+def test_gc_paused_leaves_its_objects_old_and_collectable():
+    import gc
+    import weakref
+    from gradtool.tapefile.read import gc_paused
+
+    class Cycle:
+        pass
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+            keep = [[k] for k in range(50000)]
+            ring = Cycle()
+            ring.me = ring
+            probe = weakref.ref(ring)
+            del ring
+            young_walks = gc.get_stats()[0]["collections"]
+        assert gc.get_stats()[0]["collections"] == young_walks   # none came at once
+        assert gc.isenabled() and any(x is keep[7] for x in gc.get_objects(generation=2))
+        assert probe() is not None
+        gc.collect()
+        assert probe() is None                              # the cycle is collected
+        gc.freeze()                                         # someone else's freeze
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            more = [[k] for k in range(1000)]
+        assert gc.get_freeze_count() == frozen and more
+        gc.unfreeze()
+    finally:
+        if not was:
+            gc.disable()
+
+
+def test_the_scan_in_small_blocks_of_candidates_gives_the_same_tape(monkeypatch):
+    raw = msgpack.packb(long_doc(), use_bin_type=True)
+    whole = scanned_way(raw, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "_BLOCK", 7)               # a block boundary every few nodes
+        m.setattr(scan, "_CHUNK", 1000)            # and a chunk of node starts too
+        blocks = scanned_way(raw, monkeypatch)
+    assert whole[2] and blocks[2] and blocks[0] == whole[0] == whole[1]

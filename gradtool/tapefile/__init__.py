@@ -21,7 +21,8 @@ names, l2, aux dicts and all; ``tests/test_tapefile.py`` compares them).
 The package follows the data: :mod:`~gradtool.tapefile.write` (Tape -> bytes),
 :mod:`~gradtool.tapefile.checks` (bytes -> validated structure: bounded
 decoding, the schema, the semantic rules and budgets; :mod:`~gradtool.tapefile.scan`
-reads a long tape's plain nodes from the bytes as columns instead of maps),
+reads a long tape's plain nodes from the bytes as columns instead of maps, and
+:mod:`~gradtool.tapefile.runs` keeps their runs as columns),
 :mod:`~gradtool.tapefile.replay` (validated structure -> Tape) and
 :mod:`~gradtool.tapefile.read` (``load``: the three in order).
 """

@@ -29,12 +29,17 @@ Gates 2 and 3 go through the nodes once, node by node, so the first bad node
 in file order is the one reported; an ordinary node takes a fast path
 (:func:`plain_node`) that returns only what the schema and the general checks
 would, and a run of plain unary nodes (most of a tape at the node limit, 2^20
-nodes) is checked in columns with numpy (:func:`_plain_runs`): only nodes the
+nodes) is checked in columns with numpy (:func:`~.runs._plain_runs`): only nodes the
 fast path would accept for certain are taken, and every other node, or a run
 that crosses a budget, goes node by node, so the messages are the same.  For a
 long file, :mod:`gradtool.tapefile.scan` gives those columns without decoding the
-plain nodes' maps at all (:func:`_scanned_runs`); a plain node the runs do not take
-is decoded from its bytes when the node-by-node path reaches it.
+plain nodes' maps at all (:func:`~.runs._scanned_runs`); a plain node the runs do not take
+is decoded from its bytes when the node-by-node path reaches it.  A run stays columns
+(:class:`~.runs.RunColumns`) through the budgets and the replay: a node of a run becomes a
+Python object (:class:`~.runs.RunNode`) only where a check reads it (an input of a node
+checked one by one, the loss, an output, a node a budget message names).  The
+document's own fields are checked without jsonschema where plainly valid
+(:func:`plain_top`), so a file of plain nodes never builds the validators.
 
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
@@ -44,10 +49,8 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import dataclasses
 from dataclasses import dataclass
-from itertools import chain, repeat
 from functools import lru_cache
 from importlib import resources
 from typing import Optional
@@ -61,6 +64,9 @@ from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, inexact_int,
                    infer_shape)
 from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
+from .runs import (_CORE, IN_RUN, RunColumns, _plain_runs, _run_counts, _scanned_runs,
+                   _take_run, node_at)
+from .runs import _RUN_OPS, RunNode  # noqa: F401  (where the runs' ops and nodes were)
 
 FORMAT = "gradtool-tape"
 VERSION = 1
@@ -102,24 +108,6 @@ class CheckedNode:
     integral: bool = False            # integer-valued (ops.OpSpec.integral): may feed ids
 
 
-class RunNode(tuple):
-    """A CheckedNode of a plain unary node checked in columns (see :func:`_plain_runs`):
-    the same fields, as a tuple ``(op, a, s, shape)`` built without Python code per node
-    (tuple.__new__); every other field is the same for all of them."""
-
-    __slots__ = ()
-    op = property(operator.itemgetter(0))
-    a = property(operator.itemgetter(1))
-    s = property(operator.itemgetter(2))
-    shape = property(operator.itemgetter(3))
-    b, attrs, name, l2, data, value, dtype, integral = -1, None, None, 0.0, None, None, "f64", \
-        False
-
-    def __repr__(self):
-        return (f"RunNode(op={self.op!r}, a={self.a}, b=-1, s={self.s!r}, "
-                f"shape={self.shape})")
-
-
 class _Plain:
     """The placeholder of a plain node in a node list decoded by
     :func:`gradtool.tapefile.scan.scan`: its fields are the scan's columns, and its map is
@@ -146,7 +134,13 @@ class CheckedFile:
     runs: list = dataclasses.field(default_factory=list)
     # (start, stop) of runs of plain unary nodes (see _plain_runs): ops without attributes,
     # integer inputs or a stored value, reading one float node of their own shape, no
-    # integer values anywhere in the file; replay takes them in a tight loop
+    # integer values anywhere in the file; replay takes them from ``columns`` in a few
+    # calls, and ``nodes`` holds IN_RUN there (``node(k)`` builds one)
+    columns: Optional[RunColumns] = None
+
+    def node(self, k: int):
+        """Node ``k`` as checked (a CheckedNode, or a RunNode for a node of a run)."""
+        return node_at(self.nodes, k, self.columns)
 
 
 def show(x, limit: int = 60) -> str:
@@ -410,6 +404,35 @@ def schema_check() -> SchemaCheck:
     return SchemaCheck()
 
 
+def _node_id(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+# The schema's tests of the document's own fields (without the nodes' items: those are
+# plain_node's and the schema's), for plain_top; tests/test_tapefile.py checks the keys
+# against the schema's and the verdicts against jsonschema's on mutated documents.
+_TOP_REQUIRED = ("format", "version", "nodes")
+_TOP_TESTS = {
+    "format": lambda x: type(x) is str and x == FORMAT,
+    "version": lambda x: type(x) is int and x == VERSION,
+    "nodes": lambda x: type(x) is list and len(x) >= 1,
+    "loss": _node_id,
+    "outputs": lambda x: type(x) is dict and all(map(_node_id, x.values())),
+    "state": lambda x: type(x) is dict and all(type(v) is str and v != "" for v in x.values()),
+    "meta": lambda x: type(x) is dict,
+    "optimizer": lambda x: type(x) is dict,
+    "numerics": lambda x: type(x) is int and x >= 1,
+}
+
+
+def plain_top(doc) -> bool:
+    """Whether the document without its nodes' items is plainly valid: True only where
+    the schema says so (then jsonschema, 0.2 s to import and build, is not needed for a
+    file whose nodes are all plain), False where it may not (then it decides)."""
+    return (type(doc) is dict and all(key in doc for key in _TOP_REQUIRED)
+            and all(test(doc[key]) for key, test in _TOP_TESTS.items() if key in doc))
+
+
 def _check_header(doc, source: str) -> None:
     if not isinstance(doc, dict):
         raise TapeFileError(f"not a gradtool tape file: the top level is {kind(doc)}, "
@@ -474,6 +497,8 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
 
 # ── gate 3: semantic checks ────────────────────────────────────────────────
 
+_RUN_MIN = 1024                   # fewer nodes: the columns (runs.py) cost more than they save
+
 def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     """Validate a decoded document completely; CheckedFile or TapeFileError.
 
@@ -483,10 +508,12 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     :func:`gradtool.tapefile.scan.scan` (:data:`PLAIN` in its node list).
     """
     _check_header(doc, source)
-    schema = schema_check()
-    err = schema.top_error(doc)
-    if err is not None:
-        raise _schema_error(err, None, doc, source)
+    schema = None                     # jsonschema, built where a check needs it
+    if not plain_top(doc):
+        schema = schema_check()
+        err = schema.top_error(doc)
+        if err is not None:
+            raise _schema_error(err, None, doc, source)
     raw_nodes = doc["nodes"]
     if len(raw_nodes) > limits.max_nodes:
         raise TapeFileError(f"{len(raw_nodes)} nodes, over this reader's limit of "
@@ -496,18 +523,20 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     extra = [0] * len(raw_nodes)          # budget.node_temporary of the windowed ops
     elements_total = work_total = 0
     max_elements, max_work = limits.max_elements, limits.max_work
-    valid, node_error = schema.valid_skeletons, schema.node_error
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
     if scanned is not None:
         columns = _scanned_runs(raw_nodes, scanned)
-    else:
+    elif len(raw_nodes) >= _RUN_MIN:
         columns = _plain_runs(raw_nodes)
+    else:
+        columns = None
     runs = []                         # (start, stop) of the node runs checked as columns
+    took = False                      # whether nodes holds IN_RUN anywhere
     run_start = run_stop = len(raw_nodes)
     if columns is not None:
-        run_starts, run_stops = columns[0], columns[1]
+        run_starts, run_stops = columns.starts, columns.stops
         next_run = 0
         if len(run_starts):
             run_start, run_stop = run_starts[0], run_stops[0]
@@ -517,6 +546,8 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
         if i == run_start:
             done = _take_run(columns, i, run_stop, nodes, sizes, works,
                              max_elements - elements_total, max_work - work_total)
+            if done is not None:
+                took = True
             next_run += 1
             if next_run < len(run_starts):
                 run_start, run_stop = run_starts[next_run], run_stops[next_run]
@@ -531,10 +562,16 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
         raw = raw_nodes[i]
         if raw is PLAIN:              # a plain node the runs did not take: its map
             raw = raw_nodes[i] = scanned.node_map(i)
+        if took and type(raw) is dict:      # its inputs as checked, where in a run
+            for ref in (raw.get("a"), raw.get("b")):
+                if type(ref) is int and 0 <= ref < i and nodes[ref] is IN_RUN:
+                    nodes[ref] = columns.node(ref)
         node = plain_node(i, raw, nodes, names)
         if node is None:
-            if skeleton(raw) not in valid:
-                err = node_error(raw, source, limits)
+            if schema is None:
+                schema = schema_check()
+            if skeleton(raw) not in schema.valid_skeletons:
+                err = schema.node_error(raw, source, limits)
                 if err is not None:
                     raise _schema_error(err, i, doc, source)
             node = _check_node(i, raw, nodes, names, source)
@@ -579,25 +616,27 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     if loss >= len(nodes):
         raise TapeFileError(f"is node {loss}, but the tape has only {len(nodes)} nodes",
                             source=source, field="loss")
+    loss_node = node_at(nodes, loss, columns)
     if sizes[loss] != 1:
         raise TapeFileError(f"is the loss, but a loss must have one element and this "
-                            f"{nodes[loss].op} has shape {format_shape(nodes[loss].shape)}",
+                            f"{loss_node.op} has shape {format_shape(loss_node.shape)}",
                             source=source, node=loss)
-    if nodes[loss].dtype == INT_DTYPE:
+    if loss_node.dtype == INT_DTYPE:
         raise TapeFileError("is the loss, but it holds integer ids", source=source, node=loss)
     outputs = doc.get("outputs", {})
     for name, ref in outputs.items():
         if ref >= len(nodes):
             raise TapeFileError(f"is node {ref}, but the tape has only {len(nodes)} nodes",
                                 source=source, field=f"outputs.{name}")
+        node_at(nodes, ref, columns)      # as checked, for the states
     state = doc.get("state", {})
     for slot, output in state.items():
         _check_state(slot, output, nodes, names, outputs, source)
     _check_budget(nodes, sizes, works, loss, work_total, source, limits, extra,
-                  columns[2:5] if columns is not None else None)
+                  columns if runs else None, runs)
     return CheckedFile(nodes=nodes, loss=loss, outputs=dict(outputs), meta=doc.get("meta", {}),
                        optimizer=doc.get("optimizer"), numerics=doc.get("numerics", 1),
-                       runs=runs, state=dict(state))
+                       runs=runs, state=dict(state), columns=columns if runs else None)
 
 
 def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict,
@@ -631,182 +670,6 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
 
 
 
-# ── the columnar fast path: runs of plain unary nodes ──────────────────────
-#
-# A tape at the node limit is mostly ordinary elementwise nodes; even plain_node costs
-# ~4 us each there.  _plain_runs reads every node's op, a, b, s and shape in a few passes
-# over the whole node list (map over dict.get, no Python code per node) and finds, with
-# numpy, the nodes that plain_node would accept for certain and that need nothing from
-# it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
-# keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
-# a scalar operand, a valid shape equal to node a's (a unary op's shape is its
-# input's), in a file without integer data (no i64 const, no op whose values are
-# always whole numbers: then every node's ``integral`` is False).  Every other node,
-# and any file where a column holds a value of an unexpected type, goes through the
-# node-by-node path, which gives the exact messages; so does a run whose elements or
-# work would cross a budget (then the node-by-node path names the node that crosses).
-
-_RUN_MIN = 1024                   # fewer nodes: the columns cost more than they save
-_RUN_OPS = [name for name, spec in OPS.items()
-            if spec.kind == "unary" and spec.arity == 1 and not spec.attrs
-            and not spec.int_inputs and spec.integral in ("", "inputs", "a")]
-_RUN_CODE = {name: k + 1 for k, name in enumerate(_RUN_OPS)}      # 0: not a run op
-_RUN_SCALAR = np.array([False] + [name in SCALAR_OPS for name in _RUN_OPS])
-_WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral == "always")
-_INT_TYPE = frozenset((int,))
-_NUMBER_TYPES = frozenset((int, float))
-_LIST_TYPE = frozenset((list,))
-_CORE_ITEMS = tuple(map(operator.itemgetter, ("op", "a", "b", "s", "shape")))
-
-
-def _plain_runs(raw_nodes):
-    """(run starts, run stops, op, a, b, s, shapes, shape ids, sizes per shape id) of the
-    runs of plain unary nodes, or None: the node-by-node path for the whole file."""
-    n = len(raw_nodes)
-    if n < _RUN_MIN:
-        return None
-    get = dict.get
-    try:
-        try:                    # every node has the five core keys (as the writer writes)
-            ops, a_col, b_col, s_col, shapes = (list(map(item, raw_nodes))
-                                                for item in _CORE_ITEMS)
-            lengths = np.fromiter(map(len, raw_nodes), dtype=np.int64, count=n)
-            keys = lengths == len(_CORE)            # then no other key
-            more = np.flatnonzero(~keys).tolist()   # the only nodes that may hold a dtype
-            dtypes = [raw_nodes[k].get("dtype") for k in more]
-        except KeyError:
-            ops = list(map(get, raw_nodes, repeat("op")))
-            keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
-            a_col = list(map(get, raw_nodes, repeat("a"), repeat(-1)))
-            b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
-            s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
-            shapes = list(map(get, raw_nodes, repeat("shape")))
-            dtypes = map(get, raw_nodes, repeat("dtype"))
-        # (TypeError above: a node that is not a map)
-        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in dtypes:
-            return None
-        codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
-        if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
-                or not set(map(type, s_col)) <= _NUMBER_TYPES
-                or not set(map(type, shapes)) <= _LIST_TYPE):
-            return None
-        a = np.fromiter(a_col, dtype=np.int64, count=n)
-        b = np.fromiter(b_col, dtype=np.int64, count=n)
-        s = np.fromiter(s_col, dtype=np.float64, count=n)
-        if not set(map(type, chain.from_iterable(shapes))) <= _INT_TYPE:
-            return None             # a dim not an int (a bool or a float equal to one)
-    except (TypeError, OverflowError, ValueError):
-        return None
-    # every dim an int: equal tuples are equal shapes
-    tuples = list(map(tuple, shapes))
-    unique = dict.fromkeys(tuples)
-    for k, dims in enumerate(unique):
-        unique[dims] = k
-    shape_id = np.fromiter(map(unique.__getitem__, tuples), dtype=np.int64, count=n)
-    valid, canon, sizes = [], [], []
-    for dims in unique:
-        ok = 0 < len(dims) <= 32 and min(dims) >= 1
-        valid.append(ok)
-        canon.append(dims if ok else None)
-        sizes.append(prod(dims) if ok else 0)
-    index = np.arange(n)
-    ok = (codes > 0) & keys & (b == -1) & (a >= 0) & (a < index)
-    ok &= (s == 0) | _RUN_SCALAR[codes]
-    ok &= np.array(valid, dtype=bool)[shape_id]
-    ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
-    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return (starts.tolist(), stops.tolist(), ops, a_col, b_col, s_col, canon, shape_id,
-            np.array(sizes, dtype=object))
-
-
-def _scanned_runs(raw_nodes: list, scanned):
-    """:func:`_plain_runs`'s columns for a node list decoded by
-    :func:`gradtool.tapefile.scan.scan`: the plain nodes' fields from the scan's columns,
-    the other nodes' (few: the scan gives up otherwise) read from their maps; a plain
-    node is in a run on the same conditions (the scan found no integer data)."""
-    n = len(raw_nodes)
-    index = scanned.index
-    ops = np.array(scanned.ops, dtype=object)[scanned.code].tolist()
-    codes = np.zeros(n, dtype=np.int64)
-    codes[index] = np.array([_RUN_CODE[op] for op in scanned.ops], dtype=np.int64)[scanned.code]
-    a = np.full(n, -1, dtype=np.int64)
-    a[index] = scanned.a
-    b = np.full(n, -1, dtype=np.int64)
-    s = np.zeros(n, dtype=np.float64)
-    s[index] = scanned.s
-    # shape ids: the scan's distinct shapes first (two encodings of one shape: one id),
-    # then the other nodes' as tuples
-    canon, valid, sizes, unique, remap = [], [], [], {}, []
-    for dims in scanned.shapes:
-        if dims is None or len(dims) > 32:
-            remap.append(-1)
-            continue
-        dims = tuple(dims)
-        if dims not in unique:
-            unique[dims] = len(canon)
-            canon.append(dims)
-            valid.append(True)
-            sizes.append(prod(dims))
-        remap.append(unique[dims])
-    shape_id = np.full(n, -1, dtype=np.int64)
-    shape_id[index] = np.array(remap, dtype=np.int64)[scanned.shape_id]
-    ops_full = np.empty(n, dtype=object)
-    ops_full[index] = ops
-    others = np.ones(n, dtype=bool)
-    others[index] = False
-    for k in np.flatnonzero(others).tolist():
-        raw = raw_nodes[k]
-        if type(raw) is not dict:
-            continue
-        ops_full[k] = raw.get("op")
-        for column, key in ((a, "a"), (b, "b")):
-            value = raw.get(key, -1)
-            if type(value) is int and -1 <= value < n:
-                column[k] = value
-        shape = raw.get("shape")
-        if type(shape) is list and 0 < len(shape) <= 32 and set(map(type, shape)) <= _INT_TYPE \
-                and min(shape) >= 1:
-            dims = tuple(shape)
-            if dims not in unique:
-                unique[dims] = len(canon)
-                canon.append(dims)
-                valid.append(True)
-                sizes.append(prod(dims))
-            shape_id[k] = unique[dims]
-    valid.append(False)                   # shape id -1: a node whose shape is not plain
-    sizes.append(0)
-    # the same conditions as _plain_runs (the core keys only, b == -1: a plain node's
-    # encoding; the other nodes have code 0)
-    idx = np.arange(n)
-    ok = (codes > 0) & (a >= 0) & (a < idx)
-    ok &= (s == 0) | _RUN_SCALAR[codes]
-    ok &= np.array(valid, dtype=bool)[shape_id]
-    ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
-    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    return (starts.tolist(), stops.tolist(), ops_full.tolist(), a.tolist(), b, s.tolist(),
-            canon, shape_id, np.array(sizes, dtype=object))
-
-
-def _take_run(columns, start: int, stop: int, nodes: list, sizes: list, works: list,
-              elements_left: int, work_left: int) -> Optional[int]:
-    """Append the CheckedNodes, sizes and works of the plain run ``start:stop`` and return
-    its elements (its work too: a unary node's work is its size), or None, appending
-    nothing, when that would cross ``elements_left`` or ``work_left``."""
-    _, _, ops, a_col, _, s_col, canon, shape_id, shape_sizes = columns
-    run_ids = shape_id[start:stop].tolist()
-    run_sizes = shape_sizes[run_ids].tolist()
-    total = sum(run_sizes)
-    if total > elements_left or total > work_left:
-        return None
-    nodes.extend(map(tuple.__new__, repeat(RunNode),
-                     zip(ops[start:stop], a_col[start:stop], map(float, s_col[start:stop]),
-                         map(canon.__getitem__, run_ids))))
-    sizes.extend(run_sizes)
-    works.extend(run_sizes)
-    return total
-
 _INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
 
 
@@ -828,23 +691,29 @@ def _over_work(total: int, limits: Limits, source: str, node: int, op: str) -> T
 
 
 def _check_budget(nodes, sizes, works, loss, forward_work, source, limits, extra,
-                  columns=None) -> None:
+                  columns=None, runs=()) -> None:
     """Memory and work of replay plus backward (:mod:`gradtool.budget`) within ``limits``.
-    ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b of
-    every node as :func:`_plain_runs` read them, which equal the checked nodes' once every
-    node has passed."""
+    ``extra``: per node its budget.node_temporary.  ``columns``: the file's op, a and b
+    of every node as :func:`~.runs._plain_runs` read them (:class:`~.runs.RunColumns`),
+    which equal the checked nodes' once every node has passed; the sizes and works of
+    the ``runs``' nodes are then taken from them too (a unary node's work is its size)."""
     if columns is None:
-        columns = ([n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes])
-    est = estimate_memory(*columns, sizes, works, loss, extra if any(extra) else None)
+        ops, a, b = [n.op for n in nodes], [n.a for n in nodes], [n.b for n in nodes]
+        size_col, work_col = sizes, works
+    else:
+        ops, a, b = columns.ops, columns.a, columns.b
+        size_col, work_col = _run_counts(sizes, works, runs, columns)
+    est = estimate_memory(ops, a, b, size_col, work_col, loss, extra if any(extra) else None)
     if forward_work + est.backward_work > limits.max_work:
         worst = max(range(len(nodes)), key=works.__getitem__)
         raise _over_work(forward_work + est.backward_work, limits, source, worst,
-                         nodes[worst].op)
+                         node_at(nodes, worst, columns).op)
     if est.bytes > limits.max_memory:
         at, where = est.temporary_node, ""
         if at >= 0:
-            node = nodes[at]
-            operands = [node.shape] + [nodes[k].shape for k in (node.a, node.b) if k >= 0]
+            node = node_at(nodes, at, columns)
+            operands = [node.shape] + [node_at(nodes, k, columns).shape for k in (node.a, node.b)
+                                       if k >= 0]
             where = (f"; the largest temporary is this {node.op}'s, on "
                      f"{format_shape(max(operands, key=prod))} arrays")
         raise TapeFileError(f"replay and backward would need {est.describe()}, over this "
@@ -861,7 +730,6 @@ _PLAIN_TESTS = {name: FIELD_TESTS[name] for name, spec in OPS.items()
                 if not spec.attrs and not spec.int_inputs}
 _INT_READERS_TEXT = " and ".join(INT_READERS) if len(INT_READERS) <= 2 else \
     ", ".join(INT_READERS[:-1]) + " and " + INT_READERS[-1]
-_CORE = frozenset({"op", "a", "b", "s", "shape"})      # tested inline below
 _SCALAR_OPS = frozenset(SCALAR_OPS)
 _SAME_SHAPE = frozenset(name for name, spec in OPS.items() if spec.kind == "unary")
 

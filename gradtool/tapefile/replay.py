@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import groupby, repeat
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -11,6 +11,7 @@ from ..errors import TapeFileError
 from ..ops import INT_DTYPE, OPS, bad_id, kernel_names
 from ..tape import GVar, Node, Tape, ieee_silent
 from .checks import CheckedFile
+from .runs import _RUN_OPS, RunColumns
 from .write import dumps, write
 
 
@@ -75,7 +76,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
         while i < count:
             stop = runs.get(i)
             if stop is not None:
-                _replay_run(nodes, i, stop, tape, source)
+                _replay_run(checked.columns, i, stop, tape, source)
                 i = stop
                 continue
             node, k = nodes[i], i
@@ -92,7 +93,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                 ops_from = len(tape.nodes)
                 continue
             spec = OPS[op]
-            if spec.id_inputs and checked.nodes[b].a >= 0:     # ids computed on the tape
+            if spec.id_inputs and checked.node(b).a >= 0:      # ids computed on the tape
                 problem = bad_id(values[b], spec.index_bound(values[a].shape, node.attrs))
                 if problem:
                     raise TapeFileError(f"its ids, computed by node {b}: {problem} (table "
@@ -119,15 +120,12 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                     source, recorded, checked.numerics, checked.state)
 
 
-_RUN_RULES = {}
+def _run_rule(op: str):
+    return OPS[op].forward
 
 
-def _run_rule(op: str) -> tuple:
-    rule = _RUN_RULES.get(op)
-    if rule is None:
-        spec = OPS[op]
-        rule = _RUN_RULES[op] = (spec.forward, "a" in spec.grad_inputs)
-    return rule
+_RUN_NAMES = np.array([None, *_RUN_OPS], dtype=object)       # per runs._RUN_CODE
+_RUN_GRAD_A = np.array([False, *("a" in OPS[op].grad_inputs for op in _RUN_OPS)])
 
 
 RUN_SOURCES = ("gt_replay.c", "gt_real.h", "gt_ops.h", "gt_math.h", "host_prelude.h")
@@ -136,8 +134,9 @@ _RUN_LIBRARY: list = []        # [(library, {op: code}) or None], once per proce
 
 
 def run_library():
-    """``csrc/gt_replay.c`` (built and cached on first use) and the code of each op it
-    knows, or None: no C compiler, or ``GRADTOOL_NATIVE=0``."""
+    """``csrc/gt_replay.c`` (built and cached on first use), the code of each op it
+    knows, and the same per ``runs._RUN_CODE`` (-1: not compiled) as an array; or None:
+    no C compiler, or ``GRADTOOL_NATIVE=0``."""
     if not _RUN_LIBRARY:
         found = None
         from .. import native
@@ -158,57 +157,94 @@ def run_library():
                     op = kernel[2:]
                     if op in OPS and OPS[op].kind == "unary" and kernel_names(OPS[op])[0] == kernel:
                         codes[op] = code
-                found = (lib, codes)
+                lib_code = np.array([-1, *(codes.get(op, -1) for op in _RUN_OPS)],
+                                    dtype=np.intc)               # per runs._RUN_CODE
+                found = (lib, codes, lib_code)
             except (native.NativeUnavailable, OSError):
                 found = None
         _RUN_LIBRARY.append(found)
     return _RUN_LIBRARY[0]
 
 
-def _replay_run(nodes: list, start: int, stop: int, tape: Tape, source: str) -> None:
+def _replay_run(columns: RunColumns, start: int, stop: int, tape: Tape, source: str) -> None:
     """The nodes ``start:stop`` of a run of plain unary nodes (CheckedFile.runs: no
-    attributes, stored value or integer data; a float input of the node's own shape;
-    checks.RunNode tuples ``(op, a, s, shape)``), as the general loop of :func:`replay`
-    appends them, with less per node: each stretch of one shape in one call of the
-    compiled rules (:func:`run_library`; its nodes' values are the rows of one array),
-    else the values one by one; the Nodes in one call."""
-    values, requires = tape.values, tape.requires
-    append_requires = requires.append
-    ops, ids, scalars, shapes = zip(*nodes[start:stop])
+    attributes, stored value or integer data; a float input of the node's own shape),
+    read from the checks' columns, as the general loop of :func:`replay` appends them,
+    with less per node: each stretch of one shape in one call of the compiled rules
+    (:func:`run_library`; its nodes' values are the rows of one array), else the values
+    one by one; whether each requires grad in a few numpy passes (:func:`run_requires`);
+    the Nodes in one call."""
+    code = columns.code[start:stop]
+    ids = columns.a[start:stop]
+    shape_id = columns.shape_id[start:stop]
+    ops = _RUN_NAMES[code].tolist()
+    scalars = columns.s[start:stop]
+    if scalars.any() or np.signbit(scalars).any():
+        scalars = scalars.tolist()
+    else:                                     # mostly: +0.0 everywhere, one float object
+        scalars = [0.0] * (stop - start)
+    id_list = ids.tolist()
+    shapes = columns.shapes
     compiled = run_library()
-    if compiled is None or stop - start < COMPILED_RUN_MIN:
-        _run_values(values, ops, ids, scalars, shapes, start, source)
-    else:
-        first = 0
-        if shapes.count(shapes[0]) == len(shapes):          # mostly: one shape
-            stretches = [(shapes[0], len(shapes))]
-        else:
-            stretches = [(shape, sum(1 for _ in group)) for shape, group in groupby(shapes)]
-        for shape, length in stretches:
-            last = first + length
+    # the stretches of one shape (mostly: one)
+    cuts = [0, *(np.flatnonzero(shape_id[1:] != shape_id[:-1]) + 1).tolist(), stop - start]
+    for first, last in zip(cuts, cuts[1:]):
+        shape = shapes[int(shape_id[first])]
+        if compiled is None or last - first < COMPILED_RUN_MIN or not _run_compiled(
+                compiled, tape.values, code[first:last], ids[first:last],
+                columns.s[start + first:start + last], shape, start + first):
             part = slice(first, last)
-            if last - first < COMPILED_RUN_MIN or not _run_compiled(
-                    compiled, values, ops[part], ids[part], scalars[part], shape,
-                    start + first):
-                _run_values(values, ops[part], ids[part], scalars[part], shapes[part],
-                            start + first, source)
-            first = last
-    last = grad_a = None
-    for op, a in zip(ops, ids):
-        if op is not last:                   # runs are mostly one op
-            grad_a, last = _run_rule(op)[1], op
-        append_requires(grad_a and requires[a])
-    tape.nodes.extend(map(Node, ops, ids, repeat(-1), scalars))
+            _run_values(tape.values, ops[part], id_list[part], scalars[part], shape,
+                        start + first, source)
+    requires = tape.requires
+    inside = ids >= start
+    outside = np.flatnonzero(~inside)
+    outside_req = np.fromiter(map(requires.__getitem__, ids[outside].tolist()), dtype=bool,
+                              count=len(outside))
+    requires.extend(run_requires(_RUN_GRAD_A[code], ids - start, outside, outside_req).tolist())
+    tape.nodes.extend(map(Node, ops, id_list, repeat(-1), scalars))
     tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
 
 
-def _run_values(values, ops, ids, scalars, shapes, start, source) -> None:
-    """A run's values node by node, by the numpy rules."""
+def run_requires(grad_a: np.ndarray, local: np.ndarray, outside: np.ndarray,
+                 outside_req: np.ndarray) -> np.ndarray:
+    """Whether each node of a run of unary nodes requires grad, as ``Tape._append_op``
+    decides it node by node: ``grad_a[k] and requires[a]``, node k's input being node
+    ``local[k]`` of the run, or, at the positions ``outside``, a node before the run
+    whose requires is ``outside_req``.  Node k requires grad when every node down its
+    chain of inputs inside the run passes gradients to its input and the chain's input
+    outside the run requires grad: by pointer jumping (log2 of the longest chain passes;
+    a stretch of nodes each reading the one before, as a tape is recorded, is one)."""
+    m = len(grad_a)
+    index = np.arange(m)
+    acc = grad_a.copy()                  # node k requires grad iff acc[k] and node ptr[k]
+    acc[outside] &= outside_req          # ... does; ptr[k] == k: iff acc[k]
+    ptr = local.copy()
+    ptr[outside] = outside
+    # node k reads node k - 1, which reads k - 2, ..., down to node j, which does not:
+    # node k requires grad iff every node j+1..k passes gradients on, and node j does
+    follows = ptr == index - 1
+    follows[outside] = False
+    if follows.any():
+        before = np.maximum.accumulate(np.where(follows, 0, index))
+        blocked = np.cumsum(~grad_a)
+        acc = np.where(follows, blocked == blocked[before], acc)
+        ptr = np.where(follows, before, ptr)
+    while True:
+        acc &= acc[ptr]
+        nxt = ptr[ptr]
+        if np.array_equal(nxt, ptr):
+            return acc
+        ptr = nxt
+
+
+def _run_values(values, ops, ids, scalars, shape, start, source) -> None:
+    """A stretch of one shape of a run, its values node by node by the numpy rules."""
     append_value = values.append
     last = forward = None
-    for k, op, a, s, shape in zip(range(start, start + len(ops)), ops, ids, scalars, shapes):
+    for k, op, a, s in zip(range(start, start + len(ops)), ops, ids, scalars):
         if op is not last:                   # the rule of a new op (runs are mostly one)
-            forward = _run_rule(op)[0]
+            forward = _run_rule(op)
             last = op
         value = forward(values[a], None, s, None)
         if value.shape != shape:             # defensive: the checks prevent it
@@ -219,29 +255,28 @@ def _run_values(values, ops, ids, scalars, shapes, start, source) -> None:
         append_value(value)
 
 
-def _run_compiled(compiled, values, ops, ids, scalars, shape, start) -> bool:
-    """A stretch of one shape, nodes ``start`` onwards, in one call of gt_run_unary: the
-    values are the rows of one new array (they alias each other, never an input).
-    False, with nothing appended, when some op is not compiled."""
-    lib, codes = compiled
-    try:
-        op_codes = np.fromiter(map(codes.__getitem__, ops), dtype=np.intc, count=len(ops))
-    except KeyError:
+def _run_compiled(compiled, values, code, ids, scalars, shape, start) -> bool:
+    """A stretch of one shape, nodes ``start`` onwards (run op codes ``code``, inputs
+    ``ids``, scalar operands ``scalars``), in one call of gt_run_unary: the values are the
+    rows of one new array (they alias each other, never an input).  False, with nothing
+    appended, when some op is not compiled."""
+    lib, _, lib_code = compiled
+    op_codes = lib_code[code]
+    if (op_codes < 0).any():
         return False
-    n = len(ops)
+    n = len(code)
     size = int(np.prod(shape, dtype=np.int64))
     out = np.empty((n, size))
-    a = np.fromiter(ids, dtype=np.int64, count=n)
-    inside = a >= start
+    inside = ids >= start
     row_bytes = size * 8
     ptrs = np.empty(n, dtype=np.uintp)
-    ptrs[inside] = out.ctypes.data + (a[inside] - start) * row_bytes
+    ptrs[inside] = out.ctypes.data + (ids[inside] - start) * row_bytes
     keep = []                                # inputs before the stretch, contiguous
     for j in np.flatnonzero(~inside).tolist():
-        x = np.ascontiguousarray(values[ids[j]], dtype=np.float64)
+        x = np.ascontiguousarray(values[int(ids[j])], dtype=np.float64)
         keep.append(x)
         ptrs[j] = x.ctypes.data
-    sv = np.fromiter(scalars, dtype=np.float64, count=n)
+    sv = np.ascontiguousarray(scalars, dtype=np.float64)
     done = lib.gt_run_unary(n, size, op_codes.ctypes.data, ptrs.ctypes.data, sv.ctypes.data,
                             out.ctypes.data)
     if done != n:                            # defensive: every code came from the library

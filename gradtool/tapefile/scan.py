@@ -34,10 +34,11 @@ import msgpack
 import numpy as np
 
 from ..ops import INT_DTYPE
-from .checks import (_NOT_CONTAINER_BYTES, _RUN_OPS, _WHOLE_SOURCES, PLAIN, Limits,
-                     check_structure)
+from .checks import _NOT_CONTAINER_BYTES, PLAIN, Limits, check_structure
+from .runs import _RUN_OPS, _WHOLE_SOURCES
 
 SCAN_MIN = 1 << 14                # fewer nodes: decode as usual
+_TAIL = 256                       # more than a plain node's encoding reads (< 160 bytes)
 _SHAPE_KEY = bytes([0xa5]) + b"shape"
 
 
@@ -135,22 +136,22 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
     ``begin``, or None."""
     if raw.count(b"\xa1b\xff\xa1s", begin) < length // 2:
         return None               # few nodes with b -1: mostly other nodes (a quick count)
-    if raw.count(b"\x85\xa2op", begin) > 2 * length + 1024:
+    cand = _candidates(raw, begin, 2 * length + 1024)
+    if cand is None:
         return None               # the bytes of a node's start everywhere: not worth it
-    cand = _candidates(raw, begin)
     starts, ends = cand["start"], cand["end"]
     if len(starts) < length // 2:
         return None               # mostly other nodes: one msgpack call decodes faster
-    start_list = starts.tolist()
     # a block: candidates each starting where the previous one ends
-    breaks = np.flatnonzero(ends[:-1] != starts[1:]).tolist() + [len(start_list) - 1]
+    breaks = np.flatnonzero(ends[:-1] != starts[1:]).tolist() + [len(starts) - 1]
+    start_list = starts           # a list once there are other nodes (bisect on a list)
     nodes = [None] * length
     index_parts, cand_parts = [], []
     pos, i, others = begin, 0, []
     stretch = None                # the Unpacker of a stretch of other nodes
     while i < length:
         j = bisect_left(start_list, pos)
-        if j < len(start_list) and start_list[j] == pos:
+        if j < len(starts) and start_list[j] == pos:
             k = breaks[bisect_left(breaks, j)]          # the block's last candidate
             m = min(k - j + 1, length - i)
             index_parts.append(np.arange(i, i + m))
@@ -160,6 +161,8 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
             pos = int(ends[j + m - 1])
             stretch = None
             continue
+        if start_list is starts:
+            start_list = starts.tolist()
         if stretch is None:
             stretch, stretch_at = unpacker(pos), pos
         node = nodes[i] = stretch.unpack()
@@ -178,7 +181,10 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
         keys = np.stack([shape_key, long_keys], axis=1).view("V16").ravel()
     else:
         keys = shape_key
-    unique, first, shape_id = np.unique(keys, return_index=True, return_inverse=True)
+    if len(keys) and (keys == keys[0]).all():        # mostly: one shape
+        first, shape_id = np.zeros(1, dtype=np.int64), np.zeros(len(keys), dtype=np.int64)
+    else:
+        _, first, shape_id = np.unique(keys, return_index=True, return_inverse=True)
     shape_start, shape_end = cand["shape_start"][chosen], ends[chosen]
     shapes = []
     for k in first.tolist():
@@ -204,14 +210,13 @@ _KEY_LEN = np.array([_NAME_KEYS[k][1] for k in sorted(_NAME_KEYS)], dtype=np.int
 _KEY_NINTH = np.array([_NAME_KEYS[k][2] for k in sorted(_NAME_KEYS)], dtype=np.int64)
 
 
-_ALL = np.uint64(0xffffffffffffffff)
-
-
-def _mask(count: np.ndarray) -> np.ndarray:
-    """Per position a mask of its low ``count`` bytes (0 <= count <= 8)."""
-    count = count.astype(np.uint64)
-    return np.where(count >= 8, _ALL, (np.uint64(1) << (np.uint64(8) * np.minimum(
-        count, np.uint64(7)))) - np.uint64(1))
+# per count 0..8: a mask of a word's low ``count`` bytes
+_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+# per type byte: how many big-endian bytes follow in msgpack's unsigned forms (positive
+# fixint: none; uint 8/16/32), -1 for any other type byte
+_UINT_BYTES = np.full(256, -1, dtype=np.int64)
+_UINT_BYTES[:0x80] = 0
+_UINT_BYTES[0xcc], _UINT_BYTES[0xcd], _UINT_BYTES[0xce] = 1, 2, 4
 
 
 def _word(text: bytes) -> tuple:
@@ -219,56 +224,91 @@ def _word(text: bytes) -> tuple:
     return np.uint64(int.from_bytes(text, "little")), np.uint64((1 << (8 * len(text))) - 1)
 
 
-def _uint(words: np.ndarray, pos: np.ndarray):
+def _views(buf: np.ndarray) -> tuple:
+    """The 8 bytes and the 4 bytes at each position of ``buf`` (as far as they are
+    inside it) as one little-endian word (unaligned views, stride 1)."""
+    words = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
+    quads = np.ndarray(shape=(len(buf) - 3,), dtype="<u4", buffer=buf, strides=(1,))
+    return words, quads
+
+
+_NODE_START = int.from_bytes(b"\x85\xa2op", "little")
+_CHUNK = 1 << 20
+
+
+def _starts(quads: np.ndarray, begin: int, end: int, most: int) -> Optional[np.ndarray]:
+    """The positions ``begin <= p < end`` where a map of 5 starts with the key "op", or
+    None where there are more than ``most`` (booleans for a chunk of the file at a time,
+    then positions only)."""
+    parts, count = [], 0
+    for at in range(begin, end, _CHUNK):
+        found = np.flatnonzero(quads[at:min(at + _CHUNK, end)] == _NODE_START)
+        count += len(found)
+        if count > most:
+            return None
+        parts.append(found + at)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _uint(buf: np.ndarray, quads: np.ndarray, pos: np.ndarray):
     """msgpack unsigned ints at ``pos`` (positive fixint, uint 8/16/32): (value, bytes,
     ok)."""
-    w = words[pos]
-    t = (w & np.uint64(0xff)).astype(np.int64)
-    b = [((w >> np.uint64(8 * k)) & np.uint64(0xff)).astype(np.int64) for k in (1, 2, 3, 4)]
-    fix, u8, u16, u32 = t < 0x80, t == 0xcc, t == 0xcd, t == 0xce
-    value = np.where(fix, t, np.where(u8, b[0], np.where(
-        u16, (b[0] << 8) | b[1], (b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3])))
-    width = np.where(fix, 1, np.where(u8, 2, np.where(u16, 3, 5)))
-    return value, width, fix | u8 | u16 | u32
+    t = buf[pos]
+    follow = _UINT_BYTES[t]
+    if not follow.any():                        # all positive fixints
+        return t.astype(np.int64), np.ones(len(pos), dtype=np.int64), follow == 0
+    # the 4 bytes after the type byte as a big-endian number, less its unused low bytes
+    big = quads[pos + 1].byteswap().astype(np.int64)
+    value = np.where(follow == 0, t, big >> (32 - 8 * np.maximum(follow, 1)))
+    return value, follow + 1, follow >= 0
 
 
-def _candidates(raw: bytes, begin: int) -> dict:
+def _candidates(raw: bytes, begin: int, most: int) -> Optional[dict]:
     """Every position at or after ``begin`` where a plain node's encoding (the module
-    doc) starts, with its fields and end, in increasing order of position."""
-    pad = 256                       # reads past the end land in zeros (a node reads < 160)
-    buf = np.frombuffer(raw + bytes(pad), dtype=np.uint8)
-    # the 8 bytes at each position as one little-endian word (unaligned, stride 1)
-    words = np.ndarray(shape=(len(buf) - 8,), dtype="<u8", buffer=buf, strides=(1,))
-    # where a map of 5 starts with the key "op" (at most 2 * length + 1024 places, and
-    # no array per byte of the file but booleans)
-    body = buf[begin:len(raw)]
-    start = (body == 0x85)
-    for k, byte in enumerate(b"\xa2op", 1):
-        start[:-k] &= body[k:] == byte
-        start[len(body) - k:] = False
-    p = np.flatnonzero(start) + begin
+    doc) starts, with its fields and end, in increasing order of position (but in the
+    file's last ``_TAIL`` bytes: the nodes there are decoded by msgpack); None where more
+    than ``most`` positions start like a node (a map of 5 whose first key is "op")."""
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    words, quads = _views(buf)
+    p = _starts(quads, begin, len(raw) - _TAIL, most)   # every read below stays inside
+    if p is None:
+        return None
+    # a block of candidates at a time: the temporaries stay in the cache
+    parts = [_fields(buf, words, quads, p[at:at + _BLOCK])
+             for at in range(0, len(p), _BLOCK)] or [_fields(buf, words, quads, p)]
+    if len(parts) == 1:
+        return parts[0]
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
+_BLOCK = 1 << 15
+
+
+def _fields(buf: np.ndarray, words: np.ndarray, quads: np.ndarray, p: np.ndarray) -> dict:
+    """The candidates at ``p`` that are a plain node's encoding, and their fields."""
+    # every field read at every candidate, its offsets bounded (so inside the file), and
+    # the candidates that fail any test dropped once at the end
     name_len = buf[p + 4].astype(np.int64) - 0xa0
     ok = (name_len >= 1) & (name_len <= 9)
-    p, name_len = p[ok], name_len[ok]
-    key = words[p + 5] & _mask(np.minimum(name_len, 8))
+    name_len = np.where(ok, name_len, 1)
+    key = words[p + 5] & _LOW_BYTES[np.minimum(name_len, 8)]
     slot = np.minimum(np.searchsorted(_KEYS_SORTED, key), len(_KEYS_SORTED) - 1)
-    ninth = np.where(name_len > 8, buf[p + 13].astype(np.int64), 0)
-    ok = (_KEYS_SORTED[slot] == key) & (_KEY_LEN[slot] == name_len) & (_KEY_NINTH[slot] == ninth)
-    p, name_len, code = p[ok], name_len[ok], _KEY_CODE[slot[ok]]
+    ninth = np.where(name_len > 8, buf[p + 13], 0)
+    ok &= (_KEYS_SORTED[slot] == key) & (_KEY_LEN[slot] == name_len) & (_KEY_NINTH[slot] == ninth)
+    code = _KEY_CODE[slot]
     q = p + 5 + name_len
     key_a, mask_a = _word(b"\xa1a")
-    ok = (words[q] & mask_a) == key_a
-    a, width, good = _uint(words, q + 2)
+    ok &= (quads[q] & np.uint32(mask_a)) == np.uint32(key_a)
+    a, width, good = _uint(buf, quads, q + 2)
     ok &= good
-    q = q + 2 + width
+    q = q + 2 + np.maximum(width, 1)
     key_bs, mask_bs = _word(b"\xa1b\xff\xa1s")
     ok &= (words[q] & mask_bs) == key_bs
     q = q + 5
     t = buf[q]
-    is_float, is_fix = t == 0xcb, t < 0x80
-    ok &= is_float | is_fix
-    s_bits = words[q + 1].byteswap().view(np.float64)          # big-endian float64
-    s = np.where(is_float, s_bits, t.astype(np.float64))
+    is_float = t == 0xcb
+    ok &= is_float | (t < 0x80)
+    s = np.where(is_float, words[q + 1].byteswap().view(np.float64), t)  # big-endian float64
     q = q + np.where(is_float, 9, 1)
     key_shape, mask_shape = _word(_SHAPE_KEY)
     ok &= (words[q] & mask_shape) == key_shape
@@ -279,19 +319,19 @@ def _candidates(raw: bytes, begin: int) -> dict:
     q = shape_start + 1
     for k in range(int(dims.max(initial=0))):
         more = dims > k
-        _, width, good = _uint(words, q)
+        _, width, good = _uint(buf, quads, q)
         ok &= ~more | good
         q = q + np.where(more & good, width, 0)
+    shape_len = q - shape_start
+    ok &= shape_len <= 16
     sel = np.flatnonzero(ok)
-    shape_len = (q - shape_start)[sel]
-    if len(sel) and shape_len.max() > 16:
-        short = shape_len <= 16
-        sel, shape_len = sel[short], shape_len[short]
-    shape_start = shape_start[sel]
+    if len(sel) == len(p):          # mostly: every candidate
+        sel = slice(None)
+    shape_start, shape_len = shape_start[sel], shape_len[sel]
     return {"start": p[sel], "end": q[sel], "code": code[sel], "a": a[sel], "s": s[sel],
             "shape_start": shape_start,
-            "shape_key": words[shape_start] & _mask(np.minimum(shape_len, 8)),
-            "shape_key2": words[shape_start + 8] & _mask(np.maximum(shape_len - 8, 0))}
+            "shape_key": words[shape_start] & _LOW_BYTES[np.minimum(shape_len, 8)],
+            "shape_key2": words[shape_start + 8] & _LOW_BYTES[np.maximum(shape_len - 8, 0)]}
 
 
 __all__ = ["scan", "Scanned", "PLAIN"]
