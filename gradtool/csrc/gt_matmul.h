@@ -44,7 +44,10 @@
  *  - Packing.  B is copied, panel by panel (K x GT_MM_NR, k-major,
  *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
  *    whatever B's strides are (B or B^T), the panel is the same exact
- *    copy.  A is read in place when its k stride is 1 or its row stride is
+ *    copy (a whole panel of a row-major B by the panel's first row tile,
+ *    gt_mm_kp, as it multiplies).  With many rows over a small B, all of
+ *    B's panels are packed and GT_MM_MC rows at a time see every one (row
+ *    blocks, gt_mm_block).  A is read in place when its k stride is 1 or its row stride is
  *    1 (A^T stored contiguously, as in X^T @ G: a tile's MR values for one k
  *    are adjacent); otherwise a block's rows that three or more panels read
  *    are first packed into K x GT_MM_MR tiles.  No transposed copy of an
