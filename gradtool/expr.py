@@ -40,7 +40,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import fdlibm
+from . import fdlibm, numerics
 
 ARITH = ("add", "sub", "mul", "div")
 FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs")
@@ -187,7 +187,6 @@ def select_numpy(cond, a, b):
         return np.where(cond, a, b)
     keep = np.ascontiguousarray(keep)
     if cond.flags.c_contiguous and cond.dtype == np.bool_:
-        from . import numerics                       # (imports this module)
         lib = numerics.cpu_kernels()
         if lib is not None:                          # the same bits in one compiled pass
             out = np.empty(keep.shape)
