@@ -562,12 +562,10 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     if (own && i1 - i0 > GT_MM_MC && bpanels > 1
         && (double)bpanels * (double)panel_size * sizeof(gt_mm_t) <= GT_MM_MC_PACK_MAX) {
         gt_mm_t *all = gt_mm_buffer(0, (size_t)(bpanels * panel_size));
-        if (all) {
-            packed = all;
+        if (all) {                           /* (the buffer may have moved) */
+            packed = own = all;
             mc = GT_MM_MC;
-        } else {
-            packed = own = gt_mm_buffer(0, (size_t)panel_size);
-        }
+        }                                    /* else the one-panel buffer is still there */
     }
     for (long long m0 = i0; m0 < i1; m0 += mc) {
         const long long m1 = i1 - m0 < mc ? i1 : m0 + mc;
