@@ -27,11 +27,14 @@ shared or throttled machine the kernel and its peak see the same
 conditions.  The "%fma" columns are the median over the samples of each
 sample's GFLOP/s over the mean of the two peaks next to it (times the
 threads for the threaded column: one core's loop, so a second core busy
-with something else counts against gradtool).  The CPU is warmed up (its frequency ramps up over about 0.1 s)
-before anything is timed, and glibc keeps freed memory as the training
-engine has it (``native.keep_freed_memory``), so each product's output is
-allocated as in a training step.  A benchmark, not a test: nothing here
-asserts a time.
+with something else counts against gradtool).  The CPU is warmed up (its
+clock ramps up over about 0.1 s from idle) before anything is timed, and
+glibc keeps freed memory as the training engine has it
+(``native.keep_freed_memory``), so each product's output is allocated as
+in a training step.  The peak loop touches no memory, so a machine whose
+other cores load the caches and memory slows the kernel more than its
+peak: on a shared machine "%fma" measures that load too.  A benchmark, not
+a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
