@@ -40,7 +40,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import fdlibm
+from . import fdlibm, numerics
 
 ARITH = ("add", "sub", "mul", "div")
 FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs")
@@ -173,7 +173,8 @@ def select_numpy(cond, a, b):
     the other a float64 array of the condition's shape (relu and its gradient): the
     condition as an all-ones or all-zeros int64 mask ANDed with the array's bit pattern
     gives the array's element or +0.0's all-zero pattern, bit for bit what np.where
-    gives (several times faster)."""
+    gives (several times faster); with the CPU kernels compiled, the same bit operation
+    in one pass (``gt_select_zero``, csrc/gt_cpu.c)."""
     if type(b) is float:
         keep, zero, invert = a, b, False
     elif type(a) is float:
@@ -184,12 +185,20 @@ def select_numpy(cond, a, b):
             or keep.dtype != np.float64 or type(cond) is not np.ndarray
             or keep.shape != cond.shape):
         return np.where(cond, a, b)
+    keep = np.ascontiguousarray(keep)
+    if cond.flags.c_contiguous and cond.dtype == np.bool_:
+        lib = numerics.cpu_kernels()
+        if lib is not None:                          # the same bits in one compiled pass
+            out = np.empty(keep.shape)
+            lib.gt_select_zero(keep.size, cond.ctypes.data, keep.ctypes.data,
+                               out.ctypes.data, invert)
+            return out
     mask = cond.view(np.int8).astype(np.int64)      # 1 where cond holds, else 0
     if invert:
         np.subtract(mask, 1, out=mask)               # 0 where cond holds, else all ones
     else:
         np.negative(mask, out=mask)                  # all ones where cond holds, else 0
-    np.bitwise_and(mask, np.ascontiguousarray(keep).view(np.int64), out=mask)
+    np.bitwise_and(mask, keep.view(np.int64), out=mask)
     return mask.view(np.float64)
 
 

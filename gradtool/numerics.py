@@ -522,6 +522,8 @@ def _declare(lib) -> None:
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
     lib.gt_sum_rows.restype = None
     lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+    lib.gt_select_zero.restype = None
+    lib.gt_select_zero.argtypes = [i64, ptr, ptr, ptr, ctypes.c_int]
     lib.gt_sum_outer_inner.restype = None
     lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
     for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):

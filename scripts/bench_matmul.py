@@ -1,23 +1,40 @@
 """Matrix product speed: gradtool's FMA-chain kernel next to PyTorch float64 and the machine's peak.
 
-    python scripts/bench_matmul.py [--repeats 7] [--min-time 0.02] [--json out.json]
+    python scripts/bench_matmul.py [--repeats 7] [--samples 10] [--min-time 0.02]
+                                   [--json out.json]
 
 For each shape (the MLP benchmarks' products, forward and backward, with
-their transposed operands as strided views, plus square ones) it times
-``gradtool.numerics.matmul`` -- the compiled kernel of csrc/gt_matmul.h, which
+their transposed operands as strided views of contiguous arrays, as the
+backward rules pass them) it times ``gradtool.numerics.matmul`` -- what
+the cpu engine's steps call, the compiled kernel of csrc/gt_matmul.h, which
 also runs the host backend's matmul launches -- and ``torch.mm`` on the same
-float64 operands, each with 1 thread and with all usable cores, interleaved
-(median of ``--repeats`` runs of at least ``--min-time`` seconds each).
+float64 operands, each with 1 thread and with all usable cores,
+interleaved: gradtool ``--repeats`` x ``--samples`` samples of one call each
+(of as many calls as take 0.2 ms, for the small products), torch
+``--repeats`` runs of at least ``--min-time`` seconds; the figure is the
+median wall time.
 GFLOP/s counts 2*M*K*N per product.
 
-The estimated peak is measured, not looked up: a small C loop (compiled here
-with the project's flags) of independent vector multiply-then-add chains of
-the kernel's own vector width, which is the most the old serial-k contract (a
-multiply and an add instruction per term, never fused) allowed one core; and
-the same loop compiled with contraction into FMA, which is the most the FMA
-chain (numerics.matmul: one vfmadd per term) and a BLAS can reach.  The "%fma"
-columns are gradtool's GFLOP/s over that FMA peak (times the threads for the
-threaded column).  A benchmark, not a test: nothing here asserts a time.
+The peak is measured, not looked up, and in the same run, next to every
+sample: a small C loop (compiled here with the project's flags) of
+independent vector multiply-then-add chains of the kernel's own vector
+width, which is the most the old serial-k contract (a multiply and an add
+instruction per term, never fused) allowed one core; and the same loop
+compiled with contraction into FMA, which is the most the FMA chain
+(numerics.matmul: one vfmadd per term) and a BLAS can reach.  The FMA loop
+runs for as long as a sample, before and after each one, so that on a
+shared or throttled machine the kernel and its peak see the same
+conditions.  The "%fma" columns are the median over the samples of each
+sample's GFLOP/s over the mean of the two peaks next to it (times the
+threads for the threaded column: one core's loop, so a second core busy
+with something else counts against gradtool).  The CPU is warmed up (its
+clock ramps up over about 0.1 s from idle) before anything is timed, and
+glibc keeps freed memory as the training engine has it
+(``native.keep_freed_memory``), so each product's output is allocated as
+in a training step.  The peak loop touches no memory, so a machine whose
+other cores load the caches and memory slows the kernel more than its
+peak: on a shared machine "%fma" measures that load too.  A benchmark, not
+a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -89,34 +107,48 @@ double peak(long long iters, double *flops)
 """
 
 
-def measure_peak():
-    """(separate multiply+add, fused) GFLOP/s of one core, or (None, None) without a compiler.
+class Peak:
+    """The peak loops, compiled once (``ok`` False without a compiler)."""
 
-    Compiled here directly: the second build turns FMA contraction on, which
-    gradtool.native refuses for its libraries (rightly: it changes results)."""
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "peak.c"
+    def __init__(self, tmp: Path):
+        self.libs = {}
+        src = tmp / "peak.c"
         src.write_text(PEAK_C)
         for contract in ("off", "fast"):
-            lib_path = Path(tmp) / f"peak_{contract}.so"
+            lib_path = tmp / f"peak_{contract}.so"
             cmd = [native.compiler(), "-O3", f"-ffp-contract={contract}", "-shared", "-fPIC",
                    "-march=native", str(src), "-o", str(lib_path)]
             try:
                 if subprocess.run(cmd, capture_output=True, timeout=120).returncode != 0:
-                    return None, None
+                    return
                 lib = ctypes.CDLL(str(lib_path))
             except (native.NativeUnavailable, OSError, subprocess.SubprocessError):
-                return None, None
+                return
             lib.peak.restype = ctypes.c_double
             lib.peak.argtypes = [ctypes.c_longlong, ctypes.POINTER(ctypes.c_double)]
-            flops = ctypes.c_double()
-            best = 0.0
-            for _ in range(5):
-                secs = lib.peak(4_000_000, ctypes.byref(flops))
-                best = max(best, flops.value / secs / 1e9)
-            out.append(best)
-    return tuple(out)
+            self.libs[contract] = lib
+        self.iters_per_s = {}
+
+    @property
+    def ok(self) -> bool:
+        return len(self.libs) == 2
+
+    def gflops(self, contract: str, seconds: float) -> float:
+        """One core's GFLOP/s, the loop run for about ``seconds``."""
+        lib = self.libs[contract]
+        flops = ctypes.c_double()
+        if contract not in self.iters_per_s:           # calibrate once
+            self.iters_per_s[contract] = 100_000 / lib.peak(100_000, ctypes.byref(flops))
+        iters = max(200, int(self.iters_per_s[contract] * seconds))
+        secs = lib.peak(iters, ctypes.byref(flops))
+        return flops.value / secs / 1e9
+
+
+def warm_up(peak, seconds=0.5):
+    """Run the FMA loop until the core's clock has ramped up (about 0.1 s from idle)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        peak.gflops("fast", 0.01)
 
 
 def operands(rng, m, k, n, at, bt):
@@ -137,10 +169,39 @@ def timed(fn, min_time):
             return dt / n
 
 
+def sampled(fn, peak, samples, flop, threads, min_sample=2e-4):
+    """([seconds per call], [fraction of the FMA peak]), one of each per sample.
+
+    A sample is one call (or as many as take ``min_sample`` seconds, for small
+    products), timed by the wall clock, between two runs of the FMA peak loop as
+    long as the sample; its fraction is its GFLOP/s over ``threads`` times the
+    mean of those two peaks."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    calls = max(1, math.ceil(min_sample / max(time.perf_counter() - t0, 1e-9)))
+    window = (time.perf_counter() - t0) * calls
+    before = peak.gflops("fast", window) if peak.ok else None
+    times, fracs = [], []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t = (time.perf_counter() - t0) / calls
+        times.append(t)
+        if peak.ok:
+            after = peak.gflops("fast", window)
+            fracs.append(flop / t / 1e9 / (threads * (before + after) / 2))
+            before = after
+    return times, fracs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--min-time", type=float, default=0.02)
+    ap.add_argument("--min-time", type=float, default=0.02, help="torch's runs")
+    ap.add_argument("--samples", type=int, default=10,
+                    help="gradtool's samples per repeat and thread count")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     if nx.cpu_kernels() is None:
@@ -153,7 +214,14 @@ def main(argv=None):
     except ImportError:
         torch, torch_note = None, "torch not installed: its columns are skipped"
     cfg = nx.matmul_config()
-    sep, fused = measure_peak()
+    native.keep_freed_memory()            # as the training engine has it
+    tmp = tempfile.TemporaryDirectory()
+    peak = Peak(Path(tmp.name))
+    sep = fused = None
+    if peak.ok:
+        warm_up(peak)
+        sep = statistics.median(peak.gflops("off", 0.02) for _ in range(5))
+        fused = statistics.median(peak.gflops("fast", 0.02) for _ in range(5))
     print(f"# {os.cpu_count()} cores, gradtool threads {cores} (GRADTOOL_NUM_THREADS or the "
           f"usable cores), {torch_note}")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -164,10 +232,13 @@ def main(argv=None):
           f"{'vector FMA instructions' if cfg.get('vector_fma') else 'libm fma() per element'}, "
           f"serial below {cfg['serial_below']} multiply-adds")
     if sep:
-        print(f"# estimated peak per core: {sep:.1f} GFLOP/s with separate multiply and add "
-              f"(x {cores} = {sep * cores:.1f}), {fused:.1f} GFLOP/s with FMA")
-    print(f"# GFLOP/s, median of {args.repeats} runs of >= {args.min_time}s, interleaved; "
-          f"ratio = gradtool time / torch time, both on {cores} threads")
+        print(f"# peak per core at the start (median of 5 x 0.02 s, after a 0.5 s warm-up): "
+              f"{sep:.1f} GFLOP/s with separate multiply and add, {fused:.1f} with FMA")
+    print(f"# GFLOP/s of the median wall time: gradtool {args.repeats} x {args.samples} samples "
+          f"of one call (or >= 0.2 ms of calls), torch {args.repeats} runs of >= "
+          f"{args.min_time}s, interleaved; ratio = gradtool time / torch time, both on {cores} "
+          f"threads; %fma = median over the samples of each one's GFLOP/s over the FMA peak "
+          f"loop run just before and after it (x {cores} for the {cores}-thread column)")
     head = (f"{'product':28} {'M':>5} {'K':>5} {'N':>5} {'gt 1 thr':>9} {'gt ' + str(cores):>9} "
             f"{'torch 1':>9} {'torch ' + str(cores):>9} {'ratio':>6} {'%fma 1':>7} "
             f"{'%fma ' + str(cores):>7}")
@@ -177,13 +248,17 @@ def main(argv=None):
     for label, m, k, n, at, bt in SHAPES:
         a, b = operands(rng, m, k, n, at, bt)
         runs = {"gt1": [], "gtN": [], "t1": [], "tN": []}
+        frac = {"gt1": [], "gtN": []}
+        flop = 2.0 * m * k * n
         ta = tb = None
         if torch is not None:
             ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         for _ in range(args.repeats):
             for key, threads in (("gt1", 1), ("gtN", cores)):
                 native.set_num_threads(threads)
-                runs[key].append(timed(lambda: nx.matmul(a, b), args.min_time))
+                times, fracs = sampled(lambda: nx.matmul(a, b), peak, args.samples, flop, threads)
+                runs[key] += times
+                frac[key] += fracs
             if torch is not None:
                 for key, threads in (("t1", 1), ("tN", cores)):
                     torch.set_num_threads(threads)
@@ -191,14 +266,13 @@ def main(argv=None):
         native.set_num_threads(None)
         if torch is not None:
             torch.set_num_threads(torch_threads)
-        flop = 2.0 * m * k * n
         med = {key: statistics.median(v) if v else None for key, v in runs.items()}
         gf = {key: (flop / t / 1e9 if t else None) for key, t in med.items()}
         ratio = med["gtN"] / med["tN"] if med["tN"] else None
         cols = [f"{gf[key]:9.1f}" if gf[key] else f"{'-':>9}" for key in ("gt1", "gtN", "t1", "tN")]
         cols.append(f"{ratio:6.2f}" if ratio else f"{'-':>6}")
-        pct = {"1": gf["gt1"] / fused if fused else None,
-               "N": gf["gtN"] / (fused * cores) if fused else None}
+        pct = {"1": statistics.median(frac["gt1"]) if frac["gt1"] else None,
+               "N": statistics.median(frac["gtN"]) if frac["gtN"] else None}
         cols += [f"{100 * p:6.0f}%" if p else f"{'-':>7}" for p in pct.values()]
         print(f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)}")
         rows.append({"product": label.strip(), "M": m, "K": k, "N": n, "a_transposed": at,

@@ -2,6 +2,7 @@
  *   - gt_mm: the matrix products of gradtool/numerics.py (matmul, bmm and the
  *     transposed products of their backward rules), gt_matmul.h's kernel;
  *   - gt_sum_rows: numerics.reduce_to_shape's sums over broadcast rows;
+ *   - gt_select_zero: expr.select_numpy's select against +0.0 (relu);
  *   - gt_opt_step: one parameter's SGD or Adam update for gradtool/optim.py,
  *     gt_optim.h's element rule;
  *   - gt_conv2d*, gt_max_pool2d*: numerics.conv2d's three products and max
@@ -94,6 +95,23 @@ GT_CPU_EXPORT void gt_mm_set_threads(int n) { gt_mm_set_threads_impl(n); }
 
 /* the tile, thread count, threaded runs so far, FMA kind (gt_mm_config_impl) */
 GT_CPU_EXPORT void gt_mm_config(long long out[7]) { gt_mm_config_impl(out); }
+
+/* dst[i] = keep[i] where cond[i] is nonzero (where it is zero, with invert), else
+ * +0.0: expr.select_numpy's bit-mask select (relu and its gradient) in one pass,
+ * integers only (the element's bit pattern ANDed with all ones or all zeros), so
+ * bit for bit numpy.where(cond, keep, 0.0).  cond: n bytes (numpy bools), keep and
+ * dst: n doubles; all C-contiguous. */
+GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const double *keep,
+                                  double *dst, int invert)
+{
+    const unsigned long long flip = invert ? 1u : 0u;
+    for (long long i = 0; i < n; ++i) {
+        unsigned long long bits;
+        memcpy(&bits, keep + i, sizeof bits);
+        bits &= 0ULL - ((unsigned long long)(cond[i] != 0) ^ flip);
+        memcpy(dst + i, &bits, sizeof bits);
+    }
+}
 
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows

@@ -44,7 +44,10 @@
  *  - Packing.  B is copied, panel by panel (K x GT_MM_NR, k-major,
  *    64-byte aligned, zero-padded past column N), into a per-thread buffer;
  *    whatever B's strides are (B or B^T), the panel is the same exact
- *    copy.  A is read in place when its k stride is 1 or its row stride is
+ *    copy (a whole panel of a row-major B by the panel's first row tile,
+ *    gt_mm_kp, as it multiplies).  With many rows over a small B, all of
+ *    B's panels are packed and GT_MM_MC rows at a time see every one (row
+ *    blocks, gt_mm_block).  A is read in place when its k stride is 1 or its row stride is
  *    1 (A^T stored contiguously, as in X^T @ G: a tile's MR values for one k
  *    are adjacent); otherwise a block's rows that three or more panels read
  *    are first packed into K x GT_MM_MR tiles.  No transposed copy of an
@@ -130,6 +133,14 @@ typedef gt_mm_t gt_mm_v __attribute__((vector_size(GT_MM_VBYTES)));
                                         (measured: smaller ones lose time in a training step,
                                         their operands being in the caller's cache) */
 #define GT_MM_MAX_THREADS 256
+/* Row blocking (gt_mm_block, gt_mm_plan): GT_MM_MC rows at a time see every
+ * panel of B when all of B's panels, packed, take at most GT_MM_MC_PACK_MAX bytes. */
+#ifndef GT_MM_MC
+#  define GT_MM_MC 64
+#endif
+#ifndef GT_MM_MC_PACK_MAX
+#  define GT_MM_MC_PACK_MAX (1 << 20)
+#endif
 
 /* ---- the fused multiply-add: acc = fma(b, x, acc), lane by lane ---------- */
 #ifdef GT_MM_F32
@@ -264,6 +275,52 @@ static inline void gt_mm_store_part(gt_mm_t *p, gt_mm_v x, int n, int acc)
         }                                                                        \
     }
 
+/* The full tile's micro-kernel for a panel's first row tile, which packs
+ * the panel as it goes: b points at B's columns (row stride sbk, columns
+ * contiguous), and each k's GT_MM_NV vectors are stored into bp as they
+ * are loaded, so the panel's copy overlaps the tile's FMAs instead of
+ * preceding them.  The same chain per element as gt_mm_k<MR>_<NV>. */
+#ifndef GT_MM_PF
+#  define GT_MM_PF 8
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#  define GT_MM_NOINLINE __attribute__((noinline))
+#else
+#  define GT_MM_NOINLINE
+#endif
+#define GT_MM_KERNEL_PACK(MR_, NV_)                                              \
+    GT_MM_NOINLINE static void gt_mm_kp##MR_##_##NV_(long long K, const gt_mm_t *a, long long sai, \
+                                      long long sak, const gt_mm_t *b, long long sbk, \
+                                      gt_mm_t *bp, gt_mm_t *c, long long ldc, int acc) \
+    {                                                                            \
+        gt_mm_v s[MR_][NV_];                                                     \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) s[r][v] = (gt_mm_v){0};                \
+        for (long long k = 0; k < K; ++k, a += sak, b += sbk, bp += NV_ * GT_MM_VW) { \
+            gt_mm_v bv[NV_];                                                     \
+            if (GT_MM_PF > 0 && k + GT_MM_PF < K)                                \
+                for (int v = 0; v < NV_; ++v)                                    \
+                    __builtin_prefetch(b + GT_MM_PF * sbk + v * GT_MM_VW, 0, 3); \
+            for (int v = 0; v < NV_; ++v) {                                      \
+                bv[v] = gt_mm_vload(b + v * GT_MM_VW);                           \
+                gt_mm_vstore(bp + v * GT_MM_VW, bv[v]);                          \
+            }                                                                    \
+            for (int r = 0; r < MR_; ++r) {                                      \
+                const gt_mm_t x = a[r * sai];                                    \
+                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+            }                                                                    \
+        }                                                                        \
+        GT_MM_UNROLL                                                             \
+        for (int r = 0; r < MR_; ++r) {                                          \
+            gt_mm_t *row = c + r * ldc;                                          \
+            GT_MM_UNROLL                                                         \
+            for (int v = 0; v < NV_; ++v) {                                      \
+                gt_mm_t *p = row + v * GT_MM_VW;                                 \
+                gt_mm_vstore(p, acc ? gt_mm_vload(p) + s[r][v] : s[r][v]);       \
+            }                                                                    \
+        }                                                                        \
+    }
+
 #if GT_MM_MR > 8 || GT_MM_NV > 4
 #  error "gt_matmul.h: the kernel table covers at most 8 rows x 4 vectors"
 #endif
@@ -287,6 +344,13 @@ GT_MM_KERNELS_NV(3)
 #endif
 #if GT_MM_NV >= 4
 GT_MM_KERNELS_NV(4)
+#endif
+
+#if !defined(GT_MM_SCALAR)
+#  define GT_MM_KERNEL_PACK_(MR_, NV_) GT_MM_KERNEL_PACK(MR_, NV_)
+GT_MM_KERNEL_PACK_(GT_MM_MR, GT_MM_NV)
+#  define GT_MM_KP_(MR_, NV_) gt_mm_kp##MR_##_##NV_
+#  define GT_MM_KP(MR_, NV_) GT_MM_KP_(MR_, NV_)
 #endif
 
 typedef void (*gt_mm_kernel_fn)(long long, const gt_mm_t *, long long, long long,
@@ -487,24 +551,57 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
         gt_mm_naive(j, bt, i0, i1, c0, c1);
         return;
     }
+    /* Blocking: with many rows (X^T @ G: 784 of them over K = 128), every panel
+     * sweeping all of them evicts A (and C) from L2 before the next panel comes
+     * back to them; then all of the block's panels are packed (if they are
+     * small: GT_MM_MC_PACK_MAX) and GT_MM_MC rows at a time see every panel. */
     const long long panels = (N + GT_MM_NR - 1) / GT_MM_NR;
-    for (long long p0 = c0; p0 < c1; p0 += GT_MM_NR) {
-        const int ncols = (int)(c1 - p0 < GT_MM_NR ? c1 - p0 : GT_MM_NR);
-        const int nv = (ncols + GT_MM_VW - 1) / GT_MM_VW;
-        const gt_mm_t *bp = own;
-        if (own)
-            gt_mm_pack_b(own, B, j->sbk, j->sbj, K, p0, ncols, nv * GT_MM_VW);
-        else
-            bp = j->bpack + (bt * panels + p0 / GT_MM_NR) * panel_size;
-        for (long long t0 = i0; t0 < i1; t0 += GT_MM_MR) {
-            const int mr = (int)(i1 - t0 < GT_MM_MR ? i1 - t0 : GT_MM_MR);
-            gt_mm_t *c = C + t0 * N + p0;
-            if (ap)
-                gt_mm_kernels[nv - 1][mr - 1](K, ap + (t0 - i0) * K, 1, GT_MM_MR, bp, c, N,
-                                              ncols, j->acc);
-            else
-                gt_mm_kernels[nv - 1][mr - 1](K, A + t0 * j->sai, j->sai, j->sak, bp, c, N,
-                                              ncols, j->acc);
+    const long long bpanels = (c1 - c0 + GT_MM_NR - 1) / GT_MM_NR;
+    long long mc = i1 - i0;
+    gt_mm_t *packed = own;                   /* own: the panel(s) this block packs */
+    if (own && i1 - i0 > GT_MM_MC && bpanels > 1
+        && (double)bpanels * (double)panel_size * sizeof(gt_mm_t) <= GT_MM_MC_PACK_MAX) {
+        gt_mm_t *all = gt_mm_buffer(0, (size_t)(bpanels * panel_size));
+        if (all) {                           /* (the buffer may have moved) */
+            packed = own = all;
+            mc = GT_MM_MC;
+        }                                    /* else the one-panel buffer is still there */
+    }
+    for (long long m0 = i0; m0 < i1; m0 += mc) {
+        const long long m1 = i1 - m0 < mc ? i1 : m0 + mc;
+        for (long long p0 = c0; p0 < c1; p0 += GT_MM_NR) {
+            const int ncols = (int)(c1 - p0 < GT_MM_NR ? c1 - p0 : GT_MM_NR);
+            const int nv = (ncols + GT_MM_VW - 1) / GT_MM_VW;
+            gt_mm_t *bp = packed ? packed + (mc < i1 - i0 ? (p0 - c0) / GT_MM_NR * panel_size : 0)
+                                 : NULL;
+            long long t0 = m0;
+            if (!own) {
+                bp = (gt_mm_t *)j->bpack + (bt * panels + p0 / GT_MM_NR) * panel_size;
+            } else if (m0 == i0) {             /* the panel's first use: pack it */
+#if !defined(GT_MM_SCALAR)
+                if (j->sbj == 1 && ncols == GT_MM_NR && m1 - m0 >= GT_MM_MR) {
+                    /* the first row tile packs the panel while it multiplies */
+                    if (ap)
+                        GT_MM_KP(GT_MM_MR, GT_MM_NV)(K, ap + (t0 - i0) * K, 1, GT_MM_MR, B + p0,
+                                                     j->sbk, bp, C + t0 * N + p0, N, j->acc);
+                    else
+                        GT_MM_KP(GT_MM_MR, GT_MM_NV)(K, A + t0 * j->sai, j->sai, j->sak, B + p0,
+                                                     j->sbk, bp, C + t0 * N + p0, N, j->acc);
+                    t0 += GT_MM_MR;
+                } else
+#endif
+                    gt_mm_pack_b(bp, B, j->sbk, j->sbj, K, p0, ncols, nv * GT_MM_VW);
+            }
+            for (; t0 < m1; t0 += GT_MM_MR) {
+                const int mr = (int)(m1 - t0 < GT_MM_MR ? m1 - t0 : GT_MM_MR);
+                gt_mm_t *c = C + t0 * N + p0;
+                if (ap)
+                    gt_mm_kernels[nv - 1][mr - 1](K, ap + (t0 - i0) * K, 1, GT_MM_MR, bp, c, N,
+                                                  ncols, j->acc);
+                else
+                    gt_mm_kernels[nv - 1][mr - 1](K, A + t0 * j->sai, j->sai, j->sak, bp, c, N,
+                                                  ncols, j->acc);
+            }
         }
     }
 }
@@ -794,6 +891,21 @@ static int gt_mm_plan(gt_mm_job *j)
     if (want < threads) want = threads;
     if (j->Bn >= want) return threads;
     const long long per_item = gt_ceil_div(want, j->Bn);
+    if (j->M > GT_MM_MC && (double)panels * (double)(j->K > 0 ? j->K : 1) * GT_MM_NR
+                               * sizeof(gt_mm_t) <= GT_MM_MC_PACK_MAX) {
+        /* many rows over a small B (X^T @ G): row chunks, which see every panel of
+         * one shared packed copy, keep their rows of A and C in cache (as
+         * gt_mm_block's row blocks do) where column chunks would each sweep them all */
+        long long rc = per_item;
+        const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
+        if (rc > rc_max) rc = rc_max > 1 ? rc_max : 1;
+        const long long rows = gt_ceil_div(tiles, rc) * GT_MM_MR;
+        j->rc = gt_ceil_div(j->M, rows);
+        j->rows_per_chunk = rows;
+        if (j->Bn * j->rc >= threads) return threads;
+        j->rc = 1;
+        j->rows_per_chunk = j->M;
+    }
     /* panels per chunk: at least per_item chunks, of whole panels (rounded down, so a
      * few panels over two threads split as evenly as whole panels can) */
     const long long group = panels / per_item > 1 ? panels / per_item : 1;

@@ -36,7 +36,13 @@ class CpuEngine:
         slot = self.tape.values[node_id]
         if (type(source) is np.ndarray and source.dtype == slot.dtype
                 and source.shape[1:] == slot.shape[1:] and len(rows) == slot.shape[0]):
-            np.take(source, rows, axis=0, out=slot)
+            # numpy buffers take's out= in its default mode="raise" (a second copy, about
+            # 70 us of the 784-256-10 step); rows already in range pick the same rows
+            # under "clip", unbuffered, and anything else keeps the checked default
+            idx = np.asarray(rows)
+            in_range = (idx.dtype.kind in "iu" and idx.size and int(idx.min()) >= 0
+                        and int(idx.max()) < source.shape[0])
+            np.take(source, idx, axis=0, out=slot, mode="clip" if in_range else "raise")
         else:
             self.set_input(node_id, source[rows])
 
