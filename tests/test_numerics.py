@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gradtool import numerics as nx
+from gradtool.expr import select_numpy
 from gradtool.ops import OPS
 from conftest import assert_bits_equal, require_c_compiler
 
@@ -164,6 +165,33 @@ def test_relu_and_its_gradient_match_their_definitions_on_every_special(rng):
         assert_bits_equal(got[~np.isnan(got)], want[~np.isnan(want)])
         assert_bits_equal(relu.backward(gv, xv, None, got, 0.0, None, True, False)[0],
                           np.where(xv > 0.0, gv, 0.0))
+
+
+def test_the_compiled_select_against_zero_gives_np_where_bits(rng, monkeypatch):
+    """expr.select_numpy's two ways of ``np.where(cond, x, +0.0)`` (and of
+    ``np.where(cond, +0.0, x)``): csrc/gt_cpu.c's gt_select_zero and the numpy bit mask
+    it falls back to, each against np.where's bit patterns, NaN payloads and signed
+    zeros included."""
+    require_c_compiler()
+    assert nx.cpu_kernels() is not None, "a C compiler is here, yet the CPU kernels failed"
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324,
+                         1e308, -1.5, 2.5])
+    payload = np.array([0x7ff0000000000001, 0xfff8dead0000beef], dtype=np.uint64).view(
+        np.float64)
+    x = rng.choice(np.concatenate([specials, payload, rng.standard_normal(5)]), 10_007)
+    cond = rng.random(x.size) < 0.5
+    want = {False: np.where(cond, x, 0.0), True: np.where(cond, 0.0, x)}
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(nx, "cpu_kernels", lambda: None)
+        for invert, got in ((False, select_numpy(cond, x, 0.0)),
+                            (True, select_numpy(cond, 0.0, x))):
+            assert np.array_equal(got.view(np.int64), want[invert].view(np.int64)), \
+                (compiled, invert)
+        # a strided value is made contiguous first; the result is the same
+        got = select_numpy(cond[::2].copy(), x[::2], 0.0)
+        assert np.array_equal(got.view(np.int64), np.where(cond[::2], x[::2], 0.0).view(
+            np.int64))
 
 
 def test_softmax_rows_sum_close_to_one(rng):
