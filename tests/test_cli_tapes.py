@@ -470,3 +470,55 @@ def _dumps_long() -> bytes:
     from gradtool.tapefile.write import dumps
     tp, loss = long_tape()
     return dumps(tp, loss=loss)
+
+
+def mixed_tape():
+    """(tape, loss): 12,000 nodes where no kind of row is most of them: unary and binary
+    ops on several shapes, scalar ops, names with % and non-ASCII letters (the rows
+    written one by one between the rows written by columns), params with l2."""
+    tp = Tape()
+    x = tp.param(np.ones((2, 3)), name="x%d é", l2=0.5)
+    y = tp.const(np.full((3,), 0.5), name="y 100%")
+    w = tp.param(np.ones((3, 1)), name="w")
+    h = tp.tanh(y)
+    for k in range(3000):
+        kind = k % 7
+        if kind == 0:
+            x = tp.add(x, h)                    # inputs "a,b"
+        elif kind == 1:
+            x = tp.muls(x, 0.5 + k)             # a detail: s=...
+        elif kind == 2:
+            h = tp.neg(h)                       # another shape
+        elif kind == 3:
+            x = tp.mul(tp.tanh(x), x)
+        elif kind == 4:
+            v = tp.sum(tp.matmul(x, w))         # a shape of one element
+            h = tp.add(h, tp.muls(h, 0.0))
+        else:
+            x = tp.neg(x)
+    return tp, tp.add(tp.sum(x), v)
+
+
+def test_the_node_rows_by_columns_are_the_rows_one_by_one_on_a_mixed_tape(tmp_path):
+    from gradtool.cli.tapes import _NODE_HEADER, _detail, _inputs, _node_table, _table
+    from gradtool.describe import node_entry, plain_node, summary, summary_json
+    from gradtool.ops import format_shape
+    tp, loss = mixed_tape()
+    save(tp, tmp_path / "mixed.msgpack", loss=loss)
+    tf = load(tmp_path / "mixed.msgpack")
+    rows = [[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
+             "" if plain_node(n) else _detail(node_entry(tf.tape, i))]
+            for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))]
+    table = _table(rows, _NODE_HEADER)
+    assert _node_table(tf) == table
+    assert summary_json(tf) == json.dumps(summary(tf))
+    # the command prints the same text and JSON, byte for byte
+    result = subprocess.run([sys.executable, "-m", "gradtool", "inspect",
+                             tmp_path / "mixed.msgpack"], capture_output=True, timeout=120)
+    assert result.stdout.endswith(("\n".join(["nodes:", *table]) + "\n").encode())
+    result = subprocess.run([sys.executable, "-m", "gradtool", "inspect", "--json",
+                             tmp_path / "mixed.msgpack"], capture_output=True, timeout=120)
+    assert result.stdout == (json.dumps(summary(tf)) + "\n").encode()
+    # a tape whose input ids are not all ints: every row the general way, the same text
+    tf.tape.nodes[5].a = np.int64(tf.tape.nodes[5].a)
+    assert _node_table(tf) == table

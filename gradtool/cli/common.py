@@ -19,7 +19,6 @@ from typing import NoReturn
 
 import click
 
-from ..budget import DEFAULT_MEMORY, parse_size
 from ..errors import GradtoolError
 
 EXIT_CHECK_FAILED = 1
@@ -42,6 +41,7 @@ def memory_option(ctx, param, value):
     """click callback for ``gradtool --max-memory SIZE``."""
     if value is None:
         return None
+    from ..budget import parse_size
     try:
         return parse_size(value)
     except GradtoolError as exc:
@@ -51,6 +51,7 @@ def memory_option(ctx, param, value):
 def memory_budget() -> int:
     """``gradtool --max-memory``, or the default budget (:mod:`gradtool.budget`)."""
     ctx = click.get_current_context(silent=True)
+    from ..budget import DEFAULT_MEMORY
     value = ctx.find_root().params.get("max_memory") if ctx is not None else None
     return value or DEFAULT_MEMORY
 
@@ -147,6 +148,7 @@ TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHU
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click >= 8.2
+_NO_SUCH_COMMAND = getattr(click.exceptions, "NoSuchCommand", ())
 
 
 class command_interrupts:
@@ -172,7 +174,36 @@ class command_interrupts:
 
 
 class GradtoolGroup(click.Group):
-    """A click group that turns every exception into one stderr line and an exit code."""
+    """A click group that turns every exception into one stderr line and an exit code.
+
+    ``lazy_commands`` maps a command's name to the module that defines it (in its list
+    ``commands``), imported when the command is first looked up."""
+
+    lazy_commands: dict = {}
+
+    def list_commands(self, ctx) -> list:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx, name: str):
+        module = self.lazy_commands.get(name)
+        if name not in self.commands and module is not None:
+            import importlib
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:
+                    raise
+                return None       # that command family is not part of this build yet
+            for command in mod.commands:
+                self.add_command(command)
+        return super().get_command(ctx, name)
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except _NO_SUCH_COMMAND as exc:   # click suggests from the commands imported so far
+            raise _NO_SUCH_COMMAND(exc.command_name, message=exc.message,
+                                   possibilities=self.list_commands(ctx), ctx=ctx) from None
 
     def make_context(self, info_name, args, parent=None, **extra):
         # the group's own options (--max-memory, an unknown option) are parsed here,
@@ -184,7 +215,15 @@ class GradtoolGroup(click.Group):
                 fail(f"argument {arg!r}: a NUL byte cannot be part of an argument "
                      f"(a file name cannot contain one)", EXIT_BAD_INPUT)
         try:
-            return super().make_context(info_name, args, parent=parent, **extra)
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+            # the command's module now, under the start-up handler: numpy's import, within
+            # a command, would turn a Ctrl-C into an ImportError and a traceback
+            protected = (ctx._protected_args if hasattr(ctx, "_protected_args")   # click >= 8.2
+                         else ctx.protected_args)
+            rest = [*protected, *ctx.args]
+            if rest and not ctx.resilient_parsing:
+                self.get_command(ctx, rest[0])
+            return ctx
         except click.UsageError as exc:
             if isinstance(exc, _NO_ARGS_IS_HELP):     # a bare `gradtool`: click's help
                 raise

@@ -24,11 +24,9 @@ from ..describe import (Columns, first_mismatch, node_entry, plain_node, summary
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
-from ..npzio import member_name_problem, write_npz
 from ..numerics import NUMERICS_CONTRACTS, NUMERICS_VERSION
 from ..ops import OPS, format_shape
 from ..tapefile import TapeFile
-from ..train.data import gradient_sum, input_slots, load_dataset
 from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
                      without_gc_pauses)
 
@@ -256,6 +254,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     t = tf.tape
     summed = None
     if data_path is not None:
+        from ..train.data import gradient_sum, input_slots, load_dataset
         slots = input_slots(t, tf.state)
         summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
                               slots)
@@ -267,6 +266,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
         loss = float(t.values[tf.loss.id].reshape(-1)[0])
         grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
+        from ..npzio import write_npz
         write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
@@ -298,6 +298,7 @@ def _npz_arrays(tf: TapeFile, grads) -> dict:
     """{npz key: gradient}: the param's name, or ``node<ID>`` for an unnamed param and for
     a name no npz can hold (NUL, over 65,531 bytes; a note on stderr says so).  Two
     params that would share a key are refused before anything is written."""
+    from ..npzio import member_name_problem
     arrays, owner, notes = {}, {}, []
     for i, name, g in grads:
         key = name or f"node{i}"
