@@ -152,7 +152,7 @@ def summary_json(tf: TapeFile) -> str:
     :func:`plain_node`) are written by columns (:mod:`gradtool.rowtext`) instead of built
     as dicts and encoded (``tests/test_cli_tapes.py`` compares the two texts on every
     sample)."""
-    return "".join(summary_json_parts(tf))
+    return b"".join(summary_json_parts(tf)).decode("ascii")
 
 
 def summary_head(tf: TapeFile, cols: "Columns") -> dict:
@@ -163,7 +163,7 @@ def summary_head(tf: TapeFile, cols: "Columns") -> dict:
 
 
 def summary_json_parts(tf: TapeFile) -> list:
-    """:func:`summary_json` as parts to join."""
+    """:func:`summary_json` as bytes to join (JSON is ASCII)."""
     with gc_paused():               # a million new strings and tuples, no cycles
         return _summary_json(tf)
 
@@ -172,7 +172,7 @@ def _summary_json(tf: TapeFile) -> list:
     tape = _tape_of(tf)
     cols = Columns(tape)
     if not cols.ints:               # not a tape recorded here: every node in full
-        return [json.dumps(_summary(tf, cols, nodes=True))]
+        return [json.dumps(_summary(tf, cols, nodes=True)).encode("ascii")]
     head = json.dumps(_summary(tf, cols, nodes=False))
     n = cols.n
     fields = [rowtext.const('{"id": '), rowtext.integers(np.arange(n)),
@@ -181,8 +181,9 @@ def _summary_json(tf: TapeFile) -> list:
               rowtext.integers(cols.a), rowtext.const(', "b": '), rowtext.integers(cols.b),
               rowtext.lookup([f', "shape": {json.dumps(list(shape))}}}' for shape in cols.shapes],
                              cols.shape_code)]
-    others = {i: json.dumps(node_entry(tape, i)) for i in cols.special}
-    return [head[:-1], ', "nodes": [', *rowtext.render(n, fields, ", ", others), "]}"]
+    others = {i: json.dumps(node_entry(tape, i)).encode("ascii") for i in cols.special}
+    return [f'{head[:-1]}, "nodes": ['.encode("ascii"),
+            *rowtext.render(n, fields, ", ", others), b"]}"]
 
 
 def json_safe(value):

@@ -8,7 +8,7 @@ bytes, one line per row (or one line for every row), where a NUL is no byte (the
 here never hold one: JSON writes it as ``\\u0000``, the table's cells are op names, shapes,
 numbers); the text of all rows is the matrices side by side, read in row-major order,
 without the NULs: nothing is done in Python per row.  Rows whose text is made otherwise
-(a node with a name or attributes) are given as strings and put in at their place.
+(a node with a name or attributes) are given as bytes and put in at their place.
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def when(field: Field, rows: np.ndarray) -> Field:
 
 
 def render(n: int, fields: list, sep: str, others: dict) -> list:
-    """The text of rows 0..n-1, joined by ``sep``, as a list of strings to join: row r is
-    the fields' bytes, or ``others[r]`` where given."""
+    """The text of rows 0..n-1, joined by ``sep``, as a list of bytes to join: row r is
+    the fields' bytes, or ``others[r]`` (bytes) where given."""
     last = np.zeros((n, len(sep)), dtype=np.uint8)   # sep after every row but the last
     last[:-1] = _ascii(sep)
     fields = [*fields, Field(last, np.where(np.arange(n) < n - 1, len(sep), 0))]
@@ -123,13 +123,13 @@ def render(n: int, fields: list, sep: str, others: dict) -> list:
         rows[skip_rows[lo:hi]] = 0
         out.append(rows[rows != 0].tobytes())
     text = b"".join(out)
-    parts, at = [], 0
+    parts, at, sep_bytes = [], 0, sep.encode("ascii")
     for r in skip:
         begin = int(starts[r])
-        parts.append(text[at:begin].decode("ascii"))
-        parts.append(others[r] + (sep if r < n - 1 else ""))
+        parts.append(text[at:begin])
+        parts.append(others[r] + (sep_bytes if r < n - 1 else b""))
         at = begin
-    parts.append(text[at:].decode("ascii"))
+    parts.append(text[at:])
     return parts
 
 

@@ -522,3 +522,28 @@ def test_the_node_rows_by_columns_are_the_rows_one_by_one_on_a_mixed_tape(tmp_pa
     # a tape whose input ids are not all ints: every row the general way, the same text
     tf.tape.nodes[5].a = np.int64(tf.tape.nodes[5].a)
     assert _node_table(tf) == table
+
+
+def test_inspect_writes_the_same_bytes_through_the_binary_stream_and_through_click(tmp_path):
+    # the node table goes straight to stdout's binary stream (buffered, or raw under
+    # PYTHONUNBUFFERED), or through click where stdout does not encode UTF-8: the same
+    # text, the ANSI codes of a name taken out off a terminal as click does
+    import os
+    tp = Tape()
+    x = tp.param(np.ones(2), name="x \x1b[31mred\x1b[0m é")
+    for _ in range(5000):
+        x = tp.neg(x)
+    save(tp, tmp_path / "t.msgpack", loss=tp.sum(x))
+    outputs = {}
+    for env in ({}, {"PYTHONUNBUFFERED": "1"}, {"PYTHONIOENCODING": "latin-1"}):
+        for mode in ([], ["--json"]):
+            result = subprocess.run([sys.executable, "-m", "gradtool", "inspect", *mode,
+                                     tmp_path / "t.msgpack"], capture_output=True,
+                                    timeout=120, env={**os.environ, **env})
+            assert result.returncode == 0 and result.stderr == b"", result.stderr
+            outputs[tuple(env), tuple(mode)] = result.stdout
+    text = outputs[(), ()]
+    assert b"\x1b" not in text and "x red é".encode() in text and text.endswith(b"[1]\n")
+    assert outputs[("PYTHONUNBUFFERED",), ()] == text
+    assert outputs[("PYTHONIOENCODING",), ()] == text.decode().encode("latin-1")
+    assert len({outputs[k] for k in outputs if k[1]}) == 1       # JSON is ASCII

@@ -8,9 +8,11 @@ failure is ONE line on stderr, ``gradtool: <file>: node <id>: <problem>``;
 
 from __future__ import annotations
 
+import codecs
 import errno
 import functools
 import os
+import select
 import signal
 import sys
 import threading
@@ -66,6 +68,44 @@ def load_tape(path: str):
             raise GradtoolError("<stdin>: cannot read: standard input is closed")
         return load(sys.stdin.buffer, name="<stdin>", limits=limits)
     return load(path, limits=limits)
+
+
+def echo_rows(text: str, rows: list) -> None:
+    """``click.echo(text + rows, nl=False)`` (``rows``: UTF-8 bytes, table rows without an
+    escape sequence), the same bytes at a fraction of the time for 70 MB of rows: ``text``
+    through click (which takes ANSI codes out off a terminal and encodes), then the rows
+    straight to the binary stream under it when stdout is a file or a pipe encoding
+    UTF-8, else through click too."""
+    click.echo(text, nl=False)
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None or stream.isatty() or _codec(getattr(stream, "encoding", None)) != "utf-8":
+        click.echo(b"".join(rows).decode("utf-8"), nl=False)
+        return
+    stream.flush()
+    for part in rows:
+        _write_all(buffer, part)
+    buffer.flush()
+
+
+def _write_all(buffer, data: bytes) -> None:
+    """All of ``data``: an unbuffered stdout (``python -u``, PYTHONUNBUFFERED) is a raw
+    file whose write may take only part (a signal, the reader gone: the next write says
+    why)."""
+    view = memoryview(data)
+    while view.nbytes:
+        written = buffer.write(view)
+        if written is None:                # a non-blocking stdout, full: wait for room
+            select.select([], [buffer.fileno()], [])
+            continue
+        view = view[written:]
+
+
+def _codec(encoding) -> str:
+    try:
+        return codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        return ""
 
 
 class ClosedStdout:

@@ -27,8 +27,8 @@ from ..gradcheck import fd_check as run_fd_check
 from ..numerics import NUMERICS_CONTRACTS, NUMERICS_VERSION
 from ..ops import OPS, format_shape
 from ..tapefile import TapeFile
-from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
-                     without_gc_pauses)
+from .common import (CheckFailed, echo_rows, load_tape, memory_budget,
+                     output_file_not_stdout, without_gc_pauses)
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -81,13 +81,15 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
     if dot:
         click.echo(to_dot(tf), nl=False)
     elif as_json:
-        click.echo("".join([*summary_json_parts(tf), "\n"]), nl=False)
+        head, *rows = summary_json_parts(tf)
+        echo_rows(head.decode("ascii"), [*rows, b"\n"])
     else:
-        click.echo("".join(_inspect_text(tf)), nl=False)
+        echo_rows(*_inspect_text(tf))
 
 
-def _inspect_text(tf: TapeFile) -> list:
-    """What ``inspect`` prints, as parts to join (the last line ends with a newline)."""
+def _inspect_text(tf: TapeFile) -> tuple:
+    """What ``inspect`` prints: (the lines before the node table, as text; the table, as
+    UTF-8 bytes to join), every line ending with a newline."""
     cols = Columns(tf.tape)
     s = summary_head(tf, cols)
     ops = s["ops"]
@@ -113,7 +115,7 @@ def _inspect_text(tf: TapeFile) -> list:
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    return ["\n".join(lines), "\n", *_node_text(tf, cols)]
+    return "\n".join(lines) + "\n", _node_text(tf, cols)
 
 
 _NODE_HEADER = ["id", "op", "inputs", "shape", "detail"]
@@ -121,12 +123,12 @@ _NODE_HEADER = ["id", "op", "inputs", "shape", "detail"]
 
 def _node_table(tf: TapeFile) -> list:
     """``_table`` of the node rows (id, op, inputs, shape, detail), as lines."""
-    return "".join(_node_text(tf)).split("\n")[:-1]
+    return b"".join(_node_text(tf)).decode("utf-8").split("\n")[:-1]
 
 
 def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
-    """The lines of :func:`_node_table`, each ending with a newline, as parts to join;
-    made by columns for a tape of a million nodes: whether a column is numeric and how
+    """The lines of :func:`_node_table`, each ending with a newline, as UTF-8 bytes to
+    join; made by columns for a tape of a million nodes: whether a column is numeric and how
     wide decided on its distinct cells, the rows from the columns' texts
     (:mod:`gradtool.rowtext`) but for the nodes with a detail, which are written one by
     one."""
@@ -137,7 +139,7 @@ def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
         rows = _table([[str(i), nd.op, _inputs(nd.a, nd.b), format_shape(v.shape),
                         "" if plain_node(nd) else _detail(node_entry(tape, i))]
                        for i, (nd, v) in enumerate(zip(nodes, tape.values))], _NODE_HEADER)
-        return ["\n".join(rows), "\n"]
+        return [("\n".join(rows) + "\n").encode("utf-8")]
     ops, a, b = cols.ops, cols.a, cols.b
     # the inputs cell: "a,b", "a" or "-", as fields, and its length
     has_b = b >= 0
@@ -164,7 +166,8 @@ def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
     template = "  " + "  ".join(cell)
     header = (template % tuple(_NODE_HEADER)).rstrip()
     others = {i: (template % (str(i), ops[i], _inputs(int(a[i]), int(b[i])),
-                              shape_text[cols.shape_code[i]], details.get(i, ""))).rstrip()
+                              shape_text[cols.shape_code[i]], details.get(i, ""))
+                  ).rstrip().encode("utf-8")
               for i in cols.special}
     # a row without a detail: its shape cell is the last, its padding cut off as rstrip does
     fields = [rowtext.integers(np.arange(n), width=2 + widths[0]),
@@ -177,7 +180,7 @@ def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
                    rowtext.pad(widths[2] - inputs_length)]
     fields.append(rowtext.lookup([("  " + cell[3] % text).rstrip() for text in shape_text],
                                  cols.shape_code))
-    return [header, "\n", *rowtext.render(n, fields, "\n", others), "\n"]
+    return [(header + "\n").encode("utf-8"), *rowtext.render(n, fields, "\n", others), b"\n"]
 
 
 def _short(value, limit: int = 100) -> str:
