@@ -7,14 +7,13 @@ The command line formats these; nothing here prints.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass
-from itertools import count, repeat
-from operator import attrgetter, eq
+from operator import attrgetter
 from typing import Optional
 
 import numpy as np
 
+from . import rowtext
 from .errors import GradtoolError
 from .ops import INT_DTYPE, format_shape
 from .tapefile import TapeFile
@@ -44,6 +43,12 @@ def plain_node(n) -> bool:
     return not (n.name or n.aux or n.op in ("adds", "muls", "param", "const"))
 
 
+_OP, _A, _B = attrgetter("op"), attrgetter("a"), attrgetter("b")
+_NAME, _AUX, _SHAPE = attrgetter("name"), attrgetter("aux"), attrgetter("shape")
+_INT = frozenset((int,))
+_NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
+
+
 def _tape_of(tf):
     if not isinstance(tf, TapeFile):
         raise GradtoolError(f"expected a loaded tape file (gradtool.load), got "
@@ -55,15 +60,19 @@ def summary(tf: TapeFile, nodes: bool = True) -> dict:
     """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
     node list)."""
     tape = _tape_of(tf)
+    return _summary(tf, Columns(tape), nodes)
+
+
+def _summary(tf: TapeFile, cols: "Columns", nodes: bool) -> dict:
+    tape = tf.tape
     loss_id = tf.loss.id
-    ops = list(map(_OP, tape.nodes))
-    records, values = tape.nodes, tape.values
+    ops, records, values = cols.ops, tape.nodes, tape.values
     summary = {
         "file": tf.source,
         "format": "gradtool-tape",
         "version": 1,
         "node_count": len(tape.nodes),
-        "ops": dict(sorted(Counter(ops).items())),
+        "ops": cols.op_counts(),
         # the ids of tape.params() and tape.input_slots(), found by list.index
         "params": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
                     "elements": int(values[i].size), "l2": records[i].l2}
@@ -99,65 +108,82 @@ def _positions(items: list, item) -> list:
         return found
 
 
+class Columns:
+    """A tape's nodes as columns, each made in one pass of C code over the nodes (a
+    million nodes are a million Python objects): the op of each node (``ops``) and its
+    index in ``op_names`` (``op_code``); when every input id is an int (a tape recorded
+    or loaded here; ``ints``), the inputs ``a`` and ``b`` as int64, the distinct value
+    shapes (``shapes``) and each node's index in it (``shape_code``), and the nodes with
+    more than id, op, inputs and shape (``special``: see :func:`plain_node`)."""
+
+    def __init__(self, tape):
+        nodes, n = tape.nodes, len(tape.nodes)
+        self.n = n
+        self.ops = list(map(_OP, nodes))
+        self.op_names = list(dict.fromkeys(self.ops))
+        index = {op: k for k, op in enumerate(self.op_names)}
+        self.op_code = np.fromiter(map(index.__getitem__, self.ops), dtype=np.intp, count=n)
+        a, b = list(map(_A, nodes)), list(map(_B, nodes))
+        self.ints = n > 0 and set(map(type, a)) <= _INT and set(map(type, b)) <= _INT
+        if not self.ints:
+            return
+        self.a, self.b = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+        shapes = list(map(_SHAPE, tape.values))
+        self.shapes = list(dict.fromkeys(shapes))
+        index = {shape: k for k, shape in enumerate(self.shapes)}
+        self.shape_code = np.fromiter(map(index.__getitem__, shapes), dtype=np.intp,
+                                      count=n)
+        special = np.isin(self.op_code, [k for k, op in enumerate(self.op_names)
+                                         if op in _NOT_PLAIN])
+        for column in (list(map(_NAME, nodes)), list(map(_AUX, nodes))):
+            if column.count(None) < n:      # a name or attributes somewhere
+                special |= np.fromiter(map(bool, column), dtype=bool, count=n)
+        self.special = np.flatnonzero(special).tolist()
+
+    def op_counts(self) -> dict:
+        """The op histogram, by op name."""
+        counts = np.bincount(self.op_code, minlength=len(self.op_names)).tolist()
+        return dict(sorted(zip(self.op_names, counts)))
+
+
 def summary_json(tf: TapeFile) -> str:
     """``json.dumps(summary(tf))``, the same text, at a fraction of the time for a tape of
-    a million nodes: a node with nothing beyond id, op, inputs and shape (see
-    :func:`plain_node`) is written from a template instead of built as a dict and encoded
-    (``tests/test_cli_tapes.py`` compares the two texts on every sample)."""
+    a million nodes: the nodes with nothing beyond id, op, inputs and shape (see
+    :func:`plain_node`) are written by columns (:mod:`gradtool.rowtext`) instead of built
+    as dicts and encoded (``tests/test_cli_tapes.py`` compares the two texts on every
+    sample)."""
+    return b"".join(summary_json_parts(tf)).decode("ascii")
+
+
+def summary_head(tf: TapeFile, cols: "Columns") -> dict:
+    """``summary(tf, nodes=False)`` from the tape's columns (made once for the summary
+    and the node list)."""
+    _tape_of(tf)
+    return _summary(tf, cols, nodes=False)
+
+
+def summary_json_parts(tf: TapeFile) -> list:
+    """:func:`summary_json` as bytes to join (JSON is ASCII)."""
     with gc_paused():               # a million new strings and tuples, no cycles
         return _summary_json(tf)
 
 
-def _summary_json(tf: TapeFile) -> str:
+def _summary_json(tf: TapeFile) -> list:
     tape = _tape_of(tf)
-    head = json.dumps(summary(tf, nodes=False))
-    nodes, values, n = tape.nodes, tape.values, len(tape.nodes)
-    ops, a, b = list(map(_OP, nodes)), list(map(_A, nodes)), list(map(_B, nodes))
-    shapes = list(map(_SHAPE, values))
-    if not set(map(type, a)) <= _INT or not set(map(type, b)) <= _INT:
-        special = range(n)          # not a tape recorded here: every node in full
-    else:                           # the nodes with more than id, op, inputs and shape
-        special = np.flatnonzero(
-            np.fromiter(map(bool, map(_NAME, nodes)), dtype=bool, count=n)
-            | np.fromiter(map(bool, map(_AUX, nodes)), dtype=bool, count=n)
-            | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
-    op_text = {op: json.dumps(op) for op in set(ops)}
-    shape_text = {shape: json.dumps(list(shape)) for shape in set(shapes)}
-    same = None if type(special) is range else _common_kind(ops, b, shapes)
-    if same is None:
-        parts = list(map(_NODE_TEXT.__mod__, zip(range(n), map(op_text.__getitem__, ops), a,
-                                                 b, map(shape_text.__getitem__, shapes))))
-    else:                           # most nodes one op on one shape, b -1: id and a only
-        op, shape, same = same
-        common = ('{"id": %d, "op": ' + op_text[op].replace("%", "%%") + ', "a": %d, '
-                  '"b": -1, "shape": ' + shape_text[shape].replace("%", "%%") + "}")
-        parts = list(map(common.__mod__, zip(range(n), a)))
-        for i in np.flatnonzero(~same).tolist():
-            parts[i] = _NODE_TEXT % (i, op_text[ops[i]], a[i], b[i], shape_text[shapes[i]])
-    for i in special:
-        parts[i] = json.dumps(node_entry(tape, i))
-    return f'{head[:-1]}, "nodes": [{", ".join(parts)}]}}'
-
-
-_NODE_TEXT = '{"id": %d, "op": %s, "a": %d, "b": %d, "shape": %s}'
-
-
-def _common_kind(ops: list, b: list, shapes: list):
-    """(op, shape, mask) when more than half the nodes of a long tape are that op on that
-    shape with b == -1 (mask: which ones), else None."""
-    n = len(ops)
-    if n < 4096:
-        return None
-    (op, _), = Counter(ops).most_common(1)
-    (shape, _), = Counter(shapes).most_common(1)
-    same = np.array(b, dtype=np.int64) == -1
-    same &= np.fromiter(map(eq, ops, repeat(op)), dtype=bool, count=n)
-    same &= np.fromiter(map(eq, shapes, repeat(shape)), dtype=bool, count=n)
-    return (op, shape, same) if 2 * int(same.sum()) > n else None
-_A, _B, _NAME, _AUX = attrgetter("a"), attrgetter("b"), attrgetter("name"), attrgetter("aux")
-_INT = frozenset((int,))
-_OP, _SHAPE = attrgetter("op"), attrgetter("shape")
-_NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
+    cols = Columns(tape)
+    if not cols.ints:               # not a tape recorded here: every node in full
+        return [json.dumps(_summary(tf, cols, nodes=True)).encode("ascii")]
+    head = json.dumps(_summary(tf, cols, nodes=False))
+    n = cols.n
+    fields = [rowtext.const('{"id": '), rowtext.integers(np.arange(n)),
+              rowtext.lookup([f', "op": {json.dumps(op)}, "a": ' for op in cols.op_names],
+                             cols.op_code),
+              rowtext.integers(cols.a), rowtext.const(', "b": '), rowtext.integers(cols.b),
+              rowtext.lookup([f', "shape": {json.dumps(list(shape))}}}' for shape in cols.shapes],
+                             cols.shape_code)]
+    others = {i: json.dumps(node_entry(tape, i)).encode("ascii") for i in cols.special}
+    return [f'{head[:-1]}, "nodes": ['.encode("ascii"),
+            *rowtext.render(n, fields, ", ", others), b"]}"]
 
 
 def json_safe(value):

@@ -192,6 +192,23 @@ def test_ctrl_c_at_every_moment_of_start_up_is_one_line_and_130_or_a_result(name
             assert all(line.startswith("gradtool: ") for line in lines), (delay, stderr)
 
 
+def test_each_command_family_is_imported_only_when_one_of_its_commands_runs():
+    import importlib
+    from gradtool.cli import COMMAND_MODULES
+    for module in set(COMMAND_MODULES.values()):
+        names = {c.name for c in importlib.import_module(f"gradtool.cli.{module}").commands}
+        assert names == {k for k, v in COMMAND_MODULES.items() if v == module}, module
+    probe = ("import sys; from gradtool.cli import main\n"
+             f"try:\n main(['inspect', {str(SAMPLES / 'logistic.msgpack')!r}])\n"
+             "except SystemExit:\n pass\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['gradtool', 'train'], "
+             "['gradtool', 'emit'], ['gradtool', 'device'], ['gradtool', 'interop'])))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert "gradtool-tape v1" in result.stdout, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout.splitlines()[-1]
+
+
 def test_ctrl_c_on_the_way_out_is_one_line_not_exception_ignored():
     # the command has finished; the interrupt lands in the interpreter's exit (an atexit
     # callback): Python would print "Exception ignored in atexit callback" and a traceback

@@ -470,3 +470,80 @@ def _dumps_long() -> bytes:
     from gradtool.tapefile.write import dumps
     tp, loss = long_tape()
     return dumps(tp, loss=loss)
+
+
+def mixed_tape():
+    """(tape, loss): 12,000 nodes where no kind of row is most of them: unary and binary
+    ops on several shapes, scalar ops, names with % and non-ASCII letters (the rows
+    written one by one between the rows written by columns), params with l2."""
+    tp = Tape()
+    x = tp.param(np.ones((2, 3)), name="x%d é", l2=0.5)
+    y = tp.const(np.full((3,), 0.5), name="y 100%")
+    w = tp.param(np.ones((3, 1)), name="w")
+    h = tp.tanh(y)
+    for k in range(3000):
+        kind = k % 7
+        if kind == 0:
+            x = tp.add(x, h)                    # inputs "a,b"
+        elif kind == 1:
+            x = tp.muls(x, 0.5 + k)             # a detail: s=...
+        elif kind == 2:
+            h = tp.neg(h)                       # another shape
+        elif kind == 3:
+            x = tp.mul(tp.tanh(x), x)
+        elif kind == 4:
+            v = tp.sum(tp.matmul(x, w))         # a shape of one element
+            h = tp.add(h, tp.muls(h, 0.0))
+        else:
+            x = tp.neg(x)
+    return tp, tp.add(tp.sum(x), v)
+
+
+def test_the_node_rows_by_columns_are_the_rows_one_by_one_on_a_mixed_tape(tmp_path):
+    from gradtool.cli.tapes import _NODE_HEADER, _detail, _inputs, _node_table, _table
+    from gradtool.describe import node_entry, plain_node, summary, summary_json
+    from gradtool.ops import format_shape
+    tp, loss = mixed_tape()
+    save(tp, tmp_path / "mixed.msgpack", loss=loss)
+    tf = load(tmp_path / "mixed.msgpack")
+    rows = [[str(i), n.op, _inputs(n.a, n.b), format_shape(v.shape),
+             "" if plain_node(n) else _detail(node_entry(tf.tape, i))]
+            for i, (n, v) in enumerate(zip(tf.tape.nodes, tf.tape.values))]
+    table = _table(rows, _NODE_HEADER)
+    assert _node_table(tf) == table
+    assert summary_json(tf) == json.dumps(summary(tf))
+    # the command prints the same text and JSON, byte for byte
+    result = subprocess.run([sys.executable, "-m", "gradtool", "inspect",
+                             tmp_path / "mixed.msgpack"], capture_output=True, timeout=120)
+    assert result.stdout.endswith(("\n".join(["nodes:", *table]) + "\n").encode())
+    result = subprocess.run([sys.executable, "-m", "gradtool", "inspect", "--json",
+                             tmp_path / "mixed.msgpack"], capture_output=True, timeout=120)
+    assert result.stdout == (json.dumps(summary(tf)) + "\n").encode()
+    # a tape whose input ids are not all ints: every row the general way, the same text
+    tf.tape.nodes[5].a = np.int64(tf.tape.nodes[5].a)
+    assert _node_table(tf) == table
+
+
+def test_inspect_writes_the_same_bytes_through_the_binary_stream_and_through_click(tmp_path):
+    # the node table goes straight to stdout's binary stream (buffered, or raw under
+    # PYTHONUNBUFFERED), or through click where stdout does not encode UTF-8: the same
+    # text, the ANSI codes of a name taken out off a terminal as click does
+    import os
+    tp = Tape()
+    x = tp.param(np.ones(2), name="x \x1b[31mred\x1b[0m é")
+    for _ in range(5000):
+        x = tp.neg(x)
+    save(tp, tmp_path / "t.msgpack", loss=tp.sum(x))
+    outputs = {}
+    for env in ({}, {"PYTHONUNBUFFERED": "1"}, {"PYTHONIOENCODING": "latin-1"}):
+        for mode in ([], ["--json"]):
+            result = subprocess.run([sys.executable, "-m", "gradtool", "inspect", *mode,
+                                     tmp_path / "t.msgpack"], capture_output=True,
+                                    timeout=120, env={**os.environ, **env})
+            assert result.returncode == 0 and result.stderr == b"", result.stderr
+            outputs[tuple(env), tuple(mode)] = result.stdout
+    text = outputs[(), ()]
+    assert b"\x1b" not in text and "x red é".encode() in text and text.endswith(b"[1]\n")
+    assert outputs[("PYTHONUNBUFFERED",), ()] == text
+    assert outputs[("PYTHONIOENCODING",), ()] == text.decode().encode("latin-1")
+    assert len({outputs[k] for k in outputs if k[1]}) == 1       # JSON is ASCII

@@ -23,18 +23,15 @@ def main(debug: bool, max_memory) -> None:
     """gradtool: gradients identical to the bit on the CPU, in C and on CUDA GPUs."""
 
 
-def _register_commands() -> None:
-    # One module per command family; each exposes `commands`, a list of click commands.
-    import importlib
-    for module in ("tapes", "train", "emit", "replay", "interop"):
-        try:
-            mod = importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{module}":
-                continue          # that command family is not part of this build yet
-            raise
-        for command in mod.commands:
-            main.add_command(command)
-
-
-_register_commands()
+# Each command family's module, imported when one of its commands runs (or when --help
+# lists them all), so that `gradtool inspect` does not import training, the emitter, the
+# device programs and the importer; each module exposes `commands`, a list of click
+# commands (tests/test_cli_robustness.py checks that this table names them all).
+COMMAND_MODULES = {
+    "inspect": "tapes", "backward": "tapes", "fd-check": "tapes",
+    "train": "train",
+    "emit-cuda": "emit",
+    "replay-gpu": "replay",
+    "import-torch": "interop",
+}
+main.lazy_commands = {name: f"{__name__}.{module}" for name, module in COMMAND_MODULES.items()}

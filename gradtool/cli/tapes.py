@@ -13,22 +13,22 @@ import json
 import math
 import sys
 import time
-from operator import attrgetter
+from typing import Optional
 
 import click
 import numpy as np
 
-from ..describe import _common_kind, first_mismatch, node_entry, plain_node, summary, summary_json, to_dot
+from .. import rowtext
+from ..describe import (Columns, first_mismatch, node_entry, plain_node, summary_head,
+                        summary_json_parts, to_dot)
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
 from ..gradcheck import fd_check as run_fd_check
-from ..npzio import member_name_problem, write_npz
 from ..numerics import NUMERICS_CONTRACTS, NUMERICS_VERSION
 from ..ops import OPS, format_shape
 from ..tapefile import TapeFile
-from ..train.data import gradient_sum, input_slots, load_dataset
-from .common import (CheckFailed, load_tape, memory_budget, output_file_not_stdout,
-                     without_gc_pauses)
+from .common import (CheckFailed, echo_rows, load_tape, memory_budget,
+                     output_file_not_stdout, without_gc_pauses)
 
 TAPE_HELP = "TAPE is a gradtool tape file (msgpack, format v1), or - for standard input."
 
@@ -81,13 +81,17 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
     if dot:
         click.echo(to_dot(tf), nl=False)
     elif as_json:
-        click.echo(summary_json(tf))
+        head, *rows = summary_json_parts(tf)
+        echo_rows(head.decode("ascii"), [*rows, b"\n"])
     else:
-        click.echo("\n".join(_inspect_lines(tf)))
+        echo_rows(*_inspect_text(tf))
 
 
-def _inspect_lines(tf: TapeFile) -> list:
-    s = summary(tf, nodes=False)
+def _inspect_text(tf: TapeFile) -> tuple:
+    """What ``inspect`` prints: (the lines before the node table, as text; the table, as
+    UTF-8 bytes to join), every line ending with a newline."""
+    cols = Columns(tf.tape)
+    s = summary_head(tf, cols)
     ops = s["ops"]
     n_leaf = ops.get("param", 0) + ops.get("const", 0)
     lines = [f"{s['file']}: gradtool-tape v{s['version']}, {s['node_count']} nodes "
@@ -111,82 +115,72 @@ def _inspect_lines(tf: TapeFile) -> list:
     lines += _table([[o["name"], o["id"], o["op"], format_shape(o["shape"])] for o in s["outputs"]],
                     ["name", "id", "op", "shape"])
     lines.append("nodes:")
-    lines += _node_table(tf)
-    return lines
+    return "\n".join(lines) + "\n", _node_text(tf, cols)
 
 
 _NODE_HEADER = ["id", "op", "inputs", "shape", "detail"]
 
 
 def _node_table(tf: TapeFile) -> list:
-    """``_table`` of the node rows (id, op, inputs, shape, detail), the same lines, made
-    by columns for a tape of a million nodes: each column's cells in one pass, whether
-    a column is numeric decided on its distinct cells, the lines from %-templates (the
-    most common kind of row, one op on one shape reading one input, from a template
-    with only its id and input left to fill)."""
+    """``_table`` of the node rows (id, op, inputs, shape, detail), as lines."""
+    return b"".join(_node_text(tf)).decode("utf-8").split("\n")[:-1]
+
+
+def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
+    """The lines of :func:`_node_table`, each ending with a newline, as UTF-8 bytes to
+    join; made by columns for a tape of a million nodes: whether a column is numeric and how
+    wide decided on its distinct cells, the rows from the columns' texts
+    (:mod:`gradtool.rowtext`) but for the nodes with a detail, which are written one by
+    one."""
     tape = tf.tape
     nodes, n = tape.nodes, len(tape.nodes)
-    ops = list(map(_OP, nodes))
-    a, b = list(map(_A, nodes)), list(map(_B, nodes))
-    if n == 0 or not set(map(type, a)) <= _INT or not set(map(type, b)) <= _INT:
-        return _table([[str(i), nd.op, _inputs(nd.a, nd.b), format_shape(v.shape),
+    cols = Columns(tape) if cols is None else cols
+    if not cols.ints:
+        rows = _table([[str(i), nd.op, _inputs(nd.a, nd.b), format_shape(v.shape),
                         "" if plain_node(nd) else _detail(node_entry(tape, i))]
                        for i, (nd, v) in enumerate(zip(nodes, tape.values))], _NODE_HEADER)
-    ia, ib = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
-    unary = (ia >= 0) & (ib < 0)               # inputs cell: str(a)
-    others = np.flatnonzero(~unary).tolist()
-    other_inputs = {i: _inputs(a[i], b[i]) for i in others}
-    shapes = list(map(_SHAPE, tape.values))
-    shape_text = {shape: format_shape(shape) for shape in set(shapes)}
-    special = np.flatnonzero(
-        np.fromiter(map(bool, map(_NAME, nodes)), dtype=bool, count=n)
-        | np.fromiter(map(bool, map(_AUX, nodes)), dtype=bool, count=n)
-        | np.fromiter(map(_NOT_PLAIN.__contains__, ops), dtype=bool, count=n)).tolist()
+        return [("\n".join(rows) + "\n").encode("utf-8")]
+    ops, a, b = cols.ops, cols.a, cols.b
+    # the inputs cell: "a,b", "a" or "-", as fields, and its length
+    has_b = b >= 0
+    dash = ~has_b & (a < 0)
+    a_text, b_text = rowtext.integers(a), rowtext.integers(b)
+    inputs_length = np.where(dash, 1, a_text.length + has_b * (1 + b_text.length))
+    shape_text = [format_shape(shape) for shape in cols.shapes]
     details = {}
-    for i in special:
+    for i in cols.special:
         if not plain_node(nodes[i]):
             details[i] = _detail(node_entry(tape, i))
     detail_cells = set(details.values()) | ({""} if len(details) < n else set())
-    op_cells, shape_cells = set(ops), set(shape_text.values())
-    numeric = [True,                           # str of an int
+    op_cells = cols.op_names
+    unary = bool(np.all(~has_b & ~dash))           # every inputs cell is str(a)
+    numeric = [True,                               # str of an int
                all(map(_is_num, op_cells)),
-               not others,                     # "-" and "a,b" are not numbers
-               all(map(_is_num, shape_cells)),
+               unary,                              # "-" and "a,b" are not numbers
+               all(map(_is_num, shape_text)),
                all(map(_is_num, detail_cells))]
-    longest_a = len(str(int(ia[unary].max()))) if unary.any() else 0
-    widths = [len(str(n - 1)), max(map(len, op_cells)),
-              max([longest_a, *map(len, other_inputs.values())]), max(map(len, shape_cells)),
-              max(map(len, detail_cells))]
+    widths = [len(str(n - 1)), max(map(len, op_cells)), int(inputs_length.max()),
+              max(map(len, shape_text)), max(map(len, detail_cells))]
     widths = [max(len(h), w) for h, w in zip(_NODE_HEADER, widths)]
     cell = [f"%{'' if num else '-'}{w}s" for num, w in zip(numeric, widths)]
     template = "  " + "  ".join(cell)
     header = (template % tuple(_NODE_HEADER)).rstrip()
-
-    def line(i: int) -> str:
-        return (template % (str(i), ops[i], other_inputs.get(i) or str(a[i]),
-                            shape_text[shapes[i]], details.get(i, ""))).rstrip()
-
-    kind = _common_kind(ops, b, shapes)
-    if kind is None:
-        return [header, *map(line, range(n))]
-    op, shape, common = kind
-    common &= unary
-    common[special] = False
-    # the common row: id and a as %d, its op and shape cells fixed, the detail cell ""
-    fixed_op = (cell[1] % op).replace("%", "%%")
-    tail = ("  " + cell[3] % shape_text[shape]).rstrip().replace("%", "%%")
-    common_line = (f"  %{widths[0]}d  {fixed_op}  %{'' if numeric[2] else '-'}{widths[2]}d"
-                   f"{tail}")
-    lines = list(map(common_line.__mod__, zip(range(n), a)))
-    for i in np.flatnonzero(~common).tolist():
-        lines[i] = line(i)
-    return [header, *lines]
-
-
-_OP, _A, _B = attrgetter("op"), attrgetter("a"), attrgetter("b")
-_NAME, _AUX, _SHAPE = attrgetter("name"), attrgetter("aux"), attrgetter("shape")
-_INT = frozenset((int,))
-_NOT_PLAIN = frozenset(("adds", "muls", "param", "const"))
+    others = {i: (template % (str(i), ops[i], _inputs(int(a[i]), int(b[i])),
+                              shape_text[cols.shape_code[i]], details.get(i, ""))
+                  ).rstrip().encode("utf-8")
+              for i in cols.special}
+    # a row without a detail: its shape cell is the last, its padding cut off as rstrip does
+    fields = [rowtext.integers(np.arange(n), width=2 + widths[0]),
+              rowtext.lookup(["  " + cell[1] % op + "  " for op in op_cells], cols.op_code)]
+    if unary:
+        fields.append(rowtext.integers(a, width=widths[2]))
+    else:
+        fields += [rowtext.when(a_text, ~dash), rowtext.when(rowtext.const("-"), dash),
+                   rowtext.when(rowtext.const(","), has_b), rowtext.when(b_text, has_b),
+                   rowtext.pad(widths[2] - inputs_length)]
+    fields.append(rowtext.lookup([("  " + cell[3] % text).rstrip() for text in shape_text],
+                                 cols.shape_code))
+    return [(header + "\n").encode("utf-8"), *rowtext.render(n, fields, "\n", others), b"\n"]
 
 
 def _short(value, limit: int = 100) -> str:
@@ -263,6 +257,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     t = tf.tape
     summed = None
     if data_path is not None:
+        from ..train.data import gradient_sum, input_slots, load_dataset
         slots = input_slots(t, tf.state)
         summed = gradient_sum(t, tf.loss, load_dataset(data_path, slots, memory_budget()),
                               slots)
@@ -274,6 +269,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
         loss = float(t.values[tf.loss.id].reshape(-1)[0])
         grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
+        from ..npzio import write_npz
         write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
@@ -305,6 +301,7 @@ def _npz_arrays(tf: TapeFile, grads) -> dict:
     """{npz key: gradient}: the param's name, or ``node<ID>`` for an unnamed param and for
     a name no npz can hold (NUL, over 65,531 bytes; a note on stderr says so).  Two
     params that would share a key are refused before anything is written."""
+    from ..npzio import member_name_problem
     arrays, owner, notes = {}, {}, []
     for i, name, g in grads:
         key = name or f"node{i}"
