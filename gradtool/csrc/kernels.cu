@@ -145,6 +145,7 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_slice_bwd
     const long long *lo = starts, *hi = stops;
+#ifdef GT_THREAD_BODIES
     GT_LOOP(i, M[0]) {
         long long rem = i, pg = 0;
         int inside = 1;
@@ -156,6 +157,27 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
         }
         ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
     }
+#else
+    /* the same sums in the same element order, the coordinates kept by an odometer
+     * instead of divided out of i for every element (a division only for a step) */
+    long long idx[GT_MAXD] = {0};
+    for (long long i = 0; i < M[0]; ++i) {
+        long long pg = 0;
+        int inside = 1;
+        for (int d = 0; d < nd && inside; ++d) {
+            const long long off = idx[d] - lo[d];
+            if (idx[d] < lo[d] || idx[d] >= hi[d]) inside = 0;
+            else if (steps[d] == 1) pg += off * gst[d];
+            else if (off % steps[d] != 0) inside = 0;
+            else pg += off / steps[d] * gst[d];
+        }
+        ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
+        for (int d = nd - 1; d >= 0; --d) {
+            if (++idx[d] < dims[d]) break;
+            idx[d] = 0;
+        }
+    }
+#endif
 }
 
 /* ========================================================================
