@@ -130,20 +130,27 @@ def test_an_i64_const_or_a_node_not_a_map_turns_the_columns_off(monkeypatch):
     assert columns == nodes and columns[0] == "error"
 
 
+def _errors_on_every_path(raw: bytes, limits, monkeypatch) -> list:
+    """The message of loading ``raw`` under ``limits`` by runs (msgpack decoding), node by
+    node, and by runs from the byte scan."""
+    got = []
+    for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
+                              (checks._RUN_MIN, 32)):
+        with monkeypatch.context() as m:
+            m.setattr(checks, "_RUN_MIN", run_min)
+            m.setattr(scan, "SCAN_MIN", scan_min)
+            with pytest.raises(TapeFileError) as err:
+                gradtool.load(raw, name="f", limits=limits)
+        got.append(str(err.value))
+    return got
+
+
 @pytest.mark.parametrize("limit", ["max_elements", "max_work"])
 def test_a_budget_crossed_inside_a_run_names_the_same_node(limit, monkeypatch):
     raw = msgpack.packb(long_doc(), use_bin_type=True)
     for cap in (2000, 3001, 4444):
         limits = checks.Limits(**{limit: cap})
-        got = []
-        for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
-                                  (checks._RUN_MIN, 32)):
-            with monkeypatch.context() as m:
-                m.setattr(checks, "_RUN_MIN", run_min)
-                m.setattr(scan, "SCAN_MIN", scan_min)
-                with pytest.raises(TapeFileError) as err:
-                    gradtool.load(raw, name="f", limits=limits)
-            got.append(str(err.value))
+        got = _errors_on_every_path(raw, limits, monkeypatch)
         assert got[0] == got[1] == got[2] and "over this reader's limit" in got[0]
 
 
@@ -403,15 +410,7 @@ def test_the_memory_budget_names_the_same_node_both_ways(monkeypatch):
     need = tape_memory(tf.tape, tf.loss.id).bytes
     for cap in (2000, need // 2, need - 1):
         limits = checks.Limits(max_memory=cap)
-        got = []
-        for run_min, scan_min in ((checks._RUN_MIN, 1 << 62), (1 << 62, 1 << 62),
-                                  (checks._RUN_MIN, 32)):
-            with monkeypatch.context() as m:
-                m.setattr(checks, "_RUN_MIN", run_min)
-                m.setattr(scan, "SCAN_MIN", scan_min)
-                with pytest.raises(TapeFileError) as err:
-                    gradtool.load(raw, name="f", limits=limits)
-            got.append(str(err.value))
+        got = _errors_on_every_path(raw, limits, monkeypatch)
         assert got[0] == got[1] == got[2] and "memory limit" in got[0], got
         op = tf.tape.nodes[tf.loss.id].op
         assert f"node {tf.loss.id}:" in got[0] and f"this {op}'s" in got[0]

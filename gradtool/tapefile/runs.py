@@ -195,17 +195,17 @@ def _scanned_runs(raw_nodes: list, scanned):
     # shape ids: the scan's distinct shapes first (two encodings of one shape: one id),
     # then the other nodes' as tuples
     canon, valid, sizes, unique, remap = [], [], [], {}, []
-    for dims in scanned.shapes:
-        if dims is None or len(dims) > 32:
-            remap.append(-1)
-            continue
-        dims = tuple(dims)
+
+    def shape_code(dims: tuple) -> int:
         if dims not in unique:
             unique[dims] = len(canon)
             canon.append(dims)
             valid.append(True)
             sizes.append(prod(dims))
-        remap.append(unique[dims])
+        return unique[dims]
+
+    for dims in scanned.shapes:
+        remap.append(-1 if dims is None or len(dims) > 32 else shape_code(tuple(dims)))
     shape_id = np.full(n, -1, dtype=np.int64)
     shape_id[index] = np.array(remap, dtype=np.int64)[scanned.shape_id]
     ops_full = np.empty(n, dtype=object)
@@ -224,13 +224,7 @@ def _scanned_runs(raw_nodes: list, scanned):
         shape = raw.get("shape")
         if type(shape) is list and 0 < len(shape) <= 32 and set(map(type, shape)) <= _INT_TYPE \
                 and min(shape) >= 1:
-            dims = tuple(shape)
-            if dims not in unique:
-                unique[dims] = len(canon)
-                canon.append(dims)
-                valid.append(True)
-                sizes.append(prod(dims))
-            shape_id[k] = unique[dims]
+            shape_id[k] = shape_code(tuple(shape))
     valid.append(False)                   # shape id -1: a node whose shape is not plain
     sizes.append(0)
     # the same conditions as _plain_runs (the core keys only, b == -1: a plain node's
