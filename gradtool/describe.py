@@ -59,8 +59,7 @@ def _tape_of(tf):
 def summary(tf: TapeFile, nodes: bool = True) -> dict:
     """Everything `inspect` reports, as JSON-ready data (``nodes=False``: all but the
     node list)."""
-    tape = _tape_of(tf)
-    return _summary(tf, Columns(tape), nodes)
+    return _summary(tf, Columns.of(tf), nodes)
 
 
 def _summary(tf: TapeFile, cols: "Columns", nodes: bool) -> dict:
@@ -114,11 +113,24 @@ class Columns:
     index in ``op_names`` (``op_code``); when every input id is an int (a tape recorded
     or loaded here; ``ints``), the inputs ``a`` and ``b`` as int64, the distinct value
     shapes (``shapes``) and each node's index in it (``shape_code``), and the nodes with
-    more than id, op, inputs and shape (``special``: see :func:`plain_node`)."""
+    more than id, op, inputs and shape (``special``: see :func:`plain_node`).  Names and
+    shapes are in the order of their first node.
 
-    def __init__(self, tape):
-        nodes, n = tape.nodes, len(tape.nodes)
-        self.n = n
+    ``runs``: the tape's runs as the loader replayed them (:meth:`TapeFile.loaded_runs`):
+    then only the nodes outside them are read (:meth:`_from_runs`)."""
+
+    def __init__(self, tape, runs=None):
+        self.n = len(tape.nodes)
+        if runs is None or not self._from_runs(tape, runs):
+            self._from_nodes(tape)
+
+    @classmethod
+    def of(cls, tf: TapeFile) -> "Columns":
+        """The columns of a loaded file's tape, from the loader's runs while they hold."""
+        return cls(_tape_of(tf), tf.loaded_runs())
+
+    def _from_nodes(self, tape) -> None:
+        nodes, n = tape.nodes, self.n
         self.ops = list(map(_OP, nodes))
         self.op_names = list(dict.fromkeys(self.ops))
         index = {op: k for k, op in enumerate(self.op_names)}
@@ -140,10 +152,66 @@ class Columns:
                 special |= np.fromiter(map(bool, column), dtype=bool, count=n)
         self.special = np.flatnonzero(special).tolist()
 
+    def _from_runs(self, tape, runs) -> bool:
+        """The columns with the runs' nodes taken from ``runs`` (each is
+        ``Node(op, a, -1, s)``, special only where the op is adds or muls), the other
+        nodes read as :meth:`_from_nodes` reads them; False where one of these has an
+        input id not an int."""
+        nodes, values, n = tape.nodes, tape.values, self.n
+        others = np.ones(n, dtype=bool)
+        for start, stop in runs.runs:
+            others[start:stop] = False
+        others = np.flatnonzero(others)
+        rest = list(map(nodes.__getitem__, others.tolist()))
+        a, b = list(map(_A, rest)), list(map(_B, rest))
+        if not (set(map(type, a)) <= _INT and set(map(type, b)) <= _INT):
+            return False
+        self.ints = True
+        self.a = runs.a.copy()
+        self.a[others] = a
+        self.b = np.full(n, -1, dtype=np.int64)
+        self.b[others] = b
+        # ops: a run's node by its code (the index in names), the others' added after
+        rest_ops = list(map(_OP, rest))
+        index = dict.fromkeys(runs.code_ops)
+        index.update(dict.fromkeys(rest_ops))
+        index = {op: k for k, op in enumerate(index)}
+        code = runs.code.copy()
+        code[others] = list(map(index.__getitem__, rest_ops))
+        self.op_names, self.op_code = _first_seen(list(index), code)
+        self.ops = np.array(self.op_names, dtype=object)[self.op_code].tolist()
+        # shapes: the runs' table (None: a shape no node of a run has), the others' added
+        table = list(runs.shapes)
+        index = {shape: k for k, shape in enumerate(table) if shape is not None}
+        rest_shapes = list(map(_SHAPE, map(values.__getitem__, others.tolist())))
+        for shape in dict.fromkeys(rest_shapes):
+            if shape not in index:
+                index[shape] = len(table)
+                table.append(shape)
+        code = runs.shape_id.copy()
+        code[others] = list(map(index.__getitem__, rest_shapes))
+        self.shapes, self.shape_code = _first_seen(table, code)
+        special = np.array([op in _NOT_PLAIN for op in self.op_names])[self.op_code]
+        special[others] |= np.fromiter((bool(nd.name or nd.aux) for nd in rest),
+                                       dtype=bool, count=len(rest))
+        self.special = np.flatnonzero(special).tolist()
+        return True
+
     def op_counts(self) -> dict:
         """The op histogram, by op name."""
         counts = np.bincount(self.op_code, minlength=len(self.op_names)).tolist()
         return dict(sorted(zip(self.op_names, counts)))
+
+
+def _first_seen(table: list, code: np.ndarray) -> tuple:
+    """The entries of ``table`` that ``code`` (a nonempty int array) refers to, in the
+    order of their first position in it, and ``code`` renumbered to that list (the first
+    position of a code is one where the code changes)."""
+    changes = np.flatnonzero(code[1:] != code[:-1]) + 1
+    seen = list(dict.fromkeys(code[np.concatenate(([0], changes))].tolist()))
+    renumber = np.zeros(len(table), dtype=np.intp)
+    renumber[seen] = np.arange(len(seen))
+    return [table[k] for k in seen], renumber[code]
 
 
 def summary_json(tf: TapeFile) -> str:
@@ -170,7 +238,7 @@ def summary_json_parts(tf: TapeFile) -> list:
 
 def _summary_json(tf: TapeFile) -> list:
     tape = _tape_of(tf)
-    cols = Columns(tape)
+    cols = Columns.of(tf)
     if not cols.ints:               # not a tape recorded here: every node in full
         return [json.dumps(_summary(tf, cols, nodes=True)).encode("ascii")]
     head = json.dumps(_summary(tf, cols, nodes=False))

@@ -458,3 +458,126 @@ def test_the_scan_in_small_blocks_of_candidates_gives_the_same_tape(monkeypatch)
         m.setattr(scan, "_CHUNK", 1000)            # and a chunk of node starts too
         blocks = scanned_way(raw, monkeypatch)
     assert whole[2] and blocks[2] and blocks[0] == whole[0] == whole[1]
+
+
+# ── the loader's runs, kept for inspect (describe.Columns) ─────────────────
+
+def specials_raw(count: int = 1600) -> bytes:
+    """A recorded tape: runs of unary ops on two shapes, adds and muls inside them (nodes
+    inspect details), broken by named params, ops with attributes (reshape, sum over an
+    axis, softmax) and binary ops."""
+    from gradtool.tapefile import dumps
+    from gradtool.tape import Tape
+    tp = Tape()
+    x = tp.param(np.ones((2, 3)), name="x", l2=0.25)
+    c = tp.const(np.full(3, 0.5), name="c")
+    for k in range(count):
+        kind = k % 211
+        if kind == 50:
+            x = tp.add(x, c)
+        elif kind == 90:
+            x = tp.reshape(tp.reshape(x, (3, 2)), (2, 3))
+        elif kind == 120:
+            x = tp.add(x, tp.sum(x, axis=1, keepdims=True))
+        elif kind == 150:
+            x = tp.mul(x, tp.param(np.full((2, 3), 0.5), name=f"p{k}"))
+        elif kind == 170:
+            c = tp.softmax(tp.tanh(c), axis=0)
+        elif k % 13 == 0:
+            x = tp.muls(x, 0.5)
+        elif k % 17 == 0:
+            c = tp.adds(c, -1.0)
+        else:
+            x = tp.tanh(x) if k % 2 else tp.neg(x)
+    return dumps(tp, loss=tp.sum(tp.add(x, c)))
+
+
+def column_fields(cols) -> dict:
+    """Every field of a describe.Columns, arrays as (dtype, values)."""
+    return {k: (v.dtype.str, v.tolist()) if isinstance(v, np.ndarray) else v
+            for k, v in vars(cols).items()}
+
+
+@pytest.mark.parametrize("scan_min", [32, 1 << 62], ids=["scanned", "decoded"])
+def test_the_columns_inspect_takes_from_the_loader_are_the_nodes_columns(scan_min,
+                                                                        monkeypatch):
+    from gradtool.describe import Columns
+    monkeypatch.setattr(scan, "SCAN_MIN", scan_min)
+    wide = chain_doc(2000)                   # a run of shape [2, 3] from node 2 on
+    for node in wide["nodes"]:
+        node["shape"] = [2, 3]
+        if node["op"] in ("param", "const"):
+            node["data"] = np.ones(6).astype("<f8").tobytes()
+    wide["nodes"].append({"op": "sum", "a": 1999, "b": -1, "s": 0.0, "shape": [1]})
+    wide["loss"] = 2000
+    raws = [msgpack.packb(long_doc(seed), use_bin_type=True) for seed in (0, 1)]
+    raws += [msgpack.packb(doc, use_bin_type=True) for doc in (chain_doc(), chain_doc(1 << 15), wide)]
+    raws.append(specials_raw())
+    for raw in raws:
+        tf = gradtool.load(raw)
+        assert tf.loaded_runs() is not None
+        loaded, nodes = Columns.of(tf), Columns(tf.tape)
+        assert loaded.ints and column_fields(loaded) == column_fields(nodes)
+        assert len(loaded.special) < loaded.n      # the runs' plain nodes are not special
+    assert {"adds", "muls", "sum", "reshape", "softmax", "param"} <= set(loaded.ops)
+
+
+def test_a_file_without_runs_keeps_none():
+    from gradtool.tapefile import dumps
+    from gradtool.tape import Tape
+    tp = Tape()
+    x = tp.param(np.ones(2), name="x")
+    for _ in range(5):                         # under checks._RUN_MIN nodes
+        x = tp.neg(x)
+    assert gradtool.load(dumps(tp, loss=tp.sum(x))).loaded_runs() is None
+    tp = Tape()
+    x, c = tp.param(np.ones(2), name="x"), tp.const(np.ones(2))
+    for _ in range(1200):                      # binary ops only: no run
+        x = tp.add(x, c)
+    tf = gradtool.load(dumps(tp, loss=tp.sum(x)))
+    assert tf.loaded_runs() is None and len(tf.tape.nodes) > checks._RUN_MIN
+
+
+def test_inspect_reads_the_nodes_once_the_loaded_tape_changed(monkeypatch):
+    from gradtool.cli.tapes import _node_table
+    from gradtool.describe import Columns
+    raw = specials_raw()
+
+    def changed(change):
+        tf = gradtool.load(raw)
+        tape, runs = tf.tape, tf.loaded_runs()
+        start, stop = max(runs.runs, key=lambda run: run[1] - run[0])
+        assert stop - start > 8
+        change(tf, tape, stop - 4)           # a mark inside a run
+        return tf
+
+    def record(tf, tape, mark):               # one node more
+        tape.exp(tape.var(mark))
+
+    def reset(tf, tape, mark):                 # fewer nodes
+        tape.reset_to(mark)
+
+    def reset_and_record(tf, tape, mark):      # as many nodes, other ops
+        n = len(tape.nodes)
+        tape.reset_to(mark)
+        y = tape.var(mark - 1)
+        while len(tape.nodes) < n:
+            y = tape.exp(y)
+
+    def other_tape(tf, tape, mark):
+        tf.tape = gradtool.load(specials_raw(1500)).tape
+
+    for change in (record, reset, reset_and_record, other_tape):
+        tf = changed(change)
+        assert tf.loaded_runs() is None, change.__name__
+        assert column_fields(Columns.of(tf)) == column_fields(Columns(tf.tape))
+    tf = changed(reset_and_record)
+    assert Columns.of(tf).ops[-1] == "exp" and "exp" in _node_table(tf)[-1]
+
+    def set_leaves(tf, tape, mark):            # the same shapes: the runs still hold
+        tape.set_value(tape.var("x"), np.full((2, 3), 2.0))
+        tape.forward()
+
+    tf = changed(set_leaves)
+    assert tf.loaded_runs() is not None
+    assert column_fields(Columns.of(tf)) == column_fields(Columns(tf.tape))

@@ -90,7 +90,7 @@ def inspect(tape: str, as_json: bool, dot: bool) -> None:
 def _inspect_text(tf: TapeFile) -> tuple:
     """What ``inspect`` prints: (the lines before the node table, as text; the table, as
     UTF-8 bytes to join), every line ending with a newline."""
-    cols = Columns(tf.tape)
+    cols = Columns.of(tf)
     s = summary_head(tf, cols)
     ops = s["ops"]
     n_leaf = ops.get("param", 0) + ops.get("const", 0)
@@ -134,7 +134,7 @@ def _node_text(tf: TapeFile, cols: Optional[Columns] = None) -> list:
     one."""
     tape = tf.tape
     nodes, n = tape.nodes, len(tape.nodes)
-    cols = Columns(tape) if cols is None else cols
+    cols = Columns.of(tf) if cols is None else cols
     if not cols.ints:
         rows = _table([[str(i), nd.op, _inputs(nd.a, nd.b), format_shape(v.shape),
                         "" if plain_node(nd) else _detail(node_entry(tape, i))]

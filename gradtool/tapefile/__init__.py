@@ -23,7 +23,8 @@ The package follows the data: :mod:`~gradtool.tapefile.write` (Tape -> bytes),
 decoding, the schema, the semantic rules and budgets; :mod:`~gradtool.tapefile.scan`
 reads a long tape's plain nodes from the bytes as columns instead of maps, and
 :mod:`~gradtool.tapefile.runs` keeps their runs as columns),
-:mod:`~gradtool.tapefile.replay` (validated structure -> Tape) and
+:mod:`~gradtool.tapefile.replay` (validated structure -> Tape; the runs stay on the
+TapeFile for ``inspect``, :meth:`TapeFile.loaded_runs`) and
 :mod:`~gradtool.tapefile.read` (``load``: the three in order).
 """
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import repeat
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -37,6 +38,20 @@ class TapeFile:
         self.recorded = recorded
         self.numerics = numerics
         self.state = dict(state or {})
+        self._runs: Optional[LoadedRuns] = None      # replay's, for loaded_runs
+
+    def loaded_runs(self) -> Optional["LoadedRuns"]:
+        """The runs of plain unary nodes the loader replayed from columns
+        (:class:`LoadedRuns`), while ``self.tape`` still holds the nodes of the load: the
+        same tape, node and value lists, node count and next serial (every node appended
+        since, also after ``reset_to``, took a fresh serial; ``set_value`` and ``forward``
+        keep every value's shape); else None (also for a file without runs)."""
+        runs, tape = self._runs, self.tape
+        if (runs is None or tape is not runs.tape or tape.nodes is not runs.nodes
+                or tape.values is not runs.values or len(tape.nodes) != runs.count
+                or len(tape.values) != runs.count or tape._next_serial != runs.serial):
+            return None
+        return runs
 
     def __repr__(self):
         return (f"TapeFile({self.source!r}, {len(self.tape)} nodes, loss=node {self.loss.id}, "
@@ -50,6 +65,30 @@ class TapeFile:
 
     def save(self, dest, *, values: bool = False) -> None:
         write(self.dumps(values=values), dest)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedRuns:
+    """What the loader knew of a loaded tape without reading its Nodes: the runs
+    (``(start, stop)``, :attr:`CheckedFile.runs`), each node k of one being
+    ``Node(code_ops[code[k]], a[k], -1, s)`` with a value of shape ``shapes[shape_id[k]]``
+    (the checks' :class:`~.runs.RunColumns`; their entries at the other nodes mean
+    nothing here), and the tape as loaded (:meth:`TapeFile.loaded_runs` compares)."""
+
+    code_ops: ClassVar[tuple] = (None, *_RUN_OPS)      # the op of each code (runs._RUN_CODE)
+    runs: list
+    code: np.ndarray
+    a: np.ndarray
+    shapes: list
+    shape_id: np.ndarray
+    tape: Tape
+    nodes: list
+    values: list
+    count: int
+    serial: int
+
+    def __repr__(self):
+        return f"LoadedRuns({len(self.runs)} runs, {self.count} nodes, serial {self.serial})"
 
 
 def replay(checked: CheckedFile, source: str) -> TapeFile:
@@ -116,8 +155,13 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                 recorded[k] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
         _finish_ops(tape, ops_from)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}
-    return TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
-                    source, recorded, checked.numerics, checked.state)
+    tf = TapeFile(tape, tape.var(checked.loss), outputs, checked.meta, checked.optimizer,
+                  source, recorded, checked.numerics, checked.state)
+    if checked.runs:                          # kept for describe.Columns
+        c = checked.columns
+        tf._runs = LoadedRuns(list(checked.runs), c.code, c.a, c.shapes, c.shape_id, tape,
+                              tape.nodes, values, len(tape.nodes), tape._next_serial)
+    return tf
 
 
 def _run_rule(op: str):
@@ -295,4 +339,4 @@ def _finish_ops(tape: Tape, start: int) -> None:
         tape._next_serial += count
 
 
-__all__ = ["TapeFile", "replay"]
+__all__ = ["TapeFile", "LoadedRuns", "replay"]
