@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import numerics as nx
-from ..errors import ShapeError
 from ..expr import G, T, X, Sym, evaluate, exp, log, substitute
-from .spec import Attr, OpSpec, _register, as_ids, attr, format_shape, kernel
-from .shapes import (_axis_check, _concat_shape, _equal_but_axis, _permute_shape, _reshape_shape,
-                     _slice_shape, _softmax_shape, _transpose_shape)
+from .spec import Attr, OpSpec, _register, as_ids, attr, kernel
+from .shapes import (_concat_shape, _permute_shape, _reshape_shape, _slice_shape,
+                     _softmax_shape, _take_along_shape, _take_shape, _transpose_shape)
 
 
 # ── the table: data movement ───────────────────────────────────────────────
@@ -197,10 +196,6 @@ kernel("k_take_along_bwd", "ga:w g:r ids:r len:i k:i inner:i",
        "j ascending)")
 
 
-def _take_shape(sa, sb, _attrs):
-    return tuple(sb) + tuple(sa[1:])
-
-
 def _take_f(a, b, s, at):
     return np.take(a, as_ids(b), axis=0)
 
@@ -215,15 +210,6 @@ def _take_b(g, a, b, t, s, at, na, nb):
         hit = np.flatnonzero(counts > k)
         c[hit] = c[hit] + g_rows[order[start[hit] + k]]
     return (c.reshape(a.shape), None)
-
-
-def _take_along_shape(sa, sb, attrs):
-    axis = attrs["axis"]
-    _axis_check(sa, axis, "take_along")
-    if not _equal_but_axis(sa, sb, axis):
-        raise ShapeError(f"take_along on axis {axis} needs ids shaped like {format_shape(sa)} "
-                         f"except on that axis, got {format_shape(sb)}")
-    return tuple(sb)
 
 
 def _take_along_f(a, b, s, at):

@@ -94,6 +94,19 @@ def _equal_but_axis(sa, sb, axis) -> bool:
                                       if i != axis)
 
 
+def _take_shape(sa, sb, _attrs):
+    return tuple(sb) + tuple(sa[1:])
+
+
+def _take_along_shape(sa, sb, attrs):
+    axis = attrs["axis"]
+    _axis_check(sa, axis, "take_along")
+    if not _equal_but_axis(sa, sb, axis):
+        raise ShapeError(f"take_along on axis {axis} needs ids shaped like {format_shape(sa)} "
+                         f"except on that axis, got {format_shape(sb)}")
+    return tuple(sb)
+
+
 def _concat_shape(sa, sb, attrs):
     axis = attrs["axis"]
     _axis_check(sa, axis, "concat")
