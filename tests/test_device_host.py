@@ -183,6 +183,38 @@ def test_fan_out(rng):
     assert_replay_matches(tp, loss, rng)
 
 
+def test_a_products_first_contribution_stores_and_its_gradient_is_not_filled(rng):
+    """The first contribution a gradient gets, when a product writes it whole, is stored
+    (FMA chains from +0.0 have no -0.0, so 0.0 + s is s) and that gradient is left out of
+    the zero fill; every later contribution still adds.  x @ x stores its a side, then
+    adds its b side; h is read by a later matmul (first: stores) and an earlier add."""
+    from gradtool.device.fusion import unpack
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-1.0, 1.0, (4, 4)))
+    w = tp.param(rng.uniform(-1.0, 1.0, (4, 3)))
+    v = tp.param(rng.uniform(-1.0, 1.0, (4, 3)))
+    xx = x @ x
+    h = tp.tanh(xx)
+    s = h + tp.const(rng.uniform(-1.0, 1.0, (4, 4)))
+    sv, hw = s @ v, h @ w
+    loss = weighted_loss(tp, tp.concat(sv, hw, axis=0), rng)
+    prog = capture_program(tp, loss.id)
+    grad_of = {prog.grad_off[i]: i for i in range(len(tp.nodes)) if prog.grad_off[i] >= 0}
+    filled = set()
+    for la in prog.launches["backward"]:
+        if la.what == "zero gradients":
+            f = unpack(la)
+            filled |= {i for off, i in grad_of.items() if f["dst"] <= off < f["dst"] + la.work}
+    stores = {(la.node, grad_of[unpack(la)["c"]]) for la in prog.launches["backward"]
+              if la.kernel == "k_matmul" and not unpack(la)["acc"]}
+    # h @ w runs first (the last matmul), then s @ v; x @ x stores its a side only
+    assert stores == {(hw.id, h.id), (hw.id, w.id), (sv.id, s.id), (sv.id, v.id),
+                      (xx.id, x.id)}
+    assert not filled & {h.id, w.id, s.id, v.id, x.id}
+    assert {xx.id, sv.id, hw.id} <= filled      # tanh's input, concat's inputs: filled
+    assert_replay_matches(tp, loss, rng)
+
+
 def test_const_branches_dead_nodes_and_untouched_params(rng):
     tp = gt.Tape()
     w = tp.param(rng.uniform(-1.0, 1.0, (3, 2)), name="w")

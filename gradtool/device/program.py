@@ -180,6 +180,17 @@ class _Builder:
         self.scratch_off = -1
         self.take_index = {}          # take node -> its TakeIndex
         self.err_off = -1             # the bad-id flag (one element), if any op reads ids
+        self.first = {}               # node -> (consumer, role): its first contribution
+        self.fresh = set()            # gradients whose first contribution is stored
+        self.stored = set()           # ... as the launches made so far did
+
+    def stores(self, i: int, role: str, j: int) -> bool:
+        """Whether node ``i``'s contribution to input ``j`` (as ``role``) is stored
+        rather than added into a zero-filled gradient (recording that it was)."""
+        if j not in self.fresh or self.first[j] != (i, role):
+            return False
+        self.stored.add(j)
+        return True
 
     def alloc(self, n: int) -> int:
         off = self.size
@@ -257,8 +268,15 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     b = _Builder(tape, loss, dtype)
     val_off = [b.alloc(b.n(i)) for i in range(len(tape.nodes))]
     reached = reach(tape, loss)
+    needs = _contributions(b, reached)
+    # the gradients that need the zero fill first, then those whose first contribution
+    # stores (the fill is one range)
     grad_start = b.size
-    grad_off = [b.alloc(b.n(i)) if reached[i] else -1 for i in range(len(tape.nodes))]
+    grad_off = [b.alloc(b.n(i)) if reached[i] and i not in b.fresh else -1
+                for i in range(len(tape.nodes))]
+    fill_end = b.size
+    for i in sorted(b.fresh):
+        grad_off[i] = b.alloc(b.n(i))
     grad_end = b.size
     ctl_off = b.alloc(4)
     if any(OPS[n.op].id_inputs for n in tape.nodes):
@@ -273,18 +291,14 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
                for launch in _forward_node(b, i, val_off)]
-    backward = [launch("k_fill", grad_end - grad_start, -1, "zero gradients", dst=grad_start,
+    backward = [launch("k_fill", fill_end - grad_start, -1, "zero gradients", dst=grad_start,
                        value=0.0),
                 launch("k_fill", 1, loss, "seed loss", dst=grad_off[loss], value=1.0)]
-    for i in range(loss, -1, -1):
-        node = tape.nodes[i]
-        if grad_off[i] < 0 or node.a < 0 or not tape.requires[i]:
-            continue
-        spec = OPS[node.op]
-        need_a = tape.requires[node.a] and spec.grad_to("a")
-        need_b = node.b >= 0 and tape.requires[node.b] and spec.grad_to("b")
-        if need_a or need_b:
-            backward += _backward_node(b, i, need_a, need_b, val_off, grad_off)
+    for i, need_a, need_b in needs:
+        backward += _backward_node(b, i, need_a, need_b, val_off, grad_off)
+    if b.stored != b.fresh:          # a gradient left out of the fill that nothing stored
+        raise CaptureError(f"internal: the gradients of nodes {sorted(b.fresh - b.stored)} "
+                           "were not stored by their first contribution")
     b.alloc(b.scratch_need)
 
     prog = Program(dtype=dtype, size=0, shapes=b.shapes, val_off=val_off, grad_off=grad_off,
@@ -518,6 +532,41 @@ _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d}
 
 
+def _contributions(b: _Builder, reached) -> list:
+    """(node, need_a, need_b) for every node whose backward contributes, from the loss
+    down (the order of the backward launches), and each input's first contribution
+    (b.first).  b.fresh: the gradients whose first contribution is a product written
+    whole -- FMA chains from +0.0, which are never -0.0, so storing one (c = s) gives
+    the bits of adding it into zeros (0.0 + s), as the CPU engine's first
+    contribution does (tape.py, OpSpec.fresh_grads) -- which skip the zero fill."""
+    tape, needs = b.tape, []
+    for i in range(b.loss, -1, -1):
+        node = tape.nodes[i]
+        if not reached[i] or node.a < 0 or not tape.requires[i]:
+            continue
+        spec = OPS[node.op]
+        need_a = tape.requires[node.a] and spec.grad_to("a")
+        need_b = node.b >= 0 and tape.requires[node.b] and spec.grad_to("b")
+        if need_a or need_b:
+            needs.append((i, need_a, need_b))
+            # within a node, a's launches come before b's (x @ x: a stores, b adds)
+            for role, j, need in (("a", node.a, need_a), ("b", node.b, need_b)):
+                if need and j not in b.first:
+                    b.first[j] = (i, role)
+                    if spec.fresh_grads and _product_writes_whole(b, i, role):
+                        b.fresh.add(j)
+    return needs
+
+
+def _product_writes_whole(b: _Builder, i: int, role: str) -> bool:
+    """Whether product node ``i``'s contribution to its ``role`` input is one launch
+    writing every element (_bwd_matmul, _batch_product's direct case)."""
+    if b.tape.nodes[i].op != "bmm":
+        return True
+    bt, _m, _k, _nn, sab, sbb = _bmm_dims(b, i)
+    return bt == 1 or (sab if role == "a" else sbb) != 0
+
+
 def _axis_split(shape, axis):
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
@@ -586,10 +635,10 @@ def _bwd_matmul(b, i, spec, need_a, need_b, val, grad):
     out = []
     if need_a:      # dA += G @ B^T: [m, nn] @ [nn, k], serial over nn
         out.append(_matmul(b, i, grad[ia], g, val[ib], 1, m, nn, k, (0, nn, 1), (0, 1, nn),
-                           acc=True, what="matmul backward a"))
+                           acc=not b.stores(i, "a", ia), what="matmul backward a"))
     if need_b:      # dB += A^T @ G: [k, m] @ [m, nn], serial over m
         out.append(_matmul(b, i, grad[ib], val[ia], g, 1, k, m, nn, (0, 1, k), (0, nn, 1),
-                           acc=True, what="matmul backward b"))
+                           acc=not b.stores(i, "b", ib), what="matmul backward b"))
     return out
 
 
@@ -599,19 +648,21 @@ def _bwd_bmm(b, i, spec, need_a, need_b, val, grad):
     bt, m, k, nn, sab, sbb = _bmm_dims(b, i)
     out = []
     if need_a:      # dA[bt] += G[bt] @ B[bt]^T: [m, nn] @ [nn, k], serial over nn
-        out += _batch_product(b, i, grad[ia], sab == 0, bt, m, nn, k, g, (m * nn, nn, 1),
-                              val[ib], (sbb, 1, nn), "bmm backward a")
+        out += _batch_product(b, i, (ia, "a"), grad[ia], sab == 0, bt, m, nn, k, g,
+                              (m * nn, nn, 1), val[ib], (sbb, 1, nn), "bmm backward a")
     if need_b:      # dB[bt] += A[bt]^T @ G[bt]: [k, m] @ [m, nn], serial over m
-        out += _batch_product(b, i, grad[ib], sbb == 0, bt, k, m, nn, val[ia], (sab, 1, k),
-                              g, (m * nn, nn, 1), "bmm backward b")
+        out += _batch_product(b, i, (ib, "b"), grad[ib], sbb == 0, bt, k, m, nn, val[ia],
+                              (sab, 1, k), g, (m * nn, nn, 1), "bmm backward b")
     return out
 
 
-def _batch_product(b, i, dst, stretched, bt, m, k, n, x, sx, y, sy, what) -> list:
-    """dst += X[bt] @ Y[bt] for every batch; for a side the forward stretched (bt > 1, dst
-    one batch), the products land in scratch first and their serial batch sum is added."""
+def _batch_product(b, i, target, dst, stretched, bt, m, k, n, x, sx, y, sy, what) -> list:
+    """dst += X[bt] @ Y[bt] for every batch (dst = ..., when it may store: target is
+    (input node, role)); for a side the forward stretched (bt > 1, dst one batch), the
+    products land in scratch first and their serial batch sum is added."""
     if not stretched or bt == 1:
-        return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=True, what=what)]
+        acc = not b.stores(i, target[1], target[0])
+        return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=acc, what=what)]
     products = b.need_scratch(bt * m * n)
     return [_matmul(b, i, products, x, y, bt, m, k, n, sx, sy, acc=False, what=what),
             launch("k_sum", m * n, i, f"{what} (batch sum)", out=dst, a=products, len=bt,
