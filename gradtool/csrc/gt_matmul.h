@@ -412,6 +412,8 @@ static inline void gt_fp_restore(gt_fpmode m) { fesetround(m); }
     gt_fp_set(gt_fp_clean(saved))
 #define GT_FP_LEAVE(saved) gt_fp_restore(saved)
 
+static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
 /* ---- per-thread packing buffers ----------------------------------------- */
 typedef struct {
     gt_mm_t *p[3];           /* [0]: B panel, [1]: packed A rows, [2]: B shared by chunks */
@@ -456,7 +458,7 @@ static gt_mm_t *gt_mm_buffer(int which, size_t n)
 /* ---- one product, cut into chunks ---------------------------------------- */
 /* The operands of C[bt] (=|+=) A[bt] @ B[bt], C contiguous [Bn, M, N], and
  * how the product is cut: chunk c is batch item c / (rc * pc), row chunk
- * (c / pc) % rc (rows_per_chunk rows) and column chunk c % pc
+ * (c / pc) % rc (of rc chunks of whole row tiles) and column chunk c % pc
  * (cols_per_chunk columns, a multiple of GT_MM_NR).  When several row
  * chunks read the same panels, B is packed once before the chunks run
  * (bpack: per batch item, per panel, K * GT_MM_NR elements each). */
@@ -466,7 +468,7 @@ typedef struct {
     long long sab, sai, sak, sbb, sbk, sbj;
     long long Bn, M, K, N;
     int acc;
-    long long rc, pc, rows_per_chunk, cols_per_chunk;
+    long long rc, pc, cols_per_chunk;
     const gt_mm_t *bpack;
 } gt_mm_job;
 
@@ -624,8 +626,12 @@ static void gt_mm_chunk(void *arg, long long chunk)
     const gt_mm_job *j = (const gt_mm_job *)arg;
     const long long bt = chunk / (j->rc * j->pc);
     const long long r = (chunk / j->pc) % j->rc, c = chunk % j->pc;
-    const long long i0 = r * j->rows_per_chunk, c0 = c * j->cols_per_chunk;
-    const long long i1 = i0 + j->rows_per_chunk < j->M ? i0 + j->rows_per_chunk : j->M;
+    /* row chunk r: tiles [r * tiles / rc, (r + 1) * tiles / rc), as even as whole
+     * tiles allow (98 tiles in 8 chunks: 12 or 13 each, never 7 x 13 and 7) */
+    const long long tiles = gt_ceil_div(j->M, GT_MM_MR), c0 = c * j->cols_per_chunk;
+    const long long i0 = r * tiles / j->rc * GT_MM_MR;
+    const long long i1e = (r + 1) * tiles / j->rc * GT_MM_MR;
+    const long long i1 = i1e < j->M ? i1e : j->M;
     const long long c1 = c0 + j->cols_per_chunk < j->N ? c0 + j->cols_per_chunk : j->N;
     gt_mm_block(j, bt, i0, i1, c0, c1);
 }
@@ -877,7 +883,6 @@ static void gt_mm_config_impl(long long out[7])
 #define GT_MM_MIN_CHUNK_ROWS 16
 #define GT_MM_MIN_CHUNK_WORK 32768LL   /* multiply-adds: fewer chunks for small products */
 
-static inline long long gt_ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
 /* Cut the job into chunks; returns the number of threads to use.  Serial:
  * one chunk per batch item.  Threaded: about GT_MM_CHUNKS_PER_THREAD chunks
@@ -894,7 +899,6 @@ static int gt_mm_plan(gt_mm_job *j)
     const long long tiles = gt_ceil_div(j->M, GT_MM_MR);
     const long long work = j->Bn * j->M * j->N * j->K;
     j->rc = j->pc = 1;
-    j->rows_per_chunk = j->M;
     j->cols_per_chunk = panels * GT_MM_NR;
     if (threads <= 1 || work < GT_MM_PAR_MIN || !gt_pool_wanted())
         return 1;
@@ -911,12 +915,9 @@ static int gt_mm_plan(gt_mm_job *j)
         long long rc = per_item;
         const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
         if (rc > rc_max) rc = rc_max > 1 ? rc_max : 1;
-        const long long rows = gt_ceil_div(tiles, rc) * GT_MM_MR;
-        j->rc = gt_ceil_div(j->M, rows);
-        j->rows_per_chunk = rows;
+        j->rc = rc;
         if (j->Bn * j->rc >= threads) return threads;
         j->rc = 1;
-        j->rows_per_chunk = j->M;
     }
     /* panels per chunk: at least per_item chunks, of whole panels (rounded down, so a
      * few panels over two threads split as evenly as whole panels can) */
@@ -927,9 +928,7 @@ static int gt_mm_plan(gt_mm_job *j)
     long long rc = gt_ceil_div(per_item, j->pc);
     const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
     if (rc > rc_max) rc = rc_max > 1 ? rc_max : 1;
-    const long long rows = gt_ceil_div(tiles, rc) * GT_MM_MR;
-    j->rc = gt_ceil_div(j->M, rows);
-    j->rows_per_chunk = rows;
+    j->rc = rc;
     return threads;
 }
 
@@ -942,7 +941,7 @@ static void gt_mm_run(gt_mm_t *C, const gt_mm_t *A, long long sab, long long sai
     if (Bn <= 0 || M <= 0 || N <= 0) return;
     GT_FP_ENTER(saved);
     gt_mm_job job = {C, A, B, sab, sai, sak, sbb, sbk, sbj, Bn, M, K < 0 ? 0 : K, N, acc,
-                     1, 1, M, N, NULL};
+                     1, 1, N, NULL};
     const int threads = gt_mm_plan(&job);
     const long long chunks = Bn * job.rc * job.pc;
     if (threads > 1 && job.rc > 1) {          /* row chunks: pack B once, for all of them */
