@@ -10,7 +10,8 @@ the cpu engine's steps call, the compiled kernel of csrc/gt_matmul.h, which
 also runs the host backend's matmul launches -- and ``torch.mm`` on the same
 float64 operands, each with 1 thread and with all usable cores,
 interleaved: gradtool ``--repeats`` x ``--samples`` samples of one call each
-(of as many calls as take 0.2 ms, for the small products), torch
+(of as many calls as take 0.2 ms, for the small products), each right after
+one untimed call that wakes the thread pool's workers, torch
 ``--repeats`` runs of at least ``--min-time`` seconds; the figure is the
 median wall time.
 GFLOP/s counts 2*M*K*N per product.
@@ -175,7 +176,11 @@ def sampled(fn, peak, samples, flop, threads, min_sample=2e-4):
     A sample is one call (or as many as take ``min_sample`` seconds, for small
     products), timed by the wall clock, between two runs of the FMA peak loop as
     long as the sample; its fraction is its GFLOP/s over ``threads`` times the
-    mean of those two peaks."""
+    mean of those two peaks.  One untimed call comes just before each sample: the
+    peak loop runs on this thread alone, long enough for the pool's idle workers to
+    go to sleep, and the call wakes them, so the timed call finds them awake, as
+    a training step's products (which follow one another) and torch's
+    back-to-back runs do."""
     fn()
     t0 = time.perf_counter()
     fn()
@@ -184,6 +189,7 @@ def sampled(fn, peak, samples, flop, threads, min_sample=2e-4):
     before = peak.gflops("fast", window) if peak.ok else None
     times, fracs = [], []
     for _ in range(samples):
+        fn()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -235,7 +241,8 @@ def main(argv=None):
         print(f"# peak per core at the start (median of 5 x 0.02 s, after a 0.5 s warm-up): "
               f"{sep:.1f} GFLOP/s with separate multiply and add, {fused:.1f} with FMA")
     print(f"# GFLOP/s of the median wall time: gradtool {args.repeats} x {args.samples} samples "
-          f"of one call (or >= 0.2 ms of calls), torch {args.repeats} runs of >= "
+          f"of one call (or >= 0.2 ms of calls) right after an untimed one, torch "
+          f"{args.repeats} runs of >= "
           f"{args.min_time}s, interleaved; ratio = gradtool time / torch time, both on {cores} "
           f"threads; %fma = median over the samples of each one's GFLOP/s over the FMA peak "
           f"loop run just before and after it (x {cores} for the {cores}-thread column)")
