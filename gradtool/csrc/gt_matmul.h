@@ -883,7 +883,6 @@ static void gt_mm_config_impl(long long out[7])
 #define GT_MM_MIN_CHUNK_ROWS 16
 #define GT_MM_MIN_CHUNK_WORK 32768LL   /* multiply-adds: fewer chunks for small products */
 
-
 /* Cut the job into chunks; returns the number of threads to use.  Serial:
  * one chunk per batch item.  Threaded: about GT_MM_CHUNKS_PER_THREAD chunks
  * per thread (fewer for a small product: at least GT_MM_MIN_CHUNK_WORK

@@ -564,7 +564,13 @@ def _product_writes_whole(b: _Builder, i: int, role: str) -> bool:
     if b.tape.nodes[i].op != "bmm":
         return True
     bt, _m, _k, _nn, sab, sbb = _bmm_dims(b, i)
-    return bt == 1 or (sab if role == "a" else sbb) != 0
+    return _batch_direct((sab if role == "a" else sbb) == 0, bt)
+
+
+def _batch_direct(stretched: bool, bt: int) -> bool:
+    """Whether a bmm side's contribution is one product launch into its gradient (else
+    products in scratch and their batch sum: _batch_product)."""
+    return not stretched or bt == 1
 
 
 def _axis_split(shape, axis):
@@ -660,7 +666,7 @@ def _batch_product(b, i, target, dst, stretched, bt, m, k, n, x, sx, y, sy, what
     """dst += X[bt] @ Y[bt] for every batch (dst = ..., when it may store: target is
     (input node, role)); for a side the forward stretched (bt > 1, dst one batch), the
     products land in scratch first and their serial batch sum is added."""
-    if not stretched or bt == 1:
+    if _batch_direct(stretched, bt):
         acc = not b.stores(i, target[1], target[0])
         return [_matmul(b, i, dst, x, y, bt, m, k, n, sx, sy, acc=acc, what=what)]
     products = b.need_scratch(bt * m * n)
