@@ -107,7 +107,7 @@ def reference(a, b, c0=None):
 def sampled_shapes(rng, count):
     """Edge and prime shapes always, then random triples from DIMS (capped in work)."""
     shapes = [(1, 1, 1), (1, 300, 1), (300, 1, 300), (4, 32, 32), (5, 33, 31), (131, 257, 61),
-              (300, 300, 300), (3, 0, 5), (128, 784, 37)]
+              (300, 300, 300), (3, 0, 5), (128, 784, 37), (64, 40, 497)]
     while len(shapes) < count:
         m, k, n = (int(rng.choice(DIMS)) for _ in range(3))
         if m * k * n <= 2_000_000:

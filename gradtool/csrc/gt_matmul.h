@@ -55,9 +55,14 @@
  *  - Threads.  A product of at least GT_MM_PAR_MIN multiply-adds is cut
  *    into about GT_MM_CHUNKS_PER_THREAD chunks per thread (gt_mm_plan):
  *    whole batch items when there are enough, else groups of whole column
- *    panels (as many per chunk as leave at least that many chunks),
- *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  The caller and the
- *    pool's workers claim chunks one at a time (gt_pool_run).  Every output
+ *    panels (as many per chunk as leave at least that many chunks; with two
+ *    panels or more per thread, the columns are first shared out between
+ *    the threads in whole vectors, as evenly as that allows),
+ *    then groups of at least GT_MM_MIN_CHUNK_ROWS rows.  Each thread has
+ *    home chunks, the same ones from call to call, so the rows and columns
+ *    it read and wrote last time are still in its core's cache; the caller
+ *    and the pool's workers claim their own chunks one at a time and then
+ *    whatever is left of the others' (gt_pool_run).  Every output
  *    element is still computed by one kernel call over the whole k range,
  *    so the bits do not depend on the thread count or on who ran what.
  *    The pool is plain pthreads, created on first use (idle workers poll
@@ -459,9 +464,10 @@ static gt_mm_t *gt_mm_buffer(int which, size_t n)
 /* The operands of C[bt] (=|+=) A[bt] @ B[bt], C contiguous [Bn, M, N], and
  * how the product is cut: chunk c is batch item c / (rc * pc), row chunk
  * (c / pc) % rc (of rc chunks of whole row tiles) and column chunk c % pc
- * (cols_per_chunk columns, a multiple of GT_MM_NR).  When several row
- * chunks read the same panels, B is packed once before the chunks run
- * (bpack: per batch item, per panel, K * GT_MM_NR elements each). */
+ * (gt_mm_columns).  When several row chunks read the same panels
+ * (packed != 0), each thread packs all of an item's panels once, for every
+ * chunk of it that the thread runs (gt_mm_thread_panels), and the chunks
+ * see them as bpack (per panel, K * GT_MM_NR elements each). */
 typedef struct {
     gt_mm_t *C;
     const gt_mm_t *A, *B;
@@ -469,8 +475,16 @@ typedef struct {
     long long Bn, M, K, N;
     int acc;
     long long rc, pc, cols_per_chunk;
-    const gt_mm_t *bpack;
+    long long homes;          /* > 0: column chunks by thread (gt_mm_columns) */
+    unsigned long long packed;   /* != 0: this run's number, row chunks pack B per thread */
+    const gt_mm_t *bpack;     /* the item's packed panels, or NULL: each block packs its own */
 } gt_mm_job;
+
+/* Runs whose row chunks pack B per thread are numbered, so that a thread
+ * knows whether its buffer already holds this run's panels of item bt. */
+static atomic_ullong gt_mm_runs;
+static __thread unsigned long long gt_mm_packed_run;
+static __thread long long gt_mm_packed_item;
 
 /* The FMA chain element by element, for when a packing buffer cannot be
  * allocated (never inlined: the disassembly test finds its FMAs by name). */
@@ -569,7 +583,6 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
      * sweeping all of them evicts A (and C) from L2 before the next panel comes
      * back to them; then all of the block's panels are packed (if they are
      * small: GT_MM_MC_PACK_MAX) and GT_MM_MC rows at a time see every panel. */
-    const long long panels = (N + GT_MM_NR - 1) / GT_MM_NR;
     const long long bpanels = (c1 - c0 + GT_MM_NR - 1) / GT_MM_NR;
     long long mc = i1 - i0;
     gt_mm_t *packed = own;                   /* own: the panel(s) this block packs */
@@ -590,7 +603,8 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
                                  : NULL;
             long long t0 = m0;
             if (!own) {
-                bp = (gt_mm_t *)j->bpack + (bt * panels + p0 / GT_MM_NR) * panel_size;
+                /* (row chunks' columns start at whole panels: homes are for column chunks) */
+                bp = (gt_mm_t *)j->bpack + p0 / GT_MM_NR * panel_size;
             } else if (m0 == i0) {             /* the panel's first use: pack it */
 #if !defined(GT_MM_SCALAR)
                 if (j->sbj == 1 && ncols == GT_MM_NR && m1 - m0 >= GT_MM_MR) {
@@ -620,36 +634,96 @@ static void gt_mm_block(const gt_mm_job *j, long long bt, long long i0, long lon
     }
 }
 
+/* Column chunk c's columns [*c0, *c1).  Without homes, chunk c is columns
+ * [c * cols_per_chunk, (c + 1) * cols_per_chunk).  With homes (gt_mm_plan),
+ * the columns' vectors are first shared out as evenly as whole vectors allow,
+ * one share per thread (the pool's home chunks of thread t are its share,
+ * gt_pool_home), and each share is cut into pc / homes chunks of
+ * cols_per_chunk columns (the last one of a share narrower, or empty): 256
+ * columns over two threads are 5 panels and one vector each, where whole
+ * panels would give one thread 10 vectors and the other 12. */
+static void gt_mm_columns(const gt_mm_job *j, long long c, long long *c0, long long *c1)
+{
+    long long lo = 0, hi = j->N, at = c * j->cols_per_chunk;
+    if (j->homes > 0) {
+        const long long per = j->pc / j->homes, t = c / per, v = gt_ceil_div(j->N, GT_MM_VW);
+        lo = t * v / j->homes * GT_MM_VW;
+        hi = (t + 1) * v / j->homes * GT_MM_VW;
+        at = lo + c % per * j->cols_per_chunk;
+    }
+    hi = hi < j->N ? hi : j->N;
+    *c0 = at < hi ? at : hi;
+    *c1 = at + j->cols_per_chunk < hi ? at + j->cols_per_chunk : hi;
+}
+
+/* All of item bt's panels of B, packed in this thread's buffer once per run
+ * (row chunks: every chunk of the item reads all of them), or NULL (out of
+ * memory: each block then packs its own).  Packing per thread, in parallel,
+ * into a buffer the thread alone writes, in its own cache, instead of by the
+ * caller into one shared copy before the chunks start: the 784-256-10
+ * X^T @ G1 on two threads waited about 20 us for that copy, whose lines the
+ * worker had read last time and the caller's stores had to take back. */
+static const gt_mm_t *gt_mm_thread_panels(const gt_mm_job *j, long long bt)
+{
+    const long long panels = gt_ceil_div(j->N, GT_MM_NR);
+    const long long panel_size = (j->K > 0 ? j->K : 1) * GT_MM_NR;
+    gt_mm_t *mine = gt_mm_buffer(2, (size_t)(panels * panel_size));
+    if (!mine) return NULL;
+    if (gt_mm_packed_run != j->packed || gt_mm_packed_item != bt) {
+        for (long long p = 0; p < panels; ++p) {
+            const long long c0 = p * GT_MM_NR;
+            const int ncols = (int)(j->N - c0 < GT_MM_NR ? j->N - c0 : GT_MM_NR);
+            gt_mm_pack_b(mine + p * panel_size, j->B + bt * j->sbb, j->sbk, j->sbj, j->K, c0,
+                         ncols, (ncols + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW);
+        }
+        gt_mm_packed_run = j->packed;
+        gt_mm_packed_item = bt;
+    }
+    return mine;
+}
+
 /* Chunk `chunk` of the job (see gt_mm_plan). */
 static void gt_mm_chunk(void *arg, long long chunk)
 {
     const gt_mm_job *j = (const gt_mm_job *)arg;
     const long long bt = chunk / (j->rc * j->pc);
-    const long long r = (chunk / j->pc) % j->rc, c = chunk % j->pc;
+    const long long r = (chunk / j->pc) % j->rc;
     /* row chunk r: tiles [r * tiles / rc, (r + 1) * tiles / rc), as even as whole
      * tiles allow (98 tiles in 8 chunks: 12 or 13 each, never 7 x 13 and 7) */
-    const long long tiles = gt_ceil_div(j->M, GT_MM_MR), c0 = c * j->cols_per_chunk;
+    const long long tiles = gt_ceil_div(j->M, GT_MM_MR);
     const long long i0 = r * tiles / j->rc * GT_MM_MR;
     const long long i1e = (r + 1) * tiles / j->rc * GT_MM_MR;
     const long long i1 = i1e < j->M ? i1e : j->M;
-    const long long c1 = c0 + j->cols_per_chunk < j->N ? c0 + j->cols_per_chunk : j->N;
-    gt_mm_block(j, bt, i0, i1, c0, c1);
+    long long c0, c1;
+    gt_mm_columns(j, chunk % j->pc, &c0, &c1);
+    if (j->packed) {
+        gt_mm_job item = *j;
+        item.bpack = gt_mm_thread_panels(j, bt);
+        gt_mm_block(&item, bt, i0, i1, c0, c1);
+    } else {
+        gt_mm_block(j, bt, i0, i1, c0, c1);
+    }
 }
 
 /* ---- the thread pool ---------------------------------------------------- */
-/* Chunks are claimed dynamically: the caller and the workers take the next
- * unclaimed chunk until none is left, so a worker that wakes late (or is
- * descheduled on a busy machine) costs at most the chunk it holds; the
- * caller only waits for chunks already claimed.  Which thread computes a
- * chunk never matters to its bits.
+/* Chunks are claimed dynamically, but each thread has a home: of n chunks
+ * over T threads, thread t's are [n t / T, n (t + 1) / T) (gt_pool_home;
+ * the caller is thread 0).  A thread claims its own, in order, and then the
+ * others' that are still unclaimed, until none is left, so a worker that
+ * wakes late (or is descheduled on a busy machine) costs at most the chunk
+ * it holds; the caller only waits for chunks already claimed.  The homes
+ * keep a thread on the same chunks from call to call: the same rows of A
+ * and C, the same panels of B, already in its core's L2 (measured on the
+ * 784-256-10 X^T @ G1, two threads: where all claimed from one counter,
+ * about 10% slower).  Which thread computes a chunk never matters to its bits.
  *
  * A job is published as one word, (sequence << 16) | threads, so a worker
  * decides from that word alone whether it takes part; claims are made on
- * a second word, (sequence << 32) | next chunk, so a late worker can never
- * claim a chunk of a later job by mistake; a finished job's claim word is
- * closed (index GT_POOL_CLOSED) before anything of the next job is
- * written.  fn, arg and mode are read only after a successful claim, when
- * the job cannot end before that chunk is done. */
+ * one word per home, (sequence << 32) | its next chunk, so a late worker can
+ * never claim a chunk of a later job by mistake; a finished job's claim
+ * words are closed (index GT_POOL_CLOSED) before anything of the next job
+ * is written.  fn, arg and mode are read only after a successful claim,
+ * when the job cannot end before that chunk is done. */
 typedef void (*gt_pool_fn)(void *arg, long long chunk);
 
 #define GT_POOL_THREADS(word) ((int)((word) & 0xffffUL))
@@ -667,7 +741,9 @@ static struct {
     int workers;             /* started */
     int sleepers;
     atomic_ulong job;        /* the published job word */
-    atomic_ullong claim;     /* (sequence << 32) | next unclaimed chunk */
+    struct {                 /* thread t's home chunks: (sequence << 32) | next unclaimed */
+        _Alignas(64) atomic_ullong word;   /* (one cache line each: no false sharing) */
+    } claim[GT_MM_MAX_THREADS];
     atomic_llong finished;   /* chunks done */
     gt_pool_fn fn;
     void *arg;
@@ -678,7 +754,7 @@ static struct {
     atomic_llong threaded;   /* runs that used the workers (for tests and benchmarks) */
     unsigned long first[GT_MM_MAX_THREADS];   /* the job word each worker started after */
 } gt_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-             PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}};
+             PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, {0}};
 
 static inline long long gt_now_ns(void)
 {
@@ -723,27 +799,40 @@ static unsigned long gt_pool_next(unsigned long seen)
     return atomic_load(&gt_pool.job);
 }
 
-/* Claim and run chunks of job `seq` until none is left; the thread that
- * finishes the last chunk wakes the caller. */
-static void gt_pool_work(unsigned long long seq, int worker)
+/* The first of thread t's home chunks, of `chunks` over `threads`. */
+static inline long long gt_pool_home(long long chunks, int threads, int t)
 {
-    unsigned long long word = atomic_load(&gt_pool.claim);
-    int mode_set = !worker;
-    for (;;) {
-        if ((word >> 32) != (seq & 0xffffffffULL)) return;        /* another job now */
-        const long long chunk = (long long)(word & 0xffffffffULL);
-        if (chunk >= atomic_load(&gt_pool.chunks)) return;
-        if (!atomic_compare_exchange_weak(&gt_pool.claim, &word, word + 1)) continue;
-        /* the chunk is ours: this job's fields hold until it is done */
-        const long long chunks = atomic_load(&gt_pool.chunks);
-        if (!mode_set) { gt_fp_set(gt_pool.mode); mode_set = 1; }   /* the caller's mode */
-        gt_pool.fn(gt_pool.arg, chunk);
-        if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == chunks && worker) {
-            pthread_mutex_lock(&gt_pool.mu);
-            pthread_cond_signal(&gt_pool.done);
-            pthread_mutex_unlock(&gt_pool.mu);
+    return chunks * t / threads;
+}
+
+/* Thread `self` of `threads` claims and runs chunks of job `seq` until none
+ * is left: its own home chunks first, in order, then (once they are done)
+ * the other threads' that are still unclaimed, so a late or descheduled
+ * thread's share is taken over.  The thread that finishes the last chunk
+ * wakes the caller. */
+static void gt_pool_work(unsigned long long seq, int self, int threads)
+{
+    int mode_set = !self;
+    for (int step = 0; step < threads; ++step) {
+        const int t = (self + step) % threads;
+        atomic_ullong *claim = &gt_pool.claim[t].word;
+        unsigned long long word = atomic_load(claim);
+        for (;;) {
+            if ((word >> 32) != (seq & 0xffffffffULL)) return;    /* another job now */
+            const long long chunk = (long long)(word & 0xffffffffULL);
+            const long long chunks = atomic_load(&gt_pool.chunks);
+            if (chunk >= gt_pool_home(chunks, threads, t + 1)) break;   /* t's are all claimed */
+            if (!atomic_compare_exchange_weak(claim, &word, word + 1)) continue;
+            /* the chunk is ours: this job's fields hold until it is done */
+            if (!mode_set) { gt_fp_set(gt_pool.mode); mode_set = 1; }   /* the caller's mode */
+            gt_pool.fn(gt_pool.arg, chunk);
+            if (atomic_fetch_add(&gt_pool.finished, 1) + 1 == chunks && self) {
+                pthread_mutex_lock(&gt_pool.mu);
+                pthread_cond_signal(&gt_pool.done);
+                pthread_mutex_unlock(&gt_pool.mu);
+            }
+            word = atomic_load(claim);
         }
-        word = atomic_load(&gt_pool.claim);
     }
 }
 
@@ -753,7 +842,7 @@ static void *gt_pool_worker(void *arg)
     unsigned long seen = gt_pool.first[index];
     for (;;) {
         seen = gt_pool_next(seen);
-        if (index < GT_POOL_THREADS(seen)) gt_pool_work(seen >> 16, 1);
+        if (index < GT_POOL_THREADS(seen)) gt_pool_work(seen >> 16, index, GT_POOL_THREADS(seen));
     }
     return NULL;
 }
@@ -823,12 +912,14 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
             atomic_fetch_add(&gt_pool.threaded, 1);
             pthread_mutex_lock(&gt_pool.mu);
             const unsigned long seq = (atomic_load(&gt_pool.job) >> 16) + 1;
-            atomic_store(&gt_pool.claim, (unsigned long long)(seq & 0xffffffffUL) << 32);
+            const unsigned long long open = (unsigned long long)(seq & 0xffffffffUL) << 32;
+            for (int t = 0; t < threads; ++t)
+                atomic_store(&gt_pool.claim[t].word, open | (unsigned long long)gt_pool_home(chunks, threads, t));
             atomic_store(&gt_pool.job, (seq << 16) | (unsigned long)threads);
             if (gt_pool.sleepers) pthread_cond_broadcast(&gt_pool.wake);
             pthread_mutex_unlock(&gt_pool.mu);
             const long long t0 = gt_now_ns();
-            gt_pool_work(seq, 0);
+            gt_pool_work(seq, 0, threads);
             const long long t1 = gt_now_ns();
             for (unsigned spins = 1; atomic_load(&gt_pool.finished) != chunks; ++spins)
                 if (!gt_pool_poll(spins, t1)) break;
@@ -841,8 +932,8 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
             /* Close the job before any of its fields change for the next one:
              * a late worker may still hold this job's claim word, and must
              * never match it against the next job's chunk count. */
-            atomic_store(&gt_pool.claim, ((unsigned long long)(seq & 0xffffffffUL) << 32)
-                                             | GT_POOL_CLOSED);
+            for (int t = 0; t < threads; ++t)
+                atomic_store(&gt_pool.claim[t].word, open | GT_POOL_CLOSED);
             int backoff = atomic_load(&gt_pool.backoff);
             if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
                 backoff = backoff ? 2 * backoff : 1;
@@ -890,7 +981,7 @@ static void gt_mm_config_impl(long long out[7])
  * items when there are enough of them, else groups of column panels (each
  * chunk packs its own panels), and only when those are fewer than the
  * threads, groups of at least GT_MM_MIN_CHUNK_ROWS rows as well (which then
- * share one packed copy of B, gt_mm_run). */
+ * see every panel of B, packed once per thread, gt_mm_thread_panels). */
 static int gt_mm_plan(gt_mm_job *j)
 {
     const int threads = atomic_load(&gt_pool.threads);
@@ -898,6 +989,7 @@ static int gt_mm_plan(gt_mm_job *j)
     const long long tiles = gt_ceil_div(j->M, GT_MM_MR);
     const long long work = j->Bn * j->M * j->N * j->K;
     j->rc = j->pc = 1;
+    j->homes = 0;
     j->cols_per_chunk = panels * GT_MM_NR;
     if (threads <= 1 || work < GT_MM_PAR_MIN || !gt_pool_wanted())
         return 1;
@@ -909,7 +1001,7 @@ static int gt_mm_plan(gt_mm_job *j)
     if (j->M > GT_MM_MC && (double)panels * (double)(j->K > 0 ? j->K : 1) * GT_MM_NR
                                * sizeof(gt_mm_t) <= GT_MM_MC_PACK_MAX) {
         /* many rows over a small B (X^T @ G): row chunks, which see every panel of
-         * one shared packed copy, keep their rows of A and C in cache (as
+         * B packed once per thread, keep their rows of A and C in cache (as
          * gt_mm_block's row blocks do) where column chunks would each sweep them all */
         long long rc = per_item;
         const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
@@ -923,6 +1015,14 @@ static int gt_mm_plan(gt_mm_job *j)
     const long long group = panels / per_item > 1 ? panels / per_item : 1;
     j->pc = gt_ceil_div(panels, group);
     j->cols_per_chunk = group * GT_MM_NR;
+    if (j->Bn == 1 && panels >= 2 * (long long)threads) {
+        /* one item, two panels or more per thread: the columns shared out by
+         * thread, in vectors (gt_mm_columns), each share in chunks of `group` panels */
+        const long long share = gt_ceil_div(gt_ceil_div(j->N, GT_MM_VW), threads);
+        j->homes = threads;
+        j->pc = threads * gt_ceil_div(share, group * GT_MM_NV);
+        return threads;
+    }
     if (j->Bn * j->pc >= threads) return threads;   /* column chunks suffice: no row cuts */
     long long rc = gt_ceil_div(per_item, j->pc);
     const long long rc_max = tiles * GT_MM_MR / GT_MM_MIN_CHUNK_ROWS;
@@ -940,22 +1040,11 @@ static void gt_mm_run(gt_mm_t *C, const gt_mm_t *A, long long sab, long long sai
     if (Bn <= 0 || M <= 0 || N <= 0) return;
     GT_FP_ENTER(saved);
     gt_mm_job job = {C, A, B, sab, sai, sak, sbb, sbk, sbj, Bn, M, K < 0 ? 0 : K, N, acc,
-                     1, 1, N, NULL};
+                     1, 1, N, 0, 0, NULL};
     const int threads = gt_mm_plan(&job);
     const long long chunks = Bn * job.rc * job.pc;
-    if (threads > 1 && job.rc > 1) {          /* row chunks: pack B once, for all of them */
-        const long long panels = gt_ceil_div(N, GT_MM_NR);
-        const long long panel_size = (job.K > 0 ? job.K : 1) * GT_MM_NR;
-        gt_mm_t *shared = gt_mm_buffer(2, (size_t)(Bn * panels * panel_size));
-        for (long long bt = 0; shared && bt < Bn; ++bt)
-            for (long long p = 0; p < panels; ++p) {
-                const long long c0 = p * GT_MM_NR;
-                const int ncols = (int)(N - c0 < GT_MM_NR ? N - c0 : GT_MM_NR);
-                gt_mm_pack_b(shared + (bt * panels + p) * panel_size, B + bt * sbb, sbk, sbj,
-                             job.K, c0, ncols, (ncols + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW);
-            }
-        job.bpack = shared;
-    }
+    if (threads > 1 && job.rc > 1)            /* row chunks: B packed once per thread */
+        job.packed = atomic_fetch_add(&gt_mm_runs, 1) + 1;
     if (threads <= 1) {
         for (long long c = 0; c < chunks; ++c) gt_mm_chunk(&job, c);
     } else {
