@@ -1,6 +1,6 @@
 """Matrix product speed: gradtool's FMA-chain kernel next to PyTorch float64 and the machine's peak.
 
-    python scripts/bench_matmul.py [--repeats 7] [--samples 10] [--min-time 0.02]
+    python scripts/bench_matmul.py [--repeats 7] [--samples 10] [--min-sample 0.0002]
                                    [--json out.json]
 
 For each shape (the MLP benchmarks' products, forward and backward, with
@@ -9,11 +9,11 @@ backward rules pass them) it times ``gradtool.numerics.matmul`` -- what
 the cpu engine's steps call, the compiled kernel of csrc/gt_matmul.h, which
 also runs the host backend's matmul launches -- and ``torch.mm`` on the same
 float64 operands, each with 1 thread and with all usable cores,
-interleaved: gradtool ``--repeats`` x ``--samples`` samples of one call each
-(of as many calls as take 0.2 ms, for the small products), each right after
-one untimed call that wakes the thread pool's workers, torch
-``--repeats`` runs of at least ``--min-time`` seconds; the figure is the
-median wall time.
+interleaved, both the same way: ``--repeats`` x ``--samples`` samples of one
+call each (of as many back-to-back calls as take ``--min-sample`` seconds:
+0.2 ms by default, so the small products), each right after one untimed
+call that wakes the library's threads; the figure is the median wall time.
+``--min-sample 0.02`` times runs of back-to-back calls instead.
 GFLOP/s counts 2*M*K*N per product.
 
 The peak is measured, not looked up, and in the same run, next to every
@@ -28,7 +28,8 @@ shared or throttled machine the kernel and its peak see the same
 conditions.  The "%fma" columns are the median over the samples of each
 sample's GFLOP/s over the mean of the two peaks next to it (times the
 threads for the threaded column: one core's loop, so a second core busy
-with something else counts against gradtool).  The CPU is warmed up (its
+with something else counts against the library), for gradtool and, on the
+same footing, for torch.  The CPU is warmed up (its
 clock ramps up over about 0.1 s from idle) before anything is timed, and
 glibc keeps freed memory as the training engine has it
 (``native.keep_freed_memory``), so each product's output is allocated as
@@ -158,19 +159,7 @@ def operands(rng, m, k, n, at, bt):
     return a, b
 
 
-def timed(fn, min_time):
-    """Seconds per call: calls repeated until min_time has passed."""
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        dt = time.perf_counter() - t0
-        if dt >= min_time:
-            return dt / n
-
-
-def sampled(fn, peak, samples, flop, threads, min_sample=2e-4):
+def sampled(fn, peak, samples, flop, threads, min_sample):
     """([seconds per call], [fraction of the FMA peak]), one of each per sample.
 
     A sample is one call (or as many as take ``min_sample`` seconds, for small
@@ -205,9 +194,11 @@ def sampled(fn, peak, samples, flop, threads, min_sample=2e-4):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--min-time", type=float, default=0.02, help="torch's runs")
     ap.add_argument("--samples", type=int, default=10,
-                    help="gradtool's samples per repeat and thread count")
+                    help="samples per repeat, library and thread count")
+    ap.add_argument("--min-sample", type=float, default=2e-4,
+                    help="seconds of back-to-back calls a sample lasts at least (one call "
+                         "when a call takes longer)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     if nx.cpu_kernels() is None:
@@ -240,22 +231,22 @@ def main(argv=None):
     if sep:
         print(f"# peak per core at the start (median of 5 x 0.02 s, after a 0.5 s warm-up): "
               f"{sep:.1f} GFLOP/s with separate multiply and add, {fused:.1f} with FMA")
-    print(f"# GFLOP/s of the median wall time: gradtool {args.repeats} x {args.samples} samples "
-          f"of one call (or >= 0.2 ms of calls) right after an untimed one, torch "
-          f"{args.repeats} runs of >= "
-          f"{args.min_time}s, interleaved; ratio = gradtool time / torch time, both on {cores} "
-          f"threads; %fma = median over the samples of each one's GFLOP/s over the FMA peak "
-          f"loop run just before and after it (x {cores} for the {cores}-thread column)")
+    print(f"# GFLOP/s of the median wall time: gradtool and torch alike, {args.repeats} x "
+          f"{args.samples} samples of one call (or >= {1e3 * args.min_sample:g} ms of "
+          f"back-to-back calls) right after an untimed one, interleaved; ratio = gradtool time "
+          f"/ torch time, both on {cores} threads; %fma = median over the samples of each one's "
+          f"GFLOP/s over the FMA peak loop run just before and after it (x {cores} for the "
+          f"{cores}-thread columns)")
     head = (f"{'product':28} {'M':>5} {'K':>5} {'N':>5} {'gt 1 thr':>9} {'gt ' + str(cores):>9} "
             f"{'torch 1':>9} {'torch ' + str(cores):>9} {'ratio':>6} {'%fma 1':>7} "
-            f"{'%fma ' + str(cores):>7}")
+            f"{'%fma ' + str(cores):>7} {'torch %1':>8} {'torch %' + str(cores):>8}")
     print(head)
     rng = np.random.default_rng(0)
     rows = []
     for label, m, k, n, at, bt in SHAPES:
         a, b = operands(rng, m, k, n, at, bt)
         runs = {"gt1": [], "gtN": [], "t1": [], "tN": []}
-        frac = {"gt1": [], "gtN": []}
+        frac = {key: [] for key in runs}
         flop = 2.0 * m * k * n
         ta = tb = None
         if torch is not None:
@@ -263,13 +254,17 @@ def main(argv=None):
         for _ in range(args.repeats):
             for key, threads in (("gt1", 1), ("gtN", cores)):
                 native.set_num_threads(threads)
-                times, fracs = sampled(lambda: nx.matmul(a, b), peak, args.samples, flop, threads)
+                times, fracs = sampled(lambda: nx.matmul(a, b), peak, args.samples, flop, threads,
+                                       args.min_sample)
                 runs[key] += times
                 frac[key] += fracs
             if torch is not None:
                 for key, threads in (("t1", 1), ("tN", cores)):
                     torch.set_num_threads(threads)
-                    runs[key].append(timed(lambda: torch.mm(ta, tb), args.min_time))
+                    times, fracs = sampled(lambda: torch.mm(ta, tb), peak, args.samples, flop,
+                                           threads, args.min_sample)
+                    runs[key] += times
+                    frac[key] += fracs
         native.set_num_threads(None)
         if torch is not None:
             torch.set_num_threads(torch_threads)
@@ -278,9 +273,9 @@ def main(argv=None):
         ratio = med["gtN"] / med["tN"] if med["tN"] else None
         cols = [f"{gf[key]:9.1f}" if gf[key] else f"{'-':>9}" for key in ("gt1", "gtN", "t1", "tN")]
         cols.append(f"{ratio:6.2f}" if ratio else f"{'-':>6}")
-        pct = {"1": statistics.median(frac["gt1"]) if frac["gt1"] else None,
-               "N": statistics.median(frac["gtN"]) if frac["gtN"] else None}
-        cols += [f"{100 * p:6.0f}%" if p else f"{'-':>7}" for p in pct.values()]
+        pct = {key: statistics.median(v) if v else None for key, v in frac.items()}
+        cols += [f"{100 * pct[key]:6.0f}%" if pct[key] else f"{'-':>7}" for key in ("gt1", "gtN")]
+        cols += [f"{100 * pct[key]:7.0f}%" if pct[key] else f"{'-':>8}" for key in ("t1", "tN")]
         print(f"{label:28} {m:5d} {k:5d} {n:5d} {' '.join(cols)}")
         rows.append({"product": label.strip(), "M": m, "K": k, "N": n, "a_transposed": at,
                      "b_transposed": bt, "seconds": med, "gflops": gf, "ratio": ratio,
