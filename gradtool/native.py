@@ -36,6 +36,8 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -172,6 +174,25 @@ def build_best(stem: str, source: Path, flags, key_files=(), native_arch=None) -
         except NativeUnavailable:
             pass
     return build(stem, source, flags, key_files)
+
+
+PYTHON_ENTRY_ENV = "GRADTOOL_PYTHON_ENTRY"
+
+
+def python_flags() -> tuple:
+    """The flags that add csrc/gt_cpu.c's gt_mm_py, the matrix product called through
+    ``ctypes.PyDLL`` with the numpy arrays themselves (about 1 us a call instead of
+    ctypes' 7): ``-DGT_PYTHON``, the running interpreter's include folder and its ABI
+    tag (so that each interpreter gets its own cached library).  () when that folder
+    has no ``Python.h`` (the library then has the plain ctypes entries only, which
+    give the same bits) or under ``GRADTOOL_PYTHON_ENTRY=0``."""
+    if os.environ.get(PYTHON_ENTRY_ENV, "1") == "0":
+        return ()
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return ()
+    abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or "python"
+    return ("-DGT_PYTHON", f"-I{include}", f"-DGT_PY_ABI={abi}")
 
 
 _loaded: dict = {}

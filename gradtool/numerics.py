@@ -268,6 +268,9 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       machine) the next products run serially for a while.  Each output
       element is still one serial k loop in one thread, so every thread
       count gives the same bits.
+    * The call: the arrays themselves go to ``gt_mm_py`` (the buffer protocol, the
+      GIL released for the product; about 1.4 us a call, ctypes' entry about 7.5),
+      anything it does not take as it is through ctypes after a conversion.
     * Floating-point mode: the kernel runs under round-to-nearest with
       flush-to-zero and denormals-are-zero off (x86 MXCSR), in the caller
       and in every worker, and restores the caller's mode after: a caller's
@@ -309,6 +312,9 @@ def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
     views of any strides, out C-contiguous float64.  The compiled inner-product helper
     (:func:`matmul`, :func:`bmm` and ops built on them call it; signature stable)."""
+    py_mm = lib.py_mm
+    if py_mm is not None and py_mm(out, a, b, accumulate) == 0:
+        return                               # native float64 views: no conversion needed
     a, sa = _element_strides(a)
     b, sb = _element_strides(b)
     lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
@@ -481,7 +487,7 @@ _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or 
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def cpu_library(extra_flags=(), native_arch=None):
+def cpu_library(extra_flags=(), native_arch=None, python=True):
     """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
     use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
     (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
@@ -493,28 +499,47 @@ def cpu_library(extra_flags=(), native_arch=None):
     the plain-C scalar matmul tile, and ``native_arch=False`` leaves
     ``-march=native`` out: the tests run every such variant against the
     naive order.  None when no C compiler works or ``GRADTOOL_NATIVE=0``.
+
+    With ``python`` (and the interpreter's ``Python.h``: :func:`native.python_flags`)
+    the library also has ``gt_mm_py``, which :func:`matmul` and :func:`bmm` call with
+    the arrays themselves (``lib.py_mm``, else None); ``python=False`` builds the
+    plain ctypes entries only, whose products the tests compare with it bit for bit.
     """
     if native_arch is None:
         native_arch = native.native_arch_wanted()
-    key = (tuple(extra_flags), bool(native_arch))
+    key = (tuple(extra_flags), bool(native_arch), bool(python))
     if key not in _LIBRARIES:
         lib = None
         if native.enabled():
-            try:
-                lib = native.load("gt_cpu", native.CSRC / CPU_SOURCES[0],
-                                  [*native.SAFE_FLAGS, *extra_flags],
-                                  [native.CSRC / name for name in CPU_SOURCES[1:]],
-                                  native_arch=native_arch)
-                _declare(lib)
-                native.register_threaded(lib)
-            except (native.NativeUnavailable, OSError):
-                lib = None
+            sources = (native.CSRC / CPU_SOURCES[0],
+                       [native.CSRC / name for name in CPU_SOURCES[1:]])
+            with_python = native.python_flags() if python else ()
+            # with the Python entry first; a compiler that refuses it (a Python.h it
+            # cannot use) still builds the ctypes entries
+            for flags in ([with_python] if not with_python else [with_python, ()]):
+                try:
+                    lib = native.load("gt_cpu", sources[0],
+                                      [*native.SAFE_FLAGS, *extra_flags, *flags], sources[1],
+                                      native_arch=native_arch)
+                    _declare(lib, bool(flags))
+                    native.register_threaded(lib)
+                    break
+                except (native.NativeUnavailable, OSError, AttributeError):
+                    lib = None
         _LIBRARIES[key] = lib
     return _LIBRARIES[key]
 
 
-def _declare(lib) -> None:
+def _declare(lib, python=False) -> None:
     i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
+    lib.py_mm = None
+    if python:
+        # the same library again (dlopen returns the loaded one: one thread pool), its
+        # functions called with the GIL held, as gt_mm_py's buffer calls need
+        py_mm = ctypes.PyDLL(lib._name).gt_mm_py
+        py_mm.restype = ctypes.c_int
+        py_mm.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int]
+        lib.py_mm = py_mm
     lib.gt_mm.restype = None
     lib.gt_mm.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
                           ctypes.c_int]

@@ -59,6 +59,10 @@ def libraries():
         lib = nx.cpu_library(flags, arch)
         assert lib is not None, f"the {name} build of csrc/gt_cpu.c failed"
         libs[name] = lib
+    # the products of every build above go through gt_mm_py, the arrays themselves
+    # (when this interpreter has Python.h); this one through the ctypes entry, gt_mm
+    libs["native, ctypes entry"] = nx.cpu_library(python=False)
+    assert libs["native, ctypes entry"].py_mm is None
     return libs
 
 
@@ -190,6 +194,87 @@ def test_numerics_entry_points_use_the_kernel_and_agree_with_numpy(rng):
     assert_bits_equal_nan_any(nx.matmul(a.astype(np.float32), b),
                               nx.matmul_numpy(a.astype(np.float32).astype(np.float64), b),
                               "float32 operand")
+
+
+def test_the_python_entry_takes_float64_views_and_refuses_the_rest(rng):
+    """gt_mm_py (the arrays passed as themselves, read through the buffer protocol)
+    computes what gt_mm does for every native float64 view, negative and zero strides
+    included, and hands anything else back untouched (1): the general path then
+    converts it."""
+    require_c_compiler()
+    if not native.python_flags():
+        pytest.skip("this interpreter has no Python.h: the ctypes entry only")
+    lib = nx.cpu_kernels()
+    assert lib.py_mm is not None
+    plain = nx.cpu_library(python=False)
+    a, b = rng.standard_normal((3, 40, 50)), rng.standard_normal((3, 50, 30))
+    views = [(a, b), (a[:, ::-1], b[:, :, ::-2]), (a[:, :, ::-1], b[::-1]),
+             (np.broadcast_to(a[:1], a.shape), b), (np.swapaxes(a.copy(), 1, 2), b[:, ::-1])]
+    for x, y in views:
+        x, y = x[:, :, :y.shape[1]], y[:, :x.shape[2]]
+        got = np.empty((x.shape[0], x.shape[1], y.shape[2]))
+        assert lib.py_mm(got, x, y, 0) == 0
+        want = np.empty_like(got)
+        nx._native_product(plain, want, x, y, x.shape[0])
+        assert_bits_equal_nan_any(got, want, f"strides {x.strides} {y.strides}")
+        c0 = rng.standard_normal(got.shape)
+        acc, acc_want = c0.copy(), c0.copy()
+        assert lib.py_mm(acc, x, y, 1) == 0
+        nx._native_product(plain, acc_want, x, y, x.shape[0], accumulate=True)
+        assert_bits_equal_nan_any(acc, acc_want, "accumulating")
+    two_d = np.empty((40, 30))                      # matmul's output: [M, N] for one item
+    assert lib.py_mm(two_d, a[:1], b[:1], 0) == 0
+    assert_bits_equal_nan_any(two_d, nx.matmul_numpy(a[0], b[0]), "2-d output")
+    misaligned = np.zeros(3 * 40 * 50 * 8 + 1, np.uint8)[1:].view(np.float64).reshape(a.shape)
+    refused = [(a.astype(np.float32), b), (a, b.astype(">f8")), (misaligned, b),
+               (a[0], b[0]), (a, b[:2]), (a, b[:, :49])]
+    for x, y in refused:
+        out = np.full((3, 40, 30), 7.0)
+        assert lib.py_mm(out, x, y, 0) == 1
+        assert (out == 7.0).all()
+    for bad_out in (np.empty((3, 30, 40)).transpose(0, 2, 1), np.empty((3, 40, 31)),
+                    np.empty((3, 40, 30), np.float32), np.empty((40, 30)), [[0.0]]):
+        assert lib.py_mm(bad_out, a, b, 0) == 1
+    readonly = np.zeros((3, 40, 30))
+    readonly.flags.writeable = False
+    assert lib.py_mm(readonly, a, b, 0) == 1 and not readonly.any()
+    # and matmul itself, through the entry, on an operand it refuses: converted first
+    assert_bits_equal_nan_any(nx.matmul(a[0].astype(">f8"), b[0]),
+                              nx.matmul_numpy(a[0], b[0]), "big-endian operand")
+
+
+def test_the_python_entry_releases_the_gil_for_the_product(rng, threads_restored):
+    """Another Python thread runs while a product computes (as it did through ctypes).
+    With a 50 ms switch interval a thread that held the GIL through a product of a
+    few ms would not let the counting thread run at all during it (measured: 0
+    counts in every call, through ctypes.PyDLL's gt_mm), so each call must see the
+    count move."""
+    require_c_compiler()
+    if nx.cpu_kernels().py_mm is None:
+        pytest.skip("the ctypes entry only")
+    native.set_num_threads(1)
+    a, b = rng.standard_normal((600, 600)), rng.standard_normal((600, 600))
+    count, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        during = []
+        for _ in range(5):
+            before = count[0]
+            nx.matmul(a, b)                # about 5 ms on one thread
+            during.append(count[0] - before)
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(interval)
+    assert min(during) > 0, during
 
 
 FUSED = ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub", "fmadd", "fmla", "fmsub", "fnmadd")
@@ -441,7 +526,7 @@ def test_training_saves_the_same_bytes_with_1_and_2_threads(backend, tmp_path):
 def test_kernel_sources_build_warning_free(tmp_path):
     """The header compiles cleanly with -Wall -Wextra in each tile configuration."""
     require_c_compiler()
-    for flags in ([], ["-DGT_MM_PORTABLE"], ["-march=native"]):
+    for flags in ([], ["-DGT_MM_PORTABLE"], ["-march=native"], list(native.python_flags())):
         proc = subprocess.run([native.compiler(), "-O2", "-Wall", "-Wextra", "-Werror",
                                "-ffp-contract=off", "-pthread", "-fPIC", "-shared", *flags,
                                str(native.CSRC / "gt_cpu.c"), "-o", str(tmp_path / "m.so")],
