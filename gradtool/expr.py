@@ -190,8 +190,9 @@ def select_numpy(cond, a, b):
         lib = numerics.cpu_kernels()
         if lib is not None:                          # the same bits in one compiled pass
             out = np.empty(keep.shape)
-            lib.gt_select_zero(keep.size, cond.ctypes.data, keep.ctypes.data,
-                               out.ctypes.data, invert)
+            if lib.py_select_zero is None or lib.py_select_zero(cond, keep, out, invert):
+                lib.gt_select_zero(keep.size, cond.ctypes.data, keep.ctypes.data,
+                                   out.ctypes.data, invert)
             return out
     mask = cond.view(np.int8).astype(np.int64)      # 1 where cond holds, else 0
     if invert:

@@ -203,16 +203,18 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
             dims = [d for d in c.shape if d != 1]
             src = np.ascontiguousarray(c, dtype=np.float64)
             total = np.empty(math.prod(dims[lead:lead + len(core)]))
-            lib.gt_sum_outer_inner(math.prod(dims[:lead]), total.size,
-                                   math.prod(dims[lead + len(core):]), src.ctypes.data,
-                                   total.ctypes.data)
+            outer, inner = math.prod(dims[:lead]), math.prod(dims[lead + len(core):])
+            if lib.py_sum is None or lib.py_sum(outer, total.size, inner, src, total, 0):
+                lib.gt_sum_outer_inner(outer, total.size, inner, src.ctypes.data,
+                                       total.ctypes.data)
             return total.reshape(shape)
     moved = np.transpose(c, bcast + kept)
     flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     if lib is not None and count > 1:         # the same sums, row after row, compiled
         flat = np.ascontiguousarray(flat, dtype=np.float64)
         total = np.empty(flat.shape[1])
-        lib.gt_sum_rows(count, flat.shape[1], flat.ctypes.data, total.ctypes.data)
+        if lib.py_sum is None or lib.py_sum(count, flat.shape[1], 1, flat, total, 1):
+            lib.gt_sum_rows(count, flat.shape[1], flat.ctypes.data, total.ctypes.data)
         return total.reshape(shape)
     total = np.add.accumulate(flat, axis=0)[-1]
     return np.ascontiguousarray(total).reshape(shape)
@@ -502,8 +504,10 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
 
     With ``python`` (and the interpreter's ``Python.h``: :func:`native.python_flags`)
     the library also has ``gt_mm_py``, which :func:`matmul` and :func:`bmm` call with
-    the arrays themselves (``lib.py_mm``, else None); ``python=False`` builds the
-    plain ctypes entries only, whose products the tests compare with it bit for bit.
+    the arrays themselves (``lib.py_mm``, else None), and the same for the optimizer
+    step, the select and the row sums (``lib.py_opt_step``, ``py_select_zero``,
+    ``py_sum``); ``python=False`` builds the plain ctypes entries only, which the
+    tests compare with them bit for bit.
     """
     if native_arch is None:
         native_arch = native.native_arch_wanted()
@@ -532,14 +536,23 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
 
 def _declare(lib, python=False) -> None:
     i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
-    lib.py_mm = None
-    if python:
-        # the same library again (dlopen returns the loaded one: one thread pool), its
-        # functions called with the GIL held, as gt_mm_py's buffer calls need
-        py_mm = ctypes.PyDLL(lib._name).gt_mm_py
-        py_mm.restype = ctypes.c_int
-        py_mm.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int]
-        lib.py_mm = py_mm
+    # the Python entries (lib.py_*, None without them): the same library again (dlopen
+    # returns the loaded one: one thread pool), its functions called with the GIL held,
+    # as their buffer calls need (they release it for the work)
+    obj, cint = ctypes.py_object, ctypes.c_int
+    entries = {"py_mm": ("gt_mm_py", [obj, obj, obj, cint]),
+               "py_opt_step": ("gt_opt_step_py", [cint, obj, obj, obj, obj, cint,
+                                                  *[f64] * 8]),
+               "py_select_zero": ("gt_select_zero_py", [obj, obj, obj, cint]),
+               "py_sum": ("gt_sum_py", [i64, i64, i64, obj, obj, cint])}
+    pydll = ctypes.PyDLL(lib._name) if python else None
+    for attr, (name, argtypes) in entries.items():
+        fn = None
+        if pydll is not None:
+            fn = getattr(pydll, name)
+            fn.restype = cint
+            fn.argtypes = argtypes
+        setattr(lib, attr, fn)
     lib.gt_mm.restype = None
     lib.gt_mm.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
                           ctypes.c_int]

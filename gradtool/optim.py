@@ -280,9 +280,10 @@ class SGD(Optimizer):
         np.subtract(w, self.lr * g, out=w)
 
     def _update_compiled(self, lib, entry, w, g, scale):
-        lib.gt_opt_step(0, w.size, w.ctypes.data, g.ctypes.data, None, None, scale is not None,
-                        1.0 if scale is None else scale, entry.l2, self.lr,
-                        0.0, 0.0, 0.0, 0.0, 0.0)
+        args = (scale is not None, 1.0 if scale is None else scale, entry.l2, self.lr,
+                0.0, 0.0, 0.0, 0.0, 0.0)
+        if lib.py_opt_step is None or lib.py_opt_step(0, w, g, None, None, *args):
+            lib.gt_opt_step(0, w.size, w.ctypes.data, g.ctypes.data, None, None, *args)
 
 
 class Adam(Optimizer):
@@ -325,9 +326,11 @@ class Adam(Optimizer):
         np.subtract(w, u, out=w)
 
     def _update_compiled(self, lib, entry, w, g, scale):
-        lib.gt_opt_step(1, w.size, w.ctypes.data, g.ctypes.data, entry.m.ctypes.data,
-                        entry.v.ctypes.data, scale is not None, 1.0 if scale is None else scale,
-                        entry.l2, self._lr_t, B1, B2, self._one_minus_b1, self._one_minus_b2, EPS)
+        args = (scale is not None, 1.0 if scale is None else scale, entry.l2, self._lr_t, B1,
+                B2, self._one_minus_b1, self._one_minus_b2, EPS)
+        if lib.py_opt_step is None or lib.py_opt_step(1, w, g, entry.m, entry.v, *args):
+            lib.gt_opt_step(1, w.size, w.ctypes.data, g.ctypes.data, entry.m.ctypes.data,
+                            entry.v.ctypes.data, *args)
 
 
 _COMPILED = [True]      # tests set [False] to run the numpy sequence

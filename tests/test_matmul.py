@@ -243,6 +243,65 @@ def test_the_python_entry_takes_float64_views_and_refuses_the_rest(rng):
                               nx.matmul_numpy(a[0], b[0]), "big-endian operand")
 
 
+def test_the_other_python_entries_match_their_ctypes_entries(rng):
+    """The optimizer step, the select against +0.0 and the row sums, through their
+    Python entries (the arrays themselves) and through ctypes: the same bits; an
+    array the entry does not take as it is comes back untouched (1)."""
+    require_c_compiler()
+    lib = nx.cpu_kernels()
+    if lib.py_opt_step is None:
+        pytest.skip("this interpreter has no Python.h: the ctypes entries only")
+    n = 5000
+    w0, g, m0, v0 = (rng.standard_normal(n) for _ in range(4))
+    v0 = np.abs(v0)
+    for adam, clipped in ((1, 0), (1, 1), (0, 0), (0, 1)):
+        args = (clipped, 0.5, 1e-3, 1e-2, 0.9, 0.999, 0.1, 0.001, 1e-8)
+        w, m, v = w0.copy(), m0.copy(), v0.copy()
+        assert lib.py_opt_step(adam, w, g, m if adam else None, v if adam else None, *args) == 0
+        w2, m2, v2 = w0.copy(), m0.copy(), v0.copy()
+        lib.gt_opt_step(adam, n, w2.ctypes.data, g.ctypes.data, m2.ctypes.data if adam else None,
+                        v2.ctypes.data if adam else None, *args)
+        for got, want in ((w, w2), (m, m2), (v, v2)):
+            assert_bits_equal_nan_any(got, want, f"opt step adam={adam} clipped={clipped}")
+    args = (0, 1.0, 0.0, 1e-2, 0.9, 0.999, 0.1, 0.001, 1e-8)
+    for bad in ((w0.copy(), g[:-1], m0.copy(), v0.copy()), (w0.copy(), g, m0[::2].copy(), v0),
+                (w0.copy(), g.astype(np.float32), m0.copy(), v0.copy()),
+                (w0.reshape(50, 100).T.copy().T, g.reshape(50, 100), m0.copy(), v0.copy())):
+        before = [x.copy() for x in bad]
+        assert lib.py_opt_step(1, *bad, *args) == 1
+        for x, y in zip(bad, before):
+            assert_bits_equal_nan_any(x, y, "a refused step writes nothing")
+    readonly = w0.copy()
+    readonly.flags.writeable = False
+    assert lib.py_opt_step(0, readonly, g, None, None, *args) == 1
+
+    cond, keep = rng.random((30, 40)) < 0.5, rng.standard_normal((30, 40))
+    keep[0, :4] = [-0.0, np.inf, -np.nan, 5e-324]
+    for invert in (0, 1):
+        out, want = np.empty_like(keep), np.empty_like(keep)
+        assert lib.py_select_zero(cond, keep, out, invert) == 0
+        lib.gt_select_zero(keep.size, cond.ctypes.data, keep.ctypes.data, want.ctypes.data,
+                           invert)
+        assert out.tobytes() == want.tobytes()
+    out = np.full_like(keep, 7.0)
+    for c, k in ((cond.astype(np.int8), keep), (cond, keep[:, :-1]), (cond[:, ::2], keep[:, :20])):
+        assert lib.py_select_zero(c, k, out, 0) == 1 and (out == 7.0).all()
+
+    src = rng.standard_normal((6, 7, 5))
+    for outer, k, inner, rows in ((6, 35, 1, 1), (6, 7, 5, 0), (1, 210, 1, 1)):
+        total, want = np.empty(k), np.empty(k)
+        assert lib.py_sum(outer, k, inner, src, total, rows) == 0
+        if rows:
+            lib.gt_sum_rows(outer, k, src.ctypes.data, want.ctypes.data)
+        else:
+            lib.gt_sum_outer_inner(outer, k, inner, src.ctypes.data, want.ctypes.data)
+        assert_bits_equal_nan_any(total, want, f"sums {outer} {k} {inner}")
+    total = np.full(7, 7.0)
+    for bad_src, bad_k in ((src[:, :, ::-1], 7), (src, 8), (src.astype(np.float32), 7)):
+        assert lib.py_sum(6, bad_k, 5, bad_src, total if bad_k == 7 else np.empty(8), 0) == 1
+    assert (total == 7.0).all()
+
+
 def test_the_python_entry_releases_the_gil_for_the_product(rng, threads_restored):
     """Another Python thread runs while a product computes (as it did through ctypes).
     With a 50 ms switch interval a thread that held the GIL through a product of a

@@ -274,3 +274,113 @@ GT_CPU_EXPORT void gt_opt_step(int adam, long long n, double *w, const double *g
     }
     GT_FP_LEAVE(saved);
 }
+
+#ifdef GT_PYTHON
+/* ---- the same entries for ctypes.PyDLL, with the numpy arrays themselves ---- */
+/* obj's data when it is a C-contiguous, aligned buffer of format `fmt` ("d":
+ * native float64, "?": numpy bool) with n elements (n < 0: any number, stored
+ * in *count), or NULL with no Python error left set.  view is then released. */
+static void *gt_py_data(PyObject *obj, Py_buffer *view, int writable, char fmt,
+                        Py_ssize_t itemsize, Py_ssize_t n, Py_ssize_t *count)
+{
+    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT
+                                          | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (view->itemsize != itemsize || !view->format || view->format[0] != fmt
+        || view->format[1] != 0 || ((size_t)view->buf & (size_t)(itemsize - 1)) != 0
+        || (n >= 0 && view->len != n * itemsize)) {
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    if (count) *count = view->len / itemsize;
+    return view->buf;
+}
+
+#define GT_PY_F64(obj, view, writable, n, count) \
+    ((double *)gt_py_data((obj), (view), (writable), 'd', (Py_ssize_t)sizeof(double), (n), (count)))
+
+/* Each returns 0 once done, or 1 when an array is not as the ctypes entry wants it
+ * (nothing written: the caller takes the general path).  The GIL is released for
+ * the work, as ctypes' CDLL calls release it. */
+
+/* gt_opt_step on w's elements: g of w's size; m and v too for Adam (None for SGD). */
+GT_CPU_EXPORT int gt_opt_step_py(int adam, PyObject *w, PyObject *g, PyObject *m, PyObject *v,
+                                 int clipped, double scale, double l2, double lr, double b1,
+                                 double b2, double omb1, double omb2, double eps)
+{
+    Py_buffer vw, vg, vm, vv;
+    Py_ssize_t n = 0;
+    double *pw = GT_PY_F64(w, &vw, 1, -1, &n);
+    if (!pw) return 1;
+    const double *pg = GT_PY_F64(g, &vg, 0, n, NULL);
+    double *pm = NULL, *pv = NULL;
+    int ok = pg != NULL;
+    if (ok && adam) {
+        ok = (pm = GT_PY_F64(m, &vm, 1, n, NULL)) != NULL;
+        if (ok && !(pv = GT_PY_F64(v, &vv, 1, n, NULL))) {
+            PyBuffer_Release(&vm);
+            ok = 0;
+        }
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        gt_opt_step(adam, (long long)n, pw, pg, pm, pv, clipped, scale, l2, lr, b1, b2, omb1,
+                    omb2, eps);
+        Py_END_ALLOW_THREADS
+        if (adam) {
+            PyBuffer_Release(&vm);
+            PyBuffer_Release(&vv);
+        }
+    }
+    if (pg) PyBuffer_Release(&vg);
+    PyBuffer_Release(&vw);
+    return ok ? 0 : 1;
+}
+
+/* gt_select_zero: cond numpy bools, keep and dst float64, all of keep's size. */
+GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *dst, int invert)
+{
+    Py_buffer vc, vk, vd;
+    Py_ssize_t n = 0;
+    const double *pk = GT_PY_F64(keep, &vk, 0, -1, &n);
+    if (!pk) return 1;
+    int done = 0;
+    const unsigned char *pc = (const unsigned char *)gt_py_data(cond, &vc, 0, '?', 1, n, NULL);
+    if (pc) {
+        double *pd = GT_PY_F64(dst, &vd, 1, n, NULL);
+        if (pd) {
+            Py_BEGIN_ALLOW_THREADS
+            gt_select_zero((long long)n, pc, pk, pd, invert);
+            Py_END_ALLOW_THREADS
+            PyBuffer_Release(&vd);
+            done = 1;
+        }
+        PyBuffer_Release(&vc);
+    }
+    PyBuffer_Release(&vk);
+    return done ? 0 : 1;
+}
+
+/* gt_sum_rows (outer = 1, a [rows, n] src) or gt_sum_outer_inner (an [outer, n,
+ * inner] src): dst the n sums. */
+GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObject *src,
+                            PyObject *dst, int rows)
+{
+    Py_buffer vs, vd;
+    if (outer < 0 || n < 0 || inner < 0) return 1;
+    const double *ps = GT_PY_F64(src, &vs, 0, (Py_ssize_t)(outer * n * inner), NULL);
+    if (!ps) return 1;
+    double *pd = GT_PY_F64(dst, &vd, 1, (Py_ssize_t)n, NULL);
+    if (pd) {
+        Py_BEGIN_ALLOW_THREADS
+        if (rows) gt_sum_rows(outer * inner, n, ps, pd);
+        else gt_sum_outer_inner(outer, n, inner, ps, pd);
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&vd);
+    }
+    PyBuffer_Release(&vs);
+    return pd ? 0 : 1;
+}
+#endif
