@@ -171,6 +171,32 @@ def take_index(ids: np.ndarray, rows: int) -> tuple:
     return order, start
 
 
+_REDUCE_PLANS: dict = {}       # (c's shape, shape) -> _reduce_plan's answer
+_REDUCE_PLANS_MAX = 4096
+
+
+def _reduce_plan(cshape: tuple, shape: tuple):
+    """How :func:`reduce_to_shape` sums a ``cshape`` contribution to ``shape``, worked out
+    once per pair of shapes: (the broadcast axes then the kept ones, the number of
+    broadcast coordinates, and (outer, kept size, inner) when the broadcast axes lead
+    and trail the kept ones, size-1 axes aside, and there is more than one, else None)."""
+    nd = len(cshape)
+    padded = (1,) * (nd - len(shape)) + shape
+    bcast = [ax for ax in range(nd) if padded[ax] == 1 and cshape[ax] != 1]
+    kept = [ax for ax in range(nd) if ax not in bcast]
+    count = math.prod(cshape[ax] for ax in bcast)
+    outer_inner = None
+    if count > 1:
+        pattern = "".join("b" if ax in bcast else "k" for ax in range(nd) if cshape[ax] != 1)
+        inner = pattern.lstrip("b")
+        lead, core = len(pattern) - len(inner), inner.rstrip("b")
+        if "b" not in core:
+            dims = [d for d in cshape if d != 1]
+            outer_inner = (math.prod(dims[:lead]), math.prod(dims[lead:lead + len(core)]),
+                           math.prod(dims[lead + len(core):]))
+    return tuple(bcast + kept), count, outer_inner
+
+
 def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     """Sum an out-shaped gradient contribution down to a broadcast input's shape.
 
@@ -187,28 +213,23 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     shape = tuple(shape)
     if c.shape == shape:
         return c
-    nd = c.ndim
-    padded = (1,) * (nd - len(shape)) + shape
-    bcast = [ax for ax in range(nd) if padded[ax] == 1 and c.shape[ax] != 1]
-    kept = [ax for ax in range(nd) if ax not in bcast]
-    count = math.prod(c.shape[ax] for ax in bcast)
+    plan = _REDUCE_PLANS.get((c.shape, shape))
+    if plan is None:
+        if len(_REDUCE_PLANS) >= _REDUCE_PLANS_MAX:
+            _REDUCE_PLANS.clear()
+        plan = _REDUCE_PLANS[(c.shape, shape)] = _reduce_plan(c.shape, shape)
+    axes, count, outer_inner = plan
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and count > 1:
+    if lib is not None and outer_inner is not None:
         # broadcast axes before and after the kept ones (size-1 axes aside): the same
         # sums straight from c, compiled, without moving the kept axes last
-        pattern = "".join("b" if ax in bcast else "k" for ax in range(nd) if c.shape[ax] != 1)
-        inner = pattern.lstrip("b")
-        lead, core = len(pattern) - len(inner), inner.rstrip("b")
-        if "b" not in core:
-            dims = [d for d in c.shape if d != 1]
-            src = np.ascontiguousarray(c, dtype=np.float64)
-            total = np.empty(math.prod(dims[lead:lead + len(core)]))
-            outer, inner = math.prod(dims[:lead]), math.prod(dims[lead + len(core):])
-            if lib.py_sum is None or lib.py_sum(outer, total.size, inner, src, total, 0):
-                lib.gt_sum_outer_inner(outer, total.size, inner, src.ctypes.data,
-                                       total.ctypes.data)
-            return total.reshape(shape)
-    moved = np.transpose(c, bcast + kept)
+        outer, size, inner = outer_inner
+        src = np.ascontiguousarray(c, dtype=np.float64)
+        total = np.empty(size)
+        if lib.py_sum is None or lib.py_sum(outer, size, inner, src, total, 0):
+            lib.gt_sum_outer_inner(outer, size, inner, src.ctypes.data, total.ctypes.data)
+        return total.reshape(shape)
+    moved = np.transpose(c, axes)
     flat = moved.reshape((count, -1))         # rows: the broadcast coordinates, in order
     if lib is not None and count > 1:         # the same sums, row after row, compiled
         flat = np.ascontiguousarray(flat, dtype=np.float64)
