@@ -229,6 +229,21 @@ static inline void gt_mm_store_part(gt_mm_t *p, gt_mm_v x, int n, int acc)
 #endif
 }
 
+/* The first n lanes of p (0 < n < GT_MM_VW), zero in the others; nothing past
+ * p[n - 1] is read (on AVX-512 a masked load, which cannot fault there). */
+static inline gt_mm_v gt_mm_load_part(const gt_mm_t *p, int n)
+{
+#if defined(__AVX512F__) && GT_MM_VBYTES == 64 && defined(GT_MM_F32)
+    return (gt_mm_v)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#elif defined(__AVX512F__) && GT_MM_VBYTES == 64
+    return (gt_mm_v)_mm512_maskz_loadu_pd((__mmask8)((1u << n) - 1u), p);
+#else
+    gt_mm_t lanes[GT_MM_VW];
+    for (int l = 0; l < GT_MM_VW; ++l) lanes[l] = l < n ? p[l] : 0;
+    return gt_mm_vload(lanes);
+#endif
+}
+
 /* Whole unrolling of the loops over a tile's rows and vectors, so that the
  * accumulators stay in registers (an array indexed in a loop lives on the stack). */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -520,10 +535,16 @@ static void gt_mm_pack_b(gt_mm_t *dst, const gt_mm_t *B, long long sbk, long lon
         return;
     }
     if (sbj == 1) {
-        for (long long k = 0; k < K; ++k) {
-            gt_mm_t *d = dst + k * width;
-            memcpy(d, B + k * sbk + j0, (size_t)ncols * sizeof(gt_mm_t));
-            for (int c = ncols; c < width; ++c) d[c] = 0;
+        /* a narrower panel (the last one, or all of a narrow B): whole vectors,
+         * then the partial one zero-filled, per k row (a memcpy call per row of
+         * 10 columns cost about as much as the copy) */
+        const int full = ncols / GT_MM_VW, rest = ncols - full * GT_MM_VW;
+        const gt_mm_t *src = B + j0;
+        for (long long k = 0; k < K; ++k, src += sbk, dst += width) {
+            int v = 0;
+            for (; v < full; ++v) gt_mm_vstore(dst + v * GT_MM_VW, gt_mm_vload(src + v * GT_MM_VW));
+            if (rest) gt_mm_vstore(dst + v * GT_MM_VW, gt_mm_load_part(src + v * GT_MM_VW, rest)), ++v;
+            for (; v * GT_MM_VW < width; ++v) gt_mm_vstore(dst + v * GT_MM_VW, (gt_mm_v){0});
         }
         return;
     }
