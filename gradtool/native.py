@@ -185,8 +185,9 @@ def python_flags() -> tuple:
     ctypes' 7): ``-DGT_PYTHON``, the running interpreter's include folder and its ABI
     tag (so that each interpreter gets its own cached library).  () when that folder
     has no ``Python.h`` (the library then has the plain ctypes entries only, which
-    give the same bits) or under ``GRADTOOL_PYTHON_ENTRY=0``."""
-    if os.environ.get(PYTHON_ENTRY_ENV, "1") == "0":
+    give the same bits), on an interpreter other than CPython, or under
+    ``GRADTOOL_PYTHON_ENTRY=0``."""
+    if os.environ.get(PYTHON_ENTRY_ENV, "1") == "0" or sys.implementation.name != "cpython":
         return ()
     include = sysconfig.get_paths().get("include")
     if not include or not (Path(include) / "Python.h").is_file():

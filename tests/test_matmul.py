@@ -243,6 +243,26 @@ def test_the_python_entry_takes_float64_views_and_refuses_the_rest(rng):
                               nx.matmul_numpy(a[0], b[0]), "big-endian operand")
 
 
+def test_the_python_entry_can_be_left_out(tmp_path):
+    """GRADTOOL_PYTHON_ENTRY=0 builds the library without it (its own cache entry): the
+    products go through ctypes, with the same bits."""
+    require_c_compiler()
+    script = ("import numpy as np\n"
+              "from gradtool import numerics as nx\n"
+              "lib = nx.cpu_kernels()\n"
+              "assert lib.py_mm is None and lib.py_opt_step is None\n"
+              "rng = np.random.default_rng(5)\n"
+              "a, b = rng.standard_normal((70, 90)), rng.standard_normal((90, 40))\n"
+              "got = nx.matmul(a, b.T.copy().T)\n"
+              "assert got.tobytes() == nx.matmul_numpy(a, b).tobytes()\n"
+              "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), native.PYTHON_ENTRY_ENV: "0"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    assert native.python_flags() == () or nx.cpu_kernels().py_mm is not None
+
+
 def test_the_other_python_entries_match_their_ctypes_entries(rng):
     """The optimizer step, the select against +0.0 and the row sums, through their
     Python entries (the arrays themselves) and through ctypes: the same bits; an
