@@ -541,7 +541,7 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
             with_python = native.python_flags() if python else ()
             # with the Python entry first; a compiler that refuses it (a Python.h it
             # cannot use) still builds the ctypes entries
-            for flags in ([with_python] if not with_python else [with_python, ()]):
+            for flags in ([with_python, ()] if with_python else [()]):
                 try:
                     lib = native.load("gt_cpu", sources[0],
                                       [*native.SAFE_FLAGS, *extra_flags, *flags], sources[1],
