@@ -13,12 +13,13 @@
  * never -ffast-math.
  *
  * Built with -DGT_PYTHON (and the running interpreter's include folder:
- * native.python_flags), it also exports gt_mm_py, the same product called
- * through ctypes.PyDLL with the numpy arrays themselves: their addresses,
- * shapes and strides are read here through the buffer protocol, which
- * costs about 1 us a call where ctypes' .ctypes.data and fourteen
- * converted arguments cost about 7 (a third of the time of the 784-256-10
- * MLP's small products).  The kernel runs with the GIL released.
+ * native.python_flags), it also exports gt_mm_py, gt_opt_step_py,
+ * gt_select_zero_py and gt_sum_py (at the end), the same work called through
+ * ctypes.PyDLL with the numpy arrays themselves: their addresses, shapes and
+ * strides are read here through the buffer protocol, which costs about 1 us a
+ * call where ctypes' .ctypes.data and fourteen converted arguments cost about
+ * 7 (a third of the time of the 784-256-10 MLP's small products).  The work
+ * runs with the GIL released.
  */
 #ifdef GT_PYTHON
 #  define PY_SSIZE_T_CLEAN
@@ -54,65 +55,6 @@ GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sa
 {
     gt_mm_run(C, A, sab, sai, sak, B, sbb, sbk, sbj, Bn, M, K, N, acc);
 }
-
-#ifdef GT_PYTHON
-/* A float64 buffer view of obj with lo to hi dimensions, or 0 (no Python
- * error left set): the caller then takes the general path, which converts. */
-static int gt_py_view(PyObject *obj, Py_buffer *view, int flags, int lo, int hi)
-{
-    if (PyObject_GetBuffer(obj, view, flags) != 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    const Py_ssize_t *st = view->strides;
-    const int ndim = view->ndim;
-    int ok = ndim >= lo && ndim <= hi && view->itemsize == (Py_ssize_t)sizeof(double) && view->format
-             && view->format[0] == 'd' && view->format[1] == 0
-             && ((size_t)view->buf & (sizeof(double) - 1)) == 0;
-    for (int d = 0; ok && d < ndim; ++d)
-        ok = st[d] % (Py_ssize_t)sizeof(double) == 0;
-    if (!ok) PyBuffer_Release(view);
-    return ok;
-}
-
-/* gt_mm for numpy arrays: out[bt] (=|+=) a[bt] @ b[bt], a [Bn, M, K] and b
- * [Bn, K, N] of any element strides, out C-contiguous [Bn, M, N] (or [M, N]
- * when Bn is 1), all native float64.  Returns 0 once done, or 1 when an
- * operand is anything else (another dtype or byte order, misaligned, other
- * shapes): nothing was written, and the caller takes the general path.
- * Called with the GIL held (ctypes.PyDLL); releases it for the product. */
-GT_CPU_EXPORT int gt_mm_py(PyObject *out, PyObject *a, PyObject *b, int acc)
-{
-    Py_buffer vo, va, vb;
-    if (!gt_py_view(a, &va, PyBUF_RECORDS_RO, 3, 3)) return 1;
-    if (!gt_py_view(b, &vb, PyBUF_RECORDS_RO, 3, 3)) {
-        PyBuffer_Release(&va);
-        return 1;
-    }
-    int done = 0;
-    const Py_ssize_t Bn = va.shape[0], M = va.shape[1], K = va.shape[2], N = vb.shape[2];
-    if (vb.shape[0] == Bn && vb.shape[1] == K
-        && gt_py_view(out, &vo, PyBUF_RECORDS, Bn == 1 ? 2 : 3, 3)) {
-        const Py_ssize_t want[3] = {Bn, M, N};
-        const Py_ssize_t *shape = want + (3 - vo.ndim);
-        int fits = PyBuffer_IsContiguous(&vo, 'C');
-        for (int d = 0; fits && d < vo.ndim; ++d) fits = vo.shape[d] == shape[d];
-        if (fits) {
-            const long long e = (long long)sizeof(double);
-            Py_BEGIN_ALLOW_THREADS
-            gt_mm_run((double *)vo.buf, (const double *)va.buf, va.strides[0] / e,
-                      va.strides[1] / e, va.strides[2] / e, (const double *)vb.buf,
-                      vb.strides[0] / e, vb.strides[1] / e, vb.strides[2] / e, Bn, M, K, N, acc);
-            Py_END_ALLOW_THREADS
-            done = 1;
-        }
-        PyBuffer_Release(&vo);
-    }
-    PyBuffer_Release(&va);
-    PyBuffer_Release(&vb);
-    return done ? 0 : 1;
-}
-#endif
 
 /* conv2d and max pooling (gt_conv.h); geo: the GT_CONV_GEO_LEN numbers of
  * gt_conv_geo; ws, ws_bytes: a workspace of gt_conv_ws_bytes(geo, which, acc)
@@ -277,20 +219,46 @@ GT_CPU_EXPORT void gt_opt_step(int adam, long long n, double *w, const double *g
 
 #ifdef GT_PYTHON
 /* ---- the same entries for ctypes.PyDLL, with the numpy arrays themselves ---- */
-/* obj's data when it is a C-contiguous, aligned buffer of format `fmt` ("d":
- * native float64, "?": numpy bool) with n elements (n < 0: any number, stored
- * in *count), or NULL with no Python error left set.  view is then released. */
+
+/* obj's buffer (flags as PyObject_GetBuffer takes them, with the format) when
+ * its items are `fmt` ("d": native float64, "?": numpy bool) of itemsize bytes
+ * and its address is aligned to them; else 0, with view released and no Python
+ * error left set: the caller then takes the ctypes path, which converts. */
+static int gt_py_buffer(PyObject *obj, Py_buffer *view, int flags, char fmt, Py_ssize_t itemsize)
+{
+    if (PyObject_GetBuffer(obj, view, flags | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (view->itemsize != itemsize || !view->format || view->format[0] != fmt
+        || view->format[1] != 0 || ((size_t)view->buf & (size_t)(itemsize - 1)) != 0) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+/* A strided float64 view of obj with lo to hi dimensions, its strides whole
+ * elements, or 0 (as gt_py_buffer). */
+static int gt_py_view(PyObject *obj, Py_buffer *view, int flags, int lo, int hi)
+{
+    if (!gt_py_buffer(obj, view, flags, 'd', (Py_ssize_t)sizeof(double))) return 0;
+    int ok = view->ndim >= lo && view->ndim <= hi;
+    for (int d = 0; ok && d < view->ndim; ++d)
+        ok = view->strides[d] % (Py_ssize_t)sizeof(double) == 0;
+    if (!ok) PyBuffer_Release(view);
+    return ok;
+}
+
+/* obj's data when it is a C-contiguous buffer of `fmt` items with n elements
+ * (n < 0: any number, stored in *count), or NULL (as gt_py_buffer). */
 static void *gt_py_data(PyObject *obj, Py_buffer *view, int writable, char fmt,
                         Py_ssize_t itemsize, Py_ssize_t n, Py_ssize_t *count)
 {
-    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT
-                                          | PyBUF_C_CONTIGUOUS) != 0) {
-        PyErr_Clear();
+    if (!gt_py_buffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS, fmt,
+                      itemsize))
         return NULL;
-    }
-    if (view->itemsize != itemsize || !view->format || view->format[0] != fmt
-        || view->format[1] != 0 || ((size_t)view->buf & (size_t)(itemsize - 1)) != 0
-        || (n >= 0 && view->len != n * itemsize)) {
+    if (n >= 0 && view->len != n * itemsize) {
         PyBuffer_Release(view);
         return NULL;
     }
@@ -304,6 +272,44 @@ static void *gt_py_data(PyObject *obj, Py_buffer *view, int writable, char fmt,
 /* Each returns 0 once done, or 1 when an array is not as the ctypes entry wants it
  * (nothing written: the caller takes the general path).  The GIL is released for
  * the work, as ctypes' CDLL calls release it. */
+
+/* gt_mm for numpy arrays: out[bt] (=|+=) a[bt] @ b[bt], a [Bn, M, K] and b
+ * [Bn, K, N] of any element strides, out C-contiguous [Bn, M, N] (or [M, N]
+ * when Bn is 1), all native float64.  Returns 0 once done, or 1 when an
+ * operand is anything else (another dtype or byte order, misaligned, other
+ * shapes): nothing was written, and the caller takes the general path.
+ * Called with the GIL held (ctypes.PyDLL); releases it for the product. */
+GT_CPU_EXPORT int gt_mm_py(PyObject *out, PyObject *a, PyObject *b, int acc)
+{
+    Py_buffer vo, va, vb;
+    if (!gt_py_view(a, &va, PyBUF_RECORDS_RO, 3, 3)) return 1;
+    if (!gt_py_view(b, &vb, PyBUF_RECORDS_RO, 3, 3)) {
+        PyBuffer_Release(&va);
+        return 1;
+    }
+    int done = 0;
+    const Py_ssize_t Bn = va.shape[0], M = va.shape[1], K = va.shape[2], N = vb.shape[2];
+    if (vb.shape[0] == Bn && vb.shape[1] == K
+        && gt_py_view(out, &vo, PyBUF_RECORDS, Bn == 1 ? 2 : 3, 3)) {
+        const Py_ssize_t want[3] = {Bn, M, N};
+        const Py_ssize_t *shape = want + (3 - vo.ndim);
+        int fits = PyBuffer_IsContiguous(&vo, 'C');
+        for (int d = 0; fits && d < vo.ndim; ++d) fits = vo.shape[d] == shape[d];
+        if (fits) {
+            const long long e = (long long)sizeof(double);
+            Py_BEGIN_ALLOW_THREADS
+            gt_mm_run((double *)vo.buf, (const double *)va.buf, va.strides[0] / e,
+                      va.strides[1] / e, va.strides[2] / e, (const double *)vb.buf,
+                      vb.strides[0] / e, vb.strides[1] / e, vb.strides[2] / e, Bn, M, K, N, acc);
+            Py_END_ALLOW_THREADS
+            done = 1;
+        }
+        PyBuffer_Release(&vo);
+    }
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vb);
+    return done ? 0 : 1;
+}
 
 /* gt_opt_step on w's elements: g of w's size; m and v too for Adam (None for SGD). */
 GT_CPU_EXPORT int gt_opt_step_py(int adam, PyObject *w, PyObject *g, PyObject *m, PyObject *v,

@@ -525,19 +525,11 @@ static void gt_mm_naive(const gt_mm_job *j, long long bt, long long i0, long lon
 static void gt_mm_pack_b(gt_mm_t *dst, const gt_mm_t *B, long long sbk, long long sbj,
                          long long K, long long j0, int ncols, int width)
 {
-    if (sbj == 1 && ncols == GT_MM_NR) {
-        /* a whole panel: whole vectors (a memcpy call per k row costs more than the
-         * copy for rows this short) */
-        const gt_mm_t *src = B + j0;
-        for (long long k = 0; k < K; ++k, src += sbk, dst += GT_MM_NR)
-            for (int v = 0; v < GT_MM_NV; ++v)
-                gt_mm_vstore(dst + v * GT_MM_VW, gt_mm_vload(src + v * GT_MM_VW));
-        return;
-    }
     if (sbj == 1) {
-        /* a narrower panel (the last one, or all of a narrow B): whole vectors,
-         * then the partial one zero-filled, per k row (a memcpy call per row of
-         * 10 columns cost about as much as the copy) */
+        /* row-major: per k row, whole vectors, then a partial one zero-filled by a
+         * masked load (the last, narrower panel, or all of a narrow B), then zero
+         * vectors up to the width (a memcpy call per k row cost about as much as
+         * the copy, for rows this short) */
         const int full = ncols / GT_MM_VW, rest = ncols - full * GT_MM_VW;
         const gt_mm_t *src = B + j0;
         for (long long k = 0; k < K; ++k, src += sbk, dst += width) {
