@@ -103,16 +103,48 @@
 
 /* C[idx] (=|+=) sum_k A[bt,i,k] * B[bt,k,j]: the FMA chain over k ascending
  * from +0.0, s = fma(a, b, s) (numerics.matmul), C contiguous [batch, m, n] */
-#define GT_BODY_k_matmul(idx)                                                  \
+#define GT_MM_OPERANDS(idx, pa, pb)                                            \
+    const gt_real *pa, *pb;                                                    \
     {                                                                          \
         const long long j_ = (idx) % n, rest_ = (idx) / n;                     \
         const long long i_ = rest_ % m, bt_ = rest_ / m;                       \
-        const gt_real *pa = a + bt_ * sab + i_ * sai;                          \
-        const gt_real *pb = b + bt_ * sbb + j_ * sbj;                          \
+        pa = a + bt_ * sab + i_ * sai;                                         \
+        pb = b + bt_ * sbb + j_ * sbj;                                         \
+    }
+#define GT_BODY_k_matmul(idx)                                                  \
+    {                                                                          \
+        GT_MM_OPERANDS((idx), pa, pb)                                          \
         gt_real s_ = R0;                                                       \
         for (long long kk = 0; kk < k; ++kk)                                   \
             s_ = R_FMA(pa[kk * sak], pb[kk * sbk], s_);                        \
         c[(idx)] = acc ? R_ADD(c[(idx)], s_) : s_;                             \
+    }
+
+/* GT_BODY_k_matmul for the nr <= GT_MATMUL_CHAINS elements idx0 + q * step (a
+ * fused row kernel's rows side by side on the host, gt_fused.h): four elements'
+ * chains interleaved over k, each the same FMA chain from +0.0 as alone, so the
+ * same bits; fewer than four, one after another. */
+#define GT_MATMUL_CHAINS 4
+#define GT_BODY_k_matmul_rows(idx0, step, nr)                                  \
+    if ((nr) == GT_MATMUL_CHAINS) {                                            \
+        const long long i0_ = (idx0), i1_ = i0_ + (step), i2_ = i1_ + (step),  \
+                        i3_ = i2_ + (step);                                    \
+        GT_MM_OPERANDS(i0_, pa0, pb0) GT_MM_OPERANDS(i1_, pa1, pb1)            \
+        GT_MM_OPERANDS(i2_, pa2, pb2) GT_MM_OPERANDS(i3_, pa3, pb3)            \
+        gt_real s0_ = R0, s1_ = R0, s2_ = R0, s3_ = R0;                        \
+        for (long long kk = 0; kk < k; ++kk) {                                 \
+            s0_ = R_FMA(pa0[kk * sak], pb0[kk * sbk], s0_);                    \
+            s1_ = R_FMA(pa1[kk * sak], pb1[kk * sbk], s1_);                    \
+            s2_ = R_FMA(pa2[kk * sak], pb2[kk * sbk], s2_);                    \
+            s3_ = R_FMA(pa3[kk * sak], pb3[kk * sbk], s3_);                    \
+        }                                                                      \
+        c[i0_] = acc ? R_ADD(c[i0_], s0_) : s0_;                               \
+        c[i1_] = acc ? R_ADD(c[i1_], s1_) : s1_;                               \
+        c[i2_] = acc ? R_ADD(c[i2_], s2_) : s2_;                               \
+        c[i3_] = acc ? R_ADD(c[i3_], s3_) : s3_;                               \
+    } else {                                                                   \
+        for (long long q_ = 0; q_ < (nr); ++q_)                                \
+            GT_BODY_k_matmul((idx0) + q_ * (step))                             \
     }
 
 /* ctl[3] = 1 when the loss this episode computed is finite, else 0 */

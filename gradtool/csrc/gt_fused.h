@@ -7,16 +7,23 @@
  * past the grid limit); each barrier-separated SEGMENT of its phases runs
  * on every thread of the block:
  *
- *     GT_ROWS(gt_r, R) {
- *         GT_THREADS(gt_t, NT) { ...phases: element r*C + c for c = t, t+NT, ... }
+ *     GT_ROW_GROUPS(gt_r0, gt_nr, R) {
+ *         GT_THREADS(gt_t, NT) { ...phases: for c = t, t+NT, ...:
+ *                                   GT_GROUP_ROWS(gt_r, gt_r0, gt_nr) element r*C + c }
  *         GT_BARRIER
  *         GT_THREADS(gt_t, NT) { ... }
  *     }
  *
- * On the GPU, GT_THREADS is the calling thread (threadIdx.x, blockDim.x ==
- * NT) and GT_BARRIER is __syncthreads().  On the host, GT_THREADS is a loop
- * over the block's NT threads and a segment ends where a barrier stands: all
- * threads finish one segment before any starts the next.  A phase that
+ * On the GPU, a row group is the block's one row (nr unused), GT_THREADS is
+ * the calling thread (threadIdx.x, blockDim.x == NT) and GT_BARRIER is
+ * __syncthreads().  On the host, a row group is GT_ROW_GROUP consecutive
+ * rows run side by side, GT_THREADS is a loop over the block's NT threads
+ * and a segment ends where a barrier stands: all threads finish one segment
+ * (for every row of the group) before any starts the next.  Each row sees
+ * its threads and phases in the same order as alone; what the group buys
+ * is a matmul phase's chains of several rows at once (GT_MATMUL_ROWS, the
+ * same chains interleaved over k: one FMA chain waits out the FMA's whole
+ * latency at every step, four hide it).  A phase that
  * reads what another thread of its segment wrote (a missing barrier) then
  * reads it too early for some threads -- and for others when the launch
  * walks threads and rows last to first (M[1] = 1), so the two walks disagree
@@ -31,7 +38,10 @@
 #include "gt_bodies.h"
 
 #ifdef __CUDACC__
-#  define GT_ROWS(r, R) for (long long r = blockIdx.x; r < (long long)(R); r += gridDim.x)
+#  define GT_ROW_GROUPS(r0, nr, R)                                             \
+    for (long long r0 = blockIdx.x; r0 < (long long)(R); r0 += gridDim.x)
+#  define GT_GROUP_ROWS(r, r0, nr) for (long long r = (r0), r##_once = 1; r##_once; r##_once = 0)
+#  define GT_MATMUL_ROWS(idx0, step, nr) GT_BODY_k_matmul(idx0)
 #  define GT_THREADS(t, NT)                                                    \
     for (int t = (int)threadIdx.x, t##_once = 1; t##_once; t##_once = 0)
 #  define GT_BARRIER __syncthreads();
@@ -43,7 +53,15 @@
 #  define GT_WALK(i, q, n)                                                     \
     for (long long q = 0, i = 0;                                               \
          q < (long long)(n) && ((i = M[1] ? (long long)(n) - 1 - q : q), 1); ++q)
-#  define GT_ROWS(r, R) GT_WALK(r, r##_q, R)
+#  define GT_ROW_GROUP GT_MATMUL_CHAINS
+#  define GT_ROW_GROUPS(r0, nr, R)                                             \
+    GT_WALK(r0##_g, r0##_q, ((long long)(R) + GT_ROW_GROUP - 1) / GT_ROW_GROUP) \
+    for (long long r0 = r0##_g * GT_ROW_GROUP,                                 \
+         nr = (long long)(R) - r0 < GT_ROW_GROUP ? (long long)(R) - r0 : GT_ROW_GROUP, \
+         r0##_once = 1; r0##_once; r0##_once = 0)
+#  define GT_GROUP_ROWS(r, r0, nr)                                             \
+    GT_WALK(r##_w, r##_q, nr) for (long long r = (r0) + r##_w, r##_once = 1; r##_once; r##_once = 0)
+#  define GT_MATMUL_ROWS(idx0, step, nr) GT_BODY_k_matmul_rows(idx0, step, nr)
 #  define GT_THREADS(t, NT) GT_WALK(t, t##_q, NT)
 #  define GT_BARRIER
 #  define GT_FLAT(i, n) GT_WALK(i, i##_q, n)

@@ -568,8 +568,15 @@ def _phase_text(p: Phase, k: FusedKernel, indent: str) -> list:
         lines.append(f"{indent}    {pre}")
     lines.append(f"{indent}    for (long long gt_c = gt_t; gt_c < {p.per_row}LL; "
                  f"gt_c += {k.threads}) {{")
-    lines.append(f"{indent}        const long long gt_i = gt_r * {p.per_row}LL + gt_c; (void)gt_i;")
-    lines.append(f"{indent}        {body}")
+    if la.kernel == "k_matmul":       # the group's rows' chains side by side (gt_fused.h)
+        lines.append(f"{indent}        GT_MATMUL_ROWS(gt_r0 * {p.per_row}LL + gt_c, "
+                     f"{p.per_row}LL, gt_nr)")
+    else:
+        lines.append(f"{indent}        GT_GROUP_ROWS(gt_r, gt_r0, gt_nr) {{")
+        lines.append(f"{indent}            const long long gt_i = gt_r * {p.per_row}LL + gt_c;"
+                     " (void)gt_i;")
+        lines.append(f"{indent}            {body}")
+        lines.append(f"{indent}        }}")
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
     return lines
@@ -583,7 +590,7 @@ def _block_text(k: FusedKernel, drop_barriers=()) -> list:
     lines = [f"/* {k.phase} {k.kind}: {k.rows} rows x {k.threads} threads, "
              f"{len(k.phases)} phases, {k.barriers} barriers */",
              f"GT_KERNEL {k.name}(gt_real *W, const long long *M)", "{", "    (void)M;",
-             f"    GT_ROWS(gt_r, {k.rows}LL) {{"]
+             f"    GT_ROW_GROUPS(gt_r0, gt_nr, {k.rows}LL) {{"]
     seen = 0
     open_segment = False
     for p in k.phases:
