@@ -8,8 +8,8 @@
  * on every thread of the block:
  *
  *     GT_ROW_GROUPS(gt_r0, gt_nr, R) {
- *         GT_THREADS(gt_t, NT) { ...phases: for c = t, t+NT, ...:
- *                                   GT_GROUP_ROWS(gt_r, gt_r0, gt_nr) element r*C + c }
+ *         GT_THREADS(gt_t, NT) { ...phases: for c = t, t+NT, ...: GT_IN_GROUP(gt_w, gt_nr)
+ *                                   element (gt_r0 + gt_w)*C + c }
  *         GT_BARRIER
  *         GT_THREADS(gt_t, NT) { ... }
  *     }
@@ -21,7 +21,7 @@
  * and a segment ends where a barrier stands: all threads finish one segment
  * (for every row of the group) before any starts the next.  Each row sees
  * its threads and phases in the same order as alone; what the group buys
- * is a matmul phase's chains of several rows at once (GT_MATMUL_ROWS, the
+ * is a matmul phase's chains of several rows at once (GT_MATMUL_GROUP, the
  * same chains interleaved over k: one FMA chain waits out the FMA's whole
  * latency at every step, four hide it).  A phase that
  * reads what another thread of its segment wrote (a missing barrier) then
@@ -30,6 +30,19 @@
  * (the race detector of tests/test_fusion.py).  M[0] is the launch's rows or
  * indices; nothing else of the launch is in M: every other value is a
  * constant of the generated source.
+ *
+ * A flat kernel (one thread per element of its targets, the targets' index
+ * ranges one after another: its segments) is written
+ *
+ *     GT_FLAT_SEGMENTS(gt_z, gt_s, total, nseg) {
+ *         GT_SEGMENT(gt_z, gt_s, gt_j0, gt_nj, 0, start, size) { ...launches }
+ *         ...
+ *     }
+ *
+ * On the GPU, each thread's index gt_z (grid-stride) falls in one segment,
+ * whose element gt_j0 it runs.  On the host, the segments run one after
+ * another, each one's elements in groups as rows are (a matmul launch's
+ * chains side by side, each element its launches in order).
  */
 #ifndef GT_FUSED_H
 #define GT_FUSED_H
@@ -40,12 +53,15 @@
 #ifdef __CUDACC__
 #  define GT_ROW_GROUPS(r0, nr, R)                                             \
     for (long long r0 = blockIdx.x; r0 < (long long)(R); r0 += gridDim.x)
-#  define GT_GROUP_ROWS(r, r0, nr) for (long long r = (r0), r##_once = 1; r##_once; r##_once = 0)
-#  define GT_MATMUL_ROWS(idx0, step, nr) GT_BODY_k_matmul(idx0)
+#  define GT_IN_GROUP(w, nr) for (long long w = 0, w##_once = 1; w##_once; w##_once = 0)
+#  define GT_MATMUL_GROUP(idx0, step, nr) GT_BODY_k_matmul(idx0)
 #  define GT_THREADS(t, NT)                                                    \
     for (int t = (int)threadIdx.x, t##_once = 1; t##_once; t##_once = 0)
 #  define GT_BARRIER __syncthreads();
-#  define GT_FLAT(i, n) GT_LOOP(i, n)
+#  define GT_FLAT_SEGMENTS(z, s, n, nseg) GT_LOOP(z, n)
+#  define GT_SEGMENT(z, s, i0, ni, which, start, size)                          \
+    if (z >= (start) && z < (start) + (size))                                  \
+        for (long long i0 = z - (start), i0##_once = 1; i0##_once; i0##_once = 0)
 #else
 /* The host's walk direction is the launch's M[1]: 0 in order, 1 last to first (the
  * per-thread-reversed variant), for rows, the threads of a block and the indices
@@ -59,12 +75,13 @@
     for (long long r0 = r0##_g * GT_ROW_GROUP,                                 \
          nr = (long long)(R) - r0 < GT_ROW_GROUP ? (long long)(R) - r0 : GT_ROW_GROUP, \
          r0##_once = 1; r0##_once; r0##_once = 0)
-#  define GT_GROUP_ROWS(r, r0, nr)                                             \
-    GT_WALK(r##_w, r##_q, nr) for (long long r = (r0) + r##_w, r##_once = 1; r##_once; r##_once = 0)
-#  define GT_MATMUL_ROWS(idx0, step, nr) GT_BODY_k_matmul_rows(idx0, step, nr)
+#  define GT_IN_GROUP(w, nr) GT_WALK(w, w##_q, nr)
+#  define GT_MATMUL_GROUP(idx0, step, nr) GT_BODY_k_matmul_rows(idx0, step, nr)
 #  define GT_THREADS(t, NT) GT_WALK(t, t##_q, NT)
 #  define GT_BARRIER
-#  define GT_FLAT(i, n) GT_WALK(i, i##_q, n)
+#  define GT_FLAT_SEGMENTS(z, s, n, nseg) GT_WALK(s, s##_q, nseg)
+#  define GT_SEGMENT(z, s, i0, ni, which, start, size)                          \
+    if (s == (which)) GT_ROW_GROUPS(i0, ni, size)
 typedef void (*gt_fused_fn)(gt_real *, const long long *);
 #endif
 

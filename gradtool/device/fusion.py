@@ -43,7 +43,8 @@ threads with ``__syncthreads()`` at each barrier.  The host build runs each
 barrier-separated *segment* as a loop over the block's threads (in order,
 or last to first with -DGT_REVERSE_THREADS, rows reversed too), so a
 missing barrier shows up on the host as other bits (tests/test_fusion.py
-drops one on purpose).
+drops one on purpose).  It runs four rows side by side, and a flat kernel's
+elements in fours, so that a matmul's FMA chains interleave (gt_fused.h).
 """
 
 from __future__ import annotations
@@ -559,24 +560,30 @@ def _body(launch: Launch, index: str) -> tuple:
     return pre, f"GT_BODY_{k}({index})"
 
 
+def _elements_text(la: Launch, first: str, step: str, count: str, indent: str) -> list:
+    """One launch's body for the ``count`` elements ``first + w * step`` of a group
+    (gt_fused.h: the block's row on the GPU, a few rows or indices side by side on the
+    host); a matmul's chains through GT_MATMUL_GROUP, interleaved on the host."""
+    if la.kernel == "k_matmul":
+        return [f"{indent}GT_MATMUL_GROUP({first}, {step}, {count})"]
+    _, body = _body(la, "gt_i")
+    return [f"{indent}GT_IN_GROUP(gt_w, {count}) {{",
+            f"{indent}    const long long gt_i = {first} + gt_w * {step}; (void)gt_i;",
+            f"{indent}    {body}",
+            f"{indent}}}"]
+
+
 def _phase_text(p: Phase, k: FusedKernel, indent: str) -> list:
     la = p.launch
-    pre, body = _body(la, "gt_i")
+    pre, _ = _body(la, "gt_i")
     lines = [f"{indent}{{   /* {_label(la)} */"]
     lines += [f"{indent}    {d}" for d in _decls(la)]
     if pre:
         lines.append(f"{indent}    {pre}")
     lines.append(f"{indent}    for (long long gt_c = gt_t; gt_c < {p.per_row}LL; "
                  f"gt_c += {k.threads}) {{")
-    if la.kernel == "k_matmul":       # the group's rows' chains side by side (gt_fused.h)
-        lines.append(f"{indent}        GT_MATMUL_ROWS(gt_r0 * {p.per_row}LL + gt_c, "
-                     f"{p.per_row}LL, gt_nr)")
-    else:
-        lines.append(f"{indent}        GT_GROUP_ROWS(gt_r, gt_r0, gt_nr) {{")
-        lines.append(f"{indent}            const long long gt_i = gt_r * {p.per_row}LL + gt_c;"
-                     " (void)gt_i;")
-        lines.append(f"{indent}            {body}")
-        lines.append(f"{indent}        }}")
+    lines += _elements_text(la, f"gt_r0 * {p.per_row}LL + gt_c", f"{p.per_row}LL", "gt_nr",
+                            indent + "        ")
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
     return lines
@@ -615,19 +622,18 @@ def _flat_text(k: FusedKernel) -> list:
         ctl = unpack(k.skip_update)["ctl"]
         lines += ["    {", f"        const gt_real *GT_RESTRICT ctl = W + {ctl}LL;",
                   "        GT_SKIP_UPDATE", "    }"]
-    lines.append(f"    GT_FLAT(gt_z, {total}LL) {{")
+    lines.append(f"    GT_FLAT_SEGMENTS(gt_z, gt_s, {total}LL, {len(k.segments)}) {{")
     start = 0
     for n, s in enumerate(k.segments):
-        cond = "if" if n == 0 else "else if"
-        lines.append(f"        {cond} (gt_z < {start + s.size}LL) {{   /* {s.label} */")
-        lines.append(f"            const long long gt_j = gt_z - {start}LL;")
+        lines.append(f"        GT_SEGMENT(gt_z, gt_s, gt_j0, gt_nj, {n}, {start}LL, {s.size}LL) {{"
+                     f"   /* {s.label} */")
         for la in s.launches:
-            pre, body = _body(la, "gt_j")
             lines.append(f"            {{   /* {_label(la)} */")
             lines += [f"                {d}" for d in _decls(la)]
+            pre, _ = _body(la, "gt_i")
             if pre:
                 lines.append(f"                {pre}")
-            lines.append(f"                {body}")
+            lines += _elements_text(la, "gt_j0", "1LL", "gt_nj", "                ")
             lines.append("            }")
         lines.append("        }")
         start += s.size
