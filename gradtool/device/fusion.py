@@ -548,16 +548,18 @@ def _decls(launch: Launch) -> list:
     return lines
 
 
-def _body(launch: Launch, index: str) -> tuple:
-    """(prologue, body) C text of one launch for thread index ``index``."""
+def _prologue(launch: Launch) -> str:
+    """The C text one launch runs once before its elements ("" for most)."""
+    return "GT_PRE_BINARY_BWD" if contract(launch.kernel).name == "BINARY_BWD" else ""
+
+
+def _body(launch: Launch, index: str) -> str:
+    """The C text of one launch's element ``index``."""
     fam = contract(launch.kernel).name
     if fam in FAMILIES:
         _, expr = elementwise_rule(launch.kernel)
-        pre = "GT_PRE_BINARY_BWD" if fam == "BINARY_BWD" else ""
-        return pre, f"GT_BODY_{fam}({index}, {expr})"
-    k = launch.kernel
-    pre = ""
-    return pre, f"GT_BODY_{k}({index})"
+        return f"GT_BODY_{fam}({index}, {expr})"
+    return f"GT_BODY_{launch.kernel}({index})"
 
 
 def _elements_text(la: Launch, first: str, step: str, count: str, indent: str) -> list:
@@ -566,16 +568,15 @@ def _elements_text(la: Launch, first: str, step: str, count: str, indent: str) -
     host); a matmul's chains through GT_MATMUL_GROUP, interleaved on the host."""
     if la.kernel == "k_matmul":
         return [f"{indent}GT_MATMUL_GROUP({first}, {step}, {count})"]
-    _, body = _body(la, "gt_i")
     return [f"{indent}GT_IN_GROUP(gt_w, {count}) {{",
             f"{indent}    const long long gt_i = {first} + gt_w * {step}; (void)gt_i;",
-            f"{indent}    {body}",
+            f"{indent}    {_body(la, 'gt_i')}",
             f"{indent}}}"]
 
 
 def _phase_text(p: Phase, k: FusedKernel, indent: str) -> list:
     la = p.launch
-    pre, _ = _body(la, "gt_i")
+    pre = _prologue(la)
     lines = [f"{indent}{{   /* {_label(la)} */"]
     lines += [f"{indent}    {d}" for d in _decls(la)]
     if pre:
@@ -630,7 +631,7 @@ def _flat_text(k: FusedKernel) -> list:
         for la in s.launches:
             lines.append(f"            {{   /* {_label(la)} */")
             lines += [f"                {d}" for d in _decls(la)]
-            pre, _ = _body(la, "gt_i")
+            pre = _prologue(la)
             if pre:
                 lines.append(f"                {pre}")
             lines += _elements_text(la, "gt_j0", "1LL", "gt_nj", "                ")
