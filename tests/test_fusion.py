@@ -159,6 +159,25 @@ def test_random_graphs_bit_exact(kernels):
     assert seen >= set(gt.OP_NAMES)
 
 
+@pytest.mark.parametrize("kernels", ["tiled", "per-thread-reversed"])
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 9])
+def test_host_groups_of_rows_and_elements_bit_exact(rows, kernels, rng):
+    """The host build runs a block kernel's rows, and a param kernel's elements, four at
+    a time, their matmul chains interleaved over k (gt_fused.h): a two-layer MLP whose
+    rows (1, 3, 4, 6, 9) and weight gradients (35 and 21 elements) leave whole and
+    partial groups gives the CPU tape's bits, in order and walked last to first."""
+    tp = gt.Tape()
+    x = tp.const(rng.uniform(-1.0, 1.0, (rows, 5)), name="x")
+    w1, b1 = tp.param(rng.uniform(-1.0, 1.0, (5, 7))), tp.param(rng.uniform(-1.0, 1.0, (7,)))
+    w2 = tp.param(rng.uniform(-1.0, 1.0, (7, 3)))
+    loss = weighted_loss(tp, tp.tanh(x @ w1 + b1) @ w2, rng)
+    plan = fusion_plan(tp, loss).fusion
+    kinds = {k.kind for k in plan.kernels}
+    assert "rows" in kinds and (rows == 1 or "params" in kinds), kinds
+    assert "GT_MATMUL_GROUP" in plan.source
+    assert_fused_matches(tp, loss, rng, kernels=kernels)
+
+
 # ── the samples, the autoencoder, training ────────────────────────────────
 
 def adam_on(tp, lr=0.003, clip=0.0):
