@@ -121,14 +121,16 @@
     }
 
 /* GT_BODY_k_matmul for the nr <= GT_MATMUL_CHAINS elements idx0 + q * step (a
- * fused row kernel's rows side by side on the host, gt_fused.h): four elements'
- * chains interleaved over k, each the same FMA chain from +0.0 as alone, so the
- * same bits; fewer than four, one after another. */
+ * fused row kernel's rows side by side on the host, gt_fused.h): their chains
+ * interleaved over k, each the same FMA chain from +0.0 as alone, so the same
+ * bits.  Fewer than four: the missing chains repeat the first element's and are
+ * never stored (one loop, whatever nr). */
 #define GT_MATMUL_CHAINS 4
 #define GT_BODY_k_matmul_rows(idx0, step, nr)                                  \
-    if ((nr) == GT_MATMUL_CHAINS) {                                            \
-        const long long i0_ = (idx0), i1_ = i0_ + (step), i2_ = i1_ + (step),  \
-                        i3_ = i2_ + (step);                                    \
+    {                                                                          \
+        const long long i0_ = (idx0), i1_ = (nr) > 1 ? i0_ + (step) : i0_,     \
+                        i2_ = (nr) > 2 ? i0_ + 2 * (step) : i0_,               \
+                        i3_ = (nr) > 3 ? i0_ + 3 * (step) : i0_;               \
         GT_MM_OPERANDS(i0_, pa0, pb0) GT_MM_OPERANDS(i1_, pa1, pb1)            \
         GT_MM_OPERANDS(i2_, pa2, pb2) GT_MM_OPERANDS(i3_, pa3, pb3)            \
         gt_real s0_ = R0, s1_ = R0, s2_ = R0, s3_ = R0;                        \
@@ -139,12 +141,9 @@
             s3_ = R_FMA(pa3[kk * sak], pb3[kk * sbk], s3_);                    \
         }                                                                      \
         c[i0_] = acc ? R_ADD(c[i0_], s0_) : s0_;                               \
-        c[i1_] = acc ? R_ADD(c[i1_], s1_) : s1_;                               \
-        c[i2_] = acc ? R_ADD(c[i2_], s2_) : s2_;                               \
-        c[i3_] = acc ? R_ADD(c[i3_], s3_) : s3_;                               \
-    } else {                                                                   \
-        for (long long q_ = 0; q_ < (nr); ++q_)                                \
-            GT_BODY_k_matmul((idx0) + q_ * (step))                             \
+        if ((nr) > 1) c[i1_] = acc ? R_ADD(c[i1_], s1_) : s1_;                 \
+        if ((nr) > 2) c[i2_] = acc ? R_ADD(c[i2_], s2_) : s2_;                 \
+        if ((nr) > 3) c[i3_] = acc ? R_ADD(c[i3_], s3_) : s3_;                 \
     }
 
 /* ctl[3] = 1 when the loss this episode computed is finite, else 0 */
