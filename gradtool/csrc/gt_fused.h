@@ -26,7 +26,7 @@
  * latency at every step, four hide it).  A phase that
  * reads what another thread of its segment wrote (a missing barrier) then
  * reads it too early for some threads -- and for others when the launch
- * walks threads and rows last to first (M[1] = 1), so the two walks disagree
+ * walks threads and row groups last to first (M[1] = 1), so the two walks disagree
  * (the race detector of tests/test_fusion.py).  M[0] is the launch's rows or
  * indices; nothing else of the launch is in M: every other value is a
  * constant of the generated source.
@@ -64,8 +64,9 @@
         for (long long i0 = z - (start), i0##_once = 1; i0##_once; i0##_once = 0)
 #else
 /* The host's walk direction is the launch's M[1]: 0 in order, 1 last to first (the
- * per-thread-reversed variant), for rows, the threads of a block and the indices
- * of a flat kernel alike; one library serves both walks. */
+ * per-thread-reversed variant), for row groups, the threads of a block and a flat
+ * kernel's segments and groups alike (within a group, rows and elements in order);
+ * one library serves both walks. */
 #  define GT_WALK(i, q, n)                                                     \
     for (long long q = 0, i = 0;                                               \
          q < (long long)(n) && ((i = M[1] ? (long long)(n) - 1 - q : q), 1); ++q)

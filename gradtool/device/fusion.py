@@ -41,7 +41,7 @@ fuses nothing is returned unchanged.
 On a GPU a block kernel runs R blocks (grid-stride over rows) of ``threads``
 threads with ``__syncthreads()`` at each barrier.  The host build runs each
 barrier-separated *segment* as a loop over the block's threads (in order,
-or last to first with -DGT_REVERSE_THREADS, rows reversed too), so a
+or last to first with -DGT_REVERSE_THREADS, row groups reversed too), so a
 missing barrier shows up on the host as other bits (tests/test_fusion.py
 drops one on purpose).  It runs four rows side by side, and a flat kernel's
 elements in fours, so that a matmul's FMA chains interleave (gt_fused.h).
