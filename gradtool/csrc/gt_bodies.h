@@ -121,12 +121,12 @@
     }
 
 /* GT_BODY_k_matmul for the nr <= GT_MATMUL_CHAINS elements idx0 + q * step (a
- * fused row kernel's rows side by side on the host, gt_fused.h): their chains
+ * group of a fused kernel's rows or elements on the host, gt_fused.h): their chains
  * interleaved over k, each the same FMA chain from +0.0 as alone, so the same
  * bits.  Fewer than four: the missing chains repeat the first element's and are
  * never stored (one loop, whatever nr). */
 #define GT_MATMUL_CHAINS 4
-#define GT_BODY_k_matmul_rows(idx0, step, nr)                                  \
+#define GT_BODY_k_matmul_group(idx0, step, nr)                                  \
     {                                                                          \
         const long long i0_ = (idx0), i1_ = (nr) > 1 ? i0_ + (step) : i0_,     \
                         i2_ = (nr) > 2 ? i0_ + 2 * (step) : i0_,               \

@@ -77,7 +77,7 @@
          nr = (long long)(R) - r0 < GT_ROW_GROUP ? (long long)(R) - r0 : GT_ROW_GROUP, \
          r0##_once = 1; r0##_once; r0##_once = 0)
 #  define GT_IN_GROUP(w, nr) for (long long w = 0; w < (nr); ++w)
-#  define GT_MATMUL_GROUP(idx0, step, nr) GT_BODY_k_matmul_rows(idx0, step, nr)
+#  define GT_MATMUL_GROUP(idx0, step, nr) GT_BODY_k_matmul_group(idx0, step, nr)
 #  define GT_THREADS(t, NT) GT_WALK(t, t##_q, NT)
 #  define GT_BARRIER
 #  define GT_FLAT_SEGMENTS(z, s, n, nseg) GT_WALK(s, s##_q, nseg)
