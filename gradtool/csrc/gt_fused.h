@@ -16,7 +16,7 @@
  *
  * On the GPU, a row group is the block's one row (nr unused), GT_THREADS is
  * the calling thread (threadIdx.x, blockDim.x == NT) and GT_BARRIER is
- * __syncthreads().  On the host, a row group is GT_ROW_GROUP consecutive
+ * __syncthreads().  On the host, a row group is GT_MATMUL_CHAINS (4) consecutive
  * rows run side by side, GT_THREADS is a loop over the block's NT threads
  * and a segment ends where a barrier stands: all threads finish one segment
  * (for every row of the group) before any starts the next.  Each row sees
@@ -70,11 +70,10 @@
 #  define GT_WALK(i, q, n)                                                     \
     for (long long q = 0, i = 0;                                               \
          q < (long long)(n) && ((i = M[1] ? (long long)(n) - 1 - q : q), 1); ++q)
-#  define GT_ROW_GROUP GT_MATMUL_CHAINS
 #  define GT_ROW_GROUPS(r0, nr, R)                                             \
-    GT_WALK(r0##_g, r0##_q, ((long long)(R) + GT_ROW_GROUP - 1) / GT_ROW_GROUP) \
-    for (long long r0 = r0##_g * GT_ROW_GROUP,                                 \
-         nr = (long long)(R) - r0 < GT_ROW_GROUP ? (long long)(R) - r0 : GT_ROW_GROUP, \
+    GT_WALK(r0##_g, r0##_q, ((long long)(R) + GT_MATMUL_CHAINS - 1) / GT_MATMUL_CHAINS) \
+    for (long long r0 = r0##_g * GT_MATMUL_CHAINS,                                 \
+         nr = (long long)(R) - r0 < GT_MATMUL_CHAINS ? (long long)(R) - r0 : GT_MATMUL_CHAINS, \
          r0##_once = 1; r0##_once; r0##_once = 0)
 #  define GT_IN_GROUP(w, nr) for (long long w = 0; w < (nr); ++w)
 #  define GT_MATMUL_GROUP(idx0, step, nr) GT_BODY_k_matmul_group(idx0, step, nr)
