@@ -312,6 +312,33 @@ def index_select(tp, a, axis, ids):
     return tp.permute(tp.take(tp.permute(a, perm), ids), list(np.argsort(perm)))
 
 
+def flip(tp, a, axes):
+    """``a`` with the order of the entries of ``axes`` (an int or a sequence) reversed
+    (torch.flip): one :func:`index_select` with descending ids per axis longer than 1,
+    copies, so the values and the gradient are exact."""
+    shape = _shape(tp, a, "flip")
+    for ax in _axes(axes, len(shape), "flip"):
+        if shape[ax] > 1:
+            a = index_select(tp, a, ax, np.arange(shape[ax] - 1, -1, -1, dtype=np.int64))
+    return a
+
+
+def cumsum(tp, a, axis):
+    """Running sums along ``axis`` (torch.cumsum): ``y[0] = 0.0 + a[0]``, ``y[i] = y[i-1]
+    + a[i]``, each sum one rounding in ascending order, as torch's CPU loop (which starts
+    from +0.0, so a -0.0 first entry gives +0.0).  Recorded as one-entry slices, a chain
+    of ``add`` nodes and a :func:`cat`: about three nodes per entry of the axis, and the
+    gradient of each entry is the serial sum of the later gradients through the chain."""
+    shape = _shape(tp, a, "cumsum")
+    ax = _axis(axis, len(shape), "cumsum")
+    run = tp.adds(narrow(tp, a, ax, 0, 1), 0.0)
+    out = [run]
+    for i in range(1, shape[ax]):
+        run = tp.add(run, narrow(tp, a, ax, i, i + 1))
+        out.append(run)
+    return cat(tp, out, ax)
+
+
 def repeat_interleave(tp, a, repeats, axis):
     """Each entry of ``axis`` repeated ``repeats`` times in place (torch.repeat_interleave
     with an int): unsqueeze behind the axis, expand, reshape.  The gradient of each
@@ -385,4 +412,5 @@ METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatte
            "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
            "swapaxes": swapaxes, "pad": pad,
            "index_select": index_select, "repeat_interleave": repeat_interleave,
+           "flip": flip, "cumsum": cumsum,
            "variance": variance, "std": std, "amin": amin}

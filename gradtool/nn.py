@@ -28,7 +28,9 @@ from .tape import GVar
 
 __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu",
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
-           "global_avg_pool2d", "batch_norm2d", "batch_norm2d_train"]
+           "global_avg_pool2d", "adaptive_avg_pool2d", "upsample_bilinear2d", "conv_transpose2d",
+           "conv_transpose1d",
+           "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -204,6 +206,96 @@ def conv1d(x: GVar, w: GVar, b: GVar = None, stride: int = 1, padding: int = 0,
     return y if b is None else tp.add(y, tp.reshape(b, [oc, 1]))
 
 
+def _spread(tp, x, axis: int, stride: int) -> GVar:
+    """x with ``stride - 1`` zeros between neighbouring entries of ``axis`` (size (n-1) *
+    stride + 1): a zero block joined behind each entry (a new axis), merged, the last
+    zeros cut off.  Copies and zeros: exact."""
+    if stride == 1 or x.shape[axis] == 1:
+        return x
+    shape = list(x.shape)
+    n = shape[axis]
+    col = tp.unsqueeze(x, axis + 1)
+    zeros = tp.const(np.zeros(shape[:axis + 1] + [stride - 1] + shape[axis + 1:]))
+    merged = shape[:axis] + [n * stride] + shape[axis + 1:]
+    return tp.narrow(tp.reshape(tp.cat([col, zeros], axis + 1), merged), axis, 0,
+                     (n - 1) * stride + 1)
+
+
+def conv_transpose2d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, output_padding=0,
+                     groups: int = 1, dilation=1) -> GVar:
+    """torch's ``conv_transpose2d``: x [N, C, H, W], w [C, OC/groups, KH, KW] (the
+    layout of ``nn.ConvTranspose2d.weight``), b [OC] (optional); output size
+    ``(H - 1) * stride - 2 * padding + dilation * (KH - 1) + output_padding + 1``.
+
+    Recorded as the convolution it is the gradient of: x spread by the stride (zeros
+    between its entries), padded by ``dilation * (K - 1) - padding`` on each side (and
+    ``output_padding`` more after; cropped where that is negative), then one ``conv2d``
+    of stride 1 by w with its spatial axes reversed and its channel axes exchanged per
+    group.  Its products are therefore the matmul's own, as conv2d's; the spread input's
+    zeros are multiplied too (stride**2 the work of a direct transposed convolution).
+    """
+    tp = _tape(x, "conv_transpose2d")
+    s = _pair(stride, "conv_transpose2d stride")
+    p = _pair(padding, "conv_transpose2d padding")
+    op = _pair(output_padding, "conv_transpose2d output_padding")
+    d = _pair(dilation, "conv_transpose2d dilation")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise TapeError(f"nn.conv_transpose2d: expected x [N,C,H,W] and w [C,OC/groups,KH,KW], "
+                        f"got {list(x.shape)} and {list(w.shape)}")
+    c, cg, kh, kw = w.shape
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or \
+            c % groups or x.shape[1] != c:
+        raise TapeError(f"nn.conv_transpose2d: x's {x.shape[1]} channels must be w's dim 0 "
+                        f"({c}), divisible by groups={groups!r}")
+    if min(s + d) < 1 or min(p) < 0 or min(op) < 0 or any(
+            o >= max(si, di) for o, si, di in zip(op, s, d)):
+        raise TapeError(f"nn.conv_transpose2d: stride {s} and dilation {d} must be >= 1, "
+                        f"padding {p} >= 0, output_padding {op} >= 0 and smaller than the "
+                        f"stride or the dilation")
+    y = x
+    pads = []
+    for axis, k, si, pi, oi, di in ((2, kh, s[0], p[0], op[0], d[0]),
+                                    (3, kw, s[1], p[1], op[1], d[1])):
+        y = _spread(tp, y, axis, si)
+        lo = di * (k - 1) - pi
+        hi = lo + oi
+        size = y.shape[axis]
+        if size + lo + hi - di * (k - 1) < 1:
+            raise TapeError(f"nn.conv_transpose2d: the output of {list(x.shape)} by a "
+                            f"{kh}x{kw} kernel (stride {s}, padding {p}) would be empty")
+        if min(lo, hi) < 0:                             # crop where padding exceeds the kernel
+            y = tp.narrow(y, axis, max(0, -lo), size - max(0, -hi))
+            lo, hi = max(0, lo), max(0, hi)
+        if hi > lo:                                     # output_padding: zeros after
+            widths = [(0, 0)] * 4
+            widths[axis] = (0, hi - lo)
+            y = tp.pad(y, widths)
+        pads.append(lo)
+    g = groups
+    wt = tp.reshape(w, [g, c // g, cg, kh, kw])
+    wt = tp.reshape(tp.permute(wt, [0, 2, 1, 3, 4]), [g * cg, c // g, kh, kw])
+    y = tp.conv2d(y, tp.flip(wt, (2, 3)), stride=[1, 1], padding=pads, dilation=d, groups=g)
+    return y if b is None else tp.add(y, tp.reshape(b, [b.shape[0], 1, 1]))
+
+
+def conv_transpose1d(x: GVar, w: GVar, b: GVar = None, stride: int = 1, padding: int = 0,
+                     output_padding: int = 0, groups: int = 1, dilation: int = 1) -> GVar:
+    """torch's ``conv_transpose1d`` (x [N, C, L], w [C, OC/groups, K]) as a
+    :func:`conv_transpose2d` of height 1."""
+    tp = _tape(x, "conv_transpose1d")
+    if len(x.shape) != 3 or len(w.shape) != 3:
+        raise TapeError(f"nn.conv_transpose1d: expected x [N,C,L] and w [C,OC/groups,K], got "
+                        f"{list(x.shape)} and {list(w.shape)}")
+    n, c, length = x.shape
+    y = conv_transpose2d(tp.reshape(x, [n, c, 1, length]), tp.reshape(w, [*w.shape[:2], 1,
+                                                                           w.shape[2]]),
+                         None, stride=[1, stride], padding=[0, padding],
+                         output_padding=[0, output_padding], groups=groups,
+                         dilation=[1, dilation])
+    y = tp.reshape(y, [n, y.shape[1], y.shape[3]])
+    return y if b is None else tp.add(y, tp.reshape(b, [b.shape[0], 1]))
+
+
 def max_pool2d(x: GVar, kernel, stride=None, padding=0, dilation=1,
                ceil_mode: bool = False) -> GVar:
     """torch's ``max_pool2d`` (stride defaults to the kernel): the first maximum of each
@@ -234,6 +326,127 @@ def global_avg_pool2d(x: GVar) -> GVar:
     n, c, h, w = x.shape
     m = tp.mean(tp.reshape(x, [n, c, h * w]), axis=2, keepdims=True)
     return tp.reshape(m, [n, c, 1, 1])
+
+
+def _windows(size: int, out: int) -> list:
+    """Adaptive pooling's windows along one axis (torch's): [floor(i * size / out),
+    ceil((i + 1) * size / out)) for each output index i."""
+    return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
+
+
+def adaptive_avg_pool2d(x: GVar, output_size) -> GVar:
+    """torch's ``adaptive_avg_pool2d``: x [N, C, H, W] to [N, C, OH, OW] (``output_size``
+    an int or two; None keeps that dim).
+
+    Where OH divides H and OW divides W, one ``avg_pool2d`` (kernel = stride = H/OH x
+    W/OW: the sum of each window / its count, as torch).  Else the windows overlap or
+    differ in size: along W, each window's axis ``mean`` (a slice), joined; then the same
+    along H -- a mean of the window's row means, equal to torch's mean in value (the
+    windows are rectangles), not in its last bits.
+    """
+    tp = _tape(x, "adaptive_avg_pool2d")
+    if len(x.shape) != 4:
+        raise TapeError(f"nn.adaptive_avg_pool2d: expected x [N,C,H,W], got {list(x.shape)}")
+    size = list(output_size) if isinstance(output_size, (list, tuple)) else [output_size] * 2
+    if len(size) != 2:
+        raise TapeError(f"nn.adaptive_avg_pool2d: output_size must be an int or two, got "
+                        f"{output_size!r}"[:200])
+    size = [x.shape[2 + k] if v is None else v for k, v in enumerate(size)]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size):
+        raise TapeError(f"nn.adaptive_avg_pool2d: output_size must be ints >= 1, got "
+                        f"{output_size!r}"[:200])
+    (h, w), (oh, ow) = x.shape[2:], size
+    if h % oh == 0 and w % ow == 0:
+        if (oh, ow) == (h, w):
+            return x
+        return tp.avg_pool2d(x, kernel=[h // oh, w // ow], stride=[h // oh, w // ow],
+                             padding=[0, 0], ceil_mode=False, count_include_pad=True)
+    y = x
+    for axis, n, o in ((3, w, ow), (2, h, oh)):
+        if n != o:
+            y = tp.cat([tp.mean(tp.narrow(y, axis, lo, hi), axis=axis, keepdims=True)
+                        for lo, hi in _windows(n, o)], axis)
+    return y
+
+
+def _linear_taps(size: int, out: int, align_corners: bool, scale) -> tuple:
+    """Linear interpolation's two source indices and weights per output index along one
+    axis, torch's rule (area_pixel_compute_source_index, in float64): the source
+    coordinate ``scale * dst`` (align_corners) or ``max(scale * (dst + 0.5) - 0.5, 0)``,
+    i0 its floor, i1 = i0 + 1 short of the edge, weights ``1 - l`` and ``l``, ``l`` the
+    fraction."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    i0, i1, w0, w1 = [], [], [], []
+    for dst in range(out):
+        src = ratio * dst if align_corners else max(ratio * (dst + 0.5) - 0.5, 0.0)
+        lo = min(int(src), size - 1)
+        frac = min(src - lo, 1.0)
+        i0.append(lo)
+        i1.append(lo + (1 if lo < size - 1 else 0))
+        w0.append(1.0 - frac)
+        w1.append(frac)
+    return i0, i1, np.array(w0), np.array(w1)
+
+
+def upsample_bilinear2d(x: GVar, size, align_corners: bool = False, scale_factor=None) -> GVar:
+    """torch's ``interpolate(x, size, mode="bilinear", align_corners=...)``: x [N, C, H, W]
+    to [N, C, OH, OW] (``scale_factor``, one or two, only sets where the taps fall, as
+    torch's ``recompute_scale_factor=None``; ``size`` is the output size either way).
+
+    Separable: along W, ``x[..., i0] * w0 + x[..., i1] * w1`` (two index_selects, two
+    muls by const weights, an add), then the same along H; the weights are torch's,
+    the roundings of a different grouping than torch's kernel (within 1e-15)."""
+    tp = _tape(x, "upsample_bilinear2d")
+    if len(x.shape) != 4:
+        raise TapeError(f"nn.upsample_bilinear2d: expected x [N,C,H,W], got {list(x.shape)}")
+    out = _pair(size, "upsample_bilinear2d size")
+    scales = (list(scale_factor) if isinstance(scale_factor, (list, tuple))
+              else [scale_factor] * 2)
+    if min(out) < 1 or len(scales) != 2:
+        raise TapeError(f"nn.upsample_bilinear2d: size must be ints >= 1 and scale_factor "
+                        f"one or two numbers, got {size!r}, {scale_factor!r}"[:200])
+    y = x
+    for axis, n, o, sc in ((3, x.shape[3], out[1], scales[1]), (2, x.shape[2], out[0], scales[0])):
+        if n == o and (align_corners or sc in (None, 1.0)):          # the identity
+            continue
+        i0, i1, w0, w1 = _linear_taps(n, o, bool(align_corners), sc)
+        shape = [1] * 4
+        shape[axis] = o
+        y = tp.add(tp.mul(tp.index_select(y, axis, i0), tp.const(w0.reshape(shape))),
+                   tp.mul(tp.index_select(y, axis, i1), tp.const(w1.reshape(shape))))
+    return y
+
+
+def group_norm(x: GVar, num_groups: int, weight: GVar = None, bias: GVar = None,
+               eps: float = 1e-5) -> GVar:
+    """torch's ``group_norm``: x [N, C, *] normalised over each group of C / num_groups
+    channels and every spatial position (the biased variance), then the per-channel
+    weight and bias ([C], optional).
+
+    x reshaped to [N, G, C/G * rest] and :func:`native_layer_norm` over the last axis
+    (no gain), reshaped back, times weight and plus bias reshaped to [C, 1, ...].
+    """
+    tp = _tape(x, "group_norm")
+    if len(x.shape) < 2:
+        raise TapeError(f"nn.group_norm: expected x [N, C, ...], got {list(x.shape)}")
+    n, c = x.shape[:2]
+    g = num_groups
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1 or c % g:
+        raise TapeError(f"nn.group_norm: num_groups={g!r} must divide the {c} channels")
+    for v in (weight, bias):
+        if v is not None and list(v.shape) != [c]:
+            raise TapeError(f"nn.group_norm: weight and bias must be [{c}], got "
+                            f"{list(v.shape)}")
+    y, _, _ = native_layer_norm(tp.reshape(x, [n, g, math.prod(x.shape) // (n * g)]), 1,
+                                eps=eps)
+    y = tp.reshape(y, list(x.shape))
+    per_channel = [c] + [1] * (len(x.shape) - 2)
+    if weight is not None:
+        y = tp.mul(y, tp.reshape(weight, per_channel))
+    return y if bias is None else tp.add(y, tp.reshape(bias, per_channel))
 
 
 # ── batch norm (NCHW, per channel) ──────────────────────────────────────────

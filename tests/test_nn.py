@@ -137,3 +137,27 @@ def test_misuse_is_a_gradtool_error():
         nn.gelu(tp.param(np.ones(3)), approximate="fast")
     with pytest.raises(gt.TapeError, match="nn.silu: expected a GVar, got ndarray"):
         nn.silu(np.ones(3))
+
+
+def test_convolutional_composites_refuse_misuse_naming_the_function():
+    tp = gt.Tape()
+    x, w = tp.param(np.ones((1, 4, 3, 3))), tp.param(np.ones((4, 2, 3, 3)))
+    bad = [(lambda: nn.conv_transpose2d(x, w, groups=3), "divisible by groups=3"),
+           (lambda: nn.conv_transpose2d(x, tp.param(np.ones((2, 2, 3, 3)))), "w's dim 0"),
+           (lambda: nn.conv_transpose2d(x, w, stride=2, output_padding=2),
+            "smaller than the stride or the dilation"),
+           (lambda: nn.conv_transpose2d(x, w, padding=-1), "padding [-1, -1] >= 0"),
+           (lambda: nn.conv_transpose2d(x, w, padding=3), "would be empty"),
+           (lambda: nn.conv_transpose2d(x, w, stride="2"), "expected an int or two ints"),
+           (lambda: nn.conv_transpose1d(x, w), "expected x [N,C,L]"),
+           (lambda: nn.group_norm(x, 3), "num_groups=3 must divide the 4 channels"),
+           (lambda: nn.group_norm(x, 2, tp.param(np.ones(3))), "weight and bias must be [4]"),
+           (lambda: nn.adaptive_avg_pool2d(x, (2, 0)), "output_size must be ints >= 1"),
+           (lambda: nn.adaptive_avg_pool2d(x, (1, 2, 3)), "an int or two"),
+           (lambda: nn.adaptive_avg_pool2d(tp.param(np.ones((2, 3))), 1), "expected x [N,C,H,W]"),
+           (lambda: nn.upsample_bilinear2d(x, (0, 2)), "size must be ints >= 1"),
+           (lambda: nn.upsample_bilinear2d(x, 3, scale_factor=(1, 2, 3)), "scale_factor")]
+    for f, needle in bad:
+        with pytest.raises(gt.TapeError) as err:
+            f()
+        assert needle in str(err.value), (needle, str(err.value))
