@@ -26,7 +26,7 @@ from gradtool.interop import aten as A                         # noqa: E402
 from gradtool.interop.torch import (TorchImportError, import_module,  # noqa: E402
                                     load_weights)
 from conftest import require_c_compiler                         # noqa: E402
-from support import run                                        # noqa: E402
+from support import run, train_under_mpiexec                   # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -270,6 +270,63 @@ def rope_inputs_case():
                               torch.randn(2, 5, 8))
 
 
+class UNetLike(nn.Module):
+    """The layers of a small U-Net / decoder: GroupNorm, InstanceNorm, a strided transposed
+    convolution (output_padding), nearest and bilinear upsampling, a skip joined by cat, adaptive
+    average pooling to 3x3 (windows that overlap), flip, then a classifier.  (No bias
+    right before a norm that subtracts its mean: its gradient would be zero up to
+    rounding, which no relative tolerance can compare.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(2, 4, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(2, 4)
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.up = nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
+        self.mix = nn.Conv2d(5, 4, 1)
+        self.pool = nn.AdaptiveAvgPool2d(3)
+        self.head = nn.Linear(36, 3)
+
+    def forward(self, x, y):
+        h = F.silu(self.gn(self.down(x)))                          # [N, 4, 4, 4]
+        u = self.up(self.inorm(h))                                 # [N, 3, 8, 8]
+        s = F.interpolate(h[:, :2], scale_factor=2, mode="nearest")   # [N, 2, 8, 8]
+        s = s + F.interpolate(h[:, 2:], size=(8, 8), mode="bilinear")
+        s = s * F.interpolate(h[:, 1:3], scale_factor=(2, 2), mode="bilinear",
+                              align_corners=True)
+        z = self.mix(torch.cat([u, s.flip(3)], 1))                 # [N, 4, 8, 8]
+        return F.cross_entropy(self.head(self.pool(z[:, :, :7]).flatten(1)), y)
+
+
+def unet_case():
+    torch.manual_seed(12)
+    return UNetLike(), (torch.randn(2, 2, 8, 8), torch.tensor([0, 2]))
+
+
+class Seq1d(nn.Module):
+    """A 1-d decoder: Conv1d, BatchNorm1d of [N, C, L] (train mode), a grouped
+    ConvTranspose1d, cumsum over time, and BatchNorm1d of [N, C] after a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3, bias=False)
+        self.bn = nn.BatchNorm1d(4)
+        self.up = nn.ConvTranspose1d(4, 2, 4, stride=3, padding=1, groups=2)
+        self.fc = nn.Linear(2, 5)
+        self.side = nn.Linear(3, 5, bias=False)
+        self.bn2 = nn.BatchNorm1d(5)
+
+    def forward(self, x, t):
+        h = self.up(F.relu(self.bn(self.conv(x))))                 # [N, 2, L']
+        h = torch.cumsum(h, dim=2).mean(2)                         # [N, 2]
+        return F.mse_loss(self.fc(h) + self.bn2(self.side(x.mean(2))), t)
+
+
+def seq1d_case():
+    torch.manual_seed(13)
+    return Seq1d(), (torch.randn(4, 3, 7), torch.randn(4, 5))
+
+
 CASES = {
     "mlp_cross_entropy": (mlp_case, ("ne", "where", "to_f64")),
     "gpt2": (gpt_case, ("ne", "eq", "where", "logical_not", "logical_and", "erf", "to_f64")),
@@ -279,6 +336,9 @@ CASES = {
     "lstm": (lstm_case, ()),
     "multihead_attention": (mha_case, ("ne", "where", "to_f64")),
     "rope_positions_input": (rope_inputs_case, ("sin", "cos")),
+    "unet_layers": (unet_case, ("ne", "where", "to_f64", "conv2d", "avg_pool2d",
+                                "nn.group_norm", "nn.conv_transpose2d")),
+    "conv1d_batch_norm_1d": (seq1d_case, ("conv2d", "nn.conv_transpose1d", "cumsum")),
 }
 
 
@@ -456,7 +516,7 @@ class Sorts(nn.Module):
 
     def forward(self, x):
         y, _ = torch.sort(self.fc(x), dim=1)
-        z = torch.cumsum(y, 1)
+        z = torch.cumprod(y, 1)
         w, _ = torch.sort(z, dim=0)
         return (w * w).sum()
 
@@ -471,7 +531,7 @@ class Sorts(nn.Module):
 
     def forward(self, x):
         y, _ = torch.sort(self.fc(x), dim=1)
-        z = torch.cumsum(y, 1)
+        z = torch.cumprod(y, 1)
         w, _ = torch.sort(z, dim=0)
         return (w * w).sum()
 
@@ -520,7 +580,7 @@ def test_unsupported_ops_one_error_listing_each_with_count_and_line():
     assert lines[0].startswith("unsupported op aten.sort.default (x2) at ")
     assert "test_interop_torch.py" in lines[0] and "torch.sort(self.fc(x), dim=1)" in lines[0]
     assert "and 1 more places" in lines[0]
-    assert lines[1].startswith("unsupported op aten.cumsum.default (x1) at ")
+    assert lines[1].startswith("unsupported op aten.cumprod.default (x1) at ")
 
 
 def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
@@ -532,7 +592,7 @@ def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
     lines = res.stderr.splitlines()
     assert len(lines) == 2, res.stderr
     assert "aten.sort.default (x2)" in lines[0] and "model.py:10 (forward)" in lines[0]
-    assert "aten.cumsum.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
+    assert "aten.cumprod.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
     assert all(line.startswith("gradtool: ") for line in lines)
     assert "Traceback" not in res.stderr
     assert not out_file.exists()
@@ -649,6 +709,7 @@ FUNCTIONS = {
     "amin": (lambda x: x.amin(dim=(0, 1)), ()), "einsum": (lambda x: torch.einsum("ij,kj->ik", x, x), ()),
     "softmin": (lambda x: F.softmin(x, -1), ()), "repeat": (lambda x: x.repeat(2, 1, 3), ()),
     "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), ()),
+    "pad_crop": (lambda x: F.pad(x, (-1, 2, 1, -2), value=-0.5), ()),
     "index": (lambda x: x[:, torch.tensor([[0, 2], [5, 5]])], ()),
     "masked_fill": (lambda x: x.masked_fill(torch.ones(4, 6).tril().bool(), 0.0), ("where",)),
     "l1": (lambda x: F.l1_loss(x, torch.zeros_like(x)), ()),
@@ -660,6 +721,14 @@ FUNCTIONS = {
                                                   label_smoothing=0.1), ()),
     "cosine": (lambda x: F.cosine_similarity(x, x * x + 1), ()),
     "addcmul_lerp": (lambda x: torch.lerp(torch.addcmul(x, x, x), x * 2, 0.3), ()),
+    "flip": (lambda x: x.flip(0) * x + x.flip((0, 1)), ("flip",)),
+    "cumsum": (lambda x: torch.cumsum(x, 1) + torch.cumsum(x, 0), ("cumsum",)),
+    "var_mean": (lambda x: torch.var_mean(x, 1)[0] * torch.var_mean(x, 1)[1], ()),
+    "norm_1": (lambda x: torch.linalg.vector_norm(x, 1, dim=1), ("abs",)),
+    "norm_inf": (lambda x: torch.linalg.vector_norm(x, math.inf, dim=0), ("abs",)),
+    "norm_minus_inf": (lambda x: torch.linalg.vector_norm(x, -math.inf), ("abs",)),
+    "norm_3": (lambda x: torch.linalg.vector_norm(x, 3, dim=(0, 1)), ("abs",)),
+    "isnan": (lambda x: torch.where(torch.isnan(x.log()), 0.0, x), ("where",)),
 }
 
 
@@ -735,3 +804,66 @@ def test_cli_loss_function_names_its_targets(tmp_path):
     assert list(summary["params"]) == ["weight", "bias"]
     res = run("import-torch", f"{spec}:with_targets", "-o", out_file)
     assert res.exit_code == 2 and "no --loss function" in res.stderr
+
+
+class Norms(nn.Module):
+    """A batch norm of any rank in train mode, then a weight it does not cancel."""
+
+    def __init__(self, norm, shape):
+        super().__init__()
+        self.norm = norm
+        self.w = nn.Parameter(torch.randn(*shape[1:]))
+
+    def forward(self, x):
+        return ((self.norm(x) * self.w).sin()).sum()
+
+
+@pytest.mark.parametrize("norm, shape", [(nn.BatchNorm1d(3), (5, 3)),
+                                         (nn.BatchNorm1d(3), (4, 3, 6)),
+                                         (nn.BatchNorm3d(2), (3, 2, 2, 3, 2))],
+                         ids=["BatchNorm1d [N,C]", "BatchNorm1d [N,C,L]", "BatchNorm3d"])
+def test_batch_norm_of_every_rank_and_its_running_statistics_match_torch(norm, shape):
+    torch.manual_seed(14)
+    module, x = Norms(norm, shape).train(), torch.randn(*shape)
+    result = import_module(module, (x,))
+    tape = result.tape
+    tape.backward(result.loss)
+    ref = copy.deepcopy(module).double()
+    ref_loss = ref(x.double())
+    ref_loss.backward()
+    assert abs(float(tape.value(result.loss)[0]) - ref_loss.item()) <= 1e-12 * abs(
+        ref_loss.item())
+    for name, p in ref.named_parameters():
+        g = tape.grad(result.params[name])
+        assert np.linalg.norm(g - p.grad.numpy()) <= 1e-11 * np.linalg.norm(p.grad.numpy()), name
+    buffers = dict(ref.named_buffers())
+    assert sorted(result.outputs) == sorted(buffers)       # each a state output of its name
+    for name, v in result.outputs.items():
+        want = buffers[name].double().numpy()
+        assert np.abs(tape.value(v) - want).max() <= 1e-12 * max(1.0, np.abs(want).max()), name
+
+
+def test_the_unet_layers_train_to_the_same_bytes_on_every_engine_and_two_ranks(tmp_path):
+    """The new layers' records (transposed convolution, group and instance norm, both
+    upsamplings, adaptive pooling) through `gradtool train`: cpu, host, host fused and
+    two MPI ranks save the same bytes."""
+    require_c_compiler()
+    module, _ = unet_case()
+    torch.manual_seed(15)
+    result = import_module(module, (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,))))
+    tape = tmp_path / "unet.msgpack"
+    result.save(tape)
+    rng = np.random.default_rng(15)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.standard_normal((32, 2, 8, 8)), y=rng.integers(0, 3, 32))
+    common = ["--data", data, "--epochs", 2, "--shards", 2]
+    saved = {}
+    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
+                         ("fused", ["--backend", "host", "--fuse"])):
+        out = tmp_path / f"{label}.msgpack"
+        res = run("train", tape, *common, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved[label] = out.read_bytes()
+    saved["2 ranks"] = train_under_mpiexec(tape, common, tmp_path / "mpi.msgpack")
+    assert len(set(saved.values())) == 1, {k: len(v) for k, v in saved.items()}
+    assert saved["cpu"] != tape.read_bytes()                   # it trained

@@ -301,6 +301,31 @@ def _var(r, node, a, dim=None, *args, correction=None, keepdim=False, unbiased=N
     return r.tp.variance(a, axis, correction=correction, keepdims=bool(keepdim))
 
 
+@aten("aten.var_mean.correction", needs=("variance",),
+      doc="(variance, mean): as aten.var.correction and aten.mean.dim")
+def _var_mean(r, node, a, dim=None, *, correction=None, keepdim=False):
+    return (_var(r, node, a, dim, correction=correction, keepdim=keepdim),
+            _mean(r, node, a, dim, keepdim))
+
+
+@aten("aten.cumsum.default", needs=("cumsum",),
+      doc="cumsum (the serial running sum from +0.0, as torch's CPU loop)")
+def _cumsum(r, node, a, dim, dtype=None):
+    return r.tp.cumsum(r.f(a), dim)
+
+
+@aten("aten.flip.default", needs=("flip",),
+      doc="flip (index_select by descending ids: copies)")
+def _flip(r, node, a, dims):
+    return r.tp.flip(r.value(a), dims)
+
+
+@aten("aten.isnan.default", needs=("ne",), doc="ne(a, a) (a mask of 0.0/1.0)")
+def _isnan(r, node, a):
+    a = r.f(a)
+    return r.tp.ne(a, a)
+
+
 @aten("aten._softmax.default", doc="softmax")
 def _softmax(r, node, a, dim, half_to_float=False):
     return r.tp.softmax(r.f(a), axis=dim)
@@ -559,13 +584,23 @@ def _amin(r, node, a, dim=None, keepdim=False):
     return tp.neg(r.reduce("max", tp.neg(r.f(a)), dim, keepdim))
 
 
-@aten("aten.linalg_vector_norm.default",
-      doc="ord 2: sqrt(sum(a * a)) over the axes; other orders refused")
+@aten("aten.linalg_vector_norm.default", needs=("abs",),
+      doc="ord 2: sqrt(sum(a * a)); 1: sum(abs(a)); inf: max(abs(a)); -inf: -max(-abs(a)); "
+          "any other p > 0: sum(abs(a) ** p) ** (1 / p) (pows), over the axes; ord <= 0 refused")
 def _vector_norm(r, node, a, ord=2, dim=None, keepdim=False, dtype=None):
-    if ord != 2:
-        raise Unsupported(f"vector norm of order {ord!r} (only 2)")
-    a = r.f(a)
-    return r.tp.sqrt(r.reduce("sum", r.tp.mul(a, a), dim, keepdim))
+    a, tp = r.f(a), r.tp
+    if ord == 2:
+        return tp.sqrt(r.reduce("sum", tp.mul(a, a), dim, keepdim))
+    if not _num(ord) or (ord <= 0 and ord != -math.inf):
+        raise Unsupported(f"vector norm of order {ord!r} (orders > 0 and -inf only)")
+    m = tp.abs(a)
+    if ord == math.inf:
+        return r.reduce("max", m, dim, keepdim)
+    if ord == -math.inf:
+        return tp.neg(r.reduce("max", tp.neg(m), dim, keepdim))
+    if ord == 1:
+        return r.reduce("sum", m, dim, keepdim)
+    return tp.pows(r.reduce("sum", tp.pows(m, float(ord)), dim, keepdim), 1.0 / float(ord))
 
 
 @aten("aten.repeat.default", needs=("expand",),
@@ -580,28 +615,23 @@ def _repeat(r, node, a, repeats):
     return r.reshape(v, r.shape(node))
 
 
-@aten("aten.constant_pad_nd.default", needs=("cat",),
-      doc="cat with const blocks of the pad value (padding >= 0)")
+@aten("aten.constant_pad_nd.default", needs=("pad",),
+      doc="pad (cat with const blocks of the pad value); negative widths crop (slices)")
 def _pad(r, node, a, pad, value=0.0):
-    import numpy as np
     v = r.f(a)
-    shape = list(v.shape)
+    n = len(v.shape)
+    widths = [(0, 0)] * n
     for i in range(len(pad) // 2):
-        axis = len(shape) - 1 - i
-        before, after = pad[2 * i], pad[2 * i + 1]
-        if before < 0 or after < 0:
-            raise Unsupported("negative padding (cropping)")
-        pieces = []
-        for n, piece in ((before, None), (0, v), (after, None)):
-            if piece is not None:
-                pieces.append(piece)
-            elif n:
-                block = list(shape)
-                block[axis] = n
-                pieces.append(r.tp.const(np.full(block, float(value))))
-        if len(pieces) > 1:
-            v = r.tp.cat(pieces, axis)
-        shape[axis] += before + after
+        widths[n - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    for axis, (lo, hi) in enumerate(widths):
+        if min(lo, hi) < 0:
+            start, stop = max(0, -lo), v.shape[axis] - max(0, -hi)
+            if stop <= start:
+                raise Unsupported("padding that crops a whole axis away")
+            v = r.tp.narrow(v, axis, start, stop)
+            widths[axis] = (max(0, lo), max(0, hi))
+    if any(lo or hi for lo, hi in widths):
+        v = r.tp.pad(v, widths, float(value))
     return v
 
 
@@ -697,15 +727,18 @@ def _pair(v, what):
     return v
 
 
-@aten("aten.convolution.default", needs=("conv2d", "nn.conv2d", "nn.conv1d"),
-      doc="gradtool.nn.conv2d (NCHW) or nn.conv1d (NCL); the bias a broadcast add")
+@aten("aten.convolution.default", needs=("conv2d", "nn.conv2d", "nn.conv1d",
+                                         "nn.conv_transpose2d", "nn.conv_transpose1d"),
+      doc="gradtool.nn.conv2d (NCHW) or nn.conv1d (NCL); transposed: nn.conv_transpose2d or "
+          "nn.conv_transpose1d (a conv2d of the stride-spread input); the bias a broadcast "
+          "add")
 def _convolution(r, node, x, w, bias, stride, padding, dilation, transposed,
                  output_padding, groups):
     from .. import nn
-    if transposed:
-        raise Unsupported("transposed convolution is not an op of gradtool yet")
     x, w = r.f(x), r.f(w)
     b = None if bias is None else r.f(bias)
+    if transposed:
+        return _conv_transpose(x, w, b, stride, padding, dilation, output_padding, groups)
     if len(x.shape) == 4:
         return nn.conv2d(x, w, b, stride=_pair(stride, "stride"),
                          padding=_pair(padding, "padding"),
@@ -715,6 +748,22 @@ def _convolution(r, node, x, w, bias, stride, padding, dilation, transposed,
         return nn.conv1d(x, w, b, stride=one(stride), padding=one(padding),
                          dilation=one(dilation), groups=int(groups))
     raise Unsupported(f"a convolution of a rank-{len(x.shape)} input (1-d and 2-d only)")
+
+
+def _conv_transpose(x, w, b, stride, padding, dilation, output_padding, groups):
+    from .. import nn
+    if len(x.shape) == 4:
+        return nn.conv_transpose2d(x, w, b, stride=_pair(stride, "stride"),
+                                   padding=_pair(padding, "padding"),
+                                   output_padding=_pair(output_padding, "output_padding"),
+                                   groups=int(groups), dilation=_pair(dilation, "dilation"))
+    if len(x.shape) == 3:
+        one = lambda v: (list(v) if isinstance(v, (list, tuple)) else [v])[0]   # noqa: E731
+        return nn.conv_transpose1d(x, w, b, stride=one(stride), padding=one(padding),
+                                   output_padding=one(output_padding), groups=int(groups),
+                                   dilation=one(dilation))
+    raise Unsupported(f"a transposed convolution of a rank-{len(x.shape)} input (1-d and "
+                      f"2-d only)")
 
 
 @aten("aten.max_pool2d_with_indices.default", needs=("max_pool2d",),
@@ -745,9 +794,14 @@ def _optional(r, v):
     return None if v is None else r.f(v)
 
 
-def _check_rank(x):
-    if len(x.shape) != 4:
-        raise Unsupported(f"batch norm of a rank-{len(x.shape)} input (NCHW only)")
+def _as_nchw(r, x):
+    """Batch norm's input as [N, C, H, W]: [N, C] and [N, C, L] (BatchNorm1d) and [N, C,
+    D, H, W] (BatchNorm3d) reshaped to [N, C, rest, 1], the same values per channel."""
+    if len(x.shape) < 2:
+        raise Unsupported(f"batch norm of a rank-{len(x.shape)} input")
+    n, c = x.shape[:2]
+    rest = math.prod(x.shape[2:])
+    return x if len(x.shape) == 4 else r.reshape(x, [n, c, rest, 1])
 
 
 @aten("aten._native_batch_norm_legit_no_training.default", needs=("nn.batch_norm2d",),
@@ -755,10 +809,9 @@ def _check_rank(x):
 def _batch_norm_eval(r, node, x, weight, bias, running_mean, running_var, momentum, eps):
     from .. import nn
     x = r.f(x)
-    _check_rank(x)
-    y = nn.batch_norm2d(x, _optional(r, weight), _optional(r, bias), r.f(running_mean),
-                        r.f(running_var), eps=float(eps))
-    return (y, None, None)
+    y = nn.batch_norm2d(_as_nchw(r, x), _optional(r, weight), _optional(r, bias),
+                        r.f(running_mean), r.f(running_var), eps=float(eps))
+    return (r.reshape(y, x.shape), None, None)
 
 
 @aten("aten._native_batch_norm_legit_functional.default",
@@ -769,12 +822,81 @@ def _batch_norm_train(r, node, x, weight, bias, running_mean, running_var, train
                       momentum, eps):
     from .. import nn
     x = r.f(x)
-    _check_rank(x)
+    x4 = _as_nchw(r, x)
     w, b = _optional(r, weight), _optional(r, bias)
     if not training:
-        y = nn.batch_norm2d(x, w, b, r.f(running_mean), r.f(running_var), eps=float(eps))
-        return (y, None, None, r.f(running_mean), r.f(running_var))
-    y, new_mean, new_var = nn.batch_norm2d_train(x, w, b, r.f(running_mean),
+        y = nn.batch_norm2d(x4, w, b, r.f(running_mean), r.f(running_var), eps=float(eps))
+        return (r.reshape(y, x.shape), None, None, r.f(running_mean), r.f(running_var))
+    y, new_mean, new_var = nn.batch_norm2d_train(x4, w, b, r.f(running_mean),
                                                  r.f(running_var), momentum=float(momentum),
                                                  eps=float(eps))
-    return (y, None, None, new_mean, new_var)
+    return (r.reshape(y, x.shape), None, None, new_mean, new_var)
+
+
+@aten("aten._native_batch_norm_legit.no_stats", needs=("nn.batch_norm2d_train",),
+      doc="gradtool.nn.batch_norm2d_train without running statistics (instance norm: "
+          "torch's [1, N*C, ...] view, the batch statistics per channel)")
+def _batch_norm_no_stats(r, node, x, weight, bias, training, momentum, eps):
+    from .. import nn
+    if not training:
+        raise Unsupported("batch norm in eval mode without running statistics")
+    x = r.f(x)
+    y, _, _ = nn.batch_norm2d_train(_as_nchw(r, x), _optional(r, weight), _optional(r, bias),
+                                    eps=float(eps))
+    return (r.reshape(y, x.shape), None, None)
+
+
+@aten("aten.native_group_norm.default", needs=("nn.group_norm",),
+      doc="gradtool.nn.group_norm (native_layer_norm of each group, then weight and bias)")
+def _group_norm(r, node, x, weight, bias, n, c, hxw, group, eps):
+    from .. import nn
+    y = nn.group_norm(r.f(x), int(group), _optional(r, weight), _optional(r, bias),
+                      eps=float(eps))
+    return (y, None, None)
+
+
+@aten("aten._adaptive_avg_pool2d.default", needs=("nn.adaptive_avg_pool2d",),
+      doc="gradtool.nn.adaptive_avg_pool2d (avg_pool2d where the sizes divide, else the "
+          "mean of each window's row means)")
+def _adaptive_avg_pool2d(r, node, x, output_size):
+    from .. import nn
+    x = r.f(x)
+    if len(x.shape) != 4:
+        raise Unsupported(f"adaptive average pooling of a rank-{len(x.shape)} input")
+    return nn.adaptive_avg_pool2d(x, [int(v) for v in output_size])
+
+
+@aten("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default",
+      needs=("nn.upsample_bilinear2d",),
+      doc="gradtool.nn.upsample_bilinear2d (torch's taps and weights; along W, then H)")
+def _upsample_bilinear2d(r, node, x, output_size, align_corners, *scales):
+    from .. import nn
+    x = r.f(x)
+    if len(scales) == 1:                       # .vec: scale_factors (or None)
+        scales = scales[0] if scales[0] is not None else (None, None)
+    return nn.upsample_bilinear2d(x, r.tshape(node)[2:], bool(align_corners),
+                                  [None if v is None else float(v) for v in scales])
+
+
+@aten("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default",
+      "aten._upsample_nearest_exact2d.vec", "aten._upsample_nearest_exact2d.default",
+      needs=("index_select",),
+      doc="index_select of rows, then of columns, by the source indices torch's own kernel "
+          "picks (it is run once on a map of indices at import): copies")
+def _upsample_nearest2d(r, node, x, *args, **kwargs):
+    import numpy as np
+    import torch
+    x = r.f(x)
+    n, c, h, w = x.shape
+    oh, ow = r.tshape(node)[2:]
+    where = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+    src = node.target(where, *args, **kwargs)[0, 0].numpy().astype(np.int64)
+    rows, cols = src[:, 0] // w, src[0, :] % w
+    if src.shape != (oh, ow) or not np.array_equal(src, rows[:, None] * w + cols[None, :]):
+        raise Unsupported("a nearest upsampling that is not one source row and column per "
+                          "output row and column (an importer bug)")
+    if not np.array_equal(rows, np.arange(h)):
+        x = r.tp.index_select(x, 2, rows)
+    if not np.array_equal(cols, np.arange(w)):
+        x = r.tp.index_select(x, 3, cols)
+    return x

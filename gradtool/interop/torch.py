@@ -536,7 +536,8 @@ class _Importer:
                 value = self.env[src][idx]
                 if value is None:
                     self.problems.add("unsupported use of", _target_name(src), node,
-                                      f"its output {idx} (indices) is not recorded")
+                                      f"its output {idx} is not recorded (a max's indices, "
+                                      f"a norm's saved statistics)")
                     value = _MISSING
                 self.env[node] = value
                 continue
