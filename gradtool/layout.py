@@ -339,6 +339,37 @@ def cumsum(tp, a, axis):
     return cat(tp, out, ax)
 
 
+def cumprod(tp, a, axis):
+    """Running products along ``axis`` (torch.cumprod): ``y[0] = a[0]``, ``y[i] = y[i-1] *
+    a[i]``, each product one rounding in ascending order; one-entry slices, a chain of
+    ``mul`` nodes and a :func:`cat`.  The gradient is the chain rule through the chain
+    (exact in value where an entry is zero, as torch's special case for zeros)."""
+    shape = _shape(tp, a, "cumprod")
+    ax = _axis(axis, len(shape), "cumprod")
+    run = narrow(tp, a, ax, 0, 1)
+    out = [run]
+    for i in range(1, shape[ax]):
+        run = tp.mul(run, narrow(tp, a, ax, i, i + 1))
+        out.append(run)
+    return cat(tp, out, ax)
+
+
+def prod(tp, a, axis=None, keepdims=False):
+    """The product along ``axis`` (torch.prod; None: of every element, as [1]): the last
+    entry of :func:`cumprod`'s chain, without the cat."""
+    shape = _shape(tp, a, "prod")
+    if axis is None:
+        a, ax = tp.reshape(a, [math.prod(shape)]), 0
+    else:
+        ax = _axis(axis, len(shape), "prod")
+    run = narrow(tp, a, ax, 0, 1)
+    for i in range(1, _shape(tp, a, "prod")[ax]):
+        run = tp.mul(run, narrow(tp, a, ax, i, i + 1))
+    if axis is None or keepdims:
+        return run
+    return reshape_to(tp, run, [n for d, n in enumerate(shape) if d != ax], "prod")
+
+
 def repeat_interleave(tp, a, repeats, axis):
     """Each entry of ``axis`` repeated ``repeats`` times in place (torch.repeat_interleave
     with an int): unsqueeze behind the axis, expand, reshape.  The gradient of each
@@ -412,5 +443,5 @@ METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatte
            "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
            "swapaxes": swapaxes, "pad": pad,
            "index_select": index_select, "repeat_interleave": repeat_interleave,
-           "flip": flip, "cumsum": cumsum,
+           "flip": flip, "cumsum": cumsum, "cumprod": cumprod, "prod": prod,
            "variance": variance, "std": std, "amin": amin}

@@ -28,8 +28,8 @@ from .tape import GVar
 
 __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu",
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
-           "global_avg_pool2d", "adaptive_avg_pool2d", "upsample_bilinear2d", "conv_transpose2d",
-           "conv_transpose1d",
+           "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+           "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d",
            "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
@@ -334,6 +334,29 @@ def _windows(size: int, out: int) -> list:
     return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
 
 
+def _adaptive_size(x, output_size, what):
+    if len(x.shape) != 4:
+        raise TapeError(f"nn.{what}: expected x [N,C,H,W], got {list(x.shape)}")
+    size = list(output_size) if isinstance(output_size, (list, tuple)) else [output_size] * 2
+    if len(size) != 2:
+        raise TapeError(f"nn.{what}: output_size must be an int or two, got "
+                        f"{output_size!r}"[:200])
+    size = [x.shape[2 + k] if v is None else v for k, v in enumerate(size)]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size):
+        raise TapeError(f"nn.{what}: output_size must be ints >= 1, got "
+                        f"{output_size!r}"[:200])
+    return size
+
+
+def _separable_windows(tp, x, size, out, reduce):
+    y = x
+    for axis, n, o in ((3, size[1], out[1]), (2, size[0], out[0])):
+        if n != o:
+            y = tp.cat([reduce(tp.narrow(y, axis, lo, hi), axis=axis, keepdims=True)
+                        for lo, hi in _windows(n, o)], axis)
+    return y
+
+
 def adaptive_avg_pool2d(x: GVar, output_size) -> GVar:
     """torch's ``adaptive_avg_pool2d``: x [N, C, H, W] to [N, C, OH, OW] (``output_size``
     an int or two; None keeps that dim).
@@ -345,28 +368,30 @@ def adaptive_avg_pool2d(x: GVar, output_size) -> GVar:
     windows are rectangles), not in its last bits.
     """
     tp = _tape(x, "adaptive_avg_pool2d")
-    if len(x.shape) != 4:
-        raise TapeError(f"nn.adaptive_avg_pool2d: expected x [N,C,H,W], got {list(x.shape)}")
-    size = list(output_size) if isinstance(output_size, (list, tuple)) else [output_size] * 2
-    if len(size) != 2:
-        raise TapeError(f"nn.adaptive_avg_pool2d: output_size must be an int or two, got "
-                        f"{output_size!r}"[:200])
-    size = [x.shape[2 + k] if v is None else v for k, v in enumerate(size)]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size):
-        raise TapeError(f"nn.adaptive_avg_pool2d: output_size must be ints >= 1, got "
-                        f"{output_size!r}"[:200])
-    (h, w), (oh, ow) = x.shape[2:], size
+    (h, w), (oh, ow) = x.shape[2:], _adaptive_size(x, output_size, "adaptive_avg_pool2d")
     if h % oh == 0 and w % ow == 0:
         if (oh, ow) == (h, w):
             return x
         return tp.avg_pool2d(x, kernel=[h // oh, w // ow], stride=[h // oh, w // ow],
                              padding=[0, 0], ceil_mode=False, count_include_pad=True)
-    y = x
-    for axis, n, o in ((3, w, ow), (2, h, oh)):
-        if n != o:
-            y = tp.cat([tp.mean(tp.narrow(y, axis, lo, hi), axis=axis, keepdims=True)
-                        for lo, hi in _windows(n, o)], axis)
-    return y
+    return _separable_windows(tp, x, (h, w), (oh, ow), tp.mean)
+
+
+def adaptive_max_pool2d(x: GVar, output_size) -> GVar:
+    """torch's ``adaptive_max_pool2d`` (the values): one ``max_pool2d`` where the output
+    size divides the input's, else each window's axis ``max`` along W, joined, then
+    along H.  Either way the first maximum of a window in row-major order gets the
+    gradient (along W first, then H, picks the first row holding the maximum and
+    the first column in it), as max_pool2d; a NaN wins."""
+    tp = _tape(x, "adaptive_max_pool2d")
+    (h, w), (oh, ow) = x.shape[2:], _adaptive_size(x, output_size, "adaptive_max_pool2d")
+    if h % oh == 0 and w % ow == 0:
+        if (oh, ow) == (h, w):
+            return x
+        k = [h // oh, w // ow]
+        return tp.max_pool2d(x, kernel=k, stride=k, padding=[0, 0], dilation=[1, 1],
+                             ceil_mode=False)
+    return _separable_windows(tp, x, (h, w), (oh, ow), tp.max)
 
 
 def _linear_taps(size: int, out: int, align_corners: bool, scale) -> tuple:

@@ -1,8 +1,8 @@
 """Layout ops and reductions: permute, slice steps, multi-axis sum/mean/max, and the
 composites of gradtool/layout.py (expand, select, squeeze, unsqueeze, cat, split,
-index_select, repeat_interleave, flatten, variance, flip, cumsum) and gradtool.nn's
-composites of them (native_layer_norm, conv_transpose2d/1d, adaptive_avg_pool2d,
-upsample_bilinear2d, group_norm).
+index_select, repeat_interleave, flatten, variance, flip, cumsum, cumprod, prod) and
+gradtool.nn's composites of them (native_layer_norm, conv_transpose2d/1d,
+adaptive_avg_pool2d, adaptive_max_pool2d, upsample_bilinear2d, group_norm).
 
 Checked against PyTorch float64 (values within 1e-12, gradients within 1e-11
 relative; layout values bit for bit), against the documented serial orders bit for
@@ -123,6 +123,14 @@ def _cases():
                  lambda v: v[0].flip((0, -1)), True),
         "cumsum": ([(3, 6, 2)], lambda tp, v: tp.cumsum(v[0], 1),
                    lambda v: torch.cumsum(v[0], 1), True),
+        "cumprod": ([(3, 6, 2)], lambda tp, v: tp.cumprod(v[0], 1),
+                    lambda v: torch.cumprod(v[0], 1), True),
+        "prod 0": ([(4, 3, 2)], lambda tp, v: tp.prod(v[0], 0),
+                   lambda v: torch.prod(v[0], 0), True),
+        "prod -1 keepdims": ([(3, 5)], lambda tp, v: tp.prod(v[0], -1, keepdims=True),
+                             lambda v: torch.prod(v[0], -1, keepdim=True), True),
+        "prod all": ([(3, 4)], lambda tp, v: tp.prod(v[0]),
+                     lambda v: torch.prod(v[0]).reshape(1), False),
         "conv_transpose2d": ([(2, 4, 5, 4), (4, 3, 3, 3), (6,)],
                              lambda tp, v: nn.conv_transpose2d(v[0], v[1], v[2], stride=2,
                                                                padding=1, output_padding=1,
@@ -151,6 +159,14 @@ def _cases():
                                         lambda tp, v: nn.adaptive_avg_pool2d(v[0], (3, None)),
                                         lambda v: torch.nn.functional.adaptive_avg_pool2d(
                                             v[0], (3, None)), False),
+        "adaptive_max_pool2d 3x2": ([(2, 3, 7, 5)],
+                                    lambda tp, v: nn.adaptive_max_pool2d(v[0], (3, 2)),
+                                    lambda v: torch.nn.functional.adaptive_max_pool2d(
+                                        v[0], (3, 2)), True),
+        "adaptive_max_pool2d divides": ([(2, 3, 6, 4)],
+                                        lambda tp, v: nn.adaptive_max_pool2d(v[0], 2),
+                                        lambda v: torch.nn.functional.adaptive_max_pool2d(
+                                            v[0], 2), True),
         "upsample_bilinear2d": ([(2, 3, 4, 5)],
                                 lambda tp, v: nn.upsample_bilinear2d(v[0], (6, 11),
                                                                      scale_factor=(1.7, 2.3)),
@@ -189,9 +205,11 @@ LABELS = ["permute", "permute negative", "expand", "expand -1", "slice steps",
           "max (1,2) keepdims", "std (0,2)", "amin (1,2)", "amin 1", "variance", "variance (0,2) c0 keepdims", "variance all",
           "select", "squeeze", "squeeze all", "unsqueeze", "flatten", "cat 3", "cat 5", "split",
           "split sizes", "index_select", "index_select 0", "repeat_interleave", "swapaxes",
-          "stack", "stack last", "pad", "flip", "cumsum", "conv_transpose2d",
+          "stack", "stack last", "pad", "flip", "cumsum", "cumprod", "prod 0",
+          "prod -1 keepdims", "prod all", "conv_transpose2d",
           "conv_transpose2d dilated", "conv_transpose1d", "adaptive_avg_pool2d 3x2",
-          "adaptive_avg_pool2d divides", "upsample_bilinear2d", "upsample_bilinear2d corners",
+          "adaptive_avg_pool2d divides", "adaptive_max_pool2d 3x2",
+          "adaptive_max_pool2d divides", "upsample_bilinear2d", "upsample_bilinear2d corners",
           "group_norm", "group_norm 1-d",
           "native_layer_norm 1", "native_layer_norm 2 mean", "native_layer_norm 2 rstd"]
 
@@ -399,7 +417,10 @@ def test_misuse_raises_gradtool_errors_naming_the_method():
            (lambda: tp.pad(a, [(0, 1)]), "pad: widths must be one"),
            (lambda: tp.pad(a, [(0, -1), (0, 0), (0, 0)]), "pad: widths must be one"),
            (lambda: tp.flip(a, 3), "flip: axis 3 is out of range"),
-           (lambda: tp.cumsum(a, -4), "cumsum: axis -4 is out of range")]
+           (lambda: tp.cumsum(a, -4), "cumsum: axis -4 is out of range"),
+           (lambda: tp.cumprod(a, 3), "cumprod: axis 3 is out of range"),
+           (lambda: tp.prod(a, -4), "prod: axis -4 is out of range"),
+           (lambda: tp.prod("a"), "prod")]
     for f, needle in bad:
         tp.ok, tp.error = True, None
         with pytest.raises(gt.GradtoolError) as err:
@@ -427,12 +448,17 @@ def test_composites_record_the_documented_ops():
     assert _ops("variance") == ["mean", "sub", "mul", "sum", "const", "div"]
     assert _ops("flip") == ["const", "take", "const", "permute", "take", "permute"]
     assert _ops("cumsum").count("add") == 5 and _ops("cumsum").count("concat") == 5
+    assert _ops("cumprod").count("mul") == 5 and _ops("cumprod").count("concat") == 5
+    assert _ops("prod 0") == ["slice", "slice", "mul", "slice", "mul", "slice", "mul",
+                              "reshape"]
+    assert _ops("adaptive_max_pool2d divides") == ["max_pool2d"]
 
 
 def test_fd_check_through_the_composites():
     for label in ["permute", "slice steps", "sum (0,2)", "mean (0,2,3) keepdims", "expand",
                   "variance (0,2) c0 keepdims", "index_select", "repeat_interleave",
-                  "cumsum", "conv_transpose2d", "adaptive_avg_pool2d 3x2", "group_norm"]:
+                  "cumsum", "cumprod", "prod all", "conv_transpose2d",
+                  "adaptive_avg_pool2d 3x2", "adaptive_max_pool2d 3x2", "group_norm"]:
         tp, _, _, loss, _, _ = _build(label)
         report = gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7)
         assert report.passed, label

@@ -155,6 +155,8 @@ def test_convolutional_composites_refuse_misuse_naming_the_function():
            (lambda: nn.adaptive_avg_pool2d(x, (2, 0)), "output_size must be ints >= 1"),
            (lambda: nn.adaptive_avg_pool2d(x, (1, 2, 3)), "an int or two"),
            (lambda: nn.adaptive_avg_pool2d(tp.param(np.ones((2, 3))), 1), "expected x [N,C,H,W]"),
+           (lambda: nn.adaptive_max_pool2d(x, (2, -1)), "adaptive_max_pool2d: output_size must"),
+           (lambda: nn.adaptive_max_pool2d(tp.param(np.ones(3)), 1), "expected x [N,C,H,W]"),
            (lambda: nn.upsample_bilinear2d(x, (0, 2)), "size must be ints >= 1"),
            (lambda: nn.upsample_bilinear2d(x, 3, scale_factor=(1, 2, 3)), "scale_factor")]
     for f, needle in bad:
