@@ -273,7 +273,8 @@ def rope_inputs_case():
 class UNetLike(nn.Module):
     """The layers of a small U-Net / decoder: GroupNorm, InstanceNorm, a strided transposed
     convolution (output_padding), nearest and bilinear upsampling, a skip joined by cat, adaptive
-    average pooling to 3x3 (windows that overlap), flip, then a classifier.  (No bias
+    average pooling to 3x3 and max pooling to 3x2 (windows that overlap), flip, then a
+    classifier.  (No bias
     right before a norm that subtracts its mean: its gradient would be zero up to
     rounding, which no relative tolerance can compare.)"""
 
@@ -285,7 +286,8 @@ class UNetLike(nn.Module):
         self.up = nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
         self.mix = nn.Conv2d(5, 4, 1)
         self.pool = nn.AdaptiveAvgPool2d(3)
-        self.head = nn.Linear(36, 3)
+        self.mpool = nn.AdaptiveMaxPool2d((3, 2))
+        self.head = nn.Linear(60, 3)
 
     def forward(self, x, y):
         h = F.silu(self.gn(self.down(x)))                          # [N, 4, 4, 4]
@@ -295,7 +297,9 @@ class UNetLike(nn.Module):
         s = s * F.interpolate(h[:, 1:3], scale_factor=(2, 2), mode="bilinear",
                               align_corners=True)
         z = self.mix(torch.cat([u, s.flip(3)], 1))                 # [N, 4, 8, 8]
-        return F.cross_entropy(self.head(self.pool(z[:, :, :7]).flatten(1)), y)
+        z = z[:, :, :7]
+        f = torch.cat([self.pool(z).flatten(1), self.mpool(z).flatten(1)], 1)
+        return F.cross_entropy(self.head(f), y)
 
 
 def unet_case():
@@ -337,7 +341,7 @@ CASES = {
     "multihead_attention": (mha_case, ("ne", "where", "to_f64")),
     "rope_positions_input": (rope_inputs_case, ("sin", "cos")),
     "unet_layers": (unet_case, ("ne", "where", "to_f64", "conv2d", "avg_pool2d",
-                                "nn.group_norm", "nn.conv_transpose2d")),
+                                "max_pool2d", "nn.group_norm", "nn.conv_transpose2d")),
     "conv1d_batch_norm_1d": (seq1d_case, ("conv2d", "nn.conv_transpose1d", "cumsum")),
 }
 
@@ -516,7 +520,7 @@ class Sorts(nn.Module):
 
     def forward(self, x):
         y, _ = torch.sort(self.fc(x), dim=1)
-        z = torch.cumprod(y, 1)
+        z = torch.atan(y)
         w, _ = torch.sort(z, dim=0)
         return (w * w).sum()
 
@@ -531,7 +535,7 @@ class Sorts(nn.Module):
 
     def forward(self, x):
         y, _ = torch.sort(self.fc(x), dim=1)
-        z = torch.cumprod(y, 1)
+        z = torch.atan(y)
         w, _ = torch.sort(z, dim=0)
         return (w * w).sum()
 
@@ -580,7 +584,7 @@ def test_unsupported_ops_one_error_listing_each_with_count_and_line():
     assert lines[0].startswith("unsupported op aten.sort.default (x2) at ")
     assert "test_interop_torch.py" in lines[0] and "torch.sort(self.fc(x), dim=1)" in lines[0]
     assert "and 1 more places" in lines[0]
-    assert lines[1].startswith("unsupported op aten.cumprod.default (x1) at ")
+    assert lines[1].startswith("unsupported op aten.atan.default (x1) at ")
 
 
 def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
@@ -592,7 +596,7 @@ def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
     lines = res.stderr.splitlines()
     assert len(lines) == 2, res.stderr
     assert "aten.sort.default (x2)" in lines[0] and "model.py:10 (forward)" in lines[0]
-    assert "aten.cumprod.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
+    assert "aten.atan.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
     assert all(line.startswith("gradtool: ") for line in lines)
     assert "Traceback" not in res.stderr
     assert not out_file.exists()
@@ -729,6 +733,9 @@ FUNCTIONS = {
     "norm_minus_inf": (lambda x: torch.linalg.vector_norm(x, -math.inf), ("abs",)),
     "norm_3": (lambda x: torch.linalg.vector_norm(x, 3, dim=(0, 1)), ("abs",)),
     "isnan": (lambda x: torch.where(torch.isnan(x.log()), 0.0, x), ("where",)),
+    "sign": (lambda x: torch.sign(x) * x.exp() + torch.sign(x - x), ("gt", "lt")),
+    "cumprod": (lambda x: torch.cumprod(x, 1) + torch.cumprod(x, 0), ("cumprod",)),
+    "prod": (lambda x: x.prod(0) + x.prod(1, keepdim=True) * x.prod(), ("prod",)),
 }
 
 

@@ -314,6 +314,28 @@ def _cumsum(r, node, a, dim, dtype=None):
     return r.tp.cumsum(r.f(a), dim)
 
 
+@aten("aten.cumprod.default", needs=("cumprod",),
+      doc="cumprod (the running product, one mul a step in ascending order)")
+def _cumprod(r, node, a, dim, dtype=None):
+    return r.tp.cumprod(r.f(a), dim)
+
+
+@aten("aten.prod.dim_int", "aten.prod.default", needs=("prod",),
+      doc="prod (a mul chain in ascending order along the axis; no axis: of every "
+          "element)")
+def _prod(r, node, a, dim=None, keepdim=False, dtype=None):
+    if not isinstance(dim, int) or isinstance(dim, bool):     # aten.prod.default(a, dtype)
+        return r.reshape(r.tp.prod(r.f(a)), r.tshape(node))
+    return r.tp.prod(r.f(a), dim, keepdims=bool(keepdim))
+
+
+@aten("aten.sign.default", needs=("gt", "lt"),
+      doc="gt(a, 0) - lt(a, 0) (+0.0 for +-0 and NaN, as torch's CPU sign)")
+def _sign(r, node, a):
+    a = r.f(a)
+    return r.tp.sub(r.tp.gt(a, 0.0), r.tp.lt(a, 0.0))
+
+
 @aten("aten.flip.default", needs=("flip",),
       doc="flip (index_select by descending ids: copies)")
 def _flip(r, node, a, dims):
@@ -701,7 +723,7 @@ def docs_table() -> str:
 # Each entry records through ``gradtool.nn``:
 #
 # * ``aten.convolution.default``: ``nn.conv2d`` (NCHW) or ``nn.conv1d`` (NCL), bias
-#   added by broadcasting; transposed convolution is refused by name.
+#   added by broadcasting; transposed: ``nn.conv_transpose2d`` or ``nn.conv_transpose1d``.
 # * ``aten.max_pool2d_with_indices.default``: ``nn.max_pool2d`` (the values; a graph
 #   that reads the indices is refused by the importer's getitem check).
 # * ``aten.avg_pool2d.default``: ``nn.avg_pool2d`` (``divisor_override`` refused).
@@ -864,6 +886,17 @@ def _adaptive_avg_pool2d(r, node, x, output_size):
     if len(x.shape) != 4:
         raise Unsupported(f"adaptive average pooling of a rank-{len(x.shape)} input")
     return nn.adaptive_avg_pool2d(x, [int(v) for v in output_size])
+
+
+@aten("aten.adaptive_max_pool2d.default", needs=("nn.adaptive_max_pool2d",),
+      doc="gradtool.nn.adaptive_max_pool2d (max_pool2d where the sizes divide, else the "
+          "max of each window's row maxima; the values, the indices not recorded)")
+def _adaptive_max_pool2d(r, node, x, output_size):
+    from .. import nn
+    x = r.f(x)
+    if len(x.shape) != 4:
+        raise Unsupported(f"adaptive max pooling of a rank-{len(x.shape)} input")
+    return (nn.adaptive_max_pool2d(x, [int(v) for v in output_size]), None)
 
 
 @aten("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default",
