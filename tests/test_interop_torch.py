@@ -736,6 +736,9 @@ FUNCTIONS = {
     "sign": (lambda x: torch.sign(x) * x.exp() + torch.sign(x - x), ("gt", "lt")),
     "cumprod": (lambda x: torch.cumprod(x, 1) + torch.cumprod(x, 0), ("cumprod",)),
     "prod": (lambda x: x.prod(0) + x.prod(1, keepdim=True) * x.prod(), ("prod",)),
+    "adaptive_pool_unbatched": (lambda x: F.adaptive_avg_pool2d(x.reshape(1, 4, 6), (3, 4))
+                                * F.adaptive_max_pool2d(x.reshape(1, 4, 6), (3, 4)),
+                                ("nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")),
 }
 
 

@@ -882,10 +882,20 @@ def _group_norm(r, node, x, weight, bias, n, c, hxw, group, eps):
           "mean of each window's row means)")
 def _adaptive_avg_pool2d(r, node, x, output_size):
     from .. import nn
+    return _adaptive_pool(r, nn.adaptive_avg_pool2d, "average", x, output_size)
+
+
+def _adaptive_pool(r, pool, what, x, output_size):
+    """One of nn's adaptive poolings of an [N, C, H, W] input, or of an unbatched [C, H, W]
+    one as a batch of one."""
     x = r.f(x)
-    if len(x.shape) != 4:
-        raise Unsupported(f"adaptive average pooling of a rank-{len(x.shape)} input")
-    return nn.adaptive_avg_pool2d(x, [int(v) for v in output_size])
+    if len(x.shape) not in (3, 4):
+        raise Unsupported(f"adaptive {what} pooling of a rank-{len(x.shape)} input")
+    size = [int(v) for v in output_size]
+    if len(x.shape) == 4:
+        return pool(x, size)
+    y = pool(r.reshape(x, [1, *x.shape]), size)
+    return r.reshape(y, y.shape[1:])
 
 
 @aten("aten.adaptive_max_pool2d.default", needs=("nn.adaptive_max_pool2d",),
@@ -893,10 +903,7 @@ def _adaptive_avg_pool2d(r, node, x, output_size):
           "max of each window's row maxima; the values, the indices not recorded)")
 def _adaptive_max_pool2d(r, node, x, output_size):
     from .. import nn
-    x = r.f(x)
-    if len(x.shape) != 4:
-        raise Unsupported(f"adaptive max pooling of a rank-{len(x.shape)} input")
-    return (nn.adaptive_max_pool2d(x, [int(v) for v in output_size]), None)
+    return (_adaptive_pool(r, nn.adaptive_max_pool2d, "max", x, output_size), None)
 
 
 @aten("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default",
