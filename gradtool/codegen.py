@@ -128,7 +128,7 @@ def header() -> str:
                                        for s in unary])
     out += ["", "/* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */"]
     out += _xlist("GT_UNARY_BWD_OPS", [(f"k_{s.name}_bwd", _render(s.bwd[0], UNARY_BWD_ENV))
-                                       for s in unary])
+                                       for s in unary if s.grad_to("a")])
     out += ["", "/* broadcasting binary ops: X(forward kernel, out from xv, yv) */"]
     out += _xlist("GT_BINARY_FWD_OPS", [(f"k_{s.name}", _render(s.fwd, BINARY_FWD_ENV))
                                         for s in binary])
@@ -143,7 +143,7 @@ def header() -> str:
     out += ["", "/* X(kernel, cost per index): the unary kernels the host may split over threads",
             " * (a cost estimate from the rule, expr.cost; it never changes a result) */"]
     out += _xlist("GT_SPLIT_OPS", [(f"k_{s.name}", E.cost(s.fwd)) for s in unary] +
-                  [(f"k_{s.name}_bwd", E.cost(s.bwd[0])) for s in unary])
+                  [(f"k_{s.name}_bwd", E.cost(s.bwd[0])) for s in unary if s.grad_to("a")])
     for spec in OPS.values():
         if not spec.parts:
             continue

@@ -50,11 +50,15 @@ class FDReport:
 
 
 def _descendants(tape: Tape, root: int) -> list:
+    """The nodes a perturbation of ``root`` reaches.  A detach node is not one of them:
+    its value is held as recorded, the function whose derivative the stop-gradient
+    defines (so fd-check agrees with backward through it)."""
     flags = [False] * len(tape.nodes)
     flags[root] = True
     for i in range(root + 1, len(tape.nodes)):
         node = tape.nodes[i]
-        flags[i] = node.a >= 0 and (flags[node.a] or (node.b >= 0 and flags[node.b]))
+        flags[i] = (node.a >= 0 and node.op != "detach"
+                    and (flags[node.a] or (node.b >= 0 and flags[node.b])))
     return flags
 
 

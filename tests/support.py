@@ -299,6 +299,8 @@ def random_graph(rng, n_ops=14):
             other = pick(lambda s: tuple(s) == tuple(x.shape)) or leaf(tuple(x.shape))
             m = getattr(tp, rng.choice(["eq", "ne", "lt", "le", "gt", "ge"]))(x, other)
             y = tp.where(m, x, other) if rng.random() < 0.7 else tp.mul(m, x)
+            if rng.random() < 0.25:       # a straight-through estimator: detach
+                y = tp.add(x, tp.detach(tp.sub(y, x)))
         else:
             op = rng.choice(["sum", "mean", "max"])
             axis = None if rng.random() < 0.3 else int(rng.integers(len(x.shape)))
@@ -518,6 +520,7 @@ def all_ops_tape():
     u = tp.add(tp.add(u, tp.expm1(th)), tp.log1p(sq))
     u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
     u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
+    u = tp.add(u, tp.detach(tp.mul(u, t)))                       # a stop-gradient
     loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])

@@ -32,6 +32,7 @@
     X(k_clamp_min, ((xv < s) ? s : xv)) \
     X(k_clamp_max, ((xv > s) ? s : xv)) \
     X(k_to_f64, xv) \
+    X(k_detach, xv) \
     /* end */
 
 /* X(backward kernel, contribution from gv, xv, tv, s), added into ga[i] */
@@ -118,6 +119,7 @@
     X(k_clamp_min, 1) \
     X(k_clamp_max, 1) \
     X(k_to_f64, 1) \
+    X(k_detach, 1) \
     X(k_neg_bwd, 1) \
     X(k_adds_bwd, 1) \
     X(k_muls_bwd, 1) \
@@ -669,6 +671,7 @@
     X(k_keep_not_bwd_a) \
     X(k_to_f64) \
     X(k_to_f64_bwd) \
+    X(k_detach) \
     X(k_sum) \
     X(k_sum_bwd) \
     X(k_max) \

@@ -73,6 +73,15 @@ binary("keep_not", "a where the mask b == 0, else -0.0 (exact; half of Tape.wher
        int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
 unary("to_f64", "the values as float64 (integer data converted exactly; a float an exact "
       "copy)", X, G, int_inputs=("a",), integral="inputs")
+# detach(a): an exact copy of a that carries NO gradient (a stop-gradient: torch's
+# Tensor.detach, the straight-through estimator's x + (q - x).detach()).  Like a comparison
+# its node never requires grad, so the backward walk stops there on every backend; fd-check
+# holds its value fixed while it perturbs a parameter (gradcheck._descendants), which is
+# the derivative the stop-gradient defines
+unary("detach", "a copy of a that carries no gradient (a stop-gradient)", X, Const(0.0),
+      grad_inputs=(), integral="inputs")
+OPS["detach"] = dataclasses.replace(
+    OPS["detach"], forward=lambda a, b, s, at: np.array(a, dtype=np.float64, copy=True))
 for _name in ("eq", "ne", "lt", "le", "gt", "ge", "keep", "keep_not"):
     OPS[_name] = dataclasses.replace(OPS[_name],
                                      forward=_elementwise_reading_ints(OPS[_name].forward))

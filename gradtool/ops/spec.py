@@ -264,8 +264,8 @@ FAMILIES = {
 
 def kernel_names(spec: OpSpec) -> tuple:
     """The kernels an op's launches use (forward, then backward)."""
-    if spec.kind == "unary":
-        return (f"k_{spec.name}", f"k_{spec.name}_bwd")
+    if spec.kind == "unary":          # no backward kernel where no gradient flows (detach)
+        return (f"k_{spec.name}",) + ((f"k_{spec.name}_bwd",) if spec.grad_to("a") else ())
     if spec.kind == "binary":         # a backward kernel per input the gradient flows to
         return (f"k_{spec.name}",) + tuple(f"k_{spec.name}_bwd_{side}" for side in "ab"
                                            if spec.grad_to(side))
