@@ -25,7 +25,7 @@ import gradtool as gt                                          # noqa: E402
 from gradtool.interop import aten as A                         # noqa: E402
 from gradtool.interop.torch import (TorchImportError, import_module,  # noqa: E402
                                     load_weights)
-from conftest import require_c_compiler                         # noqa: E402
+from conftest import assert_bits_equal, require_c_compiler      # noqa: E402
 from support import run, train_under_mpiexec                   # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -356,10 +356,16 @@ def _case_params():
 # ── the checks ─────────────────────────────────────────────────────────────
 
 def torch_reference(module, inputs):
-    """Loss and param grads of torch float64 autograd on a float64 copy of ``module``."""
+    """Loss and param grads of torch float64 autograd on a float64 copy of ``module``, with
+    torch's default dtype float64 (the importer's dtype policy)."""
     m = copy.deepcopy(module).double()
     args = [t.double() if t.is_floating_point() else t for t in inputs]
-    loss = m(*args)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        loss = m(*args)
+    finally:
+        torch.set_default_dtype(default)
     loss.backward()
     grads = {k: p.grad.numpy().copy() for k, p in m.named_parameters() if p.requires_grad}
     return loss.item(), grads
@@ -775,23 +781,93 @@ def test_functional_matches_torch_float64(fn):
 
 
 class Detaches(nn.Module):
+    """Soft targets from the logits themselves, and a straight-through estimator: both need
+    detach() to be a stop-gradient."""
+
+    def __init__(self, detach=True):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.stop = (lambda t: t.detach()) if detach else (lambda t: t)
+
+    def forward(self, x):
+        y = x * self.w
+        ste = y + self.stop(torch.tanh(y * 3.0) - y)
+        return F.cross_entropy(y, torch.softmax(self.stop(y) * 0.5, -1)) + (ste * ste).sum()
+
+
+def _imported_loss_and_grad(module, inputs, param):
+    result = import_module(module, inputs)
+    result.tape.backward(result.loss)
+    return result, float(result.tape.values[result.loss.id][0]), \
+        result.tape.grad(result.params[param])
+
+
+def test_detach_is_a_stop_gradient_as_in_torch():
+    """torch.export's detach() is kept out of run_decompositions (which would make it an
+    alias) and recorded as the table's detach: loss and gradient torch's, and the gradient
+    is not the one of the same model without the detaches."""
+    torch.manual_seed(4)
+    module, x = Detaches(), torch.randn(4, 6)
+    result, loss, g = _imported_loss_and_grad(module, (x,), "w")
+    assert sum(n.op == "detach" for n in result.tape.nodes) == 2
+    ref_loss, ref = torch_reference(module, (x,))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+    plain = Detaches(detach=False)
+    plain.load_state_dict(module.state_dict())
+    _, plain_ref = torch_reference(plain, (x,))
+    assert np.linalg.norm(plain_ref["w"] - ref["w"]) > 1e-3 * np.linalg.norm(ref["w"])
+
+
+class PaddedEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, padding_idx=2)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return (self.head(self.emb(ids)) ** 2).mean()
+
+
+def test_embedding_with_padding_idx_gives_its_row_no_gradient():
+    torch.manual_seed(5)
+    module = PaddedEmbedding()
+    with torch.no_grad():
+        module.emb.weight[2] = 0.5          # a nonzero padding row: its values still read
+    ids = torch.tensor([[0, 2, 3], [2, 2, 9]])
+    result, loss, g = _imported_loss_and_grad(module, (ids,), "emb.weight")
+    ref_loss, ref = torch_reference(module, (ids,))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["emb.weight"]) <= 1e-11 * np.linalg.norm(ref["emb.weight"])
+    assert_bits_equal(g[2], np.zeros(4))
+    assert np.all(g[[0, 3, 9]] != 0.0)
+
+
+class Factories(nn.Module):
+    """Tensors the forward creates without a dtype: float32 where the default dtype is."""
+
     def __init__(self):
         super().__init__()
         self.w = nn.Parameter(torch.randn(4, 6))
 
     def forward(self, x):
-        y = x * self.w
-        return F.cross_entropy(y, torch.softmax(y.detach() * 0.5, -1))
+        y = x * self.w + torch.tensor(0.1)
+        return (y * torch.full((4, 6), 0.3) + torch.arange(6.0)).pow(2).sum()
 
 
-def test_detach_of_a_param_dependent_value_is_refused_not_ignored():
-    """run_decompositions turns detach() into alias: recorded as the identity, the
-    gradient would flow through it (a silent wrong result), so it is refused."""
-    with pytest.raises(TorchImportError) as info:
-        import_module(Detaches(), (torch.randn(4, 6),))
-    assert len(info.value.lines) == 1
-    assert "aten.alias.default" in info.value.lines[0] and "stop-gradient" in info.value.lines[0]
-    assert "y.detach()" in info.value.lines[0]
+def test_tensors_the_forward_creates_are_float64():
+    """The export (and run_decompositions' re-trace, and the folding) run with the default
+    dtype float64: the loss is the float64 program's within 1e-12, where the float32
+    constants 0.1f and 0.3f would be 1e-9 away."""
+    torch.manual_seed(6)
+    module, x = Factories(), torch.randn(4, 6)
+    _, loss, g = _imported_loss_and_grad(module, (x,), "w")
+    ref_loss, ref = torch_reference(module, (x,))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+    f32_consts = copy.deepcopy(module).double()(x.double()).item()   # default float32
+    assert abs(f32_consts - ref_loss) > 1e-10 * abs(ref_loss)
+    assert torch.get_default_dtype() == torch.float32                 # restored
 
 
 def test_the_command_line_starts_without_importing_torch():

@@ -413,14 +413,22 @@ def _identity(r, node, a, *args, **kwargs):
     return r.value(a)
 
 
-@aten("aten.detach.default", "aten.alias.default",
-      doc="the same value, for values no param reaches; else refused (run_decompositions "
-          "turns detach() into alias, and gradtool has no stop-gradient op)")
+@aten("aten.detach.default", needs=("detach",),
+      doc="detach (a stop-gradient) of a value a param reaches, else the same value (the "
+          "importer keeps detach out of run_decompositions, which would make it an alias)")
 def _detach(r, node, a):
     v = r.value(a)
+    return r.tp.detach(v) if r.requires_grad(v) else v
+
+
+@aten("aten.alias.default",
+      doc="the same value, for values no param reaches; else refused (an alias whose "
+          "origin the graph no longer says: a view, or a detach decomposed elsewhere)")
+def _alias(r, node, a):
+    v = r.value(a)
     if r.requires_grad(v):
-        raise Unsupported("detach of a value that depends on a parameter (a stop-gradient "
-                          "gradtool has no op for)")
+        raise Unsupported("alias of a value that depends on a parameter (a detach "
+                          "decomposed before the importer saw it would be a stop-gradient)")
     return v
 
 
@@ -534,13 +542,18 @@ def _stack(r, node, tensors, dim=0):
 
 # ── gathers ────────────────────────────────────────────────────────────────
 
-@aten("aten.embedding.default", doc="take (rows of the weight by i64 ids)")
+@aten("aten.embedding.default",
+      doc="take (rows of the weight by i64 ids); with padding_idx p, where(ids == p, "
+          "detach(rows), rows): the same values, and row p gets no gradient, as in torch")
 def _embedding(r, node, weight, ids, padding_idx=-1, scale_grad=False, sparse=False):
-    if padding_idx is not None and padding_idx >= 0:
-        raise Unsupported("embedding with padding_idx (its row gets no gradient in torch)")
     if scale_grad:
         raise Unsupported("embedding with scale_grad_by_freq")
-    return r.tp.take(r.f(weight), r.ids(ids))
+    pos = r.ids(ids)
+    rows = r.tp.take(r.f(weight), pos)
+    if padding_idx is None or padding_idx < 0 or not r.requires_grad(rows):
+        return rows
+    pad = r.reshape(r.tp.eq(pos, float(padding_idx)), list(pos.shape) + [1])
+    return r.tp.where(pad, r.tp.detach(rows), rows)
 
 
 @aten("aten.index_select.default", needs=("index_select",), doc="index_select")

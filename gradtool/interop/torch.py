@@ -38,8 +38,10 @@ value a named output of the same name, paired in the file's ``state`` map, so
 :func:`load_weights` copies the trained state back into the buffers.
 
 dtype policy: every floating-point value becomes float64 -- parameters,
-buffers, inputs and every intermediate (float32, float16 and bfloat16 alike).
-gradtool's results therefore match torch float64 autograd of the same module
+buffers, inputs and every intermediate (float32, float16 and bfloat16 alike),
+and the export runs with torch's default dtype float64, so a tensor the forward
+creates without a dtype (``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64
+too, as it is in ``torch.set_default_dtype(torch.float64)``.  gradtool's results therefore match torch float64 autograd of the same module
 (loss within 1e-12 relative in the tests), not a float32 run: against the
 user's own float32 training, expect float32-sized differences (1e-7
 relative per op, growing with depth), which are the float32 run's rounding,
@@ -56,6 +58,7 @@ the mask a pure function of (seed, step, element index)), future work.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import inspect
 import math
@@ -250,13 +253,30 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
         m64 = _with_loss(m64, loss_fn, len(example_inputs))
         prefix = "model."
     # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
-    try:
-        ep = torch.export.export(m64, args)
-    except Exception as exc:          # torch's own refusal (data-dependent control flow...)
-        raise TorchImportError([Problem("torch.export failed:", type(exc).__name__, count=1,
-                                        detail=" ".join(str(exc).split())[:500])]) from None
+    with _float64_default(torch):
+        try:
+            ep = torch.export.export(m64, args)
+        except Exception as exc:      # torch's own refusal (data-dependent control flow...)
+            raise _torch_failed("torch.export", exc) from None
     return import_program(ep, input_names=names, loss_output=loss_output, strip=prefix,
                           strict=strict)
+
+
+@contextlib.contextmanager
+def _float64_default(torch):
+    """torch's default dtype float64 while the forward is traced, re-traced by
+    run_decompositions and folded: the tensors it creates without a dtype are float64."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _torch_failed(step: str, exc: Exception) -> TorchImportError:
+    return TorchImportError([Problem(f"{step} failed:", type(exc).__name__, count=1,
+                                     detail=" ".join(str(exc).split())[:500])])
 
 
 def _as_f64(t):
@@ -279,9 +299,17 @@ def _arg_names(fn, n: int) -> list:
 
 def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "",
                    strict: bool = True) -> TorchImport:
-    """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``)."""
-    ep = ep.run_decompositions()
-    return _Importer(ep, input_names, loss_output, strip).run()
+    """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
+    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias)."""
+    import torch
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.detach.default, None)    # kept: a stop-gradient, not an alias
+    with _float64_default(torch):
+        try:
+            ep = ep.run_decompositions(table)
+        except Exception as exc:      # a decomposition torch cannot trace
+            raise _torch_failed("run_decompositions", exc) from None
+        return _Importer(ep, input_names, loss_output, strip).run()
 
 
 # ── the importer ───────────────────────────────────────────────────────────
