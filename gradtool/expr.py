@@ -43,7 +43,8 @@ import numpy as np
 from . import fdlibm, numerics
 
 ARITH = ("add", "sub", "mul", "div")
-FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs")
+FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs", "floor",
+         "ceil", "trunc", "rint")
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -102,6 +103,12 @@ def log1p(a) -> Expr: return Op("log1p", (lift(a),))
 def sin(a) -> Expr: return Op("sin", (lift(a),))
 def cos(a) -> Expr: return Op("cos", (lift(a),))
 def abs_(a) -> Expr: return Op("abs", (lift(a),))
+# IEEE 754's roundToIntegral operations: exact (every result is representable), the same
+# in every libm, numpy and CUDA; rint rounds half to even (the default rounding mode)
+def floor(a) -> Expr: return Op("floor", (lift(a),))
+def ceil(a) -> Expr: return Op("ceil", (lift(a),))
+def trunc(a) -> Expr: return Op("trunc", (lift(a),))
+def rint(a) -> Expr: return Op("rint", (lift(a),))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
 
@@ -162,7 +169,8 @@ _NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
     "log": fdlibm.log, "tanh": fdlibm.tanh, "erf": fdlibm.erf, "log1p": fdlibm.log1p,
-    "sin": fdlibm.sin, "cos": fdlibm.cos, "abs": np.abs,
+    "sin": fdlibm.sin, "cos": fdlibm.cos, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
+    "trunc": np.trunc, "rint": np.rint,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
 }
@@ -285,7 +293,8 @@ KERNEL = Dialect(
     arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
            "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
            "erf": "R_ERF", "log1p": "R_LOG1P", "sin": "R_SIN", "cos": "R_COS",
-           "abs": "R_ABS"},
+           "abs": "R_ABS", "floor": "R_FLOOR", "ceil": "R_CEIL", "trunc": "R_TRUNC",
+           "rint": "R_RINT"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
 # scalar double code (the emitter): gt_math.h's macros and functions directly
@@ -293,7 +302,7 @@ SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
            "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
            "erf": "gt_erf", "log1p": "gt_log1p", "sin": "gt_sin", "cos": "gt_cos",
-           "abs": "fabs"},
+           "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint"},
     const=c_double)
 
 
@@ -362,6 +371,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_", "floor", "ceil", "trunc", "rint",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -183,11 +183,14 @@ def weighted_loss(tp, y, rng):
 
 # the elementwise math ops of issue 20 (random_unary draws them too)
 MATH_UNARY = ["erf", "sin", "cos", "expm1", "log1p", "rsqrt", "pows", "clamp"]
+ROUNDING = ["floor", "ceil", "trunc", "round"]
 
 
 def random_unary(tp, rng, x):
     """A random unary op of x (inputs kept in the domain of log and sqrt)."""
-    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY)
+    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY + ROUNDING)
+    if op in ROUNDING:                  # integers and ties at 2.5 x: -2.5 ... 2.5
+        return tp.add(x, getattr(tp, op)(tp.muls(x, 2.5)))
     if op in ("log", "sqrt", "log1p", "rsqrt"):
         return getattr(tp, op)(tp.adds(tp.sigmoid(x), 0.25))
     if op in ("exp", "expm1"):
@@ -521,6 +524,8 @@ def all_ops_tape():
     u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
     u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
     u = tp.add(u, tp.detach(tp.mul(u, t)))                       # a stop-gradient
+    v = tp.muls(t, 2.5)                                          # rounding: no gradient
+    u = tp.add(u, tp.add(tp.add(tp.floor(v), tp.ceil(v)), tp.add(tp.trunc(v), tp.round(v))))
     loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])

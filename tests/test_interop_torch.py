@@ -742,6 +742,11 @@ FUNCTIONS = {
     "sign": (lambda x: torch.sign(x) * x.exp() + torch.sign(x - x), ("gt", "lt")),
     "cumprod": (lambda x: torch.cumprod(x, 1) + torch.cumprod(x, 0), ("cumprod",)),
     "prod": (lambda x: x.prod(0) + x.prod(1, keepdim=True) * x.prod(), ("prod",)),
+    "rounding": (lambda x: torch.round(x * 3.0) * x + torch.floor(x) - torch.ceil(x * x),
+                 ("round", "floor", "ceil")),
+    "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
+                   + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
+                   ("round", "floor", "ceil", "trunc", "detach")),
     "adaptive_pool_unbatched": (lambda x: F.adaptive_avg_pool2d(x.reshape(1, 4, 6), (3, 4))
                                 * F.adaptive_max_pool2d(x.reshape(1, 4, 6), (3, 4)),
                                 ("nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")),

@@ -216,3 +216,36 @@ def test_gelu_exact_and_tanh_against_pytorch_including_extremes():
         # difference of larger terms, rounded differently by PyTorch's fused formula
         g, tg = grads[0]
         assert np.max(np.abs(g - tg)) <= 1e-11 * np.max(np.abs(tg)), approximate
+
+
+# ── rounding: floor, ceil, trunc, round ─────────────────────────────────────
+
+ROUNDING_X = np.array([0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999999999999994,
+                       -0.4, 2.0 ** 52 + 0.5 + 0.5, 2.0 ** 52 - 0.5, -(2.0 ** 52) + 0.5,
+                       2.0 ** 53, 1e300, -1e300, 5e-324, -5e-324, INF, -INF, NAN, 7.3, -7.3])
+
+
+@pytest.mark.parametrize("name", ["floor", "ceil", "trunc", "round"])
+def test_rounding_is_torchs_bits_and_carries_no_gradient(name):
+    """Every value torch's, bit for bit, signed zeros and ties to even included (round(2.5)
+    = 2, round(-0.5) = -0.0, at 2^52 - 0.5 the tie goes to the even 2^52); the gradient is
+    torch's zeros, and on the host backend (all three kernel variants) the bits again."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(sum(map(ord, name)))
+    x = np.concatenate([ROUNDING_X, rng.uniform(-10.0, 10.0, 200),
+                        np.round(rng.uniform(-10.0, 10.0, 50)) + 0.5])
+    tp = gt.Tape()
+    p = tp.param(x)
+    y = getattr(tp, name)(p)
+    want = getattr(torch, name)(torch.tensor(x)).numpy()
+    assert np.array_equal(np.isnan(tp.value(y)), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert_bits_equal(tp.value(y)[ok], want[ok], name)
+    loss = tp.add(tp.sum(tp.mul(p, p)), tp.sum(y))
+    tp.backward(loss)
+    assert not tp.touched(y)
+    tx = torch.tensor(x, requires_grad=True)
+    ((tx * tx).sum() + getattr(torch, name)(tx).sum()).backward()
+    assert_bits_equal(tp.grad(p), tx.grad.numpy(), name)
+    for variant in VARIANTS:
+        host_matches(tp, loss, variant)

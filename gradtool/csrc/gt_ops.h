@@ -28,6 +28,10 @@
     X(k_expm1, R_EXPM1(xv)) \
     X(k_log1p, R_LOG1P(xv)) \
     X(k_rsqrt, R_DIV(((gt_real)0x1p+0), R_SQRT(xv))) \
+    X(k_floor, R_FLOOR(xv)) \
+    X(k_ceil, R_CEIL(xv)) \
+    X(k_trunc, R_TRUNC(xv)) \
+    X(k_round, R_RINT(xv)) \
     X(k_pows, ((s == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((s == ((gt_real)0x1p+0)) ? xv : ((s == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((s == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((s == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((s == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((s == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((s == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((s == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))))))))))))) \
     X(k_clamp_min, ((xv < s) ? s : xv)) \
     X(k_clamp_max, ((xv > s) ? s : xv)) \
@@ -115,6 +119,10 @@
     X(k_expm1, 12) \
     X(k_log1p, 13) \
     X(k_rsqrt, 5) \
+    X(k_floor, 1) \
+    X(k_ceil, 1) \
+    X(k_trunc, 1) \
+    X(k_round, 1) \
     X(k_pows, 165) \
     X(k_clamp_min, 1) \
     X(k_clamp_max, 1) \
@@ -650,6 +658,10 @@
     X(k_log1p_bwd) \
     X(k_rsqrt) \
     X(k_rsqrt_bwd) \
+    X(k_floor) \
+    X(k_ceil) \
+    X(k_trunc) \
+    X(k_round) \
     X(k_pows) \
     X(k_pows_bwd) \
     X(k_minimum) \

@@ -78,6 +78,10 @@ typedef float gt_real;
 #  define R_SIN(x) ((gt_real)gt_sin((double)(x)))
 #  define R_COS(x) ((gt_real)gt_cos((double)(x)))
 #  define R_ABS(x) fabsf((x))
+#  define R_FLOOR(x) floorf((x))
+#  define R_CEIL(x) ceilf((x))
+#  define R_TRUNC(x) truncf((x))
+#  define R_RINT(x) rintf((x))
 #else
 typedef double gt_real;
 #  define R_ADD(a, b) GT_ADD((a), (b))
@@ -95,6 +99,10 @@ typedef double gt_real;
 #  define R_SIN(x) gt_sin((x))
 #  define R_COS(x) gt_cos((x))
 #  define R_ABS(x) fabs((x))
+#  define R_FLOOR(x) floor((x))       /* roundToIntegral: exact, in every libm and CUDA */
+#  define R_CEIL(x) ceil((x))
+#  define R_TRUNC(x) trunc((x))
+#  define R_RINT(x) rint((x))         /* half to even: the default rounding mode */
 #endif
 
 /* literals of the element type (a double literal would promote float math) */

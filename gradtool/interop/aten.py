@@ -141,7 +141,8 @@ def _unary(aten_name, method, note=None):
 for _name, _method in [("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"),
                        ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"),
                        ("erf", "erf"), ("sin", "sin"), ("cos", "cos"), ("expm1", "expm1"),
-                       ("log1p", "log1p")]:
+                       ("log1p", "log1p"), ("floor", "floor"), ("ceil", "ceil"),
+                       ("trunc", "trunc"), ("round", "round")]:
     _unary(f"aten.{_name}.default", _method)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from .. import numerics as nx
-from ..expr import (G, S, T, X, Y, Expr, abs_, compile_numpy, cos, eq, erf, exp, expm1, log, log1p,
-                    select, sin, sqrt, tanh)
+from ..expr import (G, S, T, X, Y, Const, Expr, abs_, ceil, compile_numpy, cos, eq, erf, exp,
+                    expm1, floor, log, log1p, rint, select, sin, sqrt, tanh, trunc)
 from .spec import OpSpec, _register
 from .shapes import _same_shape, broadcast_shape
 
@@ -110,6 +110,17 @@ unary("log1p", "log(1 + a) (fdlibm s_log1p.c)", log1p(X), G / (X + 1.0), domain=
 # -0.5 * g * t^3, rounded as (-0.5 * g) * ((t * t) * t)
 unary("rsqrt", "1 / sqrt(a) (two roundings)", 1.0 / sqrt(X), (-0.5 * G) * ((T * T) * T),
       domain="positive")
+# floor, ceil, trunc and round (half to even, torch.round's): exact, -0.0 kept (floor(-0.0),
+# round(-0.4) give -0.0, as torch), a NaN or an infinity passes through.  Their derivative
+# is zero wherever it exists, and torch's gradient is zeros: like a comparison the node
+# carries none (the backward walk stops there), which gives every param the same gradient
+for _name, _rule, _doc in (("floor", floor(X), "the largest integer <= a (exact)"),
+                           ("ceil", ceil(X), "the smallest integer >= a (exact)"),
+                           ("trunc", trunc(X), "a rounded toward zero (exact)"),
+                           ("round", rint(X), "a rounded to the nearest integer, ties to even "
+                                              "(exact)")):
+    unary(_name, _doc + "; no gradient", _rule, Const(0.0), grad_inputs=(), integral="inputs")
+del _name, _rule, _doc
 
 
 def _pow_rule(x: Expr, e: Expr) -> Expr:
