@@ -705,6 +705,31 @@ def test_every_table_entry_is_documented_and_the_table_is_generated():
 
 # ── torch.nn.functional beyond the model set ───────────────────────────────
 
+def _assign_slices(y):
+    """In-place slice assignment on a clone (copy + slice_scatter, select_scatter)."""
+    z = y.clone()
+    z[:, 1:3] = y[:, :2] * 2
+    z[:, 0] = 0.5
+    z[1] = y[2] * 3
+    z[:, -1] = y[:, 0]
+    return z
+
+
+def _assign_steps(y):
+    """Stepped slices assigned (slice_scatter with a step), and one added into in place."""
+    z = y.clone()
+    z[:, ::2] = y[:, 1::2].exp()
+    z[1:4:2, 1:6:2] = 1.0
+    z[..., 0] += y[..., 1]
+    return z
+
+
+def _assign_into_zeros(y):
+    z = torch.zeros(4, 8)             # float64 under the importer's dtype policy
+    z[:, 1:7] = y
+    return z * 2
+
+
 FUNCTIONS = {
     "softplus": (F.softplus, ()), "logsigmoid": (F.logsigmoid, ()),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), ("gt", "where")),
@@ -744,6 +769,10 @@ FUNCTIONS = {
     "prod": (lambda x: x.prod(0) + x.prod(1, keepdim=True) * x.prod(), ("prod",)),
     "rounding": (lambda x: torch.round(x * 3.0) * x + torch.floor(x) - torch.ceil(x * x),
                  ("round", "floor", "ceil")),
+    "slice_assign": (_assign_slices, ("cat",)), "slice_assign_step": (_assign_steps, ("cat",)),
+    "assign_into_zeros": (_assign_into_zeros, ("cat",)),
+    "pad_circular": (lambda x: F.pad(x.reshape(1, 1, 4, 6), (1, 2, 1, 0), mode="circular"),
+                     ("cat",)),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),

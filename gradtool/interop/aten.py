@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..errors import GradtoolError
 
 
@@ -497,6 +499,57 @@ def _select(r, node, a, dim, index):
     dim %= len(shape)
     index %= shape[dim]
     return r.reshape(r.slice_axis(v, dim, index, index + 1, 1), r.shape(node))
+
+
+@aten("aten.copy.default", needs=("expand",),
+      doc="src broadcast to dst's shape (the functional form of dst.copy_(src), which "
+          "in-place slice assignment decomposes to); no gradient to dst, whose values it "
+          "replaces")
+def _copy(r, node, dst, src, non_blocking=False):
+    want, have = r.torch_dtype(node.args[0]), r.torch_dtype(node.args[1])
+    if want != have and not (want == "float" and have in ("int", "bool")):
+        raise Unsupported(f"a copy of {have} data into a {want} tensor")
+    return r.expand(r.f(src), r.shape(node))
+
+
+@aten("aten.slice_scatter.default", needs=("cat", "where"),
+      doc="base with src in base[start:end:step] along dim (in-place slice assignment): "
+          "step 1, cat of base's head, src and base's tail; a step, where(grid, src spread "
+          "by the step, base) in between; exact copies, each gradient torch's")
+def _slice_scatter(r, node, base, src, dim=0, start=None, end=None, step=1):
+    shape = list(r.tshape(node))
+    dim %= len(shape)
+    return _scatter_into(r, r.f(base), r.f(src), shape, dim,
+                         *slice(start, end, step).indices(shape[dim]))
+
+
+@aten("aten.select_scatter.default", needs=("cat", "where"),
+      doc="slice_scatter of src (an axis of one inserted) at index")
+def _select_scatter(r, node, base, src, dim, index):
+    shape = list(r.tshape(node))
+    dim %= len(shape)
+    index %= shape[dim]
+    v = r.reshape(r.f(src), shape[:dim] + [1] + shape[dim + 1:])
+    return _scatter_into(r, r.f(base), v, shape, dim, index, index + 1, 1)
+
+
+def _scatter_into(r, b, v, shape, dim, start, end, step):
+    """b (of ``shape``) with v in b[start:end:step] along ``dim``."""
+    from ..nn import _spread
+    m = len(range(start, end, step))
+    if m == 0:
+        return b
+    last = start + (m - 1) * step + 1         # one past the last position v fills
+    if step > 1:                              # v's rows at the grid, b's in between
+        grid = np.zeros([last - start] + [1] * (len(shape) - 1 - dim))
+        grid[::step] = 1.0
+        v = r.tp.where(r.tp.const(grid), _spread(r.tp, v, dim, step),
+                       r.slice_axis(b, dim, start, last, 1))
+    parts = [r.slice_axis(b, dim, 0, start, 1)] if start > 0 else []
+    parts.append(v)
+    if last < shape[dim]:
+        parts.append(r.slice_axis(b, dim, last, shape[dim], 1))
+    return parts[0] if len(parts) == 1 else r.tp.cat(parts, dim)
 
 
 @aten("aten.split_with_sizes.default", "aten.split.Tensor", doc="slices")
