@@ -773,6 +773,12 @@ FUNCTIONS = {
     "assign_into_zeros": (_assign_into_zeros, ("cat",)),
     "pad_circular": (lambda x: F.pad(x.reshape(1, 1, 4, 6), (1, 2, 1, 0), mode="circular"),
                      ("cat",)),
+    "diagonal": (lambda x: torch.diagonal(x)[:3] + torch.diagonal(x, 2)[:3] * torch.diagonal(x, -1)
+                 + torch.trace(x[:, :4]) + torch.diagonal(x.reshape(2, 2, 6), 1, 2, 0).sum(),
+                 ("permute",)),
+    "clamp_tensor": (lambda x: torch.clamp(x, min=x.flip(0) * 0.5, max=x.sum(0) * 0.3 + 0.2)
+                     + torch.clamp(x, max=torch.zeros(6)) + torch.clamp_min(x, x.mean(1, True)),
+                     ("minimum", "maximum")),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),

@@ -211,16 +211,24 @@ def _minimum(r, node, a, b):
 
 
 @aten("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
-      "aten.clamp.Tensor", needs=("clamp",), doc="clamp")
+      "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor", needs=("clamp",),
+      doc="clamp by numbers (or one-element constants); by tensors minimum(maximum(a, lo), "
+          "hi), broadcasting: the gradient to a where lo <= a <= hi, to lo where a < lo, to "
+          "hi where the result is hi, as torch's (but for lo == hi > a, where torch gives "
+          "it to neither, and at a NaN)")
 def _clamp(r, node, a, lo=None, hi=None):
     if str(node.target).startswith("aten.clamp_max"):
         lo, hi = None, lo
     lo, hi = (r.scalar_const(b) for b in (lo, hi))
-    for bound in (lo, hi):
-        if bound is not None and not _num(bound):
-            raise Unsupported("clamp with tensor bounds (other than a one-element constant)")
-    return r.tp.clamp(r.f(a), lo=None if lo is None else float(lo),
-                      hi=None if hi is None else float(hi))
+    if all(bound is None or _num(bound) for bound in (lo, hi)):
+        return r.tp.clamp(r.f(a), lo=None if lo is None else float(lo),
+                          hi=None if hi is None else float(hi))
+    v = r.f(a)
+    if lo is not None:
+        v = r.tp.maximum(v, r.f(lo))
+    if hi is not None:
+        v = r.tp.minimum(v, r.f(hi))
+    return r.expand(v, r.shape(node))
 
 
 # ── comparisons, masks, where ──────────────────────────────────────────────
@@ -550,6 +558,25 @@ def _scatter_into(r, b, v, shape, dim, start, end, step):
     if last < shape[dim]:
         parts.append(r.slice_axis(b, dim, last, shape[dim], 1))
     return parts[0] if len(parts) == 1 else r.tp.cat(parts, dim)
+
+
+@aten("aten.diagonal.default", needs=("permute",),
+      doc="permute of dim1, dim2 to the end, reshape, a slice with step (columns + 1) "
+          "from the offset: exact copies")
+def _diagonal(r, node, a, offset=0, dim1=0, dim2=1):
+    v = r.f(a)
+    shape = list(r.tshape(node.args[0]))
+    n = len(shape)
+    d1, d2 = dim1 % n, dim2 % n
+    rest = [d for d in range(n) if d not in (d1, d2)]
+    rows, cols = shape[d1], shape[d2]
+    count = min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols)
+    if count <= 0:
+        raise Unsupported("an empty diagonal (gradtool values have at least one element)")
+    flat = r.reshape(r.permute(v, rest + [d1, d2]), [shape[d] for d in rest] + [rows * cols])
+    start = offset if offset >= 0 else -offset * cols
+    out = r.slice_axis(flat, len(rest), start, start + (count - 1) * (cols + 1) + 1, cols + 1)
+    return r.reshape(out, r.shape(node))
 
 
 @aten("aten.split_with_sizes.default", "aten.split.Tensor", doc="slices")
