@@ -331,6 +331,30 @@ def seq1d_case():
     return Seq1d(), (torch.randn(4, 3, 7), torch.randn(4, 5))
 
 
+class TopKMoE(nn.Module):
+    """A mixture of experts with top-2 routing, dense: every expert runs, the router's two
+    best per token are picked by topk's indices (gather of expanded ids) and weighted by
+    a softmax over their logits."""
+
+    def __init__(self, d=6, experts=4, k=2):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(experts))
+
+    def forward(self, x, y):
+        logits, idx = torch.topk(self.router(x), self.k, dim=-1)
+        gates = torch.softmax(logits, -1)
+        outs = torch.stack([F.gelu(e(x)) for e in self.experts], 1)           # [B, E, d]
+        picked = outs.gather(1, idx.unsqueeze(-1).expand(-1, -1, outs.shape[-1]))
+        return F.mse_loss((gates.unsqueeze(-1) * picked).sum(1), y)
+
+
+def moe_case():
+    torch.manual_seed(14)
+    return TopKMoE(), (torch.randn(16, 6), torch.randn(16, 6))
+
+
 CASES = {
     "mlp_cross_entropy": (mlp_case, ("ne", "where", "to_f64")),
     "gpt2": (gpt_case, ("ne", "eq", "where", "logical_not", "logical_and", "erf", "to_f64")),
@@ -343,6 +367,7 @@ CASES = {
     "unet_layers": (unet_case, ("ne", "where", "to_f64", "conv2d", "avg_pool2d",
                                 "max_pool2d", "nn.group_norm", "nn.conv_transpose2d")),
     "conv1d_batch_norm_1d": (seq1d_case, ("conv2d", "nn.conv_transpose1d", "cumsum")),
+    "top2_mixture_of_experts": (moe_case, ("topk", "erf")),
 }
 
 
@@ -519,30 +544,30 @@ def test_weights_back_refuse_mismatches_naming_them():
 
 # ── failures ───────────────────────────────────────────────────────────────
 
-class Sorts(nn.Module):
+class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(3, 3)
 
     def forward(self, x):
-        y, _ = torch.sort(self.fc(x), dim=1)
+        y = torch.atan2(self.fc(x), x)
         z = torch.atan(y)
-        w, _ = torch.sort(z, dim=0)
+        w = torch.atan2(z, z)
         return (w * w).sum()
 
 
 SPEC_FILE = '''
 import torch, torch.nn as nn
 
-class Sorts(nn.Module):
+class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(3, 3)
 
     def forward(self, x):
-        y, _ = torch.sort(self.fc(x), dim=1)
+        y = torch.atan2(self.fc(x), x)
         z = torch.atan(y)
-        w, _ = torch.sort(z, dim=0)
+        w = torch.atan2(z, z)
         return (w * w).sum()
 
 class Nonzero(nn.Module):
@@ -555,8 +580,8 @@ class Nonzero(nn.Module):
         idx = torch.nonzero(y > 0)
         return y[idx[:, 0]].sum()
 
-def sorts():
-    return Sorts(), (torch.randn(2, 3),)
+def unsupported():
+    return Unsupported(), (torch.randn(2, 3),)
 
 def nonzero():
     return Nonzero(), (torch.randn(4, 3),)
@@ -584,11 +609,11 @@ def with_targets():
 
 def test_unsupported_ops_one_error_listing_each_with_count_and_line():
     with pytest.raises(TorchImportError) as info:
-        import_module(Sorts(), (torch.randn(2, 3),))
+        import_module(Unsupported(), (torch.randn(2, 3),))
     lines = info.value.lines
     assert len(lines) == 2
-    assert lines[0].startswith("unsupported op aten.sort.default (x2) at ")
-    assert "test_interop_torch.py" in lines[0] and "torch.sort(self.fc(x), dim=1)" in lines[0]
+    assert lines[0].startswith("unsupported op aten.atan2.default (x2) at ")
+    assert "test_interop_torch.py" in lines[0] and "torch.atan2(self.fc(x), x)" in lines[0]
     assert "and 1 more places" in lines[0]
     assert lines[1].startswith("unsupported op aten.atan.default (x1) at ")
 
@@ -597,11 +622,11 @@ def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
     spec = tmp_path / "model.py"
     spec.write_text(SPEC_FILE)
     out_file = tmp_path / "m.msgpack"
-    res = run("import-torch", f"{spec}:sorts", "-o", out_file)
+    res = run("import-torch", f"{spec}:unsupported", "-o", out_file)
     assert res.exit_code == 2, res.output
     lines = res.stderr.splitlines()
     assert len(lines) == 2, res.stderr
-    assert "aten.sort.default (x2)" in lines[0] and "model.py:10 (forward)" in lines[0]
+    assert "aten.atan2.default (x2)" in lines[0] and "model.py:10 (forward)" in lines[0]
     assert "aten.atan.default (x1)" in lines[1] and "model.py:11 (forward)" in lines[1]
     assert all(line.startswith("gradtool: ") for line in lines)
     assert "Traceback" not in res.stderr
@@ -779,6 +804,12 @@ FUNCTIONS = {
     "clamp_tensor": (lambda x: torch.clamp(x, min=x.flip(0) * 0.5, max=x.sum(0) * 0.3 + 0.2)
                      + torch.clamp(x, max=torch.zeros(6)) + torch.clamp_min(x, x.mean(1, True)),
                      ("minimum", "maximum")),
+    "topk": (lambda x: torch.topk(x, 3, dim=1).values * torch.topk(x, 2, dim=0, largest=False)[0][1, :3],
+             ("topk",)),
+    "sort": (lambda x: torch.sort(x, dim=1, descending=True).values * torch.arange(6.0)
+             + x.gather(0, torch.sort(x, dim=0).indices), ("sort",)),
+    "median": (lambda x: torch.median(x, dim=1).values + torch.median(x) * x.median(0)[0][2],
+               ("sort",)),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),

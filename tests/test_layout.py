@@ -462,3 +462,73 @@ def test_fd_check_through_the_composites():
         tp, _, _, loss, _, _ = _build(label)
         report = gt.fd_check(tp, loss, eps=1e-6, rtol=1e-5, atol=1e-7)
         assert report.passed, label
+
+
+# ── sort and topk ─────────────────────────────────────────────────────────────
+
+def _sort_rows():
+    """Rows with ties, signed zeros, infinities and NaNs, and random rows."""
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=(5, 9))
+    x[0, [1, 4, 7]] = 0.25                          # a three-way tie
+    x[1, 2], x[1, 6] = -0.0, 0.0                    # equal, in index order
+    x[2, [0, 5]] = np.nan                           # NaNs: the largest
+    x[3, [3, 8]] = np.inf, -np.inf
+    x[4] = np.arange(9.0)[::-1]                     # already descending
+    return x
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sort_is_torchs_stable_sort_values_ids_and_gradient(axis, descending):
+    torch = pytest.importorskip("torch")
+    x = _sort_rows()
+    tp = gt.Tape()
+    p = tp.param(x)
+    values, ids = tp.sort(p, axis=axis, descending=descending)
+    tx = torch.tensor(x, requires_grad=True)
+    tv, ti = torch.sort(tx, dim=axis, descending=descending, stable=True)
+    assert np.array_equal(tp.value(ids), ti.numpy())
+    assert_bits_equal(np.nan_to_num(tp.value(values)), np.nan_to_num(tv.detach().numpy()))
+    w = np.random.default_rng(3).uniform(0.5, 1.5, x.shape)
+    tp.backward(tp.sum(tp.mul(values, tp.const(w))))
+    (tv * torch.tensor(w)).sum().backward()
+    assert_bits_equal(tp.grad(p), tx.grad.numpy())     # each entry gets its own w: copies
+
+
+def test_topk_values_and_gradient_match_torch_and_every_backend():
+    torch = pytest.importorskip("torch")
+    from support import VARIANTS, host_matches
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(3, 4, 7))                      # no ties: torch's ids are defined
+    tp = gt.Tape()
+    p = tp.param(x)
+    top, ids = tp.topk(p, 3, axis=2)
+    low, _ = tp.topk(p, 2, axis=1, largest=False)
+    tx = torch.tensor(x, requires_grad=True)
+    t_top, t_ids = torch.topk(tx, 3, dim=2)
+    t_low = torch.topk(tx, 2, dim=1, largest=False).values
+    assert np.array_equal(tp.value(ids), t_ids.numpy())
+    assert_bits_equal(tp.value(top), t_top.detach().numpy())
+    assert_bits_equal(tp.value(low), t_low.detach().numpy())
+    w1, w2 = rng.uniform(0.5, 1.5, (3, 4, 3)), rng.uniform(0.5, 1.5, (3, 2, 7))
+    loss = tp.add(tp.sum(tp.mul(top, tp.const(w1))), tp.sum(tp.mul(low, tp.const(w2))))
+    tp.backward(loss)
+    ((t_top * torch.tensor(w1)).sum() + (t_low * torch.tensor(w2)).sum()).backward()
+    assert_bits_equal(tp.grad(p), tx.grad.numpy())
+    assert gt.fd_check(tp, loss).passed
+    for variant in VARIANTS:
+        host_matches(tp, loss, variant)
+
+
+def test_sort_and_topk_refuse_bad_k_and_rows_too_long_to_compare_pairwise():
+    tp = gt.Tape()
+    x = tp.param(np.zeros((2, 5)))
+    with pytest.raises(gt.GradtoolError, match=r"topk: k must be an int in \[1, 5\], got 6"):
+        tp.topk(x, 6)
+    with pytest.raises(gt.GradtoolError, match="topk: k must be an int"):
+        tp.topk(x, 2.0)
+    big = gt.Tape().param(np.zeros((4, 2048)))
+    with pytest.raises(gt.GradtoolError, match=r"sort: rows of 2048 entries compared pairwise: "
+                                           r"4 x 2048 x 2048 elements exceed the limit"):
+        big.tape.sort(big)

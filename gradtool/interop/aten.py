@@ -687,6 +687,45 @@ def _max_dim(r, node, a, dim, keepdim=False):
     return (r.tp.max(a, axis=dim % len(a.shape), keepdims=bool(keepdim)), None)
 
 
+@aten("aten.topk.default", needs=("topk",),
+      doc="(values, indices) from pairwise comparisons (Tape.topk: ties in index order, "
+          "a NaN the largest; sorted=False gives them sorted too); values take_along")
+def _topk(r, node, a, k, dim=-1, largest=True, sorted=True):
+    v = r.f(a)
+    return r.tp.topk(v, int(k), axis=dim % len(v.shape), largest=bool(largest))
+
+
+@aten("aten.sort.default", "aten.sort.stable", needs=("sort",),
+      doc="(values, indices) of a stable sort from pairwise comparisons (Tape.sort); a NaN "
+          "the largest, as torch's")
+def _sort(r, node, a, *args, **kwargs):
+    if str(node.target) == "aten.sort.stable":
+        dim, descending = kwargs.get("dim", -1), kwargs.get("descending", False)
+    else:
+        dim, descending = (list(args) + [-1, False][len(args):])[:2]
+        dim, descending = kwargs.get("dim", dim), kwargs.get("descending", descending)
+    v = r.f(a)
+    return r.tp.sort(v, axis=dim % len(v.shape), descending=bool(descending))
+
+
+@aten("aten.median.dim", "aten.median.default", needs=("sort",),
+      doc="the lower median (entry (n - 1) // 2 of the ascending sort; of every element "
+          "without a dim) and, by dim, its index")
+def _median(r, node, a, dim=None, keepdim=False):
+    v = r.f(a)
+    if dim is None:
+        v, dim = r.reshape(v, [math.prod(v.shape)]), 0
+    dim %= len(v.shape)
+    n = v.shape[dim]
+    values, ids = r.tp.sort(v, axis=dim)
+    picked = [r.slice_axis(t, dim, (n - 1) // 2, (n - 1) // 2 + 1, 1) for t in (values, ids)]
+    if str(node.target) == "aten.median.default":
+        return r.reshape(picked[0], r.shape(node))
+    out = [t if keepdim else r.reshape(t, [d for i, d in enumerate(t.shape) if i != dim] or [1])
+           for t in picked]
+    return tuple(out)
+
+
 @aten("aten.min.dim", doc="(-max(-a) along the axis, -): the values only")
 def _min_dim(r, node, a, dim, keepdim=False):
     a = r.f(a)

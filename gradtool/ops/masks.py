@@ -34,8 +34,9 @@ from .elementwise import binary, unary
 #   eq(m, 0) on masks of 0.0/1.0; any and counts are max and sum over a mask.
 #
 # Integer-valued nodes (``integral``): an i64 const; a comparison; keep and keep_not of an
-# integer-valued a (whatever the mask); to_f64, add, sub, mul, neg, maximum, sum, max and
-# the layout ops (reshape, transpose, slice, concat) of integer-valued inputs.  take and
+# integer-valued a (whatever the mask); to_f64, detach, add, sub, mul, neg, maximum, the
+# rounding ops, sum, max and the layout ops (reshape, transpose, permute, slice, concat) of
+# integer-valued inputs.  take and
 # take_along read their ids from any integer-valued node (``id_inputs``): ids computed on
 # the tape are checked,
 # every one a whole number in [0, bound), by the CPU reference at every replay and by the

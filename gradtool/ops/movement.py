@@ -162,7 +162,7 @@ def _permute_b(g, a, b, t, s, at, na, nb):
 
 _register(OpSpec("permute", "permute", 1, "the axes in a new order: out axis k is input axis "
                  "dims[k] (numpy's transpose(a, dims), torch's permute)", _permute_shape,
-                 _permute_f, _permute_b, kernels=("k_copy_nd",),
+                 _permute_f, _permute_b, kernels=("k_copy_nd",), integral="inputs",
                  attrs=(Attr("dims", "perm", "the input axis of each out axis; negative "
                              "counts from the end"),)))
 
