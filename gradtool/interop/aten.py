@@ -698,12 +698,7 @@ def _topk(r, node, a, k, dim=-1, largest=True, sorted=True):
 @aten("aten.sort.default", "aten.sort.stable", needs=("sort",),
       doc="(values, indices) of a stable sort from pairwise comparisons (Tape.sort); a NaN "
           "the largest, as torch's")
-def _sort(r, node, a, *args, **kwargs):
-    if str(node.target) == "aten.sort.stable":
-        dim, descending = kwargs.get("dim", -1), kwargs.get("descending", False)
-    else:
-        dim, descending = (list(args) + [-1, False][len(args):])[:2]
-        dim, descending = kwargs.get("dim", dim), kwargs.get("descending", descending)
+def _sort(r, node, a, dim=-1, descending=False, *, stable=None):
     v = r.f(a)
     return r.tp.sort(v, axis=dim % len(v.shape), descending=bool(descending))
 
