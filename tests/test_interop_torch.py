@@ -890,6 +890,37 @@ def test_detach_is_a_stop_gradient_as_in_torch():
     assert np.linalg.norm(plain_ref["w"] - ref["w"]) > 1e-3 * np.linalg.norm(ref["w"])
 
 
+class Bags(nn.Module):
+    """nn.EmbeddingBag: a 2-d input (equal bags) by mean and max, a 1-d input with fixed
+    offsets (unequal bags, one empty) by sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.mean = nn.EmbeddingBag(10, 4, mode="mean")
+        self.max = nn.EmbeddingBag(10, 4, mode="max")
+        self.sum = nn.EmbeddingBag(10, 4, mode="sum")
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids, flat):
+        offsets = torch.tensor([0, 2, 2, 5])
+        h = self.mean(ids) * self.max(ids) + self.sum(flat, offsets)[:2]
+        return (self.head(h) ** 2).mean()
+
+
+def test_embedding_bag_matches_torch():
+    torch.manual_seed(7)
+    module = Bags()
+    ids, flat = torch.tensor([[0, 2, 3], [2, 7, 9]]), torch.tensor([1, 2, 3, 4, 5, 6, 9])
+    result = import_module(module, (ids, flat))
+    result.tape.backward(result.loss)
+    ref_loss, ref = torch_reference(module, (ids, flat))
+    loss = float(result.tape.values[result.loss.id][0])
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    for name, g in ref.items():
+        got = result.tape.grad(result.params[name])
+        assert np.linalg.norm(got - g) <= 1e-11 * np.linalg.norm(g), name
+
+
 class PaddedEmbedding(nn.Module):
     def __init__(self):
         super().__init__()

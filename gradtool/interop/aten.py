@@ -637,6 +637,41 @@ def _embedding(r, node, weight, ids, padding_idx=-1, scale_grad=False, sparse=Fa
     return r.tp.where(pad, r.tp.detach(rows), rows)
 
 
+@aten("aten._embedding_bag.default", needs=("cat",),
+      doc="nn.EmbeddingBag (sum, mean, max) with bag boundaries fixed at export (a folded "
+          "offsets tensor, as a 2-d input gives): take, then per bag the sum, mean or max "
+          "over its rows (one reduction over a [bags, length, dim] reshape when the bags "
+          "are equally long); per-sample weights and padding_idx are refused")
+def _embedding_bag(r, node, weight, ids, offsets, scale_grad=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    torch = r.torch
+    if scale_grad:
+        raise Unsupported("embedding_bag with scale_grad_by_freq")
+    if per_sample_weights is not None:
+        raise Unsupported("embedding_bag with per_sample_weights")
+    if padding_idx is not None and padding_idx >= 0:
+        raise Unsupported("embedding_bag with padding_idx")
+    if not isinstance(offsets, torch.Tensor):
+        raise Unsupported("embedding_bag whose offsets are an input or computed (gradtool "
+                          "fixes the bag boundaries at export)")
+    n = r.tshape(node.args[1])[0]
+    bounds = [int(o) for o in offsets.tolist()] + ([] if include_last_offset else [n])
+    if any(b < 0 or b > n for b in bounds) or bounds != sorted(bounds) or len(bounds) < 2:
+        raise Unsupported(f"embedding_bag offsets {bounds[:8]} are not ascending in [0, {n}]")
+    tp = r.tp
+    rows = tp.take(r.f(weight), r.ids(ids))                               # [n, D]
+    d = rows.shape[1]
+    reduce = {0: tp.sum, 1: tp.mean, 2: tp.max}[int(mode)]
+    sizes = [e - s for s, e in zip(bounds, bounds[1:])]
+    if min(sizes) > 0 and len(set(sizes)) == 1 and bounds[0] == 0 and bounds[-1] == n:
+        out = reduce(r.reshape(rows, [len(sizes), sizes[0], d]), axis=1)
+    else:
+        bags = [reduce(r.slice_axis(rows, 0, s, e, 1), axis=0, keepdims=True) if e > s
+                else tp.const(np.zeros((1, d))) for s, e in zip(bounds, bounds[1:])]
+        out = bags[0] if len(bags) == 1 else tp.cat(bags, 0)
+    return (out, None, None, None)
+
+
 @aten("aten.index_select.default", needs=("index_select",), doc="index_select")
 def _index_select(r, node, a, dim, ids):
     v = r.f(a)
