@@ -810,6 +810,9 @@ FUNCTIONS = {
              + x.gather(0, torch.sort(x, dim=0).indices), ("sort",)),
     "median": (lambda x: torch.median(x, dim=1).values + torch.median(x) * x.median(0)[0][2],
                ("sort",)),
+    "addmm_scaled": (lambda x: torch.addmm(x[:, :4], x, x.t()[:, :4], beta=0.5, alpha=-2.0)
+                     + torch.baddbmm(x[None, :, :4], x[None], x.t()[None, :, :4], beta=0.0,
+                                     alpha=3.0), ()),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),
@@ -919,6 +922,41 @@ def test_embedding_bag_matches_torch():
     for name, g in ref.items():
         got = result.tape.grad(result.params[name])
         assert np.linalg.norm(got - g) <= 1e-11 * np.linalg.norm(g), name
+
+
+class NoGrad(nn.Module):
+    """A target computed under torch.no_grad() (and a stretch re-enabling grad inside it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        y = x * self.w
+        with torch.no_grad():
+            target = torch.softmax(y * 2.0, -1)
+            with torch.enable_grad():
+                live = y * y
+        return F.cross_entropy(y, target) + live.mean()
+
+
+def test_values_computed_under_no_grad_carry_no_gradient():
+    """run_decompositions inlines a no_grad block without a trace of it; the importer
+    detaches the block's values first, so the gradient is torch's (differentiating the
+    target too gives another, by more than 1e-3)."""
+    torch.manual_seed(8)
+    module, x = NoGrad(), torch.randn(4, 6)
+    result, loss, g = _imported_loss_and_grad(module, (x,), "w")
+    assert sum(n.op == "detach" for n in result.tape.nodes) == 1
+    ref_loss, ref = torch_reference(module, (x,))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+    m = copy.deepcopy(module)
+    with torch.enable_grad():
+        y = x.double() * m.double().w
+        full = F.cross_entropy(y, torch.softmax(y * 2.0, -1)) + (y * y).mean()
+    full.backward()
+    assert np.linalg.norm(m.w.grad.numpy() - ref["w"]) > 1e-3 * np.linalg.norm(ref["w"])
 
 
 class PaddedEmbedding(nn.Module):

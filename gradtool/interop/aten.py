@@ -390,18 +390,24 @@ def _bmm(r, node, a, b):
     return r.tp.bmm(r.f(a), r.f(b))
 
 
-@aten("aten.addmm.default", doc="add(matmul(a, b), bias)")
+def _scaled_sum(r, product, bias, beta, alpha):
+    """alpha * product + beta * bias as torch's addmm/baddbmm: a factor of 1 is no node,
+    beta 0 ignores bias (a NaN in it too, as BLAS does)."""
+    tp = r.tp
+    out = product if alpha == 1 else tp.muls(product, float(alpha))
+    if beta == 0:
+        return out
+    return tp.add(out, r.f(bias) if beta == 1 else tp.muls(r.f(bias), float(beta)))
+
+
+@aten("aten.addmm.default", doc="add(matmul(a, b), bias); alpha and beta as muls")
 def _addmm(r, node, bias, a, b, beta=1, alpha=1):
-    if beta != 1 or alpha != 1:
-        raise Unsupported("addmm with beta or alpha other than 1")
-    return r.tp.add(r.tp.matmul(r.f(a), r.f(b)), r.f(bias))
+    return _scaled_sum(r, r.tp.matmul(r.f(a), r.f(b)), bias, beta, alpha)
 
 
-@aten("aten.baddbmm.default", doc="add(bmm(a, b), input)")
+@aten("aten.baddbmm.default", doc="add(bmm(a, b), input); alpha and beta as muls")
 def _baddbmm(r, node, bias, a, b, beta=1, alpha=1):
-    if beta != 1 or alpha != 1:
-        raise Unsupported("baddbmm with beta or alpha other than 1")
-    return r.tp.add(r.tp.bmm(r.f(a), r.f(b)), r.f(bias))
+    return _scaled_sum(r, r.tp.bmm(r.f(a), r.f(b)), bias, beta, alpha)
 
 
 # ── layout ─────────────────────────────────────────────────────────────────
@@ -433,14 +439,11 @@ def _detach(r, node, a):
 
 
 @aten("aten.alias.default",
-      doc="the same value, for values no param reaches; else refused (an alias whose "
-          "origin the graph no longer says: a view, or a detach decomposed elsewhere)")
+      doc="the same value (a view of the whole tensor: a no-op slice; the gradient passes, "
+          "as torch's alias; detach, which the decomposition would make an alias, is kept "
+          "as detach)")
 def _alias(r, node, a):
-    v = r.value(a)
-    if r.requires_grad(v):
-        raise Unsupported("alias of a value that depends on a parameter (a detach "
-                          "decomposed before the importer saw it would be a stop-gradient)")
-    return v
+    return r.value(a)
 
 
 @aten("aten._to_copy.default", "aten.to.dtype",

@@ -302,6 +302,7 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
     table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias)."""
     import torch
+    _detach_no_grad_blocks(ep, torch)
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.detach.default, None)    # kept: a stop-gradient, not an alias
     with _float64_default(torch):
@@ -310,6 +311,31 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
         except Exception as exc:      # a decomposition torch cannot trace
             raise _torch_failed("run_decompositions", exc) from None
         return _Importer(ep, input_names, loss_output, strip).run()
+
+
+def _detach_no_grad_blocks(ep, torch) -> None:
+    """``with torch.no_grad():`` in a forward exports as a ``wrap_with_set_grad_enabled(
+    False, submodule, ...)`` node, which run_decompositions inlines without a trace of the
+    block: its values would then carry gradients torch never gives them (a silent wrong
+    result).  Each value the block returns gets an ``aten.detach`` here, before the
+    decomposition (which keeps detach), so it is recorded as the stop-gradient it is.
+    (torch.export splits a ``torch.enable_grad()`` block nested inside into its own
+    top-level stretch, outside the no-grad node, so its values keep their gradients.)"""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    gm = ep.graph_module
+    graph = gm.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not hop or node.args[0] is not False:
+            continue
+        for out in list(node.users):              # getitem of each returned value
+            with graph.inserting_after(out):
+                stop = graph.call_function(torch.ops.aten.detach.default, (out,))
+            stop.meta = dict(out.meta)
+            out.replace_all_uses_with(stop, delete_user_cb=lambda user, s=stop: user is not s)
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 # ── the importer ───────────────────────────────────────────────────────────
