@@ -959,6 +959,81 @@ def test_values_computed_under_no_grad_carry_no_gradient():
     assert np.linalg.norm(m.w.grad.numpy() - ref["w"]) > 1e-3 * np.linalg.norm(ref["w"])
 
 
+class GradReverse(torch.autograd.Function):
+    """A gradient-reversal layer (domain-adversarial training): the identity forward, -g
+    backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class Adversarial(nn.Module):
+    def __init__(self, custom=True):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.custom = custom
+
+    def forward(self, x):
+        y = x * self.w
+        r = GradReverse.apply(y) if self.custom else y.detach() - (y - y.detach())
+        return (r * torch.tanh(y)).sum()
+
+
+def test_a_custom_autograd_function_is_refused_and_the_suggested_rewrite_is_torchs():
+    """torch.export records a custom Function's forward and drops its backward: imported as
+    is, the gradient would be the identity's (a silent wrong result), so it is one error
+    naming the class and the line; the rewrite the message suggests imports and gives
+    the custom Function's gradient, as torch computes it."""
+    torch.manual_seed(9)
+    module, x = Adversarial(), torch.randn(4, 6)
+    before = torch.autograd.Function.__dict__["apply"]
+    with pytest.raises(TorchImportError) as info:
+        import_module(module, (x,))
+    assert len(info.value.lines) == 1
+    line = info.value.lines[0]
+    assert line.startswith("custom torch.autograd.Function GradReverse (x")
+    assert "GradReverse.apply(y)" in line and "drops its backward" in line
+    assert torch.autograd.Function.__dict__["apply"] is before           # restored
+    rewrite = Adversarial(custom=False)
+    rewrite.load_state_dict(module.state_dict())
+    _, loss, g = _imported_loss_and_grad(rewrite, (x,), "w")
+    ref_loss, ref = torch_reference(module, (x,))        # torch runs GradReverse.backward
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = checkpoint(lambda t: torch.tanh(self.fc(t)), x, use_reentrant=self.reentrant)
+        return (h * h).mean()
+
+
+def test_activation_checkpointing_imports_and_the_reentrant_form_is_one_error():
+    torch.manual_seed(10)
+    x = torch.randn(3, 6)
+    module = Checkpointed(reentrant=False)
+    _, loss, g = _imported_loss_and_grad(module, (x,), "fc.weight")
+    ref_loss, ref = torch_reference(module, (x,))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["fc.weight"]) <= 1e-11 * np.linalg.norm(ref["fc.weight"])
+    with pytest.raises(TorchImportError) as info:
+        import_module(Checkpointed(reentrant=True), (x,))
+    assert len(info.value.lines) == 1
+    assert info.value.lines[0].startswith("reentrant torch.utils.checkpoint")
+    assert "use_reentrant=False" in info.value.lines[0]
+
+
 class PaddedEmbedding(nn.Module):
     def __init__(self):
         super().__init__()

@@ -64,6 +64,7 @@ import inspect
 import math
 import os
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -144,12 +145,16 @@ def source_line(node) -> Optional[str]:
     torch_dir = _torch_dir()
     user = [f for f in frames if not (torch_dir and f[0].startswith(torch_dir))]
     path, line, func, code = (user or frames)[-1]
+    return f"{_display_path(path)}:{line} ({func})" + (f": {code}" if code else "")
+
+
+def _display_path(path: str) -> str:
+    """``path`` relative to the working directory where it lies below it."""
     try:
         rel = os.path.relpath(path)
-        path = rel if not rel.startswith("..") else path
     except ValueError:
-        pass
-    return f"{path}:{line} ({func})" + (f": {code}" if code else "")
+        return path
+    return rel if not rel.startswith("..") else path
 
 
 def _torch_dir() -> str:
@@ -253,13 +258,58 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
         m64 = _with_loss(m64, loss_fn, len(example_inputs))
         prefix = "model."
     # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
-    with _float64_default(torch):
+    with _float64_default(torch), _custom_functions(torch) as custom:
         try:
             ep = torch.export.export(m64, args)
         except Exception as exc:      # torch's own refusal (data-dependent control flow...)
             raise _torch_failed("torch.export", exc) from None
+    if custom:
+        raise TorchImportError(list(custom.values()))
     return import_program(ep, input_names=names, loss_output=loss_output, strip=prefix,
                           strict=strict)
+
+
+@contextlib.contextmanager
+def _custom_functions(torch):
+    """The user's ``torch.autograd.Function`` subclasses the forward applies while it is
+    exported, one :class:`Problem` each (by class).  torch.export records a custom
+    Function's forward ops and drops its backward, so the tape would differentiate the
+    forward instead: a silent wrong result for a gradient reversal, a straight-through
+    estimator or a clipped gradient, so the import is refused.  So is torch.utils.checkpoint
+    with use_reentrant=True, whose Function runs the forward under no_grad (the export
+    keeps that, the backward that recomputes it is gone); torch's other Functions pass."""
+    Function = torch.autograd.Function
+    original = Function.__dict__["apply"]
+    found: dict = {}
+
+    def apply(cls, *args, **kwargs):
+        reentrant = cls.__module__ == "torch.utils.checkpoint"
+        if reentrant or not cls.__module__.startswith("torch."):
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if not f.filename.startswith(_torch_dir())]
+            where = []
+            if frames:
+                f = frames[-1]
+                where = [f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
+                         + (f": {f.line.strip()}" if f.line else "")]
+            problem = found.setdefault(cls, Problem(
+                "reentrant torch.utils.checkpoint", "(use_reentrant=True)", detail=(
+                    "its forward runs under no_grad, which the export keeps and its "
+                    "backward would undo; pass use_reentrant=False (the same gradient)"))
+                if reentrant else Problem(
+                "custom torch.autograd.Function", cls.__qualname__, detail=(
+                    "torch.export keeps its forward and drops its backward, so gradtool "
+                    "would differentiate the forward instead; write the gradient with "
+                    "detach (a reversed gradient: y.detach() - (y - y.detach()))")))
+            problem.count += 1
+            problem.sources += [w for w in where if w not in problem.sources]
+        return original.__func__(cls, *args, **kwargs)
+
+    Function.apply = classmethod(apply)
+    try:
+        yield found
+    finally:
+        Function.apply = original
 
 
 @contextlib.contextmanager
