@@ -1007,6 +1007,52 @@ def test_a_custom_autograd_function_is_refused_and_the_suggested_rewrite_is_torc
     assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
 
 
+class Hooked(nn.Module):
+    def __init__(self, hook=True):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.hook = hook
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.hook:
+            y.register_hook(lambda g: g * 2.0)
+        else:
+            y = y.detach() + 2.0 * (y - y.detach())
+        return (torch.tanh(y) ** 2).mean()
+
+
+def test_gradient_hooks_are_refused_and_the_suggested_rewrite_is_torchs():
+    """torch.export drops Tensor.register_hook, module backward hooks and parameter
+    hooks, which exist to change gradients: each is one error line at the hook, and
+    the forward-side rewrite the message suggests gives the hooked gradient."""
+    torch.manual_seed(11)
+    x = torch.randn(3, 6)
+    module = Hooked()
+    before = torch.Tensor.register_hook
+    with pytest.raises(TorchImportError) as info:
+        import_module(module, (x,))
+    assert torch.Tensor.register_hook is before
+    assert len(info.value.lines) == 1
+    assert info.value.lines[0].startswith("gradient hook Tensor.register_hook (x1) at ")
+    assert "y.register_hook(lambda g: g * 2.0)" in info.value.lines[0]
+    rewrite = Hooked(hook=False)
+    rewrite.load_state_dict(module.state_dict())
+    _, loss, g = _imported_loss_and_grad(rewrite, (x,), "fc.weight")
+    ref_loss, ref = torch_reference(module, (x,))       # torch runs the hook
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["fc.weight"]) <= 1e-11 * np.linalg.norm(ref["fc.weight"])
+    hooked = Hooked(hook=False)
+    hooked.fc.register_full_backward_hook(lambda m, gi, go: (gi[0] * 3.0,))
+    hooked.fc.bias.register_hook(lambda g: g * 0.0)
+    with pytest.raises(TorchImportError) as info:
+        import_module(hooked, (x,))
+    lines = info.value.lines
+    assert len(lines) == 2
+    assert lines[0].startswith("backward hook on module fc (x1) at ") and "lambda" in lines[0]
+    assert lines[1].startswith("gradient hook on parameter fc.bias (x1) at ")
+
+
 class Checkpointed(nn.Module):
     def __init__(self, reentrant):
         super().__init__()

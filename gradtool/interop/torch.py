@@ -251,6 +251,9 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
         _arg_names(module.forward, len(example_inputs))
     if loss_fn is not None and input_names is None:
         names += _arg_names(loss_fn, len(loss_inputs) + 1)[1:]
+    hooks = _backward_hooks(module)
+    if hooks:
+        raise TorchImportError(hooks)
     m64 = copy.deepcopy(module).to(torch.float64)
     args = tuple(_as_f64(t) for t in example_inputs + loss_inputs)
     prefix = ""
@@ -272,7 +275,8 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
 @contextlib.contextmanager
 def _custom_functions(torch):
     """The user's ``torch.autograd.Function`` subclasses the forward applies while it is
-    exported, one :class:`Problem` each (by class).  torch.export records a custom
+    exported, one :class:`Problem` each (by class), and its ``Tensor.register_hook``
+    calls (one Problem: torch.export drops the hooks).  torch.export records a custom
     Function's forward ops and drops its backward, so the tape would differentiate the
     forward instead: a silent wrong result for a gradient reversal, a straight-through
     estimator or a clipped gradient, so the import is refused.  So is torch.utils.checkpoint
@@ -301,15 +305,79 @@ def _custom_functions(torch):
                     "torch.export keeps its forward and drops its backward, so gradtool "
                     "would differentiate the forward instead; write the gradient with "
                     "detach (a reversed gradient: y.detach() - (y - y.detach()))")))
-            problem.count += 1
-            problem.sources += [w for w in where if w not in problem.sources]
+            for w in where or ["unknown source line"]:
+                if w not in problem.sources:         # the export may trace a call twice
+                    problem.sources.append(w)
+                    problem.count += 1
         return original.__func__(cls, *args, **kwargs)
 
+    def register_hook(tensor, hook):
+        stack = traceback.extract_stack()[:-1]
+        if any(f.filename == __file__ and f.name == "register_hook" for f in stack):
+            return original_hook(tensor, hook)    # torch's dispatch calling back in
+        frames = [f for f in stack if not f.filename.startswith(_torch_dir())]
+        problem = found.setdefault("register_hook", Problem(
+            "gradient hook", "Tensor.register_hook", detail=(
+                "torch.export drops it, so the gradient would not be the one it makes; "
+                "write the change into the forward (a scaled gradient: y.detach() + "
+                "s * (y - y.detach()))")))
+        where = "unknown source line"
+        if frames:
+            f = frames[-1]
+            where = (f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
+                     + (f": {f.line.strip()}" if f.line else ""))
+        if where not in problem.sources:             # the export may trace a call twice
+            problem.sources.append(where)
+            problem.count += 1
+        return original_hook(tensor, hook)
+
+    original_hook = torch.Tensor.register_hook
     Function.apply = classmethod(apply)
+    torch.Tensor.register_hook = register_hook
     try:
         yield found
     finally:
         Function.apply = original
+        torch.Tensor.register_hook = original_hook
+
+
+def _backward_hooks(module) -> list:
+    """One :class:`Problem` per module or parameter of ``module`` with a backward hook
+    (``register_full_backward_hook``, ``register_backward_hook``,
+    ``register_full_backward_pre_hook``, a parameter's ``register_hook``), located at
+    the hook function's definition: torch.export drops them all, and they exist to
+    change gradients."""
+    import torch
+    out = []
+
+    def problem(kind, name, hooks, detail):
+        out.append(Problem(kind, name, count=len(hooks), detail=detail, sources=[
+            _defined_at(h) for h in hooks]))
+
+    for name, m in module.named_modules():
+        hooks = list(m._backward_hooks.values()) + list(m._backward_pre_hooks.values())
+        if hooks:
+            problem("backward hook on module", name or type(module).__name__, hooks,
+                    "torch.export drops it; remove it, or write what it does into the "
+                    "forward with detach")
+    hooks = list(torch.nn.modules.module._global_backward_hooks.values())
+    if hooks:
+        problem("global module backward hook", "(register_module_full_backward_hook)",
+                hooks, "torch.export drops it; remove it while importing")
+    for name, p in module.named_parameters():
+        hooks = list((getattr(p, "_backward_hooks", None) or {}).values())
+        if hooks:
+            problem("gradient hook on parameter", name, hooks,
+                    "torch.export drops it; remove it, or apply it to the gradients "
+                    "outside the model")
+    return out
+
+
+def _defined_at(fn) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return f"{getattr(fn, '__qualname__', type(fn).__name__)} (no source line)"
+    return f"{_display_path(code.co_filename)}:{code.co_firstlineno} ({fn.__qualname__})"
 
 
 @contextlib.contextmanager
