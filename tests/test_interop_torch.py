@@ -813,6 +813,9 @@ FUNCTIONS = {
     "addmm_scaled": (lambda x: torch.addmm(x[:, :4], x, x.t()[:, :4], beta=0.5, alpha=-2.0)
                      + torch.baddbmm(x[None, :, :4], x[None], x.t()[None, :, :4], beta=0.0,
                                      alpha=3.0), ()),
+    "index_rows_cols": (lambda x: x[torch.arange(4), torch.tensor([1, 5, 0, 2])]
+                        + x[torch.tensor([[0], [3]]), torch.tensor([5, -1, 2, 2])].sum(0), ()),
+    "unfold": (lambda x: F.unfold(x.reshape(1, 1, 4, 6), (2, 3), stride=(1, 2)), ()),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),
@@ -1051,6 +1054,37 @@ def test_gradient_hooks_are_refused_and_the_suggested_rewrite_is_torchs():
     assert len(lines) == 2
     assert lines[0].startswith("backward hook on module fc (x1) at ") and "lambda" in lines[0]
     assert lines[1].startswith("gradient hook on parameter fc.bias (x1) at ")
+
+
+class PickTrueClass(nn.Module):
+    """A custom loss: the log-probability of each example's true class by x[rows, labels],
+    labels an input slot."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+
+    def forward(self, x, labels):
+        logp = torch.log_softmax(self.fc(x), -1)
+        return -logp[torch.arange(x.shape[0]), labels].mean()
+
+
+def test_indexing_by_rows_and_input_labels_trains_like_torch(tmp_path):
+    torch.manual_seed(12)
+    module = PickTrueClass()
+    x, labels = torch.randn(6, 5), torch.tensor([0, 3, 1, 1, 2, 3])
+    result, loss, g = _imported_loss_and_grad(module, (x, labels), "fc.weight")
+    ref_loss, ref = torch_reference(module, (x, labels))
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    assert np.linalg.norm(g - ref["fc.weight"]) <= 1e-11 * np.linalg.norm(ref["fc.weight"])
+    ce = F.cross_entropy(copy.deepcopy(module.fc).double()(x.double()), labels).item()
+    assert abs(loss - ce) <= 1e-12 * ce                 # the same loss as cross_entropy
+    path = tmp_path / "pick.msgpack"
+    result.save(path)
+    require_c_compiler()
+    out = run("replay-gpu", path, "--backend", "host", "--check", "--episodes", "2",
+              "--warmup", "0")
+    assert out.exit_code == 0, out.output
 
 
 class Checkpointed(nn.Module):

@@ -824,14 +824,16 @@ def _pad(r, node, a, pad, value=0.0):
 
 
 @aten("aten.index.Tensor", needs=("permute",),
-      doc="one index tensor: take along its axis (ids of any shape); more are refused")
+      doc="one index tensor: take along its axis (ids of any shape); several (x[rows, "
+          "labels], broadcasting): take by the first, then take_along by each next, the "
+          "result's dims placed as torch places them")
 def _index(r, node, a, indices):
     given = [(i, t) for i, t in enumerate(indices) if t is not None]
-    if len(given) != 1:
-        raise Unsupported("indexing with more than one index tensor (or a mask)")
-    axis, ids = given[0]
-    if r.torch_dtype(node.args[1][axis]) == "bool":
+    if any(r.torch_dtype(node.args[1][i]) == "bool" for i, _ in given):
         raise Unsupported("boolean-mask indexing (a data-dependent shape)")
+    if len(given) > 1:
+        return _index_several(r, node, r.f(a), given)
+    axis, ids = given[0]
     v = r.f(a)
     n = len(v.shape)
     if axis == 0:
@@ -842,6 +844,40 @@ def _index(r, node, a, indices):
     rest = list(range(k, len(out.shape)))
     back = rest[:axis] + list(range(k)) + rest[axis:]
     return r.permute(out, back)
+
+
+def _index_several(r, node, v, given):
+    """x[i1, ..., im] with index tensors on dims P (broadcast together to bshape): the
+    indexed dims permuted to the front, ``take`` by i1 (each expanded to bshape), then
+    per next index ``take_along`` of the dim after bshape; torch's result has bshape
+    where the first indexed dim was when P are adjacent, in front otherwise."""
+    tp, torch = r.tp, r.torch
+    n = len(v.shape)
+    dims = [i for i, _ in given]
+    others = [d for d in range(n) if d not in dims]
+    shapes = [tuple(r.tshape(node.args[1][i])) for i in dims]
+    bshape = list(np.broadcast_shapes(*shapes)) or [1]
+
+    def ids(i, t):
+        if isinstance(t, torch.Tensor):             # a folded index: negatives counted back
+            t = torch.remainder(t, v.shape[i])
+        g = r.ids(t)
+        g = tp.to_f64(g) if tp.holds_ids(g.id) else g
+        g = r.reshape(g, [1] * (len(bshape) - len(g.shape)) + list(g.shape))
+        return r.expand(g, bshape)
+
+    t = tp.take(r.permute(v, dims + others), ids(*given[0]))    # bshape + dims[1:] + others
+    lead = len(bshape)
+    for i, g in given[1:]:
+        tail = list(t.shape[lead + 1:])
+        pick = r.expand(r.reshape(ids(i, g), bshape + [1] * (1 + len(tail))),
+                        bshape + [1] + tail)
+        t = r.reshape(tp.take_along(t, pick, axis=lead), bshape + tail)
+    if dims == list(range(dims[0], dims[0] + len(dims))) and dims[0] > 0:
+        before = list(range(lead, lead + dims[0]))               # the others before P
+        rest = [d for d in range(len(t.shape)) if d not in before]
+        t = r.permute(t, before + rest)
+    return r.reshape(t, r.shape(node))
 
 
 # ── constants that only depend on shapes (folded at import; listed here for the report)
