@@ -29,7 +29,8 @@ from .tape import GVar
 __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gelu",
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-           "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d",
+           "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
+           "max_pool3d", "avg_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
@@ -315,6 +316,122 @@ def avg_pool2d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
     return tp.avg_pool2d(x, kernel=k, stride=k if stride is None else _pair(stride, "stride"),
                          padding=_pair(padding, "avg_pool2d padding"), ceil_mode=ceil_mode,
                          count_include_pad=count_include_pad)
+
+
+# ── 3-d layers: per output depth, the 2-d op of a depth slab ───────────────
+
+def _triple(v, what: str) -> list:
+    """An int or three ints as [depth, height, width]."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v, v, v]
+    try:
+        out = [int(x) for x in v]
+    except (TypeError, ValueError):
+        raise TapeError(f"nn.{what}: expected an int or three ints, got {v!r}"[:200]) from None
+    if len(out) != 3:
+        raise TapeError(f"nn.{what}: expected an int or three ints, got {v!r}"[:200])
+    return out
+
+
+def _depth_out(tp, what, d, k, stride, pad, dil, ceil_mode=False) -> int:
+    span = d + 2 * pad - dil * (k - 1) - 1
+    if span < 0:
+        raise TapeError(f"nn.{what}: the depth window ({k} taps, dilation {dil}) is larger "
+                        f"than the padded depth {d + 2 * pad}")
+    out = -(-span // stride) + 1 if ceil_mode else span // stride + 1
+    if ceil_mode and (out - 1) * stride >= d + pad:     # torch: no window starts in the pad
+        out -= 1
+    return out
+
+
+def _rank5(x, what):
+    if len(x.shape) != 5:
+        raise TapeError(f"nn.{what}: expected x [N, C, D, H, W], got {list(x.shape)}")
+
+
+def conv3d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> GVar:
+    """torch's ``conv3d``: x [N, C, D, H, W], w [OC, C/groups, KD, KH, KW], b [OC].
+
+    Per output depth one ``conv2d`` node of the input's depth slab merged into the
+    channels ([N, C*KD, H, W], channel-major) by w reshaped to [OC, C/groups*KD, KH, KW]:
+    each output's products are one FMA chain over (channel, depth tap, row, column),
+    the matmul's inner products as every convolution's, and groups stay contiguous
+    blocks of the merged channels.  The depths are joined by ``stack``; zero depth
+    padding is a const block (``pad``)."""
+    tp = _tape(x, "conv3d")
+    _rank5(x, "conv3d")
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = (_triple(v, f"conv3d {n}") for v, n in (
+        (stride, "stride"), (padding, "padding"), (dilation, "dilation")))
+    n, c, d, h, wd = x.shape
+    oc, cg, kd, kh, kw = w.shape
+    out_d = _depth_out(tp, "conv3d", d, kd, sd, pd, dd)
+    if pd:
+        x = tp.pad(x, [(0, 0), (0, 0), (pd, pd), (0, 0), (0, 0)])
+    w2 = tp.reshape(w, [oc, cg * kd, kh, kw])
+    outs = []
+    for o in range(out_d):
+        slab = tp.narrow(x, 2, o * sd, o * sd + dd * (kd - 1) + 1, dd)      # [N, C, KD, H, W]
+        outs.append(tp.conv2d(tp.reshape(slab, [n, c * kd, h, wd]), w2, stride=[sh, sw],
+                              padding=[ph, pw], dilation=[dh, dw], groups=groups))
+    y = tp.stack(outs, 2)
+    return y if b is None else tp.add(y, tp.reshape(b, [oc, 1, 1, 1]))
+
+
+def _depth_taps(d, k, stride, pad, dil, out_d):
+    """The input depths each output depth's window reads (padding taps left out)."""
+    return [[t for t in (o * stride - pad + j * dil for j in range(k)) if 0 <= t < d]
+            for o in range(out_d)]
+
+
+def max_pool3d(x: GVar, kernel, stride=None, padding=0, dilation=1,
+               ceil_mode: bool = False) -> GVar:
+    """torch's ``max_pool3d``: per output depth the ``maximum`` of the ``max_pool2d`` of
+    each depth its window reads, in ascending depth (a tie keeps the earlier depth: the
+    first maximum in (depth, row, column) order gets the gradient, as torch's scan)."""
+    tp = _tape(x, "max_pool3d")
+    _rank5(x, "max_pool3d")
+    k = _triple(kernel, "max_pool3d kernel")
+    s = k if stride is None or stride == [] or stride == () else _triple(stride, "stride")
+    p, dl = _triple(padding, "max_pool3d padding"), _triple(dilation, "max_pool3d dilation")
+    n, c, d, h, wd = x.shape
+    out_d = _depth_out(tp, "max_pool3d", d, k[0], s[0], p[0], dl[0], ceil_mode)
+    outs = []
+    for taps in _depth_taps(d, k[0], s[0], p[0], dl[0], out_d):
+        pooled = [max_pool2d(tp.reshape(tp.narrow(x, 2, t, t + 1), [n, c, h, wd]), k[1:],
+                             s[1:], p[1:], dl[1:], ceil_mode) for t in taps]
+        m = pooled[0]
+        for q in pooled[1:]:
+            m = tp.maximum(m, q)
+        outs.append(m)
+    return tp.stack(outs, 2)
+
+
+def avg_pool3d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> GVar:
+    """torch's ``avg_pool3d`` (no ceil_mode): per output depth the ``avg_pool2d`` of each
+    depth its window reads, summed in ascending depth and divided by the depth taps
+    counted (the kernel's depth with count_include_pad, else the taps inside the input):
+    the average over the window's elements, rounded differently from torch's one sum."""
+    tp = _tape(x, "avg_pool3d")
+    _rank5(x, "avg_pool3d")
+    if ceil_mode:
+        raise TapeError("nn.avg_pool3d: ceil_mode is not supported")
+    k = _triple(kernel, "avg_pool3d kernel")
+    s = k if stride is None or stride == [] or stride == () else _triple(stride, "stride")
+    p = _triple(padding, "avg_pool3d padding")
+    n, c, d, h, wd = x.shape
+    out_d = _depth_out(tp, "avg_pool3d", d, k[0], s[0], p[0], 1)
+    outs = []
+    for taps in _depth_taps(d, k[0], s[0], p[0], 1, out_d):
+        pooled = [avg_pool2d(tp.reshape(tp.narrow(x, 2, t, t + 1), [n, c, h, wd]), k[1:],
+                             s[1:], p[1:], False, count_include_pad) for t in taps]
+        total = pooled[0]
+        for q in pooled[1:]:
+            total = tp.add(total, q)
+        count = k[0] if count_include_pad else len(taps)
+        outs.append(tp.div(total, tp.const(np.array([float(count)]))) if count > 1 else total)
+    return tp.stack(outs, 2)
 
 
 def global_avg_pool2d(x: GVar) -> GVar:

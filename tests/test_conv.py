@@ -512,3 +512,65 @@ def test_a_file_whose_conv_padding_needs_gigabytes_is_refused_at_load(monkeypatc
     with pytest.raises(gt.TapeFileError) as err:
         load(msgpack.packb(doc), name="pad.msgpack")
     assert err.value.node == y.id and "memory" in str(err.value)
+
+
+# ── 3-d: conv3d, max_pool3d, avg_pool3d as 2-d ops per output depth ──────────
+
+def _oracle3d(build, torch_build, x, *params):
+    """Value and gradients (of sum(y * w) with random w) of ours and torch float64's."""
+    rng = np.random.default_rng(5)
+    tp = gt.Tape()
+    leaves = [tp.param(a) for a in (x, *params)]
+    y = build(*leaves)
+    w = rng.uniform(0.5, 1.5, tp.value(y).shape)
+    tp.backward(tp.sum(tp.mul(y, tp.const(w))))
+    tl = [torch.tensor(a, requires_grad=True) for a in (x, *params)]
+    ty = torch_build(*tl)
+    (ty * torch.tensor(w)).sum().backward()
+    assert tp.value(y).shape == tuple(ty.shape)
+    assert np.abs(tp.value(y) - ty.detach().numpy()).max() <= 1e-12 * np.abs(ty.detach().numpy()).max()
+    for leaf, t in zip(leaves, tl, strict=True):
+        assert np.linalg.norm(tp.grad(leaf) - t.grad.numpy()) <= 1e-12 * np.linalg.norm(t.grad.numpy())
+    return tp, y
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(stride=(2, 1, 2), padding=(1, 1, 0),
+                                             dilation=(2, 1, 1), groups=2)])
+def test_conv3d_matches_torch_and_the_host_backend(kw):
+    from support import host_matches
+    rng = np.random.default_rng(6)
+    x, b = rng.normal(size=(2, 4, 7, 6, 5)), rng.normal(size=6)
+    w = rng.normal(size=(6, 4 // kw.get("groups", 1), 3, 2, 3))
+    tp, y = _oracle3d(lambda a, v, c: nn.conv3d(a, v, c, **kw),
+                      lambda a, v, c: F.conv3d(a, v, c, **kw), x, w, b)
+    host_matches(tp, tp.sum(y))
+
+
+@pytest.mark.parametrize("kw", [dict(kernel=2), dict(kernel=(3, 2, 2), stride=(2, 1, 2),
+                                                     padding=(1, 1, 0), dilation=(1, 2, 1),
+                                                     ceil_mode=True)])
+def test_max_pool3d_matches_torch(kw):
+    x = np.random.default_rng(7).normal(size=(2, 3, 7, 6, 5))
+    k = kw.pop("kernel")
+    _oracle3d(lambda a: nn.max_pool3d(a, k, **kw), lambda a: F.max_pool3d(a, k, **kw), x)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel=2), dict(kernel=(3, 3, 2), stride=(2, 1, 2),
+                                                     padding=(1, 1, 0), count_include_pad=False),
+                                dict(kernel=(3, 1, 1), stride=1, padding=(1, 0, 0))])
+def test_avg_pool3d_matches_torch(kw):
+    x = np.random.default_rng(8).normal(size=(2, 3, 7, 6, 5))
+    k = kw.pop("kernel")
+    _oracle3d(lambda a: nn.avg_pool3d(a, k, **kw), lambda a: F.avg_pool3d(a, k, **kw), x)
+
+
+def test_3d_layers_refuse_bad_shapes_in_one_line():
+    tp = gt.Tape()
+    x = tp.param(np.zeros((2, 3, 4, 4)))
+    with pytest.raises(gt.TapeError, match=r"nn.max_pool3d: expected x \[N, C, D, H, W\]"):
+        nn.max_pool3d(x, 2)
+    v = tp.param(np.zeros((1, 1, 2, 4, 4)))
+    with pytest.raises(gt.TapeError, match="nn.conv3d: the depth window"):
+        nn.conv3d(v, tp.param(np.zeros((1, 1, 3, 1, 1))))
+    with pytest.raises(gt.TapeError, match="nn.avg_pool3d kernel: expected an int or three ints"):
+        nn.avg_pool3d(v, (2, 2))

@@ -350,6 +350,31 @@ class TopKMoE(nn.Module):
         return F.mse_loss((gates.unsqueeze(-1) * picked).sum(1), y)
 
 
+class Net3d(nn.Module):
+    """A volumetric CNN: Conv3d (padding; then stride, groups), BatchNorm3d in train mode,
+    MaxPool3d, AvgPool3d, LocalResponseNorm (an avg_pool3d over channels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv3d(2, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm3d(4)
+        self.pool = nn.MaxPool3d(2)
+        self.c2 = nn.Conv3d(4, 4, (2, 3, 3), stride=(1, 2, 1), groups=2)
+        self.avg = nn.AvgPool3d((1, 2, 2))
+        self.lrn = nn.LocalResponseNorm(3)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        h = self.pool(F.relu(self.bn(self.c1(x))))
+        h = self.lrn(self.avg(F.relu(self.c2(h))))
+        return F.cross_entropy(self.head(h.mean((2, 3, 4))), y)
+
+
+def net3d_case():
+    torch.manual_seed(15)
+    return Net3d(), (torch.randn(2, 2, 6, 10, 10), torch.tensor([0, 2]))
+
+
 def moe_case():
     torch.manual_seed(14)
     return TopKMoE(), (torch.randn(16, 6), torch.randn(16, 6))
@@ -368,6 +393,7 @@ CASES = {
                                 "max_pool2d", "nn.group_norm", "nn.conv_transpose2d")),
     "conv1d_batch_norm_1d": (seq1d_case, ("conv2d", "nn.conv_transpose1d", "cumsum")),
     "top2_mixture_of_experts": (moe_case, ("topk", "erf")),
+    "conv3d_net": (net3d_case, ("conv2d", "nn.conv3d", "nn.max_pool3d", "nn.avg_pool3d")),
 }
 
 

@@ -953,9 +953,10 @@ def _pair(v, what):
 
 @aten("aten.convolution.default", needs=("conv2d", "nn.conv2d", "nn.conv1d",
                                          "nn.conv_transpose2d", "nn.conv_transpose1d"),
-      doc="gradtool.nn.conv2d (NCHW) or nn.conv1d (NCL); transposed: nn.conv_transpose2d or "
-          "nn.conv_transpose1d (a conv2d of the stride-spread input); the bias a broadcast "
-          "add")
+      doc="gradtool.nn.conv2d (NCHW), nn.conv1d (NCL) or nn.conv3d (NCDHW: a conv2d per "
+          "output depth of the depth slab merged into the channels); transposed: "
+          "nn.conv_transpose2d or nn.conv_transpose1d (a conv2d of the stride-spread "
+          "input); the bias a broadcast add")
 def _convolution(r, node, x, w, bias, stride, padding, dilation, transposed,
                  output_padding, groups):
     from .. import nn
@@ -971,7 +972,10 @@ def _convolution(r, node, x, w, bias, stride, padding, dilation, transposed,
         one = lambda v: (list(v) if isinstance(v, (list, tuple)) else [v])[0]   # noqa: E731
         return nn.conv1d(x, w, b, stride=one(stride), padding=one(padding),
                          dilation=one(dilation), groups=int(groups))
-    raise Unsupported(f"a convolution of a rank-{len(x.shape)} input (1-d and 2-d only)")
+    if len(x.shape) == 5:
+        return nn.conv3d(x, w, b, stride=stride, padding=padding, dilation=dilation,
+                         groups=int(groups))
+    raise Unsupported(f"a convolution of a rank-{len(x.shape)} input (1-d, 2-d and 3-d only)")
 
 
 def _conv_transpose(x, w, b, stride, padding, dilation, output_padding, groups):
@@ -1012,6 +1016,38 @@ def _avg_pool2d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
     return nn.avg_pool2d(r.f(x), k, _pair(stride, "stride") if stride else k,
                          _pair(padding, "padding"), ceil_mode=bool(ceil_mode),
                          count_include_pad=bool(count_include_pad))
+
+
+def _batched(r, x, fn):
+    """fn of x [N, C, D, H, W]; an unbatched [C, D, H, W] x as a batch of one."""
+    if len(x.shape) == 4:
+        y = fn(r.reshape(x, [1] + list(x.shape)))
+        return r.reshape(y, list(y.shape[1:]))
+    return fn(x)
+
+
+@aten("aten.max_pool3d_with_indices.default", needs=("nn.max_pool3d",),
+      doc="gradtool.nn.max_pool3d (per output depth the maximum of the max_pool2d of each "
+          "depth in its window; the values, the indices are not recorded)")
+def _max_pool3d(r, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    from .. import nn
+    return (_batched(r, r.f(x), lambda v: nn.max_pool3d(
+        v, kernel_size, stride or None, padding, dilation, bool(ceil_mode))), None)
+
+
+@aten("aten.avg_pool3d.default", needs=("nn.avg_pool3d",),
+      doc="gradtool.nn.avg_pool3d (the avg_pool2d of each depth in the window summed and "
+          "divided by the depth count; count_include_pad; no ceil_mode, no "
+          "divisor_override)")
+def _avg_pool3d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    from .. import nn
+    if divisor_override is not None:
+        raise Unsupported("avg_pool3d's divisor_override")
+    if ceil_mode:
+        raise Unsupported("avg_pool3d with ceil_mode")
+    return _batched(r, r.f(x), lambda v: nn.avg_pool3d(
+        v, kernel_size, stride or None, padding, False, bool(count_include_pad)))
 
 
 def _optional(r, v):
