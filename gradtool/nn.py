@@ -166,17 +166,22 @@ def mse(y: GVar, t: GVar) -> GVar:
 
 # ── convolutional layers (NCHW; torch.nn.functional's arguments) ───────────
 
-def _pair(v, what: str) -> list:
-    """An int or a pair of ints as [height, width]."""
-    if isinstance(v, (int,)) and not isinstance(v, bool):
-        return [v, v]
+def _ints(v, count: int, what: str) -> list:
+    """An int (repeated) or ``count`` ints: [height, width], or [depth, height, width]."""
+    words = {2: "two", 3: "three"}[count]
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v] * count
     try:
         out = [int(x) for x in v]
     except (TypeError, ValueError):
-        raise TapeError(f"nn.{what}: expected an int or two ints, got {v!r}"[:200]) from None
-    if len(out) != 2:
-        raise TapeError(f"nn.{what}: expected an int or two ints, got {v!r}"[:200])
+        out = None
+    if out is None or len(out) != count:
+        raise TapeError(f"nn.{what}: expected an int or {words} ints, got {v!r}"[:200])
     return out
+
+
+def _pair(v, what: str) -> list:
+    return _ints(v, 2, what)
 
 
 def conv2d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, dilation=1,
@@ -321,16 +326,7 @@ def avg_pool2d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
 # ── 3-d layers: per output depth, the 2-d op of a depth slab ───────────────
 
 def _triple(v, what: str) -> list:
-    """An int or three ints as [depth, height, width]."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return [v, v, v]
-    try:
-        out = [int(x) for x in v]
-    except (TypeError, ValueError):
-        raise TapeError(f"nn.{what}: expected an int or three ints, got {v!r}"[:200]) from None
-    if len(out) != 3:
-        raise TapeError(f"nn.{what}: expected an int or three ints, got {v!r}"[:200])
-    return out
+    return _ints(v, 3, what)
 
 
 def _depth_out(tp, what, d, k, stride, pad, dil, ceil_mode=False) -> int:
