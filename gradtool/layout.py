@@ -358,6 +358,26 @@ def cumprod(tp, a, axis):
     return cat(tp, out, ax)
 
 
+def cummax(tp, a, axis):
+    """Running maxima along ``axis`` (torch.cummax's values): ``y[0] = a[0]``, ``y[i] =
+    maximum(a[i], y[i-1])``, exact copies; a tie gives the later entry (and its
+    gradient), as torch's index, and a NaN stays (its gradient then follows the
+    chain back, where torch's goes to the NaN's own entry)."""
+    shape = _shape(tp, a, "cummax")
+    ax = _axis(axis, len(shape), "cummax")
+    run = narrow(tp, a, ax, 0, 1)
+    out = [run]
+    for i in range(1, shape[ax]):
+        run = tp.maximum(narrow(tp, a, ax, i, i + 1), run)
+        out.append(run)
+    return cat(tp, out, ax)
+
+
+def cummin(tp, a, axis):
+    """Running minima (torch.cummin's values): ``-cummax(-a)``, exact; ties to the later."""
+    return tp.neg(cummax(tp, tp.neg(a), axis))
+
+
 def prod(tp, a, axis=None, keepdims=False):
     """The product along ``axis`` (torch.prod; None: of every element, as [1]): the last
     entry of :func:`cumprod`'s chain, without the cat."""
@@ -506,6 +526,7 @@ METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatte
            "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
            "swapaxes": swapaxes, "pad": pad,
            "index_select": index_select, "repeat_interleave": repeat_interleave,
-           "flip": flip, "cumsum": cumsum, "cumprod": cumprod, "prod": prod,
+           "flip": flip, "cumsum": cumsum, "cumprod": cumprod, "cummax": cummax,
+           "cummin": cummin, "prod": prod,
            "topk": topk, "sort": sort,
            "variance": variance, "std": std, "amin": amin}

@@ -868,6 +868,8 @@ FUNCTIONS = {
     "index_rows_cols": (lambda x: x[torch.arange(4), torch.tensor([1, 5, 0, 2])]
                         + x[torch.tensor([[0], [3]]), torch.tensor([5, -1, 2, 2])].sum(0), ()),
     "unfold": (lambda x: F.unfold(x.reshape(1, 1, 4, 6), (2, 3), stride=(1, 2)), ()),
+    "cummax_cummin": (lambda x: torch.cummax(x, 1).values * torch.cummin(x.round(), 0)[0],
+                      ("cummax", "round")),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),

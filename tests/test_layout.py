@@ -532,3 +532,21 @@ def test_sort_and_topk_refuse_bad_k_and_rows_too_long_to_compare_pairwise():
     with pytest.raises(gt.GradtoolError, match=r"sort: rows of 2048 entries compared pairwise: "
                                            r"4 x 2048 x 2048 elements exceed the limit"):
         big.tape.sort(big)
+
+
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
+def test_cummax_and_cummin_are_torchs_values_and_tie_gradients(name):
+    """Ties give the later entry the gradient, as torch's indices; exact copies."""
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0, -0.5, 4.0],
+                  [2.0, 1.0, 1.0, 3.0, -0.0, 0.0, 1.0]])
+    tp = gt.Tape()
+    p = tp.param(x)
+    y = getattr(tp, name)(p, 1)
+    w = np.random.default_rng(2).uniform(0.5, 1.5, x.shape)
+    tp.backward(tp.sum(tp.mul(y, tp.const(w))))
+    tx = torch.tensor(x, requires_grad=True)
+    ty = getattr(torch, name)(tx, 1).values
+    (ty * torch.tensor(w)).sum().backward()
+    assert_bits_equal(tp.value(y), ty.detach().numpy())
+    assert_bits_equal(tp.grad(p), tx.grad.numpy())

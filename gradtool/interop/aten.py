@@ -325,6 +325,15 @@ def _cumsum(r, node, a, dim, dtype=None):
     return r.tp.cumsum(r.f(a), dim)
 
 
+@aten("aten.cummax.default", "aten.cummin.default", needs=("cummax", "cummin"),
+      doc="(Tape.cummax or cummin, -): the running extrema, a tie to the later entry as "
+          "torch's; the indices are not recorded")
+def _cummax(r, node, a, dim):
+    v = r.f(a)
+    fn = r.tp.cummax if str(node.target).startswith("aten.cummax") else r.tp.cummin
+    return (fn(v, dim % len(v.shape)), None)
+
+
 @aten("aten.cumprod.default", needs=("cumprod",),
       doc="cumprod (the running product, one mul a step in ascending order)")
 def _cumprod(r, node, a, dim, dtype=None):
