@@ -670,6 +670,24 @@ def test_unsupported_ops_one_error_listing_each_with_count_and_line():
     assert lines[1].startswith("unsupported op aten.atan.default (x1) at ")
 
 
+def test_cli_a_model_that_fails_on_its_example_shapes_is_one_line(tmp_path, capfd):
+    """torch's fake-tensor logger prints a traceback when an op fails on the example
+    shapes; the import keeps it quiet and reports the failure in one line, exit 2."""
+    spec = tmp_path / "model.py"
+    spec.write_text("import torch\n\ndef build():\n"
+                    "    return torch.nn.Linear(2, 1), (torch.randn(3, 5),)\n")
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "gradtool", "import-torch", f"{spec}:build",
+                           "-o", str(tmp_path / "m.msgpack")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradtool: "), proc.stderr
+    assert "torch.export failed: RuntimeError" in lines[0] and "[3, 5]" in lines[0]
+    assert not (tmp_path / "m.msgpack").exists()
+
+
 def test_cli_unsupported_op_exit_2_one_line_per_op_no_file(tmp_path):
     spec = tmp_path / "model.py"
     spec.write_text(SPEC_FILE)

@@ -61,6 +61,7 @@ import collections
 import contextlib
 import copy
 import inspect
+import logging
 import math
 import os
 import re
@@ -383,13 +384,19 @@ def _defined_at(fn) -> str:
 @contextlib.contextmanager
 def _float64_default(torch):
     """torch's default dtype float64 while the forward is traced, re-traced by
-    run_decompositions and folded: the tensors it creates without a dtype are float64."""
+    run_decompositions and folded: the tensors it creates without a dtype are float64.
+    torch's fake-tensor logger is quiet meanwhile: it logs a traceback for an op that
+    fails on the example shapes, which the import reports itself, in one line."""
     default = torch.get_default_dtype()
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
     torch.set_default_dtype(torch.float64)
+    logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
         torch.set_default_dtype(default)
+        logger.setLevel(level)
 
 
 def _torch_failed(step: str, exc: Exception) -> TorchImportError:
