@@ -45,6 +45,7 @@ from . import fdlibm, numerics
 ARITH = ("add", "sub", "mul", "div")
 FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs", "floor",
          "ceil", "trunc", "rint")
+FUNCS2 = ("fmod",)                   # two-argument functions
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -109,6 +110,9 @@ def floor(a) -> Expr: return Op("floor", (lift(a),))
 def ceil(a) -> Expr: return Op("ceil", (lift(a),))
 def trunc(a) -> Expr: return Op("trunc", (lift(a),))
 def rint(a) -> Expr: return Op("rint", (lift(a),))
+# C's fmod: a - trunc(a / b) * b computed exactly (every result is representable): numpy's
+# np.fmod, and gt_math.h's gt_fmod in integer arithmetic for the kernels and emitted code
+def fmod(a, b) -> Expr: return Op("fmod", (lift(a), lift(b)))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
 
@@ -141,7 +145,7 @@ def symbols(expr: Expr) -> list:
 
 # rough cost of one element, in copies (a copy = 1): what the host backend uses to decide
 # when a launch is worth splitting over threads (it never changes a result)
-_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "log1p": 12, "sin": 14, "cos": 14, "sqrt": 3, "div": 1}
+_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "log1p": 12, "sin": 14, "cos": 14, "sqrt": 3, "div": 1, "fmod": 6}
 
 
 def cost(expr: Expr) -> int:
@@ -170,7 +174,7 @@ _NUMPY = {
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
     "log": fdlibm.log, "tanh": fdlibm.tanh, "erf": fdlibm.erf, "log1p": fdlibm.log1p,
     "sin": fdlibm.sin, "cos": fdlibm.cos, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
-    "trunc": np.trunc, "rint": np.rint,
+    "trunc": np.trunc, "rint": np.rint, "fmod": np.fmod,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
 }
@@ -294,7 +298,7 @@ KERNEL = Dialect(
            "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
            "erf": "R_ERF", "log1p": "R_LOG1P", "sin": "R_SIN", "cos": "R_COS",
            "abs": "R_ABS", "floor": "R_FLOOR", "ceil": "R_CEIL", "trunc": "R_TRUNC",
-           "rint": "R_RINT"},
+           "rint": "R_RINT", "fmod": "R_FMOD"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
 # scalar double code (the emitter): gt_math.h's macros and functions directly
@@ -302,7 +306,8 @@ SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
            "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
            "erf": "gt_erf", "log1p": "gt_log1p", "sin": "gt_sin", "cos": "gt_cos",
-           "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint"},
+           "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint",
+           "fmod": "gt_fmod"},
     const=c_double)
 
 
@@ -357,6 +362,8 @@ def text(expr: Expr, parent: int = 0) -> str:
     op, args = expr.op, expr.args
     if op in FUNCS:
         return f"{op}({text(args[0])})"
+    if op in FUNCS2:
+        return f"{op}({text(args[0])}, {text(args[1])})"
     if op == "select":
         out = f"{text(args[1], 1)} if {text(args[0], 1)} else {text(args[2], 1)}"
         return f"({out})" if parent > 0 else out
@@ -371,6 +378,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_", "floor", "ceil", "trunc", "rint",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_", "floor", "ceil", "trunc", "rint", "fmod",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

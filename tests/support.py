@@ -188,7 +188,10 @@ ROUNDING = ["floor", "ceil", "trunc", "round"]
 
 def random_unary(tp, rng, x):
     """A random unary op of x (inputs kept in the domain of log and sqrt)."""
-    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY + ROUNDING)
+    op = rng.choice(UNARY + ["adds", "muls"] + MATH_UNARY + ROUNDING + ["fmods", "mods"])
+    if op in ("fmods", "mods"):         # jumps where 2.5 x crosses a multiple of s
+        s = float(rng.uniform(0.5, 2.0) * rng.choice([-1.0, 1.0]))
+        return tp.add(x, getattr(tp, op)(tp.muls(x, 2.5), s))
     if op in ROUNDING:                  # integers and ties at 2.5 x: -2.5 ... 2.5
         return tp.add(x, getattr(tp, op)(tp.muls(x, 2.5)))
     if op in ("log", "sqrt", "log1p", "rsqrt"):
@@ -526,6 +529,7 @@ def all_ops_tape():
     u = tp.add(u, tp.detach(tp.mul(u, t)))                       # a stop-gradient
     v = tp.muls(t, 2.5)                                          # rounding: no gradient
     u = tp.add(u, tp.add(tp.add(tp.floor(v), tp.ceil(v)), tp.add(tp.trunc(v), tp.round(v))))
+    u = tp.add(u, tp.mul(tp.fmods(v, 0.75), tp.mods(v, -0.75)))        # fmod, remainder
     loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])

@@ -888,6 +888,8 @@ FUNCTIONS = {
     "unfold": (lambda x: F.unfold(x.reshape(1, 1, 4, 6), (2, 3), stride=(1, 2)), ()),
     "cummax_cummin": (lambda x: torch.cummax(x, 1).values * torch.cummin(x.round(), 0)[0],
                       ("cummax", "round")),
+    "fmod_remainder": (lambda x: torch.fmod(x * 3.0, 1.5) * torch.remainder(x, -0.7)
+                       + (x * 5.0) % 2.0, ("fmods", "mods")),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),

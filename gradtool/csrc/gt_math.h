@@ -886,4 +886,45 @@ GT_INLINE double gt_log1p(double x)
                                              GT_ADD(GT_MUL(dk, ln2_lo), c))), f));
 }
 
+/* ---- fmod: the exact remainder, in integer arithmetic ----------------- */
+/* x - trunc(x / y) * y, exactly (the result is always representable), with the sign
+ * of x, as C99's fmod and numpy's np.fmod: a NaN for x infinite, y zero or a NaN
+ * argument (glibc's (x * y) / (x * y), so the NaN's bits are libm's too); x for y
+ * infinite or |x| < |y|.  Computed on the significands as
+ * integers (both normalised to [2^52, 2^53), then one shift-and-subtract step per
+ * binade between them, as fdlibm's e_fmod.c), so no floating-point operation is
+ * involved and the device's libm (whose fmod the PTX check would see contracting)
+ * is not either. */
+GT_INLINE double gt_fmod(double x, double y)
+{
+    const unsigned long long sign = 0x8000000000000000ULL, inf = 0x7ff0000000000000ULL;
+    const unsigned long long one = 1ULL << 52;
+    unsigned long long ux = gtm_bits(x), uy = gtm_bits(y), sx = ux & sign, mx, my, r;
+    int ex, ey, n;
+    ux &= ~sign;
+    uy &= ~sign;
+    if (uy == 0 || ux >= inf || uy > inf)   /* a NaN as libm's: a NaN argument's own */
+        return GT_DIV(GT_MUL(x, y), GT_MUL(x, y));
+    if (uy == inf || ux < uy) return x;
+    if (ux == uy) return gtm_from_bits(sx);
+    ex = (int)(ux >> 52);
+    ey = (int)(uy >> 52);
+    mx = (ux & (one - 1)) | (ex ? one : 0);
+    my = (uy & (one - 1)) | (ey ? one : 0);
+    if (!ex) ex = 1;
+    if (!ey) ey = 1;
+    while (mx < one) { mx <<= 1; ex--; }
+    while (my < one) { my <<= 1; ey--; }
+    r = mx;
+    for (n = ex - ey; n > 0; n--) {        /* r < 2 my throughout */
+        if (r >= my) r -= my;
+        r <<= 1;
+    }
+    if (r >= my) r -= my;
+    if (r == 0) return gtm_from_bits(sx);
+    while (r < one) { r <<= 1; ey--; }
+    if (ey >= 1) return gtm_from_bits(sx | ((unsigned long long)ey << 52) | (r - one));
+    return gtm_from_bits(sx | (r >> (1 - ey)));   /* subnormal: the shifted-out bits are 0 */
+}
+
 #endif /* GT_MATH_H */

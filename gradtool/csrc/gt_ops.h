@@ -32,6 +32,8 @@
     X(k_ceil, R_CEIL(xv)) \
     X(k_trunc, R_TRUNC(xv)) \
     X(k_round, R_RINT(xv)) \
+    X(k_fmods, R_FMOD(xv, s)) \
+    X(k_mods, ((R_FMOD(xv, s) == ((gt_real)0x0p+0)) ? R_FMOD(xv, s) : ((s < ((gt_real)0x0p+0)) ? ((R_FMOD(xv, s) < ((gt_real)0x0p+0)) ? R_FMOD(xv, s) : R_ADD(R_FMOD(xv, s), s)) : ((R_FMOD(xv, s) < ((gt_real)0x0p+0)) ? R_ADD(R_FMOD(xv, s), s) : R_FMOD(xv, s))))) \
     X(k_pows, ((s == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((s == ((gt_real)0x1p+0)) ? xv : ((s == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((s == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((s == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((s == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((s == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((s == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((s == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(s) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(s), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(s)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(s) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(s), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(s), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(s, R_LOG(R_ABS(xv)))))))))))))))) \
     X(k_clamp_min, ((xv < s) ? s : xv)) \
     X(k_clamp_max, ((xv > s) ? s : xv)) \
@@ -57,6 +59,8 @@
     X(k_expm1_bwd, R_MUL(gv, R_ADD(tv, ((gt_real)0x1p+0)))) \
     X(k_log1p_bwd, R_DIV(gv, R_ADD(xv, ((gt_real)0x1p+0)))) \
     X(k_rsqrt_bwd, R_MUL(R_MUL(((gt_real)(-0x1p-1)), gv), R_MUL(R_MUL(tv, tv), tv))) \
+    X(k_fmods_bwd, gv) \
+    X(k_mods_bwd, gv) \
     X(k_pows_bwd, ((s == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_MUL(gv, R_MUL(s, ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+0)) ? xv : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((R_SUB(s, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(s, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(s, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(s, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(R_SUB(s, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))))))))))))))) \
     X(k_clamp_min_bwd, ((xv >= s) ? gv : ((gt_real)0x0p+0))) \
     X(k_clamp_max_bwd, ((xv <= s) ? gv : ((gt_real)0x0p+0))) \
@@ -123,6 +127,8 @@
     X(k_ceil, 1) \
     X(k_trunc, 1) \
     X(k_round, 1) \
+    X(k_fmods, 7) \
+    X(k_mods, 49) \
     X(k_pows, 165) \
     X(k_clamp_min, 1) \
     X(k_clamp_max, 1) \
@@ -144,6 +150,8 @@
     X(k_expm1_bwd, 1) \
     X(k_log1p_bwd, 2) \
     X(k_rsqrt_bwd, 1) \
+    X(k_fmods_bwd, 1) \
+    X(k_mods_bwd, 1) \
     X(k_pows_bwd, 165) \
     X(k_clamp_min_bwd, 1) \
     X(k_clamp_max_bwd, 1) \
@@ -662,6 +670,10 @@
     X(k_ceil) \
     X(k_trunc) \
     X(k_round) \
+    X(k_fmods) \
+    X(k_fmods_bwd) \
+    X(k_mods) \
+    X(k_mods_bwd) \
     X(k_pows) \
     X(k_pows_bwd) \
     X(k_minimum) \

@@ -82,6 +82,7 @@ typedef float gt_real;
 #  define R_CEIL(x) ceilf((x))
 #  define R_TRUNC(x) truncf((x))
 #  define R_RINT(x) rintf((x))
+#  define R_FMOD(x, y) ((gt_real)gt_fmod((double)(x), (double)(y)))
 #else
 typedef double gt_real;
 #  define R_ADD(a, b) GT_ADD((a), (b))
@@ -103,6 +104,7 @@ typedef double gt_real;
 #  define R_CEIL(x) ceil((x))
 #  define R_TRUNC(x) trunc((x))
 #  define R_RINT(x) rint((x))         /* half to even: the default rounding mode */
+#  define R_FMOD(x, y) gt_fmod((x), (y))   /* exact (gt_math.h, integer arithmetic) */
 #endif
 
 /* literals of the element type (a double literal would promote float math) */

@@ -148,6 +148,18 @@ for _name, _method in [("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"
     _unary(f"aten.{_name}.default", _method)
 
 
+@aten("aten.fmod.Scalar", "aten.fmod.Tensor", "aten.remainder.Scalar",
+      "aten.remainder.Tensor", needs=("fmods", "mods"),
+      doc="by a number (or a one-element constant): fmods, or mods (torch.remainder's "
+          "rule); by a tensor refused")
+def _fmod(r, node, a, b):
+    b = r.scalar_const(b)
+    if not _num(b):
+        raise Unsupported("fmod or remainder by a tensor (only by a number)")
+    op = r.tp.fmods if str(node.target).startswith("aten.fmod") else r.tp.mods
+    return op(r.f(a), float(b))
+
+
 @aten("aten.rsqrt.default", doc="rsqrt (the op where present, else div(1, sqrt(a)): the "
                                 "same two roundings)")
 def _rsqrt(r, node, a):

@@ -7,7 +7,7 @@ import math
 
 from .. import numerics as nx
 from ..expr import (G, S, T, X, Y, Const, Expr, abs_, ceil, compile_numpy, cos, eq, erf, exp,
-                    expm1, floor, log, log1p, rint, select, sin, sqrt, tanh, trunc)
+                    expm1, floor, fmod, log, log1p, rint, select, sin, sqrt, tanh, trunc)
 from .spec import OpSpec, _register
 from .shapes import _same_shape, broadcast_shape
 
@@ -121,6 +121,17 @@ for _name, _rule, _doc in (("floor", floor(X), "the largest integer <= a (exact)
                                               "(exact)")):
     unary(_name, _doc + "; no gradient", _rule, Const(0.0), grad_inputs=(), integral="inputs")
 del _name, _rule, _doc
+# fmod and remainder by a number s (torch.fmod, and torch.remainder's CPU rule: fmod, then
+# + s where the result is nonzero and its sign differs from s's): exact but for that one
+# add; the gradient is g (the derivative in a, 1 between the jumps)
+_F = fmod(X, S)
+unary("fmods", "fmod(a, s): a - trunc(a / s) * s, exactly (C's fmod)", _F, G,
+      scalar_operand=True)
+unary("mods", "a mod s with the sign of s (torch.remainder: fmod, + s where the signs "
+      "differ)", select(eq(_F, 0.0), _F, select(S < 0.0, select(_F < 0.0, _F, _F + S),
+                                                 select(_F < 0.0, _F + S, _F))), G,
+      scalar_operand=True)
+del _F
 
 
 def _pow_rule(x: Expr, e: Expr) -> Expr:
