@@ -1149,6 +1149,37 @@ def test_indexing_by_rows_and_input_labels_trains_like_torch(tmp_path):
     assert out.exit_code == 0, out.output
 
 
+class TrackedInstanceNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, bias=False)      # a bias before a norm has none
+        self.norm = nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
+
+    def forward(self, x):
+        return (self.norm(self.conv(x)) * torch.arange(16.0).reshape(4, 4)).mean()
+
+
+def test_instance_norm_with_running_statistics_carries_them_as_state():
+    """torch writes InstanceNorm's averaged statistics back with aten.copy, which now
+    imports: the running mean and variance are training state whose new values equal
+    torch's buffers after the same forward."""
+    torch.manual_seed(13)
+    module, x = TrackedInstanceNorm(), torch.randn(2, 2, 6, 6)
+    result, _ = import_matching_torch(module, (x,))
+    assert set(result.state) == {"norm.running_mean", "norm.running_var"}
+    ref = copy.deepcopy(module).double()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        ref(x.double())
+    finally:
+        torch.set_default_dtype(default)
+    buffers = dict(ref.named_buffers())
+    for name in result.state:
+        got = result.tape.value(result.outputs[name])
+        assert np.abs(got - buffers[name].numpy()).max() <= 1e-14, name
+
+
 class Checkpointed(nn.Module):
     def __init__(self, reentrant):
         super().__init__()
