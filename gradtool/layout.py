@@ -429,6 +429,9 @@ def _order(tp, a, axis, k, largest, what):
     n = shape[ax]
     if not _is_int(k) or not 1 <= k <= n:
         return _fail(tp, f"{what}: k must be an int in [1, {n}], got {k!r}"[:200])
+    if not isinstance(largest, (bool, np.bool_)):
+        flag = "largest" if what == "topk" else "descending"
+        return _fail(tp, f"{what}: {flag} must be True or False, got {largest!r}"[:200])
     rows = math.prod(shape) // n
     if rows * n * n > PAIRWISE_LIMIT:
         return _fail(tp, f"{what}: rows of {n} entries compared pairwise: {rows} x {n} x "

@@ -330,6 +330,9 @@ def _triple(v, what: str) -> list:
 
 
 def _depth_out(tp, what, d, k, stride, pad, dil, ceil_mode=False) -> int:
+    if k < 1 or stride < 1 or dil < 1 or pad < 0:
+        raise TapeError(f"nn.{what}: the depth's kernel, stride and dilation must be >= 1 "
+                        f"and its padding >= 0, got {k}, {stride}, {dil}, {pad}")
     span = d + 2 * pad - dil * (k - 1) - 1
     if span < 0:
         raise TapeError(f"nn.{what}: the depth window ({k} taps, dilation {dil}) is larger "
@@ -340,9 +343,11 @@ def _depth_out(tp, what, d, k, stride, pad, dil, ceil_mode=False) -> int:
     return out
 
 
-def _rank5(x, what):
-    if len(x.shape) != 5:
-        raise TapeError(f"nn.{what}: expected x [N, C, D, H, W], got {list(x.shape)}")
+def _rank5(x, what, name="x", dims="[N, C, D, H, W]"):
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 5:
+        raise TapeError(f"nn.{what}: expected {name} {dims}, got "
+                        f"{list(shape) if shape is not None else type(x).__name__}")
 
 
 def conv3d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, dilation=1,
@@ -357,6 +362,7 @@ def conv3d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, dilation=1,
     padding is a const block (``pad``)."""
     tp = _tape(x, "conv3d")
     _rank5(x, "conv3d")
+    _rank5(w, "conv3d", "w", "[OC, C/groups, KD, KH, KW]")
     (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = (_triple(v, f"conv3d {n}") for v, n in (
         (stride, "stride"), (padding, "padding"), (dilation, "dilation")))
     n, c, d, h, wd = x.shape

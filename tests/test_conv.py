@@ -574,3 +574,8 @@ def test_3d_layers_refuse_bad_shapes_in_one_line():
         nn.conv3d(v, tp.param(np.zeros((1, 1, 3, 1, 1))))
     with pytest.raises(gt.TapeError, match="nn.avg_pool3d kernel: expected an int or three ints"):
         nn.avg_pool3d(v, (2, 2))
+    with pytest.raises(gt.TapeError, match=r"nn.conv3d: expected w \[OC, C/groups, KD, KH, KW\]"):
+        nn.conv3d(v, tp.param(np.zeros((1, 1, 3, 3))))
+    with pytest.raises(gt.TapeError, match="nn.max_pool3d: the depth's kernel, stride and "
+                                           "dilation must be >= 1"):
+        nn.max_pool3d(v, 2, stride=0)
