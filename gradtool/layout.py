@@ -327,20 +327,27 @@ def flip(tp, a, axes):
     return a
 
 
+def _chain(tp, a, axis, what, step, first=lambda x: x):
+    """([y0, y1, ...], axis): the serial chain along ``axis`` of the one-entry slices x_i,
+    ``y0 = first(x0)``, ``y_i = step(y_(i-1), x_i)`` in ascending order (the running
+    sums, products and maxima)."""
+    shape = _shape(tp, a, what)
+    ax = _axis(axis, len(shape), what)
+    run = first(narrow(tp, a, ax, 0, 1))
+    out = [run]
+    for i in range(1, shape[ax]):
+        run = step(run, narrow(tp, a, ax, i, i + 1))
+        out.append(run)
+    return out, ax
+
+
 def cumsum(tp, a, axis):
     """Running sums along ``axis`` (torch.cumsum): ``y[0] = 0.0 + a[0]``, ``y[i] = y[i-1]
     + a[i]``, each sum one rounding in ascending order, as torch's CPU loop (which starts
     from +0.0, so a -0.0 first entry gives +0.0).  Recorded as one-entry slices, a chain
     of ``add`` nodes and a :func:`cat`: about three nodes per entry of the axis, and the
     gradient of each entry is the serial sum of the later gradients through the chain."""
-    shape = _shape(tp, a, "cumsum")
-    ax = _axis(axis, len(shape), "cumsum")
-    run = tp.adds(narrow(tp, a, ax, 0, 1), 0.0)
-    out = [run]
-    for i in range(1, shape[ax]):
-        run = tp.add(run, narrow(tp, a, ax, i, i + 1))
-        out.append(run)
-    return cat(tp, out, ax)
+    return cat(tp, *_chain(tp, a, axis, "cumsum", tp.add, lambda first: tp.adds(first, 0.0)))
 
 
 def cumprod(tp, a, axis):
@@ -348,14 +355,7 @@ def cumprod(tp, a, axis):
     a[i]``, each product one rounding in ascending order; one-entry slices, a chain of
     ``mul`` nodes and a :func:`cat`.  The gradient is the chain rule through the chain
     (exact in value where an entry is zero, as torch's special case for zeros)."""
-    shape = _shape(tp, a, "cumprod")
-    ax = _axis(axis, len(shape), "cumprod")
-    run = narrow(tp, a, ax, 0, 1)
-    out = [run]
-    for i in range(1, shape[ax]):
-        run = tp.mul(run, narrow(tp, a, ax, i, i + 1))
-        out.append(run)
-    return cat(tp, out, ax)
+    return cat(tp, *_chain(tp, a, axis, "cumprod", tp.mul))
 
 
 def cummax(tp, a, axis):
@@ -363,14 +363,7 @@ def cummax(tp, a, axis):
     maximum(a[i], y[i-1])``, exact copies; a tie gives the later entry (and its
     gradient), as torch's index, and a NaN stays (its gradient then follows the
     chain back, where torch's goes to the NaN's own entry)."""
-    shape = _shape(tp, a, "cummax")
-    ax = _axis(axis, len(shape), "cummax")
-    run = narrow(tp, a, ax, 0, 1)
-    out = [run]
-    for i in range(1, shape[ax]):
-        run = tp.maximum(narrow(tp, a, ax, i, i + 1), run)
-        out.append(run)
-    return cat(tp, out, ax)
+    return cat(tp, *_chain(tp, a, axis, "cummax", lambda run, x: tp.maximum(x, run)))
 
 
 def cummin(tp, a, axis):
@@ -382,14 +375,12 @@ def prod(tp, a, axis=None, keepdims=False):
     """The product along ``axis`` (torch.prod; None: of every element, as [1]): the last
     entry of :func:`cumprod`'s chain, without the cat."""
     shape = _shape(tp, a, "prod")
-    if axis is None:
-        a, ax = tp.reshape(a, [math.prod(shape)]), 0
-    else:
-        ax = _axis(axis, len(shape), "prod")
-    run = narrow(tp, a, ax, 0, 1)
-    for i in range(1, _shape(tp, a, "prod")[ax]):
-        run = tp.mul(run, narrow(tp, a, ax, i, i + 1))
-    if axis is None or keepdims:
+    if axis is None:                             # of every element: shaped [1]
+        steps, _ = _chain(tp, tp.reshape(a, [math.prod(shape)]), 0, "prod", tp.mul)
+        return steps[-1]
+    steps, ax = _chain(tp, a, axis, "prod", tp.mul)
+    run = steps[-1]
+    if keepdims:
         return run
     return reshape_to(tp, run, [n for d, n in enumerate(shape) if d != ax], "prod")
 

@@ -394,7 +394,7 @@ def max_pool3d(x: GVar, kernel, stride=None, padding=0, dilation=1,
     tp = _tape(x, "max_pool3d")
     _rank5(x, "max_pool3d")
     k = _triple(kernel, "max_pool3d kernel")
-    s = k if stride is None or stride == [] or stride == () else _triple(stride, "stride")
+    s = k if stride is None else _triple(stride, "stride")
     p, dl = _triple(padding, "max_pool3d padding"), _triple(dilation, "max_pool3d dilation")
     n, c, d, h, wd = x.shape
     out_d = _depth_out(tp, "max_pool3d", d, k[0], s[0], p[0], dl[0], ceil_mode)
@@ -420,7 +420,7 @@ def avg_pool3d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
     if ceil_mode:
         raise TapeError("nn.avg_pool3d: ceil_mode is not supported")
     k = _triple(kernel, "avg_pool3d kernel")
-    s = k if stride is None or stride == [] or stride == () else _triple(stride, "stride")
+    s = k if stride is None else _triple(stride, "stride")
     p = _triple(padding, "avg_pool3d padding")
     n, c, d, h, wd = x.shape
     out_d = _depth_out(tp, "avg_pool3d", d, k[0], s[0], p[0], 1)

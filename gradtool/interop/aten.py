@@ -1039,9 +1039,12 @@ def _avg_pool2d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                          count_include_pad=bool(count_include_pad))
 
 
-def _batched(r, x, fn):
-    """fn of x [N, C, D, H, W]; an unbatched [C, D, H, W] x as a batch of one."""
-    if len(x.shape) == 4:
+def _batched(r, x, fn, rank, what):
+    """fn of x of ``rank`` dims ([N, C, ...]), or of an unbatched x (one dim fewer) as a
+    batch of one; any other rank is refused."""
+    if len(x.shape) not in (rank - 1, rank):
+        raise Unsupported(f"{what} of a rank-{len(x.shape)} input")
+    if len(x.shape) == rank - 1:
         y = fn(r.reshape(x, [1] + list(x.shape)))
         return r.reshape(y, list(y.shape[1:]))
     return fn(x)
@@ -1053,7 +1056,8 @@ def _batched(r, x, fn):
 def _max_pool3d(r, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     from .. import nn
     return (_batched(r, r.f(x), lambda v: nn.max_pool3d(
-        v, kernel_size, stride or None, padding, dilation, bool(ceil_mode))), None)
+        v, kernel_size, stride or None, padding, dilation, bool(ceil_mode)), 5,
+        "max_pool3d"), None)
 
 
 @aten("aten.avg_pool3d.default", needs=("nn.avg_pool3d",),
@@ -1068,7 +1072,8 @@ def _avg_pool3d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
     if ceil_mode:
         raise Unsupported("avg_pool3d with ceil_mode")
     return _batched(r, r.f(x), lambda v: nn.avg_pool3d(
-        v, kernel_size, stride or None, padding, False, bool(count_include_pad)))
+        v, kernel_size, stride or None, padding, False, bool(count_include_pad)), 5,
+        "avg_pool3d")
 
 
 def _optional(r, v):
@@ -1147,14 +1152,8 @@ def _adaptive_avg_pool2d(r, node, x, output_size):
 def _adaptive_pool(r, pool, what, x, output_size):
     """One of nn's adaptive poolings of an [N, C, H, W] input, or of an unbatched [C, H, W]
     one as a batch of one."""
-    x = r.f(x)
-    if len(x.shape) not in (3, 4):
-        raise Unsupported(f"adaptive {what} pooling of a rank-{len(x.shape)} input")
     size = [int(v) for v in output_size]
-    if len(x.shape) == 4:
-        return pool(x, size)
-    y = pool(r.reshape(x, [1, *x.shape]), size)
-    return r.reshape(y, y.shape[1:])
+    return _batched(r, r.f(x), lambda v: pool(v, size), 4, f"adaptive {what} pooling")
 
 
 @aten("aten.adaptive_max_pool2d.default", needs=("nn.adaptive_max_pool2d",),

@@ -41,8 +41,9 @@ dtype policy: every floating-point value becomes float64 -- parameters,
 buffers, inputs and every intermediate (float32, float16 and bfloat16 alike),
 and the export runs with torch's default dtype float64, so a tensor the forward
 creates without a dtype (``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64
-too, as it is in ``torch.set_default_dtype(torch.float64)``.  gradtool's results therefore match torch float64 autograd of the same module
-(loss within 1e-12 relative in the tests), not a float32 run: against the
+too, as it is in ``torch.set_default_dtype(torch.float64)``.  gradtool's results
+therefore match torch float64 autograd of the same module (loss within 1e-12
+relative in the tests), not a float32 run: against the
 user's own float32 training, expect float32-sized differences (1e-7
 relative per op, growing with depth), which are the float32 run's rounding,
 not gradtool's.  :func:`load_weights` rounds the trained float64 params to
@@ -290,14 +291,7 @@ def _custom_functions(torch):
     def apply(cls, *args, **kwargs):
         reentrant = cls.__module__ == "torch.utils.checkpoint"
         if reentrant or not cls.__module__.startswith("torch."):
-            frames = [f for f in traceback.extract_stack()[:-1]
-                      if not f.filename.startswith(_torch_dir())]
-            where = []
-            if frames:
-                f = frames[-1]
-                where = [f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
-                         + (f": {f.line.strip()}" if f.line else "")]
-            problem = found.setdefault(cls, Problem(
+            _seen_at(found.setdefault(cls, Problem(
                 "reentrant torch.utils.checkpoint", "(use_reentrant=True)", detail=(
                     "its forward runs under no_grad, which the export keeps and its "
                     "backward would undo; pass use_reentrant=False (the same gradient)"))
@@ -305,31 +299,17 @@ def _custom_functions(torch):
                 "custom torch.autograd.Function", cls.__qualname__, detail=(
                     "torch.export keeps its forward and drops its backward, so gradtool "
                     "would differentiate the forward instead; write the gradient with "
-                    "detach (a reversed gradient: y.detach() - (y - y.detach()))")))
-            for w in where or ["unknown source line"]:
-                if w not in problem.sources:         # the export may trace a call twice
-                    problem.sources.append(w)
-                    problem.count += 1
+                    "detach (a reversed gradient: y.detach() - (y - y.detach()))"))))
         return original.__func__(cls, *args, **kwargs)
 
     def register_hook(tensor, hook):
-        stack = traceback.extract_stack()[:-1]
-        if any(f.filename == __file__ and f.name == "register_hook" for f in stack):
-            return original_hook(tensor, hook)    # torch's dispatch calling back in
-        frames = [f for f in stack if not f.filename.startswith(_torch_dir())]
-        problem = found.setdefault("register_hook", Problem(
-            "gradient hook", "Tensor.register_hook", detail=(
-                "torch.export drops it, so the gradient would not be the one it makes; "
-                "write the change into the forward (a scaled gradient: y.detach() + "
-                "s * (y - y.detach()))")))
-        where = "unknown source line"
-        if frames:
-            f = frames[-1]
-            where = (f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
-                     + (f": {f.line.strip()}" if f.line else ""))
-        if where not in problem.sources:             # the export may trace a call twice
-            problem.sources.append(where)
-            problem.count += 1
+        if not any(f.filename == __file__ and f.name == "register_hook"
+                   for f in traceback.extract_stack()[:-1]):  # not torch's dispatch again
+            _seen_at(found.setdefault("register_hook", Problem(
+                "gradient hook", "Tensor.register_hook", detail=(
+                    "torch.export drops it, so the gradient would not be the one it makes; "
+                    "write the change into the forward (a scaled gradient: y.detach() + "
+                    "s * (y - y.detach()))"))))
         return original_hook(tensor, hook)
 
     original_hook = torch.Tensor.register_hook
@@ -340,6 +320,22 @@ def _custom_functions(torch):
     finally:
         Function.apply = original
         torch.Tensor.register_hook = original_hook
+
+
+def _seen_at(problem: Problem) -> None:
+    """Add the user's frame that called into the watched torch function (the innermost
+    outside torch and this file) to ``problem``, once per call site: the export may
+    trace a call twice."""
+    frames = [f for f in traceback.extract_stack()[:-2]
+              if not f.filename.startswith(_torch_dir()) and f.filename != __file__]
+    where = "unknown source line"
+    if frames:
+        f = frames[-1]
+        where = (f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
+                 + (f": {f.line.strip()}" if f.line else ""))
+    if where not in problem.sources:
+        problem.sources.append(where)
+        problem.count += 1
 
 
 def _backward_hooks(module) -> list:
@@ -427,7 +423,7 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
     table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias)."""
     import torch
-    _detach_no_grad_blocks(ep, torch)
+    ep = _detach_no_grad_blocks(ep, torch)
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.detach.default, None)    # kept: a stop-gradient, not an alias
     with _float64_default(torch):
@@ -438,29 +434,33 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
         return _Importer(ep, input_names, loss_output, strip).run()
 
 
-def _detach_no_grad_blocks(ep, torch) -> None:
+def _detach_no_grad_blocks(ep, torch):
     """``with torch.no_grad():`` in a forward exports as a ``wrap_with_set_grad_enabled(
     False, submodule, ...)`` node, which run_decompositions inlines without a trace of the
     block: its values would then carry gradients torch never gives them (a silent wrong
     result).  Each value the block returns gets an ``aten.detach`` here, before the
-    decomposition (which keeps detach), so it is recorded as the stop-gradient it is.
+    decomposition (which keeps detach), so it is recorded as the stop-gradient it is: in
+    a copy of ``ep``, which is returned (``ep`` itself where it has no such block).
     (torch.export splits a ``torch.enable_grad()`` block nested inside into its own
     top-level stretch, outside the no-grad node, so its values keep their gradients.)"""
     hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
-    gm = ep.graph_module
-    graph = gm.graph
-    changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not hop or node.args[0] is not False:
-            continue
+
+    def no_grad_blocks(graph):
+        return [n for n in graph.nodes if n.op == "call_function" and n.target is hop
+                and n.args[0] is False]
+
+    if not no_grad_blocks(ep.graph_module.graph):
+        return ep
+    ep = copy.deepcopy(ep)                        # the caller's program stays as it was
+    graph = ep.graph_module.graph
+    for node in no_grad_blocks(graph):
         for out in list(node.users):              # getitem of each returned value
             with graph.inserting_after(out):
                 stop = graph.call_function(torch.ops.aten.detach.default, (out,))
             stop.meta = dict(out.meta)
             out.replace_all_uses_with(stop, delete_user_cb=lambda user, s=stop: user is not s)
-            changed = True
-    if changed:
-        gm.recompile()
+    ep.graph_module.recompile()
+    return ep
 
 
 # ── the importer ───────────────────────────────────────────────────────────
