@@ -1334,3 +1334,124 @@ def test_the_unet_layers_train_to_the_same_bytes_on_every_engine_and_two_ranks(t
     saved["2 ranks"] = train_under_mpiexec(tape, common, tmp_path / "mpi.msgpack")
     assert len(set(saved.values())) == 1, {k: len(v) for k, v in saved.items()}
     assert saved["cpu"] != tape.read_bytes()                   # it trained
+
+
+# ── the import checked against torch's own run of the program ──────────────
+
+class MultiLabel(nn.Module):
+    """nn.MultiLabelMarginLoss: each row's targets end at the first -1."""
+
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.reduction = reduction
+
+    def forward(self, x, targets):
+        out = F.multilabel_margin_loss(self.fc(x), targets, reduction=self.reduction)
+        return out if self.reduction != "none" else (out * torch.arange(1.0, 6.0)).sum()
+
+
+MULTI_LABEL_TARGETS = torch.tensor([[0, 1, -1, 2], [3, -1, 0, 0], [-1, 2, 2, 2],
+                                    [2, 1, 0, 3], [1, 1, -1, 0]])
+
+
+def test_torchs_wrong_decomposition_of_multilabel_margin_loss_is_found_and_named():
+    """torch 2.13's decomposition of multilabel_margin_loss reads the entries after a
+    row's -1 end marker as targets: another loss.  Run through torch's own default
+    decompositions, the check finds the difference and names the op and its line."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from gradtool.interop import verify
+    torch.manual_seed(20)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    op = torch.ops.aten.multilabel_margin_loss.default
+    table = torch.export.default_decompositions()
+    decomposed = make_fx(lambda a, t: op(a, t, 1), decomposition_table=table)(
+        x, MULTI_LABEL_TARGETS)(x, MULTI_LABEL_TARGETS)
+    if not abs(float(decomposed) - float(op(x, MULTI_LABEL_TARGETS, 1))) > 1e-3:
+        pytest.skip("this torch's decomposition of multilabel_margin_loss is right")
+    module = MultiLabel().double()
+    ep = torch.export.export(module, (torch.randn(5, 8, dtype=torch.float64),
+                                      MULTI_LABEL_TARGETS))
+    want, _ = verify.torch_loss(ep, 0)
+    bad = float(ep.run_decompositions(table).module()(*ep.example_inputs[0]))
+    assert abs(bad - want) > 1e-3 * abs(want)          # what a plain import would record
+    from gradtool.interop.torch import _Problems
+    problems = _Problems()
+    verify.check_against_torch(ep, table, bad, 0, problems)
+    (line,) = problems.error().lines
+    assert line.startswith("wrong decomposition of aten.multilabel_margin_loss.default (x1) at ")
+    assert "F.multilabel_margin_loss(self.fc(x), targets" in line
+    problems = _Problems()
+    verify.check_against_torch(ep, table, want, 0, problems)    # torch's own value passes
+    assert not problems
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss_imports_as_torchs_op(reduction):
+    """Kept out of run_decompositions and recorded by its own entry: loss and gradients
+    torch's, with targets an i64 input slot (rows ending early, repeats, none at all)."""
+    torch.manual_seed(21)
+    result, _ = import_matching_torch(MultiLabel(reduction),
+                                      (torch.randn(5, 8), MULTI_LABEL_TARGETS))
+    assert result.histogram["aten.multilabel_margin_loss.default"] == 1
+    assert gt.fd_check(result.tape, result.loss).passed
+
+
+def test_a_mapping_that_computes_another_value_is_refused(monkeypatch):
+    """The check against torch's run catches a wrong recording too (here relu recorded
+    as abs): one line with both losses, and nothing imported."""
+    entry = A.ATEN["aten.relu.default"]
+    monkeypatch.setitem(A.ATEN, "aten.relu.default",
+                        A.Entry(entry.name, lambda r, node, a: r.tp.abs(r.f(a)), (), ""))
+    module, inputs = mlp_case()
+    with pytest.raises(TorchImportError) as info:
+        import_module(module, inputs)
+    (line,) = info.value.lines
+    assert line.startswith("imported loss differs from torch's (")
+    monkeypatch.undo()
+    import_matching_torch(module, inputs)
+
+
+class ArgExtremes(nn.Module):
+    """argmax of logits (an accuracy-style one-hot product), argmin along an axis, and
+    a max's indices; ties and a NaN-free tie-break as torch's (the first extreme)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        hot = F.one_hot(y.argmax(dim=1), 4).to(y.dtype)
+        tied = torch.round(y * 2) / 2                         # exact ties to break
+        lows = tied.argmin(dim=0, keepdim=True).to(y.dtype)
+        flat = tied.argmax().to(y.dtype)
+        return (hot * y).sum() + (lows * tied[:1]).sum() + flat * y.mean()
+
+
+def test_argmax_and_argmin_import_with_torchs_ties():
+    torch.manual_seed(22)
+    import_matching_torch(ArgExtremes(), (torch.randn(7, 6),))
+
+
+class Powers(nn.Module):
+    """pow of two tensors: a learnt exponent on a positive base, a number base (2 ** y),
+    and a negative base whose exponent tensor holds integers (an odd one negates)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+        self.e = nn.Parameter(torch.tensor([0.5, 1.5, -0.7, 2.0]))
+
+    def forward(self, x):
+        y = self.fc(x)
+        base = torch.sigmoid(y) + 0.1
+        ints = torch.tensor([1.0, 2.0, 3.0, 0.0])
+        return (base ** (y + self.e)).sum() + (2.0 ** y).mean() + ((-base) ** ints).sum()
+
+
+def test_pow_of_two_tensors_imports_as_torchs():
+    torch.manual_seed(23)
+    result, _ = import_matching_torch(Powers(), (torch.randn(6, 5),))
+    assert result.histogram["aten.pow.Tensor_Tensor"] >= 2
+    assert gt.fd_check(result.tape, result.loss).passed

@@ -193,6 +193,15 @@ def _pow(r, node, a, e):
     return tp.pows(a, e)
 
 
+@aten("aten.pow.Tensor_Tensor", "aten.pow.Scalar", needs=("pow",),
+      doc="pow (a ** b elementwise, broadcasting: pows' rule with the exponent an input; "
+          "a number base for pow.Scalar)")
+def _pow_tensor(r, node, a, b):
+    if _num(b) and str(node.target) == "aten.pow.Tensor_Tensor":
+        return _pow(r, node, a, b)
+    return r.tp.pow(r.f(a), r.f(b))
+
+
 @aten("aten.silu.default", doc="gradtool.nn.silu: a * sigmoid(a)")
 def _silu(r, node, a):
     from .. import nn
@@ -746,6 +755,20 @@ def _max_dim(r, node, a, dim, keepdim=False):
     return (r.tp.max(a, axis=dim % len(a.shape), keepdims=bool(keepdim)), None)
 
 
+@aten("aten.argmax.default", "aten.argmin.default", needs=("topk",),
+      doc="the ids of Tape.topk(k=1) (largest, or smallest for argmin): the first extreme "
+          "entry, a NaN the largest, as torch's; dim=None: of the flattened input")
+def _argmax(r, node, a, dim=None, keepdim=False):
+    v = r.f(a)
+    if dim is None:
+        v = r.reshape(v, [int(np.prod(v.shape))])
+        dim = 0
+    axis = dim % len(v.shape)
+    largest = str(node.target).startswith("aten.argmax")
+    _, ids = r.tp.topk(v, 1, axis=axis, largest=largest)
+    return r.reshape(ids, r.shape(node))
+
+
 @aten("aten.topk.default", needs=("topk",),
       doc="(values, indices) from pairwise comparisons (Tape.topk: ties in index order, "
           "a NaN the largest; sorted=False gives them sorted too); values take_along")
@@ -899,6 +922,44 @@ def _index_several(r, node, v, given):
         rest = [d for d in range(len(t.shape)) if d not in before]
         t = r.permute(t, before + rest)
     return r.reshape(t, r.shape(node))
+
+
+# ── losses whose torch decomposition is not the op ────────────────────────
+
+@aten("aten.multilabel_margin_loss.default",
+      needs=("cummax", "take_along", "where", "logical_and", "logical_not", "relu"),
+      doc="kept out of run_decompositions (torch 2.13's decomposition counts the entries "
+          "after the -1 end marker as targets: another loss). Per sample: valid = the "
+          "targets before the first -1 (1 - cummax(t < 0)); z[j, i] = (1 - x[t_j]) + x[i], "
+          "relu(z) summed over (j, i) row-major where j is valid and i not a target, / C; "
+          "then the reduction")
+def _multilabel_margin(r, node, x, target, reduction=1):
+    tp = r.tp
+    x = r.f(x)
+    if len(x.shape) not in (1, 2):
+        raise Unsupported(f"an input of rank {len(x.shape)} (torch takes [C] or [N, C])")
+    n, c = (1, x.shape[0]) if len(x.shape) == 1 else tuple(x.shape)
+    x = r.reshape(x, [n, c])
+    t = r.reshape(r.value(r.ids(target)), [n, c])                           # exact integers
+    valid = tp.logical_not(tp.cummax(tp.lt(t, r.f(0.0)), axis=1))          # [n, c(j)]
+    xt = tp.take_along(x, tp.where(valid, t, r.ids(0)), axis=1)              # x[t_j]
+    cols = tp.const(np.arange(c, dtype=np.float64).reshape(1, 1, c))
+    valid3 = r.reshape(valid, [n, c, 1])
+    hits = tp.logical_and(tp.eq(r.reshape(t, [n, c, 1]), cols), valid3)     # [n, j, i]
+    is_target = r.reshape(tp.max(hits, axis=1), [n, 1, c])
+    z = tp.add(tp.adds(tp.neg(r.reshape(xt, [n, c, 1])), 1.0), r.reshape(x, [n, 1, c]))
+    keep = tp.logical_and(valid3, tp.logical_not(is_target))
+    terms = tp.where(keep, tp.relu(z), r.f(0.0))
+    per = tp.div(tp.sum(terms, axis=(1, 2)), r.f(float(c)))                # [n]
+    if reduction == 1:
+        return tp.mean(per)
+    if reduction == 2:
+        return tp.sum(per)
+    return r.reshape(per, r.shape(node))
+
+
+# ops kept out of run_decompositions: recorded by their own entries above
+PRESERVE = {"aten.detach.default", "aten.multilabel_margin_loss.default"}
 
 
 # ── constants that only depend on shapes (folded at import; listed here for the report)

@@ -74,6 +74,7 @@ import numpy as np
 
 from ..errors import GradtoolError
 from . import aten as A
+from .verify import check_against_torch
 
 _MISSING = object()           # the value of a node that could not be recorded
 
@@ -421,17 +422,26 @@ def _arg_names(fn, n: int) -> list:
 def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "",
                    strict: bool = True) -> TorchImport:
     """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
-    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias)."""
+    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias),
+    and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
     ep = _detach_no_grad_blocks(ep, torch)
     table = torch.export.default_decompositions()
-    table.pop(torch.ops.aten.detach.default, None)    # kept: a stop-gradient, not an alias
+    for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
+        if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
+            del table[op]
     with _float64_default(torch):
         try:
-            ep = ep.run_decompositions(table)
+            decomposed = ep.run_decompositions(table)
         except Exception as exc:      # a decomposition torch cannot trace
             raise _torch_failed("run_decompositions", exc) from None
-        return _Importer(ep, input_names, loss_output, strip).run()
+        result = _Importer(decomposed, input_names, loss_output, strip).run()
+        problems = _Problems()        # the tape's loss against torch's run of ep itself
+        check_against_torch(ep, table, float(result.tape.values[result.loss.id][0]),
+                            loss_output, problems)
+    if problems:
+        raise problems.error()
+    return result
 
 
 def _detach_no_grad_blocks(ep, torch):

@@ -1,0 +1,197 @@
+"""The import checked against torch's own run of the program, before anything is written.
+
+gradtool records the program ``run_decompositions`` gives, op by op through the
+mapping table.  Two things could make that tape compute something else than the
+user's module, silently:
+
+- a **torch decomposition that is not the op's definition**.  Seen in torch 2.13:
+  ``aten.multilabel_margin_loss_forward``'s decomposition counts the entries after a
+  target list's ``-1`` end marker as targets (its loss 1.35 where the op gives 0.80),
+  so every importer of the decomposed program inherits a wrong loss;
+- a gradtool mapping that is wrong for some call.
+
+So after recording, :func:`check_against_torch` runs the exported program *before*
+decomposition in torch (``torch.fx.Interpreter``, float64, the example inputs; the
+graph is functional, so no buffer of the program changes) and compares its loss with
+the tape's.  They differ by rounding only (gradtool's orders against torch's
+kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
+never written.  The refusal names the culprit where it can: each op of the program
+that the decomposition table rewrote is run both ways on the values it met, and the
+first whose decomposition disagrees with the op is reported with its source line.
+
+One forward in torch per import: a fraction of ``torch.export``'s own time.
+"""
+
+from __future__ import annotations
+
+import math
+
+RTOL = 1e-6       # the loss may differ by rounding only; a wrong op differs far more
+ATOL = 1e-12      # ...and a loss that cancels to about 0 by about 0
+
+
+def _differs(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) != math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a != b
+    return abs(a - b) > max(RTOL * max(abs(a), abs(b)), ATOL)
+
+
+def _tensors_differ(torch, got, want) -> bool:
+    """Whether a decomposition's output ``got`` is not the op's ``want`` (beyond rounding)."""
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return True
+        return any(_tensors_differ(torch, g, w) for g, w in zip(got, want))
+    if not isinstance(want, torch.Tensor):
+        return False
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+        return True
+    if not want.is_floating_point():
+        return not torch.equal(got.to(want.dtype), want)
+    g, w = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    scale = float(w[torch.isfinite(w)].abs().max()) if bool(torch.isfinite(w).any()) else 0.0
+    same_special = torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(
+        torch.isinf(g) & (g > 0), torch.isinf(w) & (w > 0)) and torch.equal(
+        torch.isinf(g) & (g < 0), torch.isinf(w) & (w < 0))
+    if not same_special:
+        return True
+    finite = torch.isfinite(w)
+    diff = (g[finite] - w[finite]).abs()
+    return bool((diff > RTOL * (w[finite].abs() + scale) + ATOL).any())
+
+
+class _Recording:
+    """Runs a graph module, keeping every node's value (for the culprit search)."""
+
+    def __init__(self, torch, gm):
+        import torch.fx
+        values = self.values = {}
+
+        class Keep(torch.fx.Interpreter):
+            def run_node(self, n):
+                out = super().run_node(n)
+                values[n] = out
+                return out
+
+        self.interpreter = Keep(gm)
+
+
+def _flat_args(torch, ep):
+    """The program's placeholders' values, in input_specs order, or None without examples."""
+    import torch.utils._pytree as pytree
+    from torch.export.graph_signature import InputKind
+    example = getattr(ep, "example_inputs", None)
+    if not example:
+        return None
+    args, kwargs = example
+    user = [t for t in pytree.tree_leaves((args, kwargs))]
+    flat, u = [], 0
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            if u >= len(user):
+                return None
+            flat.append(user[u])
+            u += 1
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            flat.append(ep.state_dict[spec.target] if spec.target in ep.state_dict
+                        else ep.constants[spec.target])
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            flat.append(ep.constants[spec.target])
+        else:
+            return None
+    return flat
+
+
+def torch_loss(ep, loss_output: int):
+    """torch's value of the program's loss (its user output ``loss_output``) on the
+    example inputs, and the recording of every node; None where it cannot be run."""
+    import torch
+    from torch.export.graph_signature import OutputKind
+    flat = _flat_args(torch, ep)
+    if flat is None:
+        return None
+    rec = _Recording(torch, ep.graph_module)
+    try:
+        with torch.no_grad():
+            outs = rec.interpreter.run(*flat)
+    except Exception:                 # noqa: BLE001 - a program torch cannot run eagerly:
+        return None                   # nothing to compare with (the import stands as is)
+    user = [o for spec, o in zip(ep.graph_signature.output_specs, outs)
+            if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)]
+    if not 0 <= loss_output < len(user) or not isinstance(user[loss_output], torch.Tensor) \
+            or user[loss_output].numel() != 1:
+        return None
+    return float(user[loss_output].to(torch.float64).reshape(())), rec
+
+
+def _decomposed(torch, op, table, args, kwargs):
+    """``op(*args, **kwargs)`` computed as the program's decomposition computes it: traced
+    with ``table`` applied recursively (as ``run_decompositions`` applies it), then run."""
+    import torch.utils._pytree as pytree
+    from torch.fx.experimental.proxy_tensor import make_fx
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    where = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+    def call(*tensors):
+        full = list(leaves)
+        for i, t in zip(where, tensors):
+            full[i] = t
+        a, k = pytree.tree_unflatten(full, spec)
+        return op(*a, **k)
+
+    tensors = [leaves[i] for i in where]
+    return make_fx(call, decomposition_table=table)(*tensors)(*tensors)
+
+
+def decomposition_culprit(ep, table, rec):
+    """The first node of ``ep`` whose op ``table`` decomposes into something that
+    computes another value than the op on the values it met: (node, got, want)."""
+    import torch
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function" or node.target not in table or node not in rec.values:
+            continue
+        args = torch.fx.node.map_arg(node.args, lambda n: rec.values[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: rec.values[n])
+        try:
+            with torch.no_grad():
+                got = _decomposed(torch, node.target, table, args, kwargs)
+        except Exception:             # noqa: BLE001 - not traceable alone: not this one
+            continue
+        want = rec.values[node]
+        if _tensors_differ(torch, got, want):
+            return node, got, want
+    return None
+
+
+def _first_value(torch, v) -> str:
+    while isinstance(v, (tuple, list)) and v:
+        v = v[0]
+    if isinstance(v, torch.Tensor):
+        return repr(float(v.reshape(-1)[0])) if v.numel() else "[]"
+    return repr(v)
+
+
+def check_against_torch(ep, table, tape_loss: float, loss_output: int, problems) -> None:
+    """Add one problem to ``problems`` (an importer's ``_Problems``) if the tape's loss
+    is not torch's for the program ``ep`` (before decomposition by ``table``)."""
+    import torch
+    ran = torch_loss(ep, loss_output)
+    if ran is None:
+        return
+    want, rec = ran
+    if not _differs(tape_loss, want):
+        return
+    found = decomposition_culprit(ep, table, rec)
+    if found is not None:
+        node, got, ref = found
+        problems.add("wrong decomposition of", str(node.target), node,
+                     f"torch's decomposition gives {_first_value(torch, got)} where the op "
+                     f"itself gives {_first_value(torch, ref)} (the loss {tape_loss!r} "
+                     f"against {want!r}); gradtool does not import a program whose value "
+                     f"is not the module's: rewrite this call, or report it")
+        return
+    problems.add("imported loss differs from torch's", f"({tape_loss!r} against {want!r})",
+                 None, "the tape would not compute the module's loss; nothing is written "
+                       "(a gradtool bug: please report it with the module)")
