@@ -176,6 +176,14 @@ unary("pows", "a ** s (a Python number): exact for s in {0, 1, 2, 3, 4, -1, -2, 
       "else exp(s * log|a|) with the sign of an odd integer power", _pow_rule(X, S),
       select(eq(S, 0.0), 0.0, G * (S * _pow_rule(X, S - 1.0))), scalar_operand=True,
       domain="positive")
+# pow: a ** b elementwise (torch.pow of two tensors), numpy broadcasting: pows' rule with
+# the exponent an input, the same special cases and error.  The gradients are PyTorch's:
+# to a, g * (b * a**(b - 1)) and +0.0 where b == 0; to b, g * (t * log(a)), where log is
+# fdlibm's (NaN for a < 0, as torch's), and g * 0.0 where a == 0 and b >= 0
+binary("pow", "a ** b (numpy broadcasting): pows' rule with the exponent an input",
+       _pow_rule(X, Y), select(eq(Y, 0.0), 0.0, G * (Y * _pow_rule(X, Y - 1.0))),
+       G * select(eq(X, 0.0), select(Y >= 0.0, 0.0, T * log(X)), T * log(X)),
+       domain="positive")
 # minimum mirrors maximum: a where a <= b, b where a > b, NaN when either is NaN; ties
 # (+0.0 against -0.0 too) give a.  The gradient goes to a where a <= b, else to b: on a tie
 # all of it to a; when either is NaN all of it to b
