@@ -99,6 +99,9 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (5, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {}
     if kind == "take_along":
         return [draw(spec, rng, (3, 4)), np.array([[1, 1], [3, 0], [0, 2]])], s, {"axis": 1}
+    if kind == "scatter":              # repeated ids, and rows 2 and 5 nobody writes
+        return [draw(spec, rng, (2, 4, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {
+            "rows": 6}
     if kind == "conv2d":               # groups, stride, padding and dilation all at work
         return [draw(spec, rng, (2, 4, 6, 5)), draw(spec, rng, (4, 2, 3, 2))], s, {
             "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
