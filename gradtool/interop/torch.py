@@ -421,11 +421,13 @@ def _arg_names(fn, n: int) -> list:
 def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "",
                    strict: bool = True) -> TorchImport:
     """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
-    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias)."""
+    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias;
+    and ``aten.index_add``, recorded as Tape.index_add, which it would make index_put)."""
     import torch
     ep = _detach_no_grad_blocks(ep, torch)
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.detach.default, None)    # kept: a stop-gradient, not an alias
+    table.pop(torch.ops.aten.index_add.default, None)  # kept: Tape.index_add, not index_put
     with _float64_default(torch):
         try:
             ep = ep.run_decompositions(table)
