@@ -981,6 +981,26 @@ def test_functional_matches_torch_float64(fn):
     assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
 
 
+class ColumnScatter(nn.Module):
+    """scatter_add by an index input that is already a column ([E, 1], expanded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x, col):
+        m = self.fc(x)
+        return torch.zeros(4, 3).scatter_add(0, col.expand_as(m), m).tanh().square().sum()
+
+
+def test_scatter_add_by_an_index_column_input_matches_torch():
+    torch.manual_seed(16)
+    result, _ = import_matching_torch(ColumnScatter(), (torch.randn(5, 3),
+                                                        torch.tensor([[3], [0], [3], [2], [3]])))
+    scatter = next(n for n in result.tape.nodes if n.op == "scatter")
+    assert scatter.aux == {"rows": 4} and result.tape.integral[scatter.b]
+
+
 class Scatters(nn.Module):
     """Scatters gradtool does not import: an index varying along other dims than dim, a
     mean reduction, and an assignment by index (the last of repeated ids wins)."""

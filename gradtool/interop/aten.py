@@ -972,7 +972,7 @@ def _one_index(r, node, index, dim):
             return value
         if str(getattr(line, "target", "")) not in _VIEWS or math.prod(
                 r.tshape(line.args[0])) != shape[dim]:
-            return r.reshape(r.ids(index), [shape[dim]])
+            return r.reshape(r.value(r.ids(index)), [shape[dim]])    # i64: to_f64 first
         line = line.args[0]
 
 
