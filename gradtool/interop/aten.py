@@ -1016,8 +1016,9 @@ def _scatter_reduce(r, node, base, dim, index, src, reduce, include_self=True):
 
 
 @aten("aten.index_put.default", needs=("index_add", "scatter"),
-      doc="accumulate=True with one index tensor (x.index_put_((ids,), v, accumulate=True), "
-          "x[ids] += v, index_add's decomposition): values broadcast to the indexed shape, "
+      doc="accumulate=True with one index tensor (x.index_put_((ids,), v, accumulate=True); "
+          "not x[ids] += v, which exports as an assignment): values broadcast to the indexed "
+          "shape, "
           "scatter of them by the ids (folded ids: negatives counted back) added to base; "
           "an assignment (accumulate=False) or several index tensors are refused")
 def _index_put(r, node, base, indices, values, accumulate=False):
