@@ -316,6 +316,43 @@ def index_select(tp, a, axis, ids):
     return tp.permute(tp.take(tp.permute(a, perm), ids), list(np.argsort(perm)))
 
 
+def index_add(tp, base, axis, ids, src, alpha=1.0):
+    """``base`` plus ``src``'s entries of ``axis`` summed into the entries ``ids`` names
+    (torch.index_add: ``ids`` 1-d integer ids, an i64 const or integer-valued node, or int
+    data, recorded as one; ``src`` shaped like ``base`` except along ``axis``, where it
+    has ``len(ids)`` entries).  Recorded as ``add(base, scatter(src, ids, rows))``, with
+    permutes moving ``axis`` to the front and back, and ``muls(src, alpha)`` first where
+    ``alpha != 1``.  Entry v is therefore ``base[v] + (0.0 + src[p0] + src[p1] + ...)``
+    over the positions reading v, ascending: gradtool's order, within rounding of
+    torch's sequential ``base[v] += src[p]`` (the same bits where base is +0.0 and alpha
+    1).  Backward: ``base`` gets ``g``, ``src`` the exact gather ``take(g, ids)``."""
+    shape = _shape(tp, base, "index_add base")
+    ax = _axis(axis, len(shape), "index_add")
+    if not hasattr(ids, "tape"):
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TapeError(f"index_add: ids must be integer data, got dtype {arr.dtype}")
+        ids = tp.const(arr.astype(np.int64), dtype="i64")
+    ids_shape = _shape(tp, ids, "index_add ids")
+    src_shape = _shape(tp, src, "index_add src")
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, (bool, np.bool_)):
+        raise TapeError(f"index_add: alpha must be a number, got {alpha!r}"[:200])
+    if len(ids_shape) != 1:
+        return _fail(tp, f"index_add: ids must be 1-d, got {format_shape(ids_shape)}")
+    want = shape[:ax] + ids_shape + shape[ax + 1:]
+    if src_shape != want:
+        return _fail(tp, f"index_add along axis {ax} of {format_shape(shape)} by "
+                         f"{ids_shape[0]} ids needs src {format_shape(want)}, got "
+                         f"{format_shape(src_shape)}")
+    if alpha != 1:
+        src = tp.muls(src, float(alpha))
+    perm = [ax] + [d for d in range(len(shape)) if d != ax]
+    if ax == 0:
+        return tp.add(base, tp.scatter(src, ids, rows=shape[0]))
+    summed = tp.scatter(tp.permute(src, perm), ids, rows=shape[ax])
+    return tp.add(base, tp.permute(summed, [int(d) for d in np.argsort(perm)]))
+
+
 def flip(tp, a, axes):
     """``a`` with the order of the entries of ``axes`` (an int or a sequence) reversed
     (torch.flip): one :func:`index_select` with descending ids per axis longer than 1,
@@ -519,7 +556,8 @@ def pad(tp, a, widths, value=0.0):
 METHODS = {"expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
            "select": select, "narrow": narrow, "split": split, "cat": cat, "stack": stack,
            "swapaxes": swapaxes, "pad": pad,
-           "index_select": index_select, "repeat_interleave": repeat_interleave,
+           "index_select": index_select, "index_add": index_add,
+           "repeat_interleave": repeat_interleave,
            "flip": flip, "cumsum": cumsum, "cumprod": cumprod, "cummax": cummax,
            "cummin": cummin, "prod": prod,
            "topk": topk, "sort": sort,

@@ -61,6 +61,10 @@ log_softmax       along an axis: ``m = first_max``, ``d = x - m``,
                   ``g - exp(t) * axis_sum(g)`` (expressions in the op table)
 gather backward   see :func:`take_index`: each table row's gradient is
                   ``0.0 + g[p0] + g[p1] + ...`` over the positions reading it, ascending
+scatter           the same sum as a forward rule (:func:`scatter_rows`): out row v of
+                  ``scatter(src, ids, rows)`` is ``0.0 + src[p0] + src[p1] + ...`` over
+                  the positions p with ``ids[p] == v``, ascending (row-major over ids);
+                  a row nobody writes is +0.0.  Its gradient is an exact gather
 elementwise ops   one expression per rule in the op table, each node one rounding
 shard mean        ``acc = x[0]; for k = 1..S-1: acc = acc + x[k]; result = acc / S``
                   per element, over the S shards of a minibatch in shard order
@@ -99,7 +103,8 @@ NUMERICS_CONTRACTS = {1: "inner products as a separately rounded multiply and ad
 
 __all__ = [
     "NUMERICS_VERSION", "NUMERICS_CONTRACTS",
-    "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "reduce_to_shape",
+    "serial_sum", "serial_mean", "serial_sum_axis", "first_max", "take_index", "scatter_rows",
+    "reduce_to_shape",
     "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_kernels", "cpu_library", "matmul_config",
     "fma", "exp", "log", "tanh", "expm1", "shard_mean", "shard_accumulate", "shard_divide",
     "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
@@ -169,6 +174,30 @@ def take_index(ids: np.ndarray, rows: int) -> tuple:
     start = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(flat, minlength=rows), out=start[1:])
     return order, start
+
+
+def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int) -> np.ndarray:
+    """The scatter-add of rows in :func:`take_index`'s order: take's backward and the
+    ``scatter`` op's forward, one implementation.
+
+    ``x`` is [N, width] with N = ids.size (position p's row is ``x[p]``); ``ids`` (any
+    shape, ints in [0, rows)) is read flat.  Returns [rows, width]: row v is
+    ``0.0 + x[p0] + x[p1] + ...`` over the positions reading v in ascending order (+0.0
+    for a row nobody reads; each + one rounding).  The k-th additions of every row
+    run as one numpy add (rows are independent; within a row the order is fixed), the
+    rows with the most positions first, so the work is O(N * width + rows) however the
+    ids repeat.  The kernels ``k_take_bwd`` (walking the uploaded index) and
+    ``k_take_bwd_scan`` (scanning ids computed on the device) sum in the same order.
+    """
+    order, start = take_index(ids, rows)
+    counts = np.diff(start)
+    busiest = np.argsort(-counts, kind="stable")          # rows, most positions first
+    minus_counts = -counts[busiest]                       # ascending
+    out = np.zeros((rows, x.shape[1]))
+    for k in range(int(-minus_counts[0]) if rows else 0):
+        hit = busiest[:int(np.searchsorted(minus_counts, -k, side="left"))]   # count > k
+        out[hit] = out[hit] + x[order[start[hit] + k]]
+    return out
 
 
 _REDUCE_PLANS: dict = {}       # (c's shape, shape) -> _reduce_plan's answer

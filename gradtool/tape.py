@@ -395,7 +395,8 @@ class Tape:
         if spec.id_inputs:
             problem = bad_id(self.values[ib], spec.index_bound(sa, aux))
             if problem:
-                return self._poison(f"{here}: ids node {ib}: {problem} (table {list(sa)})",
+                return self._poison(f"{here}: ids node {ib}: {problem} "
+                                    f"({_ids_reader(spec, sa, aux)})",
                                     TapeError)
         vb = self.values[ib] if ib >= 0 else None
         try:
@@ -686,8 +687,8 @@ class Tape:
                                                                node.aux))
         if problem:
             raise GradtoolError(f"node {i} ({node.op}): its ids, computed by node {node.b} "
-                                f"({self.nodes[node.b].op}): {problem} (table "
-                                f"{list(self.values[node.a].shape)})")
+                                f"({self.nodes[node.b].op}): {problem} "
+                                f"({_ids_reader(spec, self.values[node.a].shape, node.aux)})")
 
     # ── backward ───────────────────────────────────────────────────────────
     def backward(self, loss: GVar) -> None:
@@ -821,6 +822,13 @@ for _spec in OPS.values():
     if _spec.arity:
         setattr(Tape, _spec.name, _op_method(_spec))
 del _spec
+
+
+def _ids_reader(spec, sa, aux) -> str:
+    """What a bad id was meant to index, for messages: a gather's table, a scatter's rows."""
+    if spec.kind == "scatter":
+        return f"scatter of src {list(sa)} into {aux['rows']} rows"
+    return f"table {list(sa)}"
 
 
 def _composite_method(fn):

@@ -99,6 +99,9 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
         return [draw(spec, rng, (5, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {}
     if kind == "take_along":
         return [draw(spec, rng, (3, 4)), np.array([[1, 1], [3, 0], [0, 2]])], s, {"axis": 1}
+    if kind == "scatter":              # repeated ids, and rows 2 and 5 nobody writes
+        return [draw(spec, rng, (2, 4, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {
+            "rows": 6}
     if kind == "conv2d":               # groups, stride, padding and dilation all at work
         return [draw(spec, rng, (2, 4, 6, 5)), draw(spec, rng, (4, 2, 3, 2))], s, {
             "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
@@ -236,7 +239,7 @@ def random_graph(rng, n_ops=14):
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
                            "softmax", "slice", "concat", "reduce", "take", "take_along",
-                           "mask", "conv"])
+                           "mask", "conv", "scatter"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -289,6 +292,12 @@ def random_graph(rng, n_ops=14):
             shape[axis] = int(rng.integers(1, 4))
             pos = ids(x.shape[axis], tuple(shape))
             y = tp.take_along(x, computed(pos) if rng.random() < 0.4 else pos, axis=axis)
+        elif kind == "scatter":           # src's leading 1 or 2 dims are the ids'
+            src = pick(lambda s: len(s) <= 3) or leaf((4, 3))
+            k = int(rng.integers(1, min(2, len(src.shape)) + 1))
+            rows = int(rng.integers(1, 5))
+            pos = ids(rows, tuple(src.shape[:k]))
+            y = tp.scatter(src, computed(pos) if rng.random() < 0.4 else pos, rows=rows)
         elif kind == "conv":              # conv2d, then sometimes a pool
             x = pick(lambda s: len(s) == 4) or leaf((2, 2, 5, 4))
             groups = int(rng.choice([1, x.shape[1]]))
@@ -539,6 +548,9 @@ def all_ops_tape():
     ap = tp.avg_pool2d(conv, kernel=[2, 2], stride=[2, 2], ceil_mode=True,
                        count_include_pad=False)
     loss = tp.add(loss, tp.add(tp.mean(mp), tp.mean(ap)))
+    # take's adjoint: emb's rows summed back by the same ids (row 2 written by none)
+    sc = tp.scatter(emb, ids, rows=3)                                # [3,3]
+    loss = tp.add(loss, tp.sum(tp.mul(sc, sc)))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 

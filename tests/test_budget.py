@@ -67,6 +67,8 @@ def _cases():
     cases["take"] = lambda tp: tp.take(tp.param(leaf((M, M))), tp.const(ids, dtype="i64"))
     cases["take_along"] = lambda tp: tp.take_along(tp.param(leaf((M, M))),
                                                    tp.const(ids, dtype="i64"), axis=1)
+    cases["scatter"] = lambda tp: tp.scatter(tp.param(leaf((M, 4, M))),
+                                             tp.const(ids, dtype="i64"), rows=M)
     cases["bmm broadcast"] = lambda tp: tp.bmm(tp.param(leaf((4, M // 2, 16))),
                                                tp.param(leaf((1, 16, M // 2))))
     # conv2d and the pools hold im2col columns and padded copies (budget.node_temporary)

@@ -72,6 +72,9 @@ def _one_element_tape(op):
         out = tp.permute(tp.param(np.ones((1, 1))), [1, 0])
     elif op in ("take", "take_along"):
         out = tp.record(op, tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"))
+    elif op == "scatter":
+        out = tp.scatter(tp.param(np.ones(1)), tp.const(np.zeros(1, dtype=int), dtype="i64"),
+                         rows=1)
     elif op == "conv2d":
         out = tp.conv2d(tp.param(np.ones((1, 1, 1, 1))), tp.param(np.ones((1, 1, 1, 1))))
     elif op in ("max_pool2d", "avg_pool2d"):

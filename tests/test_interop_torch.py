@@ -400,6 +400,40 @@ def normalised_case():
     return Normalised(), (torch.randn(6, 5),)
 
 
+class GNN(nn.Module):
+    """Two rounds of message passing over an edge list (inputs): messages are rows of a
+    linear map picked by the edges' sources, summed into their destinations by
+    index_add, by scatter_add_ with the destinations expanded (PyG's and
+    torch_scatter's pattern) and by index_put_(accumulate=True) into a learnt base."""
+
+    def __init__(self, d_in=4, d=5, nodes=6):
+        super().__init__()
+        self.nodes = nodes
+        self.msg1 = nn.Linear(d_in, d)
+        self.msg2 = nn.Linear(d, d)
+        self.self2 = nn.Linear(d, d)
+        self.base = nn.Parameter(torch.randn(nodes, d) * 0.1)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x, src, dst, y):
+        m1 = self.msg1(x)[src]                                        # [E, d]
+        h = torch.relu(torch.zeros(self.nodes, m1.shape[1]).index_add(0, dst, m1))
+        m2 = self.msg2(h)[src]
+        agg = torch.zeros(self.nodes, m2.shape[1])
+        agg.scatter_add_(0, dst.view(-1, 1).expand_as(m2), m2)
+        h2 = torch.tanh(agg + self.self2(h))
+        acc = self.base.clone()
+        acc.index_put_((dst,), h2[src] * 0.5, accumulate=True)
+        return F.mse_loss(self.head(acc).squeeze(-1), y)
+
+
+def gnn_case():
+    torch.manual_seed(15)
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 0, 2, 2, 4])
+    dst = torch.tensor([1, 2, 3, 4, 0, 0, 2, 1, 1, 3])             # node 5 gets nothing
+    return GNN(), (torch.randn(6, 4), src, dst, torch.randn(6))
+
+
 def moe_case():
     torch.manual_seed(14)
     return TopKMoE(), (torch.randn(16, 6), torch.randn(16, 6))
@@ -418,6 +452,7 @@ CASES = {
                                 "max_pool2d", "nn.group_norm", "nn.conv_transpose2d")),
     "conv1d_batch_norm_1d": (seq1d_case, ("conv2d", "nn.conv_transpose1d", "cumsum")),
     "top2_mixture_of_experts": (moe_case, ("topk", "erf")),
+    "gnn_message_passing": (gnn_case, ("scatter", "index_add")),
     "parametrizations_and_ema": (normalised_case, ("detach",)),
     "conv3d_net": (net3d_case, ("conv2d", "nn.conv3d", "nn.max_pool3d", "nn.avg_pool3d")),
 }
@@ -893,6 +928,21 @@ FUNCTIONS = {
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()
                    + (torch.floor(x) + torch.ceil(x) + torch.trunc(x)).detach() * x,
                    ("round", "floor", "ceil", "trunc", "detach")),
+    "index_add_axes_alpha": (lambda x: x.index_add(1, torch.tensor([5, 0, 5]), x[:, 1:4] * x[:, :3],
+                                                   alpha=-1.5)
+                             + torch.zeros(4, 6).index_add(0, torch.tensor([3, 3, 1]), x[:3])
+                             + x.t().clone().index_add_(0, torch.tensor([2, 0]), x[:, 4:].t()).t(),
+                             ("index_add",)),
+    "scatter_add_reduce": (lambda x: torch.zeros(5, 6).scatter_add(
+                               0, torch.tensor([4, 0, 4, 1]).unsqueeze(-1).expand(4, 6), x)
+                           .scatter_reduce(1, torch.tensor([[0, 0, 2]] * 5), x[:1].expand(5, 6)[:, :3] ** 2,
+                                           "sum")[:4]
+                           + x.scatter_add(1, torch.tensor([[1, 1, 0]]).expand(4, 3), x[:, 2:5].exp()),
+                           ("index_add",)),
+    "index_put_accumulate": (lambda x: torch.ops.aten.index_put(x, [None, torch.tensor([[5, 0], [5, 5]])],
+                                                                x[:, :4].reshape(4, 2, 2), True)
+                             + x.clone().index_put_((torch.tensor([-1, 0, -1]),), x[1], accumulate=True),
+                             ("index_add",)),
     "adaptive_pool_unbatched": (lambda x: F.adaptive_avg_pool2d(x.reshape(1, 4, 6), (3, 4))
                                 * F.adaptive_max_pool2d(x.reshape(1, 4, 6), (3, 4)),
                                 ("nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")),
@@ -929,6 +979,58 @@ def test_functional_matches_torch_float64(fn):
     assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss), (got, ref_loss)
     g = tape.grad(result.params["w"])
     assert np.linalg.norm(g - ref["w"]) <= 1e-11 * np.linalg.norm(ref["w"])
+
+
+class ColumnScatter(nn.Module):
+    """scatter_add by an index input that is already a column ([E, 1], expanded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x, col):
+        m = self.fc(x)
+        return torch.zeros(4, 3).scatter_add(0, col.expand_as(m), m).tanh().square().sum()
+
+
+def test_scatter_add_by_an_index_column_input_matches_torch():
+    torch.manual_seed(16)
+    result, _ = import_matching_torch(ColumnScatter(), (torch.randn(5, 3),
+                                                        torch.tensor([[3], [0], [3], [2], [3]])))
+    scatter = next(n for n in result.tape.nodes if n.op == "scatter")
+    assert scatter.aux == {"rows": 4} and result.tape.integral[scatter.b]
+
+
+class Scatters(nn.Module):
+    """Scatters gradtool does not import: an index varying along other dims than dim, a
+    mean reduction, and an assignment by index (the last of repeated ids wins)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x, idx, ids):
+        m = self.fc(x)
+        a = torch.zeros(4, 3).scatter_add(0, idx, m)
+        b = torch.zeros(4, 3).scatter_reduce(0, ids.view(-1, 1).expand_as(m), m, "mean")
+        c = torch.zeros(4, 3).index_put_((ids,), m)
+        return (a * b * c).sum()
+
+
+def test_scatters_it_cannot_import_are_each_one_line_naming_why():
+    x, idx, ids = torch.randn(5, 3), torch.randint(0, 4, (5, 3)), torch.tensor([0, 3, 3, 1, 0])
+    with pytest.raises(TorchImportError) as info:
+        import_module(Scatters(), (x, idx, ids))
+    lines = info.value.lines
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("unsupported use of aten.scatter_add.default (x1) at ")
+    assert lines[0].endswith("scatter_add by an index that varies along dims other than dim "
+                             "(index_add's pattern, a 1-d index expanded along the other dims, "
+                             "imports)")
+    assert lines[1].startswith("unsupported use of aten.scatter_reduce.two (x1) at ")
+    assert lines[1].endswith("scatter_reduce with reduce='mean' (only 'sum' into self imports)")
+    assert lines[2].startswith("unsupported use of aten.index_put.default (x1) at ")
+    assert "index_put without accumulate" in lines[2]
 
 
 class Detaches(nn.Module):

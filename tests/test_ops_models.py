@@ -363,8 +363,8 @@ def test_a_reader_names_a_dtype_or_op_it_does_not_know(tmp_path):
     path = tmp_path / "future.msgpack"
     for node, field, needle in ((dict(doc["nodes"][1], dtype="u8"), "dtype",
                                  "unknown dtype 'u8' (this reader knows 'f64' and 'i64')"),
-                                (dict(doc["nodes"][2], op="scatter"), "op",
-                                 "unknown op 'scatter'")):
+                                (dict(doc["nodes"][2], op="segsum"), "op",
+                                 "unknown op 'segsum'")):
         k = 1 if field == "dtype" else 2
         path.write_bytes(msgpack.packb(dict(doc, nodes=doc["nodes"][:k] + [node]
                                             + doc["nodes"][k + 1:])))

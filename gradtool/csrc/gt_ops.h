@@ -368,7 +368,7 @@
     const long long width = *gt_m++; \
     (void)gt_m; (void)ga; (void)g; (void)order; (void)start; (void)width;
 
-/* k_take_bwd_scan: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n reading row v, ascending (ids computed on the device: the order of numerics.take_index without an uploaded index) */
+/* k_take_bwd_scan: per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n reading row v, ascending (ids computed on the device: the order of numerics.take_index without an uploaded index; err = 1 for an id that is not a whole number in [0, rows), which adds nowhere) */
 #define GT_ARGS_k_take_bwd_scan \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT ga = W + *gt_m++; \
@@ -377,7 +377,8 @@
     const long long n = *gt_m++; \
     const long long rows = *gt_m++; \
     const long long width = *gt_m++; \
-    (void)gt_m; (void)ga; (void)g; (void)ids; (void)n; (void)rows; (void)width;
+    gt_real *GT_RESTRICT err = W + *gt_m++; \
+    (void)gt_m; (void)ga; (void)g; (void)ids; (void)n; (void)rows; (void)width; (void)err;
 
 /* k_take_along: out[o, j, r] = a[o, ids[o, j, r], r] (a NaN, and err = 1, for an id that is not a whole number in [0, len)) */
 #define GT_ARGS_k_take_along \

@@ -476,7 +476,8 @@ GT_KERNEL k_log_softmax_bwd(gt_real *W, const long long *M)
 }
 
 /* ========================================================================
- * Gathers by integer ids (take, take_along) and their scatter-add backward.
+ * Gathers by integer ids (take, take_along) and their scatter-add backward
+ * (which is also the scatter op's forward, on a zero-filled out).
  * ids, and take's backward index (numerics.take_index: order, start), are
  * exact gt_real values in the arena.  Every backward thread owns one
  * destination element and sums what reaches it serially from 0.0, in
@@ -510,15 +511,20 @@ GT_KERNEL k_take_bwd(gt_real *W, const long long *M)
 
 /* ids computed on the device (no uploaded index): table element (v, j) gets
  * ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the positions p < n with
- * ids[p] == v, ascending -- numerics.take_index's order; M[0] = rows * width */
+ * ids[p] == v, ascending -- numerics.take_index's order; M[0] = rows * width.
+ * A bad id adds nowhere and raises err (scatter's forward: no gather before it
+ * has checked its ids). */
 GT_KERNEL k_take_bwd_scan(gt_real *W, const long long *M)
 {
     GT_ARGS_k_take_bwd_scan
     GT_LOOP(i, M[0]) {
         const long long v = i / width, j = i % width;
         gt_real s = R0;
-        for (long long p = 0; p < n; ++p)
-            if (gt_id(ids[p], rows) == v) s = R_ADD(s, g[p * width + j]);
+        for (long long p = 0; p < n; ++p) {
+            const long long id = gt_id(ids[p], rows);
+            if (id < 0) err[0] = (gt_real)1;     /* the engine reports it (every writer: 1) */
+            if (id == v) s = R_ADD(s, g[p * width + j]);
+        }
         ga[i] = R_ADD(ga[i], s);
     }
 }

@@ -19,9 +19,10 @@ The launch list mirrors the CPU tape exactly (:mod:`gradtool.tape`):
   input b (:meth:`Tape.backward`);
 * optimizer: see :mod:`gradtool.device.optimizer`.
 
-Integer ids (the i64 consts take and take_along read) sit in the arena as
-exact float values, with each learning take's backward index
-(:class:`TakeIndex`); setting new ids uploads both (:meth:`Program.id_writes`).
+Integer ids (the i64 consts take, take_along and scatter read) sit in the arena as
+exact float values, with the index of the positions reading each row
+(:class:`TakeIndex`) for each learning take's backward and each scatter's forward;
+setting new ids uploads both (:meth:`Program.id_writes`).
 
 Restrictions raise :class:`CaptureError` (exit 2 from the CLI) before
 anything is allocated.
@@ -49,15 +50,16 @@ EXACT_INTS = {"f64": 2 ** 53, "f32": 2 ** 24}    # every int below this is exact
 
 @dataclass(frozen=True)
 class TakeIndex:
-    """Where take's backward index (numerics.take_index of its ids) lives in the arena.
+    """Where the index of a take's backward, or of a scatter (numerics.take_index of its
+    ids), lives in the arena.
 
     The ids are a leaf: they change only when the host sets them, and then the
     host recomputes this index and uploads it with them (:meth:`Program.id_writes`).
     """
 
     leaf: int                   # the ids leaf
-    node: int                   # the take node
-    rows: int                   # the table's rows (ids lie in [0, rows))
+    node: int                   # the take or scatter node
+    rows: int                   # the table's (scatter: out's) rows: ids lie in [0, rows)
     order_off: int              # positions sorted by the row they read (N values)
     start_off: int              # row v's positions are order[start[v]:start[v+1]] (rows+1)
 
@@ -82,7 +84,7 @@ class Program:
     computed_ids: list = field(default_factory=list)  # (take node, ids node, bound): checked
     err_off: int = -1                       # the bad-id flag take/take_along kernels raise
     int_values: set = field(default_factory=set)     # i64 leaves read as values (comparisons)
-    take_indexes: list = field(default_factory=list)  # TakeIndex per take whose table learns
+    take_indexes: list = field(default_factory=list)  # TakeIndex: _index_users
 
     def id_writes(self, leaf: int, ids: np.ndarray) -> list:
         """(offset, float64 values) to upload for new ids of ``leaf``: the ids themselves
@@ -178,7 +180,7 @@ class _Builder:
         self.size = 0
         self.scratch_need = 0
         self.scratch_off = -1
-        self.take_index = {}          # take node -> its TakeIndex
+        self.take_index = {}          # take / scatter node -> its TakeIndex
         self.err_off = -1             # the bad-id flag (one element), if any op reads ids
         self.first = {}               # node -> (consumer, role): its first contribution
         self.fresh = set()            # gradients whose first contribution is stored
@@ -245,9 +247,9 @@ def _check(tape, loss: int, dtype: str) -> None:
                                    f"{inexact_int(tape.values[k], EXACT_INTS[dtype])} "
                                    f"(a {dtype} arena)")
         if spec.id_inputs:
-            # ids (< bound) and take's index (positions, counts <= N) become arena values
+            # ids (< bound) and the take index (positions, counts <= N) become arena values
             most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
-                       tape.values[node.b].size if node.op == "take" else 0)
+                       tape.values[node.b].size if spec.kind in ("take", "scatter") else 0)
             if most >= EXACT_INTS[dtype]:
                 raise CaptureError(f"node {i} ({node.op}): {most} ids or rows; a {dtype} arena "
                                    f"holds integers exactly only below {EXACT_INTS[dtype]}")
@@ -281,12 +283,8 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     ctl_off = b.alloc(4)
     if any(OPS[n.op].id_inputs for n in tape.nodes):
         b.err_off = b.alloc(1)
-    takes = []          # the backward index of every take whose table learns (leaf ids)
-    for i, n in enumerate(tape.nodes):
-        if (n.op == "take" and grad_off[i] >= 0 and tape.requires[n.a]
-                and tape.nodes[n.b].a < 0):
-            rows = b.shapes[n.a][0]
-            takes.append(TakeIndex(n.b, i, rows, b.alloc(b.n(n.b)), b.alloc(rows + 1)))
+    takes = [TakeIndex(leaf, i, rows, b.alloc(b.n(leaf)), b.alloc(rows + 1))
+             for i, leaf, rows in _index_users(tape, grad_off)]
     b.take_index = {ti.node: ti for ti in takes}
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
@@ -332,6 +330,22 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     prog.size = b.size
     _check_arena(prog, grad_end - grad_start, DEFAULT_MEMORY if max_bytes is None else max_bytes)
     return prog
+
+
+def _index_users(tape, grad_off) -> list:
+    """(node, ids leaf, rows) of every node that walks numerics.take_index of leaf ids
+    (k_take_bwd): a take whose table learns (its backward), a scatter (its forward).
+    Ids computed on the tape have no uploaded index: their kernels scan them."""
+    out = []
+    for i, n in enumerate(tape.nodes):
+        if n.a < 0 or tape.nodes[n.b].a >= 0:
+            continue
+        kind = OPS[n.op].kind
+        if kind == "take" and grad_off[i] >= 0 and tape.requires[n.a]:
+            out.append((i, n.b, tape.values[n.a].shape[0]))
+        elif kind == "scatter":
+            out.append((i, n.b, n.aux["rows"]))
+    return out
 
 
 def _check_arena(prog: Program, grad_elements: int, max_bytes: int) -> None:
@@ -476,6 +490,22 @@ def _fwd_take_along(b, i, spec, val):
                    err=b.err_off)]
 
 
+def _fwd_scatter(b, i, spec, val):
+    """out = +0.0, then take's backward kernels add src's rows in (numerics.scatter_rows):
+    0.0 + (0.0 + src[p0] + ...) is that sum's bits, which is never -0.0."""
+    node = b.tape.nodes[i]
+    rows = node.aux["rows"]
+    width = b.n(i) // rows
+    fill = launch("k_fill", b.n(i), i, "scatter (zeros)", dst=val[i], value=0.0)
+    if i not in b.take_index:           # ids computed on the device: no uploaded index
+        return [fill, launch("k_take_bwd_scan", b.n(i), i, "scatter", ga=val[i],
+                             g=val[node.a], ids=val[node.b], n=b.n(node.b), rows=rows,
+                             width=width, err=b.err_off)]
+    index = b.take_index[i]
+    return [fill, launch("k_take_bwd", b.n(i), i, "scatter", ga=val[i], g=val[node.a],
+                         order=index.order_off, start=index.start_off, width=width)]
+
+
 def _fwd_permute(b, i, spec, val):
     node = b.tape.nodes[i]
     shape, st = b.shapes[i], row_major_strides(b.shapes[node.a])
@@ -529,7 +559,8 @@ _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
             "take_along": _fwd_take_along, "permute": _fwd_permute, "conv2d": _fwd_conv2d,
-            "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d}
+            "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d,
+            "scatter": _fwd_scatter}
 
 
 def _contributions(b: _Builder, reached) -> list:
@@ -732,10 +763,23 @@ def _bwd_take(b, i, spec, need_a, need_b, val, grad):
     if i not in b.take_index:           # ids computed on the device: no uploaded index
         return [launch("k_take_bwd_scan", b.n(node.a), i, "take backward", ga=grad[node.a],
                        g=grad[i], ids=val[node.b], n=b.n(node.b), rows=rows,
-                       width=b.n(node.a) // rows)]
+                       width=b.n(node.a) // rows, err=b.err_off)]
     index = b.take_index[i]
     return [launch("k_take_bwd", b.n(node.a), i, "take backward", ga=grad[node.a], g=grad[i],
                    order=index.order_off, start=index.start_off, width=b.n(node.a) // rows)]
+
+
+def _bwd_scatter(b, i, spec, need_a, need_b, val, grad):
+    """src's gradient: take(g, ids), gathered into scratch, then added once (ga = ga +
+    gathered, as the CPU engine's grad = grad + c: a gathered -0.0 adds as +0.0)."""
+    node = b.tape.nodes[i]
+    rows = node.aux["rows"]
+    n = b.n(node.a)
+    gathered = b.need_scratch(n)
+    return [launch("k_take", n, i, "scatter backward (gather)", out=gathered, table=grad[i],
+                   ids=val[node.b], rows=rows, width=b.n(i) // rows, err=b.err_off),
+            _copy(b, i, grad[node.a], gathered, [n], [1], [1], acc=True,
+                  what="scatter backward")]
 
 
 def _bwd_take_along(b, i, spec, need_a, need_b, val, grad):
@@ -789,7 +833,8 @@ _BACKWARD = {"unary": _bwd_unary, "binary": _bwd_binary, "reduce": _bwd_reduce,
              "transpose": _bwd_transpose, "reshape": _bwd_reshape, "softmax": _bwd_softmax,
              "slice": _bwd_slice, "concat": _bwd_concat, "take": _bwd_take,
              "take_along": _bwd_take_along, "permute": _bwd_permute, "conv2d": _bwd_conv2d,
-             "max_pool2d": _bwd_max_pool2d, "avg_pool2d": _bwd_avg_pool2d}
+             "max_pool2d": _bwd_max_pool2d, "avg_pool2d": _bwd_avg_pool2d,
+             "scatter": _bwd_scatter}
 
 
 def _reduce(b, node, kernel, target, val, grad, what) -> Launch:

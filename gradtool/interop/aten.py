@@ -958,8 +958,150 @@ def _multilabel_margin(r, node, x, target, reduction=1):
     return r.reshape(per, r.shape(node))
 
 
-# ops kept out of run_decompositions: recorded by their own entries above
-PRESERVE = {"aten.detach.default", "aten.multilabel_margin_loss.default"}
+# ops kept out of run_decompositions, each recorded by its own entry in this table
+PRESERVE = {"aten.detach.default", "aten.multilabel_margin_loss.default",
+            "aten.index_add.default"}
+
+
+# ── scatter-adds (GNN message passing: index_add, scatter_add, index_put(accumulate)) ──
+#
+# Each records Tape.index_add (base + scatter of src's entries by the ids, gradtool's
+# order: base + (0.0 + src[p0] + src[p1] + ...), within rounding of torch's sequential
+# base[v] += src[p]); into a folded base of +0.0 (torch.zeros(...).index_add(...)) just
+# the scatter, which is torch's sum to the bit.
+
+def _zero_base(r, base) -> bool:
+    """A folded tensor of +0.0 only: adding it changes no bit of a scatter's sum."""
+    torch = r.torch
+    return (isinstance(base, torch.Tensor) and bool((base == 0).all())
+            and not bool(torch.signbit(base).any()))
+
+
+def _scatter_dims(r, v, d, ids, rows):
+    """v (pre + ids.shape + post, the ids' dims from d) scattered by ids into ``rows``
+    entries at dim d: pre + [rows] + post."""
+    n, k = len(v.shape), len(ids.shape)
+    front = list(range(d, d + k)) + list(range(d)) + list(range(d + k, n))
+    summed = r.tp.scatter(r.permute(v, front), ids, rows=rows)
+    return r.permute(summed, list(range(1, d + 1)) + [0] + list(range(d + 1, n - k + 1)))
+
+
+def _add_rows(r, node, base, dim, ids, src, alpha=1):
+    """base + src's entries of ``dim`` summed by 1-d ``ids`` (torch.index_add)."""
+    shape = r.shape(node)
+    dim %= len(shape)
+    ids = r.ids(ids)
+    if _zero_base(r, base):
+        v = r.f(src) if alpha == 1 else r.scale(src, alpha)
+        return _scatter_dims(r, v, dim, ids, shape[dim])
+    return r.tp.index_add(r.f(base), dim, ids, r.f(src), alpha=float(alpha))
+
+
+@aten("aten.index_add.default", needs=("index_add", "scatter"),
+      doc="Tape.index_add: base + scatter of src's entries along dim by the ids (alpha: "
+          "muls first); into a folded base of zeros the scatter alone (torch's sum to the "
+          "bit). The importer keeps index_add out of run_decompositions (which makes it "
+          "index_put)")
+def _index_add(r, node, base, dim, ids, src, alpha=1):
+    return _add_rows(r, node, base, dim, ids, src, alpha)
+
+
+def _one_index(r, node, index, dim):
+    """The 1-d ids of a scatter_add index that only varies along ``dim`` (PyG's and
+    torch_scatter's ``idx.view(-1, 1).expand_as(src)``), else Unsupported."""
+    torch = r.torch
+    shape = r.tshape(node.args[2])
+    refuse = ("scatter_add by an index that varies along dims other than dim (index_add's "
+              "pattern, a 1-d index expanded along the other dims, imports)")
+    if isinstance(index, torch.Tensor):             # folded: compare with its first line
+        lines = index.movedim(dim, 0).reshape(shape[dim], -1)
+        if not bool((lines == lines[:, :1]).all()):
+            raise Unsupported(refuse)
+        return lines[:, 0].contiguous()
+    source = node.args[2]
+    if any(n != 1 for k, n in enumerate(shape) if k != dim):   # is it an expand of a line?
+        if str(source.target) != "aten.expand.default":
+            raise Unsupported(refuse)
+        source = source.args[0]
+        inner = r.tshape(source)
+        if len(inner) != len(shape) or any(n != 1 for k, n in enumerate(inner) if k != dim):
+            raise Unsupported(refuse)
+        index = r.imp.env[source]
+    line = source                       # back through views to the ids leaf, if any: its
+    while True:                         # uploaded index beats scanning computed ids
+        value = r.imp.env.get(line)
+        if r.is_ids(value) and list(value.shape) == [shape[dim]]:
+            return value
+        if str(getattr(line, "target", "")) not in _VIEWS or math.prod(
+                r.tshape(line.args[0])) != shape[dim]:
+            return r.reshape(r.value(r.ids(index)), [shape[dim]])    # i64: to_f64 first
+        line = line.args[0]
+
+
+_VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+          "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+          "aten.squeeze.default", "aten.flatten.using_ints"}
+
+
+def _scatter_add_rows(r, node, base, dim, index, src):
+    shape, src_shape = r.shape(node), r.tshape(node.args[3])
+    index_shape = r.tshape(node.args[2])
+    dim %= len(shape)
+    if any(index_shape[k] != shape[k] for k in range(len(shape)) if k != dim):
+        raise Unsupported(f"scatter_add by an index of shape {index_shape} that covers only "
+                          f"part of the output {shape} along the dims other than dim")
+    ids = _one_index(r, node, index, dim)
+    v = r.f(src)
+    for k, n in enumerate(index_shape):            # torch reads src where index reaches
+        if src_shape[k] != n:
+            v = r.slice_axis(v, k, 0, n, 1)
+    return _add_rows(r, node, base, dim, ids, v)
+
+
+@aten("aten.scatter_add.default", needs=("index_add", "scatter"),
+      doc="index_add, where the index only varies along dim (a 1-d index expanded along "
+          "the others, PyG's and torch_scatter's pattern, or a folded index constant "
+          "along them); any other index is refused")
+def _scatter_add(r, node, base, dim, index, src):
+    return _scatter_add_rows(r, node, base, dim, index, src)
+
+
+@aten("aten.scatter_reduce.two", needs=("index_add", "scatter"),
+      doc="reduce='sum' with include_self=True: as scatter_add; any other reduction is "
+          "refused")
+def _scatter_reduce(r, node, base, dim, index, src, reduce, include_self=True):
+    if reduce != "sum" or not include_self:
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r}"
+                          + ("" if include_self else ", include_self=False")
+                          + " (only 'sum' into self imports)")
+    return _scatter_add_rows(r, node, base, dim, index, src)
+
+
+@aten("aten.index_put.default", needs=("index_add", "scatter"),
+      doc="accumulate=True with one index tensor (x.index_put_((ids,), v, accumulate=True); "
+          "not x[ids] += v, which exports as an assignment): values broadcast to the indexed "
+          "shape, "
+          "scatter of them by the ids (folded ids: negatives counted back) added to base; "
+          "an assignment (accumulate=False) or several index tensors are refused")
+def _index_put(r, node, base, indices, values, accumulate=False):
+    given = [(k, t) for k, t in enumerate(indices) if t is not None]
+    if not accumulate:
+        raise Unsupported("index_put without accumulate (an assignment by index, x[ids] = v: "
+                          "the last of repeated ids wins)")
+    if len(given) != 1:
+        raise Unsupported("index_put with several index tensors")
+    d, ids = given[0]
+    if r.torch_dtype(node.args[1][d]) == "bool":
+        raise Unsupported("index_put by a boolean mask (a data-dependent shape)")
+    shape = r.shape(node)
+    if isinstance(ids, r.torch.Tensor):
+        ids = r.torch.remainder(ids, shape[d])
+    ids = r.ids(ids)
+    target = shape[:d] + list(ids.shape) + shape[d + 1:]
+    v = r.f(values)
+    v = r.expand(r.reshape(v, [1] * (len(target) - len(v.shape)) + list(v.shape)), target)
+    summed = _scatter_dims(r, v, d, ids, shape[d])
+    return summed if _zero_base(r, base) else r.tp.add(r.f(base), summed)
 
 
 # ── constants that only depend on shapes (folded at import; listed here for the report)

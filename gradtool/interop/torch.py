@@ -422,7 +422,9 @@ def _arg_names(fn, n: int) -> list:
 def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "",
                    strict: bool = True) -> TorchImport:
     """Record an ``ExportedProgram`` (decomposed here with ``run_decompositions()``, whose
-    table keeps ``aten.detach`` as it is: a stop-gradient, which it would make an alias),
+    table keeps ``aten.PRESERVE`` as they are: ``aten.detach``, a stop-gradient, which it
+    would make an alias; ``aten.index_add``, recorded as Tape.index_add, which it would make
+    index_put; an op whose decomposition is not the op),
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
     ep = _detach_no_grad_blocks(ep, torch)

@@ -8,8 +8,9 @@ import numpy as np
 from .. import numerics as nx
 from ..expr import G, T, X, Sym, evaluate, exp, log, substitute
 from .spec import Attr, OpSpec, _register, as_ids, attr, kernel
-from .shapes import (_concat_shape, _permute_shape, _reshape_shape, _slice_shape,
-                     _softmax_shape, _take_along_shape, _take_shape, _transpose_shape)
+from .shapes import (_concat_shape, _permute_shape, _reshape_shape, _scatter_shape,
+                     _slice_shape, _softmax_shape, _take_along_shape, _take_shape,
+                     _transpose_shape)
 
 
 # ── the table: data movement ───────────────────────────────────────────────
@@ -184,10 +185,11 @@ kernel("k_take", "out:w table:r ids:r rows:i width:i err:w",
 kernel("k_take_bwd", "ga:w g:r order:r start:r width:i",
        "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
        "positions order[start[v]:start[v+1]] (numerics.take_index)")
-kernel("k_take_bwd_scan", "ga:w g:r ids:r n:i rows:i width:i",
+kernel("k_take_bwd_scan", "ga:w g:r ids:r n:i rows:i width:i err:w",
        "per table element (v, j): ga = ga + (0.0 + g[p0, j] + g[p1, j] + ...) over the "
        "positions p < n reading row v, ascending (ids computed on the device: the order of "
-       "numerics.take_index without an uploaded index)")
+       "numerics.take_index without an uploaded index; err = 1 for an id that is not a "
+       "whole number in [0, rows), which adds nowhere)")
 kernel("k_take_along", "out:w a:r ids:r len:i k:i inner:i err:w",
        "out[o, j, r] = a[o, ids[o, j, r], r] (a NaN, and err = 1, for an id that is not a whole "
        "number in [0, len))")
@@ -202,14 +204,8 @@ def _take_f(a, b, s, at):
 
 def _take_b(g, a, b, t, s, at, na, nb):
     rows = a.shape[0]
-    order, start = nx.take_index(as_ids(b), rows)
-    counts = np.diff(start)
     g_rows = g.reshape(-1, a.size // rows)
-    c = np.zeros((rows, a.size // rows))
-    for k in range(int(counts.max(initial=0))):      # each row's k-th position, in order
-        hit = np.flatnonzero(counts > k)
-        c[hit] = c[hit] + g_rows[order[start[hit] + k]]
-    return (c.reshape(a.shape), None)
+    return (nx.scatter_rows(g_rows, as_ids(b), rows).reshape(a.shape), None)
 
 
 def _take_along_f(a, b, s, at):
@@ -234,3 +230,36 @@ _register(OpSpec("take_along", "take_along", 2, "one element of each line along 
                  _take_along_b, kernels=("k_take_along", "k_take_along_bwd"),
                  attrs=(Attr("axis", "axis", AXIS, default=-1),), int_inputs=("b",),
                  index_bound=lambda sa, at: sa[at["axis"]], id_inputs=("b",)))
+
+
+# ── the table: the scatter-add of rows, take's adjoint ─────────────────────
+#
+# ``scatter(src, ids, rows=R)``: src is [*ids.shape, *rest], out [R, *rest]; out row v is
+# ``0.0 + src[p0] + src[p1] + ...`` over the positions p (row-major over ids) with
+# ids[p] == v, ascending; a row nobody writes is +0.0.  That is take's backward rule
+# exactly (numerics.scatter_rows, one implementation), and on a device take's backward
+# kernels on a zero-filled out: k_take_bwd walking the uploaded index
+# (numerics.take_index) where the ids are a leaf, k_take_bwd_scan where they are computed
+# on the tape (which raises the bad-id flag, as the gathers do).  Backward: src's
+# gradient is take(g, ids), an exact gather (k_take into scratch, added once); the ids
+# get none.  torch's index_add / scatter_add / index_put(accumulate=True) record it
+# (Tape.index_add, gradtool/layout.py).
+
+def _scatter_f(a, b, s, at):
+    ids, rows = as_ids(b), at["rows"]
+    return nx.scatter_rows(a.reshape(ids.size, -1), ids, rows).reshape(
+        (rows,) + a.shape[ids.ndim:])
+
+
+def _scatter_b(g, a, b, t, s, at, na, nb):
+    return (np.take(g, as_ids(b), axis=0), None)
+
+
+_register(OpSpec("scatter", "scatter", 2, "the sum of src's rows into out's rows by integer "
+                 "ids (take's adjoint, torch's index_add into zeros): [rows, *src.shape["
+                 "ids.ndim:]], each row 0.0 + its rows of src, ascending", _scatter_shape,
+                 _scatter_f, _scatter_b,
+                 kernels=("k_fill", "k_take_bwd", "k_take_bwd_scan", "k_take", "k_copy_nd"),
+                 attrs=(Attr("rows", "count", "out's rows: every id lies in [0, rows)"),),
+                 int_inputs=("b",), index_bound=lambda sa, at: at["rows"], id_inputs=("b",),
+                 grad_inputs=("a",), integral="inputs"))

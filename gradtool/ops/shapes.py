@@ -98,6 +98,13 @@ def _take_shape(sa, sb, _attrs):
     return tuple(sb) + tuple(sa[1:])
 
 
+def _scatter_shape(sa, sb, attrs):
+    if len(sb) > len(sa) or tuple(sa[:len(sb)]) != tuple(sb):
+        raise ShapeError(f"scatter needs src shaped [*ids.shape, ...]: src {format_shape(sa)} "
+                         f"does not start with the ids' {format_shape(sb)}")
+    return (attrs["rows"],) + tuple(sa[len(sb):])
+
+
 def _take_along_shape(sa, sb, attrs):
     axis = attrs["axis"]
     _axis_check(sa, axis, "take_along")

@@ -17,7 +17,7 @@ LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
 KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
          "softmax", "slice", "concat", "take", "take_along", "permute", "conv2d",
-         "max_pool2d", "avg_pool2d")
+         "max_pool2d", "avg_pool2d", "scatter")
 _REQUIRED = object()
 
 
