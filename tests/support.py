@@ -534,6 +534,7 @@ def all_ops_tape():
     u = tp.add(tp.erf(t), tp.mul(tp.sin(t), tp.cos(t)))
     u = tp.add(tp.add(u, tp.expm1(th)), tp.log1p(sq))
     u = tp.add(tp.add(u, tp.rsqrt(sq)), tp.pows(sq, 1.7))
+    u = tp.add(u, tp.pow(sq, tp.adds(th, 0.5)))                   # a tensor exponent
     u = tp.add(tp.minimum(u, r), tp.clamp(t, -0.5, 0.5))
     u = tp.add(u, tp.detach(tp.mul(u, t)))                       # a stop-gradient
     v = tp.muls(t, 2.5)                                          # rounding: no gradient
