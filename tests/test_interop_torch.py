@@ -1557,3 +1557,102 @@ def test_pow_of_two_tensors_imports_as_torchs():
     result, _ = import_matching_torch(Powers(), (torch.randn(6, 5),))
     assert result.histogram["aten.pow.Tensor_Tensor"] >= 2
     assert gt.fd_check(result.tape, result.loss).passed
+
+
+MATH_POINTS = {
+    "log2": [1e-300, 0.3, 1.0, 1.0 + 2.0 ** -40, 7.5, 1e300],
+    "log10": [1e-300, 0.3, 1.0, 1.0 + 2.0 ** -40, 7.5, 1e300],
+    "exp2": [-1000.0, -3.3, -1e-20, 0.0, 0.7, 10.5, 1000.0],
+    "tan": [-1.5, -1e-10, 0.0, 0.3, 1.2, 100.0],
+    "sinh": [-710.0, -30.0, -21.9, -1.0, -1e-9, -0.0, 0.0, 1e-300, 0.5, 22.0, 300.0, 710.0],
+    "cosh": [-710.0, -30.0, -1.0, -1e-9, 0.0, 1e-8, 0.5, 21.99, 22.0, 300.0, 710.0],
+    "asinh": [-1e10, -2.0, -1e-12, -0.0, 0.0, 1e-300, 0.5, 3.0, 2.0 ** 28, 1e100],
+    "acosh": [1.0 + 1e-12, 1.5, 2.0, 3.0, 1e8, 2.0 ** 28, 1e100],
+    "atanh": [-0.5, -1e-10, -0.0, 0.0, 1e-300, 0.25, 0.5, 0.75],
+}
+
+
+class OneFunction(nn.Module):
+    """torch.<fn> of a parameter vector, each entry weighted: values and gradients at
+    chosen points (piece boundaries, signed zeros, tiny and huge arguments)."""
+
+    def __init__(self, fn, points):
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.tensor(points, dtype=torch.float64))
+
+    def forward(self, c):
+        return getattr(torch, self.fn)(self.w) * c
+
+
+@pytest.mark.parametrize("fn", sorted(MATH_POINTS))
+def test_elementwise_math_from_the_tables_functions_matches_torch(fn):
+    """log2, log10, exp2, tan, sinh, cosh, asinh, acosh, atanh: per point, the value
+    (1e-12 relative, signed zeros and infinities exactly) and the gradient (1e-11) are
+    torch float64's."""
+    points = MATH_POINTS[fn]
+    for i, p in enumerate(points):
+        module = OneFunction(fn, points)
+        c = torch.zeros(len(points), dtype=torch.float64)
+        c[i] = 1.0
+        result = import_module(_Pick(module, i), (c,))
+        result.tape.backward(result.loss)
+        w = torch.tensor([p], dtype=torch.float64, requires_grad=True)
+        y = getattr(torch, fn)(w)
+        y.sum().backward()
+        got = float(result.tape.values[result.loss.id][0])
+        grad = float(result.tape.grad(result.params["inner.w"])[i])
+        want, want_g = float(y), float(w.grad)
+        assert math.copysign(1.0, got) == math.copysign(1.0, want), (fn, p, got, want)
+        assert got == want or abs(got - want) <= 1e-12 * abs(want), (fn, p, got, want)
+        assert grad == want_g or abs(grad - want_g) <= 1e-11 * abs(want_g), \
+            (fn, p, grad, want_g)
+
+
+class _Pick(nn.Module):
+    """Entry i of a module's vector output (a scalar loss for the import)."""
+
+    def __init__(self, inner, i):
+        super().__init__()
+        self.inner, self.i = inner, i
+
+    def forward(self, c):
+        return self.inner(c)[self.i]
+
+
+def test_elementwise_math_where_torchs_float64_is_off():
+    """Where torch's float64 formulas lose accuracy, gradtool's are the exact values
+    (50-digit mpmath): atanh's gradient near -1 (torch 5e-10 off), asinh and acosh
+    of 1e300 (torch's gradient underflows to 0 through x*x)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    for fn, p, exact in (("atanh", -0.999999999, lambda x: 1 / (1 - x * x)),
+                         ("asinh", 1e300, lambda x: 1 / mpmath.sqrt(x * x + 1)),
+                         ("acosh", 1e300, lambda x: 1 / mpmath.sqrt(x * x - 1))):
+        result = import_module(_Pick(OneFunction(fn, [p]), 0), (torch.ones(1),))
+        result.tape.backward(result.loss)
+        grad = float(result.tape.grad(result.params["inner.w"])[0])
+        want = float(exact(mpmath.mpf(p)))
+        assert abs(grad - want) <= 4e-16 * abs(want), (fn, grad, want)
+        got = float(result.tape.values[result.loss.id][0])
+        value = float(getattr(mpmath, fn)(mpmath.mpf(p)))
+        assert abs(got - value) <= 4e-16 * abs(value), (fn, got, value)
+
+
+def test_hypot_matches_torch_and_keeps_range():
+    """hypot: torch's values and gradients (a/h, b/h, also on a tie |a| == |b|), and
+    no overflow where a*a would (1e200), inf where either is inf."""
+    class Hypot(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.tensor([3.0, -2.0, 1e200, 1e-200, 0.5, -0.7],
+                                               dtype=torch.float64))
+
+        def forward(self, b):
+            return (torch.hypot(self.a, b) * torch.arange(1.0, 7.0)).sum() / 1e200
+
+    b = torch.tensor([4.0, 2.0, 1e200, -3e-200, 0.0, 0.7], dtype=torch.float64)
+    import_matching_torch(Hypot(), (b,))
+    inf = torch.tensor([math.inf, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    result = import_module(Hypot(), (inf,))
+    assert float(result.tape.values[result.loss.id][0]) == math.inf
