@@ -250,9 +250,11 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
+            if op == "pow":                 # a positive base, an exponent in (-2, 2)
+                a, b = tp.adds(tp.sigmoid(a), 0.25), tp.muls(tp.tanh(b), 2.0)
             y = getattr(tp, op)(a, b)
         elif kind == "matmul":
             x = pick(lambda s: len(s) == 2) or leaf((2, 3))
