@@ -30,7 +30,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
-           "max_pool3d", "avg_pool3d",
+           "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
@@ -453,12 +453,14 @@ def _windows(size: int, out: int) -> list:
     return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
 
 
-def _adaptive_size(x, output_size, what):
-    if len(x.shape) != 4:
-        raise TapeError(f"nn.{what}: expected x [N,C,H,W], got {list(x.shape)}")
-    size = list(output_size) if isinstance(output_size, (list, tuple)) else [output_size] * 2
-    if len(size) != 2:
-        raise TapeError(f"nn.{what}: output_size must be an int or two, got "
+def _adaptive_size(x, output_size, what, dims=2):
+    if len(x.shape) != 2 + dims:
+        want = "[N,C,H,W]" if dims == 2 else "[N,C,D,H,W]"
+        raise TapeError(f"nn.{what}: expected x {want}, got {list(x.shape)}")
+    size = list(output_size) if isinstance(output_size, (list, tuple)) else \
+        [output_size] * dims
+    if len(size) != dims:
+        raise TapeError(f"nn.{what}: output_size must be an int or {dims}, got "
                         f"{output_size!r}"[:200])
     size = [x.shape[2 + k] if v is None else v for k, v in enumerate(size)]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size):
@@ -468,8 +470,10 @@ def _adaptive_size(x, output_size, what):
 
 
 def _separable_windows(tp, x, size, out, reduce):
+    """torch's adaptive windows reduced one spatial axis at a time, the last first."""
     y = x
-    for axis, n, o in ((3, size[1], out[1]), (2, size[0], out[0])):
+    for k in reversed(range(len(size))):
+        axis, n, o = 2 + k, size[k], out[k]
         if n != o:
             y = tp.cat([reduce(tp.narrow(y, axis, lo, hi), axis=axis, keepdims=True)
                         for lo, hi in _windows(n, o)], axis)
@@ -511,6 +515,25 @@ def adaptive_max_pool2d(x: GVar, output_size) -> GVar:
         return tp.max_pool2d(x, kernel=k, stride=k, padding=[0, 0], dilation=[1, 1],
                              ceil_mode=False)
     return _separable_windows(tp, x, (h, w), (oh, ow), tp.max)
+
+
+def adaptive_avg_pool3d(x: GVar, output_size) -> GVar:
+    """torch's ``adaptive_avg_pool3d``: x [N, C, D, H, W] to [N, C, OD, OH, OW]
+    (``output_size`` an int or three; None keeps that dim): each window's axis ``mean``
+    along W, joined, then along H, then along D -- the mean of the window's means, torch's
+    mean in value (the windows are boxes), not in its last bits."""
+    tp = _tape(x, "adaptive_avg_pool3d")
+    size, out = list(x.shape[2:]), _adaptive_size(x, output_size, "adaptive_avg_pool3d", 3)
+    return _separable_windows(tp, x, size, out, tp.mean)
+
+
+def adaptive_max_pool3d(x: GVar, output_size) -> GVar:
+    """torch's ``adaptive_max_pool3d`` (the values): each window's axis ``max`` along W,
+    joined, then along H, then D; the first maximum of a window in (depth, row, column)
+    order gets the gradient, torch's scan order; a NaN wins."""
+    tp = _tape(x, "adaptive_max_pool3d")
+    size, out = list(x.shape[2:]), _adaptive_size(x, output_size, "adaptive_max_pool3d", 3)
+    return _separable_windows(tp, x, size, out, tp.max)
 
 
 def _linear_taps(size: int, out: int, align_corners: bool, scale) -> tuple:

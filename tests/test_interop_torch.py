@@ -1656,3 +1656,32 @@ def test_hypot_matches_torch_and_keeps_range():
     inf = torch.tensor([math.inf, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     result = import_module(Hypot(), (inf,))
     assert float(result.tape.values[result.loss.id][0]) == math.inf
+
+
+class Metric(nn.Module):
+    """nn.Bilinear, cdist (p = 2 and 1, with zero distances on the diagonal: gradient
+    0 there, as torch's), pdist, and 3-d adaptive pooling of uneven windows."""
+
+    def __init__(self):
+        super().__init__()
+        self.bil = nn.Bilinear(5, 4, 3)
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        vol = h.view(1, 2, 3, 5)
+        return ((self.bil(x, y) ** 2).sum() + (torch.cdist(h, x + 1) * 0.3).sum()
+                + F.pdist(h).sum() + torch.cdist(h, h, p=1).sum()
+                + (torch.cdist(h[:3], h[:3]) ** 2).sum()
+                + (F.adaptive_avg_pool3d(vol, (2, 2, 3)) ** 2).sum()
+                + F.adaptive_max_pool3d(vol.unsqueeze(0), 2).sum())
+
+
+def test_bilinear_distances_and_3d_adaptive_pooling_match_torch():
+    torch.manual_seed(24)
+    result, _ = import_matching_torch(Metric(), (torch.randn(6, 5), torch.randn(6, 4)))
+    for op in ("aten._trilinear.default", "aten._cdist_forward.default",
+               "aten._pdist_forward.default", "aten._adaptive_avg_pool3d.default",
+               "aten.adaptive_max_pool3d.default"):
+        assert result.histogram[op] >= 1, op
+    assert gt.fd_check(result.tape, result.loss).passed

@@ -886,6 +886,62 @@ def _max_dim(r, node, a, dim, keepdim=False):
     return (r.tp.max(a, axis=dim % len(a.shape), keepdims=bool(keepdim)), None)
 
 
+@aten("aten._trilinear.default", needs=("matmul",),
+      doc="nn.Bilinear's pattern (x1 [N, I], w [O, I, J], x2 [N, J]): x1 @ w as [I, O*J] "
+          "(the matmul's FMA chains over I), times x2 broadcast, summed over J; any other "
+          "pattern refused")
+def _trilinear(r, node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    tp = r.tp
+    if (list(expand1), list(expand2), list(expand3), list(sumdim)) != \
+            ([1, 3], [0], [1, 2], [2, 3]):
+        raise Unsupported("a _trilinear other than nn.Bilinear's")
+    x1, w, x2 = r.f(i1), r.f(i2), r.f(i3)
+    n, (o, i, j) = x1.shape[0], w.shape
+    wt = r.reshape(r.permute(w, [1, 0, 2]), [i, o * j])                    # [I, O*J]
+    t = r.reshape(tp.matmul(x1, wt), [n, o, j])
+    return tp.sum(tp.mul(t, r.reshape(x2, [n, 1, j])), axis=2)
+
+
+def _distances(r, d, p):
+    """The p-norms of the differences ``d`` along the last axis (p = 1 or 2); a zero
+    distance has the gradient 0 there, as torch's cdist and pdist."""
+    tp = r.tp
+    if p == 1.0:
+        return tp.sum(tp.abs(d), axis=-1)
+    s = tp.sum(tp.mul(d, d), axis=-1)
+    zero = tp.eq(s, r.f(0.0))
+    return tp.where(zero, r.f(0.0), tp.sqrt(tp.where(zero, r.f(1.0), s)))
+
+
+@aten("aten._cdist_forward.default", needs=("abs", "sqrt", "where"),
+      doc="p = 2: sqrt of the serial sum of squared differences x1[.., i, None, :] - x2[.., "
+          "None, j, :] (the direct form, also where torch uses its matrix-product form); "
+          "p = 1: the sum of |differences|; other p refused")
+def _cdist(r, node, x1, x2, p, compute_mode=None):
+    p = float(p)
+    if p not in (1.0, 2.0):
+        raise Unsupported(f"cdist with p = {p!r} (p = 1 and 2 only)")
+    a, b = r.f(x1), r.f(x2)
+    pa, pb = list(a.shape), list(b.shape)
+    d = r.tp.sub(r.reshape(a, pa[:-1] + [1, pa[-1]]), r.reshape(b, pb[:-2] + [1] + pb[-2:]))
+    return _distances(r, d, p)
+
+
+@aten("aten._pdist_forward.default", needs=("abs", "sqrt", "where", "take"),
+      doc="the rows i < j of the row distances (cdist of x with itself, p = 1 or 2), "
+          "picked in torch's order by take")
+def _pdist(r, node, x, p=2.0):
+    p = float(p)
+    if p not in (1.0, 2.0):
+        raise Unsupported(f"pdist with p = {p!r} (p = 1 and 2 only)")
+    a = r.f(x)
+    n, m = a.shape
+    d = r.tp.sub(r.reshape(a, [n, 1, m]), r.reshape(a, [1, n, m]))
+    full = r.reshape(_distances(r, d, p), [n * n])
+    rows, cols = np.triu_indices(n, 1)
+    return r.tp.take(full, r.ids(r.torch.tensor(rows * n + cols)))
+
+
 @aten("aten.argmax.default", "aten.argmin.default", needs=("topk",),
       doc="the ids of Tape.topk(k=1) (largest, or smallest for argmin): the first extreme "
           "entry, a NaN the largest, as torch's; dim=None: of the flattened input")
@@ -1496,6 +1552,25 @@ def _adaptive_pool(r, pool, what, x, output_size):
 def _adaptive_max_pool2d(r, node, x, output_size):
     from .. import nn
     return (_adaptive_pool(r, nn.adaptive_max_pool2d, "max", x, output_size), None)
+
+
+@aten("aten._adaptive_avg_pool3d.default", needs=("nn.adaptive_avg_pool3d",),
+      doc="gradtool.nn.adaptive_avg_pool3d (the mean of each window's means, along W, H, D)")
+def _adaptive_avg_pool3d(r, node, x, output_size):
+    from .. import nn
+    size = [int(v) for v in output_size]
+    return _batched(r, r.f(x), lambda v: nn.adaptive_avg_pool3d(v, size), 5,
+                    "adaptive average pooling")
+
+
+@aten("aten.adaptive_max_pool3d.default", needs=("nn.adaptive_max_pool3d",),
+      doc="gradtool.nn.adaptive_max_pool3d (the max of each window's maxima along W, H, D; "
+          "the values, the indices not recorded)")
+def _adaptive_max_pool3d(r, node, x, output_size):
+    from .. import nn
+    size = [int(v) for v in output_size]
+    return (_batched(r, r.f(x), lambda v: nn.adaptive_max_pool3d(v, size), 5,
+                     "adaptive max pooling"), None)
 
 
 @aten("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default",
