@@ -30,6 +30,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
+           "conv_transpose3d",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
@@ -248,40 +249,69 @@ def conv_transpose2d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, outp
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise TapeError(f"nn.conv_transpose2d: expected x [N,C,H,W] and w [C,OC/groups,KH,KW], "
                         f"got {list(x.shape)} and {list(w.shape)}")
-    c, cg, kh, kw = w.shape
+    return _transposed(tp, "conv_transpose2d", x, w, b, s, p, op, d, groups,
+                       lambda y, wt, pads, g: tp.conv2d(y, wt, stride=[1, 1], padding=pads,
+                                                        dilation=d, groups=g))
+
+
+def _transposed(tp, what, x, w, b, s, p, op, d, groups, conv):
+    """The transposed convolution of x [N, C, *spatial] by w [C, OC/groups, *kernel] as the
+    stride-1 convolution ``conv(y, wt, pads, groups)`` it is the gradient of (see
+    :func:`conv_transpose2d`), for 2 or 3 spatial dims."""
+    c, cg, *k = w.shape
+    nd = len(k)
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or \
             c % groups or x.shape[1] != c:
-        raise TapeError(f"nn.conv_transpose2d: x's {x.shape[1]} channels must be w's dim 0 "
+        raise TapeError(f"nn.{what}: x's {x.shape[1]} channels must be w's dim 0 "
                         f"({c}), divisible by groups={groups!r}")
     if min(s + d) < 1 or min(p) < 0 or min(op) < 0 or any(
             o >= max(si, di) for o, si, di in zip(op, s, d)):
-        raise TapeError(f"nn.conv_transpose2d: stride {s} and dilation {d} must be >= 1, "
+        raise TapeError(f"nn.{what}: stride {s} and dilation {d} must be >= 1, "
                         f"padding {p} >= 0, output_padding {op} >= 0 and smaller than the "
                         f"stride or the dilation")
     y = x
     pads = []
-    for axis, k, si, pi, oi, di in ((2, kh, s[0], p[0], op[0], d[0]),
-                                    (3, kw, s[1], p[1], op[1], d[1])):
+    for i in range(nd):
+        axis, ki, si, pi, oi, di = 2 + i, k[i], s[i], p[i], op[i], d[i]
         y = _spread(tp, y, axis, si)
-        lo = di * (k - 1) - pi
+        lo = di * (ki - 1) - pi
         hi = lo + oi
         size = y.shape[axis]
-        if size + lo + hi - di * (k - 1) < 1:
-            raise TapeError(f"nn.conv_transpose2d: the output of {list(x.shape)} by a "
-                            f"{kh}x{kw} kernel (stride {s}, padding {p}) would be empty")
+        if size + lo + hi - di * (ki - 1) < 1:
+            raise TapeError(f"nn.{what}: the output of {list(x.shape)} by a "
+                            f"{'x'.join(map(str, k))} kernel (stride {s}, padding {p}) would "
+                            f"be empty")
         if min(lo, hi) < 0:                             # crop where padding exceeds the kernel
             y = tp.narrow(y, axis, max(0, -lo), size - max(0, -hi))
             lo, hi = max(0, lo), max(0, hi)
         if hi > lo:                                     # output_padding: zeros after
-            widths = [(0, 0)] * 4
+            widths = [(0, 0)] * (2 + nd)
             widths[axis] = (0, hi - lo)
             y = tp.pad(y, widths)
         pads.append(lo)
     g = groups
-    wt = tp.reshape(w, [g, c // g, cg, kh, kw])
-    wt = tp.reshape(tp.permute(wt, [0, 2, 1, 3, 4]), [g * cg, c // g, kh, kw])
-    y = tp.conv2d(y, tp.flip(wt, (2, 3)), stride=[1, 1], padding=pads, dilation=d, groups=g)
-    return y if b is None else tp.add(y, tp.reshape(b, [b.shape[0], 1, 1]))
+    wt = tp.reshape(w, [g, c // g, cg, *k])
+    wt = tp.reshape(tp.permute(wt, [0, 2, 1] + list(range(3, 3 + nd))), [g * cg, c // g, *k])
+    y = conv(y, tp.flip(wt, tuple(range(2, 2 + nd))), pads, g)
+    return y if b is None else tp.add(y, tp.reshape(b, [b.shape[0]] + [1] * nd))
+
+
+def conv_transpose3d(x: GVar, w: GVar, b: GVar = None, stride=1, padding=0, output_padding=0,
+                     groups: int = 1, dilation=1) -> GVar:
+    """torch's ``conv_transpose3d``: x [N, C, D, H, W], w [C, OC/groups, KD, KH, KW] (the
+    layout of ``nn.ConvTranspose3d.weight``), b [OC] (optional): as
+    :func:`conv_transpose2d`, the stride-1 :func:`conv3d` it is the gradient of (the
+    input spread by the stride along each spatial axis, padded or cropped, the kernel
+    reversed and its channel axes exchanged per group)."""
+    tp = _tape(x, "conv_transpose3d")
+    _rank5(x, "conv_transpose3d")
+    _rank5(w, "conv_transpose3d", "w", "[C, OC/groups, KD, KH, KW]")
+    s, p, op, d = (_triple(v, f"conv_transpose3d {n}") for v, n in (
+        (stride, "stride"), (padding, "padding"), (output_padding, "output_padding"),
+        (dilation, "dilation")))
+    return _transposed(tp, "conv_transpose3d", x, w, b, s, p, op, d, groups,
+                       lambda y, wt, pads, g: conv3d(y, wt, stride=1, padding=pads,
+                                                     dilation=d, groups=g))
 
 
 def conv_transpose1d(x: GVar, w: GVar, b: GVar = None, stride: int = 1, padding: int = 0,

@@ -1685,3 +1685,23 @@ def test_bilinear_distances_and_3d_adaptive_pooling_match_torch():
                "aten.adaptive_max_pool3d.default"):
         assert result.histogram[op] >= 1, op
     assert gt.fd_check(result.tape, result.loss).passed
+
+
+class Transposed3d(nn.Module):
+    """nn.ConvTranspose3d: grouped, strided, padded, output_padding; then dilated,
+    padded past the kernel (a crop), no bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose3d(4, 6, (2, 3, 2), stride=(2, 1, 2), padding=(0, 1, 1),
+                                     output_padding=(1, 0, 1), groups=2)
+        self.mix = nn.ConvTranspose3d(6, 2, 3, padding=2, dilation=(1, 2, 1), bias=False)
+
+    def forward(self, x):
+        return (self.mix(torch.tanh(self.up(x))) ** 2).mean()
+
+
+def test_conv_transpose3d_matches_torch():
+    torch.manual_seed(25)
+    result, _ = import_matching_torch(Transposed3d(), (torch.randn(2, 4, 3, 4, 3),))
+    assert result.histogram["aten.convolution.default"] == 2

@@ -1401,8 +1401,12 @@ def _conv_transpose(x, w, b, stride, padding, dilation, output_padding, groups):
         return nn.conv_transpose1d(x, w, b, stride=one(stride), padding=one(padding),
                                    output_padding=one(output_padding), groups=int(groups),
                                    dilation=one(dilation))
-    raise Unsupported(f"a transposed convolution of a rank-{len(x.shape)} input (1-d and "
-                      f"2-d only)")
+    if len(x.shape) == 5:
+        return nn.conv_transpose3d(x, w, b, stride=stride, padding=padding,
+                                   output_padding=output_padding, groups=int(groups),
+                                   dilation=dilation)
+    raise Unsupported(f"a transposed convolution of a rank-{len(x.shape)} input (1-d, 2-d "
+                      f"and 3-d only)")
 
 
 @aten("aten.max_pool2d_with_indices.default", needs=("max_pool2d",),
