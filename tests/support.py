@@ -1288,8 +1288,9 @@ except ImportError:  # only the accuracy test needs it
     mpmath = None
 
 
-def ulp_errors(fname, x, y):
-    """For each y = f(x): (err, dist) where err = |y - f(x)| in units of the
+def ulp_errors(fname, x, y, x2=None):
+    """For each y = f(x) (with ``x2``: y = f(x, x2), atan2's argument order): (err, dist)
+    where err = |y - f(x)| in units of the
     last place of the exact f(x) (50 digits; ulp(v) = 2^(e-52) for |v| in
     [2^e, 2^(e+1)), 2^-1074 below 2^-1022), and dist = how many doubles y is
     away from the correctly rounded f(x)."""
@@ -1297,9 +1298,10 @@ def ulp_errors(fname, x, y):
     f = getattr(mp, fname)
     errs = np.empty(x.size)
     dists = np.zeros(x.size, dtype=np.int64)
+    second = [None] * x.size if x2 is None else x2.tolist()
     with mp.workdps(50):
-        for i, (xi, yi) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
-            exact = f(mp.mpf(xi))
+        for i, (xi, yi, x2i) in enumerate(zip(x.tolist(), y.tolist(), second, strict=True)):
+            exact = f(mp.mpf(xi)) if x2i is None else f(mp.mpf(xi), mp.mpf(x2i))
             _, e = mp.frexp(exact)                     # exact = m * 2^e, 0.5 <= |m| < 1
             ulp = mp.ldexp(1, max(int(e) - 53, -1074))
             errs[i] = float(abs(mp.mpf(yi) - exact) / ulp)
@@ -1315,8 +1317,9 @@ def ulp_errors(fname, x, y):
     return errs, dists
 
 
-def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags) -> np.ndarray:
-    """gt_math.h's C twins of ``fnames`` on ``x``, compiled with ``flags`` (one of
+def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags, x2=None) -> np.ndarray:
+    """gt_math.h's C twins of ``fnames`` on ``x`` (with ``x2``: of the pairs (x, x2), for
+    the two-argument atan2, called as gt_<f>(x[i], x2[i])), compiled with ``flags`` (one of
     CC_FLAGS) and -Werror: an array [len(fnames), x.size].  Skips without a C compiler."""
     import shutil
 
@@ -1324,12 +1327,15 @@ def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags) -> np.ndarray
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         pytest.skip("no C compiler")
-    calls = "\n".join(f"        y[{k} * n + i] = gt_{f}(x[i]);" for k, f in enumerate(fnames))
+    args = "x[i]" if x2 is None else "x[i], x[n + i]"
+    calls = "\n".join(f"        y[{k} * n + i] = gt_{f}({args});" for k, f in enumerate(fnames))
+    width = 1 if x2 is None else 2
     (tmp_path / "drv.c").write_text(f"""#include <stdio.h>
 #include <stdlib.h>
 #include "gt_math.h"
-/* usage: drv IN OUT -- IN holds n little-endian doubles; OUT receives
-   {", ".join("gt_" + f for f in fnames)} of them, n doubles each */
+/* usage: drv IN OUT -- IN holds {width} * n little-endian doubles (the arguments, one
+   block of n each); OUT receives {", ".join("gt_" + f for f in fnames)} of them, n doubles
+   each */
 int main(int argc, char **argv)
 {{
     FILE *fi, *fo;
@@ -1338,11 +1344,11 @@ int main(int argc, char **argv)
     if (argc != 3) return 2;
     fi = fopen(argv[1], "rb");
     if (!fi || fseek(fi, 0, SEEK_END)) return 3;
-    n = ftell(fi) / 8;
+    n = ftell(fi) / (8 * {width});
     rewind(fi);
-    x = malloc(n * sizeof *x);
+    x = malloc({width} * n * sizeof *x);
     y = malloc({len(fnames)} * n * sizeof *y);
-    if (!x || !y || (long)fread(x, 8, n, fi) != n) return 4;
+    if (!x || !y || (long)fread(x, 8, {width} * n, fi) != {width} * n) return 4;
     fclose(fi);
     for (i = 0; i < n; i++) {{
 {calls}
@@ -1360,16 +1366,18 @@ int main(int argc, char **argv)
     if res.returncode != 0 and flags != "O2" and "march" in res.stderr:
         pytest.skip("compiler rejects -march=native")
     assert res.returncode == 0, res.stderr
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
+    data = x if x2 is None else np.concatenate([x, x2])
+    (tmp_path / "in.bin").write_bytes(data.astype("<f8").tobytes())
     subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
     return np.frombuffer((tmp_path / "out.bin").read_bytes(),
                          dtype="<f8").reshape(len(fnames), x.size)
 
 
-def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames) -> None:
+def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames, x2=None) -> None:
     """fdlibm itself: Java's StrictMath is specified to return fdlibm's bits, so each of
     ``fnames`` (gradtool.fdlibm functions StrictMath has) must give StrictMath's bits on
-    ``x`` (NaN payloads aside).  Skips without a JDK."""
+    ``x`` (with ``x2``: on the pairs (x, x2), for atan2(y, x)), NaN payloads aside.
+    Skips without a JDK."""
     import shutil
 
     import pytest
@@ -1377,19 +1385,22 @@ def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames) -> None:
     javac, java = shutil.which("javac"), shutil.which("java")
     if javac is None or java is None:
         pytest.skip("no JDK")
-    calls = " : ".join(f"f == {k} ? StrictMath.{f}(x)" for k, f in enumerate(fnames[:-1]))
-    calls = (calls + " : " if calls else "") + f"StrictMath.{fnames[-1]}(x)"
+    args = "x" if x2 is None else "x, x2"
+    calls = " : ".join(f"f == {k} ? StrictMath.{f}({args})" for k, f in enumerate(fnames[:-1]))
+    calls = (calls + " : " if calls else "") + f"StrictMath.{fnames[-1]}({args})"
+    width = 1 if x2 is None else 2
     (tmp_path / "StrictRef.java").write_text(f"""
 import java.nio.*; import java.nio.file.*;
 public class StrictRef {{
   public static void main(String[] a) throws Exception {{
     ByteBuffer in = ByteBuffer.wrap(Files.readAllBytes(Paths.get(a[0])))
                               .order(ByteOrder.LITTLE_ENDIAN);
-    int n = in.capacity() / 8;
+    int n = in.capacity() / {8 * width};
     ByteBuffer out = ByteBuffer.allocate({8 * len(fnames)} * n).order(ByteOrder.LITTLE_ENDIAN);
     for (int f = 0; f < {len(fnames)}; f++)
       for (int i = 0; i < n; i++) {{
         double x = in.getDouble(8 * i);
+        double x2 = {width} == 2 ? in.getDouble(8 * (n + i)) : 0.0;
         out.putDouble({calls});
       }}
     Files.write(Paths.get(a[1]), out.array());
@@ -1398,17 +1409,20 @@ public class StrictRef {{
 """)
     subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "StrictRef.java")], check=True,
                    capture_output=True)
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
+    data = x if x2 is None else np.concatenate([x, x2])
+    (tmp_path / "in.bin").write_bytes(data.astype("<f8").tobytes())
     subprocess.run([java, "-cp", str(tmp_path), "StrictRef", str(tmp_path / "in.bin"),
                     str(tmp_path / "out.bin")], check=True, capture_output=True)
     ref = np.frombuffer((tmp_path / "out.bin").read_bytes(),
                         dtype="<f8").reshape(len(fnames), x.size)
     for row, fname in enumerate(fnames):
-        y = getattr(fdlibm, fname)(x)
+        y = getattr(fdlibm, fname)(x) if x2 is None else getattr(fdlibm, fname)(x, x2)
         same = (bits(y) == bits(ref[row])) | (np.isnan(y) & np.isnan(ref[row]))
         bad = np.flatnonzero(~same)
-        assert bad.size == 0, (f"{fname}({x[bad[0]]!r}): ours {y[bad[0]]!r}, "
-                               f"StrictMath {ref[row][bad[0]]!r}")
+        if bad.size:
+            at = f"{x[bad[0]]!r}" + ("" if x2 is None else f", {x2[bad[0]]!r}")
+            raise AssertionError(f"{fname}({at}): ours {y[bad[0]]!r}, "
+                                 f"StrictMath {ref[row][bad[0]]!r} ({bad.size} of {x.size})")
 
 
 # ── the host backend against the tape, every kernel variant (test_ops_*.py) ────────────

@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 
 from gradtool import fdlibm as F
-from gradtool.fdlibm import (_common, _driver, _erf, _exp, _expm1, _log, _log1p, _rem_pio2,
-                             _sin, _tanh)
+from gradtool.fdlibm import (_atan, _atan2, _common, _driver, _erf, _exp, _expm1, _log, _log1p,
+                             _rem_pio2, _sin, _tanh)
 from support import (CANON_NAN, CC_FLAGS, HEADER, c_parity_outputs, TANH_FDLIBM_WORST, U64, assert_strictmath,
                      bits, bits1, from_bits, mpmath, parity_inputs, random_doubles, ulp_errors)
 
 FUNCS = ("exp", "expm1", "log", "tanh")
 # the module holding each function, its constants and its reference path _<name>_ref
 MODULES = {"exp": _exp, "expm1": _expm1, "log": _log, "tanh": _tanh}
-# the functions tests/test_fdlibm_more.py covers (their header constants are checked here)
-MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p)
+# the functions tests/test_fdlibm_more.py and tests/test_fdlibm_erfc_atan.py cover (their
+# header constants are checked here; erfc's are erf's)
+MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p, _atan, _atan2)
 def ref_impl(fname):
     """The mask-by-mask reference transcription of gt_<fname>."""
     return getattr(MODULES[fname], f"_{fname}_ref")
@@ -346,14 +347,17 @@ def test_header_uses_no_libm():
 # ---------------------------------------------------------------------------
 # (d) the header compiles as CUDA device code
 # ---------------------------------------------------------------------------
-GT_MATH_FUNCS = ("exp", "expm1", "log", "tanh", "erf", "sin", "cos", "log1p")
+GT_MATH_FUNCS = ("exp", "expm1", "log", "tanh", "erf", "erfc", "sin", "cos", "log1p", "atan",
+                 "atan2")
+GT_MATH_BINARY = ("atan2",)              # gt_<f>(y, x)
 CUDA_SRC = "\n".join([
     '#include "gt_math.h"',
     "__global__ void gt_math_probe(const double *x, double *y, int n)",
     "{",
     "    int i = blockIdx.x * blockDim.x + threadIdx.x;",
     "    if (i < n) {",
-    *(f"        y[{len(GT_MATH_FUNCS)} * i + {k}] = gt_{f}(x[i]);"
+    *(f"        y[{len(GT_MATH_FUNCS)} * i + {k}] = gt_{f}("
+      f"{'x[i], x[n - 1 - i]' if f in GT_MATH_BINARY else 'x[i]'});"
       for k, f in enumerate(GT_MATH_FUNCS)),
     "    }",
     "}", ""])
