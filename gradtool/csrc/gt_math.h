@@ -953,10 +953,17 @@ GT_INLINE double gt_log1p(double x)
  * gradtool/fdlibm/_atan.py. */
 GT_INLINE double gt_atan(double x)
 {
-    const double atanhi[4] = {4.63647609000806093515e-01, 7.85398163397448278999e-01,
-                              9.82793723247329054082e-01, 1.57079632679489655800e+00};
-    const double atanlo[4] = {2.26987774529616870924e-17, 3.06161699786838301793e-17,
-                              1.39033110312309984516e-17, 6.12323399573676603587e-17};
+    /* atan(0.5), atan(1), atan(1.5), atan(inf) as hi + lo; fdlibm's atanhi[id] and
+     * atanlo[id] are picked by branch here, not indexed (an indexed local array would
+     * live in the GPU's local memory) */
+    const double atanhi0 = 4.63647609000806093515e-01; /* 0x3FDDAC670561BB4F */
+    const double atanhi1 = 7.85398163397448278999e-01; /* 0x3FE921FB54442D18 */
+    const double atanhi2 = 9.82793723247329054082e-01; /* 0x3FEF730BD281F69B */
+    const double atanhi3 = 1.57079632679489655800e+00; /* 0x3FF921FB54442D18 */
+    const double atanlo0 = 2.26987774529616870924e-17; /* 0x3C7A2B7F222F65E2 */
+    const double atanlo1 = 3.06161699786838301793e-17; /* 0x3C81A62633145C07 */
+    const double atanlo2 = 1.39033110312309984516e-17; /* 0x3C7007887AF0CBBD */
+    const double atanlo3 = 6.12323399573676603587e-17; /* 0x3C91A62633145C07 */
     const double aT_odd[6] = {3.33333333333329318027e-01, 1.42857142725034663711e-01,
                               9.09088713343650656196e-02, 6.66107313738753120669e-02,
                               4.97687799461593236017e-02, 1.62858201153657823623e-02};
@@ -966,32 +973,32 @@ GT_INLINE double gt_atan(double x)
     unsigned long long ux = gtm_bits(x);
     int neg = (int)(ux >> 63);
     unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
-    double z, w, s1, s2;
-    int id;
+    double z, w, s1, s2, hi = 0.0, lo = 0.0;
+    int reduced = 1;                       /* fdlibm's id >= 0 */
 
     if (ix >= 0x44100000u) {               /* |x| >= 2^66 */
         if (ix > 0x7ff00000u || (ix == 0x7ff00000u && (unsigned int)ux != 0u))
             return gtm_nan();
-        return neg ? GT_SUB(-atanhi[3], atanlo[3]) : GT_ADD(atanhi[3], atanlo[3]);
+        return neg ? GT_SUB(-atanhi3, atanlo3) : GT_ADD(atanhi3, atanlo3);
     }
     if (ix < 0x3fdc0000u) {                /* |x| < 0.4375 */
         if (ix < 0x3e200000u) return x;    /* |x| < 2^-29 */
-        id = -1;
+        reduced = 0;                       /* id = -1 */
     } else {
         x = gtm_from_bits(ux & 0x7fffffffffffffffULL);
         if (ix < 0x3ff30000u) {            /* |x| < 1.1875 */
-            if (ix < 0x3fe60000u) {        /* 7/16 <= |x| < 11/16 */
-                id = 0;
+            if (ix < 0x3fe60000u) {        /* 7/16 <= |x| < 11/16: id = 0 */
+                hi = atanhi0; lo = atanlo0;
                 x = GT_DIV(GT_SUB(GT_MUL(2.0, x), 1.0), GT_ADD(2.0, x));
-            } else {                       /* 11/16 <= |x| < 19/16 */
-                id = 1;
+            } else {                       /* 11/16 <= |x| < 19/16: id = 1 */
+                hi = atanhi1; lo = atanlo1;
                 x = GT_DIV(GT_SUB(x, 1.0), GT_ADD(x, 1.0));
             }
-        } else if (ix < 0x40038000u) {     /* |x| < 2.4375 */
-            id = 2;
+        } else if (ix < 0x40038000u) {     /* |x| < 2.4375: id = 2 */
+            hi = atanhi2; lo = atanlo2;
             x = GT_DIV(GT_SUB(x, 1.5), GT_ADD(1.0, GT_MUL(1.5, x)));
-        } else {                           /* 2.4375 <= |x| < 2^66 */
-            id = 3;
+        } else {                           /* 2.4375 <= |x| < 2^66: id = 3 */
+            hi = atanhi3; lo = atanlo3;
             x = GT_DIV(-1.0, x);
         }
     }
@@ -1000,8 +1007,8 @@ GT_INLINE double gt_atan(double x)
     w = GT_MUL(z, z);
     s1 = GT_MUL(z, gtm_horner(w, aT_odd, 6));
     s2 = GT_MUL(w, gtm_horner(w, aT_even, 5));
-    if (id < 0) return GT_SUB(x, GT_MUL(x, GT_ADD(s1, s2)));
-    z = GT_SUB(atanhi[id], GT_SUB(GT_SUB(GT_MUL(x, GT_ADD(s1, s2)), atanlo[id]), x));
+    if (!reduced) return GT_SUB(x, GT_MUL(x, GT_ADD(s1, s2)));
+    z = GT_SUB(hi, GT_SUB(GT_SUB(GT_MUL(x, GT_ADD(s1, s2)), lo), x));
     return neg ? -z : z;
 }
 
