@@ -530,6 +530,7 @@ def all_ops_tape():
     v = tp.muls(t, 2.5)                                          # rounding: no gradient
     u = tp.add(u, tp.add(tp.add(tp.floor(v), tp.ceil(v)), tp.add(tp.trunc(v), tp.round(v))))
     u = tp.add(u, tp.mul(tp.fmods(v, 0.75), tp.mods(v, -0.75)))        # fmod, remainder
+    u = tp.add(u, tp.add(tp.erfc(t), tp.atan2(tp.atan(t), c)))        # erfc, atan, atan2
     loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])
