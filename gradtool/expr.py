@@ -9,8 +9,8 @@ softmax) is a small expression tree over
 * float64 constants;
 * the separately rounded operations ``+ - * /`` and ``sqrt`` (each ONE
   correctly rounded binary64 operation), the libm-free ``exp``, ``expm1``,
-  ``log``, ``log1p``, ``tanh``, ``erf``, ``sin`` and ``cos`` of :mod:`gradtool.fdlibm`
-  (C twin ``gt_math.h``);
+  ``log``, ``log1p``, ``tanh``, ``erf``, ``erfc``, ``sin``, ``cos``, ``atan`` and
+  ``atan2`` of :mod:`gradtool.fdlibm` (C twin ``gt_math.h``);
 * the exact operations: negation, ``abs`` (clears the sign bit: ``abs(-0.0)``
   is +0.0), the comparisons ``< <= > >= == !=`` and ``select(cond, a, b)``.
 
@@ -43,9 +43,9 @@ import numpy as np
 from . import fdlibm, numerics
 
 ARITH = ("add", "sub", "mul", "div")
-FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "sin", "cos", "abs", "floor",
-         "ceil", "trunc", "rint")
-FUNCS2 = ("fmod",)                   # two-argument functions
+FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "atan",
+         "abs", "floor", "ceil", "trunc", "rint")
+FUNCS2 = ("fmod", "atan2")           # two-argument functions
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -100,6 +100,8 @@ def expm1(a) -> Expr: return Op("expm1", (lift(a),))
 def log(a) -> Expr: return Op("log", (lift(a),))
 def tanh(a) -> Expr: return Op("tanh", (lift(a),))
 def erf(a) -> Expr: return Op("erf", (lift(a),))
+def erfc(a) -> Expr: return Op("erfc", (lift(a),))
+def atan(a) -> Expr: return Op("atan", (lift(a),))
 def log1p(a) -> Expr: return Op("log1p", (lift(a),))
 def sin(a) -> Expr: return Op("sin", (lift(a),))
 def cos(a) -> Expr: return Op("cos", (lift(a),))
@@ -113,6 +115,8 @@ def rint(a) -> Expr: return Op("rint", (lift(a),))
 # C's fmod: a - trunc(a / b) * b computed exactly (every result is representable): numpy's
 # np.fmod, and gt_math.h's gt_fmod in integer arithmetic for the kernels and emitted code
 def fmod(a, b) -> Expr: return Op("fmod", (lift(a), lift(b)))
+# fdlibm's atan2(a, b): the angle of the point (b, a), in [-pi, pi] (C's argument order)
+def atan2(a, b) -> Expr: return Op("atan2", (lift(a), lift(b)))
 def eq(a, b) -> Expr: return Op("eq", (lift(a), lift(b)))
 def ne(a, b) -> Expr: return Op("ne", (lift(a), lift(b)))
 
@@ -145,7 +149,8 @@ def symbols(expr: Expr) -> list:
 
 # rough cost of one element, in copies (a copy = 1): what the host backend uses to decide
 # when a launch is worth splitting over threads (it never changes a result)
-_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "log1p": 12, "sin": 14, "cos": 14, "sqrt": 3, "div": 1, "fmod": 6}
+_COST = {"exp": 11, "expm1": 11, "log": 11, "tanh": 23, "erf": 25, "erfc": 25, "log1p": 12,
+         "sin": 14, "cos": 14, "atan": 9, "atan2": 12, "sqrt": 3, "div": 1, "fmod": 6}
 
 
 def cost(expr: Expr) -> int:
@@ -173,7 +178,8 @@ _NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "sqrt": np.sqrt, "exp": fdlibm.exp, "expm1": fdlibm.expm1,
     "log": fdlibm.log, "tanh": fdlibm.tanh, "erf": fdlibm.erf, "log1p": fdlibm.log1p,
-    "sin": fdlibm.sin, "cos": fdlibm.cos, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
+    "sin": fdlibm.sin, "cos": fdlibm.cos, "erfc": fdlibm.erfc, "atan": fdlibm.atan,
+    "atan2": fdlibm.atan2, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
     "trunc": np.trunc, "rint": np.rint, "fmod": np.fmod,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal,
@@ -297,7 +303,7 @@ KERNEL = Dialect(
     arith={"add": "R_ADD", "sub": "R_SUB", "mul": "R_MUL", "div": "R_DIV", "sqrt": "R_SQRT",
            "exp": "R_EXP", "expm1": "R_EXPM1", "log": "R_LOG", "tanh": "R_TANH",
            "erf": "R_ERF", "log1p": "R_LOG1P", "sin": "R_SIN", "cos": "R_COS",
-           "abs": "R_ABS", "floor": "R_FLOOR", "ceil": "R_CEIL", "trunc": "R_TRUNC",
+           "erfc": "R_ERFC", "atan": "R_ATAN", "atan2": "R_ATAN2", "abs": "R_ABS", "floor": "R_FLOOR", "ceil": "R_CEIL", "trunc": "R_TRUNC",
            "rint": "R_RINT", "fmod": "R_FMOD"},
     const=lambda v: f"((gt_real){c_double(v)})")
 
@@ -306,7 +312,7 @@ SCALAR = Dialect(
     arith={"add": "GT_ADD", "sub": "GT_SUB", "mul": "GT_MUL", "div": "GT_DIV", "sqrt": "GT_SQRT",
            "exp": "gt_exp", "expm1": "gt_expm1", "log": "gt_log", "tanh": "gt_tanh",
            "erf": "gt_erf", "log1p": "gt_log1p", "sin": "gt_sin", "cos": "gt_cos",
-           "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint",
+           "erfc": "gt_erfc", "atan": "gt_atan", "atan2": "gt_atan2", "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint",
            "fmod": "gt_fmod"},
     const=c_double)
 
@@ -378,6 +384,6 @@ def text(expr: Expr, parent: int = 0) -> str:
 
 X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
-__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "abs_", "floor", "ceil", "trunc", "rint", "fmod",
+__all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "erfc", "atan", "atan2", "abs_", "floor", "ceil", "trunc", "rint", "fmod",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
            "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]

@@ -185,7 +185,7 @@ def weighted_loss(tp, y, rng):
 
 
 # the elementwise math ops of issue 20 (random_unary draws them too)
-MATH_UNARY = ["erf", "sin", "cos", "expm1", "log1p", "rsqrt", "pows", "clamp"]
+MATH_UNARY = ["erf", "erfc", "atan", "sin", "cos", "expm1", "log1p", "rsqrt", "pows", "clamp"]
 ROUNDING = ["floor", "ceil", "trunc", "round"]
 
 
@@ -250,7 +250,7 @@ def random_graph(rng, n_ops=14):
                 other_shape = other_shape[1:]
             other = pick(lambda s: tuple(s) == tuple(other_shape)) or leaf(tuple(other_shape))
             a, b = (x, other) if rng.random() < 0.5 else (other, x)
-            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
+            op = rng.choice(["add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"])
             if op == "div":
                 b = tp.adds(tp.sigmoid(b), 0.5)
             if op == "pow":                 # a positive base, an exponent in (-2, 2)
@@ -542,6 +542,7 @@ def all_ops_tape():
     v = tp.muls(t, 2.5)                                          # rounding: no gradient
     u = tp.add(u, tp.add(tp.add(tp.floor(v), tp.ceil(v)), tp.add(tp.trunc(v), tp.round(v))))
     u = tp.add(u, tp.mul(tp.fmods(v, 0.75), tp.mods(v, -0.75)))        # fmod, remainder
+    u = tp.add(u, tp.add(tp.erfc(t), tp.atan2(tp.atan(t), c)))        # erfc, atan, atan2
     loss = tp.add(loss, tp.sum(u))
     # the convolutional ops, on emb as one two-channel 2x3 image
     img = tp.reshape(emb, [1, 2, 2, 3])
@@ -1303,8 +1304,9 @@ except ImportError:  # only the accuracy test needs it
     mpmath = None
 
 
-def ulp_errors(fname, x, y):
-    """For each y = f(x): (err, dist) where err = |y - f(x)| in units of the
+def ulp_errors(fname, x, y, x2=None):
+    """For each y = f(x) (with ``x2``: y = f(x, x2), atan2's argument order): (err, dist)
+    where err = |y - f(x)| in units of the
     last place of the exact f(x) (50 digits; ulp(v) = 2^(e-52) for |v| in
     [2^e, 2^(e+1)), 2^-1074 below 2^-1022), and dist = how many doubles y is
     away from the correctly rounded f(x)."""
@@ -1312,9 +1314,10 @@ def ulp_errors(fname, x, y):
     f = getattr(mp, fname)
     errs = np.empty(x.size)
     dists = np.zeros(x.size, dtype=np.int64)
+    second = [None] * x.size if x2 is None else x2.tolist()
     with mp.workdps(50):
-        for i, (xi, yi) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
-            exact = f(mp.mpf(xi))
+        for i, (xi, yi, x2i) in enumerate(zip(x.tolist(), y.tolist(), second, strict=True)):
+            exact = f(mp.mpf(xi)) if x2i is None else f(mp.mpf(xi), mp.mpf(x2i))
             _, e = mp.frexp(exact)                     # exact = m * 2^e, 0.5 <= |m| < 1
             ulp = mp.ldexp(1, max(int(e) - 53, -1074))
             errs[i] = float(abs(mp.mpf(yi) - exact) / ulp)
@@ -1330,8 +1333,9 @@ def ulp_errors(fname, x, y):
     return errs, dists
 
 
-def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags) -> np.ndarray:
-    """gt_math.h's C twins of ``fnames`` on ``x``, compiled with ``flags`` (one of
+def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags, x2=None) -> np.ndarray:
+    """gt_math.h's C twins of ``fnames`` on ``x`` (with ``x2``: of the pairs (x, x2), for
+    the two-argument atan2, called as gt_<f>(x[i], x2[i])), compiled with ``flags`` (one of
     CC_FLAGS) and -Werror: an array [len(fnames), x.size].  Skips without a C compiler."""
     import shutil
 
@@ -1339,12 +1343,15 @@ def c_parity_outputs(tmp_path: Path, x: np.ndarray, fnames, flags) -> np.ndarray
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         pytest.skip("no C compiler")
-    calls = "\n".join(f"        y[{k} * n + i] = gt_{f}(x[i]);" for k, f in enumerate(fnames))
+    args = "x[i]" if x2 is None else "x[i], x[n + i]"
+    calls = "\n".join(f"        y[{k} * n + i] = gt_{f}({args});" for k, f in enumerate(fnames))
+    width = 1 if x2 is None else 2
     (tmp_path / "drv.c").write_text(f"""#include <stdio.h>
 #include <stdlib.h>
 #include "gt_math.h"
-/* usage: drv IN OUT -- IN holds n little-endian doubles; OUT receives
-   {", ".join("gt_" + f for f in fnames)} of them, n doubles each */
+/* usage: drv IN OUT -- IN holds {width} * n little-endian doubles (the arguments, one
+   block of n each); OUT receives {", ".join("gt_" + f for f in fnames)} of them, n doubles
+   each */
 int main(int argc, char **argv)
 {{
     FILE *fi, *fo;
@@ -1353,11 +1360,11 @@ int main(int argc, char **argv)
     if (argc != 3) return 2;
     fi = fopen(argv[1], "rb");
     if (!fi || fseek(fi, 0, SEEK_END)) return 3;
-    n = ftell(fi) / 8;
+    n = ftell(fi) / (8 * {width});
     rewind(fi);
-    x = malloc(n * sizeof *x);
+    x = malloc({width} * n * sizeof *x);
     y = malloc({len(fnames)} * n * sizeof *y);
-    if (!x || !y || (long)fread(x, 8, n, fi) != n) return 4;
+    if (!x || !y || (long)fread(x, 8, {width} * n, fi) != {width} * n) return 4;
     fclose(fi);
     for (i = 0; i < n; i++) {{
 {calls}
@@ -1375,16 +1382,18 @@ int main(int argc, char **argv)
     if res.returncode != 0 and flags != "O2" and "march" in res.stderr:
         pytest.skip("compiler rejects -march=native")
     assert res.returncode == 0, res.stderr
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
+    data = x if x2 is None else np.concatenate([x, x2])
+    (tmp_path / "in.bin").write_bytes(data.astype("<f8").tobytes())
     subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
     return np.frombuffer((tmp_path / "out.bin").read_bytes(),
                          dtype="<f8").reshape(len(fnames), x.size)
 
 
-def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames) -> None:
+def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames, x2=None) -> None:
     """fdlibm itself: Java's StrictMath is specified to return fdlibm's bits, so each of
     ``fnames`` (gradtool.fdlibm functions StrictMath has) must give StrictMath's bits on
-    ``x`` (NaN payloads aside).  Skips without a JDK."""
+    ``x`` (with ``x2``: on the pairs (x, x2), for atan2(y, x)), NaN payloads aside.
+    Skips without a JDK."""
     import shutil
 
     import pytest
@@ -1392,19 +1401,22 @@ def assert_strictmath(tmp_path: Path, x: np.ndarray, fnames) -> None:
     javac, java = shutil.which("javac"), shutil.which("java")
     if javac is None or java is None:
         pytest.skip("no JDK")
-    calls = " : ".join(f"f == {k} ? StrictMath.{f}(x)" for k, f in enumerate(fnames[:-1]))
-    calls = (calls + " : " if calls else "") + f"StrictMath.{fnames[-1]}(x)"
+    args = "x" if x2 is None else "x, x2"
+    calls = " : ".join(f"f == {k} ? StrictMath.{f}({args})" for k, f in enumerate(fnames[:-1]))
+    calls = (calls + " : " if calls else "") + f"StrictMath.{fnames[-1]}({args})"
+    width = 1 if x2 is None else 2
     (tmp_path / "StrictRef.java").write_text(f"""
 import java.nio.*; import java.nio.file.*;
 public class StrictRef {{
   public static void main(String[] a) throws Exception {{
     ByteBuffer in = ByteBuffer.wrap(Files.readAllBytes(Paths.get(a[0])))
                               .order(ByteOrder.LITTLE_ENDIAN);
-    int n = in.capacity() / 8;
+    int n = in.capacity() / {8 * width};
     ByteBuffer out = ByteBuffer.allocate({8 * len(fnames)} * n).order(ByteOrder.LITTLE_ENDIAN);
     for (int f = 0; f < {len(fnames)}; f++)
       for (int i = 0; i < n; i++) {{
         double x = in.getDouble(8 * i);
+        double x2 = {width} == 2 ? in.getDouble(8 * (n + i)) : 0.0;
         out.putDouble({calls});
       }}
     Files.write(Paths.get(a[1]), out.array());
@@ -1413,17 +1425,20 @@ public class StrictRef {{
 """)
     subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "StrictRef.java")], check=True,
                    capture_output=True)
-    (tmp_path / "in.bin").write_bytes(x.astype("<f8").tobytes())
+    data = x if x2 is None else np.concatenate([x, x2])
+    (tmp_path / "in.bin").write_bytes(data.astype("<f8").tobytes())
     subprocess.run([java, "-cp", str(tmp_path), "StrictRef", str(tmp_path / "in.bin"),
                     str(tmp_path / "out.bin")], check=True, capture_output=True)
     ref = np.frombuffer((tmp_path / "out.bin").read_bytes(),
                         dtype="<f8").reshape(len(fnames), x.size)
     for row, fname in enumerate(fnames):
-        y = getattr(fdlibm, fname)(x)
+        y = getattr(fdlibm, fname)(x) if x2 is None else getattr(fdlibm, fname)(x, x2)
         same = (bits(y) == bits(ref[row])) | (np.isnan(y) & np.isnan(ref[row]))
         bad = np.flatnonzero(~same)
-        assert bad.size == 0, (f"{fname}({x[bad[0]]!r}): ours {y[bad[0]]!r}, "
-                               f"StrictMath {ref[row][bad[0]]!r}")
+        if bad.size:
+            at = f"{x[bad[0]]!r}" + ("" if x2 is None else f", {x2[bad[0]]!r}")
+            raise AssertionError(f"{fname}({at}): ours {y[bad[0]]!r}, "
+                                 f"StrictMath {ref[row][bad[0]]!r} ({bad.size} of {x.size})")
 
 
 # ── the host backend against the tape, every kernel variant (test_ops_*.py) ────────────

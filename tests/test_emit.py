@@ -48,8 +48,9 @@ def test_every_elementwise_op_and_the_one_element_reductions_have_a_rendering():
     wanted = {n for n, spec in OPS.items() if spec.elementwise} | SCALAR_TABLE_OPS
     assert wanted <= set(RULES), sorted(wanted - set(RULES))
     assert set(RULES) <= set(OPS)
-    assert len(SCALAR_OPS) == 19 + 10 + 9 + 7  # 19, then issue 20's erf ... clamp_max, then eq
-    # ne lt le gt ge keep keep_not to_f64, then detach floor ceil trunc round fmods mods
+    assert len(SCALAR_OPS) == 19 + 10 + 9 + 7 + 3 + 1  # 19, then issue 20's erf ... clamp_max,
+    # then eq ne lt le gt ge keep keep_not to_f64, then detach floor ceil trunc round fmods
+    # mods, then erfc atan atan2, then pow
 
 
 def _one_element_tape(op):

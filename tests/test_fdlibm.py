@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 
 from gradtool import fdlibm as F
-from gradtool.fdlibm import (_common, _driver, _erf, _exp, _expm1, _log, _log1p, _rem_pio2,
-                             _sin, _tanh)
+from gradtool.fdlibm import (_atan, _atan2, _common, _driver, _erf, _exp, _expm1, _log, _log1p,
+                             _rem_pio2, _sin, _tanh)
 from support import (CANON_NAN, CC_FLAGS, HEADER, c_parity_outputs, TANH_FDLIBM_WORST, U64, assert_strictmath,
                      bits, bits1, from_bits, mpmath, parity_inputs, random_doubles, ulp_errors)
 
 FUNCS = ("exp", "expm1", "log", "tanh")
 # the module holding each function, its constants and its reference path _<name>_ref
 MODULES = {"exp": _exp, "expm1": _expm1, "log": _log, "tanh": _tanh}
-# the functions tests/test_fdlibm_more.py covers (their header constants are checked here)
-MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p)
+# the functions tests/test_fdlibm_more.py and tests/test_fdlibm_erfc_atan.py cover (their
+# header constants are checked here; erfc's are erf's)
+MORE_MODULES = (_erf, _sin, _rem_pio2, _log1p, _atan, _atan2)
 def ref_impl(fname):
     """The mask-by-mask reference transcription of gt_<fname>."""
     return getattr(MODULES[fname], f"_{fname}_ref")
@@ -324,9 +325,9 @@ def test_header_constants_are_the_documented_bits():
     text = HEADER.read_text()
     found = re.findall(r"const double (\w+) = ([-+0-9.eE]+);\s*/\* (0x[0-9A-Fa-f]{16})", text)
     assert len(found) >= 30
-    py_bits = {bits1(v) for m in (_common, *MODULES.values(), *MORE_MODULES)
-               for k, v in vars(m).items()
-               if k.isupper() and isinstance(v, float)}
+    py_bits = {bits1(c) for m in (_common, *MODULES.values(), *MORE_MODULES)
+               for k, v in vars(m).items() if k.isupper()
+               for c in (v if isinstance(v, tuple) else (v,)) if isinstance(c, float)}
     for name, dec, hexbits in found:
         assert bits1(float(dec)) == int(hexbits, 16), name
         assert int(hexbits, 16) in py_bits, name
@@ -346,14 +347,17 @@ def test_header_uses_no_libm():
 # ---------------------------------------------------------------------------
 # (d) the header compiles as CUDA device code
 # ---------------------------------------------------------------------------
-GT_MATH_FUNCS = ("exp", "expm1", "log", "tanh", "erf", "sin", "cos", "log1p")
+GT_MATH_FUNCS = ("exp", "expm1", "log", "tanh", "erf", "erfc", "sin", "cos", "log1p", "atan",
+                 "atan2")
+GT_MATH_BINARY = ("atan2",)              # gt_<f>(y, x)
 CUDA_SRC = "\n".join([
     '#include "gt_math.h"',
     "__global__ void gt_math_probe(const double *x, double *y, int n)",
     "{",
     "    int i = blockIdx.x * blockDim.x + threadIdx.x;",
     "    if (i < n) {",
-    *(f"        y[{len(GT_MATH_FUNCS)} * i + {k}] = gt_{f}(x[i]);"
+    *(f"        y[{len(GT_MATH_FUNCS)} * i + {k}] = gt_{f}("
+      f"{'x[i], x[n - 1 - i]' if f in GT_MATH_BINARY else 'x[i]'});"
       for k, f in enumerate(GT_MATH_FUNCS)),
     "    }",
     "}", ""])

@@ -395,6 +395,29 @@ class Normalised(nn.Module):
         return ((h - self.avg) ** 2).mean()
 
 
+class AngleFeatures(nn.Module):
+    """An angle feature atan2(y, x) of two Linear outputs (torch.arctan2 too, against a
+    broadcast row), an erfc-based gate and atan: fdlibm's erfc, atan and atan2."""
+
+    def __init__(self):
+        super().__init__()
+        self.px = nn.Linear(5, 4)
+        self.py = nn.Linear(5, 4)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x, t):
+        u, v = self.px(x), self.py(x)
+        angle = torch.atan2(v, u) + torch.arctan2(u, torch.full((4,), -0.5))
+        gate = 0.5 * torch.erfc(-v / math.sqrt(2.0))          # the normal CDF of v
+        h = torch.cat([angle, gate * torch.atan(3.0 * u)], dim=1)
+        return F.mse_loss(self.out(h), t)
+
+
+def angle_case():
+    torch.manual_seed(17)
+    return AngleFeatures(), (torch.randn(9, 5), torch.randn(9, 3))
+
+
 def normalised_case():
     torch.manual_seed(16)
     return Normalised(), (torch.randn(6, 5),)
@@ -455,6 +478,7 @@ CASES = {
     "gnn_message_passing": (gnn_case, ("scatter", "index_add")),
     "parametrizations_and_ema": (normalised_case, ("detach",)),
     "conv3d_net": (net3d_case, ("conv2d", "nn.conv3d", "nn.max_pool3d", "nn.avg_pool3d")),
+    "angle_erfc_features": (angle_case, ("atan2", "erfc", "atan")),
 }
 
 
@@ -923,6 +947,9 @@ FUNCTIONS = {
     "unfold": (lambda x: F.unfold(x.reshape(1, 1, 4, 6), (2, 3), stride=(1, 2)), ()),
     "cummax_cummin": (lambda x: torch.cummax(x, 1).values * torch.cummin(x.round(), 0)[0],
                       ("cummax", "round")),
+    "erfc_atan_atan2": (lambda x: torch.erfc(x * 2.0) * torch.atan(x * x - 1.0)
+                        + torch.atan2(x, x.flip(0) - 0.3) * torch.special.erfc(-x)
+                        + torch.arctan(x.sum(0)), ("erfc", "atan", "atan2")),
     "fmod_remainder": (lambda x: torch.fmod(x * 3.0, 1.5) * torch.remainder(x, -0.7)
                        + (x * 5.0) % 2.0, ("fmods", "mods")),
     "fake_quant": (lambda x: x + (torch.round(x * 4.0) / 4.0 - x).detach()

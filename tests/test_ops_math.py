@@ -1,5 +1,5 @@
-"""The elementwise math ops for imported models (erf, sin, cos, expm1, log1p, rsqrt, pows,
-minimum, clamp_min/clamp_max and Tape.clamp) beyond what every op gets from
+"""The elementwise math ops for imported models (erf, sin, cos, expm1, log1p, rsqrt, erfc,
+atan, atan2, pows, minimum, clamp_min/clamp_max and Tape.clamp) beyond what every op gets from
 tests/test_ops_table.py:
 
 * the reference against PyTorch float64, forward (1e-12 relative) and backward (1e-11),
@@ -36,6 +36,11 @@ UNARY = {
                                                    rng.standard_normal(100) * 1e-6,
                                                    np.exp(rng.uniform(-5, 50, 50))])),
     "rsqrt": ("rsqrt", lambda rng: np.exp(rng.uniform(-30.0, 30.0, 300))),
+    "erfc": ("erfc", lambda rng: np.concatenate([rng.uniform(-6.5, 26.0, 300),
+                                                 rng.standard_normal(100) * 1e-3])),
+    "atan": ("atan", lambda rng: np.concatenate([rng.uniform(-5.0, 5.0, 300),
+                                                 np.exp(rng.uniform(-40, 60, 100))
+                                                 * rng.choice([-1.0, 1.0], 100)])),
 }
 
 
@@ -174,6 +179,47 @@ def test_minimum_broadcasts_against_pytorch():
     _close(v, tv, 0.0, "minimum")
     for (g, tg), what in zip(grads, "ab", strict=True):     # no ties: every gradient exact
         _close(g, tg, 1e-15, f"d minimum / d{what}")
+
+
+def test_atan2_broadcasts_against_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((3, 1, 4)) * rng.choice([1e-3, 1.0, 1e3], (3, 1, 4))
+    b = rng.standard_normal((2, 1)) * np.array([[1e-2], [10.0]])
+    (v, tv), grads = _oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b])
+    _close(v, tv, 1e-12, "atan2")
+    for (g, tg), what in zip(grads, "ab", strict=True):
+        _close(g, tg, 1e-11, f"d atan2 / d{what}")
+
+
+ATAN2_EDGES = [0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 1e-200, 3e-162, -2.5]
+
+
+def test_atan2_signed_zeros_infinities_and_the_origin_match_pytorch():
+    """Every pair of ATAN2_EDGES: fdlibm's atan2 gives PyTorch's values there (signed zeros,
+    +-pi, +-pi/2, +-pi/4, +-3pi/4, NaN), and the gradient rules give PyTorch's gradients
+    bit for bit, among them the zeros at the origin and where a*a + b*b underflows to 0,
+    and the NaN and -inf where it underflows only to a subnormal (1/(a*a + b*b)
+    overflows).  The tape's gradients are the same values, a zero's sign aside: a leaf's
+    gradient is accumulated from +0.0, so a -0.0 contribution reads +0.0 there."""
+    torch = pytest.importorskip("torch")
+    a, b = (m.reshape(-1) for m in np.meshgrid(ATAN2_EDGES, ATAN2_EDGES, indexing="ij"))
+    w = np.ones(a.shape)
+    (v, tv), grads = _oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b], w=w)
+    special = ~np.isfinite(a) | ~np.isfinite(b) | (a == 0.0) | (b == 0.0)
+    assert_bits_equal(np.where(np.isnan(v), NAN, v)[special],
+                      np.where(np.isnan(tv), NAN, tv)[special], "atan2 special values")
+    _close(v, tv, 1e-15, "atan2")
+    spec = gt.ops.OPS["atan2"]
+    for k, ((g, tg), what) in enumerate(zip(grads, "ab", strict=True)):
+        with np.errstate(all="ignore"):          # 0 * inf where the squares are subnormal
+            rule = gt.expr.compile_numpy(spec.bwd[k], ("g", "x", "y", "t"))(w, a, b, v)
+        assert_bits_equal(np.where(np.isnan(rule), NAN, rule), np.where(np.isnan(tg), NAN, tg),
+                          f"d atan2 / d{what}, the rule")
+        assert np.array_equal(g, tg, equal_nan=True), f"d atan2 / d{what}"
+    origin = (a == 0.0) & (b == 0.0)
+    assert origin.sum() == 4 and (grads[0][0][origin] == 0.0).all()
+    assert (grads[1][0][origin] == 0.0).all()
 
 
 CLAMP_CASES = [(-1.0, 1.0), (None, 0.5), (-0.25, None), (0.5, 0.5), (1.0, -1.0)]

@@ -1,5 +1,6 @@
 /*
- * gt_math.h -- libm-free exp, expm1, log, tanh, erf, sin, cos, log1p for gradtool.
+ * gt_math.h -- libm-free exp, expm1, log, tanh, erf, erfc, sin, cos, log1p, atan,
+ * atan2 for gradtool.
  *
  * exp, expm1 and log are Sun's fdlibm 5.3 algorithms (e_exp.c, s_expm1.c,
  * e_log.c; Copyright (C) 1993-2004 Sun Microsystems, Inc.; "Permission to
@@ -15,11 +16,12 @@
  * operation sequence; this file must stay in step with it, and
  * tests/test_fdlibm.py checks both).
  *
- * erf, sin, cos and log1p are fdlibm 5.3's s_erf.c, s_sin.c/s_cos.c (with
- * k_sin.c, k_cos.c, e_rem_pio2.c and k_rem_pio2.c) and s_log1p.c, likewise
- * transcribed (numpy mirrors _erf.py, _sin.py, _cos.py, _rem_pio2.py,
- * _log1p.py); sin, cos and log1p are bit for bit fdlibm's, hence Java
- * StrictMath's (tests/test_fdlibm_more.py).
+ * erf, erfc, sin, cos, log1p, atan and atan2 are fdlibm 5.3's s_erf.c (erf and
+ * erfc), s_sin.c/s_cos.c (with k_sin.c, k_cos.c, e_rem_pio2.c and k_rem_pio2.c),
+ * s_log1p.c, s_atan.c and e_atan2.c, likewise transcribed (numpy mirrors _erf.py,
+ * _erfc.py, _sin.py, _cos.py, _rem_pio2.py, _log1p.py, _atan.py, _atan2.py); sin,
+ * cos, log1p, atan and atan2 are bit for bit fdlibm's, hence Java StrictMath's
+ * (tests/test_fdlibm_more.py).
  *
  * Rules that make the results reproducible:
  *   - every + - * / is spelled GT_ADD/GT_SUB/GT_MUL/GT_DIV: under nvcc those
@@ -442,19 +444,25 @@ GT_INLINE double gtm_horner(double z, const double *c, int n)
     return GT_ADD(c[0], acc);
 }
 
-/* Method, error bound (< 1 ulp) and operation order: see erf() in
- * gradtool/fdlibm/_erf.py. */
-GT_INLINE double gt_erf(double x)
+/* The pieces erf and erfc share (s_erf.c writes them out in both); numpy twins
+ * _erf_y, _erf_pq and _erf_r in gradtool/fdlibm/_erf.py. */
+
+/* |x| < 0.84375: y = r/s, z = x*x, r = pp0 + z*(... + z*pp4), s = 1 + z*(qq1 + ... + z*qq5) */
+GT_INLINE double gtm_erf_y(double x)
 {
-    const double erx = 8.45062911510467529297e-01;  /* 0x3FEB0AC160000000 */
-    const double efx = 1.28379167095512586316e-01;  /* 0x3FC06EBA8214DB69 */
-    const double efx8 = 1.02703333676410069053e+00; /* 0x3FF06EBA8214DB69 */
     const double pp[5] = {1.28379167095512558561e-01, -3.25042107247001499370e-01,
                           -2.84817495755985104766e-02, -5.77027029648944159157e-03,
                           -2.37630166566501626084e-05};
     const double qq[5] = {3.97917223959155352819e-01, 6.50222499887672944485e-02,
                           5.08130628187576562776e-03, 1.32494738004321644526e-04,
                           -3.96022827877536812320e-06};
+    double z = GT_MUL(x, x);
+    return GT_DIV(gtm_horner(z, pp, 5), GT_ADD(1.0, GT_MUL(z, gtm_horner(z, qq, 5))));
+}
+
+/* 0.84375 <= |x| < 1.25, a = |x|: P/Q with s = a - 1 */
+GT_INLINE double gtm_erf_pq(double a)
+{
     const double pa[7] = {-2.36211856075265944077e-03, 4.14856118683748331666e-01,
                           -3.72207876035701323847e-01, 3.18346619901161753674e-01,
                           -1.10894694282396677476e-01, 3.54783043256182359371e-02,
@@ -462,6 +470,15 @@ GT_INLINE double gt_erf(double x)
     const double qa[6] = {1.06420880400844228286e-01, 5.40397917702171048937e-01,
                           7.18286544141962662868e-02, 1.26171219808761642112e-01,
                           1.36370839120290507362e-02, 1.19844998467991074170e-02};
+    double s = GT_SUB(a, 1.0);
+    return GT_DIV(gtm_horner(s, pa, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, qa, 6))));
+}
+
+/* 1.25 <= |x|, a = |x|: exp(-z*z - 0.5625)*exp((z - a)*(z + a) + R/S), s = 1/(a*a), z = a
+ * with its low word cleared; R/S from ra/sa where below (|x| < 1/0.35: erf and erfc
+ * test it against high words one apart), else from rb/sb */
+GT_INLINE double gtm_erf_r(double a, int below)
+{
     const double ra[8] = {-9.86494403484714822705e-03, -6.93858572707181764372e-01,
                           -1.05586262253232909814e+01, -6.23753324503260060396e+01,
                           -1.62396669462573470355e+02, -1.84605092906711035994e+02,
@@ -478,10 +495,27 @@ GT_INLINE double gt_erf(double x)
                           1.53672958608443695994e+03, 3.19985821950859553908e+03,
                           2.55305040643316442583e+03, 4.74528541206955367215e+02,
                           -2.24409524465858183362e+01};
+    double s = GT_DIV(1.0, GT_MUL(a, a)), rs, z;
+    if (below)
+        rs = GT_DIV(gtm_horner(s, ra, 8), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sa, 8))));
+    else
+        rs = GT_DIV(gtm_horner(s, rb, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sb, 7))));
+    z = gtm_from_bits(gtm_bits(a) & 0xffffffff00000000ULL); /* low word cleared */
+    return GT_MUL(gt_exp(GT_SUB(GT_MUL(-z, z), 0.5625)),
+                  gt_exp(GT_ADD(GT_MUL(GT_SUB(z, a), GT_ADD(z, a)), rs)));
+}
+
+/* Method, error bound (< 1 ulp) and operation order: see erf() in
+ * gradtool/fdlibm/_erf.py. */
+GT_INLINE double gt_erf(double x)
+{
+    const double erx = 8.45062911510467529297e-01;  /* 0x3FEB0AC160000000 */
+    const double efx = 1.28379167095512586316e-01;  /* 0x3FC06EBA8214DB69 */
+    const double efx8 = 1.02703333676410069053e+00; /* 0x3FF06EBA8214DB69 */
     unsigned long long ux = gtm_bits(x);
     int neg = (int)(ux >> 63);
     unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
-    double a, s, z, r, q, pq, rs;
+    double a, pq, q;
 
     if (ix >= 0x7ff00000u) {               /* inf or NaN */
         if (((ix & 0xfffffu) | (unsigned int)ux) != 0u) return gtm_nan();
@@ -493,29 +527,57 @@ GT_INLINE double gt_erf(double x)
                 return GT_MUL(0.125, GT_ADD(GT_MUL(8.0, x), GT_MUL(efx8, x)));
             return GT_ADD(x, GT_MUL(efx, x));
         }
-        z = GT_MUL(x, x);
-        r = gtm_horner(z, pp, 5);
-        s = GT_ADD(1.0, GT_MUL(z, gtm_horner(z, qq, 5)));
-        return GT_ADD(x, GT_MUL(x, GT_DIV(r, s)));
+        return GT_ADD(x, GT_MUL(x, gtm_erf_y(x)));
     }
+    a = gtm_from_bits(ux & 0x7fffffffffffffffULL);
     if (ix < 0x3ff40000u) {                /* 0.84375 <= |x| < 1.25 */
-        s = GT_SUB(gtm_from_bits(ux & 0x7fffffffffffffffULL), 1.0);
-        pq = GT_DIV(gtm_horner(s, pa, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, qa, 6))));
+        pq = gtm_erf_pq(a);
         return neg ? GT_SUB(-erx, pq) : GT_ADD(erx, pq);
     }
     if (ix >= 0x40180000u)                 /* 6 <= |x| < inf: 1 - tiny rounds to 1 */
         return neg ? -1.0 : 1.0;
-    a = gtm_from_bits(ux & 0x7fffffffffffffffULL);
-    s = GT_DIV(1.0, GT_MUL(a, a));
-    if (ix < 0x4006db6eu)                  /* |x| < 1/0.35 */
-        rs = GT_DIV(gtm_horner(s, ra, 8), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sa, 8))));
-    else
-        rs = GT_DIV(gtm_horner(s, rb, 7), GT_ADD(1.0, GT_MUL(s, gtm_horner(s, sb, 7))));
-    z = gtm_from_bits(gtm_bits(a) & 0xffffffff00000000ULL); /* low word cleared */
-    r = GT_MUL(gt_exp(GT_SUB(GT_MUL(-z, z), 0.5625)),
-               gt_exp(GT_ADD(GT_MUL(GT_SUB(z, a), GT_ADD(z, a)), rs)));
-    q = GT_DIV(r, a);
+    q = GT_DIV(gtm_erf_r(a, ix < 0x4006db6eu), a); /* below: |x| < 1/0.35 */
     return neg ? GT_SUB(q, 1.0) : GT_SUB(1.0, q);
+}
+
+/* ---- erfc (fdlibm s_erf.c) -------------------------------------------- */
+/* Method, error (fdlibm's: up to ~3 ulp, measured 2.89) and operation order: see
+ * erfc() in gradtool/fdlibm/_erfc.py. */
+GT_INLINE double gt_erfc(double x)
+{
+    const double erx = 8.45062911510467529297e-01;  /* 0x3FEB0AC160000000 */
+    unsigned long long ux = gtm_bits(x);
+    int hx = (int)(unsigned int)(ux >> 32);           /* signed high word */
+    int ix = hx & 0x7fffffff;                         /* high word of |x| */
+    double a, y, r, pq;
+
+    if (ix >= 0x7ff00000) {                /* inf or NaN */
+        if (((ix & 0xfffff) | (int)(unsigned int)ux) != 0) return gtm_nan();
+        return hx < 0 ? 2.0 : 0.0;         /* erfc(+inf) = 0, erfc(-inf) = 2 */
+    }
+    if (ix < 0x3feb0000) {                 /* |x| < 0.84375 */
+        if (ix < 0x3c700000)               /* |x| < 2^-56 */
+            return GT_SUB(1.0, x);
+        y = gtm_erf_y(x);
+        if (hx < 0x3fd00000)               /* x < 1/4 */
+            return GT_SUB(1.0, GT_ADD(x, GT_MUL(x, y)));
+        r = GT_MUL(x, y);
+        r = GT_ADD(r, GT_SUB(x, 0.5));
+        return GT_SUB(0.5, r);
+    }
+    a = gtm_from_bits(ux & 0x7fffffffffffffffULL);
+    if (ix < 0x3ff40000) {                 /* 0.84375 <= |x| < 1.25 */
+        pq = gtm_erf_pq(a);
+        if (hx >= 0) return GT_SUB(GT_SUB(1.0, erx), pq);
+        return GT_ADD(1.0, GT_ADD(erx, pq));
+    }
+    if (ix < 0x403c0000) {                 /* |x| < 28 */
+        if (hx < 0 && ix >= 0x40180000)    /* x <= -6: 2 - tiny rounds to 2 */
+            return 2.0;
+        r = GT_DIV(gtm_erf_r(a, ix < 0x4006db6d), a); /* below: |x| < 1/0.35 */
+        return hx > 0 ? r : GT_SUB(2.0, r);
+    }
+    return hx > 0 ? 0.0 : 2.0;             /* tiny*tiny underflows to +0; 2 - tiny is 2 */
 }
 
 /* ---- sin, cos (fdlibm s_sin.c, s_cos.c, k_sin.c, k_cos.c, e_rem_pio2.c,
@@ -884,6 +946,132 @@ GT_INLINE double gt_log1p(double x)
     return GT_SUB(GT_MUL(dk, ln2_hi),
                   GT_SUB(GT_SUB(hfsq, GT_ADD(GT_MUL(s, GT_ADD(hfsq, R)),
                                              GT_ADD(GT_MUL(dk, ln2_lo), c))), f));
+}
+
+/* ---- atan (fdlibm s_atan.c) -------------------------------------------- */
+/* Method, error bound (< 1 ulp) and operation order: see atan() in
+ * gradtool/fdlibm/_atan.py. */
+GT_INLINE double gt_atan(double x)
+{
+    /* atan(0.5), atan(1), atan(1.5), atan(inf) as hi + lo; fdlibm's atanhi[id] and
+     * atanlo[id] are picked by branch here, not indexed (an indexed local array would
+     * live in the GPU's local memory) */
+    const double atanhi0 = 4.63647609000806093515e-01; /* 0x3FDDAC670561BB4F */
+    const double atanhi1 = 7.85398163397448278999e-01; /* 0x3FE921FB54442D18 */
+    const double atanhi2 = 9.82793723247329054082e-01; /* 0x3FEF730BD281F69B */
+    const double atanhi3 = 1.57079632679489655800e+00; /* 0x3FF921FB54442D18 */
+    const double atanlo0 = 2.26987774529616870924e-17; /* 0x3C7A2B7F222F65E2 */
+    const double atanlo1 = 3.06161699786838301793e-17; /* 0x3C81A62633145C07 */
+    const double atanlo2 = 1.39033110312309984516e-17; /* 0x3C7007887AF0CBBD */
+    const double atanlo3 = 6.12323399573676603587e-17; /* 0x3C91A62633145C07 */
+    const double aT_odd[6] = {3.33333333333329318027e-01, 1.42857142725034663711e-01,
+                              9.09088713343650656196e-02, 6.66107313738753120669e-02,
+                              4.97687799461593236017e-02, 1.62858201153657823623e-02};
+    const double aT_even[5] = {-1.99999999998764832476e-01, -1.11111104054623557880e-01,
+                               -7.69187620504482999495e-02, -5.83357013379057348645e-02,
+                               -3.65315727442169155270e-02};
+    unsigned long long ux = gtm_bits(x);
+    int neg = (int)(ux >> 63);
+    unsigned int ix = (unsigned int)(ux >> 32) & 0x7fffffffu; /* high word of |x| */
+    double z, w, s1, s2, hi = 0.0, lo = 0.0;
+    int reduced = 1;                       /* fdlibm's id >= 0 */
+
+    if (ix >= 0x44100000u) {               /* |x| >= 2^66 */
+        if (ix > 0x7ff00000u || (ix == 0x7ff00000u && (unsigned int)ux != 0u))
+            return gtm_nan();
+        return neg ? GT_SUB(-atanhi3, atanlo3) : GT_ADD(atanhi3, atanlo3);
+    }
+    if (ix < 0x3fdc0000u) {                /* |x| < 0.4375 */
+        if (ix < 0x3e200000u) return x;    /* |x| < 2^-29 */
+        reduced = 0;                       /* id = -1 */
+    } else {
+        x = gtm_from_bits(ux & 0x7fffffffffffffffULL);
+        if (ix < 0x3ff30000u) {            /* |x| < 1.1875 */
+            if (ix < 0x3fe60000u) {        /* 7/16 <= |x| < 11/16: id = 0 */
+                hi = atanhi0; lo = atanlo0;
+                x = GT_DIV(GT_SUB(GT_MUL(2.0, x), 1.0), GT_ADD(2.0, x));
+            } else {                       /* 11/16 <= |x| < 19/16: id = 1 */
+                hi = atanhi1; lo = atanlo1;
+                x = GT_DIV(GT_SUB(x, 1.0), GT_ADD(x, 1.0));
+            }
+        } else if (ix < 0x40038000u) {     /* |x| < 2.4375: id = 2 */
+            hi = atanhi2; lo = atanlo2;
+            x = GT_DIV(GT_SUB(x, 1.5), GT_ADD(1.0, GT_MUL(1.5, x)));
+        } else {                           /* 2.4375 <= |x| < 2^66: id = 3 */
+            hi = atanhi3; lo = atanlo3;
+            x = GT_DIV(-1.0, x);
+        }
+    }
+    /* end of argument reduction */
+    z = GT_MUL(x, x);
+    w = GT_MUL(z, z);
+    s1 = GT_MUL(z, gtm_horner(w, aT_odd, 6));
+    s2 = GT_MUL(w, gtm_horner(w, aT_even, 5));
+    if (!reduced) return GT_SUB(x, GT_MUL(x, GT_ADD(s1, s2)));
+    z = GT_SUB(hi, GT_SUB(GT_SUB(GT_MUL(x, GT_ADD(s1, s2)), lo), x));
+    return neg ? -z : z;
+}
+
+/* ---- atan2 (fdlibm e_atan2.c) ------------------------------------------ */
+/* Method, error (fdlibm's: up to ~1.5 ulp, measured 1.45) and operation order: see
+ * atan2() in gradtool/fdlibm/_atan2.py.  fdlibm's "+ tiny" on the exact-angle cases only raises
+ * the inexact flag: the sums round to the constants returned here. */
+GT_INLINE double gt_atan2(double y, double x)
+{
+    const double pi_o_4 = 7.8539816339744827900E-01; /* 0x3FE921FB54442D18 */
+    const double pi_o_2 = 1.5707963267948965580E+00; /* 0x3FF921FB54442D18 */
+    const double pi = 3.1415926535897931160E+00;     /* 0x400921FB54442D18 */
+    const double pi_lo = 1.2246467991473531772E-16;  /* 0x3CA1A62633145C07 */
+    unsigned long long ux = gtm_bits(x), uy = gtm_bits(y);
+    int hx = (int)(unsigned int)(ux >> 32), hy = (int)(unsigned int)(uy >> 32);
+    int ix = hx & 0x7fffffff, iy = hy & 0x7fffffff, k, m;
+    unsigned int lx = (unsigned int)ux, ly = (unsigned int)uy;
+    double z;
+
+    if ((ix | ((lx | (0u - lx)) >> 31)) > 0x7ff00000u ||
+        (iy | ((ly | (0u - ly)) >> 31)) > 0x7ff00000u)  /* x or y is NaN */
+        return gtm_nan();
+    if (ux == 0x3ff0000000000000ULL) return gt_atan(y); /* x = 1.0 */
+    m = (int)(uy >> 63) | ((int)(ux >> 63) << 1);      /* 2*sign(x) + sign(y) */
+
+    if ((iy | (int)ly) == 0) {             /* y = +-0 */
+        switch (m) {
+        case 0:
+        case 1: return y;                  /* atan(+-0, +anything) = +-0 */
+        case 2: return pi;                 /* atan(+0, -anything) = pi */
+        default: return -pi;               /* atan(-0, -anything) = -pi */
+        }
+    }
+    if ((ix | (int)lx) == 0) return hy < 0 ? -pi_o_2 : pi_o_2; /* x = +-0 */
+    if (ix == 0x7ff00000) {                /* x = +-inf */
+        if (iy == 0x7ff00000) {
+            switch (m) {
+            case 0: return pi_o_4;                 /* atan(+inf, +inf) */
+            case 1: return -pi_o_4;                /* atan(-inf, +inf) */
+            case 2: return GT_MUL(3.0, pi_o_4);    /* atan(+inf, -inf) */
+            default: return -GT_MUL(3.0, pi_o_4);  /* atan(-inf, -inf) */
+            }
+        }
+        switch (m) {
+        case 0: return 0.0;                /* atan(+finite, +inf) */
+        case 1: return -0.0;               /* atan(-finite, +inf) */
+        case 2: return pi;                 /* atan(+finite, -inf) */
+        default: return -pi;               /* atan(-finite, -inf) */
+        }
+    }
+    if (iy == 0x7ff00000) return hy < 0 ? -pi_o_2 : pi_o_2; /* y = +-inf */
+
+    /* compute y/x */
+    k = (iy - ix) >> 20;
+    if (k > 60) z = GT_ADD(pi_o_2, GT_MUL(0.5, pi_lo));   /* |y/x| > 2^60 */
+    else if (hx < 0 && k < -60) z = 0.0;                  /* |y|/x < -2^60 */
+    else z = gt_atan(gtm_from_bits(gtm_bits(GT_DIV(y, x)) & 0x7fffffffffffffffULL));
+    switch (m) {
+    case 0: return z;                      /* atan(+, +) */
+    case 1: return -z;                     /* atan(-, +) */
+    case 2: return GT_SUB(pi, GT_SUB(z, pi_lo));  /* atan(+, -) */
+    default: return GT_SUB(GT_SUB(z, pi_lo), pi); /* atan(-, -) */
+    }
 }
 
 /* ---- fmod: the exact remainder, in integer arithmetic ----------------- */

@@ -23,6 +23,8 @@
     X(k_sqrt, R_SQRT(xv)) \
     X(k_abs, R_ABS(xv)) \
     X(k_erf, R_ERF(xv)) \
+    X(k_erfc, R_ERFC(xv)) \
+    X(k_atan, R_ATAN(xv)) \
     X(k_sin, R_SIN(xv)) \
     X(k_cos, R_COS(xv)) \
     X(k_expm1, R_EXPM1(xv)) \
@@ -54,6 +56,8 @@
     X(k_sqrt_bwd, R_DIV(gv, R_MUL(((gt_real)0x1p+1), tv))) \
     X(k_abs_bwd, ((xv > ((gt_real)0x0p+0)) ? gv : ((xv < ((gt_real)0x0p+0)) ? (-gv) : ((gt_real)0x0p+0)))) \
     X(k_erf_bwd, R_MUL(R_MUL(((gt_real)0x1.20dd750429b6dp+0), R_EXP((-R_MUL(xv, xv)))), gv)) \
+    X(k_erfc_bwd, R_MUL(R_MUL(((gt_real)(-0x1.20dd750429b6dp+0)), R_EXP((-R_MUL(xv, xv)))), gv)) \
+    X(k_atan_bwd, R_DIV(gv, R_ADD(R_MUL(xv, xv), ((gt_real)0x1p+0)))) \
     X(k_sin_bwd, R_MUL(gv, R_COS(xv))) \
     X(k_cos_bwd, R_MUL(gv, (-R_SIN(xv)))) \
     X(k_expm1_bwd, R_MUL(gv, R_ADD(tv, ((gt_real)0x1p+0)))) \
@@ -74,6 +78,7 @@
     X(k_mul, R_MUL(xv, yv)) \
     X(k_div, R_DIV(xv, yv)) \
     X(k_maximum, ((xv >= yv) ? xv : ((xv < yv) ? yv : R_ADD(xv, yv)))) \
+    X(k_atan2, R_ATAN2(xv, yv)) \
     X(k_pow, ((yv == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((yv == ((gt_real)0x1p+0)) ? xv : ((yv == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((yv == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((yv == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((yv == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((yv == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((yv == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((yv == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(yv) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(yv), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(yv)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(yv) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(yv), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(yv)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(yv) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(yv), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(yv), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(yv, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(yv, R_LOG(R_ABS(xv))))))) : ((((((R_ABS(yv) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(yv), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(yv)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(yv) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(yv), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(yv), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(yv, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(yv, R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(yv) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(yv), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(yv)) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(yv) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(yv), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(yv), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(yv, R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(yv, R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(yv, R_LOG(R_ABS(xv)))))))))))))))) \
     X(k_minimum, ((xv <= yv) ? xv : ((xv > yv) ? yv : R_ADD(xv, yv)))) \
     X(k_eq, ((xv == yv) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) \
@@ -99,6 +104,8 @@
     X(k_div_bwd_b, (-R_DIV(R_MUL(gv, tv), yv))) \
     X(k_maximum_bwd_a, ((xv >= yv) ? gv : ((gt_real)0x0p+0))) \
     X(k_maximum_bwd_b, ((xv >= yv) ? ((gt_real)0x0p+0) : gv)) \
+    X(k_atan2_bwd_a, R_MUL(R_MUL(gv, yv), ((R_ADD(R_MUL(xv, xv), R_MUL(yv, yv)) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_DIV(((gt_real)0x1p+0), R_ADD(R_MUL(xv, xv), R_MUL(yv, yv)))))) \
+    X(k_atan2_bwd_b, R_MUL(R_MUL(gv, (-xv)), ((R_ADD(R_MUL(xv, xv), R_MUL(yv, yv)) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_DIV(((gt_real)0x1p+0), R_ADD(R_MUL(xv, xv), R_MUL(yv, yv)))))) \
     X(k_pow_bwd_a, ((yv == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_MUL(gv, R_MUL(yv, ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x0p+0)) ? ((gt_real)0x1p+0) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x1p+0)) ? xv : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x1p+1)) ? R_MUL(xv, xv) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x1.8p+1)) ? R_MUL(R_MUL(xv, xv), xv) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x1p+2)) ? R_MUL(R_MUL(xv, xv), R_MUL(xv, xv)) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+0))) ? R_DIV(((gt_real)0x1p+0), xv) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p+1))) ? R_DIV(((gt_real)0x1p+0), R_MUL(xv, xv)) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)0x1p-1)) ? R_SQRT(xv) : ((R_SUB(yv, ((gt_real)0x1p+0)) == ((gt_real)(-0x1p-1))) ? R_DIV(((gt_real)0x1p+0), R_SQRT(xv)) : ((xv < ((gt_real)0x0p+0)) ? ((xv > ((gt_real)gtm_from_bits(0xfff0000000000000ULL))) ? ((((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(yv, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)gtm_from_bits(0x7ff8000000000000ULL)) : ((((((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(yv, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((((((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(yv, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))) : ((R_DIV(((gt_real)0x1p+0), xv) < ((gt_real)0x0p+0)) ? ((((((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+52)) ? ((gt_real)0x1p+0) : ((R_SUB(R_ADD(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_ABS(R_SUB(yv, ((gt_real)0x1p+0)))) ? ((gt_real)0x1p+0) : ((gt_real)0x0p+0))) == ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : ((R_ABS(R_SUB(yv, ((gt_real)0x1p+0))) >= ((gt_real)0x1p+53)) ? ((gt_real)0x0p+0) : ((R_SUB(R_ADD(R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1)), ((gt_real)0x1p+52)), ((gt_real)0x1p+52)) == R_MUL(R_ABS(R_SUB(yv, ((gt_real)0x1p+0))), ((gt_real)0x1p-1))) ? ((gt_real)0x0p+0) : ((gt_real)0x1p+0)))) == ((gt_real)0x0p+0)) ? R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))) : (-R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv)))))) : R_EXP(R_MUL(R_SUB(yv, ((gt_real)0x1p+0)), R_LOG(R_ABS(xv))))))))))))))))))) \
     X(k_pow_bwd_b, R_MUL(gv, ((xv == ((gt_real)0x0p+0)) ? ((yv >= ((gt_real)0x0p+0)) ? ((gt_real)0x0p+0) : R_MUL(tv, R_LOG(xv))) : R_MUL(tv, R_LOG(xv))))) \
     X(k_minimum_bwd_a, ((xv <= yv) ? gv : ((gt_real)0x0p+0))) \
@@ -121,6 +128,8 @@
     X(k_sqrt, 4) \
     X(k_abs, 1) \
     X(k_erf, 26) \
+    X(k_erfc, 26) \
+    X(k_atan, 10) \
     X(k_sin, 15) \
     X(k_cos, 15) \
     X(k_expm1, 12) \
@@ -148,6 +157,8 @@
     X(k_sqrt_bwd, 2) \
     X(k_abs_bwd, 1) \
     X(k_erf_bwd, 12) \
+    X(k_erfc_bwd, 12) \
+    X(k_atan_bwd, 2) \
     X(k_sin_bwd, 15) \
     X(k_cos_bwd, 15) \
     X(k_expm1_bwd, 1) \
@@ -660,6 +671,13 @@
     X(k_maximum_bwd_b) \
     X(k_erf) \
     X(k_erf_bwd) \
+    X(k_erfc) \
+    X(k_erfc_bwd) \
+    X(k_atan) \
+    X(k_atan_bwd) \
+    X(k_atan2) \
+    X(k_atan2_bwd_a) \
+    X(k_atan2_bwd_b) \
     X(k_sin) \
     X(k_sin_bwd) \
     X(k_cos) \

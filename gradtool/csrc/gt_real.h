@@ -1,7 +1,7 @@
 /*
  * gt_real.h -- what every kernel source of the device engine starts with:
  * the launch macros (CUDA, or host_prelude.h for the C build), the element
- * type gt_real and its correctly rounded operations R_ADD ... R_COS (and
+ * type gt_real and its correctly rounded operations R_ADD ... R_ATAN2 (and
  * R_FMA, the inner products' fused multiply-add, used nowhere else), and
  * the metadata conventions.  Included by kernels.cu (the per-node kernels)
  * and by the fused kernels gradtool/device/fusion.py generates per tape, so
@@ -77,6 +77,9 @@ typedef float gt_real;
 #  define R_LOG1P(x) ((gt_real)gt_log1p((double)(x)))
 #  define R_SIN(x) ((gt_real)gt_sin((double)(x)))
 #  define R_COS(x) ((gt_real)gt_cos((double)(x)))
+#  define R_ERFC(x) ((gt_real)gt_erfc((double)(x)))
+#  define R_ATAN(x) ((gt_real)gt_atan((double)(x)))
+#  define R_ATAN2(y, x) ((gt_real)gt_atan2((double)(y), (double)(x)))
 #  define R_ABS(x) fabsf((x))
 #  define R_FLOOR(x) floorf((x))
 #  define R_CEIL(x) ceilf((x))
@@ -99,6 +102,9 @@ typedef double gt_real;
 #  define R_LOG1P(x) gt_log1p((x))
 #  define R_SIN(x) gt_sin((x))
 #  define R_COS(x) gt_cos((x))
+#  define R_ERFC(x) gt_erfc((x))
+#  define R_ATAN(x) gt_atan((x))
+#  define R_ATAN2(y, x) gt_atan2((y), (x))
 #  define R_ABS(x) fabs((x))
 #  define R_FLOOR(x) floor((x))       /* roundToIntegral: exact, in every libm and CUDA */
 #  define R_CEIL(x) ceil((x))

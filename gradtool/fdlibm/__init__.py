@@ -1,5 +1,5 @@
-"""exp, expm1, log, tanh, erf, sin, cos and log1p without libm: Sun's fdlibm 5.3
-(and a compensated tanh on top of its expm1) in numpy.
+"""exp, expm1, log, tanh, erf, erfc, sin, cos, log1p, atan and atan2 without libm: Sun's
+fdlibm 5.3 (and a compensated tanh on top of its expm1) in numpy.
 
 Why this package exists
 -----------------------
@@ -96,6 +96,13 @@ Each module imports only from those listed above it (no cycles):
   reduction one element at a time, in Python floats), so their ``_<name>_ref``
   is the function itself.  Each is within 1 ulp; sin, cos and log1p are bit for
   bit fdlibm's (tests/test_fdlibm_more.py checks them against Java StrictMath).
+* ``_erfc.py``: fdlibm's own erfc (``s_erf.c``, on erf's polynomials, which
+  ``_erf`` keeps as ``_erf_y``, ``_erf_pq``, ``_erf_r``); ``_atan.py``:
+  ``s_atan.c``; ``_atan2.py``: ``e_atan2.c`` on ``_atan``, two arguments
+  broadcast like numpy.  Split by branch like erf.  atan is within 1 ulp;
+  fdlibm's erfc (up to ~3 ulp) and atan2 (up to ~1.5 ulp) are not, and are
+  kept as fdlibm's: atan and atan2 are bit for bit Java StrictMath's
+  (tests/test_fdlibm_erfc_atan.py, with the measured figures).
 
 The module names start with an underscore: the public API is the four
 functions re-exported here (a submodule named ``exp`` would also clash with
@@ -115,5 +122,8 @@ from ._cos import cos
 from ._erf import erf
 from ._log1p import log1p
 from ._sin import sin
+from ._erfc import erfc
+from ._atan import atan
+from ._atan2 import atan2
 
-__all__ = ["exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos"]
+__all__ = ["exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "erfc", "atan", "atan2"]

@@ -95,18 +95,40 @@ SB = tuple(map(_hex, (
 )))
 
 
-def _erf_small(x):
-    """2^-28 <= |x| < 0.84375: x + x*(r/s)."""
+# the pieces erf and erfc share (s_erf.c writes them out in both; C twins gtm_erf_*)
+def _erf_y(x):
+    """|x| < 0.84375: y = r/s with z = x*x, r = pp0 + z*(...), s = 1 + z*(qq1 + ...)."""
     z = x * x
     r = _horner(z, PP)
     s = 1.0 + z * _horner(z, QQ)
-    return x + x * (r / s)
+    return r / s
+
+
+def _erf_pq(a):
+    """0.84375 <= |x| < 1.25, a = |x|: P/Q with s = a - 1."""
+    s = a - 1.0
+    return _horner(s, PA) / (1.0 + s * _horner(s, QA))
+
+
+def _erf_r(a, below):
+    """1.25 <= |x|, a = |x|: r = exp(-z*z - 0.5625)*exp((z - a)*(z + a) + R/S), s = 1/(a*a),
+    z = a with its low word cleared, R/S = ra/sa's where ``below`` (|x| < 1/0.35, whose
+    high-word bound erf and erfc draw one apart), else rb/sb's."""
+    s = 1.0 / (a * a)
+    rs = np.where(below, _horner(s, RA) / (1.0 + s * _horner(s, SA)),
+                  _horner(s, RB) / (1.0 + s * _horner(s, SB)))
+    z = (a.view(_U64) & _U64(0xFFFFFFFF00000000)).view(_F64)
+    return exp((-z) * z - 0.5625) * exp((z - a) * (z + a) + rs)
+
+
+def _erf_small(x):
+    """2^-28 <= |x| < 0.84375: x + x*(r/s)."""
+    return x + x * _erf_y(x)
 
 
 def _erf_mid(x):
     """0.84375 <= |x| < 1.25: +-(ERX + P/Q), s = |x| - 1."""
-    s = np.abs(x) - 1.0
-    pq = _horner(s, PA) / (1.0 + s * _horner(s, QA))
+    pq = _erf_pq(np.abs(x))
     return np.where(x >= 0.0, ERX + pq, -ERX - pq)
 
 
@@ -114,12 +136,7 @@ def _erf_tail(x, below):
     """1.25 <= |x| < 6: +-(1 - r/|x|), r = exp(-z*z - 0.5625)*exp((z - a)*(z + a) + R/S)
     with a = |x|, z = a with its low word cleared; ``below``: |x| < 1/0.35."""
     a = np.abs(x)
-    s = 1.0 / (a * a)
-    rs = np.where(below, _horner(s, RA) / (1.0 + s * _horner(s, SA)),
-                  _horner(s, RB) / (1.0 + s * _horner(s, SB)))
-    z = (a.view(_U64) & _U64(0xFFFFFFFF00000000)).view(_F64)
-    r = exp((-z) * z - 0.5625) * exp((z - a) * (z + a) + rs)
-    q = r / a
+    q = _erf_r(a, below) / a
     return np.where(x >= 0.0, 1.0 - q, q - 1.0)
 
 

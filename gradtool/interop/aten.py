@@ -144,7 +144,8 @@ for _name, _method in [("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"
                        ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"),
                        ("erf", "erf"), ("sin", "sin"), ("cos", "cos"), ("expm1", "expm1"),
                        ("log1p", "log1p"), ("floor", "floor"), ("ceil", "ceil"),
-                       ("trunc", "trunc"), ("round", "round")]:
+                       ("trunc", "trunc"), ("round", "round"), ("erfc", "erfc"),
+                       ("atan", "atan")]:
     _unary(f"aten.{_name}.default", _method)
 
 
@@ -277,6 +278,12 @@ def _hypot(r, node, a, b):
     qa, qb = tp.div(a, s), tp.div(b, s)
     h = tp.mul(s, tp.sqrt(tp.add(tp.mul(qa, qa), tp.mul(qb, qb))))
     return tp.where(inf, r.f(math.inf), h)
+
+
+@aten("aten.atan2.default", needs=("atan2",),
+      doc="atan2 (fdlibm's; numpy broadcasting; torch.arctan2 exports as this)")
+def _atan2(r, node, a, b):
+    return r.tp.atan2(r.f(a), r.f(b))
 
 
 @aten("aten.fmod.Scalar", "aten.fmod.Tensor", "aten.remainder.Scalar",

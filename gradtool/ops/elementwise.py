@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 from .. import numerics as nx
-from ..expr import (G, S, T, X, Y, Const, Expr, abs_, ceil, compile_numpy, cos, eq, erf, exp,
-                    expm1, floor, fmod, log, log1p, rint, select, sin, sqrt, tanh, trunc)
+from ..expr import (G, S, T, X, Y, Const, Expr, abs_, atan, atan2, ceil, compile_numpy, cos, eq,
+                    erf, erfc, exp, expm1, floor, fmod, log, log1p, rint, select, sin, sqrt, tanh,
+                    trunc)
 from .spec import OpSpec, _register
 from .shapes import _same_shape, broadcast_shape
 
@@ -97,6 +98,23 @@ binary("maximum", "elementwise max, numpy broadcasting; NaN wins",
 TWO_OVER_SQRT_PI = float.fromhex("0x1.20dd750429b6dp+0")
 unary("erf", "the error function (fdlibm s_erf.c, within 1 ulp)", erf(X),
       (TWO_OVER_SQRT_PI * exp(-(X * X))) * G)
+# erfc: fdlibm's own erfc from s_erf.c (gradtool/fdlibm/_erfc.py, C twin gt_erfc), not
+# 1 - erf: it keeps its relative accuracy for large x (fdlibm's, up to ~3 ulp).  Its
+# gradient is PyTorch's -2/sqrt(pi) * exp(-(x*x)) * g, rounded as erf's
+unary("erfc", "the complementary error function 1 - erf(a) (fdlibm s_erf.c)", erfc(X),
+      (-TWO_OVER_SQRT_PI * exp(-(X * X))) * G)
+# atan: fdlibm's s_atan.c (_atan.py, gt_atan), within 1 ulp; the gradient PyTorch's
+# g / (x*x + 1)
+unary("atan", "arctangent (fdlibm s_atan.c, within 1 ulp)", atan(X), G / (X * X + 1.0))
+# atan2(a, b): the angle of the point (b, a), fdlibm's e_atan2.c (_atan2.py, gt_atan2) with
+# its signed zeros and infinities; numpy broadcasting.  The gradients are PyTorch's:
+# r = 1 / (a*a + b*b), except r = 0 where a*a + b*b == 0 (a = b = 0, or both so small
+# that the squares underflow): a gets (g * b) * r, b gets (g * -a) * r, so both are zero
+# (their signs PyTorch's) at the origin, where atan2 has no derivative
+_R = select(eq(X * X + Y * Y, 0.0), 0.0, 1.0 / (X * X + Y * Y))
+binary("atan2", "the angle of the point (b, a) in [-pi, pi], numpy broadcasting "
+       "(fdlibm e_atan2.c)", atan2(X, Y), (G * Y) * _R, (G * (-X)) * _R)
+del _R
 # sin, cos: fdlibm's s_sin.c/s_cos.c with its k_sin/k_cos kernels and its exact pi/2
 # reduction (e_rem_pio2.c, k_rem_pio2.c) for every finite x; inf and NaN give NaN.
 # Gradients as PyTorch's: g * cos(x) and g * -sin(x)
