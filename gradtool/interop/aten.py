@@ -280,6 +280,16 @@ def _hypot(r, node, a, b):
     return tp.where(inf, r.f(math.inf), h)
 
 
+@aten("aten.asin.default", "aten.acos.default", needs=("atan2", "sqrt"),
+      doc="asin(a) = atan2(a, c), acos(a) = atan2(c, a) with c = sqrt(1 - a) * sqrt(1 + a) "
+          "(NaN outside [-1, 1]; 1 - a exact near 1; the gradient inf at +-1, as torch's)")
+def _asin_acos(r, node, a):
+    tp = r.tp
+    a = r.f(a)
+    c = tp.mul(tp.sqrt(tp.sub(r.f(1.0), a)), tp.sqrt(tp.adds(a, 1.0)))
+    return tp.atan2(a, c) if str(node.target).startswith("aten.asin") else tp.atan2(c, a)
+
+
 @aten("aten.atan2.default", needs=("atan2",),
       doc="atan2 (fdlibm's; numpy broadcasting; torch.arctan2 exports as this)")
 def _atan2(r, node, a, b):
