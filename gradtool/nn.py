@@ -441,27 +441,28 @@ def max_pool3d(x: GVar, kernel, stride=None, padding=0, dilation=1,
 
 def avg_pool3d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> GVar:
-    """torch's ``avg_pool3d`` (no ceil_mode): per output depth the ``avg_pool2d`` of each
-    depth its window reads, summed in ascending depth and divided by the depth taps
-    counted (the kernel's depth with count_include_pad, else the taps inside the input):
-    the average over the window's elements, rounded differently from torch's one sum."""
+    """torch's ``avg_pool3d``: per output depth the ``avg_pool2d`` of each depth its window
+    reads (``ceil_mode`` and ``count_include_pad`` passed on), summed in ascending depth
+    and divided by the depth taps counted: with count_include_pad those of the window
+    inside the padded depth (torch's ``min(start + k, D + pad) - start``), else those
+    inside the input.  The product of the two divisors is torch's; the average over the
+    window's elements, rounded differently from torch's one sum."""
     tp = _tape(x, "avg_pool3d")
     _rank5(x, "avg_pool3d")
-    if ceil_mode:
-        raise TapeError("nn.avg_pool3d: ceil_mode is not supported")
     k = _triple(kernel, "avg_pool3d kernel")
     s = k if stride is None else _triple(stride, "stride")
     p = _triple(padding, "avg_pool3d padding")
     n, c, d, h, wd = x.shape
-    out_d = _depth_out(tp, "avg_pool3d", d, k[0], s[0], p[0], 1)
+    out_d = _depth_out(tp, "avg_pool3d", d, k[0], s[0], p[0], 1, bool(ceil_mode))
     outs = []
-    for taps in _depth_taps(d, k[0], s[0], p[0], 1, out_d):
+    for o, taps in enumerate(_depth_taps(d, k[0], s[0], p[0], 1, out_d)):
         pooled = [avg_pool2d(tp.reshape(tp.narrow(x, 2, t, t + 1), [n, c, h, wd]), k[1:],
-                             s[1:], p[1:], False, count_include_pad) for t in taps]
+                             s[1:], p[1:], bool(ceil_mode), count_include_pad) for t in taps]
         total = pooled[0]
         for q in pooled[1:]:
             total = tp.add(total, q)
-        count = k[0] if count_include_pad else len(taps)
+        start = o * s[0] - p[0]
+        count = min(start + k[0], d + p[0]) - start if count_include_pad else len(taps)
         outs.append(tp.div(total, tp.const(np.array([float(count)]))) if count > 1 else total)
     return tp.stack(outs, 2)
 

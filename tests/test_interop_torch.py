@@ -1739,3 +1739,28 @@ def test_conv_transpose3d_matches_torch():
     torch.manual_seed(25)
     result, _ = import_matching_torch(Transposed3d(), (torch.randn(2, 4, 3, 4, 3),))
     assert result.histogram["aten.convolution.default"] == 2
+
+
+@pytest.mark.parametrize("kernel, stride, padding, count_include_pad", [
+    ((2, 2, 2), None, 0, True), ((3, 2, 3), (2, 2, 2), (1, 1, 1), True),
+    ((3, 2, 3), (2, 2, 2), (1, 1, 1), False), (2, 2, 1, True), (3, 2, 1, False)])
+def test_avg_pool3d_with_ceil_mode_matches_torch(kernel, stride, padding, count_include_pad):
+    """ceil_mode's last windows hang over the padded input: torch's divisors (the taps
+    inside the padded depth, or inside the input) per axis."""
+    torch.manual_seed(26)
+    module = nn.Sequential(nn.Conv3d(2, 2, 1),
+                           nn.AvgPool3d(kernel, stride, padding, ceil_mode=True,
+                                        count_include_pad=count_include_pad))
+    wrapped = _Squares(module)
+    import_matching_torch(wrapped, (torch.randn(1, 2, 5, 6, 7),))
+
+
+class _Squares(nn.Module):
+    """The sum of squares of a module's output (a scalar loss for the import)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return (self.inner(x) ** 2).sum()

@@ -1473,17 +1473,14 @@ def _max_pool3d(r, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_
 
 @aten("aten.avg_pool3d.default", needs=("nn.avg_pool3d",),
       doc="gradtool.nn.avg_pool3d (the avg_pool2d of each depth in the window summed and "
-          "divided by the depth count; count_include_pad; no ceil_mode, no "
-          "divisor_override)")
+          "divided by the depth count; ceil_mode, count_include_pad; no divisor_override)")
 def _avg_pool3d(r, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
     from .. import nn
     if divisor_override is not None:
         raise Unsupported("avg_pool3d's divisor_override")
-    if ceil_mode:
-        raise Unsupported("avg_pool3d with ceil_mode")
     return _batched(r, r.f(x), lambda v: nn.avg_pool3d(
-        v, kernel_size, stride or None, padding, False, bool(count_include_pad)), 5,
+        v, kernel_size, stride or None, padding, bool(ceil_mode), bool(count_include_pad)), 5,
         "avg_pool3d")
 
 
