@@ -30,7 +30,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
-           "conv_transpose3d",
+           "conv_transpose3d", "grid_sample",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train"]
 
@@ -587,6 +587,49 @@ def _linear_taps(size: int, out: int, align_corners: bool, scale) -> tuple:
         w0.append(1.0 - frac)
         w1.append(frac)
     return i0, i1, np.array(w0), np.array(w1)
+
+
+def grid_sample(x: GVar, grid: GVar, align_corners: bool = False) -> GVar:
+    """torch's ``grid_sample(x, grid, mode="bilinear", padding_mode="zeros")``: x [N, C, H,
+    W] sampled at grid [N, OH, OW, 2] ((x, y) in [-1, 1]) to [N, C, OH, OW].
+
+    Each grid point's source coordinate is torch's unnormalisation, ``((g + 1) * W - 1) /
+    2`` (``(g + 1) / 2 * (W - 1)`` with align_corners); ``x0 = floor(ix)`` (no gradient)
+    and ``f = ix - x0``; the weight of column j is ``1 - f`` where ``j == x0``, ``f`` where
+    ``j == x0 + 1``, 0 elsewhere (a column outside the input is no column: zero padding).
+    So the gradient with respect to the grid is torch's floor rule (``v[x0 + 1] - v[x0]``
+    times the other axis' weights), also at whole-number coordinates, where an identity
+    grid lies.  The sample is ``sum_i wy[i] * sum_j wx[j] * x[i, j]``: the sum over j one
+    batched product by the column weights (FMA chains, as every product), then over i a
+    serial sum: torch's value within rounding.  Dense in the input's rows and columns:
+    [N, C*H, W] @ [N, W, OH*OW] -- meant for the small images spatial transformers warp.
+    """
+    tp = _tape(x, "grid_sample")
+    if len(x.shape) != 4 or len(grid.shape) != 4 or grid.shape[3] != 2 or \
+            grid.shape[0] != x.shape[0]:
+        raise TapeError(f"nn.grid_sample: expected x [N,C,H,W] and grid [N,OH,OW,2], got "
+                        f"{list(x.shape)} and {list(grid.shape)}")
+    n, c, h, w = x.shape
+    _, oh, ow, _ = grid.shape
+    pts = oh * ow
+
+    def weights(axis, size):
+        g = tp.reshape(tp.slice(grid, [0, 0, 0, axis], [n, oh, ow, axis + 1]), [n, pts, 1])
+        if align_corners:
+            at = tp.muls(tp.muls(tp.adds(g, 1.0), 0.5), float(size - 1))
+        else:
+            at = tp.muls(tp.adds(tp.muls(tp.adds(g, 1.0), float(size)), -1.0), 0.5)
+        x0 = tp.floor(at)
+        f = tp.sub(at, x0)
+        cols = tp.const(np.arange(size, dtype=np.float64).reshape(1, 1, size))
+        lo = tp.mul(tp.eq(cols, x0), tp.sub(tp.const(np.ones(1)), f))
+        return tp.add(lo, tp.mul(tp.eq(cols, tp.adds(x0, 1.0)), f))        # [N, P, size]
+
+    wx, wy = weights(0, w), weights(1, h)
+    rows = tp.bmm(tp.reshape(x, [n, c * h, w]), tp.permute(wx, [0, 2, 1]))  # [N, C*H, P]
+    rows = tp.permute(tp.reshape(rows, [n, c, h, pts]), [0, 1, 3, 2])      # [N, C, P, H]
+    out = tp.sum(tp.mul(rows, tp.reshape(wy, [n, 1, pts, h])), axis=3)     # [N, C, P]
+    return tp.reshape(out, [n, c, oh, ow])
 
 
 def upsample_bilinear2d(x: GVar, size, align_corners: bool = False, scale_factor=None) -> GVar:

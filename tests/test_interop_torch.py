@@ -1764,3 +1764,48 @@ class _Squares(nn.Module):
 
     def forward(self, x):
         return (self.inner(x) ** 2).sum()
+
+
+class SpatialTransformer(nn.Module):
+    """F.affine_grid + F.grid_sample (bilinear, zeros) on a conv's output, theta learnt:
+    the identity (source coordinates on the pixels, where bilinear weights have their
+    kinks: the gradient is torch's floor rule) or jittered; a crop of the grid samples
+    between pixels and past the border."""
+
+    def __init__(self, align_corners, jitter, crop):
+        super().__init__()
+        self.align_corners, self.crop = align_corners, crop
+        eye = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        self.theta = nn.Parameter(eye + jitter * torch.randn(2, 3))
+        self.conv = nn.Conv2d(2, 3, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        shape = list(x.shape if self.crop else y.shape)
+        g = F.affine_grid(self.theta.unsqueeze(0).expand(x.shape[0], 2, 3), shape,
+                          align_corners=self.align_corners)
+        if self.crop:
+            g = g[:, 1:-1, 1:-1]
+        return (F.grid_sample(y, g, align_corners=self.align_corners) ** 2).mean()
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("jitter, crop", [(0.0, False), (0.0, True), (0.1, True)])
+def test_spatial_transformer_grid_sample_matches_torch(align_corners, jitter, crop):
+    torch.manual_seed(27)
+    result, _ = import_matching_torch(SpatialTransformer(align_corners, jitter, crop),
+                                      (torch.randn(2, 2, 7, 8),))
+    assert result.histogram["aten.grid_sampler_2d.default"] == 1
+
+
+def test_grid_sample_other_modes_are_refused_in_one_line():
+    class Nearest(SpatialTransformer):
+        def forward(self, x):
+            g = F.affine_grid(self.theta.unsqueeze(0), [1, 2, 4, 4], align_corners=False)
+            return F.grid_sample(x, g, mode="nearest", align_corners=False).sum()
+
+    with pytest.raises(TorchImportError) as info:
+        import_module(Nearest(False, 0.0, False), (torch.randn(1, 2, 5, 5),))
+    (line,) = info.value.lines
+    assert line.startswith("unsupported use of aten.grid_sampler_2d.default (x1) at ")
+    assert "mode 'nearest'" in line

@@ -142,6 +142,7 @@ def test_misuse_is_a_gradtool_error():
 def test_convolutional_composites_refuse_misuse_naming_the_function():
     tp = gt.Tape()
     x, w = tp.param(np.ones((1, 4, 3, 3))), tp.param(np.ones((4, 2, 3, 3)))
+    v, w3 = tp.param(np.ones((1, 4, 2, 3, 3))), tp.param(np.ones((4, 2, 2, 3, 3)))
     bad = [(lambda: nn.conv_transpose2d(x, w, groups=3), "divisible by groups=3"),
            (lambda: nn.conv_transpose2d(x, tp.param(np.ones((2, 2, 3, 3)))), "w's dim 0"),
            (lambda: nn.conv_transpose2d(x, w, stride=2, output_padding=2),
@@ -158,7 +159,16 @@ def test_convolutional_composites_refuse_misuse_naming_the_function():
            (lambda: nn.adaptive_max_pool2d(x, (2, -1)), "adaptive_max_pool2d: output_size must"),
            (lambda: nn.adaptive_max_pool2d(tp.param(np.ones(3)), 1), "expected x [N,C,H,W]"),
            (lambda: nn.upsample_bilinear2d(x, (0, 2)), "size must be ints >= 1"),
-           (lambda: nn.upsample_bilinear2d(x, 3, scale_factor=(1, 2, 3)), "scale_factor")]
+           (lambda: nn.upsample_bilinear2d(x, 3, scale_factor=(1, 2, 3)), "scale_factor"),
+           (lambda: nn.grid_sample(x, tp.param(np.ones((1, 2, 2, 3)))),
+            "grid_sample: expected x [N,C,H,W] and grid [N,OH,OW,2]"),
+           (lambda: nn.grid_sample(x, tp.param(np.ones((2, 2, 2, 2)))), "grid [N,OH,OW,2]"),
+           (lambda: nn.adaptive_avg_pool3d(x, 2), "expected x [N,C,D,H,W]"),
+           (lambda: nn.adaptive_max_pool3d(v, (1, 2)), "an int or three"),
+           (lambda: nn.conv_transpose3d(v, tp.param(np.ones((4, 2, 3, 3)))),
+            "expected w [C, OC/groups, KD, KH, KW]"),
+           (lambda: nn.conv_transpose3d(v, w3, groups=3), "divisible by groups=3"),
+           (lambda: nn.conv_transpose3d(v, w3, padding=4), "would be empty")]
     for f, needle in bad:
         with pytest.raises(gt.TapeError) as err:
             f()

@@ -1591,6 +1591,20 @@ def _adaptive_max_pool3d(r, node, x, output_size):
                      "adaptive max pooling"), None)
 
 
+@aten("aten.grid_sampler_2d.default", needs=("nn.grid_sample",),
+      doc="gradtool.nn.grid_sample: bilinear, zero padding (torch's floor rule for the "
+          "grid's gradient); nearest and bicubic modes, border and reflection padding "
+          "refused")
+def _grid_sampler_2d(r, node, x, grid, interpolation_mode, padding_mode, align_corners):
+    from .. import nn
+    if interpolation_mode != 0 or padding_mode != 0:
+        modes = ("bilinear", "nearest", "bicubic")
+        pads = ("zeros", "border", "reflection")
+        raise Unsupported(f"grid_sample with mode {modes[interpolation_mode]!r} and "
+                          f"padding_mode {pads[padding_mode]!r} (bilinear, zeros only)")
+    return nn.grid_sample(r.f(x), r.f(grid), align_corners=bool(align_corners))
+
+
 @aten("aten.upsample_bilinear2d.vec", "aten.upsample_bilinear2d.default",
       needs=("nn.upsample_bilinear2d",),
       doc="gradtool.nn.upsample_bilinear2d (torch's taps and weights; along W, then H)")
