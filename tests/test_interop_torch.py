@@ -1809,3 +1809,24 @@ def test_grid_sample_other_modes_are_refused_in_one_line():
     (line,) = info.value.lines
     assert line.startswith("unsupported use of aten.grid_sampler_2d.default (x1) at ")
     assert "mode 'nearest'" in line
+
+
+class LogCumSumExp(nn.Module):
+    """torch.logcumsumexp along both axes, entries far apart (x300, x-900: one exp of
+    the line's maximum would underflow) and -inf entries (which stay -inf)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        y = self.fc(x) * torch.tensor([1.0, 300.0, 1.0, -900.0, 2.0])
+        y = torch.cat([y, torch.full((x.shape[0], 2), -math.inf), y[:, :1]], 1)
+        return ((torch.logcumsumexp(y, 1) * torch.linspace(0.1, 1.0, 8)).sum()
+                + torch.logcumsumexp(y[:, :2], 0).sum())
+
+
+def test_logcumsumexp_matches_torch():
+    torch.manual_seed(28)
+    result, _ = import_matching_torch(LogCumSumExp(), (torch.randn(4, 6),))
+    assert result.histogram["aten.logcumsumexp.default"] == 2

@@ -494,6 +494,14 @@ def _cumsum(r, node, a, dim, dtype=None):
     return r.tp.cumsum(r.f(a), dim)
 
 
+@aten("aten.logcumsumexp.default", needs=("logcumsumexp",),
+      doc="Tape.logcumsumexp: a chain of logaddexp (the running maximum held constant, so "
+          "the gradient is the exact softmax weights; -inf entries stay -inf)")
+def _logcumsumexp(r, node, a, dim):
+    v = r.f(a)
+    return r.tp.logcumsumexp(v, dim % len(v.shape))
+
+
 @aten("aten.cummax.default", "aten.cummin.default", needs=("cummax", "cummin"),
       doc="(Tape.cummax or cummin, -): the running extrema, a tie to the later entry as "
           "torch's; the indices are not recorded")
