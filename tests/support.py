@@ -1227,6 +1227,18 @@ def from_bits(b) -> np.ndarray:
     return np.asarray(b, dtype=U64).view(np.float64)
 
 
+def assert_special_values(impl, cases) -> None:
+    """``impl`` (a numpy function) on each case's input gives its want to the bit, every
+    NaN the canonical one: ``cases`` pairs (x, want)."""
+    xs = np.array([c[0] for c in cases])
+    want = np.array([c[1] for c in cases])
+    want_bits = bits(want).copy()
+    want_bits[np.isnan(want)] = CANON_NAN
+    for x, g, w in zip(xs, bits(impl(xs)), want_bits, strict=True):
+        assert g == w, (f"{impl.__name__}({x!r}) = {float(from_bits(g))!r} [{int(g):#018x}], "
+                        f"want {float(from_bits(w))!r} [{int(w):#018x}]")
+
+
 # ---------------------------------------------------------------------------
 # inputs
 # ---------------------------------------------------------------------------

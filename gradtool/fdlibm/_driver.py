@@ -125,6 +125,26 @@ def _run_branches(x, fn) -> np.ndarray:
     return out.reshape(x.shape)
 
 
+def _by_branch(flat, branches, at_inf: float, at_minus_inf: float) -> np.ndarray:
+    """The branch-by-branch evaluation of a 1-d block: each element takes the first of
+    ``branches`` (pairs ``(mask, f)``, in fdlibm's order) whose mask holds there, ``f``
+    applied to those elements at once; the elements no mask holds are inf (``at_inf``),
+    -inf (``at_minus_inf``) and NaN (the canonical NaN)."""
+    from ._common import NAN
+    out = np.empty(flat.shape, _F64)
+    done = np.zeros(flat.shape, bool)
+    for mask, f in branches:
+        i = np.flatnonzero(mask & ~done)
+        if i.size:
+            out[i] = f(flat[i])
+        done |= mask
+    i = np.flatnonzero(~done)
+    if i.size:
+        v = flat[i]
+        out[i] = np.where(v == np.inf, at_inf, np.where(v == -np.inf, at_minus_inf, NAN))
+    return out
+
+
 def _patch(x, out, flagged, bad, special):
     """Settle the kernel's flagged lanes: early-return cases (specials, tiny,
     huge) are written here; lanes that need fdlibm's full computation are

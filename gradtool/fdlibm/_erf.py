@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import NAN, _F64, _U64, _hex, _horner
-from ._driver import _run_branches
+from ._common import _F64, _U64, _hex, _horner
+from ._driver import _by_branch, _run_branches
 from ._exp import exp
 
 # erf's constants (hex = exact value, decimal = fdlibm's)
@@ -177,9 +177,8 @@ def erf(x) -> np.ndarray:
 
 def _erf_flat(flat: np.ndarray) -> np.ndarray:
     """erf of a 1-d float64 block, branch by branch."""
-    out = np.empty(flat.shape, _F64)
     if flat.size == 0:
-        return out
+        return np.empty(0, _F64)
     ix = (flat.view(_U64) >> _U64(32)) & _U64(0x7FFFFFFF)
     with np.errstate(all="ignore"):
         branches = (
@@ -191,18 +190,7 @@ def _erf_flat(flat: np.ndarray) -> np.ndarray:
                                                   < _U64(0x4006DB6E00000000))),
             (ix < 0x7FF00000, lambda v: np.where(v >= 0.0, 1.0, -1.0)),   # 6 <= |x| < inf
         )
-        done = np.zeros(flat.shape, bool)
-        for mask, f in branches:
-            sel = mask & ~done
-            i = np.flatnonzero(sel)
-            if i.size:
-                out[i] = f(flat[i])
-            done |= mask
-        i = np.flatnonzero(~done)                       # inf and NaN
-        if i.size:
-            v = flat[i]
-            out[i] = np.where(v == np.inf, 1.0, np.where(v == -np.inf, -1.0, NAN))
-    return out
+        return _by_branch(flat, branches, 1.0, -1.0)
 
 
 _erf_ref = erf   # one path: the branch-by-branch evaluation above

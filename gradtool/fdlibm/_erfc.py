@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import NAN, _F64, _U64
-from ._driver import _run_branches
+from ._common import _F64, _U64
+from ._driver import _by_branch, _run_branches
 from ._erf import ERX, _erf_pq, _erf_r, _erf_y
 
 
@@ -55,9 +55,8 @@ def erfc(x) -> np.ndarray:
 
 def _erfc_flat(flat: np.ndarray) -> np.ndarray:
     """erfc of a 1-d float64 block, branch by branch."""
-    out = np.empty(flat.shape, _F64)
     if flat.size == 0:
-        return out
+        return np.empty(0, _F64)
     hx = _hiword_signed(flat)
     ix = hx & 0x7FFFFFFF
     neg = hx < 0
@@ -89,17 +88,7 @@ def _erfc_flat(flat: np.ndarray) -> np.ndarray:
             (ix < 0x403C0000, tail),
             (ix < 0x7FF00000, lambda v: np.where(v > 0.0, 0.0, 2.0)),    # 28 <= |x| < inf
         )
-        done = np.zeros(flat.shape, bool)
-        for mask, f in branches:
-            i = np.flatnonzero(mask & ~done)
-            if i.size:
-                out[i] = f(flat[i])
-            done |= mask
-        i = np.flatnonzero(~done)                              # inf and NaN
-        if i.size:
-            v = flat[i]
-            out[i] = np.where(v == np.inf, 0.0, np.where(v == -np.inf, 2.0, NAN))
-    return out
+        return _by_branch(flat, branches, 0.0, 2.0)
 
 
 def _hiword_signed(v):

@@ -202,14 +202,17 @@ def _tan(r, node, a):
           "beyond, exp(x - ln 2): finite up to 710.47 as sinh is, and so is its gradient")
 def _sinh(r, node, a):
     tp = r.tp
+    return _odd(r, r.f(a), lambda x: _hyperbolic(
+        r, x, lambda e: tp.muls(tp.add(e, tp.div(e, tp.adds(e, 1.0))), 0.5)))
 
-    def f(x):
-        small = tp.lt(x, r.f(22.0))
-        x_s, x_b = _pieces(r, small, x, 0.0, 22.0)
-        e = tp.expm1(x_s)
-        near = tp.muls(tp.add(e, tp.div(e, tp.adds(e, 1.0))), 0.5)
-        return tp.where(small, near, tp.exp(tp.adds(x_b, -LN2)))
-    return _odd(r, r.f(a), f)
+
+def _hyperbolic(r, x, near):
+    """sinh's or cosh's rule for x >= 0: ``near(expm1(x))`` below 22, ``exp(x - ln 2)``
+    from there (finite up to 710.47, as the functions and their gradients are)."""
+    tp = r.tp
+    small = tp.lt(x, r.f(22.0))
+    x_s, x_b = _pieces(r, small, x, 0.0, 22.0)
+    return tp.where(small, near(tp.expm1(x_s)), tp.exp(tp.adds(x_b, -LN2)))
 
 
 @aten("aten.cosh.default", needs=("expm1", "exp", "abs", "where"),
@@ -218,11 +221,8 @@ def _sinh(r, node, a):
 def _cosh(r, node, a):
     tp = r.tp
     x = tp.abs(r.f(a))                       # even: |a|'s zero gradient at 0 is cosh's
-    small = tp.lt(x, r.f(22.0))
-    x_s, x_b = _pieces(r, small, x, 0.0, 22.0)
-    e = tp.expm1(x_s)
-    near = tp.adds(tp.div(tp.mul(e, e), tp.muls(tp.adds(e, 1.0), 2.0)), 1.0)
-    return tp.where(small, near, tp.exp(tp.adds(x_b, -LN2)))
+    return _hyperbolic(r, x, lambda e: tp.adds(
+        tp.div(tp.mul(e, e), tp.muls(tp.adds(e, 1.0), 2.0)), 1.0))
 
 
 @aten("aten.asinh.default", needs=("log1p", "log", "sqrt", "where"),
