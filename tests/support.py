@@ -102,6 +102,8 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
     if kind == "scatter":              # repeated ids, and rows 2 and 5 nobody writes
         return [draw(spec, rng, (2, 4, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {
             "rows": 6}
+    if kind == "uniform":              # the rng slot's (step, shard, train flag)
+        return [np.array([7.0, 3.0, 1.0])], s, {"shape": [3, 5], "salt": 11}
     if kind == "conv2d":               # groups, stride, padding and dilation all at work
         return [draw(spec, rng, (2, 4, 6, 5)), draw(spec, rng, (4, 2, 3, 2))], s, {
             "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
@@ -133,6 +135,7 @@ def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False, attrs=
     attrs = case_attrs if attrs is None else attrs
     tp = gt.Tape()
     leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].id_inputs
+              else tp.const(x, name=gt.RNG_NAME) if OPS[name].rng_input and k == 0
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
     out = tp.record(name, *leaves, s=s, attrs=attrs)
     if scalar:
