@@ -1049,10 +1049,11 @@ def mix64(z: np.ndarray) -> np.ndarray:
     """The splitmix64 finalizer on uint64 values, every operation modulo 2^64 (numpy's
     uint64 add and multiply wrap)."""
     z = np.asarray(z, dtype=np.uint64)
-    z = z + np.uint64(MIX_INCREMENT)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_MUL1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_MUL2)
-    return z ^ (z >> np.uint64(31))
+    with np.errstate(over="ignore"):      # numpy warns about a wrapping scalar multiply
+        z = z + np.uint64(MIX_INCREMENT)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_MUL1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_MUL2)
+        return z ^ (z >> np.uint64(31))
 
 
 def uniform_counters_ok(step: float, shard: float) -> bool:
@@ -1068,8 +1069,6 @@ def uniform(shape, salt: int, step: float, shard: float) -> np.ndarray:
     n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
     if not uniform_counters_ok(step, shard):
         return np.full(tuple(shape), np.nan)
-    with np.errstate(over="ignore"):
-        base = mix64(mix64(mix64(np.uint64(salt)) ^ np.uint64(int(step)))
-                     ^ np.uint64(int(shard)))
-        h = mix64(base ^ np.arange(n, dtype=np.uint64))
+    base = mix64(mix64(mix64(np.uint64(salt)) ^ np.uint64(int(step))) ^ np.uint64(int(shard)))
+    h = mix64(base ^ np.arange(n, dtype=np.uint64))
     return ((h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).reshape(tuple(shape))

@@ -477,6 +477,8 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
         message = f"is not allowed on {show(op)} nodes" if op is not None else "is not allowed"
     elif validator == "minimum":
         message = f"must be >= {expected}, got {show(instance)}"
+    elif validator == "maximum":
+        message = f"must be <= {expected}, got {show(instance)}"
     elif validator == "minItems":
         message = "must not be empty" if expected == 1 else f"needs at least {expected} items"
     elif validator == "maxItems":
@@ -652,6 +654,10 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
     if node.op != "const":
         raise TapeFileError(f"names node {i}, a {node.op}; a state is a const (params are "
                             f"the optimizer's)", source=source, field=field)
+    if slot == RNG_NAME:
+        raise TapeFileError(f"names node {i}, the rng slot, which training sets itself "
+                            f"(docs/training.md); it cannot be a state", source=source,
+                            field=field)
     if node.dtype == INT_DTYPE:
         raise TapeFileError(f"names node {i}, which holds integer ids (dtype i64); a state "
                             f"holds float64", source=source, field=field)
@@ -871,6 +877,10 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
                                   f"with dtype {INT_DTYPE}, nor integer-valued ops of one "
                                   f"(docs/ops.md; it is a {earlier[ref].op})", field)
     attrs = _attrs(op, raw) if spec.attrs else None
+    for at in spec.attrs:           # the schema's maximum, which a valid skeleton skips
+        if at.kind == "natural" and not FIELD_TESTS[op][at.name](raw.get(at.name)):
+            raise _bad(i, source, f"must be an integer in [0, 2^63), got "
+                                  f"{show(raw.get(at.name))}", at.name)
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
     try:
