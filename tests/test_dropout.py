@@ -363,9 +363,11 @@ def test_training_with_dropout_is_the_same_bytes_on_every_engine(mlp, tmp_path):
 def test_training_with_dropout_resumes_to_the_bit(mlp, tmp_path):
     straight, first, resumed = (tmp_path / n for n in ("s.msgpack", "a.msgpack", "b.msgpack"))
     _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--save", straight)
-    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN[:1], 1, *TRAIN[2:],
-         "--steps", 11, "--save", first)
-    _cli("train", first, "--data", mlp / "data.npz", "--save", resumed)
+    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--steps", 11,
+         "--save", first)                          # stops in the middle of epoch 2
+    assert load(first).optimizer["position"]["global_step"] == 11
+    proc = _cli("train", first, "--data", mlp / "data.npz", "--save", resumed)
+    assert "continuing at epoch 2 step 3" in proc.stderr
     assert resumed.read_bytes() == straight.read_bytes()
 
 
