@@ -242,7 +242,7 @@ def random_graph(rng, n_ops=14):
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
                            "softmax", "slice", "concat", "reduce", "take", "take_along",
-                           "mask", "conv", "scatter"])
+                           "mask", "conv", "scatter", "dropout"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -303,6 +303,8 @@ def random_graph(rng, n_ops=14):
             rows = int(rng.integers(1, 5))
             pos = ids(rows, tuple(src.shape[:k]))
             y = tp.scatter(src, computed(pos) if rng.random() < 0.4 else pos, rows=rows)
+        elif kind == "dropout":           # uniform over the rng slot, ge, where
+            y = gt.nn.dropout(x, float(rng.choice([0.25, 0.5])))
         elif kind == "conv":              # conv2d, then sometimes a pool
             x = pick(lambda s: len(s) == 4) or leaf((2, 2, 5, 4))
             groups = int(rng.choice([1, x.shape[1]]))
@@ -557,6 +559,8 @@ def all_ops_tape():
     # take's adjoint: emb's rows summed back by the same ids (row 2 written by none)
     sc = tp.scatter(emb, ids, rows=3)                                # [3,3]
     loss = tp.add(loss, tp.sum(tp.mul(sc, sc)))
+    # counter-based numbers: dropout reads the rng slot (uniform, ge, where)
+    loss = tp.add(loss, tp.sum(tp.mul(gt.nn.dropout(emb, 0.5), emb)))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 
