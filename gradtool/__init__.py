@@ -21,13 +21,13 @@ _EXPORTS = {
     "GradtoolError": "errors", "ShapeError": "errors", "TapeError": "errors",
     "TapeFileError": "errors",
     "FDReport": "gradcheck", "ParamCheck": "gradcheck", "fd_check": "gradcheck",
-    "OPS": "ops", "OP_NAMES": "ops",
+    "OPS": "ops", "OP_NAMES": "ops", "RNG_NAME": "ops",
     "GVar": "tape", "Node": "tape", "Tape": "tape",
     "TapeFile": "tapefile", "load": "tapefile", "save": "tapefile",
 }
 
 __all__ = [
-    "Tape", "GVar", "Node", "TapeFile", "load", "save", "OPS", "OP_NAMES", "fd_check",
+    "Tape", "GVar", "Node", "TapeFile", "load", "save", "OPS", "OP_NAMES", "RNG_NAME", "fd_check",
     "FDReport", "ParamCheck",
     "GradtoolError", "ShapeError", "TapeError", "TapeFileError", "nn", "__version__",
 ]

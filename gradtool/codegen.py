@@ -279,8 +279,9 @@ def docs_table() -> str:
             elif spec.kind == "binary":
                 back += " (each summed down to its input's shape)"
         else:
-            family = spec.backward.__module__.rsplit(".", 1)[-1]     # its module in gradtool/ops/
-            rule, back = spec.doc, f"hand-written (ops/{family}.py)"
+            family = spec.forward.__module__.rsplit(".", 1)[-1]      # its module in gradtool/ops/
+            rule, back = spec.doc, (f"hand-written (ops/{family}.py)" if spec.grad_inputs
+                                    else "none (no gradient: the backward walk stops here)")
         scalar = "yes" if spec.rules is not None else "-"
         kernels = ", ".join(f"`{k}`" for k in kernel_names(spec))
         rows.append(f"| `{name}` | {inputs} | {attrs} | {_cell(rule)} | {_cell(back)} | "

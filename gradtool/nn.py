@@ -32,7 +32,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
            "conv_transpose3d", "grid_sample",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
-           "group_norm", "batch_norm2d", "batch_norm2d_train"]
+           "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
 GELU_C = math.sqrt(2.0 / math.pi)     # the tanh form's constant, rounded once
 GELU_K = 0.044715
@@ -140,6 +140,65 @@ def gelu(x: GVar, approximate: str = "none") -> GVar:
     cube = tp.mul(tp.mul(x, x), x)
     inner = tp.add(x, tp.muls(cube, GELU_K))
     return tp.muls(tp.mul(x, tp.adds(tp.tanh(tp.muls(inner, GELU_C)), 1.0)), 0.5)
+
+
+def rng_slot(tp) -> GVar:
+    """The tape's one rng slot (``Tape.rng()``): the [3] const ``gradtool.rng`` holding
+    (step, shard, train flag), recorded as [0, 0, 1] on first use."""
+    return tp.rng()
+
+
+def _next_salt(tp) -> int:
+    """One more than the largest salt of the tape's uniform nodes (0 for the first): each
+    dropout of a tape draws its own numbers, on a loaded tape too."""
+    salts = [n.aux["salt"] for n in tp.nodes if n.op == "uniform"]
+    return max(salts) + 1 if salts else 0
+
+
+def dropout(x: GVar, p: float, salt: int = None) -> GVar:
+    """Train-mode dropout that gives the same bits on every backend and any number of ranks.
+
+    Recorded from the table's ops, reading the tape's rng slot r = (step, shard, flag)
+    (:func:`rng_slot`)::
+
+        u    = uniform(r, shape=x.shape, salt)     # counter-based, in [0, 1)
+        keep = ge(u, p)                            # 1.0 with probability 1 - p
+        on   = where(keep, x * (1/(1-p)), 0.0)     # 1/(1-p) rounded once; dropped: +0.0
+        y    = where(r[2:3], on, x)                # the flag: 1 trains, 0 gives x
+
+    With the flag 0 (``gradtool train``'s validation, ``torch``'s eval()) y is x bit for
+    bit (``where`` copies exactly).  ``p == 0`` returns x itself (nothing recorded);
+    ``p == 1`` records ``where(flag, 0.0, x)``: zeros, never a NaN.  The gradient is
+    ``g * (1/(1-p))`` where kept and +0.0 where dropped when the flag is on, ``g`` when
+    it is off; none reaches the rng slot.  ``salt`` (an int >= 0) picks the stream; by
+    default one more than the tape's largest so far, so every dropout of a tape draws
+    its own numbers.  Which elements a step drops depends only on (salt, step, shard,
+    element index): ``numerics``, "The counter-based generator"; docs/training.md says
+    what ``gradtool train`` puts in the slot.
+    """
+    tp = _tape(x, "dropout")
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TapeError(f"nn.dropout: p must be a number in [0, 1], got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise TapeError(f"nn.dropout: p must lie in [0, 1], got {p!r}")
+    i = tp.node_id(x, "nn.dropout input")
+    if tp.holds_ids(i):
+        raise TapeError(f"nn.dropout: node {i} holds integer data; dropout needs float "
+                        f"values (tp.to_f64 converts)")
+    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
+                             or not 0 <= int(salt) < 2 ** 63):
+        raise TapeError(f"nn.dropout: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    if p == 0.0:
+        return x
+    rng = tp.rng()
+    flag = tp.slice(rng, [2], [3])
+    if p == 1.0:
+        return tp.where(flag, 0.0, x)
+    u = tp.uniform(rng, shape=list(x.shape), salt=_next_salt(tp) if salt is None else int(salt))
+    keep = tp.ge(u, p)
+    on = tp.where(keep, tp.muls(x, 1.0 / (1.0 - p)), 0.0)
+    return tp.where(flag, on, x)
 
 
 def softmax_cross_entropy(logits: GVar, ids: GVar, axis: int = -1) -> GVar:

@@ -82,6 +82,41 @@ max_pool2d        per window the first maximum in (kh, kw) row-major order over
 avg_pool2d        ``(0.0 + x + ...) / divisor`` over the window's positions inside
                   the input, (kh, kw) ascending, torch's divisor; the gradient per
                   input element ``0.0 + g/divisor + ...``, (kh, kw) ascending
+uniform           the counter-based generator, integer arithmetic only (no rounding
+                  at all): see below and :func:`uniform`
+
+The counter-based generator (the ``uniform`` op, ``gradtool.nn.dropout``)
+------------------------------------------------------------------------
+Method.  Every operation is on unsigned 64-bit integers, modulo 2^64 (numpy
+``uint64`` with wrapping multiplies, C ``uint64_t``, CUDA ``unsigned long
+long``): there is nothing to round, so every backend gives the same bits by
+construction.  ``mix`` is the splitmix64 finalizer (Steele, Lea and Flood,
+"Fast splittable pseudorandom number generators", 2014; Vigna's splitmix64.c)::
+
+    mix(z):  z = z + 0x9E3779B97F4A7C15          (the golden-ratio increment)
+             z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+             z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+             return z ^ (z >> 31)
+
+Element i (row-major, 0-based) of a ``uniform`` output with the integer
+attribute ``salt`` (0 <= salt < 2^63) and the counters ``step`` and ``shard``
+(whole numbers in [0, 2^53), read as float64 from the rng slot and converted
+exactly) is::
+
+    h = mix(mix(mix(mix(salt) ^ step) ^ shard) ^ i)
+    u = (h >> 11) * 2^-53
+
+``h >> 11`` has 53 bits, so it converts to float64 exactly, and the multiply
+by 2^-53 is exact (a power of two): u is a multiple of 2^-53 in [0, 1),
+``1 - 2^-53`` at most; each of the 2^53 values has probability 2^-53 when
+``h`` is uniform.  A chained mix (rather than one mix of a sum) keeps the
+four counters from trading off against each other: (salt, step, shard, i)
+and (salt, step + 1, shard, i - 1) are unrelated streams.  A counter that is
+not a whole number in [0, 2^53) (a fraction, a negative, an infinity, a NaN)
+gives NaN for every element: the op's callers refuse such values before they
+are set (``docs/ops.md``), and every backend computes the same NaN anyway.
+The float32 device build rounds u to float (not bit-equal, like everything
+else there) and reads counters exactly only below 2^24.
 """
 
 from __future__ import annotations
@@ -110,6 +145,7 @@ __all__ = [
     "conv_out_size", "pool_out_size", "im2col", "col2im", "conv2d", "conv2d_backward",
     "conv2d_numpy", "conv2d_backward_numpy",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+    "mix64", "uniform", "uniform_counters_ok",
 ]
 
 exp = fdlibm.exp
@@ -999,3 +1035,40 @@ def avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, count_include_
             np.add(view, q, out=view)
     h, w = x.shape[2:]
     return np.ascontiguousarray(dxp[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w])
+
+
+# ── the counter-based generator (the module docstring: "The counter-based generator") ──
+
+MIX_INCREMENT = 0x9E3779B97F4A7C15
+MIX_MUL1 = 0xBF58476D1CE4E5B9
+MIX_MUL2 = 0x94D049BB133111EB
+COUNTER_LIMIT = 2 ** 53          # step and shard are whole numbers in [0, 2^53)
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer on uint64 values, every operation modulo 2^64 (numpy's
+    uint64 add and multiply wrap)."""
+    z = np.asarray(z, dtype=np.uint64)
+    with np.errstate(over="ignore"):      # numpy warns about a wrapping scalar multiply
+        z = z + np.uint64(MIX_INCREMENT)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_MUL1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_MUL2)
+        return z ^ (z >> np.uint64(31))
+
+
+def uniform_counters_ok(step: float, shard: float) -> bool:
+    """Whether both counters are whole numbers in [0, 2^53) (``uniform`` reads them)."""
+    return all(math.isfinite(c) and 0 <= c < COUNTER_LIMIT and c == math.floor(c)
+               for c in (float(step), float(shard)))
+
+
+def uniform(shape, salt: int, step: float, shard: float) -> np.ndarray:
+    """The ``uniform`` op's values: u[i] = (mix(mix(mix(mix(salt) ^ step) ^ shard) ^ i)
+    >> 11) * 2^-53 for element i (row-major) of ``shape``; NaN everywhere when a counter
+    is not a whole number in [0, 2^53)."""
+    n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    if not uniform_counters_ok(step, shard):
+        return np.full(tuple(shape), np.nan)
+    base = mix64(mix64(mix64(np.uint64(salt)) ^ np.uint64(int(step))) ^ np.uint64(int(shard)))
+    h = mix64(base ^ np.arange(n, dtype=np.uint64))
+    return ((h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).reshape(tuple(shape))

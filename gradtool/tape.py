@@ -21,7 +21,8 @@ import numpy as np
 from . import layout as _layout
 from .errors import GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
-from .ops import INT_DTYPE, INTEGER_READERS, OPS, bad_id, inexact_int, infer_shape
+from .ops import (INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, RNG_RECORDED, bad_id, bad_rng,
+                  inexact_int, infer_shape)
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -341,6 +342,11 @@ class Tape:
             if name in self._names:
                 raise TapeError(f"{op} name {name!r} is already node {self._names[name]}")
         value = _leaf_array(array, f"{op} {name or len(self.nodes)}", ids)
+        if name == RNG_NAME:
+            problem = ("it is reserved for a const" if op != "const" else
+                       bad_rng(value, dtype=INT_DTYPE if ids else "f64"))
+            if problem:
+                raise TapeError(f"{op} name {name!r}: {problem} (Tape.rng() records it)")
         self._names.update({name: len(self.nodes)} if name else {})
         return self._append(Node(op, name=name, l2=l2), value, op == "param")
 
@@ -379,6 +385,10 @@ class Tape:
                     and inexact_int(self.values[ix])):
                 return self._poison(f"{here}: input {role} (node {ix}): "
                                     f"{inexact_int(self.values[ix])}", TapeError)
+            if ix >= 0 and role == "a" and spec.rng_input and self.nodes[ix].name != RNG_NAME:
+                return self._poison(f"{here}: input a (node {ix}) must be the tape's rng slot, "
+                                    f"the const named {RNG_NAME!r} (Tape.rng()); node {ix} is "
+                                    f"a {self.nodes[ix].op}", TapeError)
             if ix >= 0 and role in spec.id_inputs and not self.integral[ix]:
                 return self._poison(f"{here}: input {role} (node {ix}) must be integer ids: a "
                                     f"const recorded with dtype='{INT_DTYPE}', or integer-valued "
@@ -485,6 +495,11 @@ class Tape:
             if count < 1:
                 raise TapeError(f"{what}: expected an integer >= 1, got {count}")
             return count
+        if at.kind == "natural":
+            n = _int_list([value], what)[0]
+            if not 0 <= n < 2 ** 63:
+                raise TapeError(f"{what}: expected an integer in [0, 2^63), got {n}"[:200])
+            return n
         return _int_list(value, what)
 
     # ── masks (composites over the op table's comparisons, keep and keep_not) ──
@@ -601,8 +616,24 @@ class Tape:
         return [self._handle(i) for i, n in enumerate(self.nodes) if n.op == "const"]
 
     def input_slots(self) -> list[GVar]:
-        """Named consts: the slots training fills per minibatch."""
-        return [self._handle(i) for i, n in enumerate(self.nodes) if n.op == "const" and n.name]
+        """Named consts: the slots training fills per minibatch (not the rng slot, which
+        training sets itself: :meth:`rng`)."""
+        return [self._handle(i) for i, n in enumerate(self.nodes)
+                if n.op == "const" and n.name and n.name != RNG_NAME]
+
+    def rng(self) -> GVar:
+        """The tape's one rng slot: the [3] float64 const named ``gradtool.rng`` holding
+        (step, shard, train flag), which every ``uniform`` node (so every
+        ``gradtool.nn.dropout``) reads.  Recorded as [0, 0, 1] on first use; later calls
+        return the same node.  ``gradtool train`` sets it before every forward
+        (docs/training.md): [global step, shard, 1] when training, flag 0 to validate."""
+        if RNG_NAME in self._names:
+            return self._handle(self._names[RNG_NAME])
+        return self.const(np.array(RNG_RECORDED), name=RNG_NAME)
+
+    def rng_id(self) -> int:
+        """The rng slot's node id, or -1 when the tape has none."""
+        return self._names.get(RNG_NAME, -1)
 
     # ── replay ─────────────────────────────────────────────────────────────
     def set_value(self, v: GVar, array) -> None:
@@ -617,6 +648,8 @@ class Tape:
         if data.shape != self.values[i].shape:
             raise ShapeError(f"node {i} ({self.nodes[i].name or self.nodes[i].op}) has shape "
                              f"{list(self.values[i].shape)}, got {list(data.shape)}")
+        if self.nodes[i].name == RNG_NAME and bad_rng(data):
+            raise TapeError(f"value for node {i}: {bad_rng(data)}")
         if self.holds_ids(i):
             check_ids(data, self.id_bounds(i), f"value for node {i}")
             if self.read_as_values(i) and inexact_int(data):

@@ -102,6 +102,8 @@ def op_case(name: str, rng: np.random.Generator, *, scalar: bool = False):
     if kind == "scatter":              # repeated ids, and rows 2 and 5 nobody writes
         return [draw(spec, rng, (2, 4, 3)), np.array([[0, 3, 3, 1], [4, 0, 3, 3]])], s, {
             "rows": 6}
+    if kind == "uniform":              # the rng slot's (step, shard, train flag)
+        return [np.array([7.0, 3.0, 1.0])], s, {"shape": [3, 5], "salt": 11}
     if kind == "conv2d":               # groups, stride, padding and dilation all at work
         return [draw(spec, rng, (2, 4, 6, 5)), draw(spec, rng, (4, 2, 3, 2))], s, {
             "stride": [2, 1], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
@@ -133,6 +135,7 @@ def op_tape(name: str, rng: np.random.Generator, *, scalar: bool = False, attrs=
     attrs = case_attrs if attrs is None else attrs
     tp = gt.Tape()
     leaves = [tp.const(x, name=f"in{k}", dtype="i64") if "ab"[k] in OPS[name].id_inputs
+              else tp.const(x, name=gt.RNG_NAME) if OPS[name].rng_input and k == 0
               else tp.param(x, name=f"in{k}") for k, x in enumerate(inputs)]
     out = tp.record(name, *leaves, s=s, attrs=attrs)
     if scalar:
@@ -239,7 +242,7 @@ def random_graph(rng, n_ops=14):
     for _ in range(n_ops):
         kind = rng.choice(["unary", "binary", "matmul", "bmm", "transpose", "reshape",
                            "softmax", "slice", "concat", "reduce", "take", "take_along",
-                           "mask", "conv", "scatter"])
+                           "mask", "conv", "scatter", "dropout"])
         x = pick()
         if kind == "unary":
             y = random_unary(tp, rng, x)
@@ -300,6 +303,8 @@ def random_graph(rng, n_ops=14):
             rows = int(rng.integers(1, 5))
             pos = ids(rows, tuple(src.shape[:k]))
             y = tp.scatter(src, computed(pos) if rng.random() < 0.4 else pos, rows=rows)
+        elif kind == "dropout":           # uniform over the rng slot, ge, where
+            y = gt.nn.dropout(x, float(rng.choice([0.25, 0.5])))
         elif kind == "conv":              # conv2d, then sometimes a pool
             x = pick(lambda s: len(s) == 4) or leaf((2, 2, 5, 4))
             groups = int(rng.choice([1, x.shape[1]]))
@@ -555,6 +560,8 @@ def all_ops_tape():
     # take's adjoint: emb's rows summed back by the same ids (row 2 written by none)
     sc = tp.scatter(emb, ids, rows=3)                                # [3,3]
     loss = tp.add(loss, tp.sum(tp.mul(sc, sc)))
+    # counter-based numbers: dropout reads the rng slot (uniform, ge, where)
+    loss = tp.add(loss, tp.sum(tp.mul(gt.nn.dropout(emb, 0.5), emb)))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 

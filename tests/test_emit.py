@@ -81,6 +81,8 @@ def _one_element_tape(op):
     elif op in ("max_pool2d", "avg_pool2d"):
         out = tp.record(op, tp.param(np.ones((1, 1, 1, 1))),
                         attrs={"kernel": [1, 1], "stride": [1, 1]})
+    elif op == "uniform":               # reads the [3] rng slot: never one-element
+        out = tp.uniform(tp.rng(), shape=[1], salt=0)
     else:
         raise AssertionError(op)
     return tp, out
@@ -92,7 +94,9 @@ OUT_OF_SCOPE = sorted(n for n in OPS if n not in RULES and n not in ("param", "c
 @pytest.mark.parametrize("op", OUT_OF_SCOPE)
 def test_ops_without_scalar_form_are_rejected_by_name(op):
     tp, out = _one_element_tape(op)
-    with pytest.raises(EmitScopeError, match=rf"node {out.id}: op '{op}' has no scalar C form"):
+    want = (rf"node {out.id}: op '{op}' has no scalar C form" if op != "uniform"
+            else r"node 0 \(const\) has shape \[3\]")      # the rng slot, first
+    with pytest.raises(EmitScopeError, match=want):
         emit_cuda(tp, out)
 
 

@@ -800,24 +800,87 @@ def test_cli_bad_spec_is_one_line(tmp_path):
 
 
 class TrainDropout(nn.Module):
+    def __init__(self, p=0.3):
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+        self.drop = nn.Dropout(p)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        h = self.drop(torch.tanh(self.fc(x)))
+        return F.mse_loss(F.dropout(self.out(h), 0.1, training=self.training), y)
+
+
+def test_train_mode_dropout_imports_and_matches_torch_eval_with_the_flag_off(tmp_path):
+    torch.manual_seed(3)
+    m = TrainDropout().train()
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    result = import_module(m, (x, y))                 # the import check passed inside
+    assert result.histogram["aten.native_dropout.default"] == 2
+    tape = result.tape
+    uniforms = [n for n in tape.nodes if n.op == "uniform"]
+    assert [n.aux["salt"] for n in uniforms] == [0, 1]
+    assert list(result.params) == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
+    assert sorted(v.id for v in tape.input_slots()) == sorted(v.id for v in result.inputs.values())
+    with torch.no_grad():
+        want = float(copy.deepcopy(m).double().eval()(x.double(), y.double()))
+    r = tape.rng()
+    tape.set_value(r, [0.0, 0.0, 0.0])
+    tape.forward()
+    got = float(tape.values[result.loss.id][0])
+    assert abs(got - want) <= 1e-12 * abs(want)
+    tape.set_value(r, [0.0, 0.0, 1.0])                # train mode: another (dropped) loss
+    tape.forward()
+    assert float(tape.values[result.loss.id][0]) != got
+    # eval mode still imports as the identity: no uniform at all
+    plain = import_module(copy.deepcopy(m).eval(), (x, y))
+    assert not any(n.op == "uniform" for n in plain.tape.nodes)
+    # and the imported tape trains under gradtool train, every engine the same bytes
+    require_c_compiler()
+    path = tmp_path / "drop.msgpack"
+    result.save(path)
+    rng = np.random.default_rng(4)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.standard_normal((32, 6)), y=rng.standard_normal((32, 3)))
+    saved = {}
+    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
+                         ("fused", ["--backend", "host", "--fuse"])):
+        out = tmp_path / f"{label}.msgpack"
+        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved[label] = out.read_bytes()
+    assert len(set(saved.values())) == 1
+    assert saved["cpu"] != path.read_bytes()
+
+
+class ReadsTheMask(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(3, 3)
-        self.drop = nn.Dropout(0.5)
 
     def forward(self, x):
-        return self.drop(self.fc(x)).sum()
+        y, mask = torch.ops.aten.native_dropout(self.fc(x), 0.5, True)
+        return (y * mask).sum()
 
 
-def test_train_mode_dropout_is_refused_eval_mode_imports():
-    m = TrainDropout().train()
+class Bernoulli(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return (self.fc(x) * torch.bernoulli(torch.full((2, 3), 0.5))).sum()
+
+
+def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
     with pytest.raises(TorchImportError) as info:
-        import_module(m, (torch.randn(2, 3),))
-    assert len(info.value.lines) == 1
-    assert info.value.lines[0].startswith("train-mode dropout ")
-    assert "module.eval()" in info.value.lines[0]
-    result = import_module(m.eval(), (torch.randn(2, 3),))
-    assert list(result.params) == ["fc.weight", "fc.bias"]
+        import_module(ReadsTheMask(), (torch.randn(2, 3),))
+    assert len(info.value.lines) == 1, info.value.lines
+    assert "native_dropout" in info.value.lines[0] and "a dropout's mask" in info.value.lines[0]
+    with pytest.raises(TorchImportError) as info:
+        import_module(Bernoulli(), (torch.randn(2, 3),))
+    assert len(info.value.lines) == 1, info.value.lines
+    assert info.value.lines[0].startswith("random op ") and "bernoulli" in info.value.lines[0]
 
 
 class Mutates(nn.Module):

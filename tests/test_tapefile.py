@@ -76,7 +76,9 @@ def test_round_trip_aux_is_exactly_what_recording_produces():
                                    "dilation": [1, 1], "ceil_mode": True}),
                    ("avg_pool2d", {"kernel": [2, 2], "stride": [2, 2], "padding": [0, 0],
                                    "ceil_mode": True, "count_include_pad": False}),
-                   ("mean", None), ("mean", None), ("scatter", {"rows": 3}), ("sum", None)]
+                   ("mean", None), ("mean", None), ("scatter", {"rows": 3}), ("sum", None),
+                   ("slice", {"starts": [2], "stops": [3]}),
+                   ("uniform", {"shape": [2, 2, 3], "salt": 0}), ("sum", None)]
     assert [n.aux for n in tf.tape.nodes] == [n.aux for n in tp.nodes]
     flags = ("keepdims", "ceil_mode", "count_include_pad")
     assert all(type(x) is (bool if k in flags else int) for _, d in aux if d

@@ -573,6 +573,14 @@
     const long long dw = *gt_m++; \
     (void)gt_m; (void)gx; (void)g; (void)incl; (void)nb; (void)ch; (void)ih; (void)iw; (void)kh; (void)kw; (void)oh; (void)ow; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw;
 
+/* k_uniform: out[i] = (mix(mix(mix(mix(salt) ^ step) ^ shard) ^ i) >> 11) * 2^-53, step = ctr[0], shard = ctr[1] (numerics.uniform; NaN everywhere for a counter that is not a whole number in [0, 2^53)) */
+#define GT_ARGS_k_uniform \
+    const long long *gt_m = M + 1; \
+    gt_real *GT_RESTRICT out = W + *gt_m++; \
+    const gt_real *GT_RESTRICT ctr = W + *gt_m++; \
+    const long long salt = *gt_m++; \
+    (void)gt_m; (void)out; (void)ctr; (void)salt;
+
 /* k_fill: dst[i] = value */
 #define GT_ARGS_k_fill \
     const long long *gt_m = M + 1; \
@@ -744,6 +752,7 @@
     X(k_max_pool_bwd) \
     X(k_avg_pool) \
     X(k_avg_pool_bwd) \
+    X(k_uniform) \
     X(k_from_f64) \
     X(k_guard) \
     X(k_clip_norm) \

@@ -559,6 +559,51 @@ GT_KERNEL k_take_along_bwd(gt_real *W, const long long *M)
     }
 }
 
+/* ========================================================================
+ * Counter-based random numbers (gradtool/numerics.py, "The counter-based
+ * generator"; the uniform op, gradtool/ops/random.py).  Integer arithmetic
+ * only, every operation modulo 2^64 (unsigned long long: 64 bits under nvcc
+ * and every C compiler gradtool builds with), so each element is the same
+ * bits as numerics.uniform by construction.
+ * ====================================================================== */
+
+/* splitmix64's finalizer: z += 0x9E3779B97F4A7C15;
+ * z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
+ * z ^ (z >> 31) */
+GT_DEV unsigned long long gt_mix64(unsigned long long z)
+{
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* whether a counter is a whole number in [0, 2^53) (a NaN fails the first test) */
+GT_DEV int gt_counter_ok(double c)
+{
+    if (!(c >= 0.0 && c < 9007199254740992.0)) return 0;
+    return (double)(unsigned long long)c == c;
+}
+
+/* out[i] = (mix(mix(mix(mix(salt) ^ step) ^ shard) ^ i) >> 11) * 2^-53 with
+ * step = ctr[0], shard = ctr[1], whole numbers in [0, 2^53) (the host refuses
+ * any other value before it is set; should one get here anyway, every
+ * element is NaN, as numerics.uniform gives).  h >> 11 has 53 bits, so the
+ * conversion to double is exact, and so is the multiply by 2^-53; the
+ * float32 build then rounds that double to float once.  M[0] = out's size. */
+GT_KERNEL k_uniform(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_uniform
+    const double step = (double)ctr[0], shard = (double)ctr[1];
+    const int ok = gt_counter_ok(step) && gt_counter_ok(shard);
+    const unsigned long long base = ok ? gt_mix64(gt_mix64(gt_mix64((unsigned long long)salt)
+        ^ (unsigned long long)step) ^ (unsigned long long)shard) : 0ULL;
+    GT_LOOP(i, M[0]) {
+        const unsigned long long h = gt_mix64(base ^ (unsigned long long)i);
+        out[i] = ok ? (gt_real)((double)(h >> 11) * 0x1p-53) : R_NAN;
+    }
+}
+
 #ifndef __CUDACC__
 /* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
  * (gradtool/numerics.py): register tiles over packed B panels, threaded

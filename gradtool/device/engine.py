@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
-from ..ops import bad_id, inexact_int
+from ..ops import bad_id, bad_rng, inexact_int
 from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
 from .program import EXACT_INTS, CaptureError, capture_program
 
@@ -75,6 +75,7 @@ class DeviceReplay:
         self.tape, self._serials = tape, list(tape.serials)
         self._leaf = [node.a < 0 for node in tape.nodes]
         self._ids = {i for i in range(len(tape.nodes)) if tape.holds_ids(i)}
+        self._rng = tape.rng_id()           # the rng slot's counters are checked when set
         self.backend, self.backend_reason = resolve_backend(backend)
         if self.backend == "cuda":
             from .cuda import CudaBackend
@@ -120,6 +121,8 @@ class DeviceReplay:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")
         if i not in self._ids:
+            if i == self._rng and bad_rng(arr, limit=EXACT_INTS[prog.dtype]):
+                raise GradtoolError(f"{what}: {bad_rng(arr, limit=EXACT_INTS[prog.dtype])}")
             self.dev.write(prog.val_off[i], arr)      # float64: the device converts
             return
         check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)

@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
-from ..ops import OPS, attr, inexact_int, infer_shape
+from ..ops import OPS, attr, bad_rng, inexact_int, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
@@ -246,6 +246,10 @@ def _check(tape, loss: int, dtype: str) -> None:
                 raise CaptureError(f"node {i} ({node.op}) reads integer data of node {k}: "
                                    f"{inexact_int(tape.values[k], EXACT_INTS[dtype])} "
                                    f"(a {dtype} arena)")
+        if spec.rng_input and bad_rng(tape.values[node.a], limit=EXACT_INTS[dtype]):
+            raise CaptureError(f"node {i} ({node.op}): "
+                               f"{bad_rng(tape.values[node.a], limit=EXACT_INTS[dtype])} "
+                               f"(a {dtype} arena)")
         if spec.id_inputs:
             # ids (< bound) and the take index (positions, counts <= N) become arena values
             most = max(spec.index_bound(tape.values[node.a].shape, node.aux),
@@ -506,6 +510,13 @@ def _fwd_scatter(b, i, spec, val):
                          order=index.order_off, start=index.start_off, width=width)]
 
 
+def _fwd_uniform(b, i, spec, val):
+    """numerics.uniform: integer arithmetic on the counters the rng slot holds."""
+    node = b.tape.nodes[i]
+    return [launch("k_uniform", b.n(i), i, "uniform", out=val[i], ctr=val[node.a],
+                   salt=int(node.aux["salt"]))]
+
+
 def _fwd_permute(b, i, spec, val):
     node = b.tape.nodes[i]
     shape, st = b.shapes[i], row_major_strides(b.shapes[node.a])
@@ -560,7 +571,7 @@ _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
             "take_along": _fwd_take_along, "permute": _fwd_permute, "conv2d": _fwd_conv2d,
             "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d,
-            "scatter": _fwd_scatter}
+            "scatter": _fwd_scatter, "uniform": _fwd_uniform}
 
 
 def _contributions(b: _Builder, reached) -> list:

@@ -608,12 +608,35 @@ def _view(r, node, a, *args):
 
 
 @aten("aten.clone.default", "aten.contiguous.default",
-      "aten.lift_fresh_copy.default", "aten.dropout.default",
+      "aten.lift_fresh_copy.default",
       doc="the same value (no node)")
 def _identity(r, node, a, *args, **kwargs):
-    if str(node.target).startswith("aten.dropout") and len(args) > 1 and args[1]:
-        raise Unsupported("train-mode dropout")
     return r.value(a)
+
+
+def _dropout_of(r, x, p, train):
+    """gradtool.nn.dropout in train mode (the tape's rng slot decides per step), x itself
+    in eval mode."""
+    from .. import nn
+    v = r.value(x)
+    if train is None or not train:
+        return v
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
+        raise Unsupported(f"dropout probability {p!r} (a number in [0, 1] only)")
+    return nn.dropout(r.f(x), float(p))
+
+
+@aten("aten.native_dropout.default", needs=("nn.dropout",),
+      doc="gradtool.nn.dropout in train mode (counter-based masks: the rng slot; the mask "
+          "output is not recorded), the same value in eval mode")
+def _native_dropout(r, node, x, p, train):
+    return (_dropout_of(r, x, p, train), None)
+
+
+@aten("aten.dropout.default", needs=("nn.dropout",),
+      doc="gradtool.nn.dropout in train mode, the same value (no node) in eval mode")
+def _dropout(r, node, x, p, train):
+    return _dropout_of(r, x, p, train)
 
 
 @aten("aten.detach.default", needs=("detach",),
@@ -1326,9 +1349,10 @@ SHAPE_ONLY = {
     "aten.arange.start_step", "aten.arange.default", "aten.arange.start",
 }
 
-# ops that draw random numbers: refused (train-mode dropout and the like)
+# ops that draw random numbers: refused (dropout is not among them: native_dropout imports
+# as gradtool.nn.dropout, whose masks are counter-based)
 RANDOM = {
-    "aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+    "aten.bernoulli.default", "aten.bernoulli.p",
     "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
     "aten.randn_like.default", "aten.randint.default", "aten.randint_like.default",
     "aten.randperm.default", "aten.normal.Tensor_float", "aten.uniform.default",

@@ -129,6 +129,18 @@ class _Problems:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
+def _mentions_dropout(node) -> bool:
+    """Whether a function or a line of code in ``node``'s stack trace says dropout
+    (F.dropout2d's bernoulli, a user's own mask): the file paths are not read."""
+    trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
+    for text in (trace or "").splitlines():
+        m = _FRAME.search(text)
+        words = m.group(3) if m else text
+        if "dropout" in words.lower():
+            return True
+    return False
+
+
 def source_line(node) -> Optional[str]:
     """``path:line (function): code`` of the user's frame in ``node.meta["stack_trace"]``
     (the innermost frame outside torch itself)."""
@@ -439,11 +451,29 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
             raise _torch_failed("run_decompositions", exc) from None
         result = _Importer(decomposed, input_names, loss_output, strip).run()
         problems = _Problems()        # the tape's loss against torch's run of ep itself
-        check_against_torch(ep, table, float(result.tape.values[result.loss.id][0]),
-                            loss_output, problems)
+        check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
+                            problems)
     if problems:
         raise problems.error()
     return result
+
+
+def _eval_loss(tape, loss) -> float:
+    """The tape's loss with dropout off (the rng slot's train flag 0), what the import
+    check compares with torch's run (which treats dropout as the identity); the tape is
+    left as recorded (flag 1, values replayed)."""
+    rng = tape.rng_id()
+    if rng < 0:
+        return float(tape.values[loss.id][0])
+    recorded = tape.values[rng].copy()
+    off = recorded.copy()
+    off[2] = 0.0
+    tape.set_value(tape.var(rng), off)
+    tape.forward()
+    value = float(tape.values[loss.id][0])
+    tape.set_value(tape.var(rng), recorded)
+    tape.forward()
+    return value
 
 
 def _detach_no_grad_blocks(ep, torch):
@@ -672,12 +702,11 @@ class _Importer:
             if name in A.SKIP:
                 continue
             if name in A.RANDOM:
-                trace = (node.meta.get("stack_trace") or "").lower()
-                if "dropout" in name or "dropout" in trace:
+                if "dropout" in name or _mentions_dropout(node):
                     self.problems.add("train-mode dropout", name, node,
-                                      "call module.eval() before importing, or remove the "
-                                      "dropout (gradtool has no random op whose bits agree "
-                                      "on every backend yet)")
+                                      "this dropout draws its own random numbers; gradtool "
+                                      "imports nn.Dropout / F.dropout (native_dropout) only: "
+                                      "use one, call module.eval(), or remove it")
                 else:
                     self.problems.add("random op", name, node,
                                       "gradtool records deterministic computations only")
@@ -728,7 +757,7 @@ class _Importer:
                 if value is None:
                     self.problems.add("unsupported use of", _target_name(src), node,
                                       f"its output {idx} is not recorded (a max's indices, "
-                                      f"a norm's saved statistics)")
+                                      f"a norm's saved statistics, a dropout's mask)")
                     value = _MISSING
                 self.env[node] = value
                 continue

@@ -11,7 +11,9 @@ user's module, silently:
 - a gradtool mapping that is wrong for some call.
 
 So after recording, :func:`check_against_torch` runs the exported program *before*
-decomposition in torch (``torch.fx.Interpreter``, float64, the example inputs; the
+decomposition in torch, with dropout off on both sides (torch's ``dropout`` and
+``native_dropout`` run as the identity here; the importer reads the tape's loss with the
+rng slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly) (``torch.fx.Interpreter``, float64, the example inputs; the
 graph is functional, so no buffer of the program changes) and compares its loss with
 the tape's.  They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
@@ -69,11 +71,21 @@ class _Recording:
         import torch.fx
         values = self.values = {}
 
+        dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
+
         class Keep(torch.fx.Interpreter):
             def run_node(self, n):
                 out = super().run_node(n)
                 values[n] = out
                 return out
+
+            def call_function(self, target, args, kwargs):
+                if target in dropouts:          # dropout off: the tape's flag-0 loss
+                    x = args[0]
+                    if target is torch.ops.aten.dropout.default:
+                        return x
+                    return (x, torch.ones_like(x, dtype=torch.bool))
+                return super().call_function(target, args, kwargs)
 
         self.interpreter = Keep(gm)
 

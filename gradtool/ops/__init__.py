@@ -36,7 +36,7 @@ the table :data:`OPS`, the kernels' metadata contracts :data:`KERNELS`),
 the order the ops are registered: :mod:`~gradtool.ops.elementwise`,
 :mod:`~gradtool.ops.reductions`, :mod:`~gradtool.ops.products`,
 :mod:`~gradtool.ops.movement`, :mod:`~gradtool.ops.masks`,
-:mod:`~gradtool.ops.conv`; this module adds the engine's own kernels.
+:mod:`~gradtool.ops.conv`, :mod:`~gradtool.ops.random`; this module adds the engine's own kernels.
 
 Conventions for the hand-written numpy rules
 --------------------------------------------
@@ -59,8 +59,9 @@ from __future__ import annotations
 
 # the families register their ops in import order: that order is the table's (OP_NAMES,
 # the generated files, docs/ops.md)
-from . import elementwise, reductions, products, movement, masks, conv  # noqa: F401
+from . import elementwise, reductions, products, movement, masks, conv, random  # noqa: F401
 from .movement import LOG_SOFTMAX_PARTS, SOFTMAX_PARTS
+from .random import RNG_NAME, RNG_RECORDED, bad_rng
 from .shapes import broadcast_shape
 from .spec import (EXACT_INT, FAMILIES, INT_DTYPE, KERNELS, LEAF_OPS, OPS, Attr, KernelSpec,
                    OpSpec, as_ids, attr, bad_id, contract, f64_bits, f64_from_bits,
@@ -95,4 +96,4 @@ __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES
            "INT_DTYPE", "INTEGER_READERS",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",
-           "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS"]
+           "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS", "RNG_NAME", "RNG_RECORDED", "bad_rng"]

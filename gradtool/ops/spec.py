@@ -17,7 +17,7 @@ LEAF_OPS = ("param", "const")
 INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
 KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
          "softmax", "slice", "concat", "take", "take_along", "permute", "conv2d",
-         "max_pool2d", "avg_pool2d", "scatter")
+         "max_pool2d", "avg_pool2d", "scatter", "uniform")
 _REQUIRED = object()
 
 
@@ -32,7 +32,7 @@ class Attr:
     counting from the end when recording (stored normalised, >= 0);
     ``shape``: the node's own shape (a reshape's target), which the file
     already stores as ``shape``; ``flag``: True or False; ``count``: one int
-    >= 1 (conv2d's groups).
+    >= 1 (conv2d's groups); ``natural``: one int in [0, 2^63) (uniform's salt).
 
     ``default`` is the Tape method's default.  An ``optional`` attribute may
     be absent from a file, meaning ``default``: it is written, and kept in
@@ -85,6 +85,7 @@ class OpSpec:
     grad_inputs: tuple = ("a", "b")  # inputs the gradient flows to (none: a comparison)
     integral: str = ""               # "always" / "inputs" / "a": its values are whole numbers
     fresh_grads: bool = False        # backward returns new arrays without a -0.0 (below)
+    rng_input: bool = False          # input a must be the tape's rng slot (uniform)
 
     def grad_to(self, role: str) -> bool:
         """Whether the backward walk gives input ``role`` ("a"/"b") a contribution."""

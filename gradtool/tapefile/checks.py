@@ -61,8 +61,8 @@ import numpy as np
 from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_temporary, node_work, prod
 from ..errors import ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, bad_id, format_shape, inexact_int,
-                   infer_shape)
+from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, bad_id, bad_rng, format_shape,
+                   inexact_int, infer_shape)
 from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
 from .runs import (_CORE, IN_RUN, RunColumns, _plain_runs, _run_counts, _scanned_runs,
                    _take_run, node_at)
@@ -477,6 +477,8 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
         message = f"is not allowed on {show(op)} nodes" if op is not None else "is not allowed"
     elif validator == "minimum":
         message = f"must be >= {expected}, got {show(instance)}"
+    elif validator == "maximum":
+        message = f"must be <= {expected}, got {show(instance)}"
     elif validator == "minItems":
         message = "must not be empty" if expected == 1 else f"needs at least {expected} items"
     elif validator == "maxItems":
@@ -652,6 +654,10 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
     if node.op != "const":
         raise TapeFileError(f"names node {i}, a {node.op}; a state is a const (params are "
                             f"the optimizer's)", source=source, field=field)
+    if slot == RNG_NAME:
+        raise TapeFileError(f"names node {i}, the rng slot, which training sets itself "
+                            f"(docs/training.md); it cannot be a state", source=source,
+                            field=field)
     if node.dtype == INT_DTYPE:
         raise TapeFileError(f"names node {i}, which holds integer ids (dtype i64); a state "
                             f"holds float64", source=source, field=field)
@@ -784,6 +790,8 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
         if not l2 < math.inf:       # the table tested l2 >= 0; NaN and inf: the general path
             return None
         if name is not None:
+            if name == RNG_NAME:
+                return None             # the general path checks the reserved slot
             names[name] = i
         return CheckedNode(op, -1, -1, 0.0, shape, None, name, float(l2), data)
     if not (0 <= a < i and (0 <= b < i if arity == 2 else b == -1)):
@@ -840,6 +848,12 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         if not math.isfinite(l2):
             raise _bad(i, source, f"must be finite, got {l2}", "l2")
         dtype = get("dtype", "f64")
+        if name == RNG_NAME:
+            problem = ("it is reserved for a const" if op != "const" else
+                       bad_rng(None if dtype != "f64" else np.frombuffer(data, "<f8"),
+                               shape, dtype))
+            if problem:
+                raise _bad(i, source, problem, "name" if op != "const" else "data")
         return CheckedNode(op, -1, -1, 0.0, shape, None, name, l2, data, dtype=dtype,
                            integral=dtype == INT_DTYPE)
 
@@ -853,11 +867,20 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
             raise _bad(i, source, f"node {ref}: "
                                   f"{inexact_int(np.frombuffer(earlier[ref].data, '<i8'))}",
                        field)
+        if field == "a" and spec.rng_input and earlier[ref].name != RNG_NAME:
+            raise _bad(i, source, f"{op} reads the tape's rng slot (the const named "
+                                  f"{RNG_NAME!r}), but node {ref} is a {earlier[ref].op}"
+                                  + (f" named {show(earlier[ref].name)}"
+                                     if earlier[ref].name else ""), field)
         if ref >= 0 and field in spec.id_inputs and not earlier[ref].integral:
             raise _bad(i, source, f"{op} reads integer ids here, but node {ref} is not a const "
                                   f"with dtype {INT_DTYPE}, nor integer-valued ops of one "
                                   f"(docs/ops.md; it is a {earlier[ref].op})", field)
     attrs = _attrs(op, raw) if spec.attrs else None
+    for at in spec.attrs:           # the schema's maximum, which a valid skeleton skips
+        if at.kind == "natural" and not FIELD_TESTS[op][at.name](raw.get(at.name)):
+            raise _bad(i, source, f"must be an integer in [0, 2^63), got "
+                                  f"{show(raw.get(at.name))}", at.name)
     sa = earlier[a].shape
     sb = earlier[b].shape if b >= 0 else None
     try:

@@ -71,9 +71,11 @@ def _attribute_fields() -> list:
         at = kinds[aname]
         base = {"axis": {"type": "integer", "minimum": 0},
                 "count": {"type": "integer", "minimum": 1},
+                "natural": {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1},
                 "flag": {"type": "boolean"}}.get(at.kind, {"$ref": "#/$defs/indices"})
         test = {"axis": lambda x: type(x) is int and x >= 0,
                 "count": lambda x: type(x) is int and x >= 1,
+                "natural": lambda x: type(x) is int and 0 <= x < 2 ** 63,
                 "flag": lambda x: type(x) is bool}.get(at.kind, _dims(0))
         docs = sorted({a.doc.split(";")[0] for op in ops for a in OPS[op].attrs
                        if a.name == aname})

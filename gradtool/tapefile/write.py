@@ -114,7 +114,7 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
         # is absent from aux and from the file
         if at.stored and at.name in aux:
             attr = aux[at.name]
-            if at.kind in ("axis", "count"):
+            if at.kind in ("axis", "count", "natural"):
                 out[at.name] = int(attr)
             elif at.kind == "flag":
                 out[at.name] = bool(attr)

@@ -563,7 +563,7 @@ class DataParallel:
         counting = t.acc is not None and t.val is None
         for part, k in zip(self.parts, self.mine):
             shard = rows[k * b:(k + 1) * b]
-            t._fill(t.data, shard)
+            t._fill(t.data, shard, shard=k)       # k: the global shard index (the rng slot)
             loss = self.engine.forward_backward()
             part[:HEAD] = (loss, 0.0, 0.0, 0.0)
             if not math.isfinite(loss):

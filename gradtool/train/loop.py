@@ -143,6 +143,11 @@ class Trainer:
                                       **({"fuse": True} if options.fuse else {}),
                                       max_bytes=options.max_memory)
         self._slot_originals = {s.node_id: self.tape.values[s.node_id].copy() for s in self.slots}
+        # the rng slot (dropout's counters): set before every forward (_fill), and saved
+        # as it was recorded
+        self.rng_id = self.tape.rng_id()
+        if self.rng_id >= 0:
+            self._slot_originals[self.rng_id] = self.tape.values[self.rng_id].copy()
 
     def _load_data(self, data_path, meta) -> None:
         """Training and validation sets (see gradtool.train.data for the precedence of the latter)."""
@@ -287,13 +292,21 @@ class Trainer:
         return all(np.isfinite(self.tape.values[e.node_id]).all() for e in self.opt.entries)
 
     # ── the loop ───────────────────────────────────────────────────────────
-    def _fill(self, data, rows) -> None:
+    def _fill(self, data, rows, shard: int = 0, train: bool = True) -> None:
+        """The input slots take ``data``'s ``rows``; the rng slot, when the tape has one,
+        takes [global step, shard, 1] to train (the step this forward belongs to, counted
+        over the file's life, so a resumed run draws the same numbers; ``shard`` the
+        global shard index, 0 on the single-shard path), [global step, 0, 0] to validate
+        (the train flag off: dropout gives its input). docs/training.md."""
         gather = getattr(self.engine, "set_input_rows", None)
         for s in self.slots:
             if gather is not None and not isinstance(rows, slice):
                 gather(s.node_id, data.arrays[s.name], rows)   # no intermediate batch
             else:
                 self.engine.set_input(s.node_id, data.arrays[s.name][rows])
+        if self.rng_id >= 0:
+            self.engine.set_input(self.rng_id, np.array(
+                [float(self.global_step), float(shard) if train else 0.0, float(train)]))
 
     def validate(self) -> tuple:
         """(mean batch loss, accuracy or None) over the validation batches; forward only.
@@ -305,7 +318,7 @@ class Trainer:
                    else self.parallel.val_batches(self.n_val_batches))
         for i in batches:
             rows = slice(i * b, (i + 1) * b)
-            self._fill(self.val, rows)
+            self._fill(self.val, rows, train=False)
             losses.append(self.engine.evaluate())
             if self.acc:
                 correct += count_correct(self.acc, self.engine.output(self.acc.output_id),

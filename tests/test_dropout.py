@@ -1,0 +1,446 @@
+"""The counter-based generator, the uniform op, nn.dropout, and dropout in `gradtool train`.
+
+The generator is pinned against a pure-Python integer implementation; the op against the
+host backend (every kernel variant, fused too); dropout against its definition; training
+with dropout as real `gradtool train` processes, on every engine and over MPI.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+import gradtool as gt
+from conftest import assert_bits_equal, require_c_compiler
+from gradtool import nn
+from gradtool import numerics as nx
+from gradtool.npzio import write_npz
+from gradtool.tapefile import dumps, load, save
+from support import VARIANTS, train_under_mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+M64 = 2 ** 64 - 1
+
+
+# ── the generator ──────────────────────────────────────────────────────────
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer on Python ints (numerics.py's comment, line by line)."""
+    z = (z + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _u(salt: int, step: int, shard: int, i: int) -> float:
+    h = _mix(_mix(_mix(_mix(salt) ^ step) ^ shard) ^ i)
+    return (h >> 11) * 2.0 ** -53
+
+
+def test_splitmix64_reference_values():
+    # Vigna's splitmix64.c with state 0: its first outputs are mix(0), mix(golden ratio)...
+    assert _mix(0) == 0xE220A8397B1DCDAF
+    assert int(nx.mix64(np.uint64(0))) == 0xE220A8397B1DCDAF
+
+
+@pytest.mark.parametrize("salt, step, shard", [
+    (0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (7, 123456, 3),
+    (2 ** 63 - 1, 2 ** 53 - 1, 2 ** 53 - 1), (2 ** 40 + 5, 2 ** 52 + 1, 17),
+    (12345678901234567, 9007199254740990, 0)])
+def test_numpy_generator_equals_python_integers(salt, step, shard):
+    shape = (7, 11)
+    got = nx.uniform(shape, salt, float(step), float(shard))
+    want = np.array([_u(salt, step, shard, i) for i in range(77)]).reshape(shape)
+    assert_bits_equal(got, want, f"salt {salt} step {step} shard {shard}")
+    assert (got >= 0).all() and (got < 1).all()
+    assert (got * 2.0 ** 53 == np.floor(got * 2.0 ** 53)).all()      # multiples of 2^-53
+
+
+def test_bad_counters_give_nan():
+    for step, shard in ((0.5, 0), (-1.0, 0), (2.0 ** 53, 0), (0, np.nan), (np.inf, 0)):
+        assert np.isnan(nx.uniform((3,), 0, step, shard)).all(), (step, shard)
+
+
+def test_statistics_and_streams():
+    n = 100_000
+    u = nx.uniform((n,), 5, 3.0, 1.0)
+    sigma = np.sqrt(1.0 / 12.0 / n)
+    assert abs(u.mean() - 0.5) < 5 * sigma
+    for p in (0.1, 0.3, 0.5, 0.9):
+        keep = (u >= p).mean()
+        assert abs(keep - (1 - p)) < 5 * np.sqrt(p * (1 - p) / n), p
+    # different salt, step or shard: different streams (uncorrelated, not merely shifted)
+    others = [nx.uniform((n,), 6, 3.0, 1.0), nx.uniform((n,), 5, 4.0, 1.0),
+              nx.uniform((n,), 5, 3.0, 2.0), nx.uniform((n,), 5, 1.0, 3.0)]
+    for v in others:
+        assert not np.array_equal(u, v)
+        assert abs(np.corrcoef(u, v)[0, 1]) < 5 / np.sqrt(n)
+        assert (u == v).mean() < 1e-3
+
+
+# ── the uniform op ─────────────────────────────────────────────────────────
+
+def _uniform_tape(ctr=(7.0, 3.0, 1.0), shape=(4, 33), salt=9):
+    tp = gt.Tape()
+    r = tp.rng()
+    tp.set_value(r, list(ctr))
+    tp.forward()
+    u = tp.uniform(r, shape=list(shape), salt=salt)
+    x = tp.param(np.linspace(-1, 1, int(np.prod(shape))).reshape(shape))
+    loss = tp.sum(tp.mul(x, u))
+    return tp, r, u, loss
+
+
+def test_op_values_are_the_generator():
+    tp, r, u, _ = _uniform_tape()
+    assert_bits_equal(tp.value(u), nx.uniform((4, 33), 9, 7.0, 3.0))
+    assert not tp.requires[u.id]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_host_backend_every_variant_and_fused_equal_numpy(variant):
+    require_c_compiler()
+    from gradtool.device import capture
+    tp, r, u, loss = _uniform_tape()
+    for fuse in (False, True):
+        rp = capture(tp, loss, "host", host_kernels=variant, fuse=fuse)
+        for ctr in ([7.0, 3.0, 1.0], [2.0 ** 53 - 1, 2.0 ** 40, 0.0], [0.0, 0.0, 1.0]):
+            tp.set_value(r, ctr)
+            tp.forward()
+            rp.set_input(r.id, np.array(ctr))
+            rp.forward()
+            assert_bits_equal(rp.value(u), tp.value(u), f"{variant} fuse={fuse} {ctr}")
+            rp.backward()
+            tp.zero_grad()
+            tp.backward(loss)
+            x = tp.params()[0]
+            assert_bits_equal(rp.grad(x), tp.grad(x), f"{variant} fuse={fuse} grad")
+
+
+def test_bad_counters_are_refused_everywhere():
+    tp, r, u, loss = _uniform_tape()
+    for bad in ([0.5, 0, 1], [-1.0, 0, 1], [0, 2.0 ** 53, 1], [np.nan, 0, 1]):
+        with pytest.raises(gt.TapeError, match="rng slot 'gradtool.rng'"):
+            tp.set_value(r, bad)
+    with pytest.raises(gt.TapeError, match="must be a float64 const of shape \\[3\\]"):
+        gt.Tape().const(np.zeros(4), name=gt.RNG_NAME)
+    with pytest.raises(gt.TapeError, match="reserved for a const"):
+        gt.Tape().param(np.zeros(3), name=gt.RNG_NAME)
+    with pytest.raises(gt.TapeError, match="must be the tape's rng slot"):
+        t2 = gt.Tape()
+        t2.uniform(t2.const(np.zeros(3), name="c"), shape=[2], salt=0)
+    with pytest.raises(gt.TapeError, match="salt: expected an integer in \\[0, 2\\^63\\)"):
+        tp.uniform(r, shape=[2], salt=-1)
+    t3 = gt.Tape()
+    with pytest.raises(gt.ShapeError, match="dims >= 1"):
+        t3.uniform(t3.rng(), shape=[0], salt=1)
+    require_c_compiler()
+    from gradtool.device import capture
+    rp = capture(tp, loss, "host")
+    with pytest.raises(gt.GradtoolError, match="set_input node 0: the rng slot"):
+        rp.set_input(r.id, np.array([1.5, 0, 1]))
+
+
+def test_file_round_trip_keeps_salt_and_shape():
+    tp, r, u, loss = _uniform_tape(shape=(2, 3, 5), salt=2 ** 62 + 3)
+    raw = dumps(tp, loss=loss, outputs={"u": u}, values=True)
+    doc = msgpack.unpackb(raw)
+    node = doc["nodes"][u.id]
+    assert node["salt"] == 2 ** 62 + 3 and node["shape"] == [2, 3, 5] and node["op"] == "uniform"
+    back = load(raw)
+    assert back.tape.nodes[u.id].aux == {"shape": [2, 3, 5], "salt": 2 ** 62 + 3}
+    assert_bits_equal(back.tape.value(back.outputs["u"]), tp.value(u))
+    assert dumps(back.tape, loss=back.loss, outputs=back.outputs, values=True) == raw
+
+
+def _mutated(doc, i, **fields):
+    nodes = list(doc["nodes"])
+    nodes[i] = {k: v for k, v in dict(nodes[i], **fields).items() if v is not None}
+    return msgpack.packb(dict(doc, nodes=nodes))
+
+
+def test_hostile_files_name_node_and_field():
+    tp, r, u, loss = _uniform_tape()
+    doc = msgpack.unpackb(dumps(tp, loss=loss))
+    x = tp.params()[0].id
+    cases = [
+        (u.id, {"salt": -1}, "salt"), (u.id, {"salt": 1.5}, "salt"),
+        (u.id, {"salt": 2 ** 63}, "salt"), (u.id, {"salt": None}, "salt"),
+        (r.id, {"shape": [4], "data": np.zeros(4).tobytes()}, "data"),
+        (r.id, {"data": np.array([0.5, 0, 1]).tobytes()}, "data"),
+        (x, {"name": gt.RNG_NAME}, "name"),                     # a param of that name
+    ]
+    t2 = gt.Tape()
+    w = t2.param(np.ones(3), name="w")
+    v = t2.uniform(t2.rng(), shape=[3], salt=1)
+    doc2 = msgpack.unpackb(dumps(t2, loss=t2.sum(t2.mul(w, v))))
+    docs = {(v.id, "a"): doc2}
+    cases.append((v.id, {"a": w.id}, "a"))                      # not the rng slot
+    for i, fields, field in cases:
+        with pytest.raises(gt.TapeFileError) as err:
+            load(_mutated(docs.get((i, field), doc), i, **fields), name="h.msgpack")
+        assert err.value.node == i, (fields, str(err.value))
+        assert err.value.field is not None and err.value.field.startswith(field), \
+            (fields, str(err.value))
+        assert "\n" not in str(err.value)
+
+
+def test_emit_cuda_refuses_in_one_line():
+    from gradtool.emit.cuda import emit_cuda
+    tp, r, u, loss = _uniform_tape()
+    with pytest.raises(gt.GradtoolError) as err:
+        emit_cuda(tp, loss)
+    assert "\n" not in str(err.value)
+
+
+# ── nn.dropout ─────────────────────────────────────────────────────────────
+
+def _dropout_tape(p=0.3, shape=(40, 30), seed=0):
+    rng = np.random.default_rng(seed)
+    tp = gt.Tape()
+    x = tp.param(rng.normal(size=shape))
+    y = nn.dropout(x, p)
+    loss = tp.sum(tp.mul(y, tp.const(rng.normal(size=shape))))
+    return tp, x, y, loss
+
+
+def test_dropout_values_and_the_train_flag():
+    tp, x, y, _ = _dropout_tape(0.3)
+    xv, yv = tp.value(x), tp.value(y)
+    keep = nx.uniform(xv.shape, 0, 0.0, 0.0) >= 0.3
+    assert_bits_equal(yv, np.where(keep, xv * (1.0 / (1.0 - 0.3)), 0.0))
+    r = tp.rng()
+    tp.set_value(r, [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(y), xv)                       # flag 0: x, bit for bit
+    special = np.array([[0.0, -0.0, np.inf, -np.inf, 1e-310, -2.5]] * 5)
+    t2 = gt.Tape()
+    xs = t2.const(special)
+    ys = nn.dropout(xs, 0.5)
+    t2.set_value(t2.rng(), [4.0, 1.0, 0.0])
+    t2.forward()
+    assert_bits_equal(t2.value(ys), special)                 # signed zeros, infinities
+
+
+def test_p_zero_is_x_and_p_one_is_zeros():
+    tp = gt.Tape()
+    x = tp.param(np.array([[1.0, -np.inf, np.nan, -0.0]]))
+    assert nn.dropout(x, 0.0) is x
+    z = nn.dropout(x, 1.0)
+    assert_bits_equal(tp.value(z), np.zeros((1, 4)))
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(z), tp.value(x))
+    loss = tp.sum(tp.mul(nn.dropout(tp.param(np.ones((2, 2))), 1.0), tp.const(np.ones((2, 2)))))
+    tp.set_value(tp.rng(), [0.0, 0.0, 1.0])
+    tp.forward()
+    tp.backward(loss)
+    assert_bits_equal(tp.grad(tp.params()[1]), np.zeros((2, 2)))    # zeros, not NaN
+
+
+def test_each_dropout_draws_its_own_salt_and_the_mask_follows_the_step():
+    tp = gt.Tape()
+    x = tp.param(np.ones((50, 50)))
+    a, b = nn.dropout(x, 0.5), nn.dropout(x, 0.5)
+    salts = [n.aux["salt"] for n in tp.nodes if n.op == "uniform"]
+    assert salts == [0, 1]
+    assert not np.array_equal(tp.value(a), tp.value(b))
+    before = tp.value(a)
+    tp.set_value(tp.rng(), [1.0, 0.0, 1.0])
+    tp.forward()
+    assert not np.array_equal(tp.value(a), before)
+    assert [n.aux["salt"] for n in tp.nodes if n.op == "uniform"] == [0, 1]
+    c = nn.dropout(x, 0.5, salt=0)                            # an explicit salt repeats a
+    assert_bits_equal(tp.value(c), tp.value(a))
+
+
+@pytest.mark.parametrize("flag", [1.0, 0.0])
+def test_gradient_fd_check_with_the_slot_held(flag):
+    tp, x, y, loss = _dropout_tape(0.25, shape=(6, 7))
+    tp.set_value(tp.rng(), [3.0, 2.0, flag])
+    tp.forward()
+    report = gt.fd_check(tp, loss, eps=1e-6, rtol=1e-6, atol=1e-8)
+    assert report.passed, report
+    tp.zero_grad()
+    tp.backward(loss)
+    w = tp.values[loss.id - 1 - 0]      # noqa: F841 (the loss weights are the last const)
+    g = tp.grad(x)
+    keep = nx.uniform((6, 7), 0, 3.0, 2.0) >= 0.25
+    weights = [tp.values[i] for i, n in enumerate(tp.nodes)
+               if n.op == "const" and n.name is None and tp.values[i].shape == (6, 7)][0]
+    want = np.where(keep, weights * (1.0 / 0.75), 0.0) if flag else weights
+    np.testing.assert_allclose(g, want, rtol=1e-15, atol=0)
+
+
+def test_dropout_misuse_is_one_line():
+    tp = gt.Tape()
+    x = tp.param(np.ones((2, 2)))
+    for p, needle in ((1.5, "p must lie in [0, 1]"), (-0.1, "p must lie in [0, 1]"),
+                      (float("nan"), "p must lie in [0, 1]"), ("0.5", "p must be a number"),
+                      (True, "p must be a number"), (None, "p must be a number")):
+        with pytest.raises(gt.TapeError) as err:
+            nn.dropout(x, p)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    ids = tp.const(np.array([[1, 2]]), dtype="i64")
+    with pytest.raises(gt.TapeError, match="holds integer data"):
+        nn.dropout(ids, 0.5)
+    with pytest.raises(gt.TapeError, match="salt must be an integer"):
+        nn.dropout(x, 0.5, salt=-3)
+    with pytest.raises(gt.TapeError, match="expected a GVar"):
+        nn.dropout(np.ones(3), 0.5)
+
+
+# ── training ───────────────────────────────────────────────────────────────
+
+def _mlp(path: Path, p: float, rows: int = 8):
+    """x [rows, 6] -> 16 (tanh, dropout p) -> 3, mse against y; one rng slot."""
+    rng = np.random.default_rng(42)
+    tp = gt.Tape()
+    x = tp.const(np.zeros((rows, 6)), name="x")
+    t = tp.const(np.zeros((rows, 3)), name="y")
+    w1 = tp.param(rng.normal(size=(6, 16)) * 0.4, name="w1")
+    b1 = tp.param(np.zeros(16), name="b1")
+    w2 = tp.param(rng.normal(size=(16, 3)) * 0.4, name="w2")
+    h = nn.dropout(tp.tanh(nn.linear(x, w1, b1)), p)
+    y = nn.linear(h, w2)
+    save(tp, path, loss=tp.mse(y, t), outputs={"y": y})
+
+
+def _data(path: Path, n: int = 64):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(n, 6))
+    write_npz(path, {"x": x, "y": np.tanh(x[:, :3] * 0.7), "x_val": x[:16] * 0.5,
+                     "y_val": np.tanh(x[:16, :3] * 0.35)})
+
+
+def _cli(*args):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "gradtool", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dropout_mlp")
+    _mlp(d / "drop.msgpack", 0.3)
+    _mlp(d / "nodrop.msgpack", 0.0)
+    _data(d / "data.npz")
+    return d
+
+
+TRAIN = ("--epochs", 2, "--optimizer", "adam", "--lr", 0.01, "--seed", 3)
+
+
+def test_training_with_dropout_is_the_same_bytes_on_every_engine(mlp, tmp_path):
+    require_c_compiler()
+    runs = {}
+    for name, extra in (("cpu", ()), ("host", ("--backend", "host")),
+                        ("fused", ("--backend", "host", "--fuse"))):
+        out = tmp_path / f"{name}.msgpack"
+        _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, *extra,
+             "--save", out)
+        runs[name] = out.read_bytes()
+    assert runs["host"] == runs["cpu"] and runs["fused"] == runs["cpu"]
+    # the masks matter: p = 0.3 trains other parameters than the same run without dropout
+    plain = tmp_path / "plain.msgpack"
+    _cli("train", mlp / "nodrop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--save", plain)
+    a, b = load(tmp_path / "cpu.msgpack"), load(plain)
+    assert not np.array_equal(a.tape.values[a.tape.var("w1").id],
+                              b.tape.values[b.tape.var("w1").id])
+    # the file keeps the rng slot as recorded
+    assert_bits_equal(a.tape.values[a.tape.rng_id()], np.array([0.0, 0.0, 1.0]))
+    assert a.optimizer["position"]["global_step"] == 16
+
+
+def test_training_with_dropout_resumes_to_the_bit(mlp, tmp_path):
+    straight, first, resumed = (tmp_path / n for n in ("s.msgpack", "a.msgpack", "b.msgpack"))
+    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--save", straight)
+    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--steps", 11,
+         "--save", first)                          # stops in the middle of epoch 2
+    assert load(first).optimizer["position"]["global_step"] == 11
+    proc = _cli("train", first, "--data", mlp / "data.npz", "--save", resumed)
+    assert "continuing at epoch 2 step 3" in proc.stderr
+    assert resumed.read_bytes() == straight.read_bytes()
+
+
+def test_each_step_and_shard_draws_its_own_mask(mlp):
+    """The slot the trainer sets: [global step, shard, 1] per forward; masks differ."""
+    from gradtool.train import TrainOptions, Trainer
+    tf = load(mlp / "drop.msgpack")
+    seen = []
+    trainer = Trainer(tf, mlp / "data.npz", TrainOptions(steps=3, shards=2, shuffle=False))
+    rng_id = trainer.rng_id
+    inner = trainer.engine.set_input
+
+    def spy(node_id, batch):
+        if node_id == rng_id:
+            seen.append(tuple(np.asarray(batch)))
+        inner(node_id, batch)
+    trainer.engine.set_input = spy
+    trainer.run()
+    assert seen == [(0.0, 0.0, 1.0), (0.0, 1.0, 1.0), (1.0, 0.0, 1.0), (1.0, 1.0, 1.0),
+                    (2.0, 0.0, 1.0), (2.0, 1.0, 1.0)]
+    masks = {s: nx.uniform((8, 16), 0, s[0], s[1]) >= 0.3 for s in seen}
+    assert len({m.tobytes() for m in masks.values()}) == 6
+
+
+def test_validation_loss_is_the_dropout_free_loss(mlp, tmp_path):
+    log = tmp_path / "log.jsonl"
+    out = tmp_path / "v.msgpack"
+    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", "--epochs", 1,
+         "--log", log, "--save", out)
+    val = [json.loads(line) for line in log.read_text().splitlines()
+           if json.loads(line).get("event") == "epoch"][0]["val_loss"]
+    # the trained tape with the flag off, over the 2 validation batches of 8 rows
+    tf = load(out)
+    tp, data = tf.tape, np.load(mlp / "data.npz")
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    losses = []
+    for k in range(2):
+        tp.set_value(tp.var("x"), data["x_val"][8 * k:8 * (k + 1)])
+        tp.set_value(tp.var("y"), data["y_val"][8 * k:8 * (k + 1)])
+        tp.forward()
+        losses.append(float(tp.value(tf.loss)[0]))
+    assert val == (0.0 + losses[0] + losses[1]) / 2
+    # and the same tape with dropout recorded at p = 0 gives the same (eval) loss
+    _mlp(tmp_path / "p0.msgpack", 0.0)
+    t0 = load(tmp_path / "p0.msgpack")
+    for src, dst in zip(tp.params(), t0.tape.params()):
+        t0.tape.set_value(dst, tp.value(src))
+    t0.tape.set_value(t0.tape.var("x"), data["x_val"][:8])
+    t0.tape.set_value(t0.tape.var("y"), data["y_val"][:8])
+    t0.tape.forward()
+    assert float(t0.tape.value(t0.loss)[0]) == losses[0]
+
+
+def test_training_under_mpiexec_is_the_same_bytes(mlp, tmp_path):
+    args = ("--data", mlp / "data.npz", *TRAIN, "--shards", 2)
+    one = tmp_path / "one.msgpack"
+    _cli("train", mlp / "drop.msgpack", *args, "--save", one)
+    two = train_under_mpiexec(mlp / "drop.msgpack", args, tmp_path / "two.msgpack", ranks=2)
+    assert two == one.read_bytes()
+    plain = tmp_path / "plain.msgpack"      # 2 shards draw other masks than 1 shard of 16
+    _cli("train", mlp / "drop.msgpack", "--data", mlp / "data.npz", *TRAIN, "--save", plain)
+    assert plain.read_bytes() != two
+
+
+def test_the_trainer_refuses_a_bad_rng_slot(mlp, tmp_path):
+    raw = msgpack.unpackb((mlp / "drop.msgpack").read_bytes())
+    i = next(k for k, n in enumerate(raw["nodes"]) if n.get("name") == gt.RNG_NAME)
+    raw["nodes"][i] = dict(raw["nodes"][i], shape=[2], data=np.zeros(2).tobytes())
+    bad = tmp_path / "bad.msgpack"
+    bad.write_bytes(msgpack.packb(raw))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "gradtool", "train", bad, "--data",
+                           mlp / "data.npz"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rng slot 'gradtool.rng'" in lines[0], proc.stderr
