@@ -58,11 +58,25 @@ def bench_import(layers: int, d: int) -> None:
     model = TinyGPT(vocab=vocab, block=block, d=d, heads=max(1, d // 64), layers=layers).eval()
     n = sum(p.numel() for p in model.parameters())
     idx = torch.randint(0, vocab, (batch, block))
-    t0 = time.perf_counter()
-    result = import_module(model, (idx, idx))
-    dt = time.perf_counter() - t0
+    from gradtool.interop import torch as importer
+    checked = []                      # the share of the check against torch's run
+    check = importer.check_against_torch
+
+    def timed_check(*args):
+        c0 = time.perf_counter()
+        check(*args)
+        checked.append(time.perf_counter() - c0)
+
+    importer.check_against_torch = timed_check
+    try:
+        t0 = time.perf_counter()
+        result = import_module(model, (idx, idx))
+        dt = time.perf_counter() - t0
+    finally:
+        importer.check_against_torch = check
     print(f"import: {layers}-layer GPT, d={d}, {n / 1e6:.2f}M params, batch {batch} x "
-          f"{block} tokens: {dt:.2f} s ({len(result.tape.nodes)} nodes)")
+          f"{block} tokens: {dt:.2f} s ({len(result.tape.nodes)} nodes; the check against "
+          f"torch's run {sum(checked):.2f} s of it)")
 
 
 def bench_steps(repeats: int, steps: int, threads) -> None:
