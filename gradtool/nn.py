@@ -30,7 +30,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
-           "conv_transpose3d", "grid_sample",
+           "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
@@ -176,28 +176,64 @@ def dropout(x: GVar, p: float, salt: int = None) -> GVar:
     element index): ``numerics``, "The counter-based generator"; docs/training.md says
     what ``gradtool train`` puts in the slot.
     """
-    tp = _tape(x, "dropout")
+    return _dropout(x, p, salt, "dropout")
+
+
+def feature_dropout(x: GVar, p: float, salt: int = None) -> GVar:
+    """Train-mode channel dropout (torch's ``dropout1d``/``2d``/``3d``, ``feature_dropout``):
+    as :func:`dropout`, but one draw per (sample, channel) -- ``uniform`` of shape [N, C,
+    1, ...] broadcast over the rest of x [N, C, ...] -- so a channel is kept or dropped
+    whole.  The flag 0 gives x bit for bit."""
+    return _dropout(x, p, salt, "feature_dropout", channels=True)
+
+
+ALPHA_SELU = 1.7580993408473766      # torch's alpha_dropout constant (SELU's -scale*alpha)
+
+
+def alpha_dropout(x: GVar, p: float, salt: int = None, channels: bool = False) -> GVar:
+    """Train-mode alpha dropout (torch's ``alpha_dropout``, SELU networks' dropout; with
+    ``channels`` its ``feature_alpha_dropout``): where kept ``x * a + a*alpha*p``, where
+    dropped ``-a*alpha + a*alpha*p``, with ``a = 1 / sqrt((alpha^2 * p + 1) * (1 - p))``
+    and torch's alpha, the constants in torch's order, rounded once each; the flag 0
+    gives x bit for bit, and the gradient is ``g * a`` where kept, +0.0 where dropped."""
+    return _dropout(x, p, salt, "feature_alpha_dropout" if channels else "alpha_dropout",
+                    channels=channels, alpha=True)
+
+
+def _dropout(x, p, salt, what, channels=False, alpha=False):
+    tp = _tape(x, what)
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TapeError(f"nn.dropout: p must be a number in [0, 1], got {type(p).__name__}")
+        raise TapeError(f"nn.{what}: p must be a number in [0, 1], got {type(p).__name__}")
     p = float(p)
     if not 0.0 <= p <= 1.0:
-        raise TapeError(f"nn.dropout: p must lie in [0, 1], got {p!r}")
-    i = tp.node_id(x, "nn.dropout input")
+        raise TapeError(f"nn.{what}: p must lie in [0, 1], got {p!r}")
+    i = tp.node_id(x, f"nn.{what} input")
     if tp.holds_ids(i):
-        raise TapeError(f"nn.dropout: node {i} holds integer data; dropout needs float "
+        raise TapeError(f"nn.{what}: node {i} holds integer data; dropout needs float "
                         f"values (tp.to_f64 converts)")
     if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
                              or not 0 <= int(salt) < 2 ** 63):
-        raise TapeError(f"nn.dropout: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+        raise TapeError(f"nn.{what}: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    if channels and len(x.shape) < 2:
+        raise TapeError(f"nn.{what}: expected x [N, C, ...], got {list(x.shape)}")
     if p == 0.0:
         return x
     rng = tp.rng()
     flag = tp.slice(rng, [2], [3])
-    if p == 1.0:
+    if p == 1.0:                      # torch: x * 0 (alpha dropout too)
         return tp.where(flag, 0.0, x)
-    u = tp.uniform(rng, shape=list(x.shape), salt=_next_salt(tp) if salt is None else int(salt))
+    shape = list(x.shape[:2]) + [1] * (len(x.shape) - 2) if channels else list(x.shape)
+    u = tp.uniform(rng, shape=shape, salt=_next_salt(tp) if salt is None else int(salt))
     keep = tp.ge(u, p)
-    on = tp.where(keep, tp.muls(x, 1.0 / (1.0 - p)), 0.0)
+    if shape != list(x.shape):
+        keep = tp.expand(keep, list(x.shape))
+    if alpha:
+        a = 1.0 / math.sqrt((ALPHA_SELU * ALPHA_SELU * p + 1.0) * (1.0 - p))
+        kept_b = (a * ALPHA_SELU) * p
+        dropped = -(a * ALPHA_SELU) + kept_b
+        on = tp.where(keep, tp.adds(tp.muls(x, a), kept_b), dropped)
+    else:
+        on = tp.where(keep, tp.muls(x, 1.0 / (1.0 - p)), 0.0)
     return tp.where(flag, on, x)
 
 

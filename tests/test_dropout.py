@@ -444,3 +444,77 @@ def test_the_trainer_refuses_a_bad_rng_slot(mlp, tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "rng slot 'gradtool.rng'" in lines[0], proc.stderr
+
+
+# ── channel dropout and alpha dropout ──────────────────────────────────────
+
+def test_feature_dropout_keeps_or_drops_whole_channels():
+    """One draw per (sample, channel), broadcast over the rest: a channel is x * 1/(1-p)
+    or +0.0 whole; about p of the 4000 channels drop (5 sigma); the flag 0 gives x."""
+    rng = np.random.default_rng(5)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((400, 10, 3, 2)))
+    y = nn.feature_dropout(x, 0.4)
+    (u,) = [i for i, n in enumerate(tp.nodes) if n.op == "uniform"]
+    assert tp.nodes[u].aux["shape"] == [400, 10, 1, 1]
+    keep = nx.uniform((400, 10, 1, 1), 0, 0.0, 0.0) >= 0.4
+    xv = tp.value(x)
+    assert_bits_equal(tp.value(y), np.where(keep, xv * (1.0 / (1.0 - 0.4)), 0.0))
+    dropped = 1.0 - keep.mean()
+    assert abs(dropped - 0.4) <= 5 * np.sqrt(0.4 * 0.6 / 4000)
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(y), xv)
+    with pytest.raises(gt.TapeError, match="feature_dropout: expected x"):
+        nn.feature_dropout(tp.param(np.ones(4)), 0.5)
+
+
+def test_alpha_dropout_is_torchs_affine_rule():
+    """Kept: x * a + a*alpha*p; dropped: -a*alpha + a*alpha*p (torch's constants); on
+    SELU-normalised inputs the mean and variance stay about 0 and 1; the flag 0 gives x;
+    the gradient is g * a where kept, +0.0 where dropped."""
+    rng = np.random.default_rng(6)
+    p = 0.2
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((200, 100)))
+    y = nn.alpha_dropout(x, p)
+    loss = tp.sum(y)
+    tp.backward(loss)
+    alpha = nn.ALPHA_SELU
+    a = 1.0 / np.sqrt((alpha * alpha * p + 1.0) * (1.0 - p))
+    keep = nx.uniform((200, 100), 0, 0.0, 0.0) >= p
+    xv = tp.value(x)
+    want = np.where(keep, xv * a + (a * alpha) * p, -(a * alpha) + (a * alpha) * p)
+    assert_bits_equal(tp.value(y), want)
+    assert abs(tp.value(y).mean()) < 0.02 and abs(tp.value(y).std() - 1.0) < 0.02
+    assert_bits_equal(tp.grad(x), np.where(keep, a, 0.0))
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(y), xv)
+    z = nn.alpha_dropout(tp.param(rng.standard_normal((6, 4, 5))), 0.3, channels=True)
+    (last,) = [n for n in tp.nodes if n.op == "uniform"][-1:]
+    assert last.aux["shape"] == [6, 4, 1] and tp.value(z).shape == (6, 4, 5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_channel_and_alpha_dropout_on_the_host_backend_equal_numpy(variant):
+    require_c_compiler()
+    from gradtool.device import capture
+    rng = np.random.default_rng(7)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((5, 4, 3, 3)))
+    y = nn.alpha_dropout(nn.feature_dropout(x, 0.3), 0.1, channels=True)
+    loss = tp.sum(tp.mul(y, tp.const(rng.standard_normal((5, 4, 3, 3)))))
+    r = tp.rng()
+    for fuse in (False, True):
+        rp = capture(tp, loss, "host", host_kernels=variant, fuse=fuse)
+        for ctr in ([3.0, 1.0, 1.0], [0.0, 0.0, 0.0]):
+            tp.set_value(r, ctr)
+            tp.forward()
+            tp.zero_grad()
+            tp.backward(loss)
+            rp.set_input(r.id, np.array(ctr))
+            rp.forward()
+            rp.backward()
+            assert_bits_equal(rp.value(y), tp.value(y), f"{variant} fuse={fuse} {ctr}")
+            assert_bits_equal(rp.grad(x), tp.grad(x), f"{variant} fuse={fuse} grad")

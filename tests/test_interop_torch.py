@@ -1893,3 +1893,55 @@ def test_logcumsumexp_matches_torch():
     torch.manual_seed(28)
     result, _ = import_matching_torch(LogCumSumExp(), (torch.randn(4, 6),))
     assert result.histogram["aten.logcumsumexp.default"] == 2
+
+
+class ChannelDropouts(nn.Module):
+    """nn.Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout in train mode (torch's
+    run_decompositions would turn them into bernoulli, which is refused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 6, 1)
+        self.fc = nn.Linear(4, 4)
+        self.d1, self.d2, self.d3 = nn.Dropout1d(0.2), nn.Dropout2d(0.3), nn.Dropout3d(0.4)
+        self.alpha, self.feature_alpha = nn.AlphaDropout(0.2), nn.FeatureAlphaDropout(0.25)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return ((self.d2(h) ** 2).mean() + self.d1(h[:, :, 0]).sum()
+                + self.d3(h.unsqueeze(2)).mean()
+                + self.alpha(torch.selu(self.fc(x[:, 0, 0]))).sum()
+                + (self.feature_alpha(h) ** 2).mean())
+
+
+def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
+    torch.manual_seed(29)
+    m = ChannelDropouts().train()
+    x = torch.randn(8, 2, 4, 4)
+    result = import_module(m, (x,))               # the import check passed inside
+    assert result.histogram["gradtool.feature_dropout.default"] == 3
+    assert result.histogram["gradtool.alpha_dropout.default"] == 2
+    shapes = [n.aux["shape"] for n in result.tape.nodes if n.op == "uniform"]
+    assert shapes == [[8, 6, 1, 1], [8, 6, 1], [8, 6, 1, 1, 1], [8, 4], [8, 6, 1, 1]]
+    tape = result.tape
+    tape.set_value(tape.rng(), [0.0, 0.0, 0.0])
+    tape.forward()
+    with torch.no_grad():
+        want = float(copy.deepcopy(m).double().eval()(x.double()))
+    assert abs(float(tape.values[result.loss.id][0]) - want) <= 1e-12 * abs(want)
+    plain = import_module(copy.deepcopy(m).eval(), (x,))
+    assert not any(n.op == "uniform" for n in plain.tape.nodes)
+    require_c_compiler()
+    tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
+    tape.forward()
+    path = tmp_path / "drop.msgpack"
+    result.save(path)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=np.random.default_rng(8).standard_normal((32, 2, 4, 4)))
+    saved = {}
+    for label, extra in (("cpu", []), ("host", ["--backend", "host"])):
+        out = tmp_path / f"{label}.msgpack"
+        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved[label] = out.read_bytes()
+    assert saved["cpu"] == saved["host"] != path.read_bytes()

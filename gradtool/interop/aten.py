@@ -639,6 +639,25 @@ def _dropout(r, node, x, p, train):
     return _dropout_of(r, x, p, train)
 
 
+@aten("gradtool.feature_dropout.default", "gradtool.alpha_dropout.default",
+      needs=("nn.feature_dropout", "nn.alpha_dropout"),
+      doc="torch's feature_dropout, alpha_dropout and feature_alpha_dropout, which the "
+          "importer turns into these custom ops before run_decompositions (which would make "
+          "them bernoulli): gradtool.nn.feature_dropout (Dropout1d/2d/3d: one draw per "
+          "sample and channel) or nn.alpha_dropout (AlphaDropout, FeatureAlphaDropout) in "
+          "train mode, the same value in eval mode")
+def _feature_dropout(r, node, x, p, train, channels=False):
+    from .. import nn
+    v = r.value(x)
+    if not train:
+        return v
+    if not 0.0 <= float(p) <= 1.0:
+        raise Unsupported(f"dropout probability {p!r} (a number in [0, 1] only)")
+    if str(node.target) == "gradtool.feature_dropout.default":
+        return nn.feature_dropout(r.f(x), float(p))
+    return nn.alpha_dropout(r.f(x), float(p), channels=bool(channels))
+
+
 @aten("aten.detach.default", needs=("detach",),
       doc="detach (a stop-gradient) of a value a param reaches, else the same value (the "
           "importer keeps detach out of run_decompositions, which would make it an alias)")

@@ -440,6 +440,7 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
     ep = _detach_no_grad_blocks(ep, torch)
+    ep = _keep_dropouts(ep, torch)
     table = torch.export.default_decompositions()
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
@@ -474,6 +475,68 @@ def _eval_loss(tape, loss) -> float:
     tape.set_value(tape.var(rng), recorded)
     tape.forward()
     return value
+
+
+_CHANNEL_DROPOUTS = {"aten.feature_dropout.default": ("feature_dropout", False),
+                     "aten.alpha_dropout.default": ("alpha_dropout", False),
+                     "aten.feature_alpha_dropout.default": ("alpha_dropout", True)}
+
+
+def _gradtool_dropout_ops(torch):
+    """The custom ops ``gradtool::feature_dropout(x, p, train)`` and
+    ``gradtool::alpha_dropout(x, p, train, channels)``, registered once: run_decompositions
+    keeps a custom op, where it would turn torch's feature and alpha dropouts (composite
+    ops it cannot be told to keep) into ``bernoulli``.  Run eagerly they are torch's own
+    ops (a copy of the result: a custom op's output may not alias its input)."""
+    ns = torch.ops.gradtool if hasattr(torch.ops, "gradtool") else None
+    if ns is not None and hasattr(ns, "feature_dropout") and hasattr(ns, "alpha_dropout"):
+        return ns.feature_dropout.default, ns.alpha_dropout.default
+
+    @torch.library.custom_op("gradtool::feature_dropout", mutates_args=(),
+                             schema="(Tensor x, float p, bool train) -> Tensor")
+    def feature_dropout(x, p, train):
+        return torch.ops.aten.feature_dropout(x, p, train).clone()
+
+    @torch.library.custom_op("gradtool::alpha_dropout", mutates_args=(),
+                             schema="(Tensor x, float p, bool train, bool channels) -> Tensor")
+    def alpha_dropout(x, p, train, channels):
+        op = torch.ops.aten.feature_alpha_dropout if channels else torch.ops.aten.alpha_dropout
+        return op(x, p, train).clone()
+
+    feature_dropout.register_fake(lambda x, p, train: torch.empty_like(x))
+    alpha_dropout.register_fake(lambda x, p, train, channels: torch.empty_like(x))
+    return torch.ops.gradtool.feature_dropout.default, torch.ops.gradtool.alpha_dropout.default
+
+
+def _keep_dropouts(ep, torch):
+    """torch's channel and alpha dropouts (``Dropout1d/2d/3d``, ``AlphaDropout``,
+    ``FeatureAlphaDropout``) as gradtool's custom ops, in a copy of ``ep`` (``ep`` itself
+    where it has none), so that they reach the mapping table whole (``nn.feature_dropout``,
+    ``nn.alpha_dropout``) instead of as ``bernoulli``, which is refused."""
+    def found(graph):
+        return [n for n in graph.nodes if n.op == "call_function"
+                and str(n.target) in _CHANNEL_DROPOUTS]
+
+    if not found(ep.graph_module.graph):
+        return ep
+    feature_op, alpha_op = _gradtool_dropout_ops(torch)
+    ep = copy.deepcopy(ep)
+    graph = ep.graph_module.graph
+    for node in found(graph):
+        kind, channels = _CHANNEL_DROPOUTS[str(node.target)]
+        x, p, train = (list(node.args) + [None, None, None])[:3]
+        p = node.kwargs.get("p", p)
+        train = node.kwargs.get("train", train)
+        args = (x, float(p), bool(train)) + ((bool(channels),) if kind == "alpha_dropout"
+                                            else ())
+        with graph.inserting_after(node):
+            new = graph.call_function(feature_op if kind == "feature_dropout" else alpha_op,
+                                      args)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    ep.graph_module.recompile()
+    return ep
 
 
 def _detach_no_grad_blocks(ep, torch):

@@ -72,6 +72,10 @@ class _Recording:
         values = self.values = {}
 
         dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
+        for name in ("feature_dropout", "alpha_dropout"):     # the importer's custom ops
+            ns = getattr(torch.ops, "gradtool", None)
+            if ns is not None and hasattr(ns, name):
+                dropouts.add(getattr(ns, name).default)
 
         class Keep(torch.fx.Interpreter):
             def run_node(self, n):
@@ -82,7 +86,7 @@ class _Recording:
             def call_function(self, target, args, kwargs):
                 if target in dropouts:          # dropout off: the tape's flag-0 loss
                     x = args[0]
-                    if target is torch.ops.aten.dropout.default:
+                    if target is not torch.ops.aten.native_dropout.default:
                         return x
                     return (x, torch.ones_like(x, dtype=torch.bool))
                 return super().call_function(target, args, kwargs)
