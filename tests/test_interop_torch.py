@@ -883,6 +883,34 @@ def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
     assert info.value.lines[0].startswith("random op ") and "bernoulli" in info.value.lines[0]
 
 
+class DrawsTargets(nn.Module):
+    """Random ops outside the table's list: torch.randint(lo, hi, shape) is
+    aten.randint.low, torch.normal(mean, std, shape) aten.normal.float_float; their
+    inputs are constants, so before the nondeterministic_seeded tag was read they were
+    folded: one draw frozen into the tape, silently (the import check then found the
+    loss torch's run draws differ)."""
+
+    def __init__(self, which):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.which = which
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.which == "randint":
+            return F.cross_entropy(y, torch.randint(0, 4, (x.shape[0],)))
+        return (y * torch.normal(0.0, 1.0, (x.shape[0], 4))).sum()
+
+
+@pytest.mark.parametrize("which, op", [("randint", "aten.randint.low"),
+                                       ("normal", "aten.normal.float_float")])
+def test_every_seeded_random_op_is_refused_not_folded(which, op):
+    with pytest.raises(TorchImportError) as info:
+        import_module(DrawsTargets(which), (torch.randn(5, 3),))
+    (line,) = info.value.lines
+    assert line.startswith(f"random op {op} (x1) at "), line
+
+
 class Mutates(nn.Module):
     def __init__(self):
         super().__init__()

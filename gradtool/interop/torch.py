@@ -723,7 +723,7 @@ class _Importer:
                 continue
             inputs = node.all_input_nodes
             shape_only = name in A.SHAPE_ONLY
-            if name in A.RANDOM:
+            if _draws(node, name):
                 continue
             if not shape_only and not all(n in self.const_nodes for n in inputs):
                 continue
@@ -764,7 +764,7 @@ class _Importer:
             name = _target_name(node)
             if name in A.SKIP:
                 continue
-            if name in A.RANDOM:
+            if _draws(node, name):
                 if "dropout" in name or _mentions_dropout(node):
                     self.problems.add("train-mode dropout", name, node,
                                       "this dropout draws its own random numbers; gradtool "
@@ -896,6 +896,19 @@ class _Importer:
             raise self.problems.error()
         return TorchImport(self.tp, loss, outputs, self.params, self.inputs, self.consts,
                            self.histogram, self.input_dtypes, {k: k for k in self.state})
+
+
+def _draws(node, name: str) -> bool:
+    """Whether the node draws random numbers: one of the table's RANDOM ops, or any op
+    torch tags ``nondeterministic_seeded`` (``randint.low``, ``normal``, ``multinomial``,
+    ...) that the table does not map (native_dropout: gradtool's counter-based masks).
+    Such a node is never folded (a draw frozen at import would be another program) and is
+    refused."""
+    if name in A.RANDOM:
+        return True
+    tags = getattr(node.target, "tags", ())
+    import torch
+    return torch.Tag.nondeterministic_seeded in tags and name not in A.ATEN
 
 
 def _target_name(node) -> str:
