@@ -586,7 +586,8 @@ def _adaptive_size(x, output_size, what, dims=2):
     size = list(output_size) if isinstance(output_size, (list, tuple)) else \
         [output_size] * dims
     if len(size) != dims:
-        raise TapeError(f"nn.{what}: output_size must be an int or {('two', 'three')[dims - 2]}, got "
+        count = ("two", "three")[dims - 2]
+        raise TapeError(f"nn.{what}: output_size must be an int or {count}, got "
                         f"{output_size!r}"[:200])
     size = [x.shape[2 + k] if v is None else v for k, v in enumerate(size)]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size):

@@ -11,11 +11,12 @@ user's module, silently:
 - a gradtool mapping that is wrong for some call.
 
 So after recording, :func:`check_against_torch` runs the exported program *before*
-decomposition in torch, with dropout off on both sides (torch's ``dropout`` and
-``native_dropout`` run as the identity here; the importer reads the tape's loss with the
-rng slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly) (``torch.fx.Interpreter``, float64, the example inputs; the
+decomposition in torch (``torch.fx.Interpreter``, float64, the example inputs; the
 graph is functional, so no buffer of the program changes) and compares its loss with
-the tape's.  They differ by rounding only (gradtool's orders against torch's
+the tape's, with dropout off on both sides: torch's dropouts (and the importer's
+``gradtool::`` channel and alpha dropouts) run as the identity here, and the importer
+reads the tape's loss with the rng slot's train flag 0, where ``gradtool.nn.dropout``
+gives its input exactly.  They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
