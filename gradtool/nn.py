@@ -30,7 +30,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "softmax_cross_entropy", "mse", "conv2d", "conv1d", "max_pool2d", "avg_pool2d",
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
-           "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout",
+           "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout", "bernoulli",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
@@ -188,6 +188,36 @@ def feature_dropout(x: GVar, p: float, salt: int = None) -> GVar:
 
 
 ALPHA_SELU = 1.7580993408473766      # torch's alpha_dropout constant (SELU's -scale*alpha)
+
+
+def bernoulli(p, shape=None, salt: int = None, tape=None) -> GVar:
+    """Bernoulli draws over the tape's rng slot (torch's ``bernoulli``): 1.0 where
+    ``uniform < p``, else 0.0, with probability ``p`` (a number in [0, 1], with ``shape``
+    and ``tape``; or a GVar of probabilities, its shape the draws'), no gradient (as
+    torch's).  With the slot's train flag 0 (validation) each draw is its mean ``p`` (held
+    constant: ``detach``), so the inverted-dropout pattern ``x * mask / p`` (stochastic
+    depth, DropPath) gives x there, as torch's eval() skips the draw."""
+    if isinstance(p, GVar):
+        tp = _tape(p, "bernoulli")
+        shape = list(p.shape)
+        probs = tp.detach(p)
+    else:
+        tp = tape
+        if tp is None or shape is None:
+            raise TapeError("nn.bernoulli: a number p needs shape= and tape=")
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= float(p) <= 1.0:
+            raise TapeError(f"nn.bernoulli: p must be a number in [0, 1] or a GVar, got "
+                            f"{p!r}"[:200])
+        shape = [int(d) for d in shape]
+        probs = tp.const(np.array([float(p)]))
+    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
+                             or not 0 <= int(salt) < 2 ** 63):
+        raise TapeError(f"nn.bernoulli: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    rng = tp.rng()
+    u = tp.uniform(rng, shape=shape, salt=_next_salt(tp) if salt is None else int(salt))
+    draws = tp.lt(u, probs)
+    return tp.where(tp.slice(rng, [2], [3]), draws, tp.expand(probs, shape))
 
 
 def alpha_dropout(x: GVar, p: float, salt: int = None, channels: bool = False) -> GVar:

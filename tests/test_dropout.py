@@ -518,3 +518,57 @@ def test_channel_and_alpha_dropout_on_the_host_backend_equal_numpy(variant):
             rp.backward()
             assert_bits_equal(rp.value(y), tp.value(y), f"{variant} fuse={fuse} {ctr}")
             assert_bits_equal(rp.grad(x), tp.grad(x), f"{variant} fuse={fuse} grad")
+
+
+# ── bernoulli ──────────────────────────────────────────────────────────────
+
+def test_bernoulli_draws_and_their_mean_with_the_flag_off():
+    """1.0 where uniform < p (about p of 10^5, 5 sigma), from a number or a tensor of
+    probabilities; the flag 0 gives p itself; no gradient reaches the probabilities."""
+    tp = gt.Tape()
+    d = nn.bernoulli(0.3, shape=[200, 500], tape=tp)
+    u = nx.uniform((200, 500), 0, 0.0, 0.0)
+    assert_bits_equal(tp.value(d), (u < 0.3).astype(np.float64))
+    assert abs(tp.value(d).mean() - 0.3) <= 5 * np.sqrt(0.3 * 0.7 / 1e5)
+    probs = tp.param(np.linspace(0.0, 1.0, 12).reshape(3, 4))
+    e = nn.bernoulli(tp.sigmoid(probs))
+    pv = 1.0 / (1.0 + np.exp(-tp.value(probs)))
+    assert_bits_equal(tp.value(e), (nx.uniform((3, 4), 1, 0.0, 0.0) < tp.value(
+        tp.sigmoid(probs))).astype(np.float64))
+    loss = tp.sum(tp.mul(e, tp.const(np.ones((3, 4)))))
+    tp.backward(loss)
+    assert_bits_equal(tp.grad(probs), np.zeros((3, 4)))
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(d), np.full((200, 500), 0.3))
+    assert np.allclose(tp.value(e), pv, rtol=1e-15, atol=0)
+    for bad, needle in ((lambda: nn.bernoulli(1.5, shape=[2], tape=tp), "p must be"),
+                        (lambda: nn.bernoulli(0.5), "needs shape= and tape="),
+                        (lambda: nn.bernoulli(0.5, shape=[2], tape=tp, salt=-1), "salt")):
+        with pytest.raises(gt.TapeError, match=needle):
+            bad()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bernoulli_on_the_host_backend_equals_numpy(variant):
+    require_c_compiler()
+    from gradtool.device import capture
+    rng = np.random.default_rng(10)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((6, 5)))
+    mask = nn.bernoulli(0.7, shape=[6, 1], tape=tp)
+    y = tp.add(x, tp.mul(tp.tanh(x), tp.div(mask, tp.const(np.array([0.7])))))
+    loss = tp.sum(tp.mul(y, y))
+    r = tp.rng()
+    for fuse in (False, True):
+        rp = capture(tp, loss, "host", host_kernels=variant, fuse=fuse)
+        for ctr in ([5.0, 1.0, 1.0], [0.0, 0.0, 0.0]):
+            tp.set_value(r, ctr)
+            tp.forward()
+            tp.zero_grad()
+            tp.backward(loss)
+            rp.set_input(r.id, np.array(ctr))
+            rp.forward()
+            rp.backward()
+            assert_bits_equal(rp.value(y), tp.value(y), f"{variant} fuse={fuse} {ctr}")
+            assert_bits_equal(rp.grad(x), tp.grad(x), f"{variant} fuse={fuse} grad")

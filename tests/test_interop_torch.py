@@ -863,13 +863,13 @@ class ReadsTheMask(nn.Module):
         return (y * mask).sum()
 
 
-class Bernoulli(nn.Module):
+class Rand(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(3, 3)
 
     def forward(self, x):
-        return (self.fc(x) * torch.bernoulli(torch.full((2, 3), 0.5))).sum()
+        return (self.fc(x) * torch.rand(2, 3)).sum()
 
 
 def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
@@ -878,9 +878,9 @@ def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
     assert len(info.value.lines) == 1, info.value.lines
     assert "native_dropout" in info.value.lines[0] and "a dropout's mask" in info.value.lines[0]
     with pytest.raises(TorchImportError) as info:
-        import_module(Bernoulli(), (torch.randn(2, 3),))
+        import_module(Rand(), (torch.randn(2, 3),))
     assert len(info.value.lines) == 1, info.value.lines
-    assert info.value.lines[0].startswith("random op ") and "bernoulli" in info.value.lines[0]
+    assert info.value.lines[0].startswith("random op aten.rand.default (x1) at ")
 
 
 class DrawsTargets(nn.Module):
@@ -1973,3 +1973,57 @@ def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
         assert res.exit_code == 0, res.output
         saved[label] = out.read_bytes()
     assert saved["cpu"] == saved["host"] != path.read_bytes()
+
+
+class StochasticDepth(nn.Module):
+    """DropPath (timm's and torchvision's stochastic depth: a per-sample bernoulli mask
+    divided by the keep probability) on a residual branch, and bernoulli of a tensor of
+    probabilities."""
+
+    def __init__(self, keep=0.8):
+        super().__init__()
+        self.keep = keep
+        self.branch = nn.Linear(4, 4)
+        self.gate = nn.Linear(4, 4)
+
+    def forward(self, x):
+        mask = x.new_empty((x.shape[0], 1)).bernoulli_(self.keep)
+        mask.div_(self.keep)
+        h = x + self.branch(x) * mask
+        return (h ** 2).sum() + (x * torch.bernoulli(torch.sigmoid(self.gate(x)))).sum()
+
+    def mean_loss(self, x):
+        """The loss with each draw replaced by its mean (what the flag 0 computes)."""
+        h = x + self.branch(x) * (torch.full((x.shape[0], 1), self.keep) / self.keep)
+        return (h ** 2).sum() + (x * torch.sigmoid(self.gate(x))).sum()
+
+
+def test_stochastic_depth_and_bernoulli_import_and_train(tmp_path):
+    torch.manual_seed(30)
+    m = StochasticDepth().train()
+    x = torch.randn(6, 4)
+    result = import_module(m, (x,))               # the import check (draws as means) passed
+    assert result.histogram["aten.bernoulli.p"] == 1
+    assert result.histogram["aten.bernoulli.default"] == 1
+    tape = result.tape
+    assert [n.aux["shape"] for n in tape.nodes if n.op == "uniform"] == [[6, 1], [6, 4]]
+    tape.set_value(tape.rng(), [0.0, 0.0, 0.0])
+    tape.forward()
+    with torch.no_grad():
+        want = float(copy.deepcopy(m).double().mean_loss(x.double()))
+    assert abs(float(tape.values[result.loss.id][0]) - want) <= 1e-12 * abs(want)
+    tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
+    tape.forward()
+    require_c_compiler()
+    path = tmp_path / "droppath.msgpack"
+    result.save(path)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=np.random.default_rng(9).standard_normal((24, 4)))
+    saved = {}
+    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
+                         ("fused", ["--backend", "host", "--fuse"])):
+        out = tmp_path / f"{label}.msgpack"
+        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved[label] = out.read_bytes()
+    assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()

@@ -658,6 +658,20 @@ def _feature_dropout(r, node, x, p, train, channels=False):
     return nn.alpha_dropout(r.f(x), float(p), channels=bool(channels))
 
 
+@aten("aten.bernoulli.p", "aten.bernoulli.default", needs=("nn.bernoulli",),
+      doc="gradtool.nn.bernoulli: lt(uniform, p) over the rng slot (counter-based draws, no "
+          "gradient); with the train flag 0 (validation) the mean p, so x * mask / p is x "
+          "(stochastic depth, DropPath); bernoulli.default (probabilities a tensor) kept "
+          "out of run_decompositions, which would draw it with rand")
+def _bernoulli(r, node, x, p=None, generator=None):
+    from .. import nn
+    if p is None:                                   # bernoulli(probs)
+        return nn.bernoulli(r.f(x))
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
+        raise Unsupported(f"bernoulli with p {p!r} (a number in [0, 1] only)")
+    return nn.bernoulli(float(p), shape=r.shape(node), tape=r.tp)
+
+
 @aten("aten.detach.default", needs=("detach",),
       doc="detach (a stop-gradient) of a value a param reaches, else the same value (the "
           "importer keeps detach out of run_decompositions, which would make it an alias)")
@@ -1214,7 +1228,7 @@ def _multilabel_margin(r, node, x, target, reduction=1):
 
 # ops kept out of run_decompositions, each recorded by its own entry in this table
 PRESERVE = {"aten.detach.default", "aten.multilabel_margin_loss.default",
-            "aten.index_add.default"}
+            "aten.index_add.default", "aten.bernoulli.default"}
 
 
 # ── scatter-adds (GNN message passing: index_add, scatter_add, index_put(accumulate)) ──
@@ -1371,7 +1385,6 @@ SHAPE_ONLY = {
 # ops that draw random numbers: refused (dropout is not among them: native_dropout imports
 # as gradtool.nn.dropout, whose masks are counter-based)
 RANDOM = {
-    "aten.bernoulli.default", "aten.bernoulli.p",
     "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
     "aten.randn_like.default", "aten.randint.default", "aten.randint_like.default",
     "aten.randperm.default", "aten.normal.Tensor_float", "aten.uniform.default",

@@ -723,7 +723,7 @@ class _Importer:
                 continue
             inputs = node.all_input_nodes
             shape_only = name in A.SHAPE_ONLY
-            if _draws(node, name):
+            if _seeded(node, name):
                 continue
             if not shape_only and not all(n in self.const_nodes for n in inputs):
                 continue
@@ -899,16 +899,20 @@ class _Importer:
 
 
 def _draws(node, name: str) -> bool:
-    """Whether the node draws random numbers: one of the table's RANDOM ops, or any op
-    torch tags ``nondeterministic_seeded`` (``randint.low``, ``normal``, ``multinomial``,
-    ...) that the table does not map (native_dropout: gradtool's counter-based masks).
-    Such a node is never folded (a draw frozen at import would be another program) and is
-    refused."""
-    if name in A.RANDOM:
-        return True
-    tags = getattr(node.target, "tags", ())
+    """Whether the node draws random numbers that gradtool cannot record: one of the
+    table's RANDOM ops, or any op torch tags ``nondeterministic_seeded`` (``randint.low``,
+    ``normal``, ``multinomial``, ...) that the table does not map (native_dropout and
+    bernoulli are mapped: gradtool's counter-based draws).  Refused, one line each; no
+    random node is ever folded (:func:`_seeded`: a draw frozen at import would be another
+    program)."""
+    return _seeded(node, name) and name not in A.ATEN
+
+
+def _seeded(node, name: str) -> bool:
+    """Whether the node draws random numbers (mapped or not): never folded."""
     import torch
-    return torch.Tag.nondeterministic_seeded in tags and name not in A.ATEN
+    return name in A.RANDOM or torch.Tag.nondeterministic_seeded in getattr(
+        node.target, "tags", ())
 
 
 def _target_name(node) -> str:

@@ -14,9 +14,9 @@ So after recording, :func:`check_against_torch` runs the exported program *befor
 decomposition in torch (``torch.fx.Interpreter``, float64, the example inputs; the
 graph is functional, so no buffer of the program changes) and compares its loss with
 the tape's, with dropout off on both sides: torch's dropouts (and the importer's
-``gradtool::`` channel and alpha dropouts) run as the identity here, and the importer
-reads the tape's loss with the rng slot's train flag 0, where ``gradtool.nn.dropout``
-gives its input exactly.  They differ by rounding only (gradtool's orders against torch's
+``gradtool::`` channel and alpha dropouts) run as the identity here and a bernoulli
+draw as its mean p, and the importer reads the tape's loss with the rng slot's train
+flag 0, where ``gradtool.nn.dropout`` gives its input exactly and ``nn.bernoulli`` p.  They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
@@ -73,6 +73,12 @@ class _Recording:
         values = self.values = {}
 
         dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
+        means = {                           # bernoulli's draws, each its mean p
+            torch.ops.aten.bernoulli.p: lambda x, p=0.5, generator=None: torch.full_like(x, p),
+            torch.ops.aten.bernoulli.default: lambda x, generator=None: x.clone(),
+            torch.ops.aten.bernoulli_.float: lambda x, p=0.5, generator=None: x.fill_(p),
+            torch.ops.aten.bernoulli_.Tensor: lambda x, p, generator=None: x.copy_(p),
+        }
         for name in ("feature_dropout", "alpha_dropout"):     # the importer's custom ops
             ns = getattr(torch.ops, "gradtool", None)
             if ns is not None and hasattr(ns, name):
@@ -85,6 +91,8 @@ class _Recording:
                 return out
 
             def call_function(self, target, args, kwargs):
+                if target in means:             # a draw's mean, as the tape's flag 0
+                    return means[target](*args, **kwargs)
                 if target in dropouts:          # dropout off: the tape's flag-0 loss
                     x = args[0]
                     if target is not torch.ops.aten.native_dropout.default:
