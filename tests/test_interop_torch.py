@@ -479,7 +479,25 @@ CASES = {
     "parametrizations_and_ema": (normalised_case, ("detach",)),
     "conv3d_net": (net3d_case, ("conv2d", "nn.conv3d", "nn.max_pool3d", "nn.avg_pool3d")),
     "angle_erfc_features": (angle_case, ("atan2", "erfc", "atan")),
+    "spatial_transformer": (lambda: stn_case(), ("nn.grid_sample",)),
+    "metric_layers": (lambda: metric_case(), ("nn.adaptive_avg_pool3d",)),
+    "transposed_3d": (lambda: transposed3d_case(), ("nn.conv_transpose3d",)),
 }
+
+
+def stn_case():
+    torch.manual_seed(31)
+    return SpatialTransformer(False, 0.1, True), (torch.randn(2, 2, 7, 8),)
+
+
+def metric_case():
+    torch.manual_seed(32)
+    return Metric(), (torch.randn(6, 5), torch.randn(6, 4))
+
+
+def transposed3d_case():
+    torch.manual_seed(33)
+    return Transposed3d(), (torch.randn(2, 4, 3, 4, 3),)
 
 
 def _case_params():
