@@ -2045,3 +2045,26 @@ def test_stochastic_depth_and_bernoulli_import_and_train(tmp_path):
         assert res.exit_code == 0, res.output
         saved[label] = out.read_bytes()
     assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
+
+
+class NanAware(nn.Module):
+    """torch.fmax and torch.fmin: the other operand where one is NaN (a NaN mask on the
+    input's values), broadcasting, ties."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        holes = torch.where(x > 1.0, torch.full_like(x, float("nan")), y)
+        return (torch.fmax(holes, y.flip(0)).sum() + torch.fmin(holes, y[:1]).sum()
+                + torch.fmax(y, y).sum())
+
+
+def test_fmax_and_fmin_match_torch():
+    torch.manual_seed(34)
+    x = torch.randn(6, 4)
+    assert bool((x > 1.0).any())
+    result, _ = import_matching_torch(NanAware(), (x,))
+    assert result.histogram["aten.fmax.default"] == 2

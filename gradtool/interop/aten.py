@@ -379,6 +379,17 @@ def _minimum(r, node, a, b):
     return r.tp.minimum(r.f(a), r.f(b))
 
 
+@aten("aten.fmax.default", "aten.fmin.default", needs=("maximum", "minimum", "ne", "where"),
+      doc="maximum (minimum) where neither is NaN; the other operand where one is (NaN "
+          "only where both are), as C's fmax: where(b != b, a, where(a != a, b, maximum(a, "
+          "b))); the gradient torch's (to a where a wins or b is NaN)")
+def _fmax(r, node, a, b):
+    tp = r.tp
+    a, b = r.f(a), r.f(b)
+    pick = tp.maximum if str(node.target).startswith("aten.fmax") else tp.minimum
+    return tp.where(tp.ne(b, b), a, tp.where(tp.ne(a, a), b, pick(a, b)))
+
+
 @aten("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
       "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor", needs=("clamp",),
       doc="clamp by numbers (or one-element constants); by tensors minimum(maximum(a, lo), "
