@@ -2068,3 +2068,25 @@ def test_fmax_and_fmin_match_torch():
     assert bool((x > 1.0).any())
     result, _ = import_matching_torch(NanAware(), (x,))
     assert result.histogram["aten.fmax.default"] == 2
+
+
+def test_import_program_leaves_the_callers_program_alone():
+    """The check against torch runs the exported (training) IR, which updates batch
+    norm's running statistics and num_batches_tracked in place: on copies, so the
+    caller's program keeps every buffer and example bit for bit (and so does a second
+    import of it)."""
+    from gradtool.interop.torch import import_program
+    torch.manual_seed(35)
+    module = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3), nn.Flatten(),
+                           nn.Linear(27, 1)).double().train()
+    x = torch.randn(4, 2, 3, 3, dtype=torch.float64)
+    ep = torch.export.export(_Squares(module), (x,))
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    example = ep.example_inputs[0][0].clone()
+    first = import_program(ep)
+    for k, v in ep.state_dict.items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(ep.example_inputs[0][0], example)
+    second = import_program(ep)
+    assert float(first.tape.values[first.loss.id][0]) == \
+        float(second.tape.values[second.loss.id][0])

@@ -11,12 +11,13 @@ user's module, silently:
 - a gradtool mapping that is wrong for some call.
 
 So after recording, :func:`check_against_torch` runs the exported program *before*
-decomposition in torch (``torch.fx.Interpreter``, float64, the example inputs; the
-graph is functional, so no buffer of the program changes) and compares its loss with
-the tape's, with dropout off on both sides: torch's dropouts (and the importer's
-``gradtool::`` channel and alpha dropouts) run as the identity here and a bernoulli
-draw as its mean p, and the importer reads the tape's loss with the rng slot's train
-flag 0, where ``gradtool.nn.dropout`` gives its input exactly and ``nn.bernoulli`` p.  They differ by rounding only (gradtool's orders against torch's
+decomposition in torch (``torch.fx.Interpreter``, float64, on copies of the example
+inputs, parameters and buffers: the program's buffers do not change) and compares its
+loss with the tape's, with dropout off on both sides: torch's dropouts (and the
+importer's ``gradtool::`` channel and alpha dropouts) run as the identity here and a
+bernoulli draw as its mean p, and the importer reads the tape's loss with the rng
+slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and
+``nn.bernoulli`` p.  They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
@@ -104,7 +105,10 @@ class _Recording:
 
 
 def _flat_args(torch, ep):
-    """The program's placeholders' values, in input_specs order, or None without examples."""
+    """Copies of the program's placeholders' values, in input_specs order, or None without
+    examples.  Copies: the exported (training) IR is not functional -- ``batch_norm``
+    updates its running statistics in place, ``add_`` counts ``num_batches_tracked`` --
+    and the caller's program keeps its buffers (and the examples their values)."""
     import torch.utils._pytree as pytree
     from torch.export.graph_signature import InputKind
     example = getattr(ep, "example_inputs", None)
@@ -126,7 +130,7 @@ def _flat_args(torch, ep):
             flat.append(ep.constants[spec.target])
         else:
             return None
-    return flat
+    return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in flat]
 
 
 def torch_loss(ep, loss_output: int):
