@@ -31,6 +31,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
            "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout", "bernoulli",
+           "normal",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
@@ -218,6 +219,37 @@ def bernoulli(p, shape=None, salt: int = None, tape=None) -> GVar:
     u = tp.uniform(rng, shape=shape, salt=_next_salt(tp) if salt is None else int(salt))
     draws = tp.lt(u, probs)
     return tp.where(tp.slice(rng, [2], [3]), draws, tp.expand(probs, shape))
+
+
+TWO_PI = 2.0 * math.pi                # rounded once
+
+
+def normal(shape, tape, salt: int = None) -> GVar:
+    """Standard normal draws over the tape's rng slot (torch's ``randn``): Box-Muller on
+    one ``uniform`` of shape [2, *shape], ``z = sqrt(-2 * log(1 - u1)) * cos(2pi * u2)``
+    (``1 - u1`` is exact and in (0, 1], so no draw is infinite; log, sqrt and cos are
+    the table's libm-free ones, so every backend gives the same bits); no gradient.  With
+    the slot's train flag 0 (validation) each draw is its mean, +0.0: a VAE's sample is
+    its mean there."""
+    tp = tape
+    if tp is None or not hasattr(tp, "rng"):
+        raise TapeError("nn.normal: tape= must be a gradtool Tape")
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+            for d in shape):
+        raise TapeError(f"nn.normal: shape must be a list of ints >= 1, got {shape!r}"[:200])
+    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
+                             or not 0 <= int(salt) < 2 ** 63):
+        raise TapeError(f"nn.normal: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    shape = [int(d) for d in shape]
+    rng = tp.rng()
+    u = tp.uniform(rng, shape=[2] + shape, salt=_next_salt(tp) if salt is None else int(salt))
+    lo, hi = [0] * (len(shape) + 1), [1] + shape
+    u1 = tp.reshape(tp.slice(u, lo, hi), shape)
+    u2 = tp.reshape(tp.slice(u, [1] + lo[1:], [2] + shape), shape)
+    radius = tp.sqrt(tp.muls(tp.log(tp.sub(tp.const(np.ones(1)), u1)), -2.0))
+    z = tp.mul(radius, tp.cos(tp.muls(u2, TWO_PI)))
+    return tp.where(tp.slice(rng, [2], [3]), z, 0.0)
 
 
 def alpha_dropout(x: GVar, p: float, salt: int = None, channels: bool = False) -> GVar:

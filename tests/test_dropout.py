@@ -565,3 +565,39 @@ def _host_equals_numpy(tp, loss, x, y, variant, counters):
             rp.backward()
             assert_bits_equal(rp.value(y), tp.value(y), f"{variant} fuse={fuse} {ctr}")
             assert_bits_equal(rp.grad(x), tp.grad(x), f"{variant} fuse={fuse} grad")
+
+
+# ── normal ─────────────────────────────────────────────────────────────────
+
+def test_normal_draws_are_box_muller_and_their_mean_with_the_flag_off():
+    """z = sqrt(-2 log(1 - u1)) * cos(2pi u2) of one uniform [2, *shape], by the table's
+    libm-free functions; 10^5 draws have mean 0 and variance 1 (5 sigma) and a normal
+    tail (|z| > 3 about 0.27%); the flag 0 gives +0.0 everywhere."""
+    from gradtool import fdlibm
+    tp = gt.Tape()
+    z = nn.normal([400, 250], tape=tp)
+    u = nx.uniform((2, 400, 250), 0, 0.0, 0.0)
+    want = np.sqrt(fdlibm.log(1.0 - u[0]) * -2.0) * fdlibm.cos(u[1] * nn.TWO_PI)
+    assert_bits_equal(tp.value(z), want)
+    zv = tp.value(z)
+    assert abs(zv.mean()) <= 5 / np.sqrt(1e5) and abs(zv.var() - 1.0) <= 5 * np.sqrt(2 / 1e5)
+    assert abs((np.abs(zv) > 3).mean() - 0.0027) <= 5 * np.sqrt(0.0027 / 1e5)
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(z), np.zeros((400, 250)))
+    for bad, needle in ((lambda: nn.normal([2, 0], tape=tp), "shape must be"),
+                        (lambda: nn.normal([2], tape=None), "tape= must be"),
+                        (lambda: nn.normal([2], tape=tp, salt=2.5), "salt")):
+        with pytest.raises(gt.TapeError, match=needle):
+            bad()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_normal_on_the_host_backend_equals_numpy(variant):
+    require_c_compiler()
+    rng = np.random.default_rng(11)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((4, 3)))
+    y = tp.add(x, tp.mul(tp.exp(tp.muls(x, 0.5)), nn.normal([4, 3], tape=tp)))
+    loss = tp.sum(tp.mul(y, y))
+    _host_equals_numpy(tp, loss, x, y, variant, [9.0, 2.0, 1.0])

@@ -683,6 +683,25 @@ def _bernoulli(r, node, x, p=None, generator=None):
     return nn.bernoulli(float(p), shape=r.shape(node), tape=r.tp)
 
 
+@aten("aten.randn.default", "aten.randn_like.default", "aten.normal.float_float",
+      "aten.normal.Tensor_float", "aten.normal.float_Tensor", "aten.normal.Tensor_Tensor",
+      needs=("nn.normal",),
+      doc="gradtool.nn.normal (Box-Muller on uniform over the rng slot: counter-based, the "
+          "same bits on every backend; no gradient), times std plus mean for normal; with "
+          "the train flag 0 (validation) each draw is its mean (+0.0: randn, mean: normal)")
+def _randn(r, node, *args, **kwargs):
+    from .. import nn
+    name = str(node.target)
+    shape = r.shape(node)
+    z = nn.normal(shape, tape=r.tp)
+    if not name.startswith("aten.normal"):
+        return z
+    mean, std = (list(args) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
+    tp = r.tp
+    scaled = tp.muls(z, float(std)) if _num(std) else tp.mul(z, r.f(std))
+    return tp.adds(scaled, float(mean)) if _num(mean) else tp.add(scaled, r.f(mean))
+
+
 @aten("aten.detach.default", needs=("detach",),
       doc="detach (a stop-gradient) of a value a param reaches, else the same value (the "
           "importer keeps detach out of run_decompositions, which would make it an alias)")
@@ -1396,9 +1415,8 @@ SHAPE_ONLY = {
 # ops that draw random numbers: refused (dropout is not among them: native_dropout imports
 # as gradtool.nn.dropout, whose masks are counter-based)
 RANDOM = {
-    "aten.rand.default", "aten.rand_like.default", "aten.randn.default",
-    "aten.randn_like.default", "aten.randint.default", "aten.randint_like.default",
-    "aten.randperm.default", "aten.normal.Tensor_float", "aten.uniform.default",
+    "aten.rand.default", "aten.rand_like.default", "aten.randint.default",
+    "aten.randint_like.default", "aten.randperm.default", "aten.uniform.default",
 }
 
 # no-op bookkeeping nodes torch.export leaves in graphs

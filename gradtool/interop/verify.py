@@ -15,9 +15,9 @@ decomposition in torch (``torch.fx.Interpreter``, float64, on copies of the exam
 inputs, parameters and buffers: the program's buffers do not change) and compares its
 loss with the tape's, with dropout off on both sides: torch's dropouts (and the
 importer's ``gradtool::`` channel and alpha dropouts) run as the identity here and a
-bernoulli draw as its mean p, and the importer reads the tape's loss with the rng
-slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and
-``nn.bernoulli`` p.  They differ by rounding only (gradtool's orders against torch's
+bernoulli or normal draw as its mean, and the importer reads the tape's loss with the
+rng slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and
+``nn.bernoulli`` and ``nn.normal`` their means.  They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
@@ -79,7 +79,12 @@ class _Recording:
             torch.ops.aten.bernoulli.default: lambda x, generator=None: x.clone(),
             torch.ops.aten.bernoulli_.float: lambda x, p=0.5, generator=None: x.fill_(p),
             torch.ops.aten.bernoulli_.Tensor: lambda x, p, generator=None: x.copy_(p),
+            torch.ops.aten.randn.default: lambda size, **kw: torch.zeros(
+                size, dtype=torch.float64),
+            torch.ops.aten.randn_like.default: lambda x, **kw: torch.zeros_like(x),
         }
+        for overload in ("float_float", "Tensor_float", "float_Tensor", "Tensor_Tensor"):
+            means[getattr(torch.ops.aten.normal, overload)] = _normal_mean(torch)
         for name in ("feature_dropout", "alpha_dropout"):     # the importer's custom ops
             ns = getattr(torch.ops, "gradtool", None)
             if ns is not None and hasattr(ns, name):
@@ -102,6 +107,15 @@ class _Recording:
                 return super().call_function(target, args, kwargs)
 
         self.interpreter = Keep(gm)
+
+
+def _normal_mean(torch):
+    """torch.normal's draws replaced by their mean (the tape's flag-0 value)."""
+    def mean_of(mean, std=1.0, size=None, **kw):
+        shape = size if size is not None else torch.broadcast_shapes(
+            *(tuple(t.shape) for t in (mean, std) if isinstance(t, torch.Tensor)))
+        return torch.zeros(shape, dtype=torch.float64) + mean
+    return mean_of
 
 
 def _flat_args(torch, ep):
