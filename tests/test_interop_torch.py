@@ -860,13 +860,7 @@ def test_train_mode_dropout_imports_and_matches_torch_eval_with_the_flag_off(tmp
     rng = np.random.default_rng(4)
     data = tmp_path / "data.npz"
     np.savez(data, x=rng.standard_normal((32, 6)), y=rng.standard_normal((32, 3)))
-    saved = {}
-    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
-                         ("fused", ["--backend", "host", "--fuse"])):
-        out = tmp_path / f"{label}.msgpack"
-        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
-        assert res.exit_code == 0, res.output
-        saved[label] = out.read_bytes()
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
     assert len(set(saved.values())) == 1
     assert saved["cpu"] != path.read_bytes()
 
@@ -1198,6 +1192,22 @@ def import_matching_torch(module, inputs, reference=None):
         got = result.tape.grad(result.params[name])
         assert np.linalg.norm(got - g) <= 1e-11 * np.linalg.norm(g), name
     return result, ref
+
+
+ENGINES = (("cpu", []), ("host", ["--backend", "host"]),
+           ("fused", ["--backend", "host", "--fuse"]))
+
+
+def trained_bytes(path, common, tmp_path, engines=ENGINES) -> dict:
+    """`gradtool train path *common` on each engine (label, extra args): the saved
+    file's bytes by label, each run checked to exit 0."""
+    saved = {}
+    for label, extra in engines:
+        out = tmp_path / f"{label}.msgpack"
+        res = run("train", path, *common, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved[label] = out.read_bytes()
+    return saved
 
 
 def test_detach_is_a_stop_gradient_as_in_torch():
@@ -1562,13 +1572,7 @@ def test_the_unet_layers_train_to_the_same_bytes_on_every_engine_and_two_ranks(t
     data = tmp_path / "data.npz"
     np.savez(data, x=rng.standard_normal((32, 2, 8, 8)), y=rng.integers(0, 3, 32))
     common = ["--data", data, "--epochs", 2, "--shards", 2]
-    saved = {}
-    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
-                         ("fused", ["--backend", "host", "--fuse"])):
-        out = tmp_path / f"{label}.msgpack"
-        res = run("train", tape, *common, *extra, "--save", out)
-        assert res.exit_code == 0, res.output
-        saved[label] = out.read_bytes()
+    saved = trained_bytes(tape, common, tmp_path)
     saved["2 ranks"] = train_under_mpiexec(tape, common, tmp_path / "mpi.msgpack")
     assert len(set(saved.values())) == 1, {k: len(v) for k, v in saved.items()}
     assert saved["cpu"] != tape.read_bytes()                   # it trained
@@ -1984,12 +1988,7 @@ def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
     result.save(path)
     data = tmp_path / "data.npz"
     np.savez(data, x=np.random.default_rng(8).standard_normal((32, 2, 4, 4)))
-    saved = {}
-    for label, extra in (("cpu", []), ("host", ["--backend", "host"])):
-        out = tmp_path / f"{label}.msgpack"
-        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
-        assert res.exit_code == 0, res.output
-        saved[label] = out.read_bytes()
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path, ENGINES[:2])
     assert saved["cpu"] == saved["host"] != path.read_bytes()
 
 
@@ -2037,13 +2036,7 @@ def test_stochastic_depth_and_bernoulli_import_and_train(tmp_path):
     result.save(path)
     data = tmp_path / "data.npz"
     np.savez(data, x=np.random.default_rng(9).standard_normal((24, 4)))
-    saved = {}
-    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
-                         ("fused", ["--backend", "host", "--fuse"])):
-        out = tmp_path / f"{label}.msgpack"
-        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
-        assert res.exit_code == 0, res.output
-        saved[label] = out.read_bytes()
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
     assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
 
 
@@ -2133,11 +2126,5 @@ def test_a_vae_imports_and_trains_to_the_same_bytes(tmp_path):
     result.save(path)
     data = tmp_path / "data.npz"
     np.savez(data, x=np.random.default_rng(12).standard_normal((20, 6)))
-    saved = {}
-    for label, extra in (("cpu", []), ("host", ["--backend", "host"]),
-                         ("fused", ["--backend", "host", "--fuse"])):
-        out = tmp_path / f"{label}.msgpack"
-        res = run("train", path, "--data", data, "--epochs", 2, *extra, "--save", out)
-        assert res.exit_code == 0, res.output
-        saved[label] = out.read_bytes()
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
     assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
