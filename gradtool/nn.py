@@ -149,6 +149,16 @@ def rng_slot(tp) -> GVar:
     return tp.rng()
 
 
+def _salt(tp, salt, what: str) -> int:
+    """``salt`` (an int in [0, 2^63)) checked, or by default :func:`_next_salt`."""
+    if salt is None:
+        return _next_salt(tp)
+    if isinstance(salt, bool) or not isinstance(salt, (int, np.integer)) or \
+            not 0 <= int(salt) < 2 ** 63:
+        raise TapeError(f"nn.{what}: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    return int(salt)
+
+
 def _next_salt(tp) -> int:
     """One more than the largest salt of the tape's uniform nodes (0 for the first): each
     dropout of a tape draws its own numbers, on a loaded tape too."""
@@ -200,8 +210,6 @@ def bernoulli(p, shape=None, salt: int = None, tape=None) -> GVar:
     depth, DropPath) gives x there, as torch's eval() skips the draw."""
     if isinstance(p, GVar):
         tp = _tape(p, "bernoulli")
-        shape = list(p.shape)
-        probs = tp.detach(p)
     else:
         tp = tape
         if tp is None or shape is None:
@@ -210,13 +218,13 @@ def bernoulli(p, shape=None, salt: int = None, tape=None) -> GVar:
                 or not 0.0 <= float(p) <= 1.0:
             raise TapeError(f"nn.bernoulli: p must be a number in [0, 1] or a GVar, got "
                             f"{p!r}"[:200])
-        shape = [int(d) for d in shape]
-        probs = tp.const(np.array([float(p)]))
-    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
-                             or not 0 <= int(salt) < 2 ** 63):
-        raise TapeError(f"nn.bernoulli: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
+    salt = _salt(tp, salt, "bernoulli")               # checked before anything is recorded
+    if isinstance(p, GVar):
+        shape, probs = list(p.shape), tp.detach(p)
+    else:
+        shape, probs = [int(d) for d in shape], tp.const(np.array([float(p)]))
     rng = tp.rng()
-    u = tp.uniform(rng, shape=shape, salt=_next_salt(tp) if salt is None else int(salt))
+    u = tp.uniform(rng, shape=shape, salt=salt)
     draws = tp.lt(u, probs)
     return tp.where(tp.slice(rng, [2], [3]), draws, tp.expand(probs, shape))
 
@@ -238,12 +246,9 @@ def normal(shape, tape, salt: int = None) -> GVar:
             isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
             for d in shape):
         raise TapeError(f"nn.normal: shape must be a list of ints >= 1, got {shape!r}"[:200])
-    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
-                             or not 0 <= int(salt) < 2 ** 63):
-        raise TapeError(f"nn.normal: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
-    shape = [int(d) for d in shape]
+    shape, salt = [int(d) for d in shape], _salt(tp, salt, "normal")
     rng = tp.rng()
-    u = tp.uniform(rng, shape=[2] + shape, salt=_next_salt(tp) if salt is None else int(salt))
+    u = tp.uniform(rng, shape=[2] + shape, salt=salt)
     lo, hi = [0] * (len(shape) + 1), [1] + shape
     u1 = tp.reshape(tp.slice(u, lo, hi), shape)
     u2 = tp.reshape(tp.slice(u, [1] + lo[1:], [2] + shape), shape)
@@ -273,11 +278,9 @@ def _dropout(x, p, salt, what, channels=False, alpha=False):
     if tp.holds_ids(i):
         raise TapeError(f"nn.{what}: node {i} holds integer data; dropout needs float "
                         f"values (tp.to_f64 converts)")
-    if salt is not None and (isinstance(salt, bool) or not isinstance(salt, (int, np.integer))
-                             or not 0 <= int(salt) < 2 ** 63):
-        raise TapeError(f"nn.{what}: salt must be an integer in [0, 2^63), got {salt!r}"[:200])
     if channels and len(x.shape) < 2:
         raise TapeError(f"nn.{what}: expected x [N, C, ...], got {list(x.shape)}")
+    salt = _salt(tp, salt, what)
     if p == 0.0:
         return x
     rng = tp.rng()
@@ -285,7 +288,7 @@ def _dropout(x, p, salt, what, channels=False, alpha=False):
     if p == 1.0:                      # torch: x * 0 (alpha dropout too)
         return tp.where(flag, 0.0, x)
     shape = list(x.shape[:2]) + [1] * (len(x.shape) - 2) if channels else list(x.shape)
-    u = tp.uniform(rng, shape=shape, salt=_next_salt(tp) if salt is None else int(salt))
+    u = tp.uniform(rng, shape=shape, salt=salt)
     keep = tp.ge(u, p)
     if shape != list(x.shape):
         keep = tp.expand(keep, list(x.shape))
