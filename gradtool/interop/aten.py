@@ -625,16 +625,16 @@ def _identity(r, node, a, *args, **kwargs):
     return r.value(a)
 
 
-def _dropout_of(r, x, p, train):
-    """gradtool.nn.dropout in train mode (the tape's rng slot decides per step), x itself
-    in eval mode."""
+def _dropout_of(r, x, p, train, record=None):
+    """``record(x, p)`` (default gradtool.nn.dropout) in train mode (the tape's rng slot
+    decides per step), x itself in eval mode."""
     from .. import nn
     v = r.value(x)
     if train is None or not train:
         return v
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
         raise Unsupported(f"dropout probability {p!r} (a number in [0, 1] only)")
-    return nn.dropout(r.f(x), float(p))
+    return (record or nn.dropout)(r.f(x), float(p))
 
 
 @aten("aten.native_dropout.default", needs=("nn.dropout",),
@@ -659,14 +659,10 @@ def _dropout(r, node, x, p, train):
           "train mode, the same value in eval mode")
 def _feature_dropout(r, node, x, p, train, channels=False):
     from .. import nn
-    v = r.value(x)
-    if not train:
-        return v
-    if not 0.0 <= float(p) <= 1.0:
-        raise Unsupported(f"dropout probability {p!r} (a number in [0, 1] only)")
     if str(node.target) == "gradtool.feature_dropout.default":
-        return nn.feature_dropout(r.f(x), float(p))
-    return nn.alpha_dropout(r.f(x), float(p), channels=bool(channels))
+        return _dropout_of(r, x, p, train, nn.feature_dropout)
+    return _dropout_of(r, x, p, train,
+                       lambda v, q: nn.alpha_dropout(v, q, channels=bool(channels)))
 
 
 @aten("aten.bernoulli.p", "aten.bernoulli.default", needs=("nn.bernoulli",),
