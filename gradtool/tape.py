@@ -430,7 +430,8 @@ class Tape:
                     or (ib >= 0 and "b" in grad_in and self.requires[ib]))
         out = self._append(Node(op, ia, ib, float(s), aux), value, requires)
         if spec.integral:
-            self.integral[-1] = spec.integral_of(self.integral[ia], ib < 0 or self.integral[ib])
+            self.integral[-1] = spec.integral_of(self.integral[ia], ib < 0 or self.integral[ib],
+                                                 float(s))
         return out
 
     def _poisoned_noop(self) -> GVar:

@@ -345,6 +345,24 @@ def test_fractional_and_nan_ids_are_bad_ids():
     assert gt.ops.bad_id(np.array([np.nan]), 4) == "id nan at position [0] is outside [0, 4)"
 
 
+def test_adds_and_muls_by_a_whole_number_keep_ids_integer_valued(tmp_path):
+    """ids + 1 and ids * 2 (a whole s) stay integer-valued, for the recorder and the
+    loader alike; ids * 0.5 or ids + 0.5 do not, and a take of them is refused."""
+    tp = gt.Tape()
+    table = tp.param(np.arange(12.0).reshape(6, 2))
+    ids = tp.to_f64(tp.const(np.array([0, 2, 1]), dtype="i64", name="ids"))
+    shifted = tp.muls(tp.adds(ids, 1.0), 2.0)             # 2, 6, 4
+    picked = tp.take(table, tp.adds(shifted, -2.0))       # 0, 4, 2
+    assert_bits_equal(tp.value(picked), tp.value(table)[[0, 4, 2]])
+    loss = tp.sum(picked)
+    loaded = load(dumps(tp, loss=loss)).tape
+    assert loaded.nodes[picked.id].op == "take" and loaded.integral[picked.id - 1]
+    for s_op, s in (("muls", 0.5), ("adds", 0.5), ("muls", float("inf"))):
+        with pytest.raises(gt.TapeError, match="must be integer ids"):
+            tp.take(table, getattr(tp, s_op)(ids, s))
+        tp.reset_to(len(tp.nodes) - 1)
+
+
 def test_a_file_whose_computed_ids_are_out_of_range_is_refused(tmp_path):
     tp, loss = ce_tape(np.random.default_rng(7))
     doc = msgpack.unpackb(dumps(tp, loss=loss))

@@ -72,8 +72,9 @@ binary("mul", "a * b", X * Y, G * Y, G * X, integral="inputs")
 binary("div", "a / b", X / Y, G / Y, -((G * T) / Y))
 
 unary("neg", "-a", -X, -G, integral="inputs")
-unary("adds", "a + s (a Python number)", X + S, G, scalar_operand=True)
-unary("muls", "a * s (a Python number)", X * S, G * S, scalar_operand=True)
+unary("adds", "a + s (a Python number)", X + S, G, scalar_operand=True, integral="a_whole_s")
+unary("muls", "a * s (a Python number)", X * S, G * S, scalar_operand=True,
+      integral="a_whole_s")
 # x if not (x <= 0) else +0.0: NaN passes through, -0.0 becomes +0.0; the gradient is
 # g where x > 0, else 0 (also at 0 and at NaN)
 unary("relu", "max(a, 0)", select(X <= 0.0, 0.0, X), select(X > 0.0, G, 0.0))
@@ -132,12 +133,15 @@ unary("rsqrt", "1 / sqrt(a) (two roundings)", 1.0 / sqrt(X), (-0.5 * G) * ((T * 
 # round(-0.4) give -0.0, as torch), a NaN or an infinity passes through.  Their derivative
 # is zero wherever it exists, and torch's gradient is zeros: like a comparison the node
 # carries none (the backward walk stops there), which gives every param the same gradient
+# as torch's.  Their values are whole numbers whatever the input (or an infinity or a NaN,
+# which no ids input accepts: every computed id is checked where it is used), so they are
+# integer-valued always and may feed ids: bucketing, ``(torch.rand(n) * T).long()``
 for _name, _rule, _doc in (("floor", floor(X), "the largest integer <= a (exact)"),
                            ("ceil", ceil(X), "the smallest integer >= a (exact)"),
                            ("trunc", trunc(X), "a rounded toward zero (exact)"),
                            ("round", rint(X), "a rounded to the nearest integer, ties to even "
                                               "(exact)")):
-    unary(_name, _doc + "; no gradient", _rule, Const(0.0), grad_inputs=(), integral="inputs")
+    unary(_name, _doc + "; no gradient", _rule, Const(0.0), grad_inputs=(), integral="always")
 del _name, _rule, _doc
 # fmod and remainder by a number s (torch.fmod, and torch.remainder's CPU rule: fmod, then
 # + s where the result is nonzero and its sign differs from s's): exact but for that one

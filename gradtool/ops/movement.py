@@ -224,12 +224,12 @@ def _take_along_b(g, a, b, t, s, at, na, nb):
 _register(OpSpec("take", "take", 2, "rows of a table picked by integer ids (np.take on axis "
                  "0): [*ids.shape, *table.shape[1:]]", _take_shape, _take_f, _take_b,
                  kernels=("k_take", "k_take_bwd", "k_take_bwd_scan"), int_inputs=("b",),
-                 index_bound=lambda sa, at: sa[0], id_inputs=("b",)))
+                 index_bound=lambda sa, at: sa[0], id_inputs=("b",), integral="a"))
 _register(OpSpec("take_along", "take_along", 2, "one element of each line along an axis per "
                  "integer id (np.take_along_axis)", _take_along_shape, _take_along_f,
                  _take_along_b, kernels=("k_take_along", "k_take_along_bwd"),
                  attrs=(Attr("axis", "axis", AXIS, default=-1),), int_inputs=("b",),
-                 index_bound=lambda sa, at: sa[at["axis"]], id_inputs=("b",)))
+                 index_bound=lambda sa, at: sa[at["axis"]], id_inputs=("b",), integral="a"))
 
 
 # ── the table: the scatter-add of rows, take's adjoint ─────────────────────

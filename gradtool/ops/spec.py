@@ -83,7 +83,7 @@ class OpSpec:
     index_bound: Optional[Callable] = None   # (sa, attrs) -> ids must lie in [0, bound)
     id_inputs: tuple = ()            # inputs that must be integer-valued ids (take's "b")
     grad_inputs: tuple = ("a", "b")  # inputs the gradient flows to (none: a comparison)
-    integral: str = ""               # "always" / "inputs" / "a": its values are whole numbers
+    integral: str = ""               # "always"/"inputs"/"a"/"a_whole_s": values whole numbers
     fresh_grads: bool = False        # backward returns new arrays without a -0.0 (below)
     rng_input: bool = False          # input a must be the tape's rng slot (uniform)
 
@@ -91,10 +91,13 @@ class OpSpec:
         """Whether the backward walk gives input ``role`` ("a"/"b") a contribution."""
         return role in self.grad_inputs
 
-    def integral_of(self, a_integral: bool, b_integral: bool = True) -> bool:
-        """Whether this op's values are whole numbers, given its inputs' (docs/ops.md)."""
+    def integral_of(self, a_integral: bool, b_integral: bool = True, s: float = 0.0) -> bool:
+        """Whether this op's values are whole numbers, given its inputs' and its scalar
+        operand ``s`` (adds, muls: "a_whole_s", a whole number s) (docs/ops.md)."""
         return (self.integral == "always" or (self.integral == "a" and a_integral)
-                or (self.integral == "inputs" and a_integral and b_integral))
+                or (self.integral == "inputs" and a_integral and b_integral)
+                or (self.integral == "a_whole_s" and a_integral and math.isfinite(s)
+                    and s == math.floor(s)))
 
     @property
     def elementwise(self) -> bool:

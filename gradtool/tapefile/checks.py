@@ -813,15 +813,15 @@ def plain_node(i: int, raw, earlier: list, names: dict) -> Optional[CheckedNode]
     if inferred != shape:
         return None
     return CheckedNode(op, a, b, float(s), shape, None, None, 0.0, None, value,
-                       integral=_integral(op, a, b, earlier))
+                       integral=_integral(op, a, b, earlier, float(s)))
 
 
-def _integral(op: str, a: int, b: int, earlier: list) -> bool:
+def _integral(op: str, a: int, b: int, earlier: list, s: float = 0.0) -> bool:
     """Whether an op node's values are whole numbers (ops.OpSpec.integral), as the Tape
     tracks it."""
     spec = OPS[op]
     return bool(spec.integral) and spec.integral_of(earlier[a].integral,
-                                                    b < 0 or earlier[b].integral)
+                                                    b < 0 or earlier[b].integral, s)
 
 
 def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> CheckedNode:
@@ -903,7 +903,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         raise _bad(i, source, f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
                               f"{8 * prod(shape)}", "value")
     return CheckedNode(op, a, b, float(get("s", 0.0)), shape, attrs, None, 0.0, None, value,
-                       integral=_integral(op, a, b, earlier))
+                       integral=_integral(op, a, b, earlier, float(get("s", 0.0))))
 
 
 def _bad(i: int, source: str, message: str, field=None) -> TapeFileError:
