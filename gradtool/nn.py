@@ -31,7 +31,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
            "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout", "bernoulli",
-           "normal",
+           "normal", "rand", "randint", "randperm",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
@@ -239,14 +239,8 @@ def normal(shape, tape, salt: int = None) -> GVar:
     the table's libm-free ones, so every backend gives the same bits); no gradient.  With
     the slot's train flag 0 (validation) each draw is its mean, +0.0: a VAE's sample is
     its mean there."""
-    tp = tape
-    if tp is None or not hasattr(tp, "rng"):
-        raise TapeError("nn.normal: tape= must be a gradtool Tape")
-    if not isinstance(shape, (list, tuple)) or not all(
-            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
-            for d in shape):
-        raise TapeError(f"nn.normal: shape must be a list of ints >= 1, got {shape!r}"[:200])
-    shape, salt = [int(d) for d in shape], _salt(tp, salt, "normal")
+    tp, shape = _draw_args(tape, shape, "normal")
+    salt = _salt(tp, salt, "normal")
     rng = tp.rng()
     u = tp.uniform(rng, shape=[2] + shape, salt=salt)
     lo, hi = [0] * (len(shape) + 1), [1] + shape
@@ -255,6 +249,85 @@ def normal(shape, tape, salt: int = None) -> GVar:
     radius = tp.sqrt(tp.muls(tp.log(tp.sub(tp.const(np.ones(1)), u1)), -2.0))
     z = tp.mul(radius, tp.cos(tp.muls(u2, TWO_PI)))
     return tp.where(tp.slice(rng, [2], [3]), z, 0.0)
+
+
+def _draw_args(tape, shape, what: str):
+    """(tape, shape as a list of ints >= 1) of a draw, checked before anything is recorded."""
+    if tape is None or not hasattr(tape, "rng"):
+        raise TapeError(f"nn.{what}: tape= must be a gradtool Tape")
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+            for d in shape):
+        raise TapeError(f"nn.{what}: shape must be a list of ints >= 1, got {shape!r}"[:200])
+    return tape, [int(d) for d in shape]
+
+
+def _number(v, what: str, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(float(v)):
+        raise TapeError(f"nn.{what}: {name} must be a finite number, got {v!r}"[:200])
+    return float(v)
+
+
+def rand(shape, tape, low: float = 0.0, high: float = 1.0, salt: int = None) -> GVar:
+    """Uniform draws in [low, high) over the tape's rng slot (torch's ``rand``,
+    ``rand_like`` and ``uniform_``): the ``uniform`` op itself for [0, 1), else
+    ``u * (high - low) + low`` (torch's order: the width rounded once, then a product and
+    a sum, each rounded); no gradient.  With the slot's train flag 0 (validation) each draw
+    is its mean, ``low/2 + high/2`` (0.5 for rand), as :func:`normal`'s is."""
+    tp, shape = _draw_args(tape, shape, "rand")
+    low, high = _number(low, "rand", "low"), _number(high, "rand", "high")
+    if not low <= high or not math.isfinite(high - low):
+        raise TapeError(f"nn.rand: expected low <= high with a finite width, got [{low!r}, "
+                        f"{high!r})")
+    salt = _salt(tp, salt, "rand")
+    rng = tp.rng()
+    u = tp.uniform(rng, shape=shape, salt=salt)
+    if (low, high) != (0.0, 1.0):
+        u = tp.adds(tp.muls(u, high - low), low)
+    return tp.where(tp.slice(rng, [2], [3]), u, low * 0.5 + high * 0.5)
+
+
+def randint(low: int, high: int, shape, tape, salt: int = None) -> GVar:
+    """Integer draws in [low, high), each with probability 1/(high - low), over the tape's
+    rng slot (torch's ``randint``): ``floor(u * n) + low`` with n = high - low, integer-
+    valued, so they may serve as ids (a diffusion model's timesteps: ``take`` of a noise
+    schedule).  ``u * n`` is below n for every u < 1 (u is a multiple of 2^-53, so the
+    product falls more than half an ulp short of n), so each of the n values is drawn by
+    floor(2^53 / n) or one more of the 2^53 possible u.  With the slot's train flag 0
+    (validation) each draw is the middle value ``low + (n - 1) // 2`` (the lower one of
+    two): the mean where it is a whole number."""
+    tp, shape = _draw_args(tape, shape, "randint")
+    for name, v in (("low", low), ("high", high)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or \
+                not -2 ** 53 <= int(v) <= 2 ** 53:
+            raise TapeError(f"nn.randint: {name} must be an integer in [-2^53, 2^53], got "
+                            f"{v!r}"[:200])
+    low, high = int(low), int(high)
+    if not 0 < high - low <= 2 ** 53:
+        raise TapeError(f"nn.randint: expected low < high <= low + 2^53, got [{low}, {high})")
+    salt = _salt(tp, salt, "randint")
+    rng = tp.rng()
+    ids = tp.floor(tp.muls(tp.uniform(rng, shape=shape, salt=salt), float(high - low)))
+    if low:
+        ids = tp.adds(ids, float(low))                  # exact: |ids| <= 2^53
+    return tp.where(tp.slice(rng, [2], [3]), ids, low + (high - low - 1) // 2)
+
+
+def randperm(n: int, tape, salt: int = None) -> GVar:
+    """A random permutation of 0 .. n-1 over the tape's rng slot (torch's ``randperm``):
+    the ids that sort one ``uniform`` draw of shape [n] (``Tape.sort``, stable: equal
+    draws, about n^2 / 2^54 likely, keep their order), integer-valued; the cost is n x n
+    comparisons (the sort's limit applies).  With the slot's train flag 0 (validation) it
+    is the identity 0 .. n-1: a batch mixed with itself (mixup) is the batch."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise TapeError(f"nn.randperm: n must be an integer >= 1, got {n!r}"[:200])
+    tp, _ = _draw_args(tape, [int(n)], "randperm")
+    salt = _salt(tp, salt, "randperm")
+    rng = tp.rng()
+    _, ids = tp.sort(tp.uniform(rng, shape=[int(n)], salt=salt))
+    return tp.where(tp.slice(rng, [2], [3]), ids,
+                    tp.const(np.arange(int(n), dtype=np.int64), dtype="i64"))
 
 
 def alpha_dropout(x: GVar, p: float, salt: int = None, channels: bool = False) -> GVar:

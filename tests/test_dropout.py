@@ -600,3 +600,119 @@ def test_normal_on_the_host_backend_equals_numpy(variant):
     y = tp.add(x, tp.mul(tp.exp(tp.muls(x, 0.5)), nn.normal([4, 3], tape=tp)))
     loss = tp.sum(tp.mul(y, y))
     _host_equals_numpy(tp, loss, x, y, variant, [9.0, 2.0, 1.0])
+
+
+# ── rand, randint, randperm ────────────────────────────────────────────────
+
+def test_rand_draws_are_the_uniform_op_and_their_mean_with_the_flag_off():
+    """rand is the uniform op itself on [0, 1), u * (high - low) + low elsewhere (bits);
+    10^5 draws on [-2, 3) have the mean 0.5 and fill every fifth (5 sigma); the flag 0
+    gives the mean, low/2 + high/2."""
+    tp = gt.Tape()
+    a = nn.rand([300, 400], tape=tp)
+    b = nn.rand([250, 400], tape=tp, low=-2, high=3.0)
+    assert_bits_equal(tp.value(a), nx.uniform((300, 400), 0, 0.0, 0.0))
+    assert_bits_equal(tp.value(b), nx.uniform((250, 400), 1, 0.0, 0.0) * 5.0 + -2.0)
+    bv = tp.value(b)
+    assert bv.min() >= -2.0 and bv.max() < 3.0
+    assert abs(bv.mean() - 0.5) <= 5 * np.sqrt(25 / 12 / 1e5)
+    counts = np.histogram(bv, bins=5, range=(-2, 3))[0]
+    assert np.abs(counts - 2e4).max() <= 5 * np.sqrt(2e4 * 0.8)
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(a), np.full((300, 400), 0.5))
+    assert_bits_equal(tp.value(b), np.full((250, 400), 0.5))
+    for bad, needle in ((lambda: nn.rand([2], tape=tp, low=1.0, high=0.0), "low <= high"),
+                        (lambda: nn.rand([2], tape=tp, high=float("inf")), "finite number"),
+                        (lambda: nn.rand([2], tape=tp, low=-1e308, high=1e308), "finite width"),
+                        (lambda: nn.rand([0], tape=tp), "shape must be"),
+                        (lambda: nn.rand([2], tape=None), "tape= must be")):
+        with pytest.raises(gt.TapeError, match=needle):
+            bad()
+
+
+def test_randint_draws_every_value_alike_as_ids_and_the_middle_with_the_flag_off():
+    """randint is floor(u * n) + low (bits), integer-valued: take reads it as ids (the
+    noise schedule of a diffusion model); 7 values are drawn alike (10^5 draws, 5 sigma);
+    u just below 1 gives high - 1, never high; the flag 0 gives the middle value."""
+    tp = gt.Tape()
+    t = nn.randint(-3, 4, [200, 500], tape=tp)
+    u = nx.uniform((200, 500), 0, 0.0, 0.0)
+    assert_bits_equal(tp.value(t), np.floor(u * 7.0) + -3.0)
+    counts = np.bincount((tp.value(t) + 3).astype(np.int64).ravel(), minlength=7)
+    assert len(counts) == 7 and np.abs(counts - 1e5 / 7).max() <= 5 * np.sqrt(1e5 / 7)
+    top = 1.0 - 2.0 ** -53                              # the largest u
+    for n in (3, 7, 10, 1000, 2 ** 31 - 1, 2 ** 53 - 1):
+        assert np.floor(top * float(n)) == n - 1, n
+    schedule = tp.param(np.linspace(0.1, 1.0, 10))
+    steps = nn.randint(0, 10, [6], tape=tp)
+    picked = tp.take(schedule, steps)                 # ids: accepted when recorded
+    assert_bits_equal(tp.value(picked), tp.value(schedule)[tp.value(steps).astype(np.int64)])
+    tp.backward(tp.sum(picked))
+    assert_bits_equal(tp.grad(schedule), np.bincount(
+        tp.value(steps).astype(np.int64), minlength=10).astype(np.float64))
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(t), np.zeros((200, 500)))     # -3 + (7 - 1) // 2
+    assert_bits_equal(tp.value(steps), np.full(6, 4.0))      # 0 + (10 - 1) // 2
+    for bad, needle in ((lambda: nn.randint(3, 3, [2], tape=tp), "low < high"),
+                        (lambda: nn.randint(-2 ** 53, 2 ** 53, [2], tape=tp), "low < high"),
+                        (lambda: nn.randint(0, 2.5, [2], tape=tp), "high must be"),
+                        (lambda: nn.randint(0, 4, [2], tape=tp, salt="a"), "salt")):
+        with pytest.raises(gt.TapeError, match=needle):
+            bad()
+
+
+def test_randperm_is_a_permutation_that_sorts_a_draw_and_the_identity_with_the_flag_off():
+    tp = gt.Tape()
+    perm = nn.randperm(50, tape=tp, salt=9)
+    u = nx.uniform((50,), 9, 0.0, 0.0)
+    assert_bits_equal(tp.value(perm), np.argsort(u, kind="stable").astype(np.float64))
+    seen = set()
+    for step in range(4):
+        tp.set_value(tp.rng(), [float(step), 0.0, 1.0])
+        tp.forward()
+        p = tp.value(perm)
+        assert sorted(p.tolist()) == list(range(50))
+        seen.add(tuple(p))
+    assert len(seen) == 4                               # each step draws its own
+    rows = tp.param(np.arange(50.0).reshape(50, 1) * 0.5)
+    mixed = tp.take(rows, perm)                        # x[perm]: ids
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(perm), np.arange(50.0))
+    assert_bits_equal(tp.value(mixed), tp.value(rows))
+    with pytest.raises(gt.TapeError, match="n must be"):
+        nn.randperm(0, tape=tp)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rand_randint_and_randperm_on_the_host_backend_equal_numpy(variant):
+    require_c_compiler()
+    rng = np.random.default_rng(12)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((5, 3)))
+    schedule = tp.param(rng.uniform(0.1, 1.0, (9, 1)))
+    t = nn.rand([5, 1], tape=tp, low=-1.0, high=2.0)
+    a = tp.take(schedule, nn.randint(2, 9, [5], tape=tp))           # [5, 1]
+    mixed = tp.take(x, nn.randperm(5, tape=tp))
+    y = tp.add(tp.mul(tp.mul(x, t), a), tp.muls(mixed, 0.3))
+    loss = tp.sum(tp.mul(y, y))
+    _host_equals_numpy(tp, loss, x, y, variant, [4.0, 1.0, 1.0])
+
+
+def test_the_rounding_ops_give_ids_and_a_bad_one_is_refused():
+    """floor, ceil, trunc and round are integer-valued whatever their input, so they may
+    feed ids (bucketing); an id they compute outside the table is refused, naming it,
+    and a file holding such a take loads."""
+    tp = gt.Tape()
+    x = tp.param(np.array([0.2, 0.7, 0.99, 0.5]))
+    table = tp.param(np.arange(4.0).reshape(4, 1) * 10.0)
+    picked = tp.take(table, tp.floor(tp.muls(x, 4.0)))
+    assert_bits_equal(tp.value(picked)[:, 0], np.array([0.0, 20.0, 30.0, 20.0]))
+    loss = tp.sum(picked)
+    loaded = load(dumps(tp, loss=loss)).tape                  # the loader's check accepts it
+    assert loaded.integral[picked.id - 1] and loaded.nodes[picked.id].op == "take"
+    assert_bits_equal(loaded.values[loss.id], tp.value(loss))
+    with pytest.raises(gt.GradtoolError, match="outside"):
+        tp.take(table, tp.round(tp.muls(x, 5.0)))                   # round(4.95) = 5
