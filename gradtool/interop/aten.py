@@ -681,7 +681,7 @@ def _bernoulli(r, node, x, p=None, generator=None):
 
 @aten("aten.randn.default", "aten.randn_like.default", "aten.normal.float_float",
       "aten.normal.Tensor_float", "aten.normal.float_Tensor", "aten.normal.Tensor_Tensor",
-      needs=("nn.normal",),
+      "aten.normal_functional.default", needs=("nn.normal",),
       doc="gradtool.nn.normal (Box-Muller on uniform over the rng slot: counter-based, the "
           "same bits on every backend; no gradient), times std plus mean for normal; with "
           "the train flag 0 (validation) each draw is its mean (+0.0: randn, mean: normal)")
@@ -692,10 +692,51 @@ def _randn(r, node, *args, **kwargs):
     z = nn.normal(shape, tape=r.tp)
     if not name.startswith("aten.normal"):
         return z
+    if name == "aten.normal_functional.default":        # x.normal_(mean, std)
+        args = args[1:]
     mean, std = (list(args) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
     tp = r.tp
     scaled = tp.muls(z, float(std)) if _num(std) else tp.mul(z, r.f(std))
     return tp.adds(scaled, float(mean)) if _num(mean) else tp.add(scaled, r.f(mean))
+
+
+@aten("aten.rand.default", "aten.rand_like.default", "aten.uniform.default",
+      needs=("nn.rand",),
+      doc="gradtool.nn.rand (the uniform op over the rng slot: counter-based, the same bits "
+          "on every backend; no gradient), scaled to [from, to) for uniform_; with the train "
+          "flag 0 (validation) each draw is its mean (0.5: rand)")
+def _rand(r, node, *args, **kwargs):
+    from .. import nn
+    low, high = 0.0, 1.0
+    if str(node.target) == "aten.uniform.default":
+        low, high = (list(args[1:]) + [kwargs.get("from", 0.0), kwargs.get("to", 1.0)])[:2]
+    return nn.rand(r.shape(node), tape=r.tp, low=low, high=high)
+
+
+@aten("aten.randint.default", "aten.randint.low", "aten.randint_like.default",
+      "aten.randint_like.low_dtype", "aten.random.to", needs=("nn.randint",),
+      doc="gradtool.nn.randint: floor(uniform * (high - low)) + low over the rng slot, "
+          "integer-valued (ids: a diffusion model's timesteps); with the train flag 0 "
+          "(validation) each draw is the middle value low + (high - low - 1) // 2")
+def _randint(r, node, *args, **kwargs):
+    from .. import nn
+    name = str(node.target)
+    taken = args[1:] if "like" in name or "random" in name else args   # x.random_(to)
+    numbers = [a for a in taken if not isinstance(a, list)]
+    low, high = (numbers if len(numbers) == 2 else [0] + numbers[:1])
+    for v in (low, high):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise Unsupported(f"randint with bounds {low!r}, {high!r} (integers only)")
+    return nn.randint(low, high, r.shape(node), tape=r.tp)
+
+
+@aten("aten.randperm.default", needs=("nn.randperm", "sort"),
+      doc="gradtool.nn.randperm: the ids that sort a uniform draw over the rng slot "
+          "(Tape.sort, n x n comparisons), integer-valued; with the train flag 0 "
+          "(validation) the identity 0 .. n-1")
+def _randperm(r, node, n, *args, **kwargs):
+    from .. import nn
+    return nn.randperm(int(n), tape=r.tp)
 
 
 @aten("aten.detach.default", needs=("detach",),
@@ -714,9 +755,11 @@ def _alias(r, node, a):
     return r.value(a)
 
 
-@aten("aten._to_copy.default", "aten.to.dtype",
+@aten("aten._to_copy.default", "aten.to.dtype", needs=("trunc",),
       doc="a float-to-float copy is the same value (every float is f64); i64 data to float: "
-          "to_f64; integer-valued data (ids, masks) to an integer dtype: the same value")
+          "to_f64; integer-valued data (ids, masks) to an integer dtype: the same value; "
+          "other floats to an integer dtype: trunc (torch's conversion rounds toward zero: "
+          "(torch.rand(n) * T).long() gives ids), to bool: ne(a, 0)")
 def _to_copy(r, node, a, *args, dtype=None, **kwargs):
     dst = r.torch_dtype(node)
     if r.is_ids(a):
@@ -724,12 +767,9 @@ def _to_copy(r, node, a, *args, dtype=None, **kwargs):
     v = r.f(a)
     if dst == "float" or dst == r.torch_dtype(node.args[0]):
         return v
-    if dst in ("int", "bool") and r.is_integral(v):
-        if dst == "bool" and r.torch_dtype(node.args[0]) != "bool":
-            return r.tp.ne(v, 0.0)
-        return v
-    raise Unsupported(f"conversion of floating-point data to {dst} (ids computed in "
-                      f"floating point)")
+    if dst == "bool":
+        return v if r.torch_dtype(node.args[0]) == "bool" else r.tp.ne(v, 0.0)
+    return v if r.is_integral(v) else r.tp.trunc(v)
 
 
 @aten("aten.permute.default", needs=("permute",),
@@ -1408,8 +1448,9 @@ SHAPE_ONLY = {
     "aten.arange.start_step", "aten.arange.default", "aten.arange.start",
 }
 
-# ops that draw random numbers: refused (dropout is not among them: native_dropout imports
-# as gradtool.nn.dropout, whose masks are counter-based)
+# ops that draw random numbers: never folded (a draw frozen at import would be another
+# program); those ATEN maps import as gradtool's counter-based draws (gradtool.nn.rand,
+# randint, randperm; dropout, bernoulli and normal besides), any other is refused
 RANDOM = {
     "aten.rand.default", "aten.rand_like.default", "aten.randint.default",
     "aten.randint_like.default", "aten.randperm.default", "aten.uniform.default",

@@ -15,9 +15,11 @@ decomposition in torch (``torch.fx.Interpreter``, float64, on copies of the exam
 inputs, parameters and buffers: the program's buffers do not change) and compares its
 loss with the tape's, with dropout off on both sides: torch's dropouts (and the
 importer's ``gradtool::`` channel and alpha dropouts) run as the identity here and a
-bernoulli or normal draw as its mean, and the importer reads the tape's loss with the
-rng slot's train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and
-``nn.bernoulli`` and ``nn.normal`` their means.  They differ by rounding only (gradtool's orders against torch's
+bernoulli, normal, rand or randint draw as its mean (randint: the middle value) and a
+randperm as the identity, and the importer reads the tape's loss with the rng slot's
+train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and the draws of
+``nn.bernoulli``, ``normal``, ``rand``, ``randint`` and ``randperm`` are those values.
+They differ by rounding only (gradtool's orders against torch's
 kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
@@ -85,6 +87,7 @@ class _Recording:
         }
         for overload in ("float_float", "Tensor_float", "float_Tensor", "Tensor_Tensor"):
             means[getattr(torch.ops.aten.normal, overload)] = _normal_mean(torch)
+        means.update(_uniform_means(torch))
         for name in ("feature_dropout", "alpha_dropout"):     # the importer's custom ops
             ns = getattr(torch.ops, "gradtool", None)
             if ns is not None and hasattr(ns, name):
@@ -116,6 +119,43 @@ def _normal_mean(torch):
             *(tuple(t.shape) for t in (mean, std) if isinstance(t, torch.Tensor)))
         return torch.zeros(shape, dtype=torch.float64) + mean
     return mean_of
+
+
+def _uniform_means(torch):
+    """rand's, randint's and randperm's draws as the tape's flag 0 gives them: the mean
+    (0.5; from/2 + to/2 for uniform_), the middle integer low + (high - low - 1) // 2, the
+    identity permutation."""
+    aten = torch.ops.aten
+
+    def full(shape, value, dtype=torch.float64):
+        return torch.full(tuple(shape), value, dtype=dtype)
+
+    def middle(low, high):
+        return low + (high - low - 1) // 2
+
+    return {
+        aten.rand.default: lambda size, **kw: full(size, 0.5),
+        aten.rand_like.default: lambda x, **kw: full(x.shape, 0.5),
+        aten.uniform.default: lambda x, *bounds, **kw: full(x.shape, _midpoint(
+            *(list(bounds) + [kw.get("from", 0.0), kw.get("to", 1.0)])[:2])),
+        aten.randint.default: lambda high, size, **kw: full(size, middle(0, high), torch.long),
+        aten.randint.low: lambda low, high, size, **kw: full(size, middle(low, high),
+                                                             torch.long),
+        aten.randint_like.default: lambda x, high, **kw: full(x.shape, middle(0, high),
+                                                              torch.long),
+        aten.randint_like.low_dtype: lambda x, low, high, **kw: full(
+            x.shape, middle(low, high), torch.long),
+        aten.randperm.default: lambda n, **kw: torch.arange(n, dtype=torch.long),
+        # in place, as the program before decomposition has them (x.uniform_(a, b), ...)
+        aten.uniform_.default: lambda x, *bounds, **kw: x.fill_(_midpoint(
+            *(list(bounds) + [kw.get("from", 0.0), kw.get("to", 1.0)])[:2])),
+        aten.normal_.default: lambda x, mean=0.0, std=1.0, **kw: x.fill_(mean),
+        aten.random_.to: lambda x, to, **kw: x.fill_(middle(0, to)),
+    }
+
+
+def _midpoint(low, high):
+    return low * 0.5 + high * 0.5
 
 
 def _flat_args(torch, ep):
