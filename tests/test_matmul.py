@@ -324,15 +324,17 @@ def test_the_other_python_entries_match_their_ctypes_entries(rng):
 
 def test_the_python_entry_releases_the_gil_for_the_product(rng, threads_restored):
     """Another Python thread runs while a product computes (as it did through ctypes).
-    With a 50 ms switch interval a thread that held the GIL through a product of a
-    few ms would not let the counting thread run at all during it (measured: 0
-    counts in every call, through ctypes.PyDLL's gt_mm), so each call must see the
-    count move."""
+    A thread that held the GIL through a product would not let the counting thread run
+    at all during it, whatever the switch interval (measured: 0 counts in every call,
+    through ctypes.PyDLL's gt_mm), so each call must see the count move.  Each product
+    takes about 50 ms on one thread, far longer than the operating system takes to give
+    the counting thread a core on a loaded machine (600^3 products of 5 ms saw 0 counts
+    in 3 of 5 calls with both cores busy: a test of the load, not of the GIL)."""
     require_c_compiler()
     if nx.cpu_kernels().py_mm is None:
         pytest.skip("the ctypes entry only")
     native.set_num_threads(1)
-    a, b = rng.standard_normal((600, 600)), rng.standard_normal((600, 600))
+    a, b = rng.standard_normal((1200, 1200)), rng.standard_normal((1200, 1200))
     count, stop = [0], threading.Event()
 
     def spin():
@@ -345,9 +347,9 @@ def test_the_python_entry_releases_the_gil_for_the_product(rng, threads_restored
     spinner.start()
     try:
         during = []
-        for _ in range(5):
+        for _ in range(3):
             before = count[0]
-            nx.matmul(a, b)                # about 5 ms on one thread
+            nx.matmul(a, b)                # about 50 ms on one thread
             during.append(count[0] - before)
     finally:
         stop.set()
