@@ -987,6 +987,51 @@ def _assign_into_zeros(y):
     return z * 2
 
 
+
+_DRAW = torch.Generator().manual_seed(21)                   # folded ids with duplicates
+_ROWS = torch.randint(0, 5, (3, 4), generator=_DRAW)        # varying along every dim
+_COLS = torch.randint(0, 6, (4, 6), generator=_DRAW)
+_LAST = torch.randint(0, 4, (2, 3, 4), generator=_DRAW)
+_MID = torch.randint(0, 3, (2, 2, 3), generator=_DRAW)
+
+
+def _scatter_any_index(y):
+    """scatter_add by indices varying along every dim: dim 0 into part of a zeros output,
+    dim 1 into y, the last dim and a middle one of 3-d tensors."""
+    y3 = y.reshape(2, 3, 4)
+    return (torch.zeros(5, 6).scatter_add(0, _ROWS, y[:3, :4] * 3)[1:]
+            + y.scatter_add(1, _COLS, y.exp())
+            + y3.scatter_add(-1, _LAST, y3.tanh()).reshape(4, 6)
+            + torch.zeros(2, 3, 4).scatter_add(1, _MID, y3[:, :2, :3] ** 2).reshape(4, 6))
+
+
+def _scatter_means(y):
+    """scatter_reduce 'mean' (with and without self) and 'sum' without self, by indices
+    varying along every dim and by a line expanded (index_add's pattern)."""
+    return (y.scatter_reduce(1, _COLS, y * 2, "mean")
+            + y.scatter_reduce(0, _ROWS[:, :3].remainder(4), y[:3, :3] ** 2, "mean",
+                               include_self=False)
+            + torch.zeros(4, 6).scatter_reduce(0, _ROWS.remainder(4), y[1:, :4].exp(), "mean",
+                                               include_self=False)
+            + y.scatter_reduce(1, _COLS, y.sin(), "sum", include_self=False)
+            + y.scatter_reduce(1, torch.tensor([[0, 0, 2]]).expand(4, 3), y[:, :3], "mean",
+                               include_self=False))
+
+
+def _index_put_several(y):
+    """index_put(accumulate=True) with several index tensors: adjacent (negatives and
+    repeats), split by a full slice (the broadcast dims first) and into zeros with values
+    broadcast."""
+    y3 = y.reshape(2, 3, 4)
+    return (torch.ops.aten.index_put(y, [torch.tensor([1, -1, 1]), torch.tensor([5, 0, 5])],
+                                     y[0, :3] * 3, True)
+            + torch.ops.aten.index_put(y3, [torch.tensor([[1], [0]]), None,
+                                            torch.tensor([3, -1, 3])], y3[:, :, :3], True
+                                       ).reshape(4, 6)
+            + torch.zeros(4, 6).index_put((torch.tensor([0, 3, 0]), torch.tensor([[5], [2]])),
+                                          y[2, :3], accumulate=True))
+
+
 FUNCTIONS = {
     "softplus": (F.softplus, ()), "logsigmoid": (F.logsigmoid, ()),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), ("gt", "where")),
@@ -1073,6 +1118,9 @@ FUNCTIONS = {
                                                                 x[:, :4].reshape(4, 2, 2), True)
                              + x.clone().index_put_((torch.tensor([-1, 0, -1]),), x[1], accumulate=True),
                              ("index_add",)),
+    "scatter_add_any_index": (_scatter_any_index, ("scatter",)),
+    "scatter_reduce_means": (_scatter_means, ("scatter", "where")),
+    "index_put_several": (_index_put_several, ("scatter", "where")),
     "adaptive_pool_unbatched": (lambda x: F.adaptive_avg_pool2d(x.reshape(1, 4, 6), (3, 4))
                                 * F.adaptive_max_pool2d(x.reshape(1, 4, 6), (3, 4)),
                                 ("nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")),
@@ -1131,36 +1179,141 @@ def test_scatter_add_by_an_index_column_input_matches_torch():
     assert scatter.aux == {"rows": 4} and result.tape.integral[scatter.b]
 
 
-class Scatters(nn.Module):
-    """Scatters gradtool does not import: an index varying along other dims than dim, a
-    mean reduction, and an assignment by index (the last of repeated ids wins)."""
+class ComputedScatters(nn.Module):
+    """General scatters by computed indices: topk's (along the last dim of a 3-d tensor)
+    and argmax's, an index input (src larger than it: torch reads the part the index
+    reaches; ``cut`` slices it for torch's gradient, which wants src shaped like the
+    index), a mean by it, and index_put(accumulate=True) by two index inputs, adjacent
+    and split by a full slice."""
+
+    def __init__(self, cut=False):
+        super().__init__()
+        self.cut = cut
+        self.w = nn.Parameter(torch.randn(3, 4, 5))
+
+    def forward(self, x, idx, rows, cols):
+        y = x * self.w
+        top = torch.topk(y, 3, dim=2).indices                            # [3, 4, 3]
+        a = torch.zeros(3, 4, 5).scatter_add(2, top, y[..., :3] if self.cut else y)
+        am = y.argmax(dim=0, keepdim=True)                                # [1, 4, 5]
+        b = y.scatter_add(0, am, y.exp()[:1] if self.cut else y.exp())
+        c = y[0].scatter_add(1, idx, y[1, :, :4] if self.cut else y[1])  # idx [4, 4]
+        d = y[1].t().scatter_reduce(0, idx, y[2, :, :4].sin(), "mean", include_self=False)
+        e = torch.ops.aten.index_put(y, [rows, None, cols], y[1, :, :2].t() * 2, True)
+        f = torch.zeros(4, 5).index_put((rows[:, None], cols), y[0, 0, :2] * y.sum(),
+                                        accumulate=True)
+        return ((a * y).sum() + (b * b).sum() + (c * c).sum() + (d * d).sum()
+                + (e * e).sum() + (f * y[1]).sum())
+
+
+def test_scatters_by_computed_indices_match_torch():
+    """Each a scatter by computed linear ids: loss and gradient torch's (of the same
+    model with src cut to the index); an id out of range raises at replay, as torch
+    raises: the leading index's through the scatter's range, index_put's other one's
+    through the masks."""
+    torch.manual_seed(18)
+    x, idx = torch.randn(3, 4, 5), torch.randint(0, 5, (4, 4))
+    rows, cols = torch.tensor([2, 0]), torch.tensor([4, 1])
+    module, reference = ComputedScatters(), ComputedScatters(cut=True)
+    reference.load_state_dict(module.state_dict())
+    result, _ = import_matching_torch(module, (x, idx, rows, cols), reference)
+    tape = result.tape
+    assert sum(n.op == "scatter" for n in tape.nodes) == 7      # d: the sums and the counts
+    loss = tape.values[result.loss.id].copy()
+    for name, bad in (("idx", [[0, 1, 5, 2]] + idx.tolist()[1:]), ("rows", [3, 0]),
+                      ("cols", [5, 1]), ("cols", [-1, 1])):
+        tape.set_value(result.inputs[name], bad)
+        with pytest.raises(gt.GradtoolError, match="outside"):
+            tape.forward()
+        for slot, good in (("idx", idx), ("rows", rows), ("cols", cols)):
+            tape.set_value(result.inputs[slot], good.numpy())
+    tape.forward()
+    assert_bits_equal(tape.values[result.loss.id], loss)
+
+
+class TopScatter(nn.Module):
+    """Each sample's top-3 features summed into a code by topk's own ids (scatter_add by
+    computed ids) and averaged by them (scatter_reduce 'mean'), added into the sample's
+    row by index_put with the batch's arange and those ids, and a table filled by
+    index_put with two folded index tensors."""
 
     def __init__(self):
         super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x, y):
+        h = self.fc(x)                                                  # [B, 6]
+        top = torch.topk(h, 3, dim=1).indices                           # [B, 3]
+        picked = h.gather(1, top)
+        s = torch.zeros_like(h).scatter_add(1, top, picked.tanh())
+        m = h.scatter_reduce(1, top, torch.sigmoid(picked), "mean")
+        acc = h.index_put((torch.arange(x.shape[0])[:, None], top), picked * 0.5,
+                          accumulate=True)
+        mix = torch.zeros(6, 6).index_put((torch.tensor([0, 5, 5, 2]),
+                                           torch.tensor([1, -1, 5, 4])), h.mean(0)[:4],
+                                          accumulate=True)
+        return F.mse_loss(self.out(s + m * acc + h @ mix), y)
+
+
+def test_general_scatters_train_to_the_same_bytes_on_every_engine(tmp_path):
+    """Scatters by computed linear ids (and index_put's masks) through `gradtool train`:
+    cpu, host and host fused save the same bytes."""
+    torch.manual_seed(19)
+    result, _ = import_matching_torch(TopScatter(), (torch.randn(8, 6), torch.randn(8, 3)))
+    assert sum(n.op == "scatter" for n in result.tape.nodes) == 5
+    require_c_compiler()
+    path = tmp_path / "top.msgpack"
+    result.save(path)
+    rng = np.random.default_rng(19)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=rng.standard_normal((32, 6)), y=rng.standard_normal((32, 3)))
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
+    assert len(set(saved.values())) == 1
+    assert saved["cpu"] != path.read_bytes()
+
+
+class Scatters(nn.Module):
+    """Scatters gradtool does not import: an amax reduction and a sum by a boolean mask
+    (``which`` 0); an assignment by index (the last of repeated ids wins) and a mean of
+    integers (torch floors it; ``which`` 1)."""
+
+    def __init__(self, which):
+        super().__init__()
+        self.which = which
         self.fc = nn.Linear(3, 3)
 
-    def forward(self, x, idx, ids):
+    def forward(self, x, idx, ids, mask):
         m = self.fc(x)
-        a = torch.zeros(4, 3).scatter_add(0, idx, m)
-        b = torch.zeros(4, 3).scatter_reduce(0, ids.view(-1, 1).expand_as(m), m, "mean")
+        if self.which == 0:
+            a = torch.zeros(4, 3).scatter_reduce(0, idx, m, "amax")
+            b = torch.zeros(4, 3).index_put_((mask,), m, accumulate=True)
+            return (a * b).sum()
         c = torch.zeros(4, 3).index_put_((ids,), m)
-        return (a * b * c).sum()
+        d = torch.zeros(4, 3, dtype=torch.long).scatter_reduce(0, idx, idx * 3, "mean")
+        return (c * d).sum()
 
 
 def test_scatters_it_cannot_import_are_each_one_line_naming_why():
     x, idx, ids = torch.randn(5, 3), torch.randint(0, 4, (5, 3)), torch.tensor([0, 3, 3, 1, 0])
-    with pytest.raises(TorchImportError) as info:
-        import_module(Scatters(), (x, idx, ids))
-    lines = info.value.lines
-    assert len(lines) == 3, lines
-    assert lines[0].startswith("unsupported use of aten.scatter_add.default (x1) at ")
-    assert lines[0].endswith("scatter_add by an index that varies along dims other than dim "
-                             "(index_add's pattern, a 1-d index expanded along the other dims, "
-                             "imports)")
-    assert lines[1].startswith("unsupported use of aten.scatter_reduce.two (x1) at ")
-    assert lines[1].endswith("scatter_reduce with reduce='mean' (only 'sum' into self imports)")
-    assert lines[2].startswith("unsupported use of aten.index_put.default (x1) at ")
-    assert "index_put without accumulate" in lines[2]
+    mask = torch.tensor([True, False, True, True, False])
+    why = {}
+    for which in (0, 1):
+        with pytest.raises(TorchImportError) as info:
+            import_module(Scatters(which), (x, idx, ids, mask))
+        lines = info.value.lines
+        assert len(lines) == 2, lines
+        for line in lines:
+            op = line.split()[3]
+            assert line.startswith(f"unsupported use of {op} (x1) at "), line
+            why[which, op] = line
+    assert why[0, "aten.scatter_reduce.two"].endswith(
+        "scatter_reduce with reduce='amax' (only 'sum' and 'mean' import)")
+    assert why[0, "aten.index_put.default"].endswith(
+        "index_put by a boolean mask (a data-dependent shape)")
+    assert "index_put without accumulate" in why[1, "aten.index_put.default"]
+    assert why[1, "aten.scatter_reduce.two"].endswith(
+        "scatter_reduce with reduce='mean' of integer data (torch floors the quotient)")
 
 
 class Detaches(nn.Module):
