@@ -2482,3 +2482,27 @@ def test_a_float_converted_to_an_integer_dtype_truncates_as_torch():
     result, _ = import_matching_torch(Buckets(), (x,))
     assert result.histogram["aten._to_copy.default"] >= 2
     assert sum(n.op == "trunc" for n in result.tape.nodes) == 1
+
+
+class IndexArithmetic(nn.Module):
+    """Ids computed from integer data the way models write them: shifted by a number,
+    clamped into range, flipped, the minimum of two, scaled and offset into a flat table."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(12, 2)
+
+    def forward(self, x, ids):
+        shifted = self.emb((ids - 2).clamp(0, 5)).sum(-1)
+        flipped = self.emb(torch.minimum(ids + 1, ids.flip(0))).sum(-1)
+        flat = self.emb(ids * 2 + 1).sum(-1)
+        return ((shifted + flipped * x + flat) ** 2).sum()
+
+
+def test_integer_index_arithmetic_gives_ids_as_torch():
+    torch.manual_seed(42)
+    x = torch.randn(5)
+    ids = torch.tensor([0, 3, 5, 4, 1])
+    result, _ = import_matching_torch(IndexArithmetic(), (x, ids))
+    for op in ("aten.clamp.default", "aten.flip.default", "aten.minimum.default"):
+        assert result.histogram[op] == 1, op

@@ -1482,7 +1482,7 @@ def _scatter_add_rows(r, node, base, dim, index, src, reduce="sum", include_self
     for k, n in enumerate(ishape):                 # torch reads src where index reaches
         if src_shape[k] != n:
             v = r.slice_axis(v, k, 0, n, 1)
-    covers = r.tshape(node.args[2]) and all(
+    covers = bool(r.tshape(node.args[2])) and all(
         ishape[k] == shape[k] for k in range(len(shape)) if k != dim)
     ids = _one_index(r, node, index, dim) if covers else None
     if ids is not None:

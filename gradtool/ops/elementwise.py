@@ -211,11 +211,11 @@ binary("pow", "a ** b (numpy broadcasting): pows' rule with the exponent an inpu
 # all of it to a; when either is NaN all of it to b
 binary("minimum", "elementwise min, numpy broadcasting; NaN wins",
        select(X <= Y, X, select(X > Y, Y, X + Y)), select(X <= Y, G, 0.0),
-       select(X <= Y, 0.0, G))
+       select(X <= Y, 0.0, G), integral="inputs")
 # clamp_min / clamp_max: torch.clamp's halves (Tape.clamp records them): s where x < s
 # (resp. x > s), else x (so a NaN x stays NaN, and a tie keeps x); the gradient passes
 # where lo <= x (resp. x <= hi), inclusive like PyTorch's, +0.0 elsewhere and at a NaN
 unary("clamp_min", "max(a, s) for a Python number s, NaN kept (torch.clamp's min)",
-      select(X < S, S, X), select(X >= S, G, 0.0), scalar_operand=True)
+      select(X < S, S, X), select(X >= S, G, 0.0), scalar_operand=True, integral="a_whole_s")
 unary("clamp_max", "min(a, s) for a Python number s, NaN kept (torch.clamp's max)",
-      select(X > S, S, X), select(X <= S, G, 0.0), scalar_operand=True)
+      select(X > S, S, X), select(X <= S, G, 0.0), scalar_operand=True, integral="a_whole_s")

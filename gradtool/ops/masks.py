@@ -36,8 +36,9 @@ from .elementwise import binary, unary
 # Integer-valued nodes (``integral``): an i64 const; a comparison; the rounding ops (floor,
 # ceil, trunc, round) of anything; keep, keep_not, take and take_along of an integer-valued
 # a (whatever the mask or ids: exact copies); to_f64, detach, add, sub, mul, neg, maximum,
-# sum, max and the layout ops (reshape, transpose, permute, slice, concat) of
-# integer-valued inputs; adds and muls of an integer-valued a by a whole s.  take and take_along read their ids from any integer-valued node
+# minimum, sum, max and the layout ops (reshape, transpose, permute, slice, concat) of
+# integer-valued inputs; adds, muls, clamp_min and clamp_max of an integer-valued a by a
+# whole s.  take and take_along read their ids from any integer-valued node
 # (``id_inputs``): ids computed on the tape are checked, every one a whole number in [0, bound), by the CPU reference at every replay and by the
 # device kernels (a bad id reads nothing, writes a NaN and raises the replay's error flag,
 # which the engine turns into the same error).
