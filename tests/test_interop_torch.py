@@ -854,15 +854,9 @@ def test_train_mode_dropout_imports_and_matches_torch_eval_with_the_flag_off(tmp
     plain = import_module(copy.deepcopy(m).eval(), (x, y))
     assert not any(n.op == "uniform" for n in plain.tape.nodes)
     # and the imported tape trains under gradtool train, every engine the same bytes
-    require_c_compiler()
-    path = tmp_path / "drop.msgpack"
-    result.save(path)
     rng = np.random.default_rng(4)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=rng.standard_normal((32, 6)), y=rng.standard_normal((32, 3)))
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
-    assert len(set(saved.values())) == 1
-    assert saved["cpu"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path, x=rng.standard_normal((32, 6)),
+                                    y=rng.standard_normal((32, 3)))
 
 
 class ReadsTheMask(nn.Module):
@@ -1262,15 +1256,9 @@ def test_general_scatters_train_to_the_same_bytes_on_every_engine(tmp_path):
     torch.manual_seed(19)
     result, _ = import_matching_torch(TopScatter(), (torch.randn(8, 6), torch.randn(8, 3)))
     assert sum(n.op == "scatter" for n in result.tape.nodes) == 5
-    require_c_compiler()
-    path = tmp_path / "top.msgpack"
-    result.save(path)
     rng = np.random.default_rng(19)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=rng.standard_normal((32, 6)), y=rng.standard_normal((32, 3)))
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
-    assert len(set(saved.values())) == 1
-    assert saved["cpu"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path, x=rng.standard_normal((32, 6)),
+                                    y=rng.standard_normal((32, 3)))
 
 
 class Scatters(nn.Module):
@@ -1349,6 +1337,19 @@ def import_matching_torch(module, inputs, reference=None):
 
 ENGINES = (("cpu", []), ("host", ["--backend", "host"]),
            ("fused", ["--backend", "host", "--fuse"]))
+
+
+def assert_trains_to_the_same_bytes(result, tmp_path, engines=ENGINES, **arrays):
+    """``result`` saved and trained by `gradtool train` for 2 epochs on ``arrays`` (the
+    data, by input name) on each engine: every engine saves the same bytes, trained
+    ones (not the file's own)."""
+    require_c_compiler()
+    path = tmp_path / "model.msgpack"
+    result.save(path)
+    data = tmp_path / "data.npz"
+    np.savez(data, **arrays)
+    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path, engines)
+    assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
 
 
 def trained_bytes(path, common, tmp_path, engines=ENGINES) -> dict:
@@ -2137,12 +2138,8 @@ def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
     require_c_compiler()
     tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
     tape.forward()
-    path = tmp_path / "drop.msgpack"
-    result.save(path)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=np.random.default_rng(8).standard_normal((32, 2, 4, 4)))
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path, ENGINES[:2])
-    assert saved["cpu"] == saved["host"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path, ENGINES[:2],
+                                    x=np.random.default_rng(8).standard_normal((32, 2, 4, 4)))
 
 
 class StochasticDepth(nn.Module):
@@ -2184,13 +2181,8 @@ def test_stochastic_depth_and_bernoulli_import_and_train(tmp_path):
     assert abs(float(tape.values[result.loss.id][0]) - want) <= 1e-12 * abs(want)
     tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
     tape.forward()
-    require_c_compiler()
-    path = tmp_path / "droppath.msgpack"
-    result.save(path)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=np.random.default_rng(9).standard_normal((24, 4)))
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
-    assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path,
+                                    x=np.random.default_rng(9).standard_normal((24, 4)))
 
 
 class NanAware(nn.Module):
@@ -2274,13 +2266,8 @@ def test_a_vae_imports_and_trains_to_the_same_bytes(tmp_path):
     tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
     tape.forward()
     assert float(tape.values[result.loss.id][0]) != want
-    require_c_compiler()
-    path = tmp_path / "vae.msgpack"
-    result.save(path)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=np.random.default_rng(12).standard_normal((20, 6)))
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
-    assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path,
+                                    x=np.random.default_rng(12).standard_normal((20, 6)))
 
 
 # ── rand, randint and randperm: diffusion, flow matching, mixup ───────────
@@ -2450,17 +2437,11 @@ def test_models_drawing_rand_randint_randperm_import_and_train(name, tmp_path):
     tape.set_value(tape.rng(), [3.0, 0.0, 1.0])
     tape.forward()
     assert float(tape.values[result.loss.id][0]) != loss
-    require_c_compiler()
-    path = tmp_path / f"{name}.msgpack"
-    result.save(path)
-    data = tmp_path / "data.npz"
     rng = np.random.default_rng(13)
-    arrays = {k: (rng.standard_normal((24,) + tuple(t.shape[1:])) if t.is_floating_point()
-                  else rng.integers(0, 3, (24,) + tuple(t.shape[1:])))
-              for k, t in zip(result.inputs, inputs)}
-    np.savez(data, **arrays)
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path)
-    assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
+    assert_trains_to_the_same_bytes(result, tmp_path, **{
+        k: (rng.standard_normal((24,) + tuple(t.shape[1:])) if t.is_floating_point()
+            else rng.integers(0, 3, (24,) + tuple(t.shape[1:])))
+        for k, t in zip(result.inputs, inputs)})
 
 
 def test_a_float_converted_to_an_integer_dtype_truncates_as_torch():
