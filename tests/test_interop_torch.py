@@ -1339,16 +1339,21 @@ ENGINES = (("cpu", []), ("host", ["--backend", "host"]),
            ("fused", ["--backend", "host", "--fuse"]))
 
 
-def assert_trains_to_the_same_bytes(result, tmp_path, engines=ENGINES, **arrays):
+def assert_trains_to_the_same_bytes(result, tmp_path, engines=ENGINES, ranks=0, **arrays):
     """``result`` saved and trained by `gradtool train` for 2 epochs on ``arrays`` (the
-    data, by input name) on each engine: every engine saves the same bytes, trained
-    ones (not the file's own)."""
+    data, by input name) on each engine, and with ``ranks`` MPI ranks (then every run
+    with ``--shards 2``): every run saves the same bytes, trained ones (not the file's
+    own)."""
     require_c_compiler()
     path = tmp_path / "model.msgpack"
     result.save(path)
     data = tmp_path / "data.npz"
     np.savez(data, **arrays)
-    saved = trained_bytes(path, ["--data", data, "--epochs", 2], tmp_path, engines)
+    common = ["--data", data, "--epochs", 2] + (["--shards", 2] if ranks else [])
+    saved = trained_bytes(path, common, tmp_path, engines)
+    if ranks:
+        saved[f"{ranks} ranks"] = train_under_mpiexec(path, common, tmp_path / "mpi.msgpack",
+                                                      ranks)
     assert len(set(saved.values())) == 1 and saved["cpu"] != path.read_bytes()
 
 
@@ -1716,20 +1721,13 @@ def test_the_unet_layers_train_to_the_same_bytes_on_every_engine_and_two_ranks(t
     """The new layers' records (transposed convolution, group and instance norm, both
     upsamplings, adaptive pooling) through `gradtool train`: cpu, host, host fused and
     two MPI ranks save the same bytes."""
-    require_c_compiler()
     module, _ = unet_case()
     torch.manual_seed(15)
     result = import_module(module, (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,))))
-    tape = tmp_path / "unet.msgpack"
-    result.save(tape)
     rng = np.random.default_rng(15)
-    data = tmp_path / "data.npz"
-    np.savez(data, x=rng.standard_normal((32, 2, 8, 8)), y=rng.integers(0, 3, 32))
-    common = ["--data", data, "--epochs", 2, "--shards", 2]
-    saved = trained_bytes(tape, common, tmp_path)
-    saved["2 ranks"] = train_under_mpiexec(tape, common, tmp_path / "mpi.msgpack")
-    assert len(set(saved.values())) == 1, {k: len(v) for k, v in saved.items()}
-    assert saved["cpu"] != tape.read_bytes()                   # it trained
+    assert_trains_to_the_same_bytes(result, tmp_path, ranks=2,
+                                    x=rng.standard_normal((32, 2, 8, 8)),
+                                    y=rng.integers(0, 3, 32))
 
 
 # ── the import checked against torch's own run of the program ──────────────
@@ -2415,7 +2413,7 @@ def test_models_drawing_rand_randint_randperm_import_and_train(name, tmp_path):
     """Each imports (the check against torch with every draw its mean passed); with the
     flag 0 its loss and gradients are torch float64's of the same model with those values;
     with the flag 1 the draws are live (another loss); `gradtool train` gives the same
-    bytes on cpu, host and host --fuse."""
+    bytes on cpu, host and host --fuse, and (but the UNet, for time) on two MPI ranks."""
     make, example, ops = RANDOM_MODELS[name]
     torch.manual_seed(40)
     module = make()
@@ -2438,7 +2436,7 @@ def test_models_drawing_rand_randint_randperm_import_and_train(name, tmp_path):
     tape.forward()
     assert float(tape.values[result.loss.id][0]) != loss
     rng = np.random.default_rng(13)
-    assert_trains_to_the_same_bytes(result, tmp_path, **{
+    assert_trains_to_the_same_bytes(result, tmp_path, ranks=0 if name == "unet" else 2, **{
         k: (rng.standard_normal((24,) + tuple(t.shape[1:])) if t.is_floating_point()
             else rng.integers(0, 3, (24,) + tuple(t.shape[1:])))
         for k, t in zip(result.inputs, inputs)})
