@@ -2485,3 +2485,23 @@ def test_integer_index_arithmetic_gives_ids_as_torch():
     result, _ = import_matching_torch(IndexArithmetic(), (x, ids))
     for op in ("aten.clamp.default", "aten.flip.default", "aten.minimum.default"):
         assert result.histogram[op] == 1, op
+
+
+class HugeRandint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return (self.fc(x) * torch.randint(0, 2 ** 60, (3, 2))).sum()
+
+
+def test_a_randint_beyond_exact_integers_is_refused_in_one_line():
+    """Draws past 2^53 would not be whole float64 numbers (nor drawn alike): refused,
+    naming the op and its bounds, nothing recorded."""
+    with pytest.raises(TorchImportError) as info:
+        import_module(HugeRandint(), (torch.randn(3, 2),))
+    (line,) = info.value.lines
+    assert line.startswith("unsupported use of aten.randint.low (x1) at "), line
+    assert line.endswith(f"randint over [0, {2 ** 60}) (gradtool draws integers in [low, high) "
+                         f"with low < high <= low + 2^53, both within +-2^53)"), line

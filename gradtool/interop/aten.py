@@ -722,11 +722,16 @@ def _randint(r, node, *args, **kwargs):
     from .. import nn
     name = str(node.target)
     taken = args[1:] if "like" in name or "random" in name else args   # x.random_(to)
-    numbers = [a for a in taken if not isinstance(a, list)]
-    low, high = (numbers if len(numbers) == 2 else [0] + numbers[:1])
-    for v in (low, high):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise Unsupported(f"randint with bounds {low!r}, {high!r} (integers only)")
+    numbers = [a for a in taken if not isinstance(a, (list, tuple))]   # size: a list
+    low, high = kwargs.get("low", 0), kwargs.get("high", kwargs.get("to"))
+    if len(numbers) == 2:
+        low, high = numbers
+    elif numbers:
+        high = numbers[0]
+    if any(isinstance(v, bool) or not isinstance(v, int) or abs(v) > 2 ** 53
+           for v in (low, high)) or not 0 < high - low <= 2 ** 53:
+        raise Unsupported(f"randint over [{low!r}, {high!r}) (gradtool draws integers in "
+                          f"[low, high) with low < high <= low + 2^53, both within +-2^53)")
     return nn.randint(low, high, r.shape(node), tape=r.tp)
 
 
