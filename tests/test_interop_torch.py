@@ -2505,3 +2505,25 @@ def test_a_randint_beyond_exact_integers_is_refused_in_one_line():
     assert line.startswith("unsupported use of aten.randint.low (x1) at "), line
     assert line.endswith(f"randint over [0, {2 ** 60}) (gradtool draws integers in [low, high) "
                          f"with low < high <= low + 2^53, both within +-2^53)"), line
+
+
+class LongPermutation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return (self.fc(x).sum() * torch.randperm(3000)[:4]).sum()
+
+
+def test_a_record_the_tape_refuses_is_one_line_naming_the_op():
+    """randperm(3000) sorts 3000 draws pairwise, past Tape.sort's limit: the tape's own
+    refusal (a TapeError inside the mapping) becomes the import's one line, with the op
+    and its source line, and nothing after it is recorded."""
+    with pytest.raises(TorchImportError) as info:
+        import_module(LongPermutation(), (torch.randn(3, 2),))
+    (line,) = info.value.lines
+    assert line.startswith("cannot record aten.randperm.default (x1) at "), line
+    assert "torch.randperm(3000)" in line and line.endswith(
+        "sort: rows of 3000 entries compared pairwise: 1 x 3000 x 3000 elements exceed the "
+        "limit of 4194304"), line

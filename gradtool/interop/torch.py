@@ -833,6 +833,10 @@ class _Importer:
             except A.Unsupported as exc:
                 self.problems.add("unsupported use of", name, node, str(exc))
                 out = _MISSING
+            except GradtoolError as exc:     # the tape refused a record: it is poisoned,
+                self.problems.add("cannot record", name, node,     # so nothing more records
+                                  " ".join(str(exc).split())[:300])
+                raise self.problems.error() from None
             self.histogram[name] += 1
             self.env[node] = out
 
