@@ -3,6 +3,7 @@ have, each as small as a node gets), through the commands that load it.
 
     python scripts/bench_load.py [--nodes N] [--runs R] [--checkout DIR] [--baseline REV]
                                  [--commands load,inspect-json,inspect,backward]
+                                 [--sources none|ids|floor|compare]
 
 Prints, for loading alone (``gradtool.load`` in a fresh process), ``gradtool inspect
 --json``, ``inspect`` and ``backward`` run as fresh processes, the median wall time and
@@ -32,12 +33,31 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def chain(nodes: int) -> bytes:
+SOURCES = ("none", "ids", "floor", "compare")
+
+
+def chain(nodes: int, sources: str = "none") -> bytes:
+    """``nodes`` nodes: a param, then a chain of ``neg``.  ``sources`` puts whole numbers
+    in it (which the loader's columns must leave out of their runs): ``ids``, token ids
+    (an i64 const) read by a ``take`` at the start; ``floor``, ``compare``, a ``floor`` or
+    a ``gt`` every 1024 nodes, each made fractional again by ``adds 0.25``."""
     doc = {"format": "gradtool-tape", "version": 1, "nodes": [
         {"op": "param", "a": -1, "b": -1, "s": 0.0, "shape": [1], "name": "x",
          "data": np.ones(1).astype("<f8").tobytes()}]}
-    doc["nodes"] += [{"op": "neg", "a": i, "b": -1, "s": 0.0, "shape": [1]}
-                     for i in range(nodes - 1)]
+    out = doc["nodes"]
+    if sources == "ids":
+        out.append({"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": [1], "name": "ids",
+                    "dtype": "i64", "data": np.zeros(1).astype("<i8").tobytes()})
+        out.append({"op": "take", "a": 0, "b": 1, "s": 0.0, "shape": [1]})
+    while len(out) < nodes:
+        i = len(out) - 1
+        if sources in ("floor", "compare") and len(out) % 1024 == 0 and len(out) + 2 < nodes:
+            source = ({"op": "floor", "a": i, "b": -1} if sources == "floor"
+                      else {"op": "gt", "a": i, "b": 0})
+            out.append({**source, "s": 0.0, "shape": [1]})
+            out.append({"op": "adds", "a": i + 1, "b": -1, "s": 0.25, "shape": [1]})
+            continue
+        out.append({"op": "neg", "a": i, "b": -1, "s": 0.0, "shape": [1]})
     return msgpack.packb(doc, use_bin_type=True)
 
 
@@ -103,6 +123,8 @@ def main() -> None:
                     help="also time this commit (e.g. 1d644f5), side by side")
     ap.add_argument("--commands", default="load,inspect-json,inspect,backward",
                     help="which commands to time, comma-separated (default: all four)")
+    ap.add_argument("--sources", choices=SOURCES, default="none",
+                    help="whole numbers in the chain (see chain()): none, ids, floor, compare")
     opts = ap.parse_args()
     known = {"load": ["load"], "inspect-json": ["inspect", "--json"],
              "inspect": ["inspect"], "backward": ["backward"]}
@@ -112,13 +134,14 @@ def main() -> None:
     commands = [known[c] for c in opts.commands.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "chain.msgpack"
-        path.write_bytes(chain(opts.nodes))
+        path.write_bytes(chain(opts.nodes, opts.sources))
         trees = {"this": opts.checkout}
         if opts.baseline:
             base = Path(tmp) / "baseline"
             base.mkdir()
             trees[opts.baseline] = extract(opts.baseline, base)
-        print(f"{opts.nodes} nodes, {path.stat().st_size / 1e6:.1f} MB; gradtool from "
+        print(f"{opts.nodes} nodes ({opts.sources} whole-number sources), "
+              f"{path.stat().st_size / 1e6:.1f} MB; gradtool from "
               f"{opts.checkout}" + (f" and commit {opts.baseline}" if opts.baseline else "")
               + f"; median of {opts.runs} runs, wall / CPU seconds")
         print("  " + " " * 24 + "".join(f"{name:>24s}" for name in trees))

@@ -115,7 +115,7 @@ def test_one_bad_field_inside_a_run_gives_the_node_by_node_outcome(field, value,
         assert columns == nodes, (k, field, value)
 
 
-def test_an_i64_const_or_a_node_not_a_map_turns_the_columns_off(monkeypatch):
+def test_an_unread_i64_const_or_a_node_not_a_map_gives_the_node_by_node_outcome(monkeypatch):
     doc = long_doc()
     doc["nodes"].insert(3, {"op": "const", "a": -1, "b": -1, "s": 0.0, "shape": [2],
                             "dtype": "i64", "data": np.arange(2).astype("<i8").tobytes()})
@@ -128,6 +128,54 @@ def test_an_i64_const_or_a_node_not_a_map_turns_the_columns_off(monkeypatch):
     doc["nodes"][700] = [1, 2]
     columns, nodes = both_ways(msgpack.packb(doc, use_bin_type=True), monkeypatch)
     assert columns == nodes and columns[0] == "error"
+
+
+def whole_numbers_doc(seed: int = 1) -> bytes:
+    """A long file with whole-number sources among the runs: token ids (an i64 const read
+    by take), comparisons, floor and round of floats; chains of ops that keep whole
+    numbers whole (neg, adds and muls by whole numbers, clamp) or do not (adds 0.25),
+    ids computed by them read by take and take_along."""
+    rng = np.random.default_rng(seed)
+    tp = gradtool.Tape()
+    x = tp.param(rng.standard_normal(3), name="x")
+    table = tp.param(rng.standard_normal((4, 3)), name="table")
+    ids = tp.const(np.array([0, 3, 1]), dtype="i64", name="ids")
+    h, parts = x, []
+    while len(tp.nodes) < NODES:
+        for _ in range(int(rng.integers(20, 60))):          # a run of float unary ops
+            h = tp.tanh(h) if rng.integers(2) else tp.neg(h)
+        k = int(rng.integers(4))
+        if k == 0:                                          # i64 ids through a take
+            picked = tp.take(table, ids)                    # [3, 3]
+            parts.append(tp.sum(picked))
+        elif k == 1:                                        # a mask, kept whole by a chain
+            m = tp.neg(tp.muls(tp.adds(tp.gt(h, tp.const(np.zeros(1))), 2.0), 3.0))
+            parts.append(tp.sum(tp.mul(tp.tanh(m), h)))
+        else:                                               # ids from floor or round
+            r = (tp.floor if k == 2 else tp.round)(tp.muls(tp.sigmoid(h), 3.5))
+            r = tp.clamp(tp.adds(r, -1.0), lo=0.0, hi=3.0)  # whole: 0 .. 3
+            row = tp.take(table, r)                         # [3, 3]
+            along = tp.take_along(table, tp.reshape(r, [1, 3]), axis=0)
+            parts.append(tp.add(tp.sum(row), tp.sum(tp.adds(along, 0.25))))
+            h = tp.add(h, tp.tanh(tp.adds(r, 0.25)))        # no longer whole
+    loss = parts[0]
+    for p in parts[1:]:
+        loss = tp.add(loss, p)
+    return gradtool.tapefile.dumps(tp, loss=loss)
+
+
+def test_whole_number_sources_keep_the_columns_and_load_identically(monkeypatch):
+    """Runs are taken in a file with integer data, comparisons and rounding ops (those
+    turned the columns off before): a run leaves out every node reading whole numbers, so
+    its nodes' integral flags (all False) are the node-by-node ones, and the tape (values,
+    integral flags, requires) is the same both ways."""
+    raw = whole_numbers_doc()
+    checked = checks.check(checks.decode(raw, "f", checks.Limits()), "f", checks.Limits())
+    assert sum(stop - start for start, stop in checked.runs) > NODES // 2
+    columns, nodes = both_ways(raw, monkeypatch)
+    assert columns[0] == "ok" and columns == nodes
+    integral = columns[4]
+    assert sum(integral) > 100                # whole chains besides the sources
 
 
 def _errors_on_every_path(raw: bytes, limits, monkeypatch) -> list:

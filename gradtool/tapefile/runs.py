@@ -8,8 +8,10 @@ numpy, the nodes that plain_node would accept for certain and that need nothing 
 it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
 keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
 a scalar operand, a valid shape equal to node a's (a unary op's shape is its
-input's), in a file without integer data (no i64 const, no op whose values are
-always whole numbers: then every node's ``integral`` is False).  Every other node,
+input's), and not reading a node whose values are whole numbers (``integral``: in a
+file without integer data -- no i64 const, no op whose values are always whole
+numbers -- there is none; else :func:`_integral_column` finds them), so every run
+node's ``integral`` is False.  Every other node,
 and any file where a column holds a value of an unexpected type, goes through the
 node-by-node path, which gives the exact messages; so does a run whose elements or
 work would cross a budget (then the node-by-node path names the node that crosses).
@@ -21,6 +23,7 @@ a Python object (:class:`RunNode`, by :func:`node_at`) only where a check reads 
 
 from __future__ import annotations
 
+import heapq
 import operator
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -104,7 +107,7 @@ def node_at(nodes: list, k: int, columns: Optional[RunColumns]):
 
 _RUN_OPS = [name for name, spec in OPS.items()
             if spec.kind == "unary" and spec.arity == 1 and not spec.attrs
-            and not spec.int_inputs and spec.integral in ("", "inputs", "a")]
+            and not spec.int_inputs and spec.integral in ("", "inputs", "a", "a_whole_s")]
 _RUN_CODE = {name: k + 1 for k, name in enumerate(_RUN_OPS)}      # 0: not a run op
 _RUN_SCALAR = np.array([False] + [name in SCALAR_OPS for name in _RUN_OPS])
 _WHOLE_SOURCES = frozenset(name for name, spec in OPS.items() if spec.integral == "always")
@@ -126,7 +129,7 @@ def _plain_runs(raw_nodes):
             lengths = np.fromiter(map(len, raw_nodes), dtype=np.int64, count=n)
             keys = lengths == len(_CORE)            # then no other key
             more = np.flatnonzero(~keys).tolist()   # the only nodes that may hold a dtype
-            dtypes = [raw_nodes[k].get("dtype") for k in more]
+            int_leaves = [k for k in more if raw_nodes[k].get("dtype") == INT_DTYPE]
         except KeyError:
             ops = list(map(get, raw_nodes, repeat("op")))
             keys = np.fromiter(map(_CORE.issuperset, raw_nodes), dtype=bool, count=n)
@@ -134,10 +137,9 @@ def _plain_runs(raw_nodes):
             b_col = list(map(get, raw_nodes, repeat("b"), repeat(-1)))
             s_col = list(map(get, raw_nodes, repeat("s"), repeat(0.0)))
             shapes = list(map(get, raw_nodes, repeat("shape")))
-            dtypes = map(get, raw_nodes, repeat("dtype"))
+            int_leaves = [k for k, node in enumerate(raw_nodes)
+                          if get(node, "dtype") == INT_DTYPE]
         # (TypeError above: a node that is not a map)
-        if not _WHOLE_SOURCES.isdisjoint(ops) or INT_DTYPE in dtypes:
-            return None
         codes = np.fromiter(map(_RUN_CODE.get, ops, repeat(0)), dtype=np.int64, count=n)
         if (not set(map(type, a_col)) <= _INT_TYPE or not set(map(type, b_col)) <= _INT_TYPE
                 or not set(map(type, s_col)) <= _NUMBER_TYPES
@@ -150,6 +152,10 @@ def _plain_runs(raw_nodes):
             return None             # a dim not an int (a bool or a float equal to one)
     except (TypeError, OverflowError, ValueError):
         return None
+    whole = None
+    if int_leaves or not _WHOLE_SOURCES.isdisjoint(ops):
+        whole = _integral_column(ops, np.where((a >= -1) & (a < n), a, -1),
+                                 np.where((b >= -1) & (b < n), b, -1), s, int_leaves)
     # every dim an int: equal tuples are equal shapes
     tuples = list(map(tuple, shapes))
     unique = dict.fromkeys(tuples)
@@ -167,10 +173,58 @@ def _plain_runs(raw_nodes):
     ok &= (s == 0) | _RUN_SCALAR[codes]
     ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
+    if whole is not None:               # a node reading whole numbers: one by one (its own
+        ok &= ~whole[np.where(ok, a, 0)]    # integral may be True, an i64 input refused)
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops, codes, a, b, s, canon, shape_id,
                       _size_table(sizes))
+
+
+_INTEGRAL_SPECS = {name: spec for name, spec in OPS.items() if spec.integral}
+
+
+def _integral_column(ops: list, a: np.ndarray, b: np.ndarray, s: np.ndarray,
+                     int_leaves: list) -> np.ndarray:
+    """Each node's ``integral`` (whole-number values: ``OpSpec.integral_of``, as the checks
+    and the Tape compute it) in a file holding whole-number sources (i64 consts, ops like
+    the comparisons and floor), so that runs leave out every node reading one: a run's
+    nodes are then all not integral, as the replay records them.
+
+    ``a``, ``b`` (int64, -1 where a node has none or a malformed one) and ``s`` are the
+    columns.  Only the nodes a source reaches are visited, in node order (a heap: every
+    input of a node comes before it, so its inputs are final when it is taken), each found
+    from its inputs through the columns sorted once.  A node whose fields are not
+    well-formed counts as not integral (it is checked one by one, and refused there)."""
+    n = len(ops)
+    whole = np.zeros(n, dtype=bool)
+    sources = set(int_leaves) | {k for k, op in enumerate(ops)
+                                 if type(op) is str and op in _WHOLE_SOURCES}
+    heap = sorted(sources)
+    whole[heap] = True
+    readers = []                             # per input column: (readers by input, bounds)
+    for col in (a, b):
+        inside = np.flatnonzero((col >= 0) & (col < n))
+        order = inside[np.argsort(col[inside], kind="stable")]
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(col[inside], minlength=n))))
+        readers.append((order.tolist(), bounds.tolist()))
+    a_list, b_list, s_list = a.tolist(), b.tolist(), s.tolist()
+    queued, specs = set(sources), _INTEGRAL_SPECS
+    while heap:
+        k = heapq.heappop(heap)
+        if k not in sources:
+            op, ak, bk = ops[k], a_list[k], b_list[k]
+            spec = specs.get(op) if type(op) is str else None
+            if spec is None or not 0 <= ak < k or bk >= k or not spec.integral_of(
+                    bool(whole[ak]), bk < 0 or bool(whole[bk]), s_list[k]):
+                continue
+            whole[k] = True
+        for order, bounds in readers:        # the nodes reading k: pushed once each
+            for j in order[bounds[k]:bounds[k + 1]]:
+                if j not in queued:
+                    queued.add(j)
+                    heapq.heappush(heap, j)
+    return whole
 
 
 def _size_table(sizes: list) -> np.ndarray:
@@ -182,7 +236,7 @@ def _scanned_runs(raw_nodes: list, scanned):
     """:func:`_plain_runs`'s columns for a node list decoded by
     :func:`gradtool.tapefile.scan.scan`: the plain nodes' fields from the scan's columns,
     the other nodes' (few: the scan gives up otherwise) read from their maps; a plain
-    node is in a run on the same conditions (the scan found no integer data)."""
+    node is in a run on the same conditions."""
     n = len(raw_nodes)
     index = scanned.index
     codes = np.zeros(n, dtype=np.int64)
@@ -212,6 +266,7 @@ def _scanned_runs(raw_nodes: list, scanned):
     ops_full[index] = np.array(scanned.ops, dtype=object)[scanned.code]
     others = np.ones(n, dtype=bool)
     others[index] = False
+    int_leaves, sources = [], False
     for k in np.flatnonzero(others).tolist():
         raw = raw_nodes[k]
         if type(raw) is not dict:
@@ -221,6 +276,12 @@ def _scanned_runs(raw_nodes: list, scanned):
             value = raw.get(key, -1)
             if type(value) is int and -1 <= value < n:
                 column[k] = value
+        value = raw.get("s", 0.0)
+        if type(value) is float or type(value) is int and abs(value) < 1 << 63:
+            s[k] = value
+        if raw.get("dtype") == INT_DTYPE:
+            int_leaves.append(k)
+        sources = sources or type(ops_full[k]) is str and ops_full[k] in _WHOLE_SOURCES
         shape = raw.get("shape")
         if type(shape) is list and 0 < len(shape) <= 32 and set(map(type, shape)) <= _INT_TYPE \
                 and min(shape) >= 1:
@@ -234,6 +295,9 @@ def _scanned_runs(raw_nodes: list, scanned):
     ok &= (s == 0) | _RUN_SCALAR[codes]
     ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
+    if int_leaves or sources:           # as _plain_runs: no run node reads whole numbers
+        whole = _integral_column(ops_full.tolist(), a, b, s, int_leaves)
+        ok &= ~whole[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops_full, codes, a, b, s, canon,

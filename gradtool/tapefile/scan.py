@@ -33,9 +33,8 @@ from typing import Optional
 import msgpack
 import numpy as np
 
-from ..ops import INT_DTYPE
 from .checks import _NOT_CONTAINER_BYTES, PLAIN, Limits, check_structure
-from .runs import _RUN_OPS, _WHOLE_SOURCES
+from .runs import _RUN_OPS
 
 SCAN_MIN = 1 << 14                # fewer nodes: decode as usual
 _TAIL = 256                       # more than a plain node's encoding reads (< 160 bytes)
@@ -171,9 +170,6 @@ def _nodes(raw: bytes, begin: int, length: int, unpacker):
         i += 1
         if len(others) > length // 2:
             return None
-        if type(node) is dict and (node.get("op") in _WHOLE_SOURCES
-                                   or node.get("dtype") == INT_DTYPE):
-            return None           # integer data in the file: no plain runs (checks.py)
     chosen = np.concatenate(cand_parts)
     shape_key = cand["shape_key"][chosen]
     long_keys = cand["shape_key2"][chosen]
