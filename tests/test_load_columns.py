@@ -130,11 +130,12 @@ def test_an_unread_i64_const_or_a_node_not_a_map_gives_the_node_by_node_outcome(
     assert columns == nodes and columns[0] == "error"
 
 
-def whole_numbers_doc(seed: int = 1) -> bytes:
+def whole_numbers_doc(seed: int = 1) -> tuple:
     """A long file with whole-number sources among the runs: token ids (an i64 const read
     by take), comparisons, floor and round of floats; chains of ops that keep whole
     numbers whole (neg, adds and muls by whole numbers, clamp) or do not (adds 0.25),
-    ids computed by them read by take and take_along."""
+    ids computed by them read by take and take_along.  Returns (bytes, the recording
+    Tape's integral flags)."""
     rng = np.random.default_rng(seed)
     tp = gradtool.Tape()
     x = tp.param(rng.standard_normal(3), name="x")
@@ -161,21 +162,21 @@ def whole_numbers_doc(seed: int = 1) -> bytes:
     loss = parts[0]
     for p in parts[1:]:
         loss = tp.add(loss, p)
-    return gradtool.tapefile.dumps(tp, loss=loss)
+    return gradtool.tapefile.dumps(tp, loss=loss), list(tp.integral)
 
 
 def test_whole_number_sources_keep_the_columns_and_load_identically(monkeypatch):
     """Runs are taken in a file with integer data, comparisons and rounding ops (those
-    turned the columns off before): a run leaves out every node reading whole numbers, so
-    its nodes' integral flags (all False) are the node-by-node ones, and the tape (values,
-    integral flags, requires) is the same both ways."""
-    raw = whole_numbers_doc()
+    turned the columns off before), whole-number chains inside them too, so their nodes'
+    integral flags are the node-by-node ones and the recording Tape's, and the
+    tape (values, integral flags, requires) is the same both ways."""
+    raw, recorded = whole_numbers_doc()
     checked = checks.check(checks.decode(raw, "f", checks.Limits()), "f", checks.Limits())
     assert sum(stop - start for start, stop in checked.runs) > NODES // 2
     columns, nodes = both_ways(raw, monkeypatch)
     assert columns[0] == "ok" and columns == nodes
-    integral = columns[4]
-    assert sum(integral) > 100                # whole chains besides the sources
+    assert columns[4] == recorded
+    assert sum(recorded) > 100                # whole chains besides the sources
 
 
 def _errors_on_every_path(raw: bytes, limits, monkeypatch) -> list:

@@ -150,7 +150,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
             append_requires(("a" in grad_in and requires[a])
                             or (b >= 0 and "b" in grad_in and requires[b]))
             append_integral(bool(spec.integral)
-                            and spec.integral_of(integral[a], b < 0 or integral[b]))
+                            and spec.integral_of(integral[a], b < 0 or integral[b], node.s))
             if node.value is not None:
                 recorded[k] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
         _finish_ops(tape, ops_from)
@@ -247,7 +247,7 @@ def _replay_run(columns: RunColumns, start: int, stop: int, tape: Tape, source: 
                               count=len(outside))
     requires.extend(run_requires(_RUN_GRAD_A[code], ids - start, outside, outside_req).tolist())
     tape.nodes.extend(map(Node, ops, id_list, repeat(-1), scalars))
-    tape.integral.extend(repeat(False, stop - start))    # no integer data in the file
+    tape.integral.extend(columns.integral(start, stop))
 
 
 def run_requires(grad_a: np.ndarray, local: np.ndarray, outside: np.ndarray,

@@ -8,10 +8,9 @@ numpy, the nodes that plain_node would accept for certain and that need nothing 
 it but a CheckedNode: an op of kind "unary" without attributes or integer inputs, the
 keys op/a/b/s/shape only (no value), b == -1, 0 <= a < i, s == 0 unless the op takes
 a scalar operand, a valid shape equal to node a's (a unary op's shape is its
-input's), and not reading a node whose values are whole numbers (``integral``: in a
-file without integer data -- no i64 const, no op whose values are always whole
-numbers -- there is none; else :func:`_integral_column` finds them), so every run
-node's ``integral`` is False.  Every other node,
+input's), not reading integer data (an i64 const).  A file holding whole numbers (i64
+consts, ops whose values are always whole) has its nodes' ``integral`` flags found by
+:func:`_integral_column`; in any other file they are all False.  Every other node,
 and any file where a column holds a value of an unexpected type, goes through the
 node-by-node path, which gives the exact messages; so does a run whose elements or
 work would cross a budget (then the node-by-node path names the node that crosses).
@@ -58,6 +57,14 @@ class RunNode(tuple):
                 f"shape={self.shape})")
 
 
+class WholeRunNode(RunNode):
+    """A :class:`RunNode` whose values are whole numbers (``integral``: it reads one, and
+    its op keeps them whole)."""
+
+    __slots__ = ()
+    integral = True
+
+
 class _InRun:
     """The placeholder, in :attr:`CheckedFile.nodes`, of a node of a run checked in
     columns: its fields are in :attr:`CheckedFile.columns` (:meth:`CheckedFile.node`)."""
@@ -78,7 +85,9 @@ class RunColumns:
     ``s`` (float64), ``shape_id`` (an index into ``shapes``, the distinct shapes as
     tuples, None where not a valid shape) and per shape id its elements (``sizes``);
     ``ops`` the op of every node (what the budget reads of the others); ``starts`` and
-    ``stops`` the runs.  Only a node of a run that the checks took is read from them."""
+    ``stops`` the runs; ``whole`` each node's ``integral`` (:func:`_integral_column`), or
+    None in a file without whole numbers.  Only a node of a run that the checks took is
+    read from them."""
 
     starts: list
     stops: list
@@ -90,11 +99,19 @@ class RunColumns:
     shapes: list
     shape_id: np.ndarray
     sizes: np.ndarray
+    whole: Optional[np.ndarray] = None
 
     def node(self, k: int) -> RunNode:
         """The CheckedNode of node ``k`` of a run."""
-        return tuple.__new__(RunNode, (_RUN_OPS[int(self.code[k]) - 1], int(self.a[k]),
-                                       float(self.s[k]), self.shapes[self.shape_id[k]]))
+        kind = WholeRunNode if self.whole is not None and self.whole[k] else RunNode
+        return tuple.__new__(kind, (_RUN_OPS[int(self.code[k]) - 1], int(self.a[k]),
+                                    float(self.s[k]), self.shapes[self.shape_id[k]]))
+
+    def integral(self, start: int, stop: int):
+        """The ``integral`` flags of nodes ``start:stop`` (a run), for the replayed Tape."""
+        if self.whole is None:
+            return repeat(False, stop - start)
+        return self.whole[start:stop].tolist()
 
 
 def node_at(nodes: list, k: int, columns: Optional[RunColumns]):
@@ -173,12 +190,18 @@ def _plain_runs(raw_nodes):
     ok &= (s == 0) | _RUN_SCALAR[codes]
     ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    if whole is not None:               # a node reading whole numbers: one by one (its own
-        ok &= ~whole[np.where(ok, a, 0)]    # integral may be True, an i64 input refused)
+    if int_leaves:                      # a run op reading integer data is refused: one by
+        ok &= ~_marks(n, int_leaves)[np.where(ok, a, 0)]     # one, which names it
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops, codes, a, b, s, canon, shape_id,
-                      _size_table(sizes))
+                      _size_table(sizes), whole)
+
+
+def _marks(n: int, ks: list) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    out[ks] = True
+    return out
 
 
 _INTEGRAL_SPECS = {name: spec for name, spec in OPS.items() if spec.integral}
@@ -188,8 +211,8 @@ def _integral_column(ops: list, a: np.ndarray, b: np.ndarray, s: np.ndarray,
                      int_leaves: list) -> np.ndarray:
     """Each node's ``integral`` (whole-number values: ``OpSpec.integral_of``, as the checks
     and the Tape compute it) in a file holding whole-number sources (i64 consts, ops like
-    the comparisons and floor), so that runs leave out every node reading one: a run's
-    nodes are then all not integral, as the replay records them.
+    the comparisons and floor): what a run's nodes carry (:class:`WholeRunNode` for the
+    checks, the replayed Tape's flags).
 
     ``a``, ``b`` (int64, -1 where a node has none or a malformed one) and ``s`` are the
     columns.  Only the nodes a source reaches are visited, in node order (a heap: every
@@ -295,13 +318,14 @@ def _scanned_runs(raw_nodes: list, scanned):
     ok &= (s == 0) | _RUN_SCALAR[codes]
     ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    if int_leaves or sources:           # as _plain_runs: no run node reads whole numbers
+    whole = None
+    if int_leaves or sources:           # as _plain_runs
         whole = _integral_column(ops_full.tolist(), a, b, s, int_leaves)
-        ok &= ~whole[np.where(ok, a, 0)]
+        ok &= ~_marks(n, int_leaves)[np.where(ok, a, 0)]
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops_full, codes, a, b, s, canon,
-                      shape_id, _size_table(sizes))
+                      shape_id, _size_table(sizes), whole)
 
 
 def _take_run(columns: RunColumns, start: int, stop: int, nodes: list, sizes: list,
