@@ -31,7 +31,7 @@ __all__ = ["linear", "rms_norm", "layer_norm", "native_layer_norm", "silu", "gel
            "global_avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
            "upsample_bilinear2d", "conv_transpose2d", "conv_transpose1d", "conv3d",
            "conv_transpose3d", "grid_sample", "feature_dropout", "alpha_dropout", "bernoulli",
-           "normal", "rand", "randint", "randperm",
+           "normal", "rand", "randint", "randperm", "multinomial",
            "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
            "group_norm", "batch_norm2d", "batch_norm2d_train", "rng_slot", "dropout"]
 
@@ -328,6 +328,50 @@ def randperm(n: int, tape, salt: int = None) -> GVar:
     _, ids = tp.sort(tp.uniform(rng, shape=[int(n)], salt=salt))
     return tp.where(tp.slice(rng, [2], [3]), ids,
                     tp.const(np.arange(int(n), dtype=np.int64), dtype="i64"))
+
+
+def multinomial(weights: GVar, num_samples: int = 1, replacement: bool = False,
+                salt: int = None) -> GVar:
+    """Category draws over the tape's rng slot (torch's ``multinomial``, and
+    ``Categorical.sample``): ids [..., num_samples] into the last axis of ``weights``
+    (non-negative, each row's sum positive: probabilities or not), integer-valued; no
+    gradient.  By the inverse CDF: ``c = cumsum(w)`` along the categories, ``t = u *
+    c[last]`` with one ``uniform`` per draw, and the id is how many entries of c are <= t,
+    so category j is drawn for t in [c[j-1], c[j]): with probability w[j] / sum(w), never
+    where w[j] is 0 (t < c[last] for every u < 1).  Without replacement only one sample
+    per row (more is refused).  A row with a negative, NaN or infinite weight, or a sum of
+    0, gives NaN ids, which any gather refuses as torch refuses the row.  With the slot's
+    train flag 0 (validation) every draw is the row's most likely category (the first of
+    equal ones): a policy acts greedily there."""
+    tp = _tape(weights, "multinomial")
+    shape = list(weights.shape)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) \
+            or num_samples < 1:
+        raise TapeError(f"nn.multinomial: num_samples must be an integer >= 1, got "
+                        f"{num_samples!r}"[:200])
+    if not isinstance(replacement, (bool, np.bool_)):
+        raise TapeError(f"nn.multinomial: replacement must be True or False, got "
+                        f"{replacement!r}"[:200])
+    if not replacement and num_samples > 1:
+        raise TapeError("nn.multinomial: more than one sample per row needs replacement=True "
+                        "(without replacement gradtool draws one)")
+    if not shape:
+        raise TapeError("nn.multinomial: weights must have at least one axis (categories)")
+    salt = _salt(tp, salt, "multinomial")
+    k, last = int(num_samples), len(shape) - 1
+    w = tp.detach(weights)
+    c = tp.cumsum(w, axis=last)                                    # [..., C]
+    total = tp.slice(c, [0] * last + [shape[last] - 1], shape)      # [..., 1]
+    rng = tp.rng()
+    t = tp.mul(tp.uniform(rng, shape=shape[:last] + [k], salt=salt), total)   # [..., k]
+    below = tp.le(tp.unsqueeze(c, last), tp.unsqueeze(t, last + 1))  # [..., k, C]
+    ids = tp.sum(below, axis=last + 1)                             # [..., k]
+    lowest = tp.neg(tp.max(tp.neg(w), axis=last, keepdims=True))  # a NaN wins max: bad
+    fine = tp.logical_and(tp.ge(lowest, 0.0), tp.logical_and(
+        tp.gt(total, 0.0), tp.lt(total, float("inf"))))           # [..., 1]
+    ids = tp.floor(tp.where(fine, ids, float("nan")))             # still integer-valued
+    _, mode = tp.topk(w, 1, axis=last)                              # [..., 1]
+    return tp.where(tp.slice(rng, [2], [3]), ids, tp.expand(mode, shape[:last] + [k]))
 
 
 def alpha_dropout(x: GVar, p: float, salt: int = None, channels: bool = False) -> GVar:

@@ -716,3 +716,55 @@ def test_the_rounding_ops_give_ids_and_a_bad_one_is_refused():
     assert_bits_equal(loaded.values[loss.id], tp.value(loss))
     with pytest.raises(gt.GradtoolError, match="outside"):
         tp.take(table, tp.round(tp.muls(x, 5.0)))                   # round(4.95) = 5
+
+
+# ── multinomial ────────────────────────────────────────────────────────────
+
+def test_multinomial_draws_by_the_inverse_cdf_and_the_mode_with_the_flag_off():
+    """The ids are how many entries of cumsum(w) are <= u * sum(w) (bits against numpy's
+    sequential cumsum); 2 x 10^4 draws per row follow the weights (5 sigma), a weight 0
+    is never drawn, integer-valued (take reads them); a row with a negative or NaN weight
+    or a zero sum gives NaN ids; the flag 0 gives the most likely category."""
+    tp = gt.Tape()
+    weights = np.array([[0.1, 0.6, 0.0, 0.3], [2.0, 1.0, 1.0, 0.0]])
+    w = tp.param(weights)
+    d = nn.multinomial(w, 20000, replacement=True, salt=3)
+    c = np.cumsum(weights, axis=1)
+    t = nx.uniform((2, 20000), 3, 0.0, 0.0) * c[:, 3:4]
+    assert_bits_equal(tp.value(d), (c[:, None, :] <= t[:, :, None]).sum(-1).astype(float))
+    for row in range(2):
+        freq = np.bincount(tp.value(d)[row].astype(np.int64), minlength=4) / 2e4
+        p = weights[row] / weights[row].sum()
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / 2e4) + 1e-12), row
+        assert freq[p == 0].sum() == 0
+    picked = tp.take(tp.param(np.arange(4.0)), nn.multinomial(w, 1))   # ids: [2, 1]
+    tp.backward(tp.sum(picked))
+    assert_bits_equal(tp.grad(w), np.zeros((2, 4)))                      # no gradient
+    bad = nn.multinomial(tp.const(np.array([[0.5, -0.1, 0.6], [0.0, 0.0, 0.0],
+                                             [1.0, np.nan, 1.0], [1.0, 2.0, 0.5]])), 2,
+                         replacement=True)
+    assert np.isnan(tp.value(bad)[:3]).all() and not np.isnan(tp.value(bad)[3]).any()
+    with pytest.raises(gt.GradtoolError, match="outside"):
+        tp.take(tp.param(np.ones(3)), bad)
+    tp.reset_to(picked.id + 1)
+    tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
+    tp.forward()
+    assert_bits_equal(tp.value(d), np.repeat([[1.0], [0.0]], 20000, axis=1))
+    for bad_call, needle in ((lambda: nn.multinomial(w, 2), "needs replacement=True"),
+                             (lambda: nn.multinomial(w, 0), "num_samples must be"),
+                             (lambda: nn.multinomial(w, 1, replacement=1), "True or False")):
+        with pytest.raises(gt.TapeError, match=needle):
+            bad_call()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_multinomial_on_the_host_backend_equals_numpy(variant):
+    require_c_compiler()
+    rng = np.random.default_rng(13)
+    tp = gt.Tape()
+    x = tp.param(rng.standard_normal((5, 3)))
+    probs = tp.softmax(x, axis=-1)
+    actions = nn.multinomial(probs, 1)                                 # [5, 1]
+    y = tp.log(tp.take_along(probs, actions, axis=-1))
+    loss = tp.sum(tp.mul(y, tp.const(rng.standard_normal((5, 1)))))
+    _host_equals_numpy(tp, loss, x, y, variant, [6.0, 1.0, 1.0])

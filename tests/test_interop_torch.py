@@ -890,11 +890,11 @@ def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
 
 
 class DrawsTargets(nn.Module):
-    """Random ops outside the table's list: torch.multinomial, Tensor.exponential_
-    (aten.exponential.default); their inputs are constants, so before the
-    nondeterministic_seeded tag was read such ops were folded: one draw frozen into the
-    tape, silently (torch.randint(lo, hi, shape), aten.randint.low, was found so by the
-    import check; it now imports as gradtool.nn.randint)."""
+    """Random ops outside the table's list: Tensor.geometric_ and Tensor.exponential_
+    (aten.geometric.default, aten.exponential.default); their inputs are constants, so
+    before the nondeterministic_seeded tag was read such ops were folded: one draw frozen
+    into the tape, silently (torch.randint(lo, hi, shape), aten.randint.low, was found so
+    by the import check; it now imports as gradtool.nn.randint)."""
 
     def __init__(self, which):
         super().__init__()
@@ -903,12 +903,12 @@ class DrawsTargets(nn.Module):
 
     def forward(self, x):
         y = self.fc(x)
-        if self.which == "multinomial":
-            return F.cross_entropy(y, torch.multinomial(torch.ones(x.shape[0], 4), 1)[:, 0])
+        if self.which == "geometric":
+            return (y * torch.empty(x.shape[0], 4).geometric_(0.5)).sum()
         return (y * torch.empty(x.shape[0], 4).exponential_()).sum()
 
 
-@pytest.mark.parametrize("which, op", [("multinomial", "aten.multinomial.default"),
+@pytest.mark.parametrize("which, op", [("geometric", "aten.geometric.default"),
                                        ("exponential", "aten.exponential.default")])
 def test_every_seeded_random_op_is_refused_not_folded(which, op):
     with pytest.raises(TorchImportError) as info:
@@ -2330,6 +2330,29 @@ class Mixup(nn.Module):
         return 0.7 * F.cross_entropy(out, y) + 0.3 * F.cross_entropy(out, y[perm])
 
 
+class Reinforce(nn.Module):
+    """REINFORCE: actions sampled from the policy by torch.distributions.Categorical and
+    by torch.multinomial (two draws each with replacement), their log-probabilities
+    weighted by the rewards; with ``mean`` every action is the most likely one."""
+
+    def __init__(self):
+        super().__init__()
+        self.policy = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, x, reward, mean=False):
+        logits = self.policy(x)
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        probs = F.softmax(logits, -1)
+        if mean:
+            a = logits.argmax(-1)
+            b = a[:, None].expand(-1, 2)
+        else:
+            a = dist.sample()
+            b = torch.multinomial(probs, 2, replacement=True)
+        picked = torch.log(probs.gather(1, b)).sum(1)
+        return -((dist.log_prob(a) + picked) * reward).mean()
+
+
 def _timestep_embedding(t, dim):
     """The sinusoidal timestep embedding of DDPM's UNet (t a tensor of int64 steps)."""
     freqs = torch.exp(-math.log(10000.0) * torch.arange(dim // 2) / (dim // 2))
@@ -2400,6 +2423,9 @@ RANDOM_MODELS = {
                   ("aten.randint.low", "aten.randn_like.default")),
     "unet": (DiffusionUNet, lambda g: (torch.randn(4, 1, 8, 8, generator=g),),
              ("aten.randint.low", "aten.randn_like.default", "aten.native_dropout.default")),
+    "reinforce": (Reinforce, lambda g: (torch.randn(8, 4, generator=g),
+                                        torch.randn(8, generator=g)),
+                  ("aten.multinomial.default",)),
     "flow": (FlowMatching, lambda g: (torch.randn(8, 3, generator=g),),
              ("aten.rand.default", "aten.randn_like.default")),
     "mixup": (Mixup, lambda g: (torch.randn(6, 4, generator=g),

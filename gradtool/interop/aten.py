@@ -735,6 +735,19 @@ def _randint(r, node, *args, **kwargs):
     return nn.randint(low, high, r.shape(node), tape=r.tp)
 
 
+@aten("aten.multinomial.default", needs=("nn.multinomial",),
+      doc="gradtool.nn.multinomial: the inverse CDF of the weights over the rng slot "
+          "(cumsum, one uniform per draw, a count of comparisons), integer-valued ids; "
+          "without replacement one sample per row; an invalid row gives NaN ids; with the "
+          "train flag 0 (validation) every draw is the row's most likely category")
+def _multinomial(r, node, w, num_samples, replacement=False, generator=None):
+    from .. import nn
+    if not replacement and num_samples > 1:
+        raise Unsupported(f"multinomial of {num_samples} samples without replacement "
+                          f"(gradtool draws one per row, or any number with replacement)")
+    return nn.multinomial(r.f(w), int(num_samples), bool(replacement))
+
+
 @aten("aten.randperm.default", needs=("nn.randperm", "sort"),
       doc="gradtool.nn.randperm: the ids that sort a uniform draw over the rng slot "
           "(Tape.sort, n x n comparisons), integer-valued; with the train flag 0 "

@@ -15,12 +15,13 @@ decomposition in torch (``torch.fx.Interpreter``, float64, on copies of the exam
 inputs, parameters and buffers: the program's buffers do not change) and compares its
 loss with the tape's, with dropout off on both sides: torch's dropouts (and the
 importer's ``gradtool::`` channel and alpha dropouts) run as the identity here and a
-bernoulli, normal, rand or randint draw as its mean (randint: the middle value) and a
-randperm as the identity, and the importer reads the tape's loss with the rng slot's
-train flag 0, where ``gradtool.nn.dropout`` gives its input exactly and the draws of
-``nn.bernoulli``, ``normal``, ``rand``, ``randint`` and ``randperm`` are those values.
-They differ by rounding only (gradtool's orders against torch's
-kernels: about 1e-15 relative per op); beyond :data:`RTOL` the import is refused,
+bernoulli, normal, rand or randint draw as its mean (randint: the middle value), a
+randperm as the identity and a multinomial as the most likely category, and the
+importer reads the tape's loss with the rng slot's train flag 0, where
+``gradtool.nn.dropout`` gives its input exactly and the draws of ``nn.bernoulli``,
+``normal``, ``rand``, ``randint``, ``randperm`` and ``multinomial`` are those values.
+They differ by rounding only (gradtool's orders against torch's kernels: about 1e-15
+relative per op); beyond :data:`RTOL` the import is refused,
 never written.  The refusal names the culprit where it can: each op of the program
 that the decomposition table rewrote is run both ways on the values it met, and the
 first whose decomposition disagrees with the op is reported with its source line.
@@ -122,9 +123,10 @@ def _normal_mean(torch):
 
 
 def _uniform_means(torch):
-    """rand's, randint's and randperm's draws as the tape's flag 0 gives them: the mean
-    (0.5; from/2 + to/2 for uniform_), the middle integer low + (high - low - 1) // 2, the
-    identity permutation."""
+    """rand's, randint's, randperm's and multinomial's draws as the tape's flag 0 gives
+    them: the mean (0.5; from/2 + to/2 for uniform_), the middle integer low + (high -
+    low - 1) // 2, the identity permutation, the most likely category (argmax: the first
+    of equal ones)."""
     aten = torch.ops.aten
 
     def full(shape, value, dtype=torch.float64):
@@ -146,6 +148,8 @@ def _uniform_means(torch):
         aten.randint_like.low_dtype: lambda x, low, high, **kw: full(
             x.shape, middle(low, high), torch.long),
         aten.randperm.default: lambda n, **kw: torch.arange(n, dtype=torch.long),
+        aten.multinomial.default: lambda w, k, replacement=False, **kw: torch.argmax(
+            w, -1, keepdim=True).expand(*w.shape[:-1], k),
         # in place, as the program before decomposition has them (x.uniform_(a, b), ...)
         aten.uniform_.default: lambda x, *bounds, **kw: x.fill_(_midpoint(
             *(list(bounds) + [kw.get("from", 0.0), kw.get("to", 1.0)])[:2])),
