@@ -2597,8 +2597,9 @@ def test_complex_rotary_embeddings_as_meta_writes_them_match_torch(in_forward):
 
 
 def test_complex_ops_beyond_rotary_embeddings_are_refused_in_one_line():
-    """abs of a complex value (the check pass, before recording), a complex input and a
-    trainable complex parameter: one line each, naming the op or the name."""
+    """abs of a complex value (the check pass, before recording), a complex output, a
+    complex input and a trainable complex parameter: one line each, naming the op or
+    the name."""
 
     class Magnitude(nn.Module):
         def __init__(self):
@@ -2608,6 +2609,10 @@ def test_complex_ops_beyond_rotary_embeddings_are_refused_in_one_line():
         def forward(self, x):
             c = torch.view_as_complex(self.fc(x).view(3, 2, 2))
             return c.abs().sum()
+
+    class ComplexOut(Magnitude):
+        def forward(self, x):
+            return self.fc(x).sum(), torch.view_as_complex(self.fc(x).view(3, 2, 2))
 
     class ComplexIn(nn.Module):
         def __init__(self, param=False):
@@ -2625,6 +2630,10 @@ def test_complex_ops_beyond_rotary_embeddings_are_refused_in_one_line():
     assert "return c.abs().sum()" in line
     assert line.endswith(A.COMPLEX_ONLY) and A.COMPLEX_ONLY.startswith(
         "complex tensors: gradtool imports ")
+    with pytest.raises(TorchImportError) as info:
+        import_module(ComplexOut(), (torch.randn(3, 4),))
+    (line,) = info.value.lines
+    assert line.startswith("complex output ") and "return torch.view_as_real of it" in line
     with pytest.raises(TorchImportError) as info:
         import_module(ComplexIn(), (torch.randn(3, 2, dtype=torch.complex64),))
     assert [ln.split(" at ")[0] for ln in info.value.lines] == ["unsupported input 'z' (x1)"]

@@ -900,10 +900,12 @@ class _Importer:
         loss = self.env.get(loss_node, _MISSING)
         if loss is _MISSING:
             return None, {}
-        if any(isinstance(self.env.get(n), A.Complex) for n in [loss_node, *named.values()]
-               if hasattr(n, "meta")):
-            self.problems.add("complex output", "of the forward", None,
+        complex_ = [n for n in [loss_node, *named.values()]
+                    if hasattr(n, "meta") and isinstance(self.env.get(n), A.Complex)]
+        for n in complex_:
+            self.problems.add("complex output", n.name, n,
                               f"{A.COMPLEX_ONLY}; return torch.view_as_real of it")
+        if complex_:
             return None, {}
         if not r.is_gvar(loss) or not self.tp.requires[loss.id]:
             self.problems.add("constant loss", "(no parameter reaches it)", loss_node)
