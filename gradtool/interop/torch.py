@@ -49,6 +49,14 @@ relative per op, growing with depth), which are the float32 run's rounding,
 not gradtool's.  :func:`load_weights` rounds the trained float64 params to
 each parameter's own dtype.
 
+Complex values (Meta's LLaMA rotary embeddings: ``view_as_complex``, a product by a
+complex table, ``view_as_real``) are complex128 likewise (complex64 is exact in it)
+and never reach the tape as such: each is a pair of float64 values, its real and
+imaginary parts (:class:`~.aten.Complex`; a complex buffer or folded table, two
+consts).  A node that reads or makes a complex tensor is recorded by the table's
+``COMPLEX`` entries instead of ``ATEN``; any other op on one, a complex input and a
+trainable complex parameter are refused, one line each.
+
 Dropout policy: eval-mode dropout disappears in the export and imports; a
 train-mode dropout (``native_dropout``, ``bernoulli``, ``rand*``) is refused
 with a message to call ``module.eval()`` or remove it.  Random masks whose
@@ -229,6 +237,13 @@ class TorchImport:
 
 # ── entry points ───────────────────────────────────────────────────────────
 
+def _float64_copy(module, torch):
+    """A copy of ``module`` whose floating params and buffers are float64 and complex ones
+    complex128 (exact: the dtype policy); ``Module.to(torch.float64)`` would make a complex
+    buffer float64, dropping its imaginary part."""
+    return copy.deepcopy(module)._apply(lambda t: t.to(_f64(torch, t.dtype)))
+
+
 def _with_loss(module, loss_fn, n_inputs: int):
     import torch
 
@@ -269,7 +284,7 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
     hooks = _backward_hooks(module)
     if hooks:
         raise TorchImportError(hooks)
-    m64 = copy.deepcopy(module).to(torch.float64)
+    m64 = _float64_copy(module, torch)
     args = tuple(_as_f64(t) for t in example_inputs + loss_inputs)
     prefix = ""
     if loss_fn is not None:
@@ -615,6 +630,14 @@ class _Importer:
             if spec.kind == IK.PARAMETER:
                 t = state[spec.target]
                 name = self.name(spec.target)
+                if t.requires_grad and t.is_complex():
+                    self.problems.add("unsupported parameter", repr(name), node,
+                                      "complex tensors: gradtool imports complex buffers and "
+                                      "constants only, not a trainable complex parameter "
+                                      "(hold it real, of shape [..., 2], and view_as_complex "
+                                      "it in the forward)")
+                    self.env[node] = _MISSING
+                    continue
                 if id(t) in tied:               # a tied weight: one param, its first name
                     self.env[node] = tied[id(t)]
                     if not t.requires_grad:
@@ -648,8 +671,8 @@ class _Importer:
     def _constant(self, node, t, name):
         torch = self.torch
         t = t.detach()
-        if t.is_floating_point():
-            t = t.to(torch.float64)
+        if t.is_floating_point() or t.is_complex():
+            t = t.to(_f64(torch, t.dtype))     # complex64 is exact as complex128
         self.env[node] = t
         self.const_nodes.add(node)
         self.const_names[id(t)] = name
@@ -682,6 +705,13 @@ class _Importer:
             self.env[node] = _MISSING
             return
         kind = _kind(val.dtype)
+        if kind == "complex":
+            self.problems.add("unsupported input", repr(name), node,
+                              "complex tensors: gradtool imports complex buffers and "
+                              "constants only, not a complex input (pass torch.view_as_real "
+                              "of it and view_as_complex it in the forward)")
+            self.env[node] = _MISSING
+            return
         self.input_dtypes[name] = str(val.dtype).removeprefix("torch.")
         # the example's values seed the slot (training refills it)
         example = self._example_value(node, val)
@@ -746,13 +776,13 @@ class _Importer:
 
         args = _map_nodes(node.args, arg)
         kwargs = _map_nodes(node.kwargs, arg)
-        if "dtype" in kwargs and kwargs["dtype"] is not None and kwargs["dtype"].is_floating_point:
-            kwargs["dtype"] = torch.float64
+        if "dtype" in kwargs and isinstance(kwargs["dtype"], torch.dtype):
+            kwargs["dtype"] = _f64(torch, kwargs["dtype"])
         if "device" in kwargs:
             kwargs["device"] = torch.device("cpu")
         out = node.target(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.is_floating_point():
-            out = out.to(torch.float64)
+        if isinstance(out, torch.Tensor):
+            out = out.to(_f64(torch, out.dtype))
         return out
 
     # pass 2: the problem report
@@ -782,9 +812,11 @@ class _Importer:
                 continue
             if name == "<built-in function getitem>":
                 continue
-            entry = A.ATEN.get(name)
+            complex_ = _complex(node, torch)
+            entry = (A.COMPLEX if complex_ else A.ATEN).get(name)
             if entry is None:
-                self.problems.add("unsupported op", name, node)
+                self.problems.add("unsupported op", name, node,
+                                  A.COMPLEX_ONLY if complex_ else "")
                 continue
             missing = A.missing_needs(entry)
             if missing:
@@ -824,7 +856,7 @@ class _Importer:
                     value = _MISSING
                 self.env[node] = value
                 continue
-            entry = A.ATEN[name]
+            entry = (A.COMPLEX if _complex(node, self.torch) else A.ATEN)[name]
             args = _map_nodes(node.args, self.env.__getitem__)
             kwargs = _map_nodes(node.kwargs, self.env.__getitem__)
             try:
@@ -871,6 +903,13 @@ class _Importer:
             return None, {}
         loss = self.env.get(loss_node, _MISSING)
         if loss is _MISSING:
+            return None, {}
+        complex_ = [n for n in [loss_node, *named.values()]
+                    if hasattr(n, "meta") and isinstance(self.env.get(n), A.Complex)]
+        for n in complex_:
+            self.problems.add("complex output", n.name, n,
+                              f"{A.COMPLEX_ONLY}; return torch.view_as_real of it")
+        if complex_:
             return None, {}
         if not r.is_gvar(loss) or not self.tp.requires[loss.id]:
             self.problems.add("constant loss", "(no parameter reaches it)", loss_node)
@@ -934,7 +973,21 @@ def _kind(dtype) -> str:
 
 
 def _f64(torch, dtype):
-    return torch.float64 if dtype.is_floating_point else dtype
+    """float64 for a floating dtype and complex128 for a complex one (the dtype policy),
+    any other dtype as it is."""
+    if dtype.is_floating_point:
+        return torch.float64
+    return torch.complex128 if dtype.is_complex else dtype
+
+
+def _complex(node, torch) -> bool:
+    """Whether the node reads or makes a complex tensor (by the exported dtypes): the
+    mapping table's COMPLEX entries record it, on pairs of float64 values."""
+    def complex_(val):
+        if isinstance(val, (tuple, list)):
+            return any(complex_(v) for v in val)
+        return isinstance(val, torch.Tensor) and val.is_complex()
+    return any(complex_(n.meta.get("val")) for n in [node, *node.all_input_nodes])
 
 
 def _data_dependent(val, torch) -> bool:
@@ -981,6 +1034,32 @@ class Recorder:
     def requires_grad(self, v) -> bool:
         return self.is_gvar(v) and self.tp.requires[v.id]
 
+    def is_complex(self, v) -> bool:
+        """A complex value: a :class:`~.aten.Complex` pair, a folded complex tensor, a
+        Python complex number."""
+        return isinstance(v, (A.Complex, complex)) or (
+            isinstance(v, self.torch.Tensor) and v.is_complex())
+
+    def complex(self, x):
+        """The :class:`~.aten.Complex` pair of ``x``: a pair as it is, a folded complex
+        tensor as two f64 consts (lifted once; a complex buffer's are named
+        ``<name>.real`` and ``<name>.imag`` in ``meta["torch"]["consts"]``), a Python
+        complex number as two one-element consts."""
+        if isinstance(x, A.Complex):
+            return x
+        if isinstance(x, complex):
+            return A.Complex(self.f(x.real), self.f(x.imag))
+        key = (id(x), "complex")
+        if key not in self.imp.lifted:
+            t = x.detach().resolve_conj().resolve_neg()
+            pair = A.Complex(self._lift(t.real, ids=False), self._lift(t.imag, ids=False))
+            self.imp.lifted[key] = (x, pair)
+            name = self.imp.const_names.get(id(x))
+            if name is not None:
+                self.imp.consts.setdefault(f"{name}.real", pair.re)
+                self.imp.consts.setdefault(f"{name}.imag", pair.im)
+        return self.imp.lifted[key][1]
+
     def torch_dtype(self, node_or_value) -> str:
         val = node_or_value.meta.get("val") if hasattr(node_or_value, "meta") else node_or_value
         if isinstance(val, self.torch.Tensor):
@@ -995,6 +1074,8 @@ class Recorder:
         key = (id(t), ids)
         if key in self.imp.lifted:
             return self.imp.lifted[key][1]
+        if self.is_complex(t):            # never its real part alone
+            raise A.Unsupported(A.COMPLEX_ONLY)
         arr = t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
         if arr.ndim == 0:
             arr = arr.reshape(1)
@@ -1103,6 +1184,8 @@ class Recorder:
         return self._conform1(node.meta.get("val"), out)
 
     def _conform1(self, val, out):
+        if isinstance(out, A.Complex):
+            return A.Complex(*(self._conform1(val, p) for p in out.parts))
         if not self.is_gvar(out) or not isinstance(val, self.torch.Tensor):
             return out
         want = [int(d) for d in val.shape] or [1]
