@@ -2510,7 +2510,8 @@ def test_a_float_converted_to_an_integer_dtype_truncates_as_torch():
 
 class IndexArithmetic(nn.Module):
     """Ids computed from integer data the way models write them: shifted by a number,
-    clamped into range, flipped, the minimum of two, scaled and offset into a flat table."""
+    clamped into range, flipped, the minimum of two (and of a folded integer tensor),
+    a where with a folded integer tensor, scaled and offset into a flat table."""
 
     def __init__(self):
         super().__init__()
@@ -2520,7 +2521,9 @@ class IndexArithmetic(nn.Module):
         shifted = self.emb((ids - 2).clamp(0, 5)).sum(-1)
         flipped = self.emb(torch.minimum(ids + 1, ids.flip(0))).sum(-1)
         flat = self.emb(ids * 2 + 1).sum(-1)
-        return ((shifted + flipped * x + flat) ** 2).sum()
+        capped = self.emb(torch.minimum(ids + 7, torch.full_like(ids, 11))).sum(-1)
+        held = self.emb(torch.where(ids > 2, ids, torch.tensor([9, 8, 7, 6, 5]))).sum(-1)
+        return ((shifted + flipped * x + flat + capped * held) ** 2).sum()
 
 
 def test_integer_index_arithmetic_gives_ids_as_torch():
@@ -2528,8 +2531,9 @@ def test_integer_index_arithmetic_gives_ids_as_torch():
     x = torch.randn(5)
     ids = torch.tensor([0, 3, 5, 4, 1])
     result, _ = import_matching_torch(IndexArithmetic(), (x, ids))
-    for op in ("aten.clamp.default", "aten.flip.default", "aten.minimum.default"):
-        assert result.histogram[op] == 1, op
+    for op, count in (("aten.clamp.default", 1), ("aten.flip.default", 1),
+                      ("aten.minimum.default", 2), ("aten.where.self", 1)):
+        assert result.histogram[op] == count, op
 
 
 class HugeRandint(nn.Module):

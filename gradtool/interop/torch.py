@@ -1093,13 +1093,24 @@ class Recorder:
 
     def f(self, x):
         """A float (or mask) GVar for ``x``: a GVar, a folded tensor or a number.  An i64
-        input slot is converted (to_f64: exact, and still integer-valued for ids)."""
+        input slot is converted (to_f64: exact, and still integer-valued for ids), and so
+        is a folded integer or bool tensor whose values are exact in float64 (lifted as
+        an i64 const: ``torch.minimum(ids, torch.full_like(ids, 5))`` stays ids)."""
         if self.is_gvar(x):
             return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return self.tp.const(np.array([float(x)]))
         if isinstance(x, bool):
             return self.tp.const(np.array([1.0 if x else 0.0]))
+        torch = self.torch
+        if isinstance(x, torch.Tensor) and _kind(x.dtype) in ("int", "bool"):
+            key = (id(x), "whole")
+            if key not in self.imp.lifted:
+                whole = x if x.dtype == torch.int64 else x.to(torch.int64)
+                if whole.numel() and int(whole.abs().max()) > 2 ** 53:
+                    return self._lift(x, ids=False)     # rounded, as torch's promotion
+                self.imp.lifted[key] = (x, self.tp.to_f64(self._lift(whole, ids=True)))
+            return self.imp.lifted[key][1]
         return self._lift(x, ids=False)
 
     mask = f
