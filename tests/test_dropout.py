@@ -506,6 +506,13 @@ def test_channel_and_alpha_dropout_on_the_host_backend_equal_numpy(variant):
     _host_equals_numpy(tp, loss, x, y, variant, [3.0, 1.0, 1.0])
 
 
+def assert_refused(*cases) -> None:
+    """Each (call, needle): the call raises a TapeError whose message matches needle."""
+    for call, needle in cases:
+        with pytest.raises(gt.TapeError, match=needle):
+            call()
+
+
 # ── bernoulli ──────────────────────────────────────────────────────────────
 
 def test_bernoulli_draws_and_their_mean_with_the_flag_off():
@@ -528,23 +535,9 @@ def test_bernoulli_draws_and_their_mean_with_the_flag_off():
     tp.forward()
     assert_bits_equal(tp.value(d), np.full((200, 500), 0.3))
     assert_bits_equal(tp.value(e), tp.value(sig))               # p itself, bit for bit
-    for bad, needle in ((lambda: nn.bernoulli(1.5, shape=[2], tape=tp), "p must be"),
-                        (lambda: nn.bernoulli(0.5), "needs shape= and tape="),
-                        (lambda: nn.bernoulli(0.5, shape=[2], tape=tp, salt=-1), "salt")):
-        with pytest.raises(gt.TapeError, match=needle):
-            bad()
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_bernoulli_on_the_host_backend_equals_numpy(variant):
-    require_c_compiler()
-    rng = np.random.default_rng(10)
-    tp = gt.Tape()
-    x = tp.param(rng.standard_normal((6, 5)))
-    mask = nn.bernoulli(0.7, shape=[6, 1], tape=tp)
-    y = tp.add(x, tp.mul(tp.tanh(x), tp.div(mask, tp.const(np.array([0.7])))))
-    loss = tp.sum(tp.mul(y, y))
-    _host_equals_numpy(tp, loss, x, y, variant, [5.0, 1.0, 1.0])
+    assert_refused((lambda: nn.bernoulli(1.5, shape=[2], tape=tp), "p must be"),
+                   (lambda: nn.bernoulli(0.5), "needs shape= and tape="),
+                   (lambda: nn.bernoulli(0.5, shape=[2], tape=tp, salt=-1), "salt"))
 
 
 def _host_equals_numpy(tp, loss, x, y, variant, counters):
@@ -584,22 +577,9 @@ def test_normal_draws_are_box_muller_and_their_mean_with_the_flag_off():
     tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
     tp.forward()
     assert_bits_equal(tp.value(z), np.zeros((400, 250)))
-    for bad, needle in ((lambda: nn.normal([2, 0], tape=tp), "shape must be"),
-                        (lambda: nn.normal([2], tape=None), "tape= must be"),
-                        (lambda: nn.normal([2], tape=tp, salt=2.5), "salt")):
-        with pytest.raises(gt.TapeError, match=needle):
-            bad()
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_normal_on_the_host_backend_equals_numpy(variant):
-    require_c_compiler()
-    rng = np.random.default_rng(11)
-    tp = gt.Tape()
-    x = tp.param(rng.standard_normal((4, 3)))
-    y = tp.add(x, tp.mul(tp.exp(tp.muls(x, 0.5)), nn.normal([4, 3], tape=tp)))
-    loss = tp.sum(tp.mul(y, y))
-    _host_equals_numpy(tp, loss, x, y, variant, [9.0, 2.0, 1.0])
+    assert_refused((lambda: nn.normal([2, 0], tape=tp), "shape must be"),
+                   (lambda: nn.normal([2], tape=None), "tape= must be"),
+                   (lambda: nn.normal([2], tape=tp, salt=2.5), "salt"))
 
 
 # ── rand, randint, randperm ────────────────────────────────────────────────
@@ -622,13 +602,11 @@ def test_rand_draws_are_the_uniform_op_and_their_mean_with_the_flag_off():
     tp.forward()
     assert_bits_equal(tp.value(a), np.full((300, 400), 0.5))
     assert_bits_equal(tp.value(b), np.full((250, 400), 0.5))
-    for bad, needle in ((lambda: nn.rand([2], tape=tp, low=1.0, high=0.0), "low <= high"),
-                        (lambda: nn.rand([2], tape=tp, high=float("inf")), "finite number"),
-                        (lambda: nn.rand([2], tape=tp, low=-1e308, high=1e308), "finite width"),
-                        (lambda: nn.rand([0], tape=tp), "shape must be"),
-                        (lambda: nn.rand([2], tape=None), "tape= must be")):
-        with pytest.raises(gt.TapeError, match=needle):
-            bad()
+    assert_refused((lambda: nn.rand([2], tape=tp, low=1.0, high=0.0), "low <= high"),
+                   (lambda: nn.rand([2], tape=tp, high=float("inf")), "finite number"),
+                   (lambda: nn.rand([2], tape=tp, low=-1e308, high=1e308), "finite width"),
+                   (lambda: nn.rand([0], tape=tp), "shape must be"),
+                   (lambda: nn.rand([2], tape=None), "tape= must be"))
 
 
 def test_randint_draws_every_value_alike_as_ids_and_the_middle_with_the_flag_off():
@@ -655,12 +633,10 @@ def test_randint_draws_every_value_alike_as_ids_and_the_middle_with_the_flag_off
     tp.forward()
     assert_bits_equal(tp.value(t), np.zeros((200, 500)))     # -3 + (7 - 1) // 2
     assert_bits_equal(tp.value(steps), np.full(6, 4.0))      # 0 + (10 - 1) // 2
-    for bad, needle in ((lambda: nn.randint(3, 3, [2], tape=tp), "low < high"),
-                        (lambda: nn.randint(-2 ** 53, 2 ** 53, [2], tape=tp), "low < high"),
-                        (lambda: nn.randint(0, 2.5, [2], tape=tp), "high must be"),
-                        (lambda: nn.randint(0, 4, [2], tape=tp, salt="a"), "salt")):
-        with pytest.raises(gt.TapeError, match=needle):
-            bad()
+    assert_refused((lambda: nn.randint(3, 3, [2], tape=tp), "low < high"),
+                   (lambda: nn.randint(-2 ** 53, 2 ** 53, [2], tape=tp), "low < high"),
+                   (lambda: nn.randint(0, 2.5, [2], tape=tp), "high must be"),
+                   (lambda: nn.randint(0, 4, [2], tape=tp, salt="a"), "salt"))
 
 
 def test_randperm_is_a_permutation_that_sorts_a_draw_and_the_identity_with_the_flag_off():
@@ -684,21 +660,6 @@ def test_randperm_is_a_permutation_that_sorts_a_draw_and_the_identity_with_the_f
     assert_bits_equal(tp.value(mixed), tp.value(rows))
     with pytest.raises(gt.TapeError, match="n must be"):
         nn.randperm(0, tape=tp)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_rand_randint_and_randperm_on_the_host_backend_equal_numpy(variant):
-    require_c_compiler()
-    rng = np.random.default_rng(12)
-    tp = gt.Tape()
-    x = tp.param(rng.standard_normal((5, 3)))
-    schedule = tp.param(rng.uniform(0.1, 1.0, (9, 1)))
-    t = nn.rand([5, 1], tape=tp, low=-1.0, high=2.0)
-    a = tp.take(schedule, nn.randint(2, 9, [5], tape=tp))           # [5, 1]
-    mixed = tp.take(x, nn.randperm(5, tape=tp))
-    y = tp.add(tp.mul(tp.mul(x, t), a), tp.muls(mixed, 0.3))
-    loss = tp.sum(tp.mul(y, y))
-    _host_equals_numpy(tp, loss, x, y, variant, [4.0, 1.0, 1.0])
 
 
 def test_the_rounding_ops_give_ids_and_a_bad_one_is_refused():
@@ -750,21 +711,45 @@ def test_multinomial_draws_by_the_inverse_cdf_and_the_mode_with_the_flag_off():
     tp.set_value(tp.rng(), [0.0, 0.0, 0.0])
     tp.forward()
     assert_bits_equal(tp.value(d), np.repeat([[1.0], [0.0]], 20000, axis=1))
-    for bad_call, needle in ((lambda: nn.multinomial(w, 2), "needs replacement=True"),
-                             (lambda: nn.multinomial(w, 0), "num_samples must be"),
-                             (lambda: nn.multinomial(w, 1, replacement=1), "True or False")):
-        with pytest.raises(gt.TapeError, match=needle):
-            bad_call()
+    assert_refused((lambda: nn.multinomial(w, 2), "needs replacement=True"),
+                   (lambda: nn.multinomial(w, 0), "num_samples must be"),
+                   (lambda: nn.multinomial(w, 1, replacement=1), "True or False"))
+
+
+# ── every draw on the host backend ─────────────────────────────────────────
+
+def _mixed_draws(tp, x, rng):
+    schedule = tp.param(rng.uniform(0.1, 1.0, (9, 1)))
+    t = nn.rand([5, 1], tape=tp, low=-1.0, high=2.0)
+    a = tp.take(schedule, nn.randint(2, 9, [5], tape=tp))           # [5, 1]
+    mixed = tp.take(x, nn.randperm(5, tape=tp))
+    return tp.add(tp.mul(tp.mul(x, t), a), tp.muls(mixed, 0.3))
+
+
+def _policy(tp, x, rng):
+    probs = tp.softmax(x, axis=-1)
+    actions = nn.multinomial(probs, 1)                              # [5, 1]
+    return tp.log(tp.take_along(probs, actions, axis=-1))
+
+
+DRAW_TAPES = {           # (seed, x's shape, y from (tape, x, rng), the slot's counters)
+    "bernoulli": (10, (6, 5), lambda tp, x, rng: tp.add(x, tp.mul(tp.tanh(x), tp.div(
+        nn.bernoulli(0.7, shape=[6, 1], tape=tp), tp.const(np.array([0.7]))))),
+        [5.0, 1.0, 1.0]),
+    "normal": (11, (4, 3), lambda tp, x, rng: tp.add(x, tp.mul(
+        tp.exp(tp.muls(x, 0.5)), nn.normal([4, 3], tape=tp))), [9.0, 2.0, 1.0]),
+    "rand, randint, randperm": (12, (5, 3), _mixed_draws, [4.0, 1.0, 1.0]),
+    "multinomial": (13, (5, 3), _policy, [6.0, 1.0, 1.0]),
+}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_multinomial_on_the_host_backend_equals_numpy(variant):
+@pytest.mark.parametrize("draws", sorted(DRAW_TAPES))
+def test_draws_on_the_host_backend_equal_numpy(draws, variant):
     require_c_compiler()
-    rng = np.random.default_rng(13)
+    seed, shape, build, counters = DRAW_TAPES[draws]
+    rng = np.random.default_rng(seed)
     tp = gt.Tape()
-    x = tp.param(rng.standard_normal((5, 3)))
-    probs = tp.softmax(x, axis=-1)
-    actions = nn.multinomial(probs, 1)                                 # [5, 1]
-    y = tp.log(tp.take_along(probs, actions, axis=-1))
-    loss = tp.sum(tp.mul(y, tp.const(rng.standard_normal((5, 1)))))
-    _host_equals_numpy(tp, loss, x, y, variant, [6.0, 1.0, 1.0])
+    x = tp.param(rng.standard_normal(shape))
+    y = build(tp, x, rng)
+    _host_equals_numpy(tp, tp.sum(tp.mul(y, y)), x, y, variant, counters)
