@@ -169,10 +169,6 @@ def _plain_runs(raw_nodes):
             return None             # a dim not an int (a bool or a float equal to one)
     except (TypeError, OverflowError, ValueError):
         return None
-    whole = None
-    if int_leaves or not _WHOLE_SOURCES.isdisjoint(ops):
-        whole = _integral_column(ops, np.where((a >= -1) & (a < n), a, -1),
-                                 np.where((b >= -1) & (b < n), b, -1), s, int_leaves)
     # every dim an int: equal tuples are equal shapes
     tuples = list(map(tuple, shapes))
     unique = dict.fromkeys(tuples)
@@ -190,18 +186,24 @@ def _plain_runs(raw_nodes):
     ok &= (s == 0) | _RUN_SCALAR[codes]
     ok &= np.array(valid, dtype=bool)[shape_id]
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
-    if int_leaves:                      # a run op reading integer data is refused: one by
-        ok &= ~_marks(n, int_leaves)[np.where(ok, a, 0)]     # one, which names it
+    whole = None
+    if int_leaves or not _WHOLE_SOURCES.isdisjoint(ops):
+        whole = _whole_numbers(ops, np.where((a >= -1) & (a < n), a, -1),
+                               np.where((b >= -1) & (b < n), b, -1), s, int_leaves, ok)
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops, codes, a, b, s, canon, shape_id,
                       _size_table(sizes), whole)
 
 
-def _marks(n: int, ks: list) -> np.ndarray:
-    out = np.zeros(n, dtype=bool)
-    out[ks] = True
-    return out
+def _whole_numbers(ops, a, b, s, int_leaves: list, ok: np.ndarray) -> np.ndarray:
+    """:func:`_integral_column` of a file holding whole numbers; and ``ok`` (the nodes a
+    run may take) cleared in place at every node reading an i64 const, which no run op
+    reads (one by one, the checks name it)."""
+    reads_ids = np.zeros(len(ops), dtype=bool)
+    reads_ids[int_leaves] = True
+    ok &= ~reads_ids[np.where(ok, a, 0)]
+    return _integral_column(ops, a, b, s, int_leaves)
 
 
 _INTEGRAL_SPECS = {name: spec for name, spec in OPS.items() if spec.integral}
@@ -320,8 +322,7 @@ def _scanned_runs(raw_nodes: list, scanned):
     ok &= shape_id == shape_id[np.where(ok, a, 0)]
     whole = None
     if int_leaves or sources:           # as _plain_runs
-        whole = _integral_column(ops_full.tolist(), a, b, s, int_leaves)
-        ok &= ~_marks(n, int_leaves)[np.where(ok, a, 0)]
+        whole = _whole_numbers(ops_full.tolist(), a, b, s, int_leaves, ok)
     edges = np.diff(np.concatenate(([False], ok, [False])).astype(np.int8))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     return RunColumns(starts.tolist(), stops.tolist(), ops_full, codes, a, b, s, canon,
