@@ -52,9 +52,11 @@ import weakref
 import numpy as np
 
 from ..errors import GradtoolError
+from ..native import CSRC
 from ..ops import pack
-from .host import CSRC, Staging
+from .backends import Options
 from .program import DTYPES, PHASES, Program
+from .staging import Staging
 
 BLOCK = 256
 MAX_GRID = 1 << 16
@@ -318,9 +320,15 @@ def geometry(work: int, rows_block: int = 0) -> tuple:
 
 
 class CudaBackend:
-    """A :class:`Program` instantiated on the GPU: one arena, one metadata array."""
+    """A :class:`Program` instantiated on the GPU: one arena, one metadata array
+    (a :class:`gradtool.device.backends.Backend`)."""
 
     name = "cuda"
+
+    @classmethod
+    def create(cls, program: Program, options: Options) -> "CudaBackend":
+        """The registry's factory (:mod:`gradtool.device.backends`)."""
+        return cls(program, graph=options.graph)
 
     def __init__(self, program: Program, graph: bool = True):
         import pycuda.driver as drv
