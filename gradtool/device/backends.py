@@ -137,6 +137,16 @@ class Entry:
     available: Union[str, Status] = _always
     auto: int = 0                          # > 0: `auto` may pick it, the highest first
     about: str = ""                        # one line for help texts
+    select_device: Union[str, Callable[[int], None], None] = None
+
+    def select(self, local_rank: int) -> None:
+        """Under MPI, before anything opens a device: let rank ``local_rank`` (its index
+        among the ranks on this machine) pick its device; nothing for a backend without a
+        ``select_device`` hook."""
+        if self.select_device is not None:
+            hook = (_load(self.select_device) if isinstance(self.select_device, str)
+                    else self.select_device)
+            hook(local_rank)
 
     def status(self) -> tuple:
         """(usable, why): whether this machine can run the backend now."""
@@ -155,14 +165,17 @@ _REGISTRY: dict = {}
 
 
 def register(name: str, factory: Union[str, Factory], *, available: Union[str, Status] = None,
-             auto: int = 0, about: str = "", replace: bool = False) -> Entry:
+             auto: int = 0, about: str = "", select_device=None,
+             replace: bool = False) -> Entry:
     """Register a backend under ``name``.
 
     ``factory(program, options)`` returns a :class:`Backend` for a captured
     :class:`Program` and an :class:`Options`; ``available()`` returns ``(usable, why)``
-    (default: always usable).  Either may be a ``"module:attr"`` string, imported on
-    first use.  ``auto`` > 0 lets ``auto`` pick this backend when it is usable, the
-    highest rank first.  Registering a taken name raises unless ``replace``.
+    (default: always usable); ``select_device(local_rank)``, optional, picks a
+    machine-local rank's device under MPI before any is opened (:meth:`Entry.select`).
+    Each may be a ``"module:attr"`` string, imported on first use.  ``auto`` > 0 lets
+    ``auto`` pick this backend when it is usable, the highest rank first.  Registering
+    a taken name raises unless ``replace``.
     """
     if not isinstance(name, str) or not name.isidentifier() or name == AUTO:
         raise GradtoolError(f"backend name {name!r}: a Python identifier other than {AUTO!r}")
@@ -171,7 +184,7 @@ def register(name: str, factory: Union[str, Factory], *, available: Union[str, S
     if not (isinstance(factory, str) or callable(factory)):
         raise GradtoolError(f"backend {name!r}: the factory must be callable or 'module:attr'")
     entry = Entry(name, factory, available if available is not None else _always, int(auto),
-                  about)
+                  about, select_device)
     _REGISTRY[name] = entry
     return entry
 
@@ -224,14 +237,24 @@ def resolve(name: str) -> tuple:
     raise GradtoolError("auto: no usable device backend (" + "; ".join(passed or ["none"]) + ")")
 
 
+def select_devices(name: str, local_rank: int) -> None:
+    """Under MPI: the device selection of backend ``name`` for this rank; for ``auto``,
+    that of every backend ``auto`` may pick (before it has picked one).  An unknown name
+    selects nothing (creating the engine then says it is unknown)."""
+    entries = ([e for e in _REGISTRY.values() if e.auto > 0] if name == AUTO
+               else [_REGISTRY[name]] if name in _REGISTRY else [])
+    for entry in entries:
+        entry.select(local_rank)
+
+
 # ── the backends: one line each ───────────────────────────────────────────
 
 register("host", "gradtool.device.host:HostBackend.create", auto=1,
          about="the kernels compiled by the system C compiler, run through ctypes")
 register("cuda", "gradtool.device.cuda:CudaBackend.create",
          available="gradtool.device.cuda:cuda_status", auto=2,
-         about="PyCUDA and an NVIDIA GPU")
+         select_device="gradtool.device.cuda:select_device", about="PyCUDA and an NVIDIA GPU")
 
 
 __all__ = ["Backend", "Options", "Entry", "register", "unregister", "names", "choices",
-           "get", "resolve", "AUTO"]
+           "get", "resolve", "select_devices", "AUTO"]

@@ -82,6 +82,22 @@ def cuda_status() -> tuple:
     return True, f"cuda device 0: {drv.Device(0).name()}"
 
 
+def select_device(local_rank: int) -> None:
+    """Several MPI ranks on one machine: rank ``local_rank`` takes GPU local rank mod
+    count (through ``CUDA_DEVICE``, which PyCUDA's context reads), unless the user chose
+    (``CUDA_DEVICE`` or ``CUDA_VISIBLE_DEVICES`` set).  Before any context exists."""
+    if "CUDA_DEVICE" in os.environ or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        count = drv.Device.count()
+    except Exception:  # noqa: BLE001 - no PyCUDA or no GPU: the backend says so itself
+        return
+    if count > 0:
+        os.environ["CUDA_DEVICE"] = str(local_rank % count)
+
+
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[^\n]*$', re.M)
 
 
@@ -482,5 +498,5 @@ class CudaBackend:
         return f"cuda ({self.drv.Context.get_device().name()}, {self.program.dtype}{how})"
 
 
-__all__ = ["CudaBackend", "cuda_status", "kernel_source", "fused_source", "inline_headers",
+__all__ = ["CudaBackend", "cuda_status", "select_device", "kernel_source", "fused_source", "inline_headers",
            "nvcc_options", "geometry"]
