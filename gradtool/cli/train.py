@@ -12,9 +12,9 @@ import click
 
 from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
-from ..train.engines import engine_names
 from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
                                  error_line, mpi_world, start, supervise)
+from ..train.engines import engine_names
 from .choices import RegistryChoice
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
                      output_file, silence_stdout)
@@ -135,7 +135,7 @@ class Console(Reporter):
               show_default=True,
               help="Engine that runs the steps: cpu (the numpy reference) or a device backend.")
 @click.option("--fuse", is_flag=True,
-              help="host/cuda/auto: run each step as the few fused kernels generated for this "
+              help="Device backends: run each step as the few fused kernels generated for this "
                    "tape (identical bits; compiled once per tape). Not implied by auto.")
 @click.option("--plot", metavar="LOSS.png", callback=output_file,
               help="Plot the loss curve (needs matplotlib).")
