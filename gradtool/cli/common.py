@@ -145,11 +145,31 @@ class CheckFailed(GradtoolError):
 
 
 def output_file(ctx, param, value):
-    """click callback for an option naming a file to write: an empty name is a usage error
-    (it used to be skipped silently, so nothing was written and nothing said)."""
+    """click callback for an option naming a file to write (``--save``, ``-o``,
+    ``--plot``), run as the command line is parsed, before anything is read or trained:
+    an empty name is a usage error (it used to be skipped silently, so nothing was
+    written and nothing said), and so is a FIFO, a socket, a directory or a device
+    (:func:`gradtool.fileio.check_regular_destination`; a write onto a FIFO waited for a
+    reader forever).  ``-`` (standard output, where a command takes it) passes."""
+    value = stream_file(ctx, param, value)
+    if value is not None and value != "-":
+        from ..fileio import check_regular_destination
+        check_regular_destination(value, _flag(param))
+    return value
+
+
+def stream_file(ctx, param, value):
+    """click callback for an option naming a file written as a stream (``--log``): an
+    empty name is a usage error; a FIFO or ``/dev/stderr`` is written into."""
     if value is not None and not value.strip():
         raise click.BadParameter("an empty file name", ctx=ctx, param=param)
     return value
+
+
+def _flag(param) -> str:
+    """The option as a user spells it: its long name (``--save``, ``--output``)."""
+    names = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    return max(names, key=len) if names else ""
 
 
 def output_file_not_stdout(ctx, param, value):

@@ -237,8 +237,7 @@ def verify_recorded(tf: TapeFile) -> int:
                    '"grad": [flat, row-major]}, ...]} in tape order; floats round-trip exactly.')
 @click.option("--hex", "as_hex", is_flag=True,
               help="Write every float as a C99 hex string (float.hex), for bit comparisons.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              callback=output_file_not_stdout,
+@click.option("-o", "--output", metavar="FILE", callback=output_file_not_stdout,
               help="Also write the gradients to this .npz, keyed by param name (or node<ID>).")
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "

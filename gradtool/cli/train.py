@@ -15,7 +15,7 @@ from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
 from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
                                  error_line, mpi_world, start, supervise)
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
-                     output_file, silence_stdout)
+                     output_file, silence_stdout, stream_file)
 
 
 def _json_safe(x):
@@ -125,7 +125,7 @@ class Console(Reporter):
               help="Write the trained tape and optimizer state here (atomically).")
 @click.option("--every", type=click.IntRange(min=1), metavar="N",
               help="Also checkpoint to --save every N steps.")
-@click.option("--log", "log", metavar="FILE.jsonl", callback=output_file,
+@click.option("--log", "log", metavar="FILE.jsonl", callback=stream_file,
               help="Write one JSON object per step and per epoch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary as the last line of stdout.")
