@@ -156,6 +156,36 @@ def cache_temporary(folder, stem: str, suffix: str) -> tuple:
     return tempfile.mkstemp(prefix=temporary_prefix(stem), suffix=suffix, dir=folder)
 
 
+def cached_bytes(folder, name: str, produce) -> tuple:
+    """``(bytes, found)``: the file ``folder/name`` of a cache, else ``produce()``'s bytes,
+    written there through :func:`cache_temporary` and an atomic rename (after sweeping
+    the folder's temporaries of dead writers), so a build killed at any moment leaves
+    either the whole file or none.  A folder that cannot be written leaves the result
+    uncached.  Used for the CUDA cubins (:mod:`gradtool.device.cuda`)."""
+    path = Path(folder) / name
+    try:
+        return path.read_bytes(), True
+    except OSError:
+        pass
+    data = produce()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_temporaries(path.parent, ".tmp")
+        fd, tmp = cache_temporary(path.parent, name, ".tmp")
+    except OSError:               # a read-only cache: use the result uncached
+        return data, False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return data, False
+
+
 def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
     """Compile ``source`` into a cached shared library (once) and return its path."""
     path = library_path(stem, source, flags, key_files)

@@ -56,6 +56,19 @@ CHILDREN = {
         os.replace = held
         fusion.host_library(open(sys.argv[1]).read(), "f64")
     """,
+    # the cubin cache (gradtool.device.cuda._cubin): the same writer, no GPU needed to
+    # kill it between the temporary's write and its rename
+    "cubin": """
+        import time
+        from pathlib import Path
+        from gradtool import native
+        def held(*args):
+            open(os.environ["GT_TEST_MARKER"], "w").close()
+            time.sleep(60)
+        os.replace = held
+        native.cached_bytes(native.cache_dir() / "cuda", "gt_f64_killed.cubin",
+                            lambda: b"\\x7fELF a cubin")
+    """,
 }
 
 
@@ -101,13 +114,19 @@ def test_a_build_killed_half_way_leaves_no_stray_after_the_next_build(tmp_path, 
     pid = _kill_a_build(tmp_path, cache, which)
     strays = [name for name in _cache_files(cache) if f".{pid}." in name]
     assert strays, f"the killed build left nothing to sweep: {_cache_files(cache)}"
-    suffix = ".tmp" if which == "fused source" else ".tmp.so"
+    suffix = ".tmp" if which in ("fused source", "cubin") else ".tmp.so"
     assert all(name.endswith(suffix) for name in strays), strays
     # the next build, of another source, with the real compiler
     monkeypatch.setenv("GRADTOOL_CACHE", str(cache))
     next_source = tmp_path / "next.c"
     next_source.write_text(FUSED_SOURCE.format(n=8) + f"/* next after {which} */\n")
-    if which == "library":
+    if which == "cubin":
+        data, found = native.cached_bytes(cache / "cuda", "gt_f64_next.cubin",
+                                          lambda: b"next cubin")
+        assert (data, found) == (b"next cubin", False)
+        assert native.cached_bytes(cache / "cuda", "gt_f64_next.cubin",
+                                   lambda: b"not called") == (b"next cubin", True)
+    elif which == "library":
         built = native.build("next", next_source, native.SAFE_FLAGS)
         assert built.exists()
     else:
