@@ -405,6 +405,31 @@ def test_fd_check_library_subset_and_progress(rng):
             fd_check(tp, loss, params=bad)
 
 
+def test_fd_check_library_sample_seed_and_budget(rng):
+    from gradtool.gradcheck import fd_check, fd_cost, sample_indices, sample_within
+    tp = Tape()
+    a = tp.param(rng.standard_normal((4, 5)), name="a")
+    b = tp.param(rng.standard_normal(3), name="b")
+    loss = tp.add(tp.sum(tp.tanh(a)), tp.sum(tp.mul(b, b)))
+    report = fd_check(tp, loss, sample=4, seed=7)
+    assert report.passed and report.sample == 4 and report.seed == 7
+    assert [(p.checked, p.sampled) for p in report.params] == [(4, True), (3, False)]
+    picked = sample_indices(20, 4, 7, a.id)
+    assert list(picked) == sorted(set(picked.tolist())) and picked.size == 4
+    assert list(picked) == list(sample_indices(20, 4, 7, a.id))          # seeded
+    assert list(sample_indices(3, 4, 7, b.id)) == [0, 1, 2]               # all of a small one
+    assert fd_cost(tp, sample=4).evals == 2 * (4 + 3)
+    full = fd_cost(tp)
+    assert sample_within(tp, budget=full.work) is None                    # all fits
+    n = sample_within(tp, budget=full.work - 1)
+    assert 1 <= n < 20 and fd_cost(tp, sample=n).work <= full.work - 1 < fd_cost(
+        tp, sample=n + 1).work
+    assert sample_within(tp, budget=1) == 0
+    for bad in ({"sample": 0}, {"sample": 2.5}, {"sample": True}, {"seed": -1}):
+        with pytest.raises(GradtoolError, match="sample|seed"):
+            fd_check(tp, loss, **bad)
+
+
 # ── backward -o: names an npz cannot hold ─────────────────────────────────
 
 def test_backward_npz_never_loses_a_gradient_to_an_unstorable_name(tmp_path):
