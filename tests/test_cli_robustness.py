@@ -225,6 +225,42 @@ def test_ctrl_c_at_every_moment_of_start_up_is_one_line_and_130_or_a_result(name
             assert all(line.startswith("gradtool: ") for line in lines), why
 
 
+FINALIZER_PROBE = """
+import os, signal, sys, time
+import gradtool.__main__                       # the start-up handler, as the entry point has it
+from gradtool.cli import common
+class Held:
+    def __del__(self):                         # Popen.__del__, ZipFile.__del__ in train's start
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(20):                    # Python code: the signal is handled in here
+            time.sleep(0.005)
+with common.command_interrupts():
+    if sys.argv[1] == "python":
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # what it was before
+    try:
+        Held()                                 # finalized at once
+        for _ in range(100):
+            time.sleep(0.01)
+        print("ran on: the Ctrl-C was lost")
+    except KeyboardInterrupt:
+        print("interrupted after the finalizer")
+"""
+
+
+def test_ctrl_c_inside_a_finalizer_is_not_lost():
+    """A SIGINT handled inside a __del__ raised KeyboardInterrupt there, which Python
+    prints as "Exception ignored" and drops: the command ran on (a run of train under
+    load would then train to its end, past the sweep test's time limit).  The command's
+    handler sends it again just after."""
+    done = {how: subprocess.run([sys.executable, "-c", FINALIZER_PROBE, how],
+                                capture_output=True, text=True, timeout=60)
+            for how in ("python", "gradtool")}
+    assert "ran on: the Ctrl-C was lost" in done["python"].stdout     # the defect, shown
+    assert "Exception ignored" in done["python"].stderr
+    assert done["gradtool"].stdout == "interrupted after the finalizer\n", done["gradtool"]
+    assert done["gradtool"].stderr == "" and done["gradtool"].returncode == 0
+
+
 def test_each_command_family_is_imported_only_when_one_of_its_commands_runs():
     import importlib
     from gradtool.cli import COMMAND_MODULES

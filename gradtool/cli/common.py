@@ -211,9 +211,30 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click 
 _NO_SUCH_COMMAND = getattr(click.exceptions, "NoSuchCommand", ())
 
 
+FINALIZER_RETRY_SECONDS = 0.01
+
+
+def interrupt_outside_finalizers(signum, frame):
+    """SIGINT while a command runs: KeyboardInterrupt where the program is, as Python's
+    default handler raises it, except inside a finalizer.  An exception raised in a
+    ``__del__`` (``subprocess.Popen.__del__`` and ``zipfile.ZipFile.__del__`` run during
+    train's start-up) is printed as "Exception ignored in ..." and dropped: the Ctrl-C was
+    lost and the command ran on to its end.  There the same signal is sent again
+    :data:`FINALIZER_RETRY_SECONDS` later, to land outside it."""
+    f, depth = frame, 0
+    while f is not None and depth < 100:
+        if f.f_code.co_name == "__del__":
+            retry = threading.Timer(FINALIZER_RETRY_SECONDS, os.kill, (os.getpid(), signum))
+            retry.daemon = True
+            retry.start()
+            return
+        f, depth = f.f_back, depth + 1
+    raise KeyboardInterrupt
+
+
 class command_interrupts:
     """While a command runs, SIGINT raises KeyboardInterrupt (so the command's cleanups
-    run), where the entry point (``gradtool.__main__.run``) had installed its start-up
+    run; never inside a finalizer: :func:`interrupt_outside_finalizers`), where the entry point (``gradtool.__main__.run``) had installed its start-up
     handler (one line, exit 130, at once); the start-up handler is back afterwards, for
     the reporting and the way out.  Under any other handler (a library caller's,
     CliRunner) nothing changes."""
@@ -224,7 +245,7 @@ class command_interrupts:
             handler = signal.getsignal(signal.SIGINT)
             if getattr(handler, "gradtool_start_up", False):
                 self.old = handler
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGINT, interrupt_outside_finalizers)
         return self
 
     def __exit__(self, *exc):
