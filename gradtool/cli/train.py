@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -17,7 +18,7 @@ from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure,
 from ..train.engines import engine_names
 from .choices import RegistryChoice
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
-                     output_file, silence_stdout)
+                     output_file, silence_stdout, stream_file)
 
 
 def _json_safe(x):
@@ -47,12 +48,36 @@ class JsonlLog(Reporter):
         self.f.close()
 
 
+PROGRESS_ENV = "GRADTOOL_PROGRESS_SECONDS"
+PROGRESS_SECONDS = 5.0          # stderr not a terminal: a plain progress line this often
+
+
+def progress_interval() -> float:
+    """Seconds between the plain progress lines when stderr is not a terminal:
+    ``GRADTOOL_PROGRESS_SECONDS`` (0: every step; a negative number: none), else
+    :data:`PROGRESS_SECONDS` (tqdm's ``mininterval`` idea)."""
+    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    if not raw:
+        return PROGRESS_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise GradtoolError(f"{PROGRESS_ENV} must be a number of seconds (0: every step, "
+                            f"negative: no progress lines), got {raw!r}")
+    return value
+
+
 class Console(Reporter):
-    """Epoch lines on stdout; notes and (on a terminal only) a progress line on stderr."""
+    """Epoch lines on stdout; notes and a progress line on stderr: on a terminal one line,
+    refreshed at most ten times a second; elsewhere (a pipe, a file, CI, nohup) a plain
+    line every :func:`progress_interval` seconds."""
 
     def __init__(self):
         self.tty = sys.stderr.isatty()
-        self._shown = 0.0
+        self.interval = 0.1 if self.tty else progress_interval()
+        self._shown = time.perf_counter() if not self.tty else 0.0
         self._mark = (time.perf_counter(), 0)      # for examples/s
         self._running = None
         self.stdout_gone = False
@@ -63,16 +88,21 @@ class Console(Reporter):
     def step(self, r):
         loss = r["loss"]
         self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
-        if not self.tty:
+        if self.interval < 0:
             return
         now = time.perf_counter()
-        if now - self._shown < 0.1 and r["step"] != r["steps_per_epoch"]:
+        if now - self._shown < self.interval and (not self.tty
+                                                   or r["step"] != r["steps_per_epoch"]):
             return
         t_mark, s_mark = self._mark
         rate = (r["global_step"] - s_mark) * r["batch"] / max(now - t_mark, 1e-9)
         self._mark, self._shown = (now, r["global_step"]), now
-        sys.stderr.write(f"\r\033[Kepoch {r['epoch']} step {r['step']}/{r['steps_per_epoch']} "
-                         f"loss {self._running:.4g} {rate:,.0f} ex/s")
+        text = (f"epoch {r['epoch']} step {r['step']}/{r['steps_per_epoch']} "
+                f"loss {self._running:.4g} {rate:,.0f} ex/s")
+        if self.tty:
+            sys.stderr.write(f"\r\033[K{text}")
+        else:
+            sys.stderr.write(f"gradtool: {text} ({r['seconds']:.1f} s)\n")
         sys.stderr.flush()
 
     def _clear(self):
@@ -127,7 +157,7 @@ class Console(Reporter):
               help="Write the trained tape and optimizer state here (atomically).")
 @click.option("--every", type=click.IntRange(min=1), metavar="N",
               help="Also checkpoint to --save every N steps.")
-@click.option("--log", "log", metavar="FILE.jsonl", callback=output_file,
+@click.option("--log", "log", metavar="FILE.jsonl", callback=stream_file,
               help="Write one JSON object per step and per epoch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary as the last line of stdout.")

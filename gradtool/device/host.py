@@ -28,7 +28,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -140,9 +139,10 @@ def host_library(source: str, dtype: str):
     t0 = time.perf_counter()
     folder = native.cache_dir() / "fused"
     folder.mkdir(parents=True, exist_ok=True)
+    native.sweep_temporaries(folder, ".tmp")         # those of killed builds
     path = folder / f"gtf_{digest[:24]}.c"
     if not path.exists() or path.read_text() != source:
-        fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=folder)
+        fd, tmp = native.cache_temporary(folder, path.stem, ".tmp")
         with os.fdopen(fd, "w") as fh:
             fh.write(source)
         os.replace(tmp, path)

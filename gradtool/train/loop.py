@@ -366,7 +366,9 @@ class Trainer:
             if res.stopped != "done":
                 break
             rows = order[self.step * b:(self.step + 1) * b]
+            t_step = time.perf_counter()
             loss, step_correct = self._train_rows(rows)
+            now = time.perf_counter()
             if not math.isfinite(loss):
                 res.stopped, res.bad_loss = "nonfinite", loss
                 break
@@ -382,7 +384,7 @@ class Trainer:
             self._emit("step", {"event": "step", "epoch": self.epoch + 1, "step": self.step,
                                 "steps_per_epoch": self.n_batches,
                                 "global_step": self.global_step, "loss": loss, "batch": b,
-                                "seconds": time.perf_counter() - self._t0})
+                                "seconds": now - self._t0, "step_seconds": now - t_step})
             if self.step < self.n_batches:
                 self._maybe_checkpoint()
         if seen:

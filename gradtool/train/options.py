@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import GradtoolError
-from ..fileio import NUL_IN_NAME, check_writable
+from ..fileio import NUL_IN_NAME, check_regular_destination, check_writable
 from ..optim import KINDS
 
 DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
@@ -118,6 +118,8 @@ def check_options(options: TrainOptions, outputs: bool = True) -> None:
     for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep
         if path is not None:
+            if flag != "--log":       # a log may be a stream; a checkpoint or plot may not
+                check_regular_destination(path, flag)
             try:
                 check_writable(path)
             except OSError as exc:
