@@ -437,7 +437,7 @@ def test_replay_gpu_fuse_json_reports_both_counts():
 
 
 def test_replay_gpu_plan():
-    code, out, err = cli("replay-gpu", str(AE), "--plan", "--train", "adam")
+    code, out, err = cli("replay-gpu", str(AE), "--plan", "--train", "adam-seed")
     assert code == 0, err
     assert "fusion plan: 47 launches per episode -> 8" in out
     assert "3:matmul, 4:add, 5:relu" in out and "per-node: node 22 mean" in out

@@ -37,7 +37,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "autoencoder"
 
 def run_autoencoder(dtype: str, fuse: bool, backend: str = "host", steps: int = STEPS):
     """``steps`` Adam episodes of the autoencoder sample: (losses array, final params)."""
-    from ..optim import Adam
+    from ..optim import AdamSeed as Adam
     from ..tapefile import load
 
     tf = load(SAMPLE / "ae.msgpack")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GradtoolError
-from ..optim import B1, B2, EPS, advance_adam
+from ..optim import B1, B2, EPS
+from ..optim import table as optim_table
 from .launch import CaptureError, launch
 
 
@@ -51,6 +52,8 @@ class OptimizerPlan:
     ctl_off: int
     entries: list = field(default_factory=list)
     launches: list = field(default_factory=list)
+    schedule: object = None         # the optimizer's gradtool.optim.Schedule
+    hparams: dict = field(default_factory=dict)
 
     def counters(self) -> tuple:
         return self.t, self.b1t, self.b2t
@@ -62,10 +65,11 @@ class OptimizerPlan:
     def begin_step(self) -> float:
         """Advance the step counter exactly like ``Optimizer._begin_step``; return ctl[0]."""
         self.t += 1
-        if self.kind == "adam":
-            self.b1t, self.b2t, lr_t = advance_adam(self.lr, self.b1t, self.b2t)
-            return lr_t
-        return self.lr
+        entry = optim_table.get(self.kind)
+        self.b1t, self.b2t = entry.advance(self.hparams, self.b1t, self.b2t)
+        lr = self.schedule.lr(self.lr, self.t - 1) if self.schedule is not None else self.lr
+        scalars = entry.scalars(self.hparams, lr, self.t, self.b1t, self.b2t)
+        return scalars["lr_t" if self.kind == "adam-seed" else "lr"]
 
     def write_back(self, opt, read) -> None:
         """Hand the device state back to ``opt``: counters, and moments in place.
@@ -81,13 +85,22 @@ class OptimizerPlan:
                 entry.v[...] = read(pe.v_off, pe.n).reshape(entry.v.shape)
 
 
+# the table entries the device kernels (k_sgd, k_adam) run so far
+DEVICE_KINDS = ("sgd", "adam-seed")
+PLAIN_SGD = optim_table.get("sgd").hparams()
+
+
 def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
     """Allocate the moments and emit the optimizer launches for ``opt`` over ``prog``."""
     kind = getattr(opt, "kind", None)
-    if kind not in ("sgd", "adam"):
-        raise CaptureError(f"the device optimizer supports sgd and adam, not {kind!r}")
+    if kind not in DEVICE_KINDS or (kind == "sgd" and opt.hparams != PLAIN_SGD):
+        raise CaptureError(f"the device optimizer runs adam-seed and sgd without momentum, "
+                           f"weight decay or maximize, not {kind!r}"
+                           + (f" with {opt.hparams}" if kind == "sgd" else "")
+                           + " (train on --backend cpu)")
     plan = OptimizerPlan(kind=kind, lr=float(opt.lr), clip=float(opt.clip), t=int(opt.t),
-                         b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off)
+                         b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off,
+                         schedule=getattr(opt, "schedule", None), hparams=dict(opt.hparams))
     if hasattr(opt, "check_tape"):
         try:
             opt.check_tape(builder.tape)
@@ -98,7 +111,7 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
         if not 0 <= nid < len(prog.shapes) or builder.tape.nodes[nid].op != "param":
             raise CaptureError(f"optimizer entry {nid} is not a param node of this tape")
         pe = PlanEntry(nid, prog.grad_off[nid] >= 0, prog.size_of(nid))
-        if pe.active and kind == "adam":
+        if pe.active and kind == "adam-seed":
             pe.m_off = builder.alloc(pe.n)
             pe.v_off = builder.alloc(pe.n)
             prog.init.append((pe.m_off, np.asarray(e.m, dtype=np.float64)))
