@@ -293,3 +293,42 @@ def test_unknown_and_missing_state_keys_are_refused(rng):
                                       + state["params"][1:]))
     with pytest.raises(OptimizerError, match="'b1t' is"):
         optimizer_from_state(tp, dict(state, hparams=dict(state["hparams"], beta1=0.8)))
+
+
+def test_cli_adamw_with_a_schedule_resumes_to_the_bit(tmp_path):
+    """gradtool train --optimizer adamw --amsgrad --lr-schedule cosine --warmup 3: 10 steps,
+    saved, 10 more == 20 straight; the saved state names version 2, its hparams and
+    schedule; a hyperparameter the entry lacks is one line, exit 2."""
+    from click.testing import CliRunner
+    from gradtool.cli import main
+    from gradtool.tapefile import load
+    from support import DIGITS, DIGITS_DATA
+
+    flags = ["--optimizer", "adamw", "--weight-decay", "0.02", "--amsgrad", "--lr-schedule",
+             "cosine", "--t-max", "20", "--warmup", "3"]
+
+    def train(*args):
+        r = CliRunner().invoke(main, ["train", *map(str, args), "--data", str(DIGITS_DATA)])
+        return r
+    a, b, c = tmp_path / "a.msgpack", tmp_path / "b.msgpack", tmp_path / "c.msgpack"
+    assert train(DIGITS, *flags, "--steps", 10, "--save", a).exit_code == 0
+    assert train(a, "--steps", 10, "--save", b).exit_code == 0
+    assert train(DIGITS, *flags, "--steps", 20, "--save", c).exit_code == 0
+    sb, sc = load(b), load(c)
+    assert sb.optimizer["version"] == 2 and sb.optimizer["kind"] == "adamw"
+    assert sb.optimizer["hparams"]["amsgrad"] is True and sb.optimizer["t"] == 20
+    assert sb.optimizer["schedule"]["kind"] == "cosine"
+    for p in sb.tape.params():
+        assert sb.tape.values[p.id].tobytes() == sc.tape.values[p.id].tobytes()
+    r = train(a, "--steps", 1, "--momentum", "0.9")
+    assert r.exit_code == 2 and "has no hyperparameter 'momentum'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_meta_names_are_read_by_their_version():
+    from gradtool.train.options import TrainError, meta_defaults
+    assert meta_defaults({"train": {"optimizer": "adam"}}, "f")["optimizer"] == "adam-seed"
+    assert meta_defaults({"train": {"optimizer": "adam", "optimizer_version": 2}},
+                         "f")["optimizer"] == "adam"
+    with pytest.raises(TrainError, match="needs 'optimizer_version': 2"):
+        meta_defaults({"train": {"optimizer": "adamw"}}, "f")

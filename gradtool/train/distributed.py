@@ -370,7 +370,8 @@ def settings_of(trainer) -> dict:
             "global_step": trainer.global_step, "end_epoch": trainer.end_epoch,
             "steps": trainer.max_steps, "every": trainer.options.every,
             "save": trainer.options.save is not None, "accuracy": str(trainer.acc),
-            "optimizer": opt.kind, "lr": opt.lr, "clip": opt.clip, "t": opt.t,
+            "optimizer": opt.kind, "hparams": opt.hparams, "schedule": opt.schedule.to_dict(),
+            "lr": opt.lr, "clip": opt.clip, "t": opt.t,
             "l2": [e.l2 for e in opt.entries]}
 
 
