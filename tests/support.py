@@ -41,7 +41,7 @@ import gradtool as gt
 from conftest import assert_bits_equal
 from gradtool.cli import main
 from gradtool.ops import OPS
-from gradtool.optim import Adam
+from gradtool.optim import AdamSeed as Adam
 from gradtool.tape import Tape
 from gradtool.tapefile import dumps
 from gradtool.train import make_engine

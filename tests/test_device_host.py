@@ -20,7 +20,7 @@ from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error, ulp_
 from gradtool.device.host import CSRC, kernel_names, library_path, load_library
 from gradtool.device.program import MAX_DIMS, capture_program
 from gradtool.errors import GradtoolError
-from gradtool.optim import SGD, Adam
+from gradtool.optim import SGD, AdamSeed as Adam
 from gradtool.train import make_engine
 from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like_cpu, batches,
                      mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
