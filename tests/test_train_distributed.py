@@ -184,7 +184,7 @@ def steps_of(log):
 
 def errors_of(stderr):
     """The stderr lines that are not the run's notes."""
-    notes = ("training:", "validation:", "adam ", "sgd ", "data parallel:")
+    notes = ("training:", "validation:", "adam ", "adam-seed ", "adamw ", "sgd ", "data parallel:")
     return [ln for ln in stderr.splitlines()
             if not (ln.startswith(NOTE) and ln[len(NOTE):].startswith(notes))]
 

@@ -725,6 +725,56 @@ GT_DEV gt_real gt_opt_table(int id, gt_real w, gt_real g, gt_real *const *s,
     }
 }
 
+#define GT_OPT_ID_SGD_0 0
+#define GT_OPT_ID_SGD_1 1
+#define GT_OPT_ID_SGD_2 2
+#define GT_OPT_ID_SGD_3 3
+#define GT_OPT_ID_SGD_4 4
+#define GT_OPT_ID_SGD_5 5
+#define GT_OPT_ID_SGD_6 6
+#define GT_OPT_ID_SGD_7 7
+#define GT_OPT_ID_SGD_8 8
+#define GT_OPT_ID_SGD_9 9
+#define GT_OPT_ID_SGD_10 10
+#define GT_OPT_ID_SGD_11 11
+#define GT_OPT_ID_SGD_12 12
+#define GT_OPT_ID_SGD_13 13
+#define GT_OPT_ID_SGD_14 14
+#define GT_OPT_ID_SGD_15 15
+#define GT_OPT_ID_ADAM_0 16
+#define GT_OPT_ID_ADAM_1 17
+#define GT_OPT_ID_ADAM_2 18
+#define GT_OPT_ID_ADAM_3 19
+#define GT_OPT_ID_ADAM_4 20
+#define GT_OPT_ID_ADAM_5 21
+#define GT_OPT_ID_ADAM_6 22
+#define GT_OPT_ID_ADAM_7 23
+#define GT_OPT_ID_ADAM_8 24
+#define GT_OPT_ID_ADAM_9 25
+#define GT_OPT_ID_ADAM_10 26
+#define GT_OPT_ID_ADAM_11 27
+#define GT_OPT_ID_ADAM_12 28
+#define GT_OPT_ID_ADAM_13 29
+#define GT_OPT_ID_ADAM_14 30
+#define GT_OPT_ID_ADAM_15 31
+#define GT_OPT_ID_ADAMW_0 32
+#define GT_OPT_ID_ADAMW_1 33
+#define GT_OPT_ID_ADAMW_2 34
+#define GT_OPT_ID_ADAMW_3 35
+#define GT_OPT_ID_ADAMW_4 36
+#define GT_OPT_ID_ADAMW_5 37
+#define GT_OPT_ID_ADAMW_6 38
+#define GT_OPT_ID_ADAMW_7 39
+#define GT_OPT_ID_ADAMW_8 40
+#define GT_OPT_ID_ADAMW_9 41
+#define GT_OPT_ID_ADAMW_10 42
+#define GT_OPT_ID_ADAMW_11 43
+#define GT_OPT_ID_ADAMW_12 44
+#define GT_OPT_ID_ADAMW_13 45
+#define GT_OPT_ID_ADAMW_14 46
+#define GT_OPT_ID_ADAMW_15 47
+#define GT_OPT_ID_ADAM_SEED_0 48
+
 #define GT_OPT_VARIANTS 49
 #define GT_OPT_MAX_SLOTS 3
 #define GT_OPT_MAX_SCALARS 11

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import GradtoolError
 from ..ops import bad_id, bad_rng, inexact_int
 from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
+from .optimizer import CTL_SCALARS
 from .program import EXACT_INTS, CaptureError, capture_program
 
 BACKENDS = ("auto", "cuda", "host")
@@ -162,7 +163,7 @@ class DeviceReplay:
         if self.optimizer is None:
             raise GradtoolError("this replay was captured without an optimizer")
         before = self.optimizer.counters()
-        self.dev.set_scalar(self.program.ctl_off, self.optimizer.begin_step())
+        self.dev.set_scalars(self.program.ctl_off + CTL_SCALARS, self.optimizer.begin_step())
         return before
 
     def _settle_step(self, before: tuple) -> float:

@@ -444,6 +444,7 @@ def variant_id(entry: Entry, hp: Mapping) -> int:
 
 
 MAX_SLOTS = 3
+MAX_SCALARS = max(len(e.scalar_names()) for e in TABLE.values())
 
 
 def header() -> str:
@@ -464,10 +465,13 @@ def header() -> str:
             "                            const gt_real *sc)", "{", "    switch (id) {"]
     for i, (e, k) in enumerate(variant_list()):
         out.append(f"    case {i}: return gt_opt_{e.cname}_{k}(w, g, s, sc);")
-    out += ["    default: return w;", "    }", "}", "",
+    out += ["    default: return w;", "    }", "}", ""]
+    out += [f"#define GT_OPT_ID_{e.cname.upper()}_{k} {i}"
+            for i, (e, k) in enumerate(variant_list())]
+    out += ["",
             f"#define GT_OPT_VARIANTS {len(variant_list())}",
             f"#define GT_OPT_MAX_SLOTS {MAX_SLOTS}",
-            f"#define GT_OPT_MAX_SCALARS {max(len(e.scalar_names()) for e in TABLE.values())}",
+            f"#define GT_OPT_MAX_SCALARS {MAX_SCALARS}",
             "", "#endif /* GT_OPTIM_TABLE_H */", ""]
     return "\n".join(out)
 
