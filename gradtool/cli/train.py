@@ -245,7 +245,10 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
         plot_losses(plot, result)
     world.finish()
     if as_json:
-        click.echo(json.dumps({k: _json_safe(v) for k, v in result.summary().items()}))
+        summary = result.summary()
+        if result.optimizer_state_bytes is not None:    # each rank's (ZeRO-1: about 1/W)
+            summary["optimizer_state_bytes"] = result.optimizer_state_bytes
+        click.echo(json.dumps({k: _json_safe(v) for k, v in summary.items()}))
     pos = result.position
     saved = f"; saved {result.saved}" if result.saved else ""
     if result.stopped == "nonfinite":

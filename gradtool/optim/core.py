@@ -206,6 +206,25 @@ class Optimizer:
                 g = g + e.l2 * w
             self.table_entry.apply(w, g, e.state, self.hparams, scalars)
 
+    def update_piece(self, entry: Entry, w, g, state: dict, scale, scalars: dict) -> None:
+        """Steps 2 and 3 and the rule on a contiguous piece of one registered param
+        (``w`` a view, updated in place; ``state`` its slots' pieces): what :meth:`step`
+        does to those elements, bit for bit (the sharded optimizer's update)."""
+        lib = numerics.cpu_kernels() if sys.modules[__package__]._COMPILED[0] else None
+        if lib is not None and _plain(w) and _plain(g) and all(_plain(a) for a in
+                                                               state.values()):
+            ptrs = [state[s].ctypes.data for s in self._slots]
+            ptrs += [None] * (_table.MAX_SLOTS - len(ptrs))
+            lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
+                                  scale is not None, 1.0 if scale is None else scale,
+                                  entry.l2, _pack(self.table_entry, scalars))
+            return
+        if scale is not None:
+            g = g * scale
+        if entry.l2 != 0.0:
+            g = g + entry.l2 * w
+        self.table_entry.apply(w, g, state, self.hparams, scalars)
+
     def _clip_scale(self, grads) -> Optional[float]:
         # 0.0 first, then every g*g in registration order, row-major; add.accumulate is
         # sequential by definition, so its last element is the serial sum.

@@ -360,6 +360,9 @@ class Trainer:
             while self.epoch < self.end_epoch and res.stopped == "done":
                 self._run_epoch(res, stop, keep_history)
         res.seconds = time.perf_counter() - self._t0
+        res.optimizer_state_bytes = (
+            self.parallel.state_bytes_by_rank() if self.parallel is not None
+            else [sum(a.nbytes for e in self.opt.entries for a in e.state.values())])
         if self.options.save:
             # after a non-finite loss the engine has not updated anything, so the
             # parameters are the last good ones unless an earlier step already broke them
