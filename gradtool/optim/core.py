@@ -25,7 +25,7 @@ for bit)::
    with bias corrections) advance with it; the learning rate of this step is the
    schedule's (:mod:`gradtool.optim.schedule`) at ``t - 1``; the entry's host
    scalars are computed once; then every active param gets the entry's per-element
-   rule (``python -m gradtool.optim`` prints them; docs/training.md lists them).
+   rule (``table.get(name).text(switches)`` prints them; docs/training.md lists them).
 
 The loss is expected to be a mean already: there is no hidden batch divide.
 """
