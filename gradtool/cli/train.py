@@ -109,16 +109,20 @@ def optimizer_flags(command):
     seen = {}
     for entry in optim_table.TABLE.values():
         for h in entry.hypers:
-            seen.setdefault(h.name, (h, []))[1].append(entry.name)
+            seen.setdefault(h.name, (h, []))[1].append((entry, h))
     for name, (h, users) in reversed(list(seen.items())):
         flag = "--" + name.replace("_", "-")
+        docs = {u.doc for _, u in users}
         if h.kind == "bool":
+            about = h.doc if len(docs) == 1 else "; ".join(f"{e.name}: {u.doc}"
+                                                            for e, u in users)
             decl = click.option(f"{flag}/--no-{name.replace('_', '-')}", f"hp_{name}",
-                                default=None, help=f"{h.doc} ({', '.join(users)}).")
+                                default=None,
+                                help=f"{about} ({', '.join(e.name for e, _ in users)}).")
         else:
+            about = "; ".join(f"{e.name}: {u.doc}, default {u.default!r}" for e, u in users)
             decl = click.option(flag, f"hp_{name}", type=float, default=None,
-                                help=f"{h.doc} ({', '.join(users)}; default "
-                                     f"{', '.join(repr(e.hparams()[name]) for e in map(optim_table.get, users))}).")
+                                help=f"{h.name.replace('_', ' ')} ({about}).")
         command = decl(command)
     schedule = [
         click.option("--lr-schedule", "sch_kind", type=click.Choice(list(SCHEDULES)),

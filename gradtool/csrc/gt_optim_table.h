@@ -15,16 +15,8 @@ GT_DEV gt_real gt_opt_sgd_0(gt_real w, gt_real g, gt_real *const *s, const gt_re
     return t0;
 }
 
-/* sgd: maximize=0, decay=0, momentum=0, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_1(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
-{
-    (void)sc; (void)s;
-    const gt_real t0 = R_SUB(w, R_MUL((sc[5]), g));
-    return t0;
-}
-
 /* sgd: maximize=0, decay=0, momentum=1, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_2(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_1(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (((sc[7]) != ((gt_real)0x0p+0)) ? g : R_ADD(R_MUL((*s[0]), (sc[0])), R_MUL((sc[6]), g)));
@@ -35,7 +27,7 @@ GT_DEV gt_real gt_opt_sgd_2(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=0, decay=0, momentum=1, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_3(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_2(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (((sc[7]) != ((gt_real)0x0p+0)) ? g : R_ADD(R_MUL((*s[0]), (sc[0])), R_MUL((sc[6]), g)));
@@ -46,16 +38,7 @@ GT_DEV gt_real gt_opt_sgd_3(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=0, decay=1, momentum=0, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_4(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
-{
-    (void)sc; (void)s;
-    const gt_real t0 = R_ADD(g, R_MUL((sc[3]), w));
-    const gt_real t1 = R_SUB(w, R_MUL((sc[5]), t0));
-    return t1;
-}
-
-/* sgd: maximize=0, decay=1, momentum=0, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_5(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_3(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = R_ADD(g, R_MUL((sc[3]), w));
@@ -64,7 +47,7 @@ GT_DEV gt_real gt_opt_sgd_5(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=0, decay=1, momentum=1, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_6(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_4(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = R_ADD(g, R_MUL((sc[3]), w));
@@ -76,7 +59,7 @@ GT_DEV gt_real gt_opt_sgd_6(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=0, decay=1, momentum=1, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_7(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_5(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = R_ADD(g, R_MUL((sc[3]), w));
@@ -88,16 +71,7 @@ GT_DEV gt_real gt_opt_sgd_7(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=1, decay=0, momentum=0, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_8(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
-{
-    (void)sc; (void)s;
-    const gt_real t0 = (-g);
-    const gt_real t1 = R_SUB(w, R_MUL((sc[5]), t0));
-    return t1;
-}
-
-/* sgd: maximize=1, decay=0, momentum=0, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_9(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_6(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -106,7 +80,7 @@ GT_DEV gt_real gt_opt_sgd_9(gt_real w, gt_real g, gt_real *const *s, const gt_re
 }
 
 /* sgd: maximize=1, decay=0, momentum=1, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_10(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_7(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -118,7 +92,7 @@ GT_DEV gt_real gt_opt_sgd_10(gt_real w, gt_real g, gt_real *const *s, const gt_r
 }
 
 /* sgd: maximize=1, decay=0, momentum=1, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_11(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_8(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -130,17 +104,7 @@ GT_DEV gt_real gt_opt_sgd_11(gt_real w, gt_real g, gt_real *const *s, const gt_r
 }
 
 /* sgd: maximize=1, decay=1, momentum=0, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_12(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
-{
-    (void)sc; (void)s;
-    const gt_real t0 = (-g);
-    const gt_real t1 = R_ADD(t0, R_MUL((sc[3]), w));
-    const gt_real t2 = R_SUB(w, R_MUL((sc[5]), t1));
-    return t2;
-}
-
-/* sgd: maximize=1, decay=1, momentum=0, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_13(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_9(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -150,7 +114,7 @@ GT_DEV gt_real gt_opt_sgd_13(gt_real w, gt_real g, gt_real *const *s, const gt_r
 }
 
 /* sgd: maximize=1, decay=1, momentum=1, nesterov=0 */
-GT_DEV gt_real gt_opt_sgd_14(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_10(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -163,7 +127,7 @@ GT_DEV gt_real gt_opt_sgd_14(gt_real w, gt_real g, gt_real *const *s, const gt_r
 }
 
 /* sgd: maximize=1, decay=1, momentum=1, nesterov=1 */
-GT_DEV gt_real gt_opt_sgd_15(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
+GT_DEV gt_real gt_opt_sgd_11(gt_real w, gt_real g, gt_real *const *s, const gt_real *sc)
 {
     (void)sc; (void)s;
     const gt_real t0 = (-g);
@@ -684,43 +648,39 @@ GT_DEV gt_real gt_opt_table(int id, gt_real w, gt_real g, gt_real *const *s,
     case 9: return gt_opt_sgd_9(w, g, s, sc);
     case 10: return gt_opt_sgd_10(w, g, s, sc);
     case 11: return gt_opt_sgd_11(w, g, s, sc);
-    case 12: return gt_opt_sgd_12(w, g, s, sc);
-    case 13: return gt_opt_sgd_13(w, g, s, sc);
-    case 14: return gt_opt_sgd_14(w, g, s, sc);
-    case 15: return gt_opt_sgd_15(w, g, s, sc);
-    case 16: return gt_opt_adam_0(w, g, s, sc);
-    case 17: return gt_opt_adam_1(w, g, s, sc);
-    case 18: return gt_opt_adam_2(w, g, s, sc);
-    case 19: return gt_opt_adam_3(w, g, s, sc);
-    case 20: return gt_opt_adam_4(w, g, s, sc);
-    case 21: return gt_opt_adam_5(w, g, s, sc);
-    case 22: return gt_opt_adam_6(w, g, s, sc);
-    case 23: return gt_opt_adam_7(w, g, s, sc);
-    case 24: return gt_opt_adam_8(w, g, s, sc);
-    case 25: return gt_opt_adam_9(w, g, s, sc);
-    case 26: return gt_opt_adam_10(w, g, s, sc);
-    case 27: return gt_opt_adam_11(w, g, s, sc);
-    case 28: return gt_opt_adam_12(w, g, s, sc);
-    case 29: return gt_opt_adam_13(w, g, s, sc);
-    case 30: return gt_opt_adam_14(w, g, s, sc);
-    case 31: return gt_opt_adam_15(w, g, s, sc);
-    case 32: return gt_opt_adamw_0(w, g, s, sc);
-    case 33: return gt_opt_adamw_1(w, g, s, sc);
-    case 34: return gt_opt_adamw_2(w, g, s, sc);
-    case 35: return gt_opt_adamw_3(w, g, s, sc);
-    case 36: return gt_opt_adamw_4(w, g, s, sc);
-    case 37: return gt_opt_adamw_5(w, g, s, sc);
-    case 38: return gt_opt_adamw_6(w, g, s, sc);
-    case 39: return gt_opt_adamw_7(w, g, s, sc);
-    case 40: return gt_opt_adamw_8(w, g, s, sc);
-    case 41: return gt_opt_adamw_9(w, g, s, sc);
-    case 42: return gt_opt_adamw_10(w, g, s, sc);
-    case 43: return gt_opt_adamw_11(w, g, s, sc);
-    case 44: return gt_opt_adamw_12(w, g, s, sc);
-    case 45: return gt_opt_adamw_13(w, g, s, sc);
-    case 46: return gt_opt_adamw_14(w, g, s, sc);
-    case 47: return gt_opt_adamw_15(w, g, s, sc);
-    case 48: return gt_opt_adam_seed_0(w, g, s, sc);
+    case 12: return gt_opt_adam_0(w, g, s, sc);
+    case 13: return gt_opt_adam_1(w, g, s, sc);
+    case 14: return gt_opt_adam_2(w, g, s, sc);
+    case 15: return gt_opt_adam_3(w, g, s, sc);
+    case 16: return gt_opt_adam_4(w, g, s, sc);
+    case 17: return gt_opt_adam_5(w, g, s, sc);
+    case 18: return gt_opt_adam_6(w, g, s, sc);
+    case 19: return gt_opt_adam_7(w, g, s, sc);
+    case 20: return gt_opt_adam_8(w, g, s, sc);
+    case 21: return gt_opt_adam_9(w, g, s, sc);
+    case 22: return gt_opt_adam_10(w, g, s, sc);
+    case 23: return gt_opt_adam_11(w, g, s, sc);
+    case 24: return gt_opt_adam_12(w, g, s, sc);
+    case 25: return gt_opt_adam_13(w, g, s, sc);
+    case 26: return gt_opt_adam_14(w, g, s, sc);
+    case 27: return gt_opt_adam_15(w, g, s, sc);
+    case 28: return gt_opt_adamw_0(w, g, s, sc);
+    case 29: return gt_opt_adamw_1(w, g, s, sc);
+    case 30: return gt_opt_adamw_2(w, g, s, sc);
+    case 31: return gt_opt_adamw_3(w, g, s, sc);
+    case 32: return gt_opt_adamw_4(w, g, s, sc);
+    case 33: return gt_opt_adamw_5(w, g, s, sc);
+    case 34: return gt_opt_adamw_6(w, g, s, sc);
+    case 35: return gt_opt_adamw_7(w, g, s, sc);
+    case 36: return gt_opt_adamw_8(w, g, s, sc);
+    case 37: return gt_opt_adamw_9(w, g, s, sc);
+    case 38: return gt_opt_adamw_10(w, g, s, sc);
+    case 39: return gt_opt_adamw_11(w, g, s, sc);
+    case 40: return gt_opt_adamw_12(w, g, s, sc);
+    case 41: return gt_opt_adamw_13(w, g, s, sc);
+    case 42: return gt_opt_adamw_14(w, g, s, sc);
+    case 43: return gt_opt_adamw_15(w, g, s, sc);
+    case 44: return gt_opt_adam_seed_0(w, g, s, sc);
     default: return w;
     }
 }
@@ -737,45 +697,41 @@ GT_DEV gt_real gt_opt_table(int id, gt_real w, gt_real g, gt_real *const *s,
 #define GT_OPT_ID_SGD_9 9
 #define GT_OPT_ID_SGD_10 10
 #define GT_OPT_ID_SGD_11 11
-#define GT_OPT_ID_SGD_12 12
-#define GT_OPT_ID_SGD_13 13
-#define GT_OPT_ID_SGD_14 14
-#define GT_OPT_ID_SGD_15 15
-#define GT_OPT_ID_ADAM_0 16
-#define GT_OPT_ID_ADAM_1 17
-#define GT_OPT_ID_ADAM_2 18
-#define GT_OPT_ID_ADAM_3 19
-#define GT_OPT_ID_ADAM_4 20
-#define GT_OPT_ID_ADAM_5 21
-#define GT_OPT_ID_ADAM_6 22
-#define GT_OPT_ID_ADAM_7 23
-#define GT_OPT_ID_ADAM_8 24
-#define GT_OPT_ID_ADAM_9 25
-#define GT_OPT_ID_ADAM_10 26
-#define GT_OPT_ID_ADAM_11 27
-#define GT_OPT_ID_ADAM_12 28
-#define GT_OPT_ID_ADAM_13 29
-#define GT_OPT_ID_ADAM_14 30
-#define GT_OPT_ID_ADAM_15 31
-#define GT_OPT_ID_ADAMW_0 32
-#define GT_OPT_ID_ADAMW_1 33
-#define GT_OPT_ID_ADAMW_2 34
-#define GT_OPT_ID_ADAMW_3 35
-#define GT_OPT_ID_ADAMW_4 36
-#define GT_OPT_ID_ADAMW_5 37
-#define GT_OPT_ID_ADAMW_6 38
-#define GT_OPT_ID_ADAMW_7 39
-#define GT_OPT_ID_ADAMW_8 40
-#define GT_OPT_ID_ADAMW_9 41
-#define GT_OPT_ID_ADAMW_10 42
-#define GT_OPT_ID_ADAMW_11 43
-#define GT_OPT_ID_ADAMW_12 44
-#define GT_OPT_ID_ADAMW_13 45
-#define GT_OPT_ID_ADAMW_14 46
-#define GT_OPT_ID_ADAMW_15 47
-#define GT_OPT_ID_ADAM_SEED_0 48
+#define GT_OPT_ID_ADAM_0 12
+#define GT_OPT_ID_ADAM_1 13
+#define GT_OPT_ID_ADAM_2 14
+#define GT_OPT_ID_ADAM_3 15
+#define GT_OPT_ID_ADAM_4 16
+#define GT_OPT_ID_ADAM_5 17
+#define GT_OPT_ID_ADAM_6 18
+#define GT_OPT_ID_ADAM_7 19
+#define GT_OPT_ID_ADAM_8 20
+#define GT_OPT_ID_ADAM_9 21
+#define GT_OPT_ID_ADAM_10 22
+#define GT_OPT_ID_ADAM_11 23
+#define GT_OPT_ID_ADAM_12 24
+#define GT_OPT_ID_ADAM_13 25
+#define GT_OPT_ID_ADAM_14 26
+#define GT_OPT_ID_ADAM_15 27
+#define GT_OPT_ID_ADAMW_0 28
+#define GT_OPT_ID_ADAMW_1 29
+#define GT_OPT_ID_ADAMW_2 30
+#define GT_OPT_ID_ADAMW_3 31
+#define GT_OPT_ID_ADAMW_4 32
+#define GT_OPT_ID_ADAMW_5 33
+#define GT_OPT_ID_ADAMW_6 34
+#define GT_OPT_ID_ADAMW_7 35
+#define GT_OPT_ID_ADAMW_8 36
+#define GT_OPT_ID_ADAMW_9 37
+#define GT_OPT_ID_ADAMW_10 38
+#define GT_OPT_ID_ADAMW_11 39
+#define GT_OPT_ID_ADAMW_12 40
+#define GT_OPT_ID_ADAMW_13 41
+#define GT_OPT_ID_ADAMW_14 42
+#define GT_OPT_ID_ADAMW_15 43
+#define GT_OPT_ID_ADAM_SEED_0 44
 
-#define GT_OPT_VARIANTS 49
+#define GT_OPT_VARIANTS 45
 #define GT_OPT_MAX_SLOTS 3
 #define GT_OPT_MAX_SCALARS 11
 

@@ -105,6 +105,7 @@ class Entry:
     host_names: tuple                         # the names host returns, in order
     rule: Callable                            # switches dict -> [(target, Expr), ...]
     powers: tuple = ()                        # hyperparameters kept as running products
+    reachable: Callable = None                # switches dict -> whether hparams can give it
     checks: tuple = ()                        # (predicate of hp, message) cross-checks
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -147,8 +148,9 @@ class Entry:
     def variants(self) -> list:
         """Every switch combination, in a fixed order (the rendered functions' order)."""
         keys = list(self.switches)
-        return [dict(zip(keys, bits)) for bits in itertools.product((False, True),
-                                                                     repeat=len(keys))]
+        every = [dict(zip(keys, bits)) for bits in itertools.product((False, True),
+                                                                      repeat=len(keys))]
+        return [sw for sw in every if self.reachable is None or self.reachable(sw)]
 
     def variant_index(self, hp: Mapping) -> int:
         sw = self.switch_values(hp)
@@ -321,6 +323,7 @@ register(Entry(
                                       "first": 1.0 if t == 1 else 0.0},
     host_names=("lr", "one_minus_dampening", "first"),
     rule=_sgd_rule,
+    reachable=lambda sw: sw["momentum"] or not sw["nesterov"],     # nesterov needs momentum
     checks=((lambda hp: not hp["nesterov"] or (hp["momentum"] > 0.0
                                                 and hp["dampening"] == 0.0),
              "nesterov needs momentum > 0 and dampening 0 (torch's rule)"),)))
