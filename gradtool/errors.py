@@ -13,6 +13,10 @@ class TapeError(GradtoolError):
     """Misuse of a tape: a foreign or dropped GVar, a poisoned tape, a non-scalar loss."""
 
 
+class OptimizerError(GradtoolError):
+    """A bad optimizer setting, registration or saved state (gradtool.optim)."""
+
+
 class TapeFileError(GradtoolError):
     """A tape file that cannot be loaded. `where` names the file and, when known, the node."""
 

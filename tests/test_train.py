@@ -136,7 +136,7 @@ def test_saved_state_and_l2_override(tmp_path):
             "--clip", 2.5, "--save", out)
     assert r.exit_code == 0, r.stderr
     state = load(out).optimizer
-    assert state["kind"] == "adam" and state["lr"] == 0.002 and state["clip"] == 2.5
+    assert state["kind"] == "adam-seed" and state["lr"] == 0.002 and state["clip"] == 2.5
     assert [p["l2"] for p in state["params"]] == [0.25] * 4
     assert state["position"]["seed"] == 0 and state["position"]["shuffle"] is True
     # the saved file keeps the tape's own example inputs, not the last minibatch
@@ -150,7 +150,7 @@ def test_resuming_with_another_optimizer_is_refused(tmp_path):
     out = tmp_path / "o.msgpack"
     assert run("train", DIGITS, "--data", DIGITS_DATA, "--steps", 2, "--save", out).exit_code == 0
     assert_one_line_error(run("train", out, "--data", DIGITS_DATA, "--optimizer", "sgd"), 2,
-                          "'adam'", "'sgd'")
+                          "'adam-seed'", "'sgd'")
 
 
 # ── Ctrl-C in a real process ───────────────────────────────────────────────

@@ -11,6 +11,9 @@ import time
 
 import click
 
+from ..optim import table as optim_table
+from ..optim.schedule import KINDS as SCHEDULES
+
 from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
 from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
@@ -132,12 +135,62 @@ class Console(Reporter):
         self._clear()
 
 
+def optimizer_flags(command):
+    """One flag per hyperparameter of the optimizer table (``--momentum``, ``--beta1``,
+    ``--nesterov/--no-nesterov``, ...) and the lr schedule's flags."""
+    seen = {}
+    for entry in optim_table.TABLE.values():
+        for h in entry.hypers:
+            seen.setdefault(h.name, (h, []))[1].append((entry, h))
+    for name, (h, users) in reversed(list(seen.items())):
+        flag = "--" + name.replace("_", "-")
+        docs = {u.doc for _, u in users}
+        if h.kind == "bool":
+            about = h.doc if len(docs) == 1 else "; ".join(f"{e.name}: {u.doc}"
+                                                            for e, u in users)
+            decl = click.option(f"{flag}/--no-{name.replace('_', '-')}", f"hp_{name}",
+                                default=None,
+                                help=f"{about} ({', '.join(e.name for e, _ in users)}).")
+        else:
+            about = "; ".join(f"{e.name}: {u.doc}, default {u.default!r}" for e, u in users)
+            decl = click.option(flag, f"hp_{name}", type=float, default=None,
+                                help=f"{h.name.replace('_', ' ')} ({about}).")
+        command = decl(command)
+    schedule = [
+        click.option("--lr-schedule", "sch_kind", type=click.Choice(list(SCHEDULES)),
+                     default=None, help="Learning-rate schedule after the warmup (default none)."),
+        click.option("--warmup", "sch_warmup", type=click.IntRange(min=0), default=None,
+                     metavar="N", help="Linear warmup from 0 over the first N steps."),
+        click.option("--t-max", "sch_t_max", type=click.IntRange(min=1), default=None,
+                     help="cosine: steps of the half period (T_max)."),
+        click.option("--eta-min", "sch_eta_min", type=click.FloatRange(min=0), default=None,
+                     help="cosine: the lowest lr (eta_min, default 0)."),
+        click.option("--step-size", "sch_step_size", type=click.IntRange(min=1), default=None,
+                     help="step: multiply the lr by gamma every this many steps."),
+        click.option("--gamma", "sch_gamma", type=click.FloatRange(min=0), default=None,
+                     help="step/exponential: the decay factor (default 0.1)."),
+    ]
+    for decl in reversed(schedule):
+        command = decl(command)
+    return command
+
+
+def optimizer_settings(flags: dict) -> dict:
+    """The TrainOptions fields the optimizer_flags give: hparams and schedule (None when
+    none was given)."""
+    hparams = {k[3:]: v for k, v in flags.items() if k.startswith("hp_") and v is not None}
+    schedule = {k[4:]: v for k, v in flags.items() if k.startswith("sch_") and v is not None}
+    return {"hparams": hparams or None, "schedule": schedule or None}
+
+
 @click.command("train")
 @click.argument("tape", metavar="TAPE")
 @click.option("--data", "data", required=True, metavar="DATA.npz",
               help="Training arrays, one per input slot (named const), examples along axis 0.")
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]),
-              help="Optimizer (default: the tape's meta, else adam).")
+@click.option("--optimizer", type=click.Choice(list(optim_table.NAMES)),
+              help="Optimizer: sgd, adam and adamw are torch.optim's formulas; adam-seed is "
+                   "the seed's eps-hat Adam (default: the tape's meta, else adam-seed).")
+@optimizer_flags
 @click.option("--lr", type=float, help="Learning rate (default: meta, else 0.001).")
 @click.option("--epochs", type=click.IntRange(min=1),
               help="Epochs to run (on a saved file: this many more; default: meta, else 1).")
@@ -176,7 +229,8 @@ class Console(Reporter):
               default=DEFAULT_TIMEOUT, show_default=True, metavar="SEC",
               help="Under MPI: how long a rank waits for another before ending the job.")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
-          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout):
+          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout,
+          **flags):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
 
     The tape's named consts are the input slots; the batch size is their
@@ -199,7 +253,8 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget())
+                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget(),
+                           **optimizer_settings(flags))
 
     def build():
         if plot and root:
@@ -227,7 +282,10 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
         plot_losses(plot, result)
     world.finish()
     if as_json:
-        click.echo(json.dumps({k: _json_safe(v) for k, v in result.summary().items()}))
+        summary = result.summary()
+        if result.optimizer_state_bytes is not None:    # each rank's (ZeRO-1: about 1/W)
+            summary["optimizer_state_bytes"] = result.optimizer_state_bytes
+        click.echo(json.dumps({k: _json_safe(v) for k, v in summary.items()}))
     pos = result.position
     saved = f"; saved {result.saved}" if result.saved else ""
     if result.stopped == "nonfinite":

@@ -502,6 +502,12 @@ class CudaBackend:
         self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
         self._held.append(buf)
 
+    def set_scalars(self, off: int, values) -> None:
+        # the optimizer's per-step scalars: one copy, rounded here
+        buf = np.array(values, dtype=self.dtype)
+        self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
+        self._held.append(buf)
+
     def synchronize(self) -> None:
         self.stream.synchronize()
         self._held.clear()

@@ -31,6 +31,7 @@ from ..errors import GradtoolError
 from ..ops import bad_id, bad_rng, inexact_int
 from ..tape import GVar, as_float64_array, as_ids_array, check_ids, is_index
 from . import backends
+from .optimizer import CTL_SCALARS
 from .program import EXACT_INTS, CaptureError, capture_program
 
 # the registry's names when this module was imported (kept for old imports; the
@@ -153,7 +154,7 @@ class DeviceReplay:
         if self.optimizer is None:
             raise GradtoolError("this replay was captured without an optimizer")
         before = self.optimizer.counters()
-        self.dev.set_scalar(self.program.ctl_off, self.optimizer.begin_step())
+        self.dev.set_scalars(self.program.ctl_off + CTL_SCALARS, self.optimizer.begin_step())
         return before
 
     def _settle_step(self, before: tuple) -> float:

@@ -43,7 +43,7 @@ from .staging import Staging
 
 CSRC = native.CSRC
 SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
-           "gt_matmul.h", "gt_conv.h", "gt_optim.h")
+           "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
@@ -238,6 +238,9 @@ class HostBackend:
 
     def set_scalar(self, off: int, value: float) -> None:
         self.arena[off] = value
+
+    def set_scalars(self, off: int, values) -> None:
+        self.arena[off:off + len(values)] = values
 
     def synchronize(self) -> None:
         pass

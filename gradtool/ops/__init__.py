@@ -75,9 +75,9 @@ kernel("k_from_f64", "dst:w src:r",
 kernel("k_guard", "ctl:w loss:r", "ctl[3] = 1 when the loss is finite, else 0")
 kernel("k_clip_norm", "ctl:w clip:f np:i offs:i[np] lens:i[np]",
        "norm of every active gradient (offs[p], lens[p] elements), the clip scale into ctl")
-kernel("k_sgd", "w:w g:r ctl:r use_clip:i l2:f", "w = w - lr*g after clip and L2")
-kernel("k_adam", "w:w g:r m:w v:w ctl:r use_clip:i l2:f b1:f b2:f omb1:f omb2:f eps:f",
-       "Adam's moments and update after clip and L2 (gradtool.optim's order)")
+kernel("k_opt", "w:w g:r s0:w s1:w s2:w ctl:r use_clip:i l2:f var:i",
+       "one param's update after clip and L2: the optimizer table's variant var "
+       "(gt_optim_table.h), slots s0..s2 (w's offset where unused), scalars ctl[4:]")
 
 
 OP_NAMES = tuple(OPS)

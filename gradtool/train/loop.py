@@ -58,8 +58,8 @@ from ..budget import DEFAULT_MEMORY
 from ..errors import GradtoolError
 from ..fileio import nul_free
 from ..npzio import NpzArchive
-from ..optim import make_optimizer, optimizer_from_state
-from ..optim_state import check_saved_state
+from ..optim import Schedule, make_optimizer, optimizer_from_state
+from ..optim_state import check_saved_state, legacy_kind
 from .data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
                    dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
                    parse_accuracy, require_batches, split_validation)
@@ -185,16 +185,21 @@ class Trainer:
         """The saved optimizer continues; otherwise a fresh one over every param."""
         o, saved, pick = self.options, self.saved, self.settings.pick
         if saved is not None:
-            if o.optimizer is not None and o.optimizer != saved.get("kind"):
+            if o.optimizer is not None and o.optimizer != legacy_kind(saved):
                 raise TrainError(f"{self.source}: the saved optimizer state is "
-                                 f"{saved.get('kind')!r}; it cannot continue as "
+                                 f"{legacy_kind(saved)!r}; it cannot continue as "
                                  f"{o.optimizer!r} (train the original tape to start over)")
             try:
                 opt = optimizer_from_state(self.tape, saved)
             except GradtoolError as exc:
                 raise TrainError(f"{self.source}: {exc}") from None
+            self._check_continues(opt)
         else:
-            opt = make_optimizer(pick("optimizer"), pick("lr"))
+            try:
+                opt = make_optimizer(pick("optimizer"), pick("lr"), o.hparams,
+                                     Schedule(**(o.schedule or {})))
+            except GradtoolError as exc:
+                raise TrainError(str(exc)) from None
             for p in self.tape.params():
                 opt.add(self.tape, p)
             if not opt.entries:
@@ -207,6 +212,19 @@ class Trainer:
             for e in opt.entries:
                 e.l2 = float(o.l2)
         return opt
+
+    def _check_continues(self, opt) -> None:
+        """Hyperparameters or a schedule given for a saved run must be the saved ones."""
+        o = self.options
+        try:
+            given = opt.table_entry.hparams({**opt.hparams, **(o.hparams or {})})
+            schedule = Schedule(**{**opt.schedule.to_dict(), **(o.schedule or {})})
+        except GradtoolError as exc:
+            raise TrainError(str(exc)) from None
+        if given != opt.hparams or schedule.to_dict() != opt.schedule.to_dict():
+            raise TrainError(f"{self.source}: the saved {opt.kind} runs with "
+                             f"{opt.hparams} and schedule {opt.schedule.to_dict()}; it cannot "
+                             f"continue with others (train the original tape to start over)")
 
     def _restore_position(self, position: dict) -> None:
         """Where a saved run stopped (0-based epoch, steps taken in it), and where to stop."""
@@ -342,6 +360,9 @@ class Trainer:
             while self.epoch < self.end_epoch and res.stopped == "done":
                 self._run_epoch(res, stop, keep_history)
         res.seconds = time.perf_counter() - self._t0
+        res.optimizer_state_bytes = (
+            self.parallel.state_bytes_by_rank() if self.parallel is not None
+            else [sum(a.nbytes for e in self.opt.entries for a in e.state.values())])
         if self.options.save:
             # after a non-finite loss the engine has not updated anything, so the
             # parameters are the last good ones unless an earlier step already broke them
