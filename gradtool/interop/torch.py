@@ -200,6 +200,8 @@ class TorchImport:
     histogram: collections.Counter
     input_dtypes: dict
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
+    out_spec: Any = None          # the pytree structure of the module's outputs (torch's)
+    out_dtypes: list = field(default_factory=list)  # each user output's exported dtype
 
     def meta(self) -> dict:
         return {"torch": {
@@ -406,6 +408,18 @@ def _defined_at(fn) -> str:
 
 
 @contextlib.contextmanager
+def _quiet_leafspec():
+    """torch 2.13's own ``run_decompositions`` deep-copies a pytree ``LeafSpec``, which
+    warns (``FutureWarning: isinstance(treespec, LeafSpec) is deprecated``) from inside
+    torch: nothing the user wrote or can change, so that one warning is not shown."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
 def _float64_default(torch):
     """torch's default dtype float64 while the forward is traced, re-traced by
     run_decompositions and folded: the tensors it creates without a dtype are float64.
@@ -454,24 +468,40 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     index_put; an op whose decomposition is not the op),
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
-    ep = _detach_no_grad_blocks(ep, torch)
-    ep = _keep_dropouts(ep, torch)
+    with _quiet_leafspec():              # both deep-copy the program
+        ep = _detach_no_grad_blocks(ep, torch)
+        ep = _keep_dropouts(ep, torch)
     table = torch.export.default_decompositions()
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
-    with _float64_default(torch):
+    with _float64_default(torch), _quiet_leafspec():
         try:
             decomposed = ep.run_decompositions(table)
         except Exception as exc:      # a decomposition torch cannot trace
             raise _torch_failed("run_decompositions", exc) from None
         result = _Importer(decomposed, input_names, loss_output, strip).run()
+        result.out_spec = ep.call_spec.out_spec
+        result.out_dtypes = _user_output_dtypes(decomposed)
         problems = _Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
     if problems:
         raise problems.error()
     return result
+
+
+def _user_output_dtypes(ep) -> list:
+    """The exported dtype of each user output, in the flattened order of ``out_spec``
+    (``None`` for a value that is not a tensor)."""
+    from torch.export.graph_signature import OutputKind
+    outs = list(ep.graph_module.graph.output_node().args[0])
+    dtypes = []
+    for spec, out in zip(ep.graph_signature.output_specs, outs):
+        if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+            val = out.meta.get("val") if hasattr(out, "meta") else None
+            dtypes.append(getattr(val, "dtype", None))
+    return dtypes
 
 
 def _eval_loss(tape, loss) -> float:
