@@ -98,6 +98,22 @@ def _finite_nonneg(x, what) -> float:
     return x
 
 
+def global_norm(grads) -> float:
+    """The clip's norm of ``grads`` (float64 arrays, in registration order): step 2 of
+    the module docstring, ``sqrt(sumsq)`` with ``sumsq`` the serial sum from 0.0 of every
+    ``g*g``, row-major, array after array.  ``gradtool train --clip`` and
+    ``gradtool.interop.torch.clip_grad_norm_`` both compute it here."""
+    # add.accumulate is sequential by definition, so its last element is the serial sum
+    squares = [np.zeros(1)] + [np.ravel(g * g) for g in grads]
+    return math.sqrt(float(np.add.accumulate(np.concatenate(squares))[-1]))
+
+
+def clip_scale(norm: float, clip: float) -> Optional[float]:
+    """``clip / norm`` where ``norm > clip`` (every gradient is then ``g * scale``), else
+    None: the gradients stay as they are."""
+    return clip / norm if norm > clip else None
+
+
 class Optimizer:
     """State and registration shared by SGD and Adam.  Use :class:`SGD` or :class:`Adam`."""
 
@@ -189,12 +205,7 @@ class Optimizer:
             self._update(e, w, g)
 
     def _clip_scale(self, grads) -> Optional[float]:
-        # 0.0 first, then every g*g in registration order, row-major; add.accumulate is
-        # sequential by definition, so its last element is the serial sum.
-        squares = [np.zeros(1)] + [np.ravel(g * g) for g in grads]
-        sumsq = float(np.add.accumulate(np.concatenate(squares))[-1])
-        norm = math.sqrt(sumsq)
-        return self.clip / norm if norm > self.clip else None
+        return clip_scale(global_norm(grads), self.clip)
 
     def _begin_step(self) -> None:
         self.t += 1

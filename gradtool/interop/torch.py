@@ -202,6 +202,7 @@ class TorchImport:
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
     out_spec: Any = None          # the pytree structure of the module's outputs (torch's)
     out_dtypes: list = field(default_factory=list)  # each user output's exported dtype
+    out_shapes: list = field(default_factory=list)  # ... and shape (a 0-dim loss: [])
 
     def meta(self) -> dict:
         return {"torch": {
@@ -482,7 +483,9 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
             raise _torch_failed("run_decompositions", exc) from None
         result = _Importer(decomposed, input_names, loss_output, strip).run()
         result.out_spec = ep.call_spec.out_spec
-        result.out_dtypes = _user_output_dtypes(decomposed)
+        outs = _user_outputs(decomposed)
+        result.out_dtypes = [getattr(v, "dtype", None) for v in outs]
+        result.out_shapes = [tuple(v.shape) if hasattr(v, "shape") else None for v in outs]
         problems = _Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
@@ -491,16 +494,16 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     return result
 
 
-def _user_output_dtypes(ep) -> list:
-    """The exported dtype of each user output, in the flattened order of ``out_spec``
-    (``None`` for a value that is not a tensor)."""
+def _user_outputs(ep) -> list:
+    """The exported value (a fake tensor: dtype, shape) of each user output, in the
+    flattened order of ``out_spec`` (``None`` where there is none)."""
     from torch.export.graph_signature import OutputKind
     outs = list(ep.graph_module.graph.output_node().args[0])
     dtypes = []
     for spec, out in zip(ep.graph_signature.output_specs, outs):
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
             val = out.meta.get("val") if hasattr(out, "meta") else None
-            dtypes.append(getattr(val, "dtype", None))
+            dtypes.append(val)
     return dtypes
 
 
@@ -1279,6 +1282,28 @@ class Recorder:
         steps = [1] * len(shape)
         steps[dim] = step
         return self.tp.slice(v, starts, stops, steps=steps)
+
+
+# ── your own loop (gradtool/interop/wrap.py) ───────────────────────────────
+
+def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_output: int = 0,
+         outputs: bool = False, targets=None, max_shapes: int = 8):
+    """``model`` as a ``torch.nn.Module`` whose forward and gradients gradtool computes,
+    for a training loop of your own (``loss = gm(x, y); loss.backward()``: gradtool's
+    gradients into each parameter's ``.grad``).  ``backend``: ``"cpu"``, ``"host"`` or
+    ``"cuda"``, the same bits on each.  See :mod:`gradtool.interop.wrap` and
+    ``docs/torch.md``, "Your own loop"."""
+    from .wrap import module_class
+    return module_class()(model, example_inputs, backend, loss_fn, loss_output=loss_output,
+                          outputs=outputs, targets=targets, max_shapes=max_shapes,
+                          importer=import_module)
+
+
+def clip_grad_norm_(parameters, max_norm: float):
+    """``torch.nn.utils.clip_grad_norm_`` by ``gradtool train --clip``'s documented rule
+    (bit-exact): see :func:`gradtool.interop.wrap.clip_grad_norm_`."""
+    from .wrap import clip_grad_norm_ as clip
+    return clip(parameters, max_norm)
 
 
 # ── weights back ───────────────────────────────────────────────────────────
