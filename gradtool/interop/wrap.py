@@ -165,10 +165,27 @@ class _Graph:
 
     # ── one call ───────────────────────────────────────────────────────────
     def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
-        """(loss, {param name: gradient or None}, [output arrays]) as float64 numpy."""
-        if self.replay is None:
-            return self._run_cpu(params, buffers, args, rng, need_grad)
-        return self._run_device(params, buffers, args, rng, need_grad)
+        """(loss, {param name: gradient or None}, [output arrays], [new state]) as float64
+        numpy arrays."""
+        from ..errors import IdsError
+        try:
+            if self.replay is None:
+                return self._run_cpu(params, buffers, args, rng, need_grad)
+            return self._run_device(params, buffers, args, rng, need_grad)
+        except IdsError as exc:
+            raise self._bad_ids(exc, args) from None
+
+    def _bad_ids(self, exc, args) -> GradtoolError:
+        """A take's bad id, computed from an input: which input, which example of the
+        batch (:func:`gradtool.tape.ids_culprit`)."""
+        from ..tape import ids_culprit
+        values = {i: np.asarray(t.detach().cpu()) for (_, i, _), t in zip(self.inputs, args)}
+        found = ids_culprit(self.tape, exc, values)
+        if found is None:
+            return exc
+        name, row = found
+        where = f"example {row} of the batch" if row is not None else "the batch"
+        return WrapError(f"input {name!r}: {where}: {exc}")
 
     def _leaf_f64(self, i: int, t, what: str) -> np.ndarray:
         """``t``'s values as a float64 array of node ``i``'s shape: a view of the tensor's
