@@ -85,14 +85,13 @@ def _required_positional(fn) -> Optional[int]:
                and p.default is p.empty)
 
 
-def _float_dtype(model):
+def _float_dtype(params: dict, buffers: dict):
     """The module's float dtype: its first floating parameter's (else buffer's), float64
     for a module with neither."""
-    torch = _torch()
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in list(params.values()) + list(buffers.values()):
         if t.is_floating_point():
             return t.dtype
-    return torch.float64
+    return _torch().float64
 
 
 def _kind(dtype) -> str:
@@ -120,7 +119,7 @@ def _with_outputs(loss_fn):
 class _Graph:
     """One recorded tape (one key) and its engine; what a call needs, found once."""
 
-    def __init__(self, owner, args: tuple):
+    def __init__(self, owner, args: tuple, params: dict, buffers: dict):
         model = owner.model
         n_model = owner.n_model
         loss_fn = owner.loss_fn
@@ -152,16 +151,16 @@ class _Graph:
         self.out_spec, self.out_dtypes = result.out_spec, result.out_dtypes
         self.out_shapes = result.out_shapes
         self.state_names = {k for k, _, _ in self.state}
-        self.versions = _versions(model, self.state_names)
+        self.versions = _versions(params, buffers, self.state_names)
         self.replay = None
         if owner.backend != "cpu":
             from ..device.engine import capture
             self.replay = capture(tp, self.loss_id, owner.backend,
-                                  dtype=compute_dtype(owner.dtype))
+                                  dtype=compute_dtype(_float_dtype(params, buffers)))
 
-    def current(self, model) -> bool:
+    def current(self, params: dict, buffers: dict) -> bool:
         """Whether the constants the tape was recorded with are unchanged."""
-        return _versions(model, self.state_names) == self.versions
+        return _versions(params, buffers, self.state_names) == self.versions
 
     # ── one call ───────────────────────────────────────────────────────────
     def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
@@ -256,12 +255,11 @@ class _Graph:
         return loss, grads, outs, state
 
 
-def _versions(model, state_names) -> list:
+def _versions(params: dict, buffers: dict, state_names) -> list:
     """(name, identity, version counter) of what a recorded tape holds as constants (and
     may have folded): frozen parameters and the buffers the forward does not update."""
-    out = [(k, id(p), p._version) for k, p in model.named_parameters()
-           if not p.requires_grad]
-    out += [(k, id(b), b._version) for k, b in model.named_buffers() if k not in state_names]
+    out = [(k, id(p), p._version) for k, p in params.items() if not p.requires_grad]
+    out += [(k, id(b), b._version) for k, b in buffers.items() if k not in state_names]
     return out
 
 
@@ -329,7 +327,8 @@ class _Wrapper:
         self.graphs = collections.OrderedDict()
         self.step = 0
         self._warned = False
-        self._graph(args)                           # record now: problems surface here
+        self._graph(args, dict(model.named_parameters()), dict(model.named_buffers()))
+        # (recorded now: an import problem surfaces here)
 
     def _model_inputs(self, n: int, targets) -> int:
         if self.loss_fn is None:
@@ -346,25 +345,26 @@ class _Wrapper:
 
     @property
     def dtype(self):
-        return _float_dtype(self.model)
+        """The module's float dtype (its first floating parameter's)."""
+        return _float_dtype(dict(self.model.named_parameters()),
+                            dict(self.model.named_buffers()))
 
     # ── the cache ──────────────────────────────────────────────────────────
-    def _key(self, args) -> tuple:
+    def _key(self, args, params: dict, dtype) -> tuple:
         torch = _torch()
         for k, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 raise WrapError(f"input {k}: expected a tensor, got {type(a).__name__}")
         return (tuple((tuple(a.shape), _kind(a.dtype)) for a in args), bool(self.training),
-                str(self.dtype),
-                tuple(p.requires_grad for p in self.model.parameters()))
+                str(dtype), tuple(p.requires_grad for p in params.values()))
 
-    def _graph(self, args) -> _Graph:
-        key = self._key(args)
+    def _graph(self, args, params: dict, buffers: dict) -> _Graph:
+        key = self._key(args, params, _float_dtype(params, buffers))
         graph = self.graphs.get(key)
-        if graph is not None and not graph.current(self.model):
+        if graph is not None and not graph.current(params, buffers):
             graph = None                            # a constant changed: record again
         if graph is None:
-            graph = self.graphs[key] = _Graph(self, args)
+            graph = self.graphs[key] = _Graph(self, args, params, buffers)
             if len(self.graphs) > self.max_shapes and not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -381,10 +381,10 @@ class _Wrapper:
         if len(args) != self.n_args:
             raise WrapError(f"the wrapped module takes {self.n_args} inputs (as its "
                             f"example), got {len(args)}")
-        graph = self._graph(args)
         model = self.model
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
+        graph = self._graph(args, params, buffers)
         train = bool(self.training)
         tensors = [params[k] for k, _ in graph.params]
         need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in tensors)
@@ -397,7 +397,7 @@ class _Wrapper:
             for (k, _, _), value in zip(graph.state, state):
                 b = buffers[k]
                 b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
-        dtype = self.dtype
+        dtype = _float_dtype(params, buffers)
         device = tensors[0].device if tensors else torch.device("cpu")
         loss_t = torch.tensor(loss, dtype=torch.float64).to(dtype).to(device)
         if need_grad:
