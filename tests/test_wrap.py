@@ -410,3 +410,49 @@ def test_cpu_and_host_train_to_identical_bytes():
     hs = host.state_dict()
     for k, v in cpu.state_dict().items():
         assert_bits_equal(hs[k].numpy(), v.numpy(), k)
+
+
+def _digits_run(backend):
+    """The issue's loop on the repository's digits: a DataLoader shuffled by a seeded
+    generator (a last partial batch each epoch), torch's cosine schedule, the clip, SGD
+    with momentum; eval-mode accuracy at the end."""
+    from pathlib import Path
+    data = np.load(Path(__file__).resolve().parents[1] / "samples" / "digits.npz")
+    x = torch.from_numpy(data["x"][:600].astype(np.float32) / 16.0)
+    y = torch.from_numpy(data["y"][:600].argmax(1).astype(np.int64))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128,
+                                         shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(20)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.1),
+                          nn.Linear(32, 10)).double()
+    gm = gtt.wrap(model, next(iter(loader)), backend=backend, loss_fn=F.cross_entropy,
+                  outputs=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    losses = []
+    for _ in range(2):
+        gm.train()
+        for xb, yb in loader:
+            loss, _ = gm(xb, yb)
+            loss.backward()
+            gtt.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        sched.step()
+    gm.eval()
+    with torch.no_grad():
+        _, logits = gm(x, y)
+    return model, losses, float((logits.argmax(1) == y).double().mean())
+
+
+def test_a_dataloader_loop_on_digits_is_the_same_bytes_on_cpu_and_host():
+    require_c_compiler()
+    cpu, cpu_losses, cpu_acc = _digits_run("cpu")
+    host, host_losses, host_acc = _digits_run("host")
+    assert len(cpu_losses) == 10 and cpu_losses == host_losses
+    assert cpu_losses[-1] < cpu_losses[0] and cpu_acc == host_acc and cpu_acc > 0.5
+    hs = host.state_dict()
+    for k, v in cpu.state_dict().items():
+        assert_bits_equal(hs[k].numpy(), v.numpy(), k)
