@@ -5,11 +5,11 @@
 #   scripts/torch_versions.sh                 # 2.6.0 and 2.13.0
 #   scripts/torch_versions.sh 2.13.0          # just these versions
 #
-# Wheels come from $WHEELS (default /opt/wheels) when a file for the version is there,
-# else from pip's index (the CPU wheels: $TORCH_INDEX, default
-# https://download.pytorch.org/whl/cpu).  Each venv sees this checkout by PYTHONPATH (no
-# install), and is deleted afterwards.  Exit status: 0 when every version passed; the
-# summary line per version says which failed.
+# TESTS="tests/test_wrap.py ..." runs other test files.  Wheels come from $WHEELS
+# (default /opt/wheels) when a file for the version is there, else from pip's index (the
+# CPU wheels: $TORCH_INDEX, default https://download.pytorch.org/whl/cpu).  Each venv sees
+# this checkout by PYTHONPATH (no install), and is deleted afterwards.  Exit status: 0
+# when every version passed; the summary line per version says which failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -17,7 +17,7 @@ versions=("$@")
 [ ${#versions[@]} -eq 0 ] && versions=(2.6.0 2.13.0)
 wheels="${WHEELS:-/opt/wheels}"
 index="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-tests=(tests/test_interop_torch.py tests/test_wrap.py tests/test_interop_messages.py)
+read -r -a tests <<< "${TESTS:-tests/test_interop_torch.py tests/test_wrap.py tests/test_interop_messages.py}"
 py="${PYTHON:-python3}"
 status=0
 summary=()

@@ -141,6 +141,7 @@ class _Graph:
                             f"{len(self.inputs)} input slots (pass tensors only)")
         # the bounds of the ops reading each ids slot, found once (not per call)
         self.id_bounds = {i: tp.id_bounds(i) for _, i, kind in self.inputs if kind == "int"}
+        self.id_values = {i for i in self.id_bounds if tp.read_as_values(i)}   # exact in f64
         self.state = [(k, tp.var(k).id, result.outputs[k].id) for k in result.state]
         self.rng_id = tp.rng_id()
         # each user output in torch's flattened order: the loss, an output<i>'s node, or
@@ -205,10 +206,13 @@ class _Graph:
         return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
     def _ids(self, i: int, name: str, t) -> np.ndarray:
+        from ..ops import inexact_int
         from ..tape import check_ids
         torch = _torch()
         arr = t.detach().cpu().to(torch.int64).numpy().reshape(self.tape.values[i].shape)
         check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
+        if i in self.id_values and inexact_int(arr):
+            raise WrapError(f"input {name!r}: {inexact_int(arr)}")
         return arr
 
     def _fill(self, set_leaf, params, buffers, args, rng) -> None:
