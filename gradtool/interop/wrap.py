@@ -60,8 +60,14 @@ def compute_dtype(module_dtype) -> str:
 
     Every module runs in float64 today, so a float32 module's values are float64 on the
     tape and its gradients are rounded once to float32 on the way back (``docs/torch.md``,
-    "dtype").  When the tape gains float32 this returns ``"f32"`` for a float32 module."""
+    "dtype").  When the tape gains float32 this returns ``"f32"`` for a float32 module;
+    :class:`_Graph` reads the answer for the leaves it fills and the device capture, and
+    the importer call there is to pass it on once ``import_module`` takes a dtype."""
     return "f64"
+
+
+# the torch dtype of a tape dtype (compute_dtype's answers)
+_TORCH_DTYPES = {"f64": lambda torch: torch.float64, "f32": lambda torch: torch.float32}
 
 
 def _torch():
@@ -154,10 +160,10 @@ class _Graph:
         self.state_names = {k for k, _, _ in self.state}
         self.versions = _versions(params, buffers, self.state_names)
         self.replay = None
+        self.tape_dtype = compute_dtype(_float_dtype(params, buffers))
         if owner.backend != "cpu":
             from ..device.engine import capture
-            self.replay = capture(tp, self.loss_id, owner.backend,
-                                  dtype=compute_dtype(_float_dtype(params, buffers)))
+            self.replay = capture(tp, self.loss_id, owner.backend, dtype=self.tape_dtype)
 
     def current(self, params: dict, buffers: dict) -> bool:
         """Whether the constants the tape was recorded with are unchanged."""
@@ -187,15 +193,17 @@ class _Graph:
         where = f"example {row} of the batch" if row is not None else "the batch"
         return WrapError(f"input {name!r}: {where}: {exc}")
 
-    def _leaf_f64(self, i: int, t, what: str) -> np.ndarray:
-        """``t``'s values as a float64 array of node ``i``'s shape: a view of the tensor's
-        own memory where it is a contiguous float64 CPU tensor, else a converted copy."""
+    def _leaf(self, i: int, t, what: str) -> np.ndarray:
+        """``t``'s values as an array of the tape's dtype and node ``i``'s shape: a view of
+        the tensor's own memory where it is a contiguous CPU tensor of that dtype, else a
+        converted copy."""
         torch = _torch()
+        want = _TORCH_DTYPES[self.tape_dtype](torch)
         t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.dtype != torch.float64:
-            t = t.to(torch.float64)
+        if t.dtype != want:
+            t = t.to(want)
         arr = t.numpy()
         shape = self.tape.values[i].shape
         if arr.shape != shape:
@@ -217,12 +225,12 @@ class _Graph:
 
     def _fill(self, set_leaf, params, buffers, args, rng) -> None:
         for k, i in self.params:
-            set_leaf(i, self._leaf_f64(i, params[k], f"parameter {k!r}"))
+            set_leaf(i, self._leaf(i, params[k], f"parameter {k!r}"))
         for k, i, _ in self.state:
-            set_leaf(i, self._leaf_f64(i, buffers[k], f"buffer {k!r}"))
+            set_leaf(i, self._leaf(i, buffers[k], f"buffer {k!r}"))
         for (name, i, kind), t in zip(self.inputs, args):
             set_leaf(i, self._ids(i, name, t) if kind == "int"
-                     else self._leaf_f64(i, t, f"input {name!r}"))
+                     else self._leaf(i, t, f"input {name!r}"))
         if self.rng_id >= 0:
             set_leaf(self.rng_id, np.array(rng, dtype=np.float64))
 
