@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import layout as _layout
-from .errors import GradtoolError, IdsError, ShapeError, TapeError
+from .errors import IdsError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
 from .ops import (INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, RNG_RECORDED, bad_id, bad_rng, first_bad_id,
                   inexact_int, infer_shape)

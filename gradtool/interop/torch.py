@@ -5,6 +5,13 @@
     result.save("model.msgpack")                     # gradtool train model.msgpack ...
     load_weights(model, "trained.msgpack")           # the trained params back, by name
 
+Or keep your own training loop (``gradtool/interop/wrap.py``)::
+
+    import gradtool.interop.torch as gtt
+    gm = gtt.wrap(model, (x, y), backend="cpu", loss_fn=F.cross_entropy)
+    loss = gm(x, y); loss.backward()                 # gradtool's gradients into .grad
+    gtt.clip_grad_norm_(model.parameters(), 1.0)     # gradtool train --clip's norm
+
 How it works (``docs/torch.md``):
 
 1. ``torch.export.export(module, inputs)`` then ``run_decompositions()`` give a
@@ -1393,6 +1400,7 @@ def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_outp
     gradients into each parameter's ``.grad``).  ``backend``: ``"cpu"``, ``"host"`` or
     ``"cuda"``, the same bits on each.  See :mod:`gradtool.interop.wrap` and
     ``docs/torch.md``, "Your own loop"."""
+    # wrap.py is handed import_module, so it imports nothing of this file (no cycle)
     from .wrap import module_class
     return module_class()(model, example_inputs, backend, loss_fn, loss_output=loss_output,
                           outputs=outputs, targets=targets, max_shapes=max_shapes,

@@ -41,7 +41,7 @@ import collections
 import inspect
 import math
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
