@@ -164,6 +164,11 @@ class _Graph:
         if owner.backend != "cpu":
             from ..device.engine import capture
             self.replay = capture(tp, self.loss_id, owner.backend, dtype=self.tape_dtype)
+            prog = self.replay.program
+            # per param: (its arena offset, its gradient's (-1: backward never reaches it),
+            # its size): written and read straight, the shape checked by _leaf
+            self.arena = {i: (prog.val_off[i], prog.grad_off[i], prog.size_of(i))
+                          for _, i in self.params}
 
     def current(self, params: dict, buffers: dict) -> bool:
         """Whether the constants the tape was recorded with are unchanged."""
@@ -223,9 +228,10 @@ class _Graph:
             raise WrapError(f"input {name!r}: {inexact_int(arr)}")
         return arr
 
-    def _fill(self, set_leaf, params, buffers, args, rng) -> None:
+    def _fill(self, set_leaf, params, buffers, args, rng, set_param=None) -> None:
+        set_param = set_param or set_leaf
         for k, i in self.params:
-            set_leaf(i, self._leaf(i, params[k], f"parameter {k!r}"))
+            set_param(i, self._leaf(i, params[k], f"parameter {k!r}"))
         for k, i, _ in self.state:
             set_leaf(i, self._leaf(i, buffers[k], f"buffer {k!r}"))
         for (name, i, kind), t in zip(self.inputs, args):
@@ -254,14 +260,22 @@ class _Graph:
 
     def _run_device(self, params, buffers, args, rng, need_grad):
         rp = self.replay
-        self._fill(rp.set_input, params, buffers, args, rng)
+        dev, arena = rp.dev, self.arena
+
+        def set_param(i, arr):         # a param's values: no checks to make (floats)
+            dev.write(arena[i][0], arr)
+        self._fill(rp.set_input, params, buffers, args, rng, set_param)
         if need_grad:
             rp.episode(train=False)    # forward and backward, no optimizer
         else:
             rp.forward()
         loss = rp.loss()
-        grads = ({k: (rp.grad(i) if rp.touched(i) else None) for k, i in self.params}
-                 if need_grad else {})
+        grads = {}
+        if need_grad:
+            for k, i in self.params:
+                _, g_off, size = arena[i]
+                grads[k] = (dev.read(g_off, size).reshape(self.tape.values[i].shape)
+                            if g_off >= 0 else None)
         outs = [rp.value(i) if i >= 0 else None for i in self.out_ids]
         state = [rp.value(o) for _, _, o in self.state]
         return loss, grads, outs, state
@@ -370,8 +384,8 @@ class _Wrapper:
         return (tuple((tuple(a.shape), _kind(a.dtype)) for a in args), bool(self.training),
                 str(dtype), tuple(p.requires_grad for p in params.values()))
 
-    def _graph(self, args, params: dict, buffers: dict) -> _Graph:
-        key = self._key(args, params, _float_dtype(params, buffers))
+    def _graph(self, args, params: dict, buffers: dict, dtype=None) -> _Graph:
+        key = self._key(args, params, dtype or _float_dtype(params, buffers))
         graph = self.graphs.get(key)
         if graph is not None and not graph.current(params, buffers):
             graph = None                            # a constant changed: record again
@@ -396,7 +410,8 @@ class _Wrapper:
         model = self.model
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
-        graph = self._graph(args, params, buffers)
+        dtype = _float_dtype(params, buffers)
+        graph = self._graph(args, params, buffers, dtype)
         train = bool(self.training)
         tensors = [params[k] for k, _ in graph.params]
         need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in tensors)
@@ -409,7 +424,6 @@ class _Wrapper:
             for (k, _, _), value in zip(graph.state, state):
                 b = buffers[k]
                 b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
-        dtype = _float_dtype(params, buffers)
         device = tensors[0].device if tensors else torch.device("cpu")
         loss_t = torch.tensor(loss, dtype=torch.float64).to(dtype).to(device)
         if need_grad:
