@@ -8,8 +8,10 @@
 # TESTS="tests/test_wrap.py ..." runs other test files.  Wheels come from $WHEELS
 # (default /opt/wheels) when a file for the version is there, else from pip's index (the
 # CPU wheels: $TORCH_INDEX, default https://download.pytorch.org/whl/cpu).  Each venv sees
-# this checkout by PYTHONPATH (no install), and is deleted afterwards.  Exit status: 0
-# when every version passed; the summary line per version says which failed.
+# this checkout by PYTHONPATH (no install), and is deleted afterwards.  SYSTEM_SITE=1:
+# the venvs see this Python's installed packages (numpy, pytest, torch's dependencies), and
+# only torch itself goes into the venv (no downloads where its wheel is in $WHEELS).  Exit
+# status: 0 when every version passed; the summary line per version says which failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -24,7 +26,9 @@ summary=()
 for v in "${versions[@]}"; do
     env_dir="$(mktemp -d)"
     echo "== torch $v in $env_dir"
-    if ! "$py" -m venv "$env_dir"; then
+    venv=("$py" -m venv)
+    [ -n "${SYSTEM_SITE:-}" ] && venv+=(--system-site-packages)
+    if ! "${venv[@]}" "$env_dir"; then
         summary+=("torch $v: FAILED (venv)"); status=1; rm -rf "$env_dir"; continue
     fi
     pip=("$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check)
@@ -34,10 +38,16 @@ for v in "${versions[@]}"; do
     else
         got=("${pip[@]}" "torch==$v" --index-url "$index" --extra-index-url https://pypi.org/simple)
     fi
-    if ! "${got[@]}" || ! "${pip[@]}" "numpy>=1.23" "msgpack>=1.0" "click>=8.0" \
-            "jsonschema>=4.0" "pytest>=7" "mpmath>=1.2"; then
+    deps=("${pip[@]}" "numpy>=1.23" "msgpack>=1.0" "click>=8.0" "jsonschema>=4.0" "pytest>=7"
+          "mpmath>=1.2")
+    if [ -n "${SYSTEM_SITE:-}" ]; then      # torch alone, into the venv
+        got+=(--ignore-installed --no-deps)
+        deps=(true)
+    fi
+    if ! "${got[@]}" || ! "${deps[@]}"; then
         summary+=("torch $v: FAILED (install)"); status=1; rm -rf "$env_dir"; continue
     fi
+    echo "== $("$env_dir/bin/python" -c 'import torch; print("torch", torch.__version__, "from", torch.__file__)')"
     if (cd "$root" && PYTHONPATH="$root" "$env_dir/bin/python" -m pytest -q -p no:cacheprovider \
             "${tests[@]}"); then
         summary+=("torch $v: passed")
