@@ -64,7 +64,7 @@ from .movement import LOG_SOFTMAX_PARTS, SOFTMAX_PARTS
 from .random import RNG_NAME, RNG_RECORDED, bad_rng
 from .shapes import broadcast_shape
 from .spec import (EXACT_INT, FAMILIES, INT_DTYPE, KERNELS, LEAF_OPS, OPS, Attr, KernelSpec,
-                   OpSpec, as_ids, attr, bad_id, contract, f64_bits, f64_from_bits,
+                   OpSpec, as_ids, attr, bad_id, first_bad_id, contract, f64_bits, f64_from_bits,
                    format_shape, inexact_int, kernel, kernel_names, pack)
 
 # ── kernels of the engine that belong to no op ─────────────────────────────
@@ -92,7 +92,7 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT",
+           "contract", "pack", "attr", "bad_id", "first_bad_id", "as_ids", "inexact_int", "EXACT_INT",
            "INT_DTYPE", "INTEGER_READERS",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",

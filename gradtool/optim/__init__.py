@@ -37,7 +37,8 @@ _COMPILED = [True]      # tests set [False] to run the numpy sequence instead of
 # gradtool.optim_state, so importing this package must not import core
 _LAZY = {"SGD": "core", "Adam": "core", "AdamW": "core", "AdamSeed": "core", "Optimizer": "core",
          "Entry": "core", "CLASSES": "core", "make_optimizer": "core",
-         "optimizer_from_state": "core", "advance_adam": "core", "Schedule": "schedule",
+         "optimizer_from_state": "core", "advance_adam": "core", "global_norm": "core",
+         "clip_scale": "core", "Schedule": "schedule",
          "B1": "..optim_state", "B2": "..optim_state", "EPS": "..optim_state",
          "KINDS": "..optim_state"}
 
@@ -54,4 +55,5 @@ def __getattr__(name):
 
 __all__ = ["SGD", "Adam", "AdamW", "AdamSeed", "Optimizer", "Entry", "OptimizerError",
            "Schedule", "make_optimizer", "optimizer_from_state", "advance_adam", "table",
+           "global_norm", "clip_scale",
            "B1", "B2", "EPS", "KINDS", "CLASSES"]

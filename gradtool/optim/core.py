@@ -88,6 +88,22 @@ def _finite_nonneg(x, what) -> float:
     return x
 
 
+
+def global_norm(grads) -> float:
+    """The clip's norm of ``grads`` (float64 arrays, in registration order):
+    ``sqrt(sumsq)`` with ``sumsq`` the serial sum from 0.0 of every ``g*g``, row-major,
+    array after array.  ``gradtool train --clip`` and
+    ``gradtool.interop.torch.clip_grad_norm_`` both compute it here."""
+    # add.accumulate is sequential by definition, so its last element is the serial sum
+    squares = [np.zeros(1)] + [np.ravel(g * g) for g in grads]
+    return math.sqrt(float(np.add.accumulate(np.concatenate(squares))[-1]))
+
+
+def clip_scale(norm: float, clip: float) -> Optional[float]:
+    """``clip / norm`` where ``norm > clip`` (every gradient is then ``g * scale``), else
+    None: the gradients stay as they are."""
+    return clip / norm if norm > clip else None
+
 class Optimizer:
     """One table entry over registered tape params.  Use :class:`SGD`, :class:`Adam`,
     :class:`AdamW`, :class:`AdamSeed` or :func:`make_optimizer`."""
@@ -226,12 +242,7 @@ class Optimizer:
         self.table_entry.apply(w, g, state, self.hparams, scalars)
 
     def _clip_scale(self, grads) -> Optional[float]:
-        # 0.0 first, then every g*g in registration order, row-major; add.accumulate is
-        # sequential by definition, so its last element is the serial sum.
-        squares = [np.zeros(1)] + [np.ravel(g * g) for g in grads]
-        sumsq = float(np.add.accumulate(np.concatenate(squares))[-1])
-        norm = math.sqrt(sumsq)
-        return self.clip / norm if norm > self.clip else None
+        return clip_scale(global_norm(grads), self.clip)
 
     def _update_compiled(self, lib, entry: Entry, w, g, scale, packed) -> None:
         ptrs = [entry.state[s].ctypes.data for s in self._slots]

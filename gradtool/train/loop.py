@@ -55,11 +55,12 @@ from typing import Optional
 import numpy as np
 
 from ..budget import DEFAULT_MEMORY
-from ..errors import GradtoolError
+from ..errors import GradtoolError, IdsError
 from ..fileio import nul_free
 from ..npzio import NpzArchive
 from ..optim import Schedule, make_optimizer, optimizer_from_state
 from ..optim_state import check_saved_state, legacy_kind
+from ..tape import ids_culprit
 from .data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
                    dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
                    parse_accuracy, require_batches, split_validation)
@@ -337,7 +338,10 @@ class Trainer:
         for i in batches:
             rows = slice(i * b, (i + 1) * b)
             self._fill(self.val, rows, train=False)
-            losses.append(self.engine.evaluate())
+            try:
+                losses.append(self.engine.evaluate())
+            except IdsError as exc:
+                raise self._bad_ids(exc, self.val, rows, "the validation data") from None
             if self.acc:
                 correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
                                          self.val.arrays[self.acc.target][rows])
@@ -421,13 +425,31 @@ class Trainer:
         if self.parallel is not None:
             return self.parallel.step(rows)
         self._fill(self.data, rows)
-        loss = self.engine.train_step()
+        try:
+            loss = self.engine.train_step()
+        except IdsError as exc:
+            raise self._bad_ids(exc, self.data, rows, "the training data") from None
         if self.state and math.isfinite(loss):
             self.set_state([np.array(self.engine.output(o)) for _, o in self.state])
         if not (self.acc and self.val is None and math.isfinite(loss)):
             return loss, 0
         return loss, count_correct(self.acc, self.engine.output(self.acc.output_id),
                                    self.data.arrays[self.acc.target][rows])
+
+    def _bad_ids(self, exc: IdsError, data, rows, what: str) -> GradtoolError:
+        """A take's bad id traced back to the input slot and the example of ``data`` it came
+        from (:func:`gradtool.tape.ids_culprit`), else the engine's error as it is."""
+        values = {s.node_id: data.arrays[s.name][rows] for s in self.slots}
+        found = ids_culprit(self.tape, exc, values)
+        if found is None:
+            return exc
+        name, row = found
+        if row is not None:
+            index = np.arange(data.count)[rows][row]
+            where = f"example {int(index)} of {what}"
+        else:
+            where = f"a batch of {what}"
+        return DataError(f"{name}: {where}: {exc}")
 
     def set_state(self, values) -> None:
         """The state slots take ``values`` (one array per :attr:`state` entry): in the tape,
