@@ -11,6 +11,7 @@ Or keep your own training loop (``gradtool/interop/wrap.py``)::
     gm = gtt.wrap(model, (x, y), backend="cpu", loss_fn=F.cross_entropy)
     loss = gm(x, y); loss.backward()                 # gradtool's gradients into .grad
     gtt.clip_grad_norm_(model.parameters(), 1.0)     # gradtool train --clip's norm
+    opt = gtt.optim.AdamW(model.parameters(), lr=3e-4)  # the optimizer table's step
 
 How it works (``docs/torch.md``):
 
@@ -1481,3 +1482,13 @@ def load_weights(module, tape_or_file) -> list:
             b = buffers[k]
             b.copy_(torch.from_numpy(np.array(arr)).reshape(b.shape).to(b.dtype))
     return list(values) + list(bufvals)
+
+
+def __getattr__(name):
+    """``gtt.optim``: the torch.optim subclasses stepping by gradtool's optimizer table
+    (:mod:`gradtool.interop.torch_optim`), imported on first use: they subclass
+    ``torch.optim.Optimizer``, and this module imports without torch."""
+    if name == "optim":
+        from . import torch_optim
+        return torch_optim
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
