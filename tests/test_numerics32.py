@@ -267,6 +267,33 @@ def test_matmul_fuses_and_starts_from_positive_zero(clibs):
     assert z[0, 0] == 0 and not np.signbit(z[0, 0])
 
 
+def test_compiled_products_are_the_numpy_chain(clibs):
+    """csrc/gt_num32.c (numerics32.matmul/bmm with a compiler) against the numpy fmaf
+    chain: tile edges, views of every layout, a stretched batch, K = 0, and NaN,
+    infinities, subnormals and signed zeros among the operands."""
+    assert n32.cpu_library() is not None
+    rng = np.random.default_rng(17)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.0**-149, 3e38], F32)
+    for m, k, n in [(1, 1, 1), (4, 64, 64), (5, 70, 67), (9, 3, 130), (3, 0, 5), (0, 4, 2)]:
+        a = (rng.standard_normal((m, k)) * 2.0 ** rng.integers(-30, 30, (m, k))).astype(F32)
+        b = rng.standard_normal((k, n)).astype(F32)
+        if a.size > 4:
+            a.flat[rng.integers(0, a.size, 3)] = special[rng.integers(0, 7, 3)]
+        want = n32.matmul_numpy(a, b)
+        assert_same(n32.matmul(a, b), want, f"matmul {m}x{k}x{n}")
+        assert_same(n32.matmul(np.asfortranarray(a), np.asfortranarray(b)), want, "F order")
+        assert_same(n32.matmul(a.T.copy().T, b.T.copy().T), want, "transposed views")
+    a = rng.standard_normal((3, 6, 70)).astype(F32)
+    b = rng.standard_normal((3, 70, 66)).astype(F32)
+    want = n32.bmm_numpy(a, b)
+    assert_same(n32.bmm(a, b), want, "bmm")
+    assert_same(n32.bmm(a, np.swapaxes(np.swapaxes(b, 1, 2).copy(), 1, 2)), want, "bmm b^T")
+    assert_same(n32.bmm(a[:1], b), n32.bmm_numpy(a[:1], b), "bmm a of 1")
+    assert_same(n32.bmm(np.broadcast_to(a[:1], a.shape), b), n32.bmm_numpy(a[:1], b),
+                "bmm a stretched by stride 0")
+    assert_same(n32.bmm(a, b[:1]), n32.bmm_numpy(a, b[:1]), "bmm b of 1")
+
+
 def test_bmm_is_matmul_per_batch_and_stretches_a_batch_of_one():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((3, 4, 6)).astype(F32)
