@@ -94,8 +94,10 @@ independent accumulators (the compiler vectorises the lane loop without reassoci
 anything), the block tree is one vector add per block, and the fold is the usual
 halving of a register.  GPU: one warp per row, thread l owns lane l: each step reads
 32 consecutive floats (one 128-byte line), each thread streams its own stack of block
-partials (at most ceil(log2 nb) + 1 deep), and the fold is five shuffles.  The
-chunk of 8 keeps the block-tree additions to one per 8 loads per lane.
+partials (at most ceil(log2 nb) + 1 deep, indexed by level, in registers), and the
+fold is five shuffles; a thread owning a whole row visits the lanes in bit-reversed
+order, where the fold is a tree of adjacent pairs (``gt_real32.h``).  The chunk of 8
+keeps the block-tree additions to one per 8 loads per lane.
 """
 
 from __future__ import annotations
