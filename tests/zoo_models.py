@@ -28,8 +28,8 @@ def _images(n=2, size=32, classes=5, seed=0):
 def _vision(make, size=32):
     def build():
         torch.manual_seed(0)
-        tv = __import__("gradtool.interop.zoo", fromlist=["x"]).import_torchvision()
-        model = make(tv.models)
+        from gradtool.interop.zoo import import_torchvision
+        model = make(import_torchvision().models)
         inputs, labels = _images(size=size)
         return model, inputs, cross_entropy, labels
     return build
@@ -94,8 +94,8 @@ def _text(vocab=32, n=2, t=6, seed=0):
 def _hf(make, labels):
     def build():
         torch.manual_seed(0)
-        import transformers
-        model = make(transformers)
+        from gradtool.interop.zoo import import_transformers
+        model = make(import_transformers())
         ids, mask, g = _text()
         return HFLoss(model, None), (ids, mask, labels(ids, mask, g)), None, ()
     return build

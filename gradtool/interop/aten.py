@@ -447,6 +447,29 @@ def _bnot(r, node, a):
     return r.tp.logical_not(r.mask(a))
 
 
+def _bitwise(names, method, how):
+    @aten(*names, needs=(method,), doc=f"{how} (bool masks only)")
+    def fn(r, node, a, b):
+        if r.torch_dtype(node) != "bool":
+            raise Unsupported(f"{str(node.target).split('.')[1]} of integers")
+        return getattr(r.tp, method)(r.mask(a), r.mask(b))
+    return fn
+
+
+# transformers' mask builders combine their boolean masks with & and |
+_bitwise(("aten.bitwise_and.Tensor", "aten.bitwise_and.Scalar"), "logical_and", "logical_and")
+_bitwise(("aten.bitwise_or.Tensor", "aten.bitwise_or.Scalar"), "logical_or", "logical_or")
+_bitwise(("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar"), "ne",
+         "ne of the 0.0/1.0 masks (xor)")
+
+
+@aten("aten.logical_xor.default", needs=("ne",), doc="ne of the two operands' truth")
+def _lxor(r, node, a, b):
+    tp = r.tp
+    zero = r.f(0.0)
+    return tp.ne(tp.ne(r.mask(a), zero), tp.ne(r.mask(b), zero))
+
+
 @aten("aten.where.self", needs=("where",),
       doc="where (the gradient to a where the mask holds, to b elsewhere)")
 def _where(r, node, m, a, b):

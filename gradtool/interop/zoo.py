@@ -16,6 +16,7 @@ nothing is defined and torchvision is imported as it is.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 # torchvision's C++ declarations (torchvision/csrc/ops/nms.cpp, quantized/qnms_kernel.cpp)
@@ -69,3 +70,14 @@ def import_torchvision():
         return sys.modules["torchvision"]
     define_torchvision_ops()
     return importlib.import_module("torchvision")
+
+
+def import_transformers():
+    """`import transformers`, working beside a CPU torch: transformers imports
+    torchvision where it is installed (its image utilities, loaded with the model
+    classes), so the same two schemas are defined first."""
+    if "transformers" in sys.modules:
+        return sys.modules["transformers"]
+    if importlib.util.find_spec("torchvision") is not None:
+        define_torchvision_ops()
+    return importlib.import_module("transformers")
