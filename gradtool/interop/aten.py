@@ -957,11 +957,14 @@ def _unbind(r, node, a, dim=0):
 
 @aten("aten.cat.default", needs=("cat",), doc="cat (N inputs; empty ones dropped)")
 def _cat(r, node, tensors, dim=0):
-    vals = [(r.value(t), s) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])]
-    vals = [v for v, s in vals if 0 not in s]
+    # an empty input (a KV cache's first cat starts from torch.tensor([])) is dropped
+    # before anything is lifted: a [0] const is not a tape value
+    vals = [r.value(t) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])
+            if 0 not in s]
+    if not vals:
+        raise Unsupported("cat of empty tensors only (a zero-size result)")
     ndim = len(r.tshape(node))
     dim %= ndim
-    vals = [r.value(v) for v in vals]
     return vals[0] if len(vals) == 1 else r.tp.cat(vals, dim)
 
 
