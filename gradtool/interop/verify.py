@@ -76,7 +76,11 @@ class _Recording:
         import torch.fx
         values = self.values = {}
 
-        dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
+        dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default,
+                    # in place (nn.Dropout(inplace=True): MobileNetV3's, EfficientNet's)
+                    torch.ops.aten.dropout_.default, torch.ops.aten.feature_dropout_.default,
+                    torch.ops.aten.alpha_dropout_.default,
+                    torch.ops.aten.feature_alpha_dropout_.default}
         means = {                           # bernoulli's draws, each its mean p
             torch.ops.aten.bernoulli.p: lambda x, p=0.5, generator=None: torch.full_like(x, p),
             torch.ops.aten.bernoulli.default: lambda x, generator=None: x.clone(),
@@ -94,13 +98,24 @@ class _Recording:
             if ns is not None and hasattr(ns, name):
                 dropouts.add(getattr(ns, name).default)
 
+        self.draws = set(means) | dropouts      # ops whose flag-0 value is set here
+        flag0 = self.flag0 = _without_dropout_p(torch)
+
+        def kept(v):                            # the value as the node gave it: a later
+            if isinstance(v, torch.Tensor):     # in-place op (hardswish_, dropout_) must
+                return v.clone()                # not change what the culprit search reads
+            if isinstance(v, (tuple, list)):
+                return type(v)(kept(x) for x in v)
+            return v
+
         class Keep(torch.fx.Interpreter):
             def run_node(self, n):
                 out = super().run_node(n)
-                values[n] = out
+                values[n] = kept(out)
                 return out
 
             def call_function(self, target, args, kwargs):
+                args, kwargs = flag0(target, args, kwargs)
                 if target in means:             # a draw's mean, as the tape's flag 0
                     return means[target](*args, **kwargs)
                 if target in dropouts:          # dropout off: the tape's flag-0 loss
@@ -111,6 +126,23 @@ class _Recording:
                 return super().call_function(target, args, kwargs)
 
         self.interpreter = Keep(gm)
+
+
+def _without_dropout_p(torch):
+    """``(target, args, kwargs) -> (args, kwargs)``: an op with a dropout inside it
+    (``scaled_dot_product_attention(dropout_p > 0)``, whose decomposition gradtool records
+    with ``nn.dropout`` on the attention weights) called with its dropout off, as the
+    tape's flag 0 computes it; any other call as it is."""
+    sdpa = {torch.ops.aten.scaled_dot_product_attention.default}
+
+    def flag0(target, args, kwargs):
+        if target in sdpa:
+            if len(args) > 4:
+                args = tuple(args[:4]) + (0.0,) + tuple(args[5:])
+            elif "dropout_p" in kwargs:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        return args, kwargs
+    return flag0
 
 
 def _normal_mean(torch):
@@ -237,10 +269,12 @@ def decomposition_culprit(ep, table, rec):
     computes another value than the op on the values it met: (node, got, want)."""
     import torch
     for node in ep.graph_module.graph.nodes:
-        if node.op != "call_function" or node.target not in table or node not in rec.values:
+        if node.op != "call_function" or node.target not in table or node not in rec.values \
+                or node.target in rec.draws:      # a draw: its flag-0 value is by definition
             continue
         args = torch.fx.node.map_arg(node.args, lambda n: rec.values[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: rec.values[n])
+        args, kwargs = rec.flag0(node.target, args, kwargs)
         try:
             with torch.no_grad():
                 got = _decomposed(torch, node.target, table, args, kwargs)
