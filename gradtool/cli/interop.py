@@ -110,6 +110,8 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
             click.echo(f"gradtool: {spec}: {line}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     result.save(output)
+    for note in result.notes:
+        click.echo(f"gradtool: {spec}: note: {note}", err=True)
     if as_json:
         click.echo(json.dumps(result.summary()))
     else:

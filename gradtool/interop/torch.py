@@ -200,6 +200,7 @@ class TorchImport:
     histogram: collections.Counter
     input_dtypes: dict
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
+    notes: list = field(default_factory=list)     # what the import did that one should know
 
     def meta(self) -> dict:
         return {"torch": {
@@ -232,6 +233,7 @@ class TorchImport:
             "nodes": len(tp.nodes),
             "aten_ops": dict(sorted(self.histogram.items())),
             "unsupported": [],
+            "notes": list(self.notes),
         }
 
 
@@ -460,18 +462,72 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
+    notes = []
     with _float64_default(torch):
-        try:
-            decomposed = ep.run_decompositions(table)
-        except Exception as exc:      # a decomposition torch cannot trace
-            raise _torch_failed("run_decompositions", exc) from None
+        decomposed = _run_decompositions(ep, table, notes, torch)
         result = _Importer(decomposed, input_names, loss_output, strip).run()
+        result.notes = notes
         problems = _Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
     if problems:
         raise problems.error()
     return result
+
+
+def _run_decompositions(ep, table, notes, torch):
+    """``ep.run_decompositions(table)``.  Where torch's own decomposition fails (torch
+    2.13 on GPT-2's attention in eval mode: "Cannot view a tensor with shape ..."), it is
+    tried again keeping the ops of ``aten.RETRY_UNDECOMPOSED`` that ``ep`` calls
+    (scaled_dot_product_attention), which the table records by their own entries; the
+    retry is added to ``notes`` with the user's source lines.  If that fails too, the
+    refusal names the line of torch's failure."""
+    try:
+        return ep.run_decompositions(table)
+    except Exception as exc:          # noqa: BLE001 - a decomposition torch cannot trace
+        first = exc
+    kept = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"
+            and str(n.target) in A.RETRY_UNDECOMPOSED]
+    if kept:
+        retry = copy.copy(table)
+        for op in {n.target for n in kept}:
+            retry.pop(op, None)
+        try:
+            decomposed = ep.run_decompositions(retry)
+        except Exception:             # noqa: BLE001 - the first failure is the one to tell
+            pass
+        else:
+            ops = sorted({str(n.target) for n in kept})
+            where = sorted({source_line(n) or "unknown source line" for n in kept})
+            notes.append(f"torch's run_decompositions failed ({type(first).__name__}: "
+                         f"{_one_line(first)[:160]}); imported keeping {', '.join(ops)} "
+                         f"undecomposed (x{len(kept)}) at {where[0]}"
+                         + (f" (and {len(where) - 1} more places)" if len(where) > 1 else ""))
+            return decomposed
+    raise TorchImportError([Problem("run_decompositions failed:", type(first).__name__,
+                                    sources=_user_frames(str(first)), count=1,
+                                    detail=_one_line(first)[:500])]) from None
+
+
+def _one_line(exc) -> str:
+    text = str(exc).split("While executing")[0]
+    return " ".join(text.split())
+
+
+def _user_frames(text: str) -> list:
+    """The innermost frame outside torch of a traceback quoted in ``text`` (torch's
+    "Original traceback:"), as ``[path:line (function): code]``, or []."""
+    lines = text.splitlines()
+    torch_dir = _torch_dir()
+    found = None
+    for i, line in enumerate(lines):
+        m = _FRAME.search(line)
+        if m and not m.group(1).startswith(torch_dir) and m.group(1) != __file__:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
+                lines[i + 1]) else ""
+            found = (f"{_display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
+                     + (f": {code}" if code else ""))
+    return [found] if found else []
 
 
 def _eval_loss(tape, loss) -> float:
