@@ -819,6 +819,82 @@ def _permute(r, node, a, dims):
     return r.permute(r.value(a), list(dims))
 
 
+def _strided_sources(node):
+    """For ``as_strided(x, size, stride, offset)``: the flat (row-major) index into ``x``
+    of each output element, in row-major order, from the memory layout torch gives ``x``
+    (its strides and storage offset), or a reason it is not a read of ``x``'s elements."""
+    val = node.args[0].meta["val"]
+    shape, strides = [int(d) for d in val.shape], [int(d) for d in val.stride()]
+    base = int(val.storage_offset())
+    size, stride = [int(d) for d in node.args[1]], [int(d) for d in node.args[2]]
+    offset = base if len(node.args) < 4 or node.args[3] is None else int(node.args[3])
+    def positions(start, dims, steps):     # storage position of each element, row-major
+        pos = np.full(dims, start, dtype=np.int64)
+        for axis, (d, st) in enumerate(zip(dims, steps)):
+            pos = pos + (np.arange(d, dtype=np.int64) * st).reshape(
+                [d if k == axis else 1 for k in range(len(dims))])
+        return pos.reshape(-1)
+
+    held = positions(base, shape, strides)          # x's elements, by flat index
+    if len(np.unique(held)) != len(held):
+        return None, "its input is itself an overlapping (expanded) view"
+    order = np.argsort(held, kind="stable")
+    read = positions(offset, size, stride)
+    at = np.searchsorted(held[order], read)
+    found = at < len(held)
+    found[found] = held[order][at[found]] == read[found]
+    if not found.all():
+        return None, "it reads memory outside its input"
+    return order[at].astype(np.int64), ""
+
+
+def _as_box(sources, shape):
+    """``(starts, stops, steps)`` where ``sources`` (flat indices into ``shape``) are a
+    slice of each axis enumerated in row-major order, else None."""
+    if not len(sources):
+        return None
+    coords = np.unravel_index(sources, shape)
+    box = []
+    for c in coords:
+        values = np.unique(c)
+        step = int(values[1] - values[0]) if len(values) > 1 else 1
+        if step < 1 or not np.array_equal(values, np.arange(values[0], values[-1] + 1, step)):
+            return None
+        box.append((int(values[0]), int(values[-1]) + 1, step, len(values)))
+    grid = np.ix_(*[np.arange(a, b, st) for a, b, st, _ in box])
+    want = np.ravel_multi_index(grid, shape).reshape(-1)
+    return box if np.array_equal(want, sources) else None
+
+
+@aten("aten.as_strided.default",
+      doc="where its strides are a reshape, a permute or a slice of its input's layout "
+          "(torch's adaptive_avg_pool2d on a channels-last tensor): that op; any other "
+          "as_strided (overlapping windows, memory outside the input) is refused")
+def _as_strided(r, node, a, size, stride, storage_offset=None):
+    import itertools
+    shape = list(r.tshape(node.args[0]))
+    out_shape = r.shape(node)
+    sources, why = _strided_sources(node)
+    if sources is None:
+        raise Unsupported(f"as_strided: {why}")
+    v = r.value(a)
+    n = math.prod(shape)
+    if len(sources) == n and np.array_equal(sources, np.arange(n)):
+        return r.reshape(v, out_shape)                                  # a reshape
+    if len(sources) == n and len(shape) <= 6:
+        grid = np.arange(n).reshape(shape)
+        for perm in itertools.permutations(range(len(shape))):
+            if np.array_equal(grid.transpose(perm).reshape(-1), sources):
+                return r.reshape(r.permute(v, list(perm)), out_shape)   # a permute
+    box = _as_box(sources, shape)
+    if box is not None:                                                 # a slice
+        for axis, (start, stop, step, _) in enumerate(box):
+            v = r.slice_axis(v, axis, start, stop, step)
+        return r.reshape(v, out_shape)
+    raise Unsupported("as_strided whose strides are not a reshape, permute or slice of "
+                      "its input (overlapping windows: use unfold)")
+
+
 @aten("aten.t.default", doc="transpose (of a 2-dim tensor)")
 def _t(r, node, a):
     v = r.value(a)
