@@ -33,7 +33,10 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def _have(name):
-    return importlib.util.find_spec(name) is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 import zoo_models as Z                                          # noqa: E402
