@@ -261,7 +261,10 @@ def _decomposed(torch, op, table, args, kwargs):
         return op(*a, **k)
 
     tensors = [leaves[i] for i in where]
-    return make_fx(call, decomposition_table=table)(*tensors)(*tensors)
+    # make_fx traces with the real tensors, running the op: an in-place op (hardswish_)
+    # would change them before the traced program runs; each run gets its own copies
+    traced = make_fx(call, decomposition_table=table)(*[t.clone() for t in tensors])
+    return traced(*[t.clone() for t in tensors])
 
 
 def decomposition_culprit(ep, table, rec):
