@@ -1451,10 +1451,13 @@ def _sdpa(r, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
             bias = r.f(attn_mask)
         bias = r.reshape(bias, [1] * (len(full) - len(mshape)) + mshape)
         att = tp.add(att, r.reshape(r.expand(bias, full), [nb, n_l, n_s]))
-    w = tp.softmax(att, axis=2)
     if masked:                       # torch's _safe_softmax: a row masked whole gives 0
-        live = r.reduce("max", tp.logical_not(tp.eq(att, r.f(-math.inf))), [2], True)
-        w = tp.where(r.expand(live, [nb, n_l, n_s]), w, r.f(0.0))
+        live = r.expand(r.reduce("max", tp.logical_not(tp.eq(att, r.f(-math.inf))), [2],
+                                 True), [nb, n_l, n_s])
+        # (its softmax taken of zeros, not of -infs: no NaN, in the value or the gradient)
+        w = tp.where(live, tp.softmax(tp.where(live, att, r.f(0.0)), axis=2), r.f(0.0))
+    else:
+        w = tp.softmax(att, axis=2)
     if dropout_p:
         w = _dropout_of(r, w, dropout_p, True)
     out = tp.bmm(w, r.reshape(vv, [nb, n_s, ev]))
