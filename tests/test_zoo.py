@@ -218,3 +218,269 @@ def test_real_model_imports_matches_torch_and_trains(name, mode, tmp_path):
         assert res.exit_code == 0, res.output
         saved[label] = (tmp_path / f"{label}.msgpack").read_bytes()
     assert saved["cpu"] == saved["host"] and saved["cpu"] != path.read_bytes()
+
+
+# ── the blockers one by one, on plain torch modules (no zoo package needed) ─────
+
+nn, F = torch.nn, torch.nn.functional
+
+
+def matches_torch(module, inputs, flag=0.0):
+    """Import ``module`` on ``inputs``; its loss and every gradient with the train flag
+    ``flag`` (dropout off) against torch float64 autograd with dropout off."""
+    result = import_module(module, inputs)
+    tape, loss = result.tape, result.loss
+    if tape.rng_id() >= 0:
+        rng = tape.var(tape.rng_id())
+        off = tape.values[rng.id].copy()
+        off[2] = flag
+        tape.set_value(rng, off)
+        tape.forward()
+    tape.backward(loss)
+    ref_loss, ref_grads = torch_reference(module, inputs)
+    got = float(tape.values[loss.id][0])
+    assert abs(got - ref_loss) <= LTOL * abs(ref_loss), (got, ref_loss)
+    for name, p in result.params.items():
+        err = np.linalg.norm(tape.grad(p).reshape(-1) - ref_grads[name].reshape(-1))
+        assert err <= GTOL * np.linalg.norm(ref_grads[name]), name
+    return result
+
+
+class BoolMasks(nn.Module):
+    """transformers' mask builders: & | ^ ~ on bool masks, then where."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x, pad):
+        h = self.fc(x)
+        causal = torch.ones(5, 5, dtype=torch.bool).tril()
+        keep = (causal[None] & pad[:, None, :]) | (h > 0.5)
+        keep = keep ^ (h < -1.0)
+        keep = keep & ~(h > 2.0)
+        return torch.where(keep, h, torch.zeros_like(h)).pow(2).sum()
+
+
+def test_bitwise_ops_on_bool_masks_are_logical_ops():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 5)
+    pad = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    result = matches_torch(BoolMasks(), (x, pad))
+    for op in ("bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"):
+        assert result.histogram[f"aten.{op}"] >= 1, op
+
+
+class IntBits(nn.Module):
+    def forward(self, x, ids):
+        return (x * (ids & 3)).sum()
+
+
+def test_bitwise_and_of_integers_stays_refused_at_its_line():
+    with pytest.raises(gt.GradtoolError) as e:
+        import_module(IntBits(), (torch.randn(4), torch.tensor([1, 2, 3, 7])))
+    assert "aten.bitwise_and.Scalar" in str(e.value) and "test_zoo.py" in str(e.value)
+    assert "bitwise_and of integers" in str(e.value)
+
+
+class InplaceDropout(nn.Module):
+    """MobileNetV3's head: an in-place activation, then nn.Dropout(inplace=True)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Linear(6, 8), nn.Hardswish(inplace=True)
+        self.drop, self.out = nn.Dropout(0.4, inplace=True), nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.out(self.drop(self.act(self.fc(x)))), y)
+
+
+def test_inplace_dropout_in_train_mode_imports_and_its_flag_0_is_torch_without_it():
+    torch.manual_seed(1)
+    m = InplaceDropout().train()
+    result = matches_torch(m, (torch.randn(8, 6), torch.randint(0, 3, (8,))))
+    assert result.histogram["aten.dropout_.default"] == 1 or any(
+        n.op == "uniform" for n in result.tape.nodes)
+
+
+def test_the_check_names_no_op_when_only_a_draw_differs():
+    """The culprit search reads each node's value as the node made it (an in-place op
+    later changes the tensor) and skips the draws: on a correct program it finds
+    nothing (it named the conv before an in-place hardswish_)."""
+    from gradtool.interop import verify
+    torch.manual_seed(2)
+
+    class ConvHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.act = nn.Conv2d(3, 4, 3), nn.Hardswish(inplace=True)
+            self.conv2, self.drop = nn.Conv2d(4, 4, 1), nn.Dropout(0.5, inplace=True)
+
+        def forward(self, x):
+            return self.drop(self.conv2(self.act(self.conv(x)))).sum()
+
+    ep = torch.export.export(ConvHead().double().train(),
+                             (torch.randn(2, 3, 6, 6, dtype=torch.float64),))
+    table = torch.export.default_decompositions()
+    _, rec = verify.torch_loss(ep, 0)
+    assert verify.decomposition_culprit(ep, table, rec) is None
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(self.enc(x).mean(1)), y)
+
+
+def test_sdpa_dropout_imports_as_dropout_on_the_weights_and_trains(tmp_path):
+    """nn.TransformerEncoder with its default dropout=0.1 in train mode (issue 40):
+    SDPA's dropout_p is nn.dropout on the attention weights; flag 0 is torch at p = 0,
+    flag 1 another loss; gradtool train gives the same bytes on cpu and host."""
+    torch.manual_seed(3)
+    m = Encoder().train()
+    x, y = torch.randn(4, 5, 8), torch.randint(0, 3, (4,))
+    result = matches_torch(m, (x, y))
+    tape = result.tape
+    assert sum(n.op == "uniform" for n in tape.nodes) == 4   # attention, 2 in the FFN, 1
+    flag0 = float(tape.values[result.loss.id][0])
+    rng = tape.var(tape.rng_id())
+    on = tape.values[rng.id].copy()
+    on[2] = 1.0
+    tape.set_value(rng, on)
+    tape.forward()
+    assert float(tape.values[result.loss.id][0]) != flag0
+    require_c_compiler()
+    path, data = tmp_path / "enc.msgpack", tmp_path / "data.npz"
+    result.save(path)
+    g = np.random.default_rng(0)
+    np.savez(data, x=g.standard_normal((8, 5, 8)), y=g.integers(0, 3, 8))
+    saved = []
+    for extra in ([], ["--backend", "host"]):
+        out = tmp_path / f"{len(saved)}.msgpack"
+        res = run("train", path, "--data", data, *extra, "--save", out)
+        assert res.exit_code == 0, res.output
+        saved.append(out.read_bytes())
+    assert saved[0] == saved[1]
+
+
+class KVCache(nn.Module):
+    """A cache that starts empty: cat onto a [0] tensor, and an empty value unread."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = nn.Linear(4, 4)
+
+    def forward(self, x):
+        past = torch.zeros(x.shape[0], 0, 4)
+        flat = torch.tensor([])
+        unused = torch.empty(0) * 2.0                       # noqa: F841 - nothing reads it
+        keys = torch.cat([past, self.k(x)], dim=1)
+        total = torch.cat([flat, keys.reshape(-1)])
+        return (total ** 2).sum()
+
+
+def test_empty_tensors_fold_away_at_import():
+    torch.manual_seed(4)
+    result = matches_torch(KVCache(), (torch.randn(2, 3, 4),))
+    assert all(0 not in v.shape for v in result.tape.values)
+
+
+class ShiftedLabels(nn.Module):
+    """HF's causal-LM loss: labels padded with -100 (constant_pad_nd), shifted; and ids
+    through cat, where and layout ops before a gather."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = nn.Embedding(7, 6), nn.Linear(6, 7)
+
+    def forward(self, ids, labels, keep):
+        logits = self.out(self.emb(ids))
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        shifted = torch.where(keep, shifted, torch.full_like(shifted, -100))
+        tail = torch.cat([shifted, torch.full((ids.shape[0], 1), -100)], dim=1)[:, :-1]
+        flat = tail.transpose(0, 1).contiguous().transpose(0, 1).reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, 7), flat, ignore_index=-100)
+
+
+def test_ids_stay_ids_through_pad_cat_where_and_layout_ops():
+    torch.manual_seed(5)
+    ids = torch.randint(0, 7, (2, 5))
+    labels = ids.clone()
+    labels[1, -2:] = -100
+    keep = torch.tensor([[True] * 5, [True, False, True, True, True]])
+    matches_torch(ShiftedLabels(), (ids, labels, keep))
+
+
+class Strided(nn.Module):
+    def __init__(self, size, stride, offset=None):
+        super().__init__()
+        self.fc, self.args = nn.Linear(4, 4), (size, stride, offset)
+
+    def forward(self, x):
+        return (torch.as_strided(self.fc(x), *self.args) ** 2).sum()
+
+
+@pytest.mark.parametrize("args,op", [(((4, 6), (1, 4)), "transpose"),
+                                     (((24,), (1,)), "reshape"),
+                                     (((3, 4), (8, 1)), "slice"),
+                                     (((2, 2), (4, 1), 5), "slice")])
+def test_as_strided_as_a_reshape_permute_or_slice(args, op):
+    torch.manual_seed(6)
+    result = matches_torch(Strided(*args), (torch.randn(6, 4),))
+    assert any(n.op == op for n in result.tape.nodes)
+
+
+@pytest.mark.parametrize("args,why", [(((3, 3), (1, 1)), "not a reshape, permute or slice"),
+                                      (((4, 4), (4, 1), 20), "outside its input")])
+def test_any_other_as_strided_is_refused_at_the_users_line(args, why):
+    with pytest.raises(gt.GradtoolError) as e:
+        import_module(Strided(*args), (torch.randn(6, 4),))
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2 and "aten.as_strided.default" in lines[1] and why in lines[1]
+    assert "test_zoo.py" in lines[1] and "torch.as_strided(self.fc(x)" in lines[1]
+
+
+class Attention(nn.Module):
+    def __init__(self, kind, heads=4, kv_heads=4, p=0.0):
+        super().__init__()
+        self.kind, self.h, self.kvh, self.p = kind, heads, kv_heads, p
+        self.q, self.kv = nn.Linear(8, 8), nn.Linear(8, 4 * kv_heads)
+
+    def forward(self, x, mask):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.h, 2).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, self.kvh, 4).transpose(1, 2).split(2, dim=-1)
+        kw = dict(dropout_p=self.p)
+        if self.kind == "causal":
+            kw["is_causal"] = True
+        elif self.kind == "bool":
+            kw["attn_mask"] = mask
+        elif self.kind == "float":
+            kw["attn_mask"] = torch.where(mask, 0.0, -1e4)
+        if self.kvh != self.h:
+            kw["enable_gqa"] = True
+        return F.scaled_dot_product_attention(q, k, v, **kw).pow(2).sum()
+
+
+@pytest.mark.parametrize("kind,kv_heads,p", [("causal", 4, 0.0), ("bool", 4, 0.0),
+                                              ("float", 4, 0.0), ("bool", 2, 0.0),
+                                              ("bool", 4, 0.3)])
+def test_sdpa_kept_undecomposed_is_torchs_math_kernel(kind, kv_heads, p, monkeypatch):
+    """The SDPA entry (used where torch's own decomposition fails and the op is kept):
+    masks, a row masked whole (0, as torch's safe softmax), grouped-query heads,
+    dropout (flag 0: torch at p = 0)."""
+    from gradtool.interop import aten as A
+    monkeypatch.setattr(A, "PRESERVE", A.PRESERVE | A.RETRY_UNDECOMPOSED)
+    torch.manual_seed(7)
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    mask[1, 0, 2] = False                                  # a row masked whole
+    mask[:, :, :, 0] |= torch.arange(2)[:, None, None] == 0
+    m = Attention(kind, kv_heads=kv_heads, p=p).train()
+    result = matches_torch(m, (torch.randn(2, 5, 8), mask))
+    assert result.histogram["aten.scaled_dot_product_attention.default"] == 1
+    assert (result.tape.rng_id() >= 0) == (p > 0)
