@@ -173,6 +173,10 @@ def test_real_model_imports_matches_torch_and_trains(name, mode, tmp_path):
     module, inputs, loss_fn, loss_inputs = Z.MODELS[name]()
     getattr(module, mode)()
     result = import_module(module, inputs, loss_fn, loss_inputs)   # checked against torch
+    if (name, mode) == ("gpt2", "eval"):    # torch 2.13's decomposition fails; SDPA kept
+        assert len(result.notes) == 1, result.notes
+        assert "aten.scaled_dot_product_attention.default undecomposed" in result.notes[0]
+        assert "modeling_gpt2.py" in result.notes[0]
     path = tmp_path / "model.msgpack"
     result.save(path)
     tf = gt.load(path)
