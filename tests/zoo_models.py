@@ -48,6 +48,14 @@ def _efficientnet(m):
                           last_channel=32)
 
 
+def _mobilenet_v3(m):
+    from torchvision.models.mobilenetv3 import InvertedResidualConfig as C
+    setting = [C(8, 3, 8, 8, True, "RE", 2, 1, 1.0),      # squeeze-excite (hardsigmoid)
+               C(8, 3, 24, 16, False, "RE", 2, 1, 1.0),
+               C(16, 5, 32, 16, True, "HS", 1, 1, 1.0)]    # hardswish, a residual
+    return m.MobileNetV3(setting, last_channel=32, num_classes=5)
+
+
 def _convnext(m):
     from torchvision.models.convnext import CNBlockConfig
     return m.ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)],
@@ -56,7 +64,7 @@ def _convnext(m):
 
 VISION = {
     "resnet": _vision(_resnet),
-    "mobilenet_v3": _vision(lambda m: m.mobilenet_v3_small(num_classes=5, width_mult=0.25)),
+    "mobilenet_v3": _vision(_mobilenet_v3),
     "efficientnet": _vision(_efficientnet),
     "vit": _vision(lambda m: m.VisionTransformer(
         image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16,
