@@ -488,3 +488,16 @@ def test_sdpa_kept_undecomposed_is_torchs_math_kernel(kind, kv_heads, p, monkeyp
     result = matches_torch(m, (torch.randn(2, 5, 8), mask))
     assert result.histogram["aten.scaled_dot_product_attention.default"] == 1
     assert (result.tape.rng_id() >= 0) == (p > 0)
+
+
+def test_a_culprit_message_shows_the_first_element_that_differs():
+    """Not the first element (issue 40: 'gives 0.5187271055067558 where the op itself
+    gives 0.5187271055067558')."""
+    from gradtool.interop import verify
+    want = torch.tensor([[0.5, 0.25], [1.0, -2.0]], dtype=torch.float64)
+    got = want.clone()
+    got[1, 0] = 1.5
+    g, w = verify._first_difference(torch, (got, want), (want, want))
+    assert (float(g), float(w)) == (1.5, 1.0)
+    g, w = verify._first_difference(torch, torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]))
+    assert (int(g), int(w)) == (4, 3)

@@ -55,18 +55,23 @@ def _tensors_differ(torch, got, want) -> bool:
         return False
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
         return True
+    return bool(_bad_elements(torch, got, want).any())
+
+
+def _bad_elements(torch, got, want):
+    """Where the same-shaped tensors ``got`` and ``want`` differ beyond rounding: a bool
+    tensor (a NaN or an infinity against anything else, or a difference past RTOL of the
+    element plus the tensor's largest finite magnitude)."""
     if not want.is_floating_point():
-        return not torch.equal(got.to(want.dtype), want)
+        return got.to(want.dtype) != want
     g, w = got.detach().to(torch.float64), want.detach().to(torch.float64)
-    scale = float(w[torch.isfinite(w)].abs().max()) if bool(torch.isfinite(w).any()) else 0.0
-    same_special = torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(
-        torch.isinf(g) & (g > 0), torch.isinf(w) & (w > 0)) and torch.equal(
-        torch.isinf(g) & (g < 0), torch.isinf(w) & (w < 0))
-    if not same_special:
-        return True
     finite = torch.isfinite(w)
-    diff = (g[finite] - w[finite]).abs()
-    return bool((diff > RTOL * (w[finite].abs() + scale) + ATOL).any())
+    scale = float(w[finite].abs().max()) if bool(finite.any()) else 0.0
+    special = (torch.isnan(g) != torch.isnan(w)) | (
+        (torch.isinf(g) & (g > 0)) != (torch.isinf(w) & (w > 0))) | (
+        (torch.isinf(g) & (g < 0)) != (torch.isinf(w) & (w < 0)))
+    far = finite & ((g - w).abs() > RTOL * (w.abs() + scale) + ATOL)
+    return special | far
 
 
 class _Recording:
@@ -289,6 +294,23 @@ def decomposition_culprit(ep, table, rec):
     return None
 
 
+def _first_difference(torch, got, want):
+    """``(got, want)`` at the first element where they differ beyond rounding (their
+    first elements where none is found: a shape or dtype difference)."""
+    while isinstance(want, (tuple, list)) and want and isinstance(got, (tuple, list)) \
+            and len(got) == len(want):
+        pair = next(((g, w) for g, w in zip(got, want) if _tensors_differ(torch, g, w)),
+                    (got[0], want[0]))
+        got, want = pair
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) \
+            and got.shape == want.shape and want.numel():
+        bad = _bad_elements(torch, got, want).reshape(-1).nonzero()
+        if len(bad):
+            i = int(bad[0])
+            return got.reshape(-1)[i], want.reshape(-1)[i]
+    return got, want
+
+
 def _first_value(torch, v) -> str:
     while isinstance(v, (tuple, list)) and v:
         v = v[0]
@@ -310,6 +332,7 @@ def check_against_torch(ep, table, tape_loss: float, loss_output: int, problems)
     found = decomposition_culprit(ep, table, rec)
     if found is not None:
         node, got, ref = found
+        got, ref = _first_difference(torch, got, ref)
         problems.add("wrong decomposition of", str(node.target), node,
                      f"torch's decomposition gives {_first_value(torch, got)} where the op "
                      f"itself gives {_first_value(torch, ref)} (the loss {tape_loss!r} "
