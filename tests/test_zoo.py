@@ -501,3 +501,48 @@ def test_a_culprit_message_shows_the_first_element_that_differs():
     assert (float(g), float(w)) == (1.5, 1.0)
     g, w = verify._first_difference(torch, torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]))
     assert (int(g), int(w)) == (4, 3)
+
+
+@pytest.mark.skipif(not _have("transformers"), reason="needs transformers")
+def test_cli_says_when_it_kept_sdpa_undecomposed(tmp_path):
+    """GPT-2 in eval mode: torch 2.13's run_decompositions fails; import-torch retries
+    keeping SDPA, writes the tape and says so in one stderr line with the user's line."""
+    spec = tmp_path / "gpt2.py"
+    spec.write_text("import zoo_models as Z\n\n\ndef build():\n"
+                    "    module, inputs, _, _ = Z.MODELS['gpt2']()\n"
+                    "    return module.eval(), inputs\n")
+    out = tmp_path / "gpt2.msgpack"
+    res = run("import-torch", f"{spec}:build", "-o", out)
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.stderr.splitlines() if line.startswith("gradtool: ")]
+    assert len(notes) == 1 and ": note: torch's run_decompositions failed" in notes[0]
+    assert "scaled_dot_product_attention.default undecomposed (x1) at" in notes[0]
+    assert "modeling_gpt2.py:" in notes[0] and out.exists()
+
+
+def test_a_decomposition_that_fails_again_is_refused_at_the_users_line():
+    """Where the retry cannot help (no kept op in the program), the refusal is one
+    problem naming the innermost user frame of torch's traceback."""
+    from gradtool.interop.torch import TorchImportError, _run_decompositions
+
+    class Failing:                       # what torch's ExportedProgram raises, verbatim
+        class graph_module:
+            class graph:
+                nodes = []
+
+        def run_decompositions(self, table):
+            raise ValueError(
+                "Cannot view a tensor with shape torch.Size([2, 6, 8]) and strides "
+                "(8, 16, 1) as a tensor with shape (12, 8)!\n\nWhile executing %view_7 ...\n"
+                "Original traceback:\n"
+                f'  File "{__file__}", line 12, in forward\n'
+                "    return self.model(x)\n"
+                f'  File "{torch.__file__}", line 3, in _call_impl\n'
+                "    return forward_call(*args)\n")
+
+    with pytest.raises(TorchImportError) as e:
+        _run_decompositions(Failing(), {}, [], torch)
+    (line,) = e.value.lines
+    assert line.startswith("run_decompositions failed: ValueError (x1) at ")
+    assert "test_zoo.py:12 (forward): return self.model(x): Cannot view a tensor" in line
+    assert "While executing" not in line
