@@ -546,3 +546,19 @@ def test_a_decomposition_that_fails_again_is_refused_at_the_users_line():
     assert line.startswith("run_decompositions failed: ValueError (x1) at ")
     assert "test_zoo.py:12 (forward): return self.model(x): Cannot view a tensor" in line
     assert "While executing" not in line
+
+
+@pytest.mark.skipif(not _have("torchvision"), reason="needs torchvision")
+def test_torchvision_imports_beside_a_cpu_torch():
+    """PyPI's torchvision wheel is a CUDA build whose extension does not load beside a CPU
+    torch; import_torchvision defines the two op schemas its import needs (no kernel)."""
+    from gradtool.interop.zoo import define_torchvision_ops, import_torchvision
+    tv = import_torchvision()
+    assert tv.__version__.startswith("0.28")
+    for op in ("nms", "qnms"):
+        assert hasattr(torch.ops.torchvision, op)
+    assert define_torchvision_ops() == []                      # once is enough
+    if not tv.extension._has_ops():                            # the CPU-torch case:
+        boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])           # no kernel, torch's error
+        with pytest.raises(NotImplementedError):
+            torch.ops.torchvision.nms(boxes, torch.tensor([1.0]), 0.5)
