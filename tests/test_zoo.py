@@ -562,3 +562,26 @@ def test_torchvision_imports_beside_a_cpu_torch():
         boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])           # no kernel, torch's error
         with pytest.raises(NotImplementedError):
             torch.ops.torchvision.nms(boxes, torch.tensor([1.0]), 0.5)
+
+
+@pytest.mark.skipif(not _have("torchvision"), reason="needs torchvision")
+def test_cli_runs_a_file_that_imports_torchvision_itself(tmp_path):
+    """A fresh interpreter: the user's file does `import torchvision` (which fails beside a
+    CPU torch on its own); import-torch defines the two schemas before running it."""
+    import subprocess
+    import sys
+    spec = tmp_path / "vit.py"
+    spec.write_text(
+        "import torch\nimport torch.nn.functional as F\nimport torchvision\n\n\n"
+        "class WithLoss(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.m = torchvision.models.VisionTransformer(16, 8, 1, 2, 8, 16,"
+        " num_classes=3)\n\n"
+        "    def forward(self, x, y):\n        return F.cross_entropy(self.m(x), y)\n\n\n"
+        "def build():\n    torch.manual_seed(0)\n"
+        "    return WithLoss().eval(), (torch.randn(2, 3, 16, 16), torch.tensor([0, 2]))\n")
+    out = tmp_path / "vit.msgpack"
+    res = subprocess.run([sys.executable, "-m", "gradtool", "import-torch", f"{spec}:build",
+                          "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert out.exists() and "Traceback" not in res.stderr

@@ -81,3 +81,17 @@ def import_transformers():
     if importlib.util.find_spec("torchvision") is not None:
         define_torchvision_ops()
     return importlib.import_module("transformers")
+
+
+def prepare_torchvision() -> list:
+    """Where torchvision is installed and not yet imported, define the schemas its
+    import needs (:func:`define_torchvision_ops`), so that a user's own
+    ``import torchvision`` or ``import transformers`` works beside a CPU torch
+    (``gradtool import-torch`` calls this before it runs the user's file)."""
+    if "torchvision" in sys.modules:
+        return []
+    try:
+        found = importlib.util.find_spec("torchvision") is not None
+    except (ImportError, ValueError):
+        found = False
+    return define_torchvision_ops() if found else []
