@@ -912,6 +912,9 @@ class _Importer:
                     value = _MISSING
                 self.env[node] = value
                 continue
+            if _empty_for_cat(node, self.torch):   # no tape value: cat drops it unread
+                self.env[node] = _EMPTY
+                continue
             entry = (A.COMPLEX if _complex(node, self.torch) else A.ATEN)[name]
             args = _map_nodes(node.args, self.env.__getitem__)
             kwargs = _map_nodes(node.kwargs, self.env.__getitem__)
@@ -1012,6 +1015,18 @@ def _seeded(node, name: str) -> bool:
     import torch
     return name in A.RANDOM or torch.Tag.nondeterministic_seeded in getattr(
         node.target, "tags", ())
+
+
+_EMPTY = "<an empty value cat drops>"
+
+
+def _empty_for_cat(node, torch) -> bool:
+    """Whether ``node`` makes a zero-size tensor that only ``cat`` reads (which drops
+    empty inputs): it is not recorded (the tape holds no zero-size values); a zero-size
+    value that another op reads goes to that op's entry, which refuses it."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.numel() == 0 and bool(node.users)
+            and all(str(u.target) == "aten.cat.default" for u in node.users))
 
 
 def _target_name(node) -> str:
