@@ -383,7 +383,8 @@ class KVCache(nn.Module):
         past = torch.zeros(x.shape[0], 0, 4)
         flat = torch.tensor([])
         unused = torch.empty(0) * 2.0                       # noqa: F841 - nothing reads it
-        keys = torch.cat([past, self.k(x)], dim=1)
+        new = self.k(x)
+        keys = torch.cat([past, new[:, :0], new], dim=1)     # a computed empty slice too
         total = torch.cat([flat, keys.reshape(-1)])
         return (total ** 2).sum()
 
@@ -392,6 +393,24 @@ def test_empty_tensors_fold_away_at_import():
     torch.manual_seed(4)
     result = matches_torch(KVCache(), (torch.randn(2, 3, 4),))
     assert all(0 not in v.shape for v in result.tape.values)
+
+
+class EmptyRead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.k(x)
+        return (h ** 2).sum() + h[:, :0].sum()
+
+
+def test_an_empty_value_another_op_reads_is_refused_at_its_line():
+    with pytest.raises(gt.GradtoolError) as e:
+        import_module(EmptyRead(), (torch.randn(3, 4),))
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2 and "an empty slice" in lines[1]
+    assert "test_zoo.py" in lines[1] and "h[:, :0].sum()" in lines[1]
 
 
 class ShiftedLabels(nn.Module):
