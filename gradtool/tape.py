@@ -356,8 +356,8 @@ class Tape:
         (docs/ops.md).
         """
         if dtype is not None and dtype not in FLOAT_DTYPES + (INT_DTYPE,):
-            raise TapeError(f"const dtype must be 'f64', 'f32' or '{INT_DTYPE}', got "
-                            f"{dtype!r}"[:200])
+            raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}' (or 'f32': float32 "
+                            f"values), got {dtype!r}"[:200])
         if dtype == INT_DTYPE:
             return self._leaf("const", array, name, 0.0, ids=True)
         return self._leaf("const", array, name, 0.0, dtype=_leaf_dtype(array, dtype, "const"))

@@ -65,7 +65,7 @@ def test_leaves_take_the_dtype_of_their_data_and_convert_on_request():
     assert_bits_equal(tp.value(p), np.float32([0.1]).astype(np.float64))
     with pytest.raises(TapeError, match="dtype must be 'f64' or 'f32'"):
         tp.param(np.ones(2), dtype="i64")
-    with pytest.raises(TapeError, match="'f64', 'f32' or 'i64'"):
+    with pytest.raises(TapeError, match="'f64' or 'i64' \\(or 'f32'"):
         tp.const(np.ones(2), dtype="f16")
 
 
