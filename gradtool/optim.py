@@ -141,7 +141,9 @@ class Optimizer:
                       serial=tape.serials[node_id])
         if self.kind == "adam":
             shape = tape.values[node_id].shape
-            entry.m, entry.v = np.zeros(shape), np.zeros(shape)
+            # the moments in the param's dtype (float32 for an f32 param, as torch keeps them)
+            dtype = tape.values[node_id].dtype
+            entry.m, entry.v = np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)
         self.entries.append(entry)
         self._tape = tape
         return entry
@@ -307,7 +309,8 @@ class Adam(Optimizer):
         # fresh (page-faulting) allocations each time
         scratch = self._scratch.get(entry.node_id)
         if scratch is None or scratch[0].shape != w.shape:
-            scratch = self._scratch[entry.node_id] = (np.empty(w.shape), np.empty(w.shape))
+            scratch = self._scratch[entry.node_id] = (np.empty(w.shape, dtype=w.dtype),
+                                                      np.empty(w.shape, dtype=w.dtype))
         s, u = scratch
         # m = b1*m + one_minus_b1*g
         np.multiply(m, B1, out=m)
