@@ -596,6 +596,13 @@ class Tape:
             return self.const(np.array([int(x)], dtype=np.int64), dtype=INT_DTYPE)
         return self.const(np.array([_scalar(x, what)]), dtype="f32" if f32 else "f64")
 
+    def const_like(self, like, array, name: Optional[str] = None) -> GVar:
+        """A const of ``array`` in the float dtype of ``like`` (a GVar): what a composite
+        records beside its operand (a count, ones, an eps), rounded to float32 once
+        beside an f32 value; f64 beside anything else."""
+        return self.const(array, name=name,
+                          dtype="f32" if self._float_like(like) == "f32" else "f64")
+
     def _float_like(self, like) -> Optional[str]:
         """The float dtype of ``like`` when it is a live GVar of this tape holding floats."""
         if isinstance(like, GVar) and like.tape is self and self._live(like):

@@ -418,3 +418,116 @@ def test_the_device_replay_and_emit_cuda_refuse_an_f32_tape(tmp_path):
         assert result.exit_code != 0 and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert "f32" in result.stderr or "CUDA" in result.stderr or "cuda" in result.stderr
+
+
+# ── training on the cpu engine ─────────────────────────────────────────────
+
+def test_the_f32_digits_sample_trains_to_97_percent_in_float32(tmp_path):
+    from support import SAMPLES
+    out = tmp_path / "trained.msgpack"
+    result = run("train", SAMPLES / "digits_mlp_f32.msgpack", "--data",
+                 SAMPLES / "digits.npz", "--json", "--save", out)
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["val_accuracy"] >= 0.97, summary
+    tf = load(out)
+    assert {tf.tape.values[p.id].dtype for p in tf.tape.params()} == {np.dtype(np.float32)}
+
+
+def test_f32_training_is_deterministic_and_reads_float64_data_rounded_once(tmp_path):
+    from support import SAMPLES
+    from gradtool.npzio import NpzArchive, write_npz
+    with NpzArchive(SAMPLES / "digits.npz") as raw:
+        arrays = {k: raw.load(k) for k in raw}
+    wide = tmp_path / "wide.npz"                # float64 data: rounded to float32 once
+    write_npz(wide, {k: (v.astype(np.float64) / 3.0 if k.startswith("x") else v)
+                     for k, v in arrays.items()})
+    narrow = tmp_path / "narrow.npz"            # the same values rounded beforehand
+    write_npz(narrow, {k: (v.astype(np.float64) / 3.0).astype(np.float32)
+                       if k.startswith("x") else v for k, v in arrays.items()})
+    saved = []
+    for data in (wide, narrow, wide):
+        out = tmp_path / f"out{len(saved)}.msgpack"
+        result = run("train", SAMPLES / "digits_mlp_f32.msgpack", "--data", data,
+                     "--steps", "5", "--save", out)
+        assert result.exit_code == 0, result.stderr
+        saved.append(out.read_bytes())
+    assert saved[0] == saved[1] == saved[2]
+
+
+def test_adam_state_is_float32_for_an_f32_param():
+    tp = gt.Tape()
+    w = tp.param(f32([0.5, -1.5, 2.0]))
+    loss = tp.sum(tp.mul(w, w))
+    from gradtool.optim import Adam
+    opt = Adam(0.1)
+    opt.add(tp, w)
+    tp.backward(loss)
+    opt.step(tp)
+    e = opt.entries[0]
+    assert e.m.dtype == e.v.dtype == tp.value(w).dtype == np.float32
+    # torch's float32 Adam, one step from the same start: the same update within 1 ulp
+    torch = pytest.importorskip("torch")
+    t = torch.tensor(f32([0.5, -1.5, 2.0]), requires_grad=True)
+    topt = torch.optim.Adam([t], lr=0.1)
+    (t * t).sum().backward()
+    topt.step()
+    np.testing.assert_array_max_ulp(tp.value(w), t.detach().numpy(), maxulp=1)
+
+
+# ── conversion and the importer ────────────────────────────────────────────
+
+def test_to_dtype_rounds_the_leaves_once_and_records_every_op_in_f32():
+    from gradtool.convert import to_dtype
+    from support import all_ops_tape
+    tp, loss, _ = all_ops_tape()
+    new, ids = to_dtype(tp, "f32")
+    for i, node in enumerate(tp.nodes):
+        if node.op == "param":
+            assert_bits_equal(new.values[ids[i]], tp.values[i].astype(np.float32))
+    lv = new.values[ids[loss.id]]
+    assert lv.dtype == np.float32
+    assert abs(float(lv[0]) - float(tp.values[loss.id][0])) <= F32_BOUND * abs(
+        float(tp.values[loss.id][0]))
+    assert tf_bytes_round_trip(new, new.var(ids[loss.id]))
+
+
+def tf_bytes_round_trip(tape, loss) -> bool:
+    raw = dumps(tape, loss=loss)
+    return load(io.BytesIO(raw)).dumps() == raw
+
+
+def test_import_module_records_a_torch_model_at_its_own_float32():
+    torch = pytest.importorskip("torch")
+    from gradtool.interop.torch import TorchImportError, import_module
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+    x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 3, (5,))
+
+    def loss_fn(out, target):
+        return torch.nn.functional.cross_entropy(out, target)
+
+    result = import_module(model, (x,), loss_fn, (y,), dtype="module")
+    tp = result.tape
+    assert {k: tp.value(v).dtype for k, v in result.params.items()} == {
+        k: np.dtype(np.float32) for k in dict(model.named_parameters())}
+    assert sorted(v.dtype for v in result.inputs.values()) == ["f32", "i64"]     # x, y
+    check = result.check
+    assert check["dtype"] == "f32" and check["f32_difference"] <= check["bound"]
+    assert check["bound"] == 2.0 ** 10 * EPS32 * max(1.0, abs(check["torch_f32_loss"]))
+    assert check["f64_difference"] == abs(check["loss"] - check["f64_loss"])
+    tp.backward(result.loss)
+    (loss_fn(model(x), y)).backward()
+    for name, p in model.named_parameters():
+        g = tp.grad(result.params[name])
+        assert g.dtype == np.float32
+        scale = max(1.0, float(p.grad.abs().max()))
+        assert float(np.max(np.abs(g - p.grad.numpy()))) <= F32_BOUND * scale, name
+    f64 = import_module(model, (x,), loss_fn, (y,), dtype="f64")
+    assert f64.tape.value(f64.loss).dtype == np.float64
+    with pytest.raises(TorchImportError, match="bfloat16.*--dtype f32 or --dtype f64"):
+        import_module(model.to(torch.bfloat16), (x.bfloat16(),), loss_fn, (y,),
+                      dtype="module")
+    converted = import_module(model, (x.bfloat16(),), loss_fn, (y,), dtype="f32")
+    assert converted.tape.value(converted.loss).dtype == np.float32
