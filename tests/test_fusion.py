@@ -33,7 +33,9 @@ from support import (assert_fma_only_in_inner_products, perturb_leaves, random_g
                      weighted_loss)
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))
+# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
+# f32 kernels exist (tests/test_f32.py checks the refusal)
+SAMPLES = sorted(p for p in (ROOT / "samples").rglob("*.msgpack") if not p.stem.endswith("_f32"))
 AE = ROOT / "samples" / "autoencoder" / "ae.msgpack"
 AE_DATA = ROOT / "samples" / "autoencoder" / "ae_data.npz"
 VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]
