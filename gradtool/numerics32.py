@@ -94,22 +94,25 @@ independent accumulators (the compiler vectorises the lane loop without reassoci
 anything), the block tree is one vector add per block, and the fold is the usual
 halving of a register.  GPU: one warp per row, thread l owns lane l: each step reads
 32 consecutive floats (one 128-byte line), each thread streams its own stack of block
-partials (at most ceil(log2 nb) + 1 deep), and the fold is five shuffles.  The
-chunk of 8 keeps the block-tree additions to one per 8 loads per lane.
+partials (at most ceil(log2 nb) + 1 deep, indexed by level, in registers), and the
+fold is five shuffles; a thread owning a whole row visits the lanes in bit-reversed
+order, where the fold is a tree of adjacent pairs (``gt_real32.h``).  The chunk of 8
+keeps the block-tree additions to one per 8 loads per lane.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 
-from . import fdlibm
+from . import fdlibm, native
 from . import numerics as _nx
 
 __all__ = [
     "LANES", "CHUNK", "BLOCK", "sum_depth", "sum_bound",
-    "fmaf", "matmul", "bmm",
+    "fmaf", "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_library",
     "sum", "sum_all", "mean", "mean_all", "sum_axis", "sum_axes", "reduce_to_shape",
     "shard_mean", "shard_accumulate", "shard_divide", "scatter_rows",
     "UNARY", "unary", "atan2",
@@ -185,14 +188,16 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ascending: acc = fmaf(a[i,k], b[k,j], acc)`` (:func:`gradtool.numerics.matmul`'s
     order, with :func:`fmaf`; +0.0 starts it for the same reasons).
 
-    Vectorised over the outputs, one :func:`fmaf` per k.  Operands may be any float32
-    views (``b.T`` in the backward rules)."""
+    Runs ``csrc/gt_num32.c`` (:func:`cpu_library`) when a C compiler is available, else
+    :func:`matmul_numpy`: the same bits (tests/test_numerics32.py), only the speed
+    differs.  Operands may be any float32 views (``b.T`` in the backward rules)."""
     a, b = _f32(a), _f32(b)
-    m, kdim = a.shape
-    acc = np.zeros((m, b.shape[1]), dtype=np.float32)
-    for k in range(kdim):
-        acc = fmaf(a[:, k:k + 1], b[k], acc)
-    return acc
+    lib = cpu_library()
+    if lib is None:
+        return matmul_numpy(a, b)
+    out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
+    _native_product(lib, out[np.newaxis], a[np.newaxis], b[np.newaxis])
+    return out
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -201,11 +206,82 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     stretches it); the stretched side's gradient is the caller's :func:`sum_axis`
     over axis 0."""
     a, b = _f32(a), _f32(b)
+    lib = cpu_library()
+    if lib is None:
+        return bmm_numpy(a, b)
+    out = np.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), dtype=np.float32)
+    _native_product(lib, out, a, b)
+    return out
+
+
+def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`matmul` in numpy: vectorised over the outputs, one :func:`fmaf` per k."""
+    a, b = _f32(a), _f32(b)
+    m, kdim = a.shape
+    acc = np.zeros((m, b.shape[1]), dtype=np.float32)
+    for k in range(kdim):
+        acc = fmaf(a[:, k:k + 1], b[k], acc)
+    return acc
+
+
+def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`bmm` in numpy: the :func:`matmul_numpy` chain in every batch slice."""
+    a, b = _f32(a), _f32(b)
     batch = max(a.shape[0], b.shape[0])
     acc = np.zeros((batch, a.shape[1], b.shape[2]), dtype=np.float32)
     for k in range(a.shape[2]):
         acc = fmaf(a[:, :, k:k + 1], b[:, k:k + 1, :], acc)
     return acc
+
+
+_LIBRARY: list = []           # [library or None] once asked for
+
+
+def cpu_library():
+    """The compiled float32 product, ``csrc/gt_num32.c`` (built and cached on first use),
+    or None (no C compiler, or ``GRADTOOL_NATIVE=0``)."""
+    if not _LIBRARY:
+        lib = None
+        if native.enabled():
+            keys = [native.CSRC / "gt_real32.h", native.CSRC / "gt_math.h"]
+            try:
+                lib = native.load("gt_num32", native.CSRC / "gt_num32.c", native.SAFE_FLAGS,
+                                  keys)
+                i64, ptr = ctypes.c_longlong, ctypes.c_void_p
+                lib.gt_mm32.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64,
+                                        i64, i64, i64, i64]
+                lib.gt_mm32.restype = None
+            except (native.NativeUnavailable, OSError, AttributeError):
+                lib = None
+        _LIBRARY.append(lib)
+    return _LIBRARY[0]
+
+
+def _elements(x: np.ndarray, rows_contiguous=False):
+    """x as the kernel reads it (float32, aligned, strides whole elements; with
+    ``rows_contiguous`` also unit stride along the last axis, the kernel's vector loop)
+    and its strides in elements.  A batch of 1, or a batch stretched by a stride of 0, is
+    one slice read for every batch (stride 0).  Copies never change a product's bits."""
+    stretched = x.shape[0] == 1 or x.strides[0] == 0
+    if stretched:
+        x = x[:1]
+    if (not x.flags.aligned or any(st % 4 for st in x.strides)
+            or (rows_contiguous and x.shape[2] > 1 and x.strides[2] != 4)):
+        x = np.ascontiguousarray(x)
+    st = [s // 4 for s in x.strides]
+    if stretched:
+        st[0] = 0
+    return x, st
+
+
+def _native_product(lib, out, a, b) -> None:
+    """out[bt] = a[bt] @ b[bt] by gt_mm32; out C-contiguous [batch, m, n], a and b 3-d
+    float32 views of any strides."""
+    a, sa = _elements(a)
+    b, sb = _elements(b, rows_contiguous=True)
+    lib.gt_mm32(out.ctypes.data, a.ctypes.data, sa[0], sa[1], sa[2],
+                b.ctypes.data, sb[0], sb[1], sb[2], out.shape[0], a.shape[1], a.shape[2],
+                b.shape[2])
 
 
 # ── the lane-tree sum ──────────────────────────────────────────────────────
@@ -404,8 +480,9 @@ def unary(name: str, x) -> np.ndarray:
 
     Bound: the f64 ports are within 1 ulp of binary64 (``gradtool.fdlibm``), so the
     float32 result is within 0.5 + 2^-28 ulp of float32 -- one float32 away from the
-    correctly rounded value at most, and only when the exact value is within 2^-29
-    relative of a float32 midpoint.  The measured largest errors over all 2^32 inputs
+    correctly rounded value at most, and only when the exact value is within 2^-28
+    float32 ulps of a float32 midpoint (the float64 result's error, 1 ulp of binary64,
+    is 2^-29 ulps of binary32).  The measured largest errors over all 2^32 inputs
     are in ``docs/numerics-f32.md``.  The C twin is ``(float)gt_exp((double)x)``
     (``gt_real32.h``'s ``gt_expf`` ...), the same bits wherever the f64 port's are."""
     try:

@@ -39,6 +39,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -155,7 +156,7 @@ def report_ulp(name: str, done: dict) -> None:
     best = max(rows, key=lambda r: r[0])
     x = np.array([best[1]], dtype=np.uint32).view(np.float32)[0]
     print(f"{name}: {count} inputs{'' if count == 1 << 32 else ' (INCOMPLETE)'}; "
-          f"max {best[0]:.6f} ulp at x = {float(x)!r} (0x{best[1]:08x}); "
+          f"max {best[0]:.10f} ulp at x = {float(x)!r} (0x{best[1]:08x}); "
           f"{sum(r[2] for r in rows)} not correctly rounded; "
           f"{sum(r[3] for r in rows)} special cases differ from (float) of the reference")
 
@@ -237,8 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=20)
     p = sub.add_parser("ulp", help="largest ulp error of the float32 functions, all inputs")
     p.add_argument("functions", nargs="+", choices=FUNCTIONS)
-    p.add_argument("--state", default=str(ROOT / "accuracy_f32_ulp.json"),
-                   help="finished chunks are kept here (default: ./accuracy_f32_ulp.json)")
+    p.add_argument("--state", default=str(Path(tempfile.gettempdir()) / "gt_accuracy_f32_ulp.json"),
+                   help="finished chunks are kept here (default: in the temp folder); "
+                        "run again with the same file to continue or to print the report")
     p = sub.add_parser("time", help="the lane-tree order against the serial one in float64")
     p.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
