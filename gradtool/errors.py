@@ -17,6 +17,11 @@ class OptimizerError(GradtoolError):
     """A bad optimizer setting, registration or saved state (gradtool.optim)."""
 
 
+class DtypeError(TapeError):
+    """An op was given inputs of dtypes it does not combine (f32 with f64: gradtool never
+    promotes silently; ``Tape.cast`` converts)."""
+
+
 class TapeFileError(GradtoolError):
     """A tape file that cannot be loaded. `where` names the file and, when known, the node."""
 

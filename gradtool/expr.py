@@ -18,7 +18,10 @@ The same tree is
 
 * evaluated with numpy (:func:`evaluate`) for the CPU reference: every node is
   one numpy ufunc call, exact per element, so the result is the sequence of
-  roundings the tree spells;
+  roundings the tree spells.  Arrays of float32 (an f32 node's values) are
+  evaluated in float32: every constant and the scalar operand ``s`` rounded to
+  float32 once, + - * / sqrt as binary32 operations, every transcendental by
+  :func:`gradtool.numerics32.unary` (the float64 fdlibm port, then one rounding);
 * rendered as C (:func:`render`) in a :class:`Dialect`: the device kernels'
   (``R_ADD``..., which are ``GT_*`` for float64 and the float32 operations
   for the f32 build), or the emitter's (``GT_ADD``..., ``gt_exp``...).
@@ -40,7 +43,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import fdlibm, numerics
+from . import fdlibm, numerics, numerics32
 
 ARITH = ("add", "sub", "mul", "div")
 FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "atan",
@@ -234,32 +237,70 @@ def _compiled(expr: Expr, names: tuple):
     return compile_numpy(expr, names)
 
 
+def _f32_unary(name: str):
+    def fn(x):
+        return numerics32.unary(name, x)
+    fn.__name__ = f"{name}_f32"
+    return fn
+
+
+# the float32 evaluation: binary32 ufuncs (numpy keeps float32 when every operand is a
+# float32 array or scalar), the transcendentals from numerics32, np.where for select
+_NUMPY32 = dict(_NUMPY, **{op: _f32_unary(op) for op in
+                           ("exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos",
+                            "erfc", "atan")}, atan2=numerics32.atan2)
+_F32 = np.dtype(np.float32)
+
+
 def compile_numpy(expr: Expr, names) -> "callable":
     """The expression as a Python function of the symbols ``names`` (in that order),
     one ufunc call per node, without walking the tree per call
     (the CPU reference records and replays one node at a time).  Expressions come from
-    the op table, never from input, so generating the function's source is safe."""
+    the op table, never from input, so generating the function's source is safe.
+
+    The function evaluates in float32 when its first argument is a float32 array (an
+    f32 node: the forward rule's x, a contribution's g): the constants are float32
+    (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
+    for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
+    One generated function holds both bodies (an f64 call pays one dtype comparison).
+    """
     names = tuple(names)
     missing = set(symbols(expr)) - set(names)
     if missing:
         raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
-    consts: dict = {}
+    namespace: dict = {"_F32": _F32, "_float32": np.float32}
 
-    def py(e) -> str:
-        if isinstance(e, Sym):
-            return e.name
-        if isinstance(e, Const):
-            key = f"_c{len(consts)}"
-            consts[key] = e.value
-            return key
-        args = ", ".join(py(a) for a in e.args)
-        return f"_where({args})" if e.op == "select" else f"_{e.op}({args})"
+    def body(f32: bool) -> str:
+        tag = "32" if f32 else ""
+        count = [0]
 
-    body = py(expr)
-    namespace = {f"_{op}": fn for op, fn in _NUMPY.items()}
-    namespace["_where"] = select_numpy
-    namespace.update(consts)
-    source = f"def rule({', '.join(names)}):\n    return {body}\n"
+        def py(e) -> str:
+            if isinstance(e, Sym):
+                return e.name
+            if isinstance(e, Const):
+                key = f"_c{tag}_{count[0]}"
+                count[0] += 1
+                namespace[key] = np.float32(e.value) if f32 else e.value
+                return key
+            args = ", ".join(py(a) for a in e.args)
+            return f"_where{tag}({args})" if e.op == "select" else f"_{e.op}{tag}({args})"
+
+        return py(expr)
+
+    for op, fn in _NUMPY.items():
+        namespace[f"_{op}"] = fn
+    for op, fn in _NUMPY32.items():
+        namespace[f"_{op}32"] = fn
+    namespace["_where"], namespace["_where32"] = select_numpy, np.where
+    args = ", ".join(names)
+    if names:
+        s32 = "        s = _float32(s)\n" if "s" in names else ""
+        source = (f"def rule({args}):\n"
+                  f"    if {names[0]}.dtype == _F32:\n{s32}"
+                  f"        return {body(True)}\n"
+                  f"    return {body(False)}\n")
+    else:
+        source = f"def rule():\n    return {body(False)}\n"
     exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
     rule = namespace["rule"]
     rule.__doc__ = text(expr)

@@ -52,7 +52,8 @@ SAMPLE_TAPES = sorted(SAMPLES.rglob("*.msgpack"))
 DIGITS = SAMPLES / "digits_mlp.msgpack"
 DIGITS_DATA = SAMPLES / "digits.npz"
 
-TABLE_OPS = [name for name, spec in OPS.items() if spec.kind != "leaf"]
+# every op with an f64-only form (cast always involves an f32 value: tests/test_f32.py)
+TABLE_OPS = [name for name, spec in OPS.items() if spec.kind not in ("leaf", "cast")]
 
 
 def draw(spec, rng: np.random.Generator, shape) -> np.ndarray:
@@ -562,6 +563,9 @@ def all_ops_tape():
     loss = tp.add(loss, tp.sum(tp.mul(sc, sc)))
     # counter-based numbers: dropout reads the rng slot (uniform, ge, where)
     loss = tp.add(loss, tp.sum(tp.mul(gt.nn.dropout(emb, 0.5), emb)))
+    # cast: a float32 detour (emb rounded to f32, squared in binary32, widened back)
+    e32 = tp.cast(emb, "f32")
+    loss = tp.add(loss, tp.cast(tp.sum(tp.mul(e32, e32)), "f64"))
     return tp, loss, {"bmm": bm, "softmax": sm, "take": emb, "ce": ce}
 
 
@@ -634,7 +638,8 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "value on leaf", {**node, "value": data}
         yield "axis on leaf", {**node, "axis": 0}
         yield "s on leaf", {**node, "s": 2.0}
-        yield "dtype unknown", {**node, "dtype": "f32"}
+        yield "dtype unknown", {**node, "dtype": "f16"}
+        yield "dtype f32 of f64 data", {**node, "dtype": "f32"}
         yield "dtype int", {**node, "dtype": 8}
         yield "name empty", {**node, "name": ""}
         yield "name int", {**node, "name": 7}
@@ -655,7 +660,12 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "data on op", {**node, "data": bytes(8)}
         yield "name on op", {**node, "name": "z"}
         yield "l2 on op", {**node, "l2": 0.0}
-        yield "dtype on op", {**node, "dtype": "f64"}
+        if node.get("op") == "cast":          # its target: the other float dtype only
+            yield "cast to i64", {**node, "dtype": "i64"}
+            yield "cast to its input's dtype", {**node, "dtype": "f32" if node.get(
+                "dtype") == "f64" else "f64"}
+        else:
+            yield "dtype on op", {**node, "dtype": "f64"}
         yield "a missing", {k: v for k, v in node.items() if k != "a"}
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}

@@ -35,13 +35,19 @@ from support import (assert_fma_only_in_inner_products, perturb_leaves, random_g
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))          # f32_gate.py
-SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))
+# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
+# f32 kernels exist (tests/test_f32.py checks the refusal)
+SAMPLES = sorted(p for p in (ROOT / "samples").rglob("*.msgpack") if not p.stem.endswith("_f32"))
 AE = ROOT / "samples" / "autoencoder" / "ae.msgpack"
 AE_DATA = ROOT / "samples" / "autoencoder" / "ae_data.npz"
 VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]
 NVCC = shutil.which("nvcc")
 OK, WHY = cuda_status()
 needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
+
+# every op the device replay runs: cast always involves an f32 value, which it refuses
+# until its f32 kernels exist (tests/test_f32.py)
+DEVICE_OPS = set(gt.OP_NAMES) - {"cast"}
 
 
 def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=None,
@@ -152,13 +158,13 @@ def test_random_graphs_bit_exact(kernels):
         tp, loss = random_row_graph(rng)
         assert_fused_matches(tp, loss, rng, kernels=kernels)
     for seed in range(400):              # 40 graphs, then more until every op was seen
-        if seed >= 40 and seen >= set(gt.OP_NAMES):
+        if seed >= 40 and seen >= DEVICE_OPS:
             break
         rng = np.random.default_rng(seed)
         tp, loss = random_graph(rng)
         seen |= {n.op for n in tp.nodes}
         assert_fused_matches(tp, loss, rng, kernels=kernels)
-    assert seen >= set(gt.OP_NAMES)
+    assert seen >= DEVICE_OPS
 
 
 @pytest.mark.parametrize("kernels", ["tiled", "per-thread-reversed"])

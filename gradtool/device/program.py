@@ -38,7 +38,7 @@ import numpy as np
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
 from ..ops import OPS, attr, bad_rng, inexact_int, infer_shape
-from ..tape import reach
+from ..tape import f32_refusal, reach
 from .launch import CaptureError, Launch, launch
 from ..optim import table as optim_table
 from .optimizer import CTL_SIZE, plan_optimizer
@@ -218,6 +218,10 @@ def _check(tape, loss: int, dtype: str) -> None:
         raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
     if not tape.ok:
         raise CaptureError(f"the tape is poisoned: {tape.error}")
+    refusal = f32_refusal(tape, "the device replay (host, cuda, --fuse)",
+                          ": the cpu backend (--backend cpu) computes f32 tapes")
+    if refusal:
+        raise CaptureError(refusal)
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
