@@ -8,17 +8,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import traceback
 from typing import Optional
 
 from . import aten as A
-from .problems import (_FRAME, Problem, TorchImportError, _display_path, _torch_dir,
+from .problems import (SOURCE_FRAME, Problem, TorchImportError, display_path, torch_dir,
                        source_line)
 
 
 
 @contextlib.contextmanager
-def _custom_functions(torch):
+def custom_functions(torch):
     """The user's ``torch.autograd.Function`` subclasses the forward applies while it is
     exported, one :class:`Problem` each (by class), and its ``Tensor.register_hook``
     calls (one Problem: torch.export drops the hooks).  torch.export records a custom
@@ -65,23 +66,28 @@ def _custom_functions(torch):
         torch.Tensor.register_hook = original_hook
 
 
+# the importer's own files (this one, torch.py): never the user's source line
+IMPORTER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _seen_at(problem: Problem) -> None:
     """Add the user's frame that called into the watched torch function (the innermost
-    outside torch and this file) to ``problem``, once per call site: the export may
+    outside torch and the importer) to ``problem``, once per call site: the export may
     trace a call twice."""
     frames = [f for f in traceback.extract_stack()[:-2]
-              if not f.filename.startswith(_torch_dir()) and f.filename != __file__]
+              if not f.filename.startswith(torch_dir())
+              and not os.path.abspath(f.filename).startswith(IMPORTER_DIR)]
     where = "unknown source line"
     if frames:
         f = frames[-1]
-        where = (f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
+        where = (f"{display_path(f.filename)}:{f.lineno} ({f.name})"
                  + (f": {f.line.strip()}" if f.line else ""))
     if where not in problem.sources:
         problem.sources.append(where)
         problem.count += 1
 
 
-def _backward_hooks(module) -> list:
+def backward_hooks(module) -> list:
     """One :class:`Problem` per module or parameter of ``module`` with a backward hook
     (``register_full_backward_hook``, ``register_backward_hook``,
     ``register_full_backward_pre_hook``, a parameter's ``register_hook``), located at
@@ -105,7 +111,7 @@ def _backward_hooks(module) -> list:
         problem("global module backward hook", "(register_module_full_backward_hook)",
                 hooks, "torch.export drops it; remove it while importing")
     for name, p in module.named_parameters():
-        hooks = list((getattr(p, "_backward_hooks", None) or {}).values())
+        hooks = list((getattr(p, "backward_hooks", None) or {}).values())
         if hooks:
             problem("gradient hook on parameter", name, hooks,
                     "torch.export drops it; remove it, or apply it to the gradients "
@@ -117,11 +123,11 @@ def _defined_at(fn) -> str:
     code = getattr(fn, "__code__", None)
     if code is None:
         return f"{getattr(fn, '__qualname__', type(fn).__name__)} (no source line)"
-    return f"{_display_path(code.co_filename)}:{code.co_firstlineno} ({fn.__qualname__})"
+    return f"{display_path(code.co_filename)}:{code.co_firstlineno} ({fn.__qualname__})"
 
 
 @contextlib.contextmanager
-def _stderr_kept(drop):
+def stderr_kept(drop):
     """What the block writes to ``sys.stderr``, held back and written after it, except
     when it raises an exception ``drop(exc)`` accepts: torch.export prints the partial
     graph of a failed export (33 lines for one ``if h.mean() > 0:``) straight to stderr
@@ -145,7 +151,7 @@ def _stderr_kept(drop):
 
 
 @contextlib.contextmanager
-def _quiet_leafspec():
+def quiet_leafspec():
     """torch 2.13's own ``run_decompositions`` deep-copies a pytree ``LeafSpec``, which
     warns (``FutureWarning: isinstance(treespec, LeafSpec) is deprecated``) from inside
     torch: nothing the user wrote or can change, so that one warning is not shown."""
@@ -157,7 +163,7 @@ def _quiet_leafspec():
 
 
 @contextlib.contextmanager
-def _float64_default(torch):
+def float64_default(torch):
     """torch's default dtype float64 while the forward is traced, re-traced by
     run_decompositions and folded: the tensors it creates without a dtype are float64.
     torch's fake-tensor logger is quiet meanwhile: it logs a traceback for an op that
@@ -179,7 +185,7 @@ def _float64_default(torch):
             logger.setLevel(level)
 
 
-def _torch_failed(step: str, exc: Exception) -> TorchImportError:
+def torch_failed(step: str, exc: Exception) -> TorchImportError:
     """torch's own refusal as one Problem, at the user's line where torch's message names
     one (``The following call raised this error: File "model.py", line 7 ...``).  A branch
     on a tensor's value (``if h.mean() > 0:``) says so, with its line, in place of torch's
@@ -205,23 +211,24 @@ def _user_frame(text: str) -> Optional[str]:
     lines = text.splitlines()
     found = None
     for i, line in enumerate(lines):
-        m = _FRAME.search(line)
-        if m and not m.group(1).startswith(_torch_dir()) and m.group(1) != __file__:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
+        m = SOURCE_FRAME.search(line)
+        if m and not m.group(1).startswith(torch_dir()) \
+                and not os.path.abspath(m.group(1)).startswith(IMPORTER_DIR):
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not SOURCE_FRAME.search(
                 lines[i + 1]) else ""
-            found = (f"{_display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
+            found = (f"{display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
                      + (f": {code}" if code else ""))
     return found
 
 
-def _as_f64(t):
+def as_f64(t):
     import torch
     if isinstance(t, torch.Tensor) and t.is_floating_point():
         return t.detach().to(torch.float64)
     return t
 
 
-def _user_outputs(ep) -> list:
+def user_outputs(ep) -> list:
     """The exported value (a fake tensor: dtype, shape) of each user output, in the
     flattened order of ``out_spec`` (``None`` where there is none)."""
     from torch.export.graph_signature import OutputKind
@@ -234,7 +241,7 @@ def _user_outputs(ep) -> list:
     return dtypes
 
 
-def _run_decompositions(ep, table, notes, torch):
+def run_decompositions(ep, table, notes, torch):
     """``ep.run_decompositions(table)``.  Where torch's own decomposition fails (torch
     2.13 on GPT-2's attention in eval mode: "Cannot view a tensor with shape ..."), it is
     tried again keeping the ops of ``aten.RETRY_UNDECOMPOSED`` that ``ep`` calls
@@ -263,7 +270,7 @@ def _run_decompositions(ep, table, notes, torch):
                          f"undecomposed (x{len(kept)}) at {where[0]}"
                          + (f" (and {len(where) - 1} more places)" if len(where) > 1 else ""))
             return decomposed
-    raise _torch_failed("run_decompositions", first) from None
+    raise torch_failed("run_decompositions", first) from None
 
 
 def _one_line(exc) -> str:
@@ -302,7 +309,7 @@ def _gradtool_dropout_ops(torch):
     return torch.ops.gradtool.feature_dropout.default, torch.ops.gradtool.alpha_dropout.default
 
 
-def _keep_dropouts(ep, torch):
+def keep_dropouts(ep, torch):
     """torch's channel and alpha dropouts (``Dropout1d/2d/3d``, ``AlphaDropout``,
     ``FeatureAlphaDropout``) as gradtool's custom ops, in a copy of ``ep`` (``ep`` itself
     where it has none), so that they reach the mapping table whole (``nn.feature_dropout``,
@@ -333,7 +340,7 @@ def _keep_dropouts(ep, torch):
     return ep
 
 
-def _detach_no_grad_blocks(ep, torch):
+def detach_no_grad_blocks(ep, torch):
     """``with torch.no_grad():`` in a forward exports as a ``wrap_with_set_grad_enabled(
     False, submodule, ...)`` node, which run_decompositions inlines without a trace of the
     block: its values would then carry gradients torch never gives them (a silent wrong

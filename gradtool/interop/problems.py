@@ -69,7 +69,7 @@ class WeightsError(TorchImportError):
                                + "; ".join(parts))
 
 
-class _Problems:
+class Problems:
     def __init__(self):
         self.by_key: dict = {}
 
@@ -87,15 +87,15 @@ class _Problems:
         return (cls or TorchImportError)(list(self.by_key.values()))
 
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+SOURCE_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-def _mentions_dropout(node) -> bool:
+def mentions_dropout(node) -> bool:
     """Whether a function or a line of code in ``node``'s stack trace says dropout
     (F.dropout2d's bernoulli, a user's own mask): the file paths are not read."""
     trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
     for text in (trace or "").splitlines():
-        m = _FRAME.search(text)
+        m = SOURCE_FRAME.search(text)
         words = m.group(3) if m else text
         if "dropout" in words.lower():
             return True
@@ -111,20 +111,20 @@ def source_line(node) -> Optional[str]:
     lines = trace.splitlines()
     frames = []
     for i, text in enumerate(lines):
-        m = _FRAME.search(text)
+        m = SOURCE_FRAME.search(text)
         if m:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not SOURCE_FRAME.search(
                 lines[i + 1]) else ""
             frames.append((m.group(1), m.group(2), m.group(3), code))
     if not frames:
         return None
-    torch_dir = _torch_dir()
-    user = [f for f in frames if not (torch_dir and f[0].startswith(torch_dir))]
+    inside = torch_dir()
+    user = [f for f in frames if not (inside and f[0].startswith(inside))]
     path, line, func, code = (user or frames)[-1]
-    return f"{_display_path(path)}:{line} ({func})" + (f": {code}" if code else "")
+    return f"{display_path(path)}:{line} ({func})" + (f": {code}" if code else "")
 
 
-def _display_path(path: str) -> str:
+def display_path(path: str) -> str:
     """``path`` relative to the working directory where it lies below it."""
     try:
         rel = os.path.relpath(path)
@@ -133,6 +133,6 @@ def _display_path(path: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
-def _torch_dir() -> str:
+def torch_dir() -> str:
     import torch
     return os.path.dirname(torch.__file__) + os.sep

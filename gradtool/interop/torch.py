@@ -45,17 +45,20 @@ value a named output of the same name, paired in the file's ``state`` map, so
 ``gradtool train`` replaces the one by the other after every step and
 :func:`load_weights` copies the trained state back into the buffers.
 
-dtype policy: every floating-point value becomes float64 -- parameters,
-buffers, inputs and every intermediate (float32, float16 and bfloat16 alike),
-and the export runs with torch's default dtype float64, so a tensor the forward
-creates without a dtype (``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64
-too, as it is in ``torch.set_default_dtype(torch.float64)``.  gradtool's results
-therefore match torch float64 autograd of the same module (loss within 1e-12
-relative in the tests), not a float32 run: against the
-user's own float32 training, expect float32-sized differences (1e-7
-relative per op, growing with depth), which are the float32 run's rounding,
-not gradtool's.  :func:`load_weights` rounds the trained float64 params to
-each parameter's own dtype.
+dtype policy (``dtype=``, the command line's ``--dtype``; :data:`DEFAULT_DTYPE` "f64"):
+the module is always recorded in float64 first -- parameters, buffers, inputs and every
+intermediate (float32, float16 and bfloat16 alike) become float64, and the export runs
+with torch's default dtype float64, so a tensor the forward creates without a dtype
+(``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64 too, as it is in
+``torch.set_default_dtype(torch.float64)``.  With "f64" that is the tape: it matches
+torch float64 autograd of the same module (loss within 1e-12 relative in the tests).
+With "f32" the recording becomes an f32 tape (:func:`gradtool.convert.to_dtype`: params
+and float consts rounded once, every op re-recorded by its f32 rule), whose loss is
+checked against the module's torch float32 run within :data:`F32_CHECK` (skipped where
+the tape draws random numbers).  "module" picks "f32" or "f64" from the module's own
+floating dtype (a torch.nn model as built: f32); a float16 or bfloat16 module, or mixed
+dtypes, is refused with a message to pass "f32" or "f64".  :func:`load_weights` rounds
+the trained params to each parameter's own dtype.
 
 Complex values (Meta's LLaMA rotary embeddings: ``view_as_complex``, a product by a
 complex table, ``view_as_real``) are complex128 likewise (complex64 is exact in it)
@@ -65,11 +68,17 @@ consts).  A node that reads or makes a complex tensor is recorded by the table's
 ``COMPLEX`` entries instead of ``ATEN``; any other op on one, a complex input and a
 trainable complex parameter are refused, one line each.
 
-Dropout policy: eval-mode dropout disappears in the export and imports; a
-train-mode dropout (``native_dropout``, ``bernoulli``, ``rand*``) is refused
-with a message to call ``module.eval()`` or remove it.  Random masks whose
-bits agree on every backend need a counter-based generator op (Philox-style:
-the mask a pure function of (seed, step, element index)), future work.
+Dropout and random draws: eval-mode dropout disappears in the export.  Train-mode
+dropout (``native_dropout``, ``dropout``; ``feature_dropout`` and ``alpha_dropout``,
+kept out of ``run_decompositions`` as gradtool's custom ops) and the draws torch's
+random ops make (``bernoulli``, ``rand*``, ``randn*``, ``normal``, ``randint``,
+``randperm``, ``multinomial``) are imported as gradtool's counter-based draws
+(:func:`gradtool.nn.dropout`, :func:`gradtool.nn.rand` ...: each mask a pure function
+of the tape's rng slot -- seed, step -- and the element index, the same bits on every
+backend), so a module trains with dropout on; with the rng slot's train flag 0
+(validation) dropout is off and each draw is its mean.  torch's own masks are other
+numbers, so the import's check against torch runs with dropout off.  A random op the
+table lacks is refused by name, one line; nothing random is ever folded.
 """
 
 from __future__ import annotations
@@ -82,13 +91,12 @@ import numpy as np
 
 from ..errors import GradtoolError
 from . import aten as A
-from .aten.recorder import Recorder
-from .aten.recorder import dtype_kind as _kind
-from .export import (_as_f64, _backward_hooks, _custom_functions, _detach_no_grad_blocks,
-                     _float64_default, _keep_dropouts, _quiet_leafspec, _run_decompositions,
-                     _stderr_kept, _torch_failed, _user_outputs)
-from .problems import (NOT_A_LOSS, Problem, TorchImportError, WeightsError, _mentions_dropout,
-                       _Problems, source_line)
+from .aten.recorder import Recorder, dtype_kind
+from .export import (as_f64, backward_hooks, custom_functions, detach_no_grad_blocks,
+                     float64_default, keep_dropouts, quiet_leafspec, run_decompositions,
+                     stderr_kept, torch_failed, user_outputs)
+from .problems import (NOT_A_LOSS, Problem, Problems, TorchImportError, WeightsError,
+                       mentions_dropout, source_line)
 from .result import TorchImport
 from .verify import check_against_torch
 from .weights import load_weights
@@ -97,6 +105,9 @@ __all__ = ["import_module", "import_program", "load_weights", "TorchImport",
            "TorchImportError", "WeightsError", "Problem", "NOT_A_LOSS", "DEFAULT_DTYPE",
            "IMPORT_DTYPES", "F32_CHECK", "Recorder", "wrap", "clip_grad_norm_",
            "check_against_torch", "source_line"]
+
+# the names these had when they lived here (tests/test_interop_torch.py, tests/test_zoo.py)
+_Problems, _run_decompositions = Problems, run_decompositions
 
 _MISSING = object()           # the value of a node that could not be recorded
 
@@ -247,22 +258,22 @@ def _import_f64(module, example_inputs, loss_fn, loss_inputs, input_names, loss_
         _arg_names(module.forward, len(example_inputs))
     if loss_fn is not None and input_names is None:
         names += _arg_names(loss_fn, len(loss_inputs) + 1)[1:]
-    hooks = _backward_hooks(module)
+    hooks = backward_hooks(module)
     if hooks:
         raise TorchImportError(hooks)
     m64 = _float64_copy(module, torch)
-    args = tuple(_as_f64(t) for t in example_inputs + loss_inputs)
+    args = tuple(as_f64(t) for t in example_inputs + loss_inputs)
     prefix = ""
     if loss_fn is not None:
         m64 = _with_loss(m64, loss_fn, len(example_inputs))
         prefix = "model."
     # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
-    with _float64_default(torch), _custom_functions(torch) as custom:
+    with float64_default(torch), custom_functions(torch) as custom:
         try:
-            with _stderr_kept(lambda exc: hasattr(exc, "partial_fx_graph")):
+            with stderr_kept(lambda exc: hasattr(exc, "partial_fx_graph")):
                 ep = torch.export.export(m64, args)
         except Exception as exc:      # torch's own refusal (data-dependent control flow...)
-            raise _torch_failed("torch.export", exc) from None
+            raise torch_failed("torch.export", exc) from None
     if custom:
         raise TorchImportError(list(custom.values()))
     return import_program(ep, input_names=names, loss_output=loss_output, strip=prefix,
@@ -288,23 +299,23 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     index_put; an op whose decomposition is not the op),
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
-    with _quiet_leafspec():              # both deep-copy the program
-        ep = _detach_no_grad_blocks(ep, torch)
-        ep = _keep_dropouts(ep, torch)
+    with quiet_leafspec():              # both deep-copy the program
+        ep = detach_no_grad_blocks(ep, torch)
+        ep = keep_dropouts(ep, torch)
     table = torch.export.default_decompositions()
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
     notes = []
-    with _float64_default(torch), _quiet_leafspec():
-        decomposed = _run_decompositions(ep, table, notes, torch)
+    with float64_default(torch), quiet_leafspec():
+        decomposed = run_decompositions(ep, table, notes, torch)
         result = _Importer(decomposed, input_names, loss_output, strip).run()
         result.notes = notes
         result.out_spec = ep.call_spec.out_spec
-        outs = _user_outputs(decomposed)
+        outs = user_outputs(decomposed)
         result.out_dtypes = [getattr(v, "dtype", None) for v in outs]
         result.out_shapes = [tuple(v.shape) if hasattr(v, "shape") else None for v in outs]
-        problems = _Problems()        # the tape's loss against torch's run of ep itself
+        problems = Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
     if problems:
@@ -330,7 +341,6 @@ def _eval_loss(tape, loss) -> float:
     return value
 
 
-
 # ── the importer ───────────────────────────────────────────────────────────
 
 class _Importer:
@@ -346,7 +356,7 @@ class _Importer:
         self.tp = Tape()
         self.env: dict = {}
         self.const_nodes: set = set()
-        self.problems = _Problems()
+        self.problems = Problems()
         self.params: dict = {}
         self.inputs: dict = {}
         self.input_dtypes: dict = {}
@@ -433,14 +443,14 @@ class _Importer:
         An integer buffer (``num_batches_tracked``) is held exactly as float64 up to 2^53."""
         torch = self.torch
         t = t.detach()
-        if _kind(t.dtype) not in ("float", "int"):
+        if dtype_kind(t.dtype) not in ("float", "int"):
             self.problems.add("unsupported buffer", repr(name), node,
                               f"the forward updates a {t.dtype} buffer (float and integer "
                               f"buffers only)")
             self.env[node] = _MISSING
             return
         arr = t.to(torch.float64).numpy().reshape(tuple(t.shape) or (1,))
-        if _kind(t.dtype) == "int" and not (np.abs(arr) <= 2.0 ** 53).all():
+        if dtype_kind(t.dtype) == "int" and not (np.abs(arr) <= 2.0 ** 53).all():
             self.problems.add("unsupported buffer", repr(name), node,
                               "an integer buffer beyond 2^53 has no exact float64 value")
             self.env[node] = _MISSING
@@ -454,7 +464,7 @@ class _Importer:
             self.problems.add("data-dependent shape", f"input {name!r}", node)
             self.env[node] = _MISSING
             return
-        kind = _kind(val.dtype)
+        kind = dtype_kind(val.dtype)
         if kind == "complex":
             self.problems.add("unsupported input", repr(name), node,
                               "complex tensors: gradtool imports complex buffers and "
@@ -545,7 +555,7 @@ class _Importer:
             if name in A.SKIP:
                 continue
             if _draws(node, name):
-                if "dropout" in name or _mentions_dropout(node):
+                if "dropout" in name or mentions_dropout(node):
                     self.problems.add("train-mode dropout", name, node,
                                       "this dropout draws its own random numbers; gradtool "
                                       "imports nn.Dropout / F.dropout (native_dropout) only: "

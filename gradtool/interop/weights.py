@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problems import WeightsError, _Problems
+from .problems import WeightsError, Problems
 from .result import TorchImport
 
 
@@ -52,7 +52,7 @@ def load_weights(module, tape_or_file) -> list:
                 i = v if isinstance(v, int) else v.id
                 bufvals[k] = tape.values[i]
     trainable = {k for k, p in named.items() if p.requires_grad}
-    problems = _Problems()
+    problems = Problems()
     for k in values:
         if k not in named:
             problems.add("tape params not in the module:", repr(k))

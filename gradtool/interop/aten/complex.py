@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from . import layout  # noqa: F401  (the layout entries COMPLEX wraps)
 from .elementwise import record_add, record_mul, record_sub
-from .registry import ATEN, Entry, Unsupported
+from .registry import ATEN, Entry, Unsupported, register
 
 
 
@@ -41,13 +41,7 @@ def complex_op(*names, needs=(), doc=""):
     """Register the complex form of ATen ops: ``fn(r, node, *args, **kwargs)`` gets the
     node's arguments as an ATEN entry does, complex ones as :class:`Complex`, a folded
     complex tensor or a Python complex number as they are (``r.complex`` lifts them)."""
-    def register(fn):
-        for name in names:
-            if name in COMPLEX:
-                raise ValueError(f"{name} is mapped twice")
-            COMPLEX[name] = Entry(name, fn, tuple(needs), doc)
-        return fn
-    return register
+    return register(COMPLEX, *names, needs=needs, doc=doc)
 
 
 def _part(r, obj, i):

@@ -85,65 +85,34 @@ for _name, _method in [("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"
 # Each entry is the composite (its docstring gives the formula and the order of the
 # roundings); the doc strings here are docs/torch.md's table.
 
-@aten("aten.log2.default", needs=("log",),
-      doc="log(a) / ln 2, the constant rounded once (composites.math.log2)")
-def _log2(r, node, a):
-    return cmath.log2(r.f(a))
+def _composite(aten_name, fn, needs, doc):
+    @aten(aten_name, needs=needs, doc=f"{doc} (composites.math.{fn.__name__})")
+    def entry(r, node, a):
+        return fn(r.f(a))
+    return entry
 
 
-@aten("aten.log10.default", needs=("log",),
-      doc="log(a) / ln 10, the constant rounded once (composites.math.log10)")
-def _log10(r, node, a):
-    return cmath.log10(r.f(a))
-
-
-@aten("aten.exp2.default", needs=("exp",),
-      doc="exp(a * ln 2): within about (|a| + 2) ulps (composites.math.exp2)")
-def _exp2(r, node, a):
-    return cmath.exp2(r.f(a))
-
-
-@aten("aten.tan.default", needs=("sin", "cos"), doc="sin(a) / cos(a) (composites.math.tan)")
-def _tan(r, node, a):
-    return cmath.tan(r.f(a))
-
-
-@aten("aten.sinh.default", needs=("expm1", "exp", "where"),
-      doc="odd; for 0 <= x < 22, e = expm1(x), (e + e / (e + 1)) * 0.5 (fdlibm's s_sinh.c); "
-          "beyond, exp(x - ln 2): finite up to 710.47 as sinh is, and so is its gradient "
-          "(composites.math.sinh)")
-def _sinh(r, node, a):
-    return cmath.sinh(r.f(a))
-
-
-@aten("aten.cosh.default", needs=("expm1", "exp", "abs", "where"),
-      doc="x = |a|; below 22, 1 + e*e / (2 * (1 + e)) with e = expm1(x) (no cancellation, "
-          "in the value or its gradient near 0); beyond, exp(x - ln 2) "
-          "(composites.math.cosh)")
-def _cosh(r, node, a):
-    return cmath.cosh(r.f(a))
-
-
-@aten("aten.asinh.default", needs=("log1p", "log", "sqrt", "where"),
-      doc="odd; x below 2^-28; below 2^28, log1p(x + x*x / (1 + sqrt(1 + x*x))); beyond, "
-          "log(x) + ln 2 (fdlibm's s_asinh.c; composites.math.asinh)")
-def _asinh(r, node, a):
-    return cmath.asinh(r.f(a))
-
-
-@aten("aten.acosh.default", needs=("log1p", "log", "sqrt", "where"),
-      doc="for x < 2^28, t = x - 1, log1p(t + sqrt(t) * sqrt(t + 2)) (NaN below 1; the "
-          "gradient inf at 1, as torch's); beyond, log(x) + ln 2 (fdlibm's e_acosh.c; "
-          "composites.math.acosh)")
-def _acosh(r, node, a):
-    return cmath.acosh(r.f(a))
-
-
-@aten("aten.atanh.default", needs=("log1p", "where"),
-      doc="odd; for 0 <= x, 0.5 * log1p(2x / (1 - x)) (1 - x exact near 1; fdlibm's "
-          "e_atanh.c form; composites.math.atanh)")
-def _atanh(r, node, a):
-    return cmath.atanh(r.f(a))
+for _name, _needs, _doc in [
+        ("log2", ("log",), "log(a) / ln 2, the constant rounded once"),
+        ("log10", ("log",), "log(a) / ln 10, the constant rounded once"),
+        ("exp2", ("exp",), "exp(a * ln 2): within about (|a| + 2) ulps"),
+        ("tan", ("sin", "cos"), "sin(a) / cos(a)"),
+        ("sinh", ("expm1", "exp", "where"),
+         "odd; for 0 <= x < 22, e = expm1(x), (e + e / (e + 1)) * 0.5 (fdlibm's s_sinh.c); "
+         "beyond, exp(x - ln 2): finite up to 710.47 as sinh is, and so is its gradient"),
+        ("cosh", ("expm1", "exp", "abs", "where"),
+         "x = |a|; below 22, 1 + e*e / (2 * (1 + e)) with e = expm1(x) (no cancellation, in "
+         "the value or its gradient near 0); beyond, exp(x - ln 2)"),
+        ("asinh", ("log1p", "log", "sqrt", "where"),
+         "odd; x below 2^-28; below 2^28, log1p(x + x*x / (1 + sqrt(1 + x*x))); beyond, "
+         "log(x) + ln 2 (fdlibm's s_asinh.c)"),
+        ("acosh", ("log1p", "log", "sqrt", "where"),
+         "for x < 2^28, t = x - 1, log1p(t + sqrt(t) * sqrt(t + 2)) (NaN below 1; the "
+         "gradient inf at 1, as torch's); beyond, log(x) + ln 2 (fdlibm's e_acosh.c)"),
+        ("atanh", ("log1p", "where"),
+         "odd; for 0 <= x, 0.5 * log1p(2x / (1 - x)) (1 - x exact near 1; fdlibm's e_atanh.c "
+         "form)")]:
+    _composite(f"aten.{_name}.default", getattr(cmath, _name), _needs, _doc)
 
 
 @aten("aten.hypot.default", needs=("maximum", "abs", "detach", "sqrt", "where"),

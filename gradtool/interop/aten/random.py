@@ -31,23 +31,26 @@ def _dropout(r, node, x, p, train):
     return dropout_of(r, x, p, train)
 
 
-@aten("gradtool.feature_dropout.default", needs=("nn.feature_dropout",),
-      doc="torch's feature_dropout, which the importer turns into this custom op before "
-          "run_decompositions (which would make it bernoulli): gradtool.nn.feature_dropout "
-          "(Dropout1d/2d/3d: one draw per sample and channel) in train mode, the same value "
-          "in eval mode")
-def _feature_dropout(r, node, x, p, train, channels=False):
-    return dropout_of(r, x, p, train, nn.feature_dropout)
+def _custom_dropout(record):
+    """The entry of one of the importer's custom dropout ops (torch's, which
+    run_decompositions would make bernoulli): ``record(x, p, channels)`` in train mode, the
+    same value in eval mode."""
+    def entry(r, node, x, p, train, channels=False):
+        return dropout_of(r, x, p, train, lambda v, q: record(v, q, bool(channels)))
+    return entry
 
 
-@aten("gradtool.alpha_dropout.default", needs=("nn.alpha_dropout",),
-      doc="torch's alpha_dropout and feature_alpha_dropout, which the importer turns into "
-          "this custom op before run_decompositions: gradtool.nn.alpha_dropout "
-          "(AlphaDropout, FeatureAlphaDropout: channels) in train mode, the same value in "
-          "eval mode")
-def _alpha_dropout(r, node, x, p, train, channels=False):
-    return dropout_of(r, x, p, train,
-                      lambda v, q: nn.alpha_dropout(v, q, channels=bool(channels)))
+aten("gradtool.feature_dropout.default", needs=("nn.feature_dropout",),
+     doc="torch's feature_dropout, which the importer turns into this custom op before "
+         "run_decompositions (which would make it bernoulli): gradtool.nn.feature_dropout "
+         "(Dropout1d/2d/3d: one draw per sample and channel) in train mode, the same value "
+         "in eval mode")(_custom_dropout(lambda v, q, channels: nn.feature_dropout(v, q)))
+aten("gradtool.alpha_dropout.default", needs=("nn.alpha_dropout",),
+     doc="torch's alpha_dropout and feature_alpha_dropout, which the importer turns into "
+         "this custom op before run_decompositions: gradtool.nn.alpha_dropout "
+         "(AlphaDropout, FeatureAlphaDropout: channels) in train mode, the same value in "
+         "eval mode")(_custom_dropout(
+             lambda v, q, channels: nn.alpha_dropout(v, q, channels=channels)))
 
 
 @aten("aten.bernoulli.p", "aten.bernoulli.default", needs=("nn.bernoulli",),

@@ -26,16 +26,22 @@ class Entry:
 ATEN: dict[str, Entry] = {}
 
 
+def register(table: dict, *names, needs=(), doc=""):
+    """A decorator putting ``fn`` into ``table`` (:data:`ATEN`, ``COMPLEX``) as the entry
+    of each op in ``names``; an op mapped twice is a ValueError at import."""
+    def add(fn):
+        for name in names:
+            if name in table:
+                raise ValueError(f"{name} is mapped twice")
+            table[name] = Entry(name, fn, tuple(needs), doc)
+        return fn
+    return add
+
+
 def aten(*names, needs=(), doc=""):
     """Register ``fn`` as the entry of each ATen op in ``names`` (one entry per overload;
     several names only where the overloads compute the same thing)."""
-    def register(fn):
-        for name in names:
-            if name in ATEN:
-                raise ValueError(f"{name} is mapped twice")
-            ATEN[name] = Entry(name, fn, tuple(needs), doc)
-        return fn
-    return register
+    return register(ATEN, *names, needs=needs, doc=doc)
 
 
 def missing_needs(entry: Entry) -> list:
