@@ -17,7 +17,6 @@ from .problems import (SOURCE_FRAME, Problem, TorchImportError, display_path, to
                        source_line)
 
 
-
 @contextlib.contextmanager
 def custom_functions(torch):
     """The user's ``torch.autograd.Function`` subclasses the forward applies while it is
@@ -111,7 +110,7 @@ def backward_hooks(module) -> list:
         problem("global module backward hook", "(register_module_full_backward_hook)",
                 hooks, "torch.export drops it; remove it while importing")
     for name, p in module.named_parameters():
-        hooks = list((getattr(p, "backward_hooks", None) or {}).values())
+        hooks = list((getattr(p, "_backward_hooks", None) or {}).values())
         if hooks:
             problem("gradient hook on parameter", name, hooks,
                     "torch.export drops it; remove it, or apply it to the gradients "

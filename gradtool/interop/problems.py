@@ -12,7 +12,6 @@ from typing import Optional
 from ..errors import GradtoolError
 
 
-
 # ── the one error ──────────────────────────────────────────────────────────
 
 @dataclass

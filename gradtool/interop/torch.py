@@ -788,8 +788,6 @@ def _map_nodes(obj, fn):
     return obj
 
 
-
-
 # ── your own loop (gradtool/interop/wrap.py) ───────────────────────────────
 
 def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_output: int = 0,
@@ -811,7 +809,6 @@ def clip_grad_norm_(parameters, max_norm: float):
     (bit-exact): see :func:`gradtool.interop.wrap.clip_grad_norm_`."""
     from .wrap import clip_grad_norm_ as clip
     return clip(parameters, max_norm)
-
 
 
 def __getattr__(name):

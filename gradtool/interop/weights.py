@@ -9,7 +9,6 @@ from .problems import WeightsError, Problems
 from .result import TorchImport
 
 
-
 # ── weights back ───────────────────────────────────────────────────────────
 
 def load_weights(module, tape_or_file) -> list:

@@ -10,7 +10,6 @@ from .random import dropout_of
 from .registry import Unsupported, aten
 
 
-
 @aten("aten.scaled_dot_product_attention.default",
       needs=("bmm", "softmax", "where", "logical_not", "nn.dropout"),
       doc="(only where torch's own decomposition of the program fails and the op is kept, "

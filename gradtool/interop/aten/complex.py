@@ -9,7 +9,6 @@ from .elementwise import record_add, record_mul, record_sub
 from .registry import ATEN, Entry, Unsupported, register
 
 
-
 # ── complex values (rotary embeddings as LLaMA's reference code writes them) ──────
 #
 # The tape holds float64 values only, so a complex tensor is a pair of them, its real

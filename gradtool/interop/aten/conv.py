@@ -10,7 +10,6 @@ from ... import nn
 from .registry import Unsupported, aten
 
 
-
 # ── convolutional layers (issue 21) ────────────────────────────────────────
 #
 # ATen mappings of the convolutional ops (issue 21): convolution, batch norm, pooling.
@@ -31,8 +30,6 @@ from .registry import Unsupported, aten
 #   outputs replace after every training step); eval mode through this overload
 #   records ``nn.batch_norm2d``.
 # * ``aten.mean.dim`` (adaptive average pooling to 1x1) is the table's own mean entry.
-
-
 
 
 def _pair(v, what):

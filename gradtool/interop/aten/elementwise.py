@@ -9,7 +9,6 @@ from ...composites import math as cmath
 from .registry import Unsupported, aten, has, is_num
 
 
-
 # ── elementwise arithmetic ─────────────────────────────────────────────────
 
 @aten("aten.add.Tensor", "aten.add.Scalar", doc="add; a number operand: adds")

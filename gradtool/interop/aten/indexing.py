@@ -10,7 +10,6 @@ import numpy as np
 from .registry import Unsupported, aten
 
 
-
 # ── gathers ────────────────────────────────────────────────────────────────
 
 @aten("aten.embedding.default",

@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 
-from ...nn import _spread
+from ...nn import _spread  # public as composites' spread once that package has it (issue 41)
 from .registry import Unsupported, aten
-
 
 
 # ── layout ─────────────────────────────────────────────────────────────────

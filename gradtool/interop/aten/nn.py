@@ -10,7 +10,6 @@ from ...composites import distances
 from .registry import Unsupported, aten
 
 
-
 @aten("aten._softmax.default", doc="softmax")
 def _softmax(r, node, a, dim, half_to_float=False):
     return r.tp.softmax(r.f(a), axis=dim)

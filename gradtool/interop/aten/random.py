@@ -6,7 +6,6 @@ from ... import nn
 from .registry import Unsupported, aten, is_num
 
 
-
 def dropout_of(r, x, p, train, record=None):
     """``record(x, p)`` (default gradtool.nn.dropout) in train mode (the tape's rng slot
     decides per step), x itself in eval mode."""

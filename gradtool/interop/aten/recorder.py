@@ -13,7 +13,6 @@ from .complex import COMPLEX_ONLY, Complex
 from .registry import Unsupported
 
 
-
 def dtype_kind(dtype) -> str:
     """A torch dtype's kind: "float", "bool", "complex" or "int"."""
     if dtype.is_floating_point:
@@ -32,7 +31,7 @@ class Recorder:
     records is one a table entry asked for; it decides nothing about semantics."""
 
     def __init__(self, imp):
-        self.imp = imp
+        self.imp = imp          # the importer (torch.py's _Importer): tape, lifted values
         self.tp = imp.tp
         self.torch = imp.torch
 

@@ -9,7 +9,6 @@ import numpy as np
 from .registry import Unsupported, aten, is_num
 
 
-
 # ── reductions and normalisations ──────────────────────────────────────────
 
 @aten("aten.sum.dim_IntList", "aten.sum.default",
