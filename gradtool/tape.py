@@ -1000,6 +1000,45 @@ def f32_refusal(tape: Tape, what: str, hint: str = "") -> Optional[str]:
             f"kernels are not built yet){hint}")
 
 
+def ids_culprit(tape: Tape, err: IdsError, slot_values: dict) -> Optional[tuple]:
+    """(input slot name, example row or None) that ``err``'s bad id came from: the one
+    named integer const among the ancestors of the ids (None where there is none, or
+    several), and the row of its leading dim holding the bad id (``slot_values``: node id
+    -> the values the slot held; the id at the same flat position when the ids are as
+    many as the slot's values, else the first equal one).  For messages that name the
+    data: ``labels: example 37 ... has id 9``."""
+    seen, stack, slots = set(), [err.ids_node], []
+    while stack:
+        j = stack.pop()
+        if j in seen or j < 0:
+            continue
+        seen.add(j)
+        node = tape.nodes[j]
+        if node.a < 0:
+            if node.op == "const" and node.name and tape.holds_ids(j):
+                slots.append(j)
+            continue
+        stack += [node.a, node.b]
+    if len(slots) != 1:
+        return None
+    slot = slots[0]
+    values = slot_values.get(slot)
+    if values is None:
+        return tape.nodes[slot].name, None
+    flat = np.ravel(values)
+    ids_size = int(np.prod(tape.values[err.ids_node].shape))
+    if flat.size == ids_size and err.index is not None and flat[err.index] == err.value:
+        k = err.index
+    else:
+        equal = np.flatnonzero(flat == err.value)
+        if not equal.size:
+            return tape.nodes[slot].name, None
+        k = int(equal[0])
+    shape = np.shape(values)
+    per_row = max(1, flat.size // shape[0]) if shape else 1
+    return tape.nodes[slot].name, k // per_row
+
+
 def requires_wrt(tape: Tape, wrt) -> list:
     """``tape.requires`` as if only the params ``wrt`` (node ids) were params.
 
