@@ -162,16 +162,22 @@ def split(tp, a, sizes, axis=0):
     return out
 
 
+def _inputs(xs, what: str) -> list:
+    """``xs`` (cat's and stack's inputs) as a non-empty list; TapeError otherwise."""
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise TapeError(f"{what}: expected a sequence of GVars, got {xs!r}"[:200]) from None
+    if not xs:
+        raise TapeError(f"{what}: needs at least one input")
+    return xs
+
+
 def cat(tp, xs, axis=0):
     """``xs`` (one or more GVars) joined along ``axis`` (torch.cat): binary concats in a
     balanced tree (every value and gradient a copy, so any grouping gives the same
     bits; the tree copies each element log2(N) times, a chain N times)."""
-    try:
-        xs = list(xs)
-    except TypeError:
-        raise TapeError(f"cat: expected a sequence of GVars, got {xs!r}"[:200]) from None
-    if not xs:
-        raise TapeError("cat: needs at least one input")
+    xs = _inputs(xs, "cat")
     ax = checked_axis(axis, len(shape_of(tp, xs[0], "cat")), "cat")
     while len(xs) > 1:
         pairs = [tp.concat(xs[k], xs[k + 1], ax) for k in range(0, len(xs) - 1, 2)]
@@ -276,12 +282,7 @@ def swapaxes(tp, a, axis1, axis2):
 def stack(tp, xs, axis=0):
     """``xs`` (equally shaped GVars) joined along a new axis (torch.stack): each gets the
     axis by ``unsqueeze``, then :func:`cat`."""
-    try:
-        xs = list(xs)
-    except TypeError:
-        raise TapeError(f"stack: expected a sequence of GVars, got {xs!r}"[:200]) from None
-    if not xs:
-        raise TapeError("stack: needs at least one input")
+    xs = _inputs(xs, "stack")
     ax = checked_axis(axis, len(shape_of(tp, xs[0], "stack")), "stack", extra=1)
     return cat(tp, [unsqueeze(tp, x, ax) for x in xs], ax)
 
