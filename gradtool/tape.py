@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import layout as _layout
 from .errors import DtypeError, GradtoolError, IdsError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
 from .ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, NUMPY_DTYPES, OPS, RNG_NAME,
@@ -939,7 +938,7 @@ def _ids_reader(spec, sa, aux) -> str:
 
 
 def _composite_method(fn):
-    """The Tape method of a :mod:`gradtool.layout` composite ``fn(tape, ...)``."""
+    """The Tape method of a composite ``fn(tape, ...)`` (gradtool/composites/methods.py)."""
     def method(self, *args, **kwargs):
         return fn(self, *args, **kwargs)
 
@@ -952,12 +951,15 @@ def _composite_method(fn):
     return method
 
 
-# sum/mean/max with a tuple of axes, and the layout composites (gradtool/layout.py): Tape
-# methods that record the table's ops, no node types of their own
+# sum/mean/max with a tuple of axes, and the layout, reduction and sorting composites
+# (gradtool/composites/): Tape methods that record the table's ops, no node types of their
+# own.  Imported here, once GVar and Tape exist: the composites record on them.
+from .composites import methods as _methods  # noqa: E402
+
 for _name in ("sum", "mean", "max"):
     setattr(Tape, f"_{_name}_one", getattr(Tape, _name))
-    setattr(Tape, _name, _layout.reduction_method(getattr(Tape, _name)))
-for _name, _fn in _layout.METHODS.items():
+    setattr(Tape, _name, _methods.reduction_method(getattr(Tape, _name)))
+for _name, _fn in _methods.METHODS.items():
     setattr(Tape, _name, _composite_method(_fn))
 del _name, _fn
 

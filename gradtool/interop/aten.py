@@ -971,7 +971,7 @@ def _select_scatter(r, node, base, src, dim, index):
 
 def _scatter_into(r, b, v, shape, dim, start, end, step):
     """b (of ``shape``) with v in b[start:end:step] along ``dim``."""
-    from ..nn import _spread
+    from ..composites.layout import spread
     m = len(range(start, end, step))
     if m == 0:
         return b
@@ -979,7 +979,7 @@ def _scatter_into(r, b, v, shape, dim, start, end, step):
     if step > 1:                              # v's rows at the grid, b's in between
         grid = np.zeros([last - start] + [1] * (len(shape) - 1 - dim))
         grid[::step] = 1.0
-        v = r.tp.where(r.tp.const(grid), _spread(r.tp, v, dim, step),
+        v = r.tp.where(r.tp.const(grid), spread(r.tp, v, dim, step),
                        r.slice_axis(b, dim, start, last, 1))
     parts = [r.slice_axis(b, dim, 0, start, 1)] if start > 0 else []
     parts.append(v)
