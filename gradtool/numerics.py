@@ -386,27 +386,30 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _F64 = np.dtype(np.float64)
 
 
-def _element_strides(x: np.ndarray):
-    """``x`` as the kernel reads it (float64, aligned, strides in whole elements: a copy if
-    need be) and its three strides in bytes."""
+def _element_strides(x: np.ndarray, dtype=_F64):
+    """``x`` as the kernel reads it (``dtype``, aligned, strides in whole elements: a copy
+    if need be) and its three strides in elements."""
+    size = dtype.itemsize
     s = x.strides
-    if x.dtype != _F64 or not x.flags.aligned or (s[0] | s[1] | s[2]) & 7:
-        x = np.ascontiguousarray(x, dtype=np.float64)
+    if x.dtype != dtype or not x.flags.aligned or (s[0] | s[1] | s[2]) % size:
+        x = np.ascontiguousarray(x, dtype=dtype)
         s = x.strides
-    return x, s
+    return x, [v // size for v in s]
 
 
 def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
-    views of any strides, out C-contiguous float64.  The compiled inner-product helper
-    (:func:`matmul`, :func:`bmm` and ops built on them call it; signature stable)."""
+    views of any strides, out C-contiguous of the library's element type (float64, or
+    float32 for ``cpu_library(dtype="f32")``).  The compiled inner-product helper
+    (:func:`matmul`, :func:`bmm`, numerics32's products and ops built on them call it;
+    signature stable)."""
     py_mm = lib.py_mm
     if py_mm is not None and py_mm(out, a, b, accumulate) == 0:
-        return                               # native float64 views: no conversion needed
-    a, sa = _element_strides(a)
-    b, sb = _element_strides(b)
-    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
-              b.ctypes.data, sb[0] >> 3, sb[1] >> 3, sb[2] >> 3, batch, a.shape[1],
+        return                               # native views of the element type: no copy
+    a, sa = _element_strides(a, out.dtype)
+    b, sb = _element_strides(b, out.dtype)
+    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0], sa[1], sa[2],
+              b.ctypes.data, sb[0], sb[1], sb[2], batch, a.shape[1],
               a.shape[2], b.shape[2], accumulate)
 
 
@@ -575,7 +578,7 @@ _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or 
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def cpu_library(extra_flags=(), native_arch=None, python=True):
+def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
     """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
     use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
     (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
@@ -594,10 +597,17 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
     step, the select and the row sums (``lib.py_opt_step``, ``py_select_zero``,
     ``py_sum``); ``python=False`` builds the plain ctypes entries only, which the
     tests compare with them bit for bit.
+
+    ``dtype="f32"``: the same source built for float32 (``-DGT_CPU_F32``, library
+    ``gt_cpu_f32``): the same entries on float32 arrays (the matmul tiles of
+    ``gt_matmul.h`` and ``gt_conv.h`` instantiated for float: one ``fmaf`` chain per
+    output, :mod:`gradtool.numerics32`'s products), for :mod:`gradtool.numerics32`.
     """
+    if dtype not in ("f64", "f32"):
+        raise ValueError(f"cpu_library: dtype must be 'f64' or 'f32', not {dtype!r}")
     if native_arch is None:
         native_arch = native.native_arch_wanted()
-    key = (tuple(extra_flags), bool(native_arch), bool(python))
+    key = (tuple(extra_flags), bool(native_arch), bool(python), dtype)
     if key not in _LIBRARIES:
         lib = None
         if native.enabled():
@@ -606,11 +616,12 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
             with_python = native.python_flags() if python else ()
             # with the Python entry first; a compiler that refuses it (a Python.h it
             # cannot use) still builds the ctypes entries
+            stem, typed = ("gt_cpu", ()) if dtype == "f64" else ("gt_cpu_f32", ("-DGT_CPU_F32",))
             for flags in ([with_python, ()] if with_python else [()]):
                 try:
-                    lib = native.load("gt_cpu", sources[0],
-                                      [*native.SAFE_FLAGS, *extra_flags, *flags], sources[1],
-                                      native_arch=native_arch)
+                    lib = native.load(stem, sources[0],
+                                      [*native.SAFE_FLAGS, *typed, *extra_flags, *flags],
+                                      sources[1], native_arch=native_arch)
                     _declare(lib, bool(flags))
                     native.register_threaded(lib)
                     break
@@ -683,6 +694,16 @@ def cpu_kernels():
     if not _DEFAULT:
         _DEFAULT.append(cpu_library())
     return _DEFAULT[0]
+
+
+_DEFAULT32: list = []
+
+
+def cpu_kernels32():
+    """The float32 twin of :func:`cpu_kernels` (``cpu_library(dtype="f32")``), or None."""
+    if not _DEFAULT32:
+        _DEFAULT32.append(cpu_library(dtype="f32"))
+    return _DEFAULT32[0]
 
 
 _native_kernels = cpu_kernels

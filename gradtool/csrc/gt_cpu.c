@@ -27,17 +27,30 @@
 #endif
 #include <math.h>
 
+/* The element type: float64, or float32 with -DGT_CPU_F32 (the library
+ * gradtool/numerics.py loads as cpu_library(dtype="f32"): the same entries, the
+ * same names, float operands; its scalar arguments stay double and are rounded
+ * to float once, as numerics32 rounds a Python number). */
+#ifdef GT_CPU_F32
+#  define GT_MM_T float
+#  define GT_MM_F32 1
+typedef float gt_real;
+#  define R_SQRT(a) sqrtf((a))
+#  define GT_PY_FMT 'f'
+#else
+typedef double gt_real;
+#  define R_SQRT(a) sqrt((a))
+#  define GT_PY_FMT 'd'
+#endif
 #include "gt_matmul.h"
 #include "gt_conv.h"
 
-typedef double gt_real;
 #define GT_DEV static inline
-#define R0 0.0
+#define R0 ((gt_real)0)
 #define R_ADD(a, b) ((a) + (b))
 #define R_SUB(a, b) ((a) - (b))
 #define R_MUL(a, b) ((a) * (b))
 #define R_DIV(a, b) ((a) / (b))
-#define R_SQRT(a) sqrt((a))
 #include "gt_optim.h"
 
 #if defined(__GNUC__)
@@ -48,8 +61,8 @@ typedef double gt_real;
 
 /* C[bt] (=|+=) A[bt] @ B[bt], bt < Bn; C contiguous [Bn, M, N]; A and B given
  * by element strides (batch, row, k) and (batch, k, column). */
-GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sai,
-                         long long sak, const double *B, long long sbb, long long sbk,
+GT_CPU_EXPORT void gt_mm(gt_real *C, const gt_real *A, long long sab, long long sai,
+                         long long sak, const gt_real *B, long long sbb, long long sbk,
                          long long sbj, long long Bn, long long M, long long K, long long N,
                          int acc)
 {
@@ -69,36 +82,36 @@ GT_CPU_EXPORT long long gt_conv_ws_bytes(const long long *geo, int which, int ac
 
 #define GT_WS ((gt_conv_ws){ws, (size_t)ws_bytes})
 
-GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
-                            const double *w, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d(const long long *geo, gt_real *out, const gt_real *x,
+                            const gt_real *w, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_forward(&G, out, x, w, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, double *gx, const double *g,
-                               const double *w, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, gt_real *gx, const gt_real *g,
+                               const gt_real *w, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_backward_x(&G, gx, g, w, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, double *gw, const double *g,
-                               const double *x, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, gt_real *gw, const gt_real *g,
+                               const gt_real *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_backward_w(&G, gw, g, x, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x, void *ws,
+GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, gt_real *out, const gt_real *x, void *ws,
                                 long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_max_pool2d_forward(&G, out, x, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, double *gx, const double *g,
-                                   const double *x, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, gt_real *gx, const gt_real *g,
+                                   const gt_real *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_max_pool2d_backward(&G, gx, g, x, acc, GT_WS);
@@ -113,15 +126,20 @@ GT_CPU_EXPORT void gt_mm_config(long long out[7]) { gt_mm_config_impl(out); }
  * +0.0: expr.select_numpy's bit-mask select (relu and its gradient) in one pass,
  * integers only (the element's bit pattern ANDed with all ones or all zeros), so
  * bit for bit numpy.where(cond, keep, 0.0).  cond: n bytes (numpy bools), keep and
- * dst: n doubles; all C-contiguous. */
-GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const double *keep,
-                                  double *dst, int invert)
+ * dst: n gt_reals; all C-contiguous. */
+GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const gt_real *keep,
+                                  gt_real *dst, int invert)
 {
-    const unsigned long long flip = invert ? 1u : 0u;
+#ifdef GT_CPU_F32
+    typedef unsigned int gt_bits;
+#else
+    typedef unsigned long long gt_bits;
+#endif
+    const gt_bits flip = invert ? 1u : 0u;
     for (long long i = 0; i < n; ++i) {
-        unsigned long long bits;
+        gt_bits bits;
         memcpy(&bits, keep + i, sizeof bits);
-        bits &= 0ULL - ((unsigned long long)(cond[i] != 0) ^ flip);
+        bits &= (gt_bits)0 - ((gt_bits)(cond[i] != 0) ^ flip);
         memcpy(dst + i, &bits, sizeof bits);
     }
 }
@@ -130,13 +148,13 @@ GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const 
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows
  * being the broadcast coordinates in row-major order.  src is C-contiguous
  * [rows, n]; the loop over j vectorizes (lanes are different j). */
-GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, double *dst)
+GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const gt_real *src, gt_real *dst)
 {
     GT_FP_ENTER(saved);
-    memcpy(dst, src, (size_t)n * sizeof(double));
+    memcpy(dst, src, (size_t)n * sizeof(gt_real));
     for (long long i = 1; i < rows; ++i) {
-        const double *restrict row = src + i * n;
-        double *restrict out = dst;
+        const gt_real *restrict row = src + i * n;
+        gt_real *restrict out = dst;
         for (long long j = 0; j < n; ++j) out[j] = out[j] + row[j];
     }
     GT_FP_LEAVE(saved);
@@ -148,8 +166,8 @@ GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, d
  * axes lead and trail its kept ones (a bias over NCHW channels: A = N, K = C,
  * B = H*W), without the transposed copy.  Blocks of k advance together, so the
  * blocks' chains interleave (each k's adds stay in order). */
-GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const double *src,
-                                      double *dst)
+GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const gt_real *src,
+                                      gt_real *dst)
 {
     GT_FP_ENTER(saved);
     enum { BLOCK = 64 };
@@ -158,7 +176,7 @@ GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, con
         for (long long k = k0; k < k1; ++k) dst[k] = src[k * B];
         for (long long a = 0; a < A; ++a)
             for (long long b = a ? 0 : 1; b < B; ++b) {
-                const double *restrict col = src + a * K * B + b;
+                const gt_real *restrict col = src + a * K * B + b;
                 for (long long k = k0; k < k1; ++k) dst[k] = dst[k] + col[k * B];
             }
     }
@@ -167,11 +185,11 @@ GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, con
 
 /* ---- the optimizer step --------------------------------------------------- */
 typedef struct {
-    double *w, *m, *v;
-    const double *g;
+    gt_real *w, *m, *v;
+    const gt_real *g;
     long long per_chunk, n;
     int adam, clipped;
-    double scale, l2, lr, b1, b2, omb1, omb2, eps;   /* lr: SGD's lr or Adam's lr_t */
+    gt_real scale, l2, lr, b1, b2, omb1, omb2, eps;  /* lr: SGD's lr or Adam's lr_t */
 } gt_opt_job;
 
 static void gt_opt_chunk(void *arg, long long chunk)
@@ -179,11 +197,11 @@ static void gt_opt_chunk(void *arg, long long chunk)
     const gt_opt_job *j = (const gt_opt_job *)arg;
     const long long lo = chunk * j->per_chunk;
     const long long hi = lo + j->per_chunk < j->n ? lo + j->per_chunk : j->n;
-    double *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
-    const double *restrict g = j->g;
+    gt_real *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
+    const gt_real *restrict g = j->g;
     if (j->adam) {
         for (long long i = lo; i < hi; ++i) {
-            const double gi = gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2);
+            const gt_real gi = gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2);
             w[i] = gt_adam_step(w[i], gi, &m[i], &v[i], j->b1, j->b2, j->omb1, j->omb2, j->lr,
                                 j->eps);
         }
@@ -199,12 +217,14 @@ static void gt_opt_chunk(void *arg, long long chunk)
  * g' = g (* scale when clipped) (+ l2*w when l2 != 0), then SGD
  * w = w - lr*g' (adam = 0; m, v unused) or Adam with lr = lr_t.  Large
  * parameters are split over the thread pool by element ranges. */
-GT_CPU_EXPORT void gt_opt_step(int adam, long long n, double *w, const double *g, double *m,
-                               double *v, int clipped, double scale, double l2, double lr,
+GT_CPU_EXPORT void gt_opt_step(int adam, long long n, gt_real *w, const gt_real *g, gt_real *m,
+                               gt_real *v, int clipped, double scale, double l2, double lr,
                                double b1, double b2, double omb1, double omb2, double eps)
 {
     GT_FP_ENTER(saved);
-    gt_opt_job job = {w, m, v, g, n, n, adam, clipped, scale, l2, lr, b1, b2, omb1, omb2, eps};
+    gt_opt_job job = {w, m, v, g, n, n, adam, clipped, (gt_real)scale, (gt_real)l2,
+                      (gt_real)lr, (gt_real)b1, (gt_real)b2, (gt_real)omb1, (gt_real)omb2,
+                      (gt_real)eps};
     const int threads = atomic_load(&gt_pool.threads);
     if (threads > 1 && n >= GT_OPT_PAR_MIN && gt_pool_wanted()) {
         const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
@@ -238,14 +258,14 @@ static int gt_py_buffer(PyObject *obj, Py_buffer *view, int flags, char fmt, Py_
     return 1;
 }
 
-/* A strided float64 view of obj with lo to hi dimensions, its strides whole
+/* A strided gt_real view of obj with lo to hi dimensions, its strides whole
  * elements, or 0 (as gt_py_buffer). */
 static int gt_py_view(PyObject *obj, Py_buffer *view, int flags, int lo, int hi)
 {
-    if (!gt_py_buffer(obj, view, flags, 'd', (Py_ssize_t)sizeof(double))) return 0;
+    if (!gt_py_buffer(obj, view, flags, GT_PY_FMT, (Py_ssize_t)sizeof(gt_real))) return 0;
     int ok = view->ndim >= lo && view->ndim <= hi;
     for (int d = 0; ok && d < view->ndim; ++d)
-        ok = view->strides[d] % (Py_ssize_t)sizeof(double) == 0;
+        ok = view->strides[d] % (Py_ssize_t)sizeof(gt_real) == 0;
     if (!ok) PyBuffer_Release(view);
     return ok;
 }
@@ -267,7 +287,8 @@ static void *gt_py_data(PyObject *obj, Py_buffer *view, int writable, char fmt,
 }
 
 #define GT_PY_F64(obj, view, writable, n, count) \
-    ((double *)gt_py_data((obj), (view), (writable), 'd', (Py_ssize_t)sizeof(double), (n), (count)))
+    ((gt_real *)gt_py_data((obj), (view), (writable), GT_PY_FMT, (Py_ssize_t)sizeof(gt_real), \
+                           (n), (count)))
 
 /* Each returns 0 once done, or 1 when an array is not as the ctypes entry wants it
  * (nothing written: the caller takes the general path).  The GIL is released for
@@ -296,10 +317,10 @@ GT_CPU_EXPORT int gt_mm_py(PyObject *out, PyObject *a, PyObject *b, int acc)
         int fits = PyBuffer_IsContiguous(&vo, 'C');
         for (int d = 0; fits && d < vo.ndim; ++d) fits = vo.shape[d] == shape[d];
         if (fits) {
-            const long long e = (long long)sizeof(double);
+            const long long e = (long long)sizeof(gt_real);
             Py_BEGIN_ALLOW_THREADS
-            gt_mm_run((double *)vo.buf, (const double *)va.buf, va.strides[0] / e,
-                      va.strides[1] / e, va.strides[2] / e, (const double *)vb.buf,
+            gt_mm_run((gt_real *)vo.buf, (const gt_real *)va.buf, va.strides[0] / e,
+                      va.strides[1] / e, va.strides[2] / e, (const gt_real *)vb.buf,
                       vb.strides[0] / e, vb.strides[1] / e, vb.strides[2] / e, Bn, M, K, N, acc);
             Py_END_ALLOW_THREADS
             done = 1;
@@ -318,10 +339,10 @@ GT_CPU_EXPORT int gt_opt_step_py(int adam, PyObject *w, PyObject *g, PyObject *m
 {
     Py_buffer vw, vg, vm, vv;
     Py_ssize_t n = 0;
-    double *pw = GT_PY_F64(w, &vw, 1, -1, &n);
+    gt_real *pw = GT_PY_F64(w, &vw, 1, -1, &n);
     if (!pw) return 1;
-    const double *pg = GT_PY_F64(g, &vg, 0, n, NULL);
-    double *pm = NULL, *pv = NULL;
+    const gt_real *pg = GT_PY_F64(g, &vg, 0, n, NULL);
+    gt_real *pm = NULL, *pv = NULL;
     int ok = pg != NULL;
     if (ok && adam) {
         ok = (pm = GT_PY_F64(m, &vm, 1, n, NULL)) != NULL;
@@ -350,12 +371,12 @@ GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *ds
 {
     Py_buffer vc, vk, vd;
     Py_ssize_t n = 0;
-    const double *pk = GT_PY_F64(keep, &vk, 0, -1, &n);
+    const gt_real *pk = GT_PY_F64(keep, &vk, 0, -1, &n);
     if (!pk) return 1;
     int done = 0;
     const unsigned char *pc = (const unsigned char *)gt_py_data(cond, &vc, 0, '?', 1, n, NULL);
     if (pc) {
-        double *pd = GT_PY_F64(dst, &vd, 1, n, NULL);
+        gt_real *pd = GT_PY_F64(dst, &vd, 1, n, NULL);
         if (pd) {
             Py_BEGIN_ALLOW_THREADS
             gt_select_zero((long long)n, pc, pk, pd, invert);
@@ -376,9 +397,9 @@ GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObj
 {
     Py_buffer vs, vd;
     if (outer < 0 || n < 0 || inner < 0) return 1;
-    const double *ps = GT_PY_F64(src, &vs, 0, (Py_ssize_t)(outer * n * inner), NULL);
+    const gt_real *ps = GT_PY_F64(src, &vs, 0, (Py_ssize_t)(outer * n * inner), NULL);
     if (!ps) return 1;
-    double *pd = GT_PY_F64(dst, &vd, 1, (Py_ssize_t)n, NULL);
+    gt_real *pd = GT_PY_F64(dst, &vd, 1, (Py_ssize_t)n, NULL);
     if (pd) {
         Py_BEGIN_ALLOW_THREADS
         if (rows) gt_sum_rows(outer * inner, n, ps, pd);
