@@ -121,4 +121,86 @@ typedef double gt_real;
 /* a float64 scalar stored in the metadata as its bit pattern */
 #define GT_S(bits) ((gt_real)gtm_from_bits((unsigned long long)(bits)))
 
+/* ---- sums: GT_ROW_SUM(res, n, l, v, ...) ---------------------------------
+ * res = the sum of n terms, term l the value the statement STMT (the macro's
+ * last argument, commas allowed) stores in v (a gt_real the macro declares):
+ * STMT is a statement of l, run ONCE per l, l ascending -- it may
+ * write elsewhere too).  The element type's order:
+ *   float64: serial from +0.0, res = 0.0 + v0 + v1 + ... (numerics.py);
+ *   float32: numerics32's lane-tree order (LANES 32, CHUNK 8, BLOCK 256):
+ *     per block of 256 terms, lane ln's partial p[ln] = +0.0 + v[ln] + v[32+ln]
+ *     + ... + v[224+ln] (terms past n skipped: +0.0 changes no partial);
+ *     per lane, the blocks' partials combined by the pairwise tree S(blocks
+ *     [lo, lo+m)) = S(first 2^k) + S(rest), 2^k the largest power of two
+ *     below m, streamed with a stack (after block b is pushed, one pop-and-add
+ *     per trailing one bit of b; at the end the stack added from the top
+ *     down); then the lanes folded, v[ln] = v[ln] + v[ln+h] for h = 16, 8, 4,
+ *     2, 1; res = v[0].  tests/test_device_f32.py checks these bits against
+ *     numerics32.sum for lengths 0 .. past two levels of blocks.
+ * One thread computes a whole row (the GPU's one thread per row, as the
+ * float64 kernels). */
+#define GT_SUM_LANES 32
+#define GT_SUM_CHUNK 8
+#define GT_SUM_BLOCK (GT_SUM_LANES * GT_SUM_CHUNK)
+#define GT_SUM_DEPTH 48        /* stack levels: rows of fewer than 2^55 terms */
+#ifdef GT_REAL_F32
+#  define GT_ROW_SUM(res, n, l, v, ...)                                       \
+    {                                                                          \
+        const long long n_s = (long long)(n);                                  \
+        gt_real stk_s[GT_SUM_DEPTH][GT_SUM_LANES];                             \
+        int top_s = 0;                                                         \
+        for (long long b_s = 0; b_s * GT_SUM_BLOCK < n_s; ++b_s) {             \
+            gt_real *GT_RESTRICT p_s = stk_s[top_s++];                         \
+            for (int ln_s = 0; ln_s < GT_SUM_LANES; ++ln_s) p_s[ln_s] = R0;    \
+            const long long l0_s = b_s * GT_SUM_BLOCK;                         \
+            if (n_s - l0_s >= GT_SUM_BLOCK) {                                  \
+                for (int c_s = 0; c_s < GT_SUM_CHUNK; ++c_s)                   \
+                    for (int ln_s = 0; ln_s < GT_SUM_LANES; ++ln_s) {          \
+                        const long long l = l0_s + c_s * GT_SUM_LANES + ln_s;  \
+                        gt_real v;                                             \
+                        __VA_ARGS__                                            \
+                        p_s[ln_s] = R_ADD(p_s[ln_s], v);                       \
+                    }                                                          \
+            } else {                                                           \
+                for (long long l = l0_s; l < n_s; ++l) {                       \
+                    gt_real v;                                                 \
+                    __VA_ARGS__                                                \
+                    const int ln_s = (int)((l - l0_s) % GT_SUM_LANES);         \
+                    p_s[ln_s] = R_ADD(p_s[ln_s], v);                           \
+                }                                                              \
+            }                                                                  \
+            for (long long t_s = b_s; t_s & 1; t_s >>= 1) {                    \
+                --top_s;                                                       \
+                for (int ln_s = 0; ln_s < GT_SUM_LANES; ++ln_s)                \
+                    stk_s[top_s - 1][ln_s] = R_ADD(stk_s[top_s - 1][ln_s],     \
+                                                   stk_s[top_s][ln_s]);        \
+            }                                                                  \
+        }                                                                      \
+        if (top_s == 0) {                                                      \
+            res = R0;                                                          \
+        } else {                                                               \
+            for (; top_s > 1; --top_s)                                         \
+                for (int ln_s = 0; ln_s < GT_SUM_LANES; ++ln_s)                \
+                    stk_s[top_s - 2][ln_s] = R_ADD(stk_s[top_s - 2][ln_s],     \
+                                                   stk_s[top_s - 1][ln_s]);    \
+            for (int h_s = GT_SUM_LANES / 2; h_s >= 1; h_s >>= 1)              \
+                for (int ln_s = 0; ln_s < h_s; ++ln_s)                         \
+                    stk_s[0][ln_s] = R_ADD(stk_s[0][ln_s], stk_s[0][ln_s + h_s]); \
+            res = stk_s[0][0];                                                 \
+        }                                                                      \
+    }
+#else
+#  define GT_ROW_SUM(res, n, l, v, ...)                                       \
+    {                                                                          \
+        const long long n_s = (long long)(n);                                  \
+        gt_real acc_s = R0;                                                    \
+        for (long long l = 0; l < n_s; ++l) {                                  \
+            gt_real v;                                                         \
+            __VA_ARGS__                                                        \
+            acc_s = R_ADD(acc_s, v);                                           \
+        }                                                                      \
+        res = acc_s;                                                           \
+    }
+#endif
+
 #endif /* GT_REAL_H */
