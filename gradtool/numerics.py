@@ -5,7 +5,9 @@ computed: this numpy reference, the emitted C/CUDA (`gradtool.emit`) and the
 device kernels (`gradtool.device`).  That only holds if every result is
 produced by the same sequence of separately rounded IEEE-754 binary64
 operations everywhere (plus, in inner products only, the fused multiply-add, also
-correctly rounded).  This module is that sequence, written down once.
+correctly rounded).  This module is that sequence, written down once.  The float32 contract (binary32
+fmaf chains, a lane-tree sum of O(log n) error, fdlibm rounded once) is its twin,
+:mod:`gradtool.numerics32` (C: ``csrc/gt_real32.h``; docs/numerics-f32.md).
 
 Rules that hold for every function here
 ---------------------------------------
@@ -212,7 +214,7 @@ def take_index(ids: np.ndarray, rows: int) -> tuple:
     return order, start
 
 
-def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int) -> np.ndarray:
+def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=np.float64) -> np.ndarray:
     """The scatter-add of rows in :func:`take_index`'s order: take's backward and the
     ``scatter`` op's forward, one implementation.
 
@@ -229,7 +231,7 @@ def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int) -> np.ndarray:
     counts = np.diff(start)
     busiest = np.argsort(-counts, kind="stable")          # rows, most positions first
     minus_counts = -counts[busiest]                       # ascending
-    out = np.zeros((rows, x.shape[1]))
+    out = np.zeros((rows, x.shape[1]), dtype=dtype)     # float32: numerics32's twin
     for k in range(int(-minus_counts[0]) if rows else 0):
         hit = busiest[:int(np.searchsorted(minus_counts, -k, side="left"))]   # count > k
         out[hit] = out[hit] + x[order[start[hit] + k]]
