@@ -102,14 +102,13 @@
 /* the first element of row r of an [outer, L, inner] index space */
 #define GT_ROW_BASE(r, L, inner) (((r) / (inner)) * (L) * (inner) + ((r) % (inner)))
 
-/* row r: v = the row's sum (GT_ROW_SUM: float64 0.0 + a0 + a1 + ..., float32 the
+/* row r: v = the row's sum (GT_MEM_SUM: float64 0.0 + a0 + a1 + ..., float32 the
  * lane tree) along the row (stride inner) [/ len];
  * out[r] = v, or out[r] + v with acc (bmm's batch sum of a stretched side) */
 #define GT_BODY_k_sum(r)                                                       \
     {                                                                          \
         const long long base_ = GT_ROW_BASE((r), len, inner);                  \
-        gt_real s_;                                                            \
-        GT_ROW_SUM(s_, len, l_, t_, t_ = a[base_ + l_ * inner];)               \
+        const gt_real s_ = GT_MEM_SUM(a + base_, len, inner);                  \
         const gt_real v_ = is_mean ? R_DIV(s_, (gt_real)len) : s_;             \
         out[(r)] = acc ? R_ADD(out[(r)], v_) : v_;                             \
     }

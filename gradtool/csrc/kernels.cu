@@ -467,8 +467,7 @@ GT_KERNEL k_log_softmax_bwd(gt_real *W, const long long *M)
     const long long L = len;
     GT_LOOP(r, M[0]) {
         const long long base = GT_ROW_BASE(r, L, inner);
-        gt_real s;
-        GT_ROW_SUM(s, L, l, v, v = g[base + l * inner];)
+        const gt_real s = GT_MEM_SUM(g + base, L, inner);
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
             ga[p] = R_ADD(ga[p], GT_LOG_SOFTMAX_BWD(g[p], t[p], s));

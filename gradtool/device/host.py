@@ -34,7 +34,8 @@ from ..ops import pack
 from .program import DTYPES, PHASES, Program
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h",
+           "gt_ops.h",
            "gt_matmul.h", "gt_conv.h", "gt_optim.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")

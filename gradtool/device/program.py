@@ -212,9 +212,28 @@ class _Builder:
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
 
 
+def tape_dtype(tape) -> str:
+    """The float dtype of ``tape``'s values: "f32" when they are float32, else "f64" (a
+    tape of integer consts only is f64).  A tape holding both (a ``cast`` between them)
+    is a CaptureError: a device program has one element type."""
+    kinds = {}
+    for i, value in enumerate(tape.values):
+        dt = getattr(value, "dtype", None)
+        if dt == np.float32 or dt == np.float64:
+            kinds.setdefault("f32" if dt == np.float32 else "f64", i)
+    if len(kinds) > 1:
+        raise CaptureError(f"node {kinds['f32']} holds f32 values and node {kinds['f64']} "
+                           f"f64 values; the device replay runs one float dtype per tape "
+                           f"(a tape that casts between them runs on the cpu backend)")
+    return next(iter(kinds), "f64")
+
+
 def _check(tape, loss: int, dtype: str) -> None:
     if dtype not in DTYPES:
         raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
+    if dtype != tape_dtype(tape):
+        raise CaptureError(f"the tape's values are {tape_dtype(tape)}; a {dtype} program "
+                           f"needs a {dtype} tape (device.rounded_tape converts one)")
     if not tape.ok:
         raise CaptureError(f"the tape is poisoned: {tape.error}")
     if not 0 <= loss < len(tape.nodes):
@@ -223,10 +242,10 @@ def _check(tape, loss: int, dtype: str) -> None:
         if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
         ids = node.op == "const" and getattr(value, "dtype", None) == np.int64
-        if not isinstance(value, np.ndarray) or (value.dtype != np.float64 and not ids):
+        if not isinstance(value, np.ndarray) or (value.dtype != DTYPES[dtype] and not ids):
             kind = getattr(value, "dtype", type(value).__name__)
             raise CaptureError(f"node {i}: holds {kind} values; the device replay needs a "
-                               f"float64 tape")
+                               f"float64 or float32 tape")
         if node.a >= 0:
             sb = tape.values[node.b].shape if node.b >= 0 else None
             want = infer_shape(node.op, tape.values[node.a].shape, sb, node.aux)
@@ -236,7 +255,7 @@ def _check(tape, loss: int, dtype: str) -> None:
     if tape.values[loss].size != 1:
         raise CaptureError(f"loss node {loss} has shape {list(tape.values[loss].shape)}; "
                            f"backward needs a one-element loss")
-    if tape.values[loss].dtype != np.float64:
+    if tape.values[loss].dtype == np.int64:
         raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
     for i, node in enumerate(tape.nodes):
         spec = OPS[node.op]
@@ -259,9 +278,42 @@ def _check(tape, loss: int, dtype: str) -> None:
                                    f"holds integers exactly only below {EXACT_INTS[dtype]}")
 
 
-def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
+def rounded_tape(tape, dtype: str = "f32"):
+    """A copy of the f64 ``tape`` as an f32 tape (``dtype`` "f32"; "f64": ``tape`` itself):
+    every float leaf (params, consts, input slots) rounded to float32 once, to nearest
+    even, integer consts kept, and every op node recomputed by the CPU reference in
+    float32 (numerics32).  Node ids, names, scalars and attributes are unchanged, so the
+    copy's replay answers for the original's nodes.  What ``replay-gpu --dtype f32`` and
+    ``capture(..., dtype="f32")`` of an f64 tape run."""
+    import copy
+
+    if dtype not in DTYPES:
+        raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
+    have = tape_dtype(tape)
+    if have == dtype:
+        return tape
+    if dtype != "f32":
+        raise CaptureError(f"an {have} tape cannot be replayed as {dtype}")
+    if not tape.ok:
+        raise CaptureError(f"the tape is poisoned: {tape.error}")
+    out = copy.deepcopy(tape)
+    for i, node in enumerate(out.nodes):
+        value = out.values[i]
+        if node.a < 0 and value.dtype == np.float64:
+            out.values[i] = value.astype(np.float32)
+    out.grads = [None] * len(out.nodes)
+    out.forward()
+    if not out.ok:
+        raise CaptureError(f"the tape rounded to f32 cannot be computed: {out.error}")
+    return out
+
+
+def capture_program(tape, loss: int, dtype: Optional[str] = None, optimizer=None,
                     max_bytes: Optional[int] = None) -> Program:
     """Mirror ``tape`` (with ``loss`` the node backward seeds) as a static :class:`Program`.
+
+    ``dtype`` (default: the tape's own, :func:`tape_dtype`) is the arena's element type;
+    it must be the tape's (:func:`rounded_tape` makes an f32 copy of an f64 tape).
 
     ``optimizer`` (a :class:`gradtool.optim.Optimizer` with its params
     registered) adds the device optimizer's buffers and launches.  ``max_bytes``
@@ -269,6 +321,8 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     program needs (:attr:`Program.nbytes`): a bigger one is a CaptureError before
     any backend allocates it.
     """
+    if dtype is None:
+        dtype = tape_dtype(tape)
     _check(tape, loss, dtype)
 
     b = _Builder(tape, loss, dtype)
