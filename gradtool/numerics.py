@@ -603,7 +603,9 @@ def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
     ``dtype="f32"``: the same source built for float32 (``-DGT_CPU_F32``, library
     ``gt_cpu_f32``): the same entries on float32 arrays (the matmul tiles of
     ``gt_matmul.h`` and ``gt_conv.h`` instantiated for float: one ``fmaf`` chain per
-    output, :mod:`gradtool.numerics32`'s products), for :mod:`gradtool.numerics32`.
+    output, :mod:`gradtool.numerics32`'s products; the select; the optimizer step, its
+    scalars rounded to float32 once), for :mod:`gradtool.numerics32`.  It has no row
+    sums (``gt_sum_rows`` is the float64 serial order; numerics32 sums in numpy).
     """
     if dtype not in ("f64", "f32"):
         raise ValueError(f"cpu_library: dtype must be 'f64' or 'f32', not {dtype!r}")
@@ -624,7 +626,7 @@ def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
                     lib = native.load(stem, sources[0],
                                       [*native.SAFE_FLAGS, *typed, *extra_flags, *flags],
                                       sources[1], native_arch=native_arch)
-                    _declare(lib, bool(flags))
+                    _declare(lib, bool(flags), dtype)
                     native.register_threaded(lib)
                     break
                 except (native.NativeUnavailable, OSError, AttributeError):
@@ -633,7 +635,7 @@ def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
     return _LIBRARIES[key]
 
 
-def _declare(lib, python=False) -> None:
+def _declare(lib, python=False, dtype="f64") -> None:
     i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
     # the Python entries (lib.py_*, None without them): the same library again (dlopen
     # returns the loaded one: one thread pool), its functions called with the GIL held,
@@ -644,6 +646,9 @@ def _declare(lib, python=False) -> None:
                                                   *[f64] * 8]),
                "py_select_zero": ("gt_select_zero_py", [obj, obj, obj, cint]),
                "py_sum": ("gt_sum_py", [i64, i64, i64, obj, obj, cint])}
+    if dtype == "f32":            # the serial row sums are float64's order: not built
+        del entries["py_sum"]
+        lib.py_sum = None
     pydll = ctypes.PyDLL(lib._name) if python else None
     for attr, (name, argtypes) in entries.items():
         fn = None
@@ -657,12 +662,13 @@ def _declare(lib, python=False) -> None:
                           ctypes.c_int]
     lib.gt_mm_config.restype = None
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
-    lib.gt_sum_rows.restype = None
-    lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
     lib.gt_select_zero.restype = None
     lib.gt_select_zero.argtypes = [i64, ptr, ptr, ptr, ctypes.c_int]
-    lib.gt_sum_outer_inner.restype = None
-    lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
+    if dtype == "f64":
+        lib.gt_sum_rows.restype = None
+        lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+        lib.gt_sum_outer_inner.restype = None
+        lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
     for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
         getattr(lib, name).restype = ctypes.c_int
         getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64]

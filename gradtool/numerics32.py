@@ -107,7 +107,7 @@ from . import numerics as _nx
 
 __all__ = [
     "LANES", "CHUNK", "BLOCK", "sum_depth", "sum_bound",
-    "fmaf", "matmul", "bmm",
+    "fmaf", "matmul", "bmm", "matmul_numpy", "bmm_numpy",
     "sum", "sum_all", "mean", "mean_all", "sum_axis", "sum_axes", "reduce_to_shape",
     "shard_mean", "shard_accumulate", "shard_divide", "scatter_rows",
     "UNARY", "unary", "atan2",
@@ -183,8 +183,40 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ascending: acc = fmaf(a[i,k], b[k,j], acc)`` (:func:`gradtool.numerics.matmul`'s
     order, with :func:`fmaf`; +0.0 starts it for the same reasons).
 
-    Vectorised over the outputs, one :func:`fmaf` per k.  Operands may be any float32
-    views (``b.T`` in the backward rules)."""
+    Runs the compiled kernel (``csrc/gt_matmul.h``'s tiles instantiated for float,
+    through ``csrc/gt_cpu.c`` built with ``-DGT_CPU_F32``:
+    :func:`gradtool.numerics.cpu_kernels32`; one ``fmaf`` per step, an FMA instruction
+    or libm's ``fmaf``) when a C compiler is available, else :func:`matmul_numpy`; the
+    two give identical bits (tests/test_device_f32.py, every build and thread count).
+    Operands may be any float32 views (``b.T`` in the backward rules)."""
+    lib = _nx.cpu_kernels32()
+    if lib is None:
+        return matmul_numpy(a, b)
+    out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
+    _nx._native_product(lib, out, _f32(a)[np.newaxis], _f32(b)[np.newaxis], 1)
+    return out
+
+
+def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[B,M,K] @ [B,K,N] in float32: the :func:`matmul` chain in every batch slice.  A
+    batch of 1 on either side is read for every batch of the other (as the f64 op
+    stretches it); the stretched side's gradient is the caller's :func:`sum_axis`
+    over axis 0.  Compiled as :func:`matmul` (the stretched side a stride-0 batch),
+    else :func:`bmm_numpy`."""
+    lib = _nx.cpu_kernels32()
+    if lib is None:
+        return bmm_numpy(a, b)
+    a, b = _f32(a), _f32(b)
+    batch = max(a.shape[0], b.shape[0])
+    a = np.broadcast_to(a, (batch,) + a.shape[1:])
+    b = np.broadcast_to(b, (batch,) + b.shape[1:])
+    out = np.empty((batch, a.shape[1], b.shape[2]), dtype=np.float32)
+    _nx._native_product(lib, out, a, b, batch)
+    return out
+
+
+def matmul_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`matmul` in numpy: vectorised over the outputs, one :func:`fmaf` per k."""
     a, b = _f32(a), _f32(b)
     m, kdim = a.shape
     acc = np.zeros((m, b.shape[1]), dtype=np.float32)
@@ -193,11 +225,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[B,M,K] @ [B,K,N] in float32: the :func:`matmul` chain in every batch slice.  A
-    batch of 1 on either side is read for every batch of the other (as the f64 op
-    stretches it); the stretched side's gradient is the caller's :func:`sum_axis`
-    over axis 0."""
+def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`bmm` in numpy: the :func:`matmul_numpy` chain in every batch slice."""
     a, b = _f32(a), _f32(b)
     batch = max(a.shape[0], b.shape[0])
     acc = np.zeros((batch, a.shape[1], b.shape[2]), dtype=np.float32)

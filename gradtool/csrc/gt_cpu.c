@@ -144,6 +144,7 @@ GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const 
     }
 }
 
+#ifndef GT_CPU_F32   /* numerics.reduce_to_shape's serial order: float64 only */
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows
  * being the broadcast coordinates in row-major order.  src is C-contiguous
@@ -151,6 +152,7 @@ GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const 
 GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const gt_real *src, gt_real *dst)
 {
     GT_FP_ENTER(saved);
+
     memcpy(dst, src, (size_t)n * sizeof(gt_real));
     for (long long i = 1; i < rows; ++i) {
         const gt_real *restrict row = src + i * n;
@@ -182,6 +184,8 @@ GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, con
     }
     GT_FP_LEAVE(saved);
 }
+
+#endif
 
 /* ---- the optimizer step --------------------------------------------------- */
 typedef struct {
@@ -390,6 +394,7 @@ GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *ds
     return done ? 0 : 1;
 }
 
+#ifndef GT_CPU_F32
 /* gt_sum_rows (outer = 1, a [rows, n] src) or gt_sum_outer_inner (an [outer, n,
  * inner] src): dst the n sums. */
 GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObject *src,
@@ -410,4 +415,5 @@ GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObj
     PyBuffer_Release(&vs);
     return pd ? 0 : 1;
 }
+#endif /* GT_CPU_F32 */
 #endif

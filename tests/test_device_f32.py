@@ -1,0 +1,242 @@
+"""float32 in the compiled engines: the CPU reference's compiled f32 kernels, the host
+backend's f32 build, against numerics32 (the float32 contract's numpy spec), bit for bit.
+
+* the compiled f32 matrix product (csrc/gt_matmul.h's tiles instantiated for float,
+  through csrc/gt_cpu.c -DGT_CPU_F32) in every build (AVX-512/native, generic, AVX2+FMA,
+  portable, the libm-fmaf build GRADTOOL_NO_FMA gives), every operand layout and 1, 2, 3
+  and 7 threads == numerics32.matmul_numpy; FMA instructions in the products only;
+* the kernels' lane-tree sum (gt_real.h's GT_ROW_SUM over computed terms, GT_MEM_SUM over
+  memory) == numerics32.sum for lengths 0 .. past two levels of the block tree;
+* every op of the table, forward and backward, on an f32 tape: the host backend's three
+  kernel variants (tiled, per-thread, per-thread reversed) == the CPU reference.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_bits_equal_nan_any, require_c_compiler
+from gradtool import native
+from gradtool import numerics as nx
+from gradtool import numerics32 as n32
+from test_matmul import builds, functions_with_fused_multiply_adds, layouts
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = (1, 2, 3, 7)
+
+
+def operand32(rng, shape):
+    """float32 values over 12 decades with float32's special values sprinkled in
+    (subnormals, the largest finite, signed zeros, infinities, NaN)."""
+    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 7, shape)).astype(np.float32)
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-45, -3e-39, 3.4e38, -3.4e38],
+                        dtype=np.float32)
+    if x.size:
+        hit = rng.random(shape) < 0.02
+        x[hit] = rng.choice(specials, int(hit.sum()))
+    return x
+
+
+@pytest.fixture(scope="module")
+def libraries32():
+    require_c_compiler()
+    libs = {}
+    for name, flags, arch in builds():
+        lib = nx.cpu_library(flags, arch, dtype="f32")
+        assert lib is not None, f"the {name} float32 build of csrc/gt_cpu.c failed"
+        libs[name] = lib
+    libs["native, ctypes entry"] = nx.cpu_library(python=False, dtype="f32")
+    assert libs["native, ctypes entry"].py_mm is None
+    return libs
+
+
+@pytest.fixture
+def threads_restored():
+    yield
+    native.set_num_threads(None)
+
+
+def product32(lib, a, b, c0=None):
+    a3, b3 = (a, b) if a.ndim == 3 else (a[np.newaxis], b[np.newaxis])
+    out = np.empty((a3.shape[0], a3.shape[1], b3.shape[2]), np.float32)
+    if c0 is not None:
+        out[...] = c0.reshape(out.shape)
+    nx._native_product(lib, out, a3, b3, a3.shape[0], accumulate=c0 is not None)
+    return out.reshape(out.shape[1:]) if a.ndim == 2 else out
+
+
+def reference32(a, b, c0=None):
+    s = n32.matmul_numpy(a, b) if a.ndim == 2 else n32.bmm_numpy(a, b)
+    if c0 is None:
+        return s
+    with np.errstate(all="ignore"):
+        return c0 + s                      # the accumulate: one binary32 add
+
+
+def test_f32_products_every_build_layout_and_thread_count(libraries32, rng,
+                                                           threads_restored):
+    shapes = [(1, 1, 1), (1, 300, 1), (300, 1, 300), (5, 33, 31), (131, 257, 61),
+              (3, 0, 5), (128, 784, 37), (64, 40, 497), (17, 64, 100), (200, 200, 200)]
+    before = {name: nx.matmul_config(lib)["threaded_runs"] for name, lib in libraries32.items()}
+    for m, k, n in shapes:
+        a, b, c0 = operand32(rng, (m, k)), operand32(rng, (k, n)), operand32(rng, (m, n))
+        want, want_acc = reference32(a, b), reference32(a, b, c0)
+        assert want.dtype == np.float32
+        for t in THREADS:
+            native.set_num_threads(t)
+            for name, lib in libraries32.items():
+                for case, (x, y) in layouts(a, b).items():
+                    what = f"f32 {name} build, {t} threads, {case}, M K N = {m} {k} {n}"
+                    got = product32(lib, x, y)
+                    assert got.dtype == np.float32
+                    assert_bits_equal_nan_any(got, want, what)
+                assert_bits_equal_nan_any(product32(lib, a, b, c0), want_acc, what + ", +=")
+    for name, lib in libraries32.items():      # the threaded code really ran
+        assert nx.matmul_config(lib)["threaded_runs"] > before[name], name
+        assert nx.matmul_config(lib)["lanes"] in (1, 4, 8, 16), name
+
+
+def test_f32_batched_products_and_the_numerics32_entry_points(libraries32, rng,
+                                                                threads_restored):
+    for bt, m, k, n in [(1, 9, 17, 33), (3, 64, 40, 70), (5, 7, 1, 3), (8, 33, 64, 32)]:
+        a, b = operand32(rng, (bt, m, k)), operand32(rng, (bt, k, n))
+        want = reference32(a, b)
+        for t in (1, 3):
+            native.set_num_threads(t)
+            for name, lib in libraries32.items():
+                for case, (x, y) in layouts(a, b).items():
+                    assert_bits_equal_nan_any(product32(lib, x, y), want,
+                                              f"f32 {name}, {t} threads, bmm {case}")
+    # numerics32.matmul/bmm (what the CPU reference's f32 nodes call) run the kernel
+    assert nx.cpu_kernels32() is not None
+    a, b = operand32(rng, (70, 90)), operand32(rng, (90, 40))
+    got = n32.matmul(a, b)
+    assert got.dtype == np.float32
+    assert_bits_equal_nan_any(got, n32.matmul_numpy(a, b), "numerics32.matmul")
+    assert_bits_equal_nan_any(n32.matmul(b.T, a.T), n32.matmul_numpy(b.T, a.T), "transposed")
+    # a batch of one on either side is read for every batch (stride 0), as numpy stretches it
+    one, many = operand32(rng, (1, 20, 30)), operand32(rng, (4, 30, 50))
+    assert_bits_equal_nan_any(n32.bmm(one, many), n32.bmm_numpy(one, many), "stretched a")
+    one_b = operand32(rng, (1, 50, 6))
+    assert_bits_equal_nan_any(n32.bmm(many, one_b), n32.bmm_numpy(many, one_b), "stretched b")
+
+
+def test_f32_fused_multiply_adds_only_in_the_products(libraries32):
+    """The float32 library's disassembly: FMA instructions (fmaf calls in the no-fma build)
+    in the matmul micro-kernels only."""
+    import shutil
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump is not installed")
+    for name, lib in libraries32.items():
+        found = functions_with_fused_multiply_adds(objdump, Path(lib._name))
+        assert found, f"{name}: no fused multiply-add in the f32 library"
+        stray = {f: v[:2] for f, v in found.items()
+                 if not f.startswith(("gt_mm_k", "gt_mm_naive", "gt_conv_k", "gt_mm_naive_conv"))}
+        assert not stray, f"{name}: fused multiply-adds outside the products: {stray}"
+        if name == "no-fma":
+            assert nx.matmul_config(lib)["vector_fma"] == 0
+            assert all("fmaf@plt" in line for v in found.values() for line in v), name
+
+
+def test_no_fma_environment_builds_the_libm_fmaf_path(rng):
+    """GRADTOOL_NO_FMA=1: the float32 library calls libm's fmaf; same bits."""
+    require_c_compiler()
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        from gradtool import native, numerics as nx, numerics32 as n32
+        assert native.fma_policy_flags() == native.NO_FMA_FLAGS
+        assert nx.matmul_config(nx.cpu_kernels32())["vector_fma"] == 0
+        a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+        np.save(sys.argv[3], n32.matmul(a, b))
+    """)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = operand32(rng, (37, 61)), operand32(rng, (61, 33))
+        np.save(f"{tmp}/a.npy", a)
+        np.save(f"{tmp}/b.npy", b)
+        env = {**os.environ, "GRADTOOL_NO_FMA": "1", "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
+                        f"{tmp}/c.npy"], env=env, check=True, timeout=600)
+        assert_bits_equal_nan_any(np.load(f"{tmp}/c.npy"), n32.matmul_numpy(a, b), "no-fma")
+
+
+# ── the kernels' lane-tree sum ───────────────────────────────────────────────
+
+SUM_HARNESS = r"""
+#include "gt_real.h"
+/* GT_ROW_SUM over computed terms (term l = x[l*stride] * 1.0f, a product that rounds
+ * nothing) and GT_MEM_SUM over memory, as the f32 kernels call them */
+GT_EXPORT float row_sum(const float *x, long long n, long long stride)
+{
+    gt_real s;
+    GT_ROW_SUM(s, n, l, v, { const gt_real one = R1; v = R_MUL(x[l * stride], one); })
+    return s;
+}
+GT_EXPORT float mem_sum(const float *x, long long n, long long stride)
+{
+    return GT_MEM_SUM(x, n, stride);
+}
+/* the terms are visited once each, l ascending (the clip norm's cursor relies on it) */
+GT_EXPORT long long row_sum_order(long long n)
+{
+    long long next = 0, bad = 0;
+    gt_real s;
+    GT_ROW_SUM(s, n, l, v, { bad += l != next; next = l + 1; v = R0; })
+    (void)s;
+    return bad + (next != n);
+}
+"""
+
+SUM_LENGTHS = (0, 1, 2, 3, 31, 32, 33, 63, 255, 256, 257, 511, 512, 513, 767, 768, 1023,
+               1024, 1025, 256 * 5 + 7, 256 * 9, 256 * 17 + 255, 70001)
+
+
+@pytest.fixture(scope="module")
+def sum_lib(tmp_path_factory):
+    import ctypes
+    require_c_compiler()
+    src = tmp_path_factory.mktemp("sum") / "sum_harness.c"
+    src.write_text(SUM_HARNESS)
+    path = native.build("gt_f32_sum_harness", src,
+                        ["-x", "c", *native.SAFE_FLAGS, "-DGT_REAL_F32"],
+                        [native.CSRC / h for h in ("gt_real.h", "gt_real32.h", "gt_math.h",
+                                                   "gt_ops.h", "host_prelude.h")])
+    lib = ctypes.CDLL(str(path))
+    for fn in (lib.row_sum, lib.mem_sum):
+        fn.restype = ctypes.c_float
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
+    lib.row_sum_order.restype = ctypes.c_longlong
+    lib.row_sum_order.argtypes = [ctypes.c_longlong]
+    return lib
+
+
+@pytest.mark.parametrize("n", SUM_LENGTHS)
+def test_kernel_lane_tree_sum_equals_numerics32(sum_lib, n, rng):
+    import ctypes
+    m = n * 3
+    cases = {
+        "wide": (rng.standard_normal(m) * 10.0 ** rng.integers(-6, 7, m)).astype(np.float32),
+        "cancelling": (np.resize([1.0, -1.0], m) * 10.0 ** rng.integers(0, 8, m)
+                       + rng.standard_normal(m) * 1e-3).astype(np.float32),
+        "special": operand32(rng, (m,)),
+    }
+    for stride in (1, 3):
+        for scale, x in cases.items():
+            x = np.resize(x, n * stride).astype(np.float32)
+            view = x[::stride]
+            want = n32.sum(view)
+            ptr = x.ctypes.data_as(ctypes.c_void_p)
+            for name, fn in (("GT_ROW_SUM", sum_lib.row_sum), ("GT_MEM_SUM", sum_lib.mem_sum)):
+                got = np.float32(fn(ptr, n, stride))
+                assert_bits_equal_nan_any(got, want, f"{name} n={n} stride={stride} {scale}")
+    assert sum_lib.row_sum_order(n) == 0
+    # an all -0.0 row sums to +0.0 (every partial starts at +0.0), as numerics32 says
+    z = np.full(max(n, 1), -0.0, np.float32)
+    got = np.float32(sum_lib.mem_sum(z.ctypes.data_as(ctypes.c_void_p), n, 1))
+    assert got == 0.0 and not np.signbit(got) and not np.signbit(n32.sum(z[:n]))
