@@ -18,6 +18,11 @@ differs from what this module renders from the current table:
 * the op reference table in ``docs/ops.md`` (between its GENERATED markers);
 * the supported-ATen-op table of ``docs/torch.md``, from the importer's one mapping
   table (:data:`gradtool.interop.aten.ATEN`).
+
+This is a build-time tool: no module of the package imports it (tests/test_imports.py
+checks).  The renderings the runtime needs too -- an elementwise kernel's C
+expression, a metadata field's C declaration -- live in :mod:`gradtool.render`,
+which this module and the fusion pass share.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from pathlib import Path
 from . import expr as E
 from .limits import MAX_DIMS
 from .ops import FAMILIES, INT_DTYPE, KERNELS, OPS, kernel_names
+from .render import BINARY_BWD_ENV, BINARY_FWD_ENV, UNARY_BWD_ENV, UNARY_FWD_ENV
+from .render import elementwise_rule, field_declaration  # noqa: F401 (re-exported)
+from .render import kernel_c as _render
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -38,56 +46,11 @@ DOCS_PATH = ROOT / "docs" / "ops.md"
 TORCH_DOCS_PATH = ROOT / "docs" / "torch.md"
 BEGIN, END = "<!-- BEGIN GENERATED: python -m gradtool.codegen -->", "<!-- END GENERATED -->"
 
-# how the kernel families name the per-element operands (kernels.cu)
-UNARY_FWD_ENV = {"x": "xv", "s": "s"}
-UNARY_BWD_ENV = {"g": "gv", "x": "xv", "t": "tv", "s": "s"}
-BINARY_FWD_ENV = {"x": "xv", "y": "yv"}
-BINARY_BWD_ENV = {"g": "gv", "x": "xv", "y": "yv", "t": "tv"}
-
-
-def _render(e, env) -> str:
-    return E.render(e, E.KERNEL, env)
-
-
-_ENVS = {"UNARY_FWD": UNARY_FWD_ENV, "UNARY_BWD": UNARY_BWD_ENV,
-         "BINARY_FWD": BINARY_FWD_ENV, "BINARY_BWD": BINARY_BWD_ENV}
-
-
-def elementwise_rule(kernel_name: str) -> tuple:
-    """(family, C expression) of one elementwise kernel: the table's rule rendered exactly
-    as gt_ops.h renders it for that kernel (the fusion pass expands the family's body,
-    gt_bodies.h, with this text)."""
-    for spec in OPS.values():
-        if not spec.elementwise:
-            continue
-        prefix = "UNARY_" if spec.kind == "unary" else "BINARY_"
-        rules = {f"k_{spec.name}": spec.fwd, f"k_{spec.name}_bwd": spec.bwd[0],
-                 **{f"k_{spec.name}_bwd_{side}": e for side, e in zip("ab", spec.bwd)}}
-        if kernel_name in kernel_names(spec):
-            family = prefix + ("FWD" if kernel_name == f"k_{spec.name}" else "BWD")
-            return family, _render(rules[kernel_name], _ENVS[family])
-    raise KeyError(f"{kernel_name!r} is not an elementwise kernel")
-
-
 def _xlist(name: str, rows: list) -> list:
     lines = [f"#define {name}(X) \\"]
     lines += [f"    X({a}, {b}) \\" for a, b in rows]
     lines.append("    /* end */")
     return lines
-
-
-_SCALAR_TYPES = {"w": "gt_real *GT_RESTRICT", "r": "const gt_real *GT_RESTRICT",
-                 "i": "const long long", "f": "const gt_real"}
-
-
-def field_declaration(name: str, kind: str, value: str) -> str:
-    """The C declaration of one scalar metadata field (kinds w, r, i, f) whose value is the
-    C expression ``value`` (an arena offset for w/r): shared by the GT_ARGS decoders and
-    the fused kernels' constant declarations (gradtool/device/fusion.py)."""
-    if kind not in _SCALAR_TYPES:
-        raise ValueError(f"{name}: unknown field kind {kind!r}")
-    init = f"W + {value}" if kind in ("w", "r") else value
-    return f"{_SCALAR_TYPES[kind]} {name} = {init};"
 
 
 def _decoder(spec) -> list:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .budget import node_work
 from .errors import TapeError
-from .tape import GVar, Tape, _is_number
+from .tape import GVar, Tape, is_number
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _descendants(tape: Tape, root: int) -> list:
 
 
 def _positive(x, what: str, strict: bool = False) -> float:
-    if not _is_number(x):
+    if not is_number(x):
         raise TapeError(f"fd_check: {what} must be a real number, got {type(x).__name__}")
     value = float(x)
     if not math.isfinite(value) or value < 0.0 or (strict and value == 0.0):

@@ -98,7 +98,7 @@ class GVar:
     # that is not a GVar (a numpy array, a string) is refused with a TapeError:
     # record arrays as leaves first (tape.const / tape.param).
     def __add__(self, other):
-        if _is_number(other):
+        if is_number(other):
             return self.tape.adds(self, other)
         return self.tape.add(self, _operand(other, "+"))
 
@@ -106,7 +106,7 @@ class GVar:
         return self.tape.adds(self, _rscalar(other, "+"))
 
     def __sub__(self, other):
-        if _is_number(other):
+        if is_number(other):
             return self.tape.adds(self, -_scalar(other, "-"))
         return self.tape.sub(self, _operand(other, "-"))
 
@@ -115,7 +115,7 @@ class GVar:
         return self.tape.adds(self.tape.neg(self), c)
 
     def __mul__(self, other):
-        if _is_number(other):
+        if is_number(other):
             return self.tape.muls(self, other)
         return self.tape.mul(self, _operand(other, "*"))
 
@@ -123,7 +123,7 @@ class GVar:
         return self.tape.muls(self, _rscalar(other, "*"))
 
     def __truediv__(self, other):
-        if _is_number(other):
+        if is_number(other):
             return self.tape.div(self, self.tape.const(np.array([_scalar(other, "/")])))
         return self.tape.div(self, _operand(other, "/"))
 
@@ -144,7 +144,7 @@ class GVar:
         return self.tape.neg(self)
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
     """A real scalar operand: int, float, numpy real scalar (never bool, never an array)."""
     return (isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_, np.ndarray)))
 
@@ -161,7 +161,7 @@ def _rscalar(x, op: str) -> float:
 
     (Never a GVar: Python tries the left operand's own method first.)
     """
-    if not _is_number(x):
+    if not is_number(x):
         raise _unsupported(x, op)
     return _scalar(x, op)
 
@@ -513,7 +513,7 @@ class Tape:
         elsewhere, none to the mask.  ``a`` or ``b`` may be a Python number (an int
         becomes an i64 const, so ids stay integer-valued; a float an f64 const).
         """
-        if _is_number(mask):
+        if is_number(mask):
             raise TapeError("where: the mask must be a GVar (a comparison's mask), got "
                             f"{type(mask).__name__}")
         a = self._number_leaf(a, "where input a")
@@ -535,7 +535,7 @@ class Tape:
 
     def _number_leaf(self, x, what: str):
         """A Python number as a one-element const (an int: dtype i64), else ``x``."""
-        if not _is_number(x):
+        if not is_number(x):
             return x
         if isinstance(x, numbers.Integral):
             if not -2 ** 63 <= int(x) < 2 ** 63:
@@ -605,7 +605,7 @@ class Tape:
             return self._handle(self._names[ref])
         if isinstance(ref, GVar):
             return self._handle(self.node_id(ref, "var"))
-        if _is_index(ref) and 0 <= int(ref) < len(self.nodes):
+        if is_index(ref) and 0 <= int(ref) < len(self.nodes):
             return self._handle(int(ref))
         raise TapeError(f"node {ref!r} does not exist (the tape has {len(self.nodes)} nodes; "
                         f"pass a GVar, a node id or a leaf name)"[:300])
@@ -685,7 +685,7 @@ class Tape:
         e.g. the descendants of one perturbed parameter.
         """
         self._require_ok()
-        if not _is_index(start) or not 0 <= int(start) <= len(self.nodes):
+        if not is_index(start) or not 0 <= int(start) <= len(self.nodes):
             raise TapeError(f"forward start must be a node id in [0, {len(self.nodes)}], "
                             f"got {start!r}")
         if only is not None:
@@ -792,7 +792,7 @@ class Tape:
         Handles to the dropped nodes are refused from now on, also once new
         nodes take their ids.  Clears the poison.
         """
-        if not _is_index(mark) or not 0 <= int(mark) <= len(self.nodes):
+        if not is_index(mark) or not 0 <= int(mark) <= len(self.nodes):
             raise TapeError(f"mark {mark!r} is not a mark of this tape (an int in "
                             f"[0, {len(self.nodes)}] from tape.mark())")
         mark = int(mark)
@@ -950,7 +950,7 @@ def reach(tape: Tape, loss: int, requires: Optional[Sequence[bool]] = None) -> l
 
 def _scalar(s, what) -> float:
     """A finite-or-not real scalar operand as a float; never bool, never an overflow."""
-    if not _is_number(s):
+    if not is_number(s):
         raise TapeError(f"{what}: scalar operand must be a real number, got {type(s).__name__}")
     try:
         return float(s)
@@ -966,7 +966,7 @@ def show_int(x) -> str:
 
 def _real(x, what: str, nonneg: bool = False) -> float:
     """A finite real number (>= 0 with ``nonneg``) as a float, else TapeError."""
-    if not _is_number(x):
+    if not is_number(x):
         raise TapeError(f"{what} must be a real number, got {type(x).__name__}")
     value = _scalar(x, what)
     if not math.isfinite(value) or (nonneg and value < 0.0):
@@ -974,7 +974,8 @@ def _real(x, what: str, nonneg: bool = False) -> float:
     return value
 
 
-def _is_index(x) -> bool:
+def is_index(x) -> bool:
+    """An integer index or node id: int or numpy integer (never bool)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
@@ -1011,7 +1012,7 @@ def _int_list(values, what) -> list:
         raise TapeError(f"{what}: expected a sequence of integers, got {values!r}") from None
     out = []
     for x in items:
-        if not _is_index(x):
+        if not is_index(x):
             raise TapeError(f"{what}: expected integers, got {x!r}"[:200])
         out.append(int(x))
     return out

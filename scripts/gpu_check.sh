@@ -27,7 +27,7 @@
 #          (--fuse --train adam, --fuse --dtype f32);
 #       4. runs two samples under compute-sanitizer memcheck, per-node and fused (when it
 #          is installed and a bare allocation runs under it: some runtimes refuse the tool);
-#       5. runs the f32 gate (python -m gradtool.device.gate: host and cuda, per-node and
+#       5. runs the f32 gate (python3 scripts/f32_gate.py: host and cuda, per-node and
 #          fused), scripts/bench_ae.py (with its host-fuse and cuda-fuse rows) and
 #          scripts/bench_replay.py (cuda and host next to PyTorch eager and CUDA graphs).
 #       Each stage has its own time limit, so a hang cannot eat the lease; the whole run is
@@ -319,7 +319,7 @@ run() {
         finish
     fi
     ts=$SECONDS
-    if timeout 60 python3 -m gradtool.device.gate --json > "$OUTDIR/gate.json" 2>&1; then
+    if timeout 60 python3 scripts/f32_gate.py --json > "$OUTDIR/gate.json" 2>&1; then
         note "f32 gate: passed ($(python3 -c "import json,sys; rows=json.load(open(sys.argv[1])); print('; '.join('%s %s loss %.3g params %.3g' % (r['backend'], 'fused' if r['fuse'] else 'per-node', r['loss_gap'], r['param_gap']) for r in rows))" "$OUTDIR/gate.json"))"
     else
         fail "f32 gate (log: gate.json)"

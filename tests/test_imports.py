@@ -145,3 +145,32 @@ def test_public_import_paths_keep_working():
         m = importlib.import_module(mod)
         for attr in attrs:
             assert hasattr(m, attr), f"{mod}.{attr}"
+
+
+# ── layering: the generator is a build-time tool; the device layer is below the importer ──
+
+def test_no_module_imports_the_build_time_generator():
+    """``gradtool.codegen`` renders the committed files; nothing at run time imports it
+    (the renderings the runtime shares with it are in gradtool/render.py)."""
+    g = graph()
+    assert "gradtool.codegen" in MODULES and "gradtool.render" in g["gradtool.codegen"]
+    bad = sorted(v for v, ws in g.items() if "gradtool.codegen" in ws and v != "gradtool.codegen")
+    assert not bad, f"import gradtool.codegen at run time: {bad}"
+
+
+def test_the_device_package_imports_nothing_from_the_importer():
+    g = graph()
+    device = sorted(v for v in g if v == "gradtool.device" or v.startswith("gradtool.device."))
+    assert "gradtool.device.fusion" in device and "gradtool.device.backends" in device
+    bad = [(v, w) for v in device for w in sorted(g[v])
+           if w == "gradtool.interop" or w.startswith("gradtool.interop.")]
+    assert not bad, f"gradtool.device imports gradtool.interop: {bad}"
+
+
+def test_the_layering_checks_see_lazy_imports(tmp_path, monkeypatch):
+    """The graph counts an import inside a function (a lazy import is still a dependency):
+    a device module with one would fail the check above."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("def f():\n    from ..interop import aten\n    import gradtool.codegen\n")
+    monkeypatch.setitem(MODULES, "gradtool.device.fake", fake)
+    assert {"gradtool.interop.aten", "gradtool.codegen"} <= imports_of("gradtool.device.fake")

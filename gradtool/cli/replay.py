@@ -12,10 +12,12 @@ import math
 
 import click
 
-from ..device.engine import (BACKENDS, F32_BOUND, capture, check_gradients, check_step,
-                             fusion_plan, time_episodes)
+from ..device import backends
+from ..device.engine import (F32_BOUND, capture, check_gradients, check_step, fusion_plan,
+                             time_episodes)
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
+from .choices import RegistryChoice
 from .common import CheckFailed, load_tape, memory_budget
 from .tapes import TAPE_HELP
 
@@ -38,9 +40,11 @@ def _json_num(x):
 
 @click.command("replay-gpu", epilog=TAPE_HELP)
 @click.argument("tape", metavar="TAPE")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
-              help="cuda (PyCUDA and a GPU), host (the same kernels compiled by the system C "
-                   "compiler), or auto (cuda when available, else host).")
+@click.option("--backend", type=RegistryChoice(backends.choices), default="auto",
+              show_default=True,
+              help="A registered device backend -- cuda (PyCUDA and a GPU), host (the same "
+                   "kernels compiled by the system C compiler) -- or auto (cuda when "
+                   "available, else host).")
 @click.option("--dtype", type=click.Choice(["f64", "f32"]), default="f64", show_default=True,
               help="Element type on the device. f64 is bit-exact with the CPU tape; f32 is "
                    f"within {F32_BOUND:g} relative.")
@@ -112,7 +116,7 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
     report = {
         "file": tf.source, "backend": replay.backend, "backend_reason": replay.backend_reason,
         "device": replay.dev.describe(), "dtype": dtype,
-        "graph": (graph if replay.backend == "cuda" else None),
+        "graph": replay.dev.graph,
         "train": train, "lr": (opt.lr if opt else None), "nodes": len(tp.nodes),
         "fuse": fuse,
         "launches": {"forward": len(prog.launches["forward"]),
@@ -147,7 +151,7 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
 
 
 def _text(r: dict) -> list:
-    graph = {True: "graph", False: "per-node launches", None: "one host call per episode"}
+    graph = {True: "graph", False: "per-node launches", None: "one call per episode"}
     lines = [f"{r['file']}: backend {r['backend']} ({r['backend_reason']}), {r['device']}, "
              f"{graph[r['graph']]}"]
     la = r["launches"]

@@ -14,6 +14,8 @@ from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
 from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure, StartRefused,
                                  error_line, mpi_world, start, supervise)
+from ..train.engines import engine_names
+from .choices import RegistryChoice
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
                      output_file, silence_stdout)
 
@@ -129,10 +131,11 @@ class Console(Reporter):
               help="Write one JSON object per step and per epoch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary as the last line of stdout.")
-@click.option("--backend", type=click.Choice(["cpu", "host", "cuda", "auto"]), default="cpu",
-              show_default=True, help="Engine that runs the steps.")
+@click.option("--backend", type=RegistryChoice(engine_names), default="cpu",
+              show_default=True,
+              help="Engine that runs the steps: cpu (the numpy reference) or a device backend.")
 @click.option("--fuse", is_flag=True,
-              help="host/cuda/auto: run each step as the few fused kernels generated for this "
+              help="Device backends: run each step as the few fused kernels generated for this "
                    "tape (identical bits; compiled once per tape). Not implied by auto.")
 @click.option("--plot", metavar="LOSS.png", callback=output_file,
               help="Plot the loss curve (needs matplotlib).")

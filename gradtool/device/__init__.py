@@ -2,10 +2,11 @@
 
 One kernel source, ``gradtool/csrc/kernels.cu``, holds every forward and
 backward kernel, the broadcast reduction and the optimizer updates.  It runs
-on two backends: ``cuda`` (PyCUDA, per-node launches or one CUDA graph per
-episode) and ``host`` (the same file compiled by the system C compiler and
-driven through ctypes, one call per episode).  In float64 both give the CPU
-tape's bits.  See docs/device.md.
+on the backends of one registry (:mod:`gradtool.device.backends`): ``cuda``
+(PyCUDA, per-node launches or one CUDA graph per episode) and ``host`` (the
+same file compiled by the system C compiler and driven through ctypes, one
+call per episode).  In float64 both give the CPU tape's bits.  See
+docs/device.md.
 
     from gradtool.device import capture
     rp = capture(tape, loss, backend="host")
@@ -13,8 +14,10 @@ tape's bits.  See docs/device.md.
     rp.loss(), rp.grad(w)
 """
 
+from . import backends
+from .backends import Backend, register
 from .engine import BACKENDS, DeviceEngine, DeviceReplay, capture, resolve_backend
 from .program import CaptureError
 
 __all__ = ["capture", "DeviceReplay", "DeviceEngine", "resolve_backend", "CaptureError",
-           "BACKENDS"]
+           "BACKENDS", "backends", "Backend", "register"]

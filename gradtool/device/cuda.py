@@ -52,9 +52,11 @@ import weakref
 import numpy as np
 
 from ..errors import GradtoolError
+from ..native import CSRC
 from ..ops import pack
-from .host import CSRC, Staging
+from .backends import Options
 from .program import DTYPES, PHASES, Program
+from .staging import Staging
 
 BLOCK = 256
 MAX_GRID = 1 << 16
@@ -78,6 +80,22 @@ def cuda_status() -> tuple:
     if count < 1:
         return False, "no CUDA device"
     return True, f"cuda device 0: {drv.Device(0).name()}"
+
+
+def select_device(local_rank: int) -> None:
+    """Several MPI ranks on one machine: rank ``local_rank`` takes GPU local rank mod
+    count (through ``CUDA_DEVICE``, which PyCUDA's context reads), unless the user chose
+    (``CUDA_DEVICE`` or ``CUDA_VISIBLE_DEVICES`` set).  Before any context exists."""
+    if "CUDA_DEVICE" in os.environ or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        count = drv.Device.count()
+    except Exception:  # noqa: BLE001 - no PyCUDA or no GPU: the backend says so itself
+        return
+    if count > 0:
+        os.environ["CUDA_DEVICE"] = str(local_rank % count)
 
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[^\n]*$', re.M)
@@ -318,9 +336,15 @@ def geometry(work: int, rows_block: int = 0) -> tuple:
 
 
 class CudaBackend:
-    """A :class:`Program` instantiated on the GPU: one arena, one metadata array."""
+    """A :class:`Program` instantiated on the GPU: one arena, one metadata array
+    (a :class:`gradtool.device.backends.Backend`)."""
 
     name = "cuda"
+
+    @classmethod
+    def create(cls, program: Program, options: Options) -> "CudaBackend":
+        """The registry's factory (:mod:`gradtool.device.backends`)."""
+        return cls(program, graph=options.graph)
 
     def __init__(self, program: Program, graph: bool = True):
         import pycuda.driver as drv
@@ -474,5 +498,5 @@ class CudaBackend:
         return f"cuda ({self.drv.Context.get_device().name()}, {self.program.dtype}{how})"
 
 
-__all__ = ["CudaBackend", "cuda_status", "kernel_source", "fused_source", "inline_headers",
+__all__ = ["CudaBackend", "cuda_status", "select_device", "kernel_source", "fused_source", "inline_headers",
            "nvcc_options", "geometry"]

@@ -13,10 +13,11 @@ the CPU tape.
 :class:`DeviceEngine` is the training loop's engine for ``gradtool train
 --backend host|cuda|auto`` (the same methods as ``gradtool.train.CpuEngine``).
 
-Backends: ``host`` (:mod:`gradtool.device.host`, everywhere a C compiler
-exists) and ``cuda`` (:mod:`gradtool.device.cuda`, PyCUDA and a GPU);
-``auto`` picks cuda when PyCUDA and a device are present, else host.
-Every backend gives the CPU tape's bits, for f64 and f32 tapes alike.
+Backends come from the registry, :mod:`gradtool.device.backends`: ``host``
+(:mod:`gradtool.device.host`, everywhere a C compiler exists) and ``cuda``
+(:mod:`gradtool.device.cuda`, PyCUDA and a GPU); ``auto`` picks cuda when PyCUDA
+and a device are present, else host.  Every backend gives the CPU tape's bits, for
+f64 and f32 tapes alike.
 """
 
 from __future__ import annotations
@@ -28,25 +29,19 @@ import numpy as np
 
 from ..errors import GradtoolError
 from ..ops import bad_id, bad_rng, inexact_int
-from ..tape import GVar, _is_index, as_float64_array, as_ids_array, check_ids
+from ..tape import GVar, as_float64_array, as_ids_array, check_ids, is_index
+from . import backends
 from .program import DTYPES, EXACT_INTS, CaptureError, capture_program, rounded_tape
 
-BACKENDS = ("auto", "cuda", "host")
+# the registry's names when this module was imported (kept for old imports; the
+# registry itself, gradtool.device.backends.choices(), is what commands read)
+BACKENDS = backends.choices()
 
 
 def resolve_backend(name: str) -> tuple:
-    """(backend actually used, why) for a requested ``auto``/``cuda``/``host``."""
-    if name not in BACKENDS:
-        raise GradtoolError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
-    if name == "host":
-        return "host", "requested"
-    from .cuda import cuda_status
-    ok, why = cuda_status()
-    if name == "cuda":
-        if not ok:
-            raise GradtoolError(f"the cuda backend is unavailable: {why}")
-        return "cuda", "requested"
-    return ("cuda", f"auto: {why}") if ok else ("host", f"auto: no cuda ({why})")
+    """(backend actually used, why) for a requested registry name or ``auto``
+    (:func:`gradtool.device.backends.resolve`)."""
+    return backends.resolve(name)
 
 
 class DeviceReplay:
@@ -80,13 +75,9 @@ class DeviceReplay:
         self._leaf = [node.a < 0 for node in tape.nodes]
         self._ids = {i for i in range(len(tape.nodes)) if tape.holds_ids(i)}
         self._rng = tape.rng_id()           # the rng slot's counters are checked when set
-        self.backend, self.backend_reason = resolve_backend(backend)
-        if self.backend == "cuda":
-            from .cuda import CudaBackend
-            self.dev = CudaBackend(self.program, graph=graph)
-        else:
-            from .host import HostBackend
-            self.dev = HostBackend(self.program, variant=host_kernels)
+        self.backend, self.backend_reason = backends.resolve(backend)
+        self.dev = backends.get(self.backend).create(
+            self.program, backends.Options(graph=graph, host_kernels=host_kernels))
         self.dtype = self.program.dtype
         self.loss_id = loss_id
         self.optimizer = self.program.optimizer
@@ -103,7 +94,7 @@ class DeviceReplay:
                 raise GradtoolError(f"{role}: node {i} was recorded after this replay was "
                                     f"captured")
             return i
-        if not _is_index(node) or not 0 <= int(node) < n:
+        if not is_index(node) or not 0 <= int(node) < n:
             raise GradtoolError(f"{role}: no node {node!r} (the captured tape has {n} nodes; "
                                 f"pass a GVar or a node id)"[:300])
         return int(node)
@@ -282,7 +273,8 @@ def fusion_plan(tape, loss, dtype: Optional[str] = None, *, optimizer=None):
 
 
 class DeviceEngine:
-    """The training engine on a device backend (same interface as train.CpuEngine)."""
+    """The training engine on a registered device backend, or ``auto`` (same interface as
+    train.CpuEngine)."""
 
     def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto",
                  dtype: Optional[str] = None,

@@ -6,7 +6,7 @@ CUDA-C source it generates (:func:`render`), once per tape.  Every fused
 element runs the per-node kernel's own per-thread body (``csrc/gt_bodies.h``,
 the code ``kernels.cu`` expands in its loops), with the same metadata values
 as compile-time constants and, for elementwise ops, the op table's rule
-rendered exactly as ``gt_ops.h`` renders it (:func:`gradtool.codegen.elementwise_rule`).
+rendered exactly as ``gt_ops.h`` renders it (:func:`gradtool.render.elementwise_rule`).
 So a fused element performs the per-node kernel's sequence of roundings; what
 changes is only which block and thread computes it, and the order of
 independent work.
@@ -45,22 +45,18 @@ or last to first with -DGT_REVERSE_THREADS, row groups reversed too), so a
 missing barrier shows up on the host as other bits (tests/test_fusion.py
 drops one on purpose).  It runs four rows side by side, and a flat kernel's
 elements in fours, so that a matmul's FMA chains interleave (gt_fused.h).
+Each backend builds the source itself (the host's: :func:`gradtool.device.host.host_library`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import os
-import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
-from .. import native
-from ..codegen import elementwise_rule, field_declaration
+from ..render import elementwise_rule, field_declaration
 from ..errors import GradtoolError
 from ..expr import c_double
 from ..ops import OPS, contract, f64_from_bits
@@ -664,48 +660,5 @@ def render(plan: FusionPlan, drop_barriers=()) -> str:
     return "\n".join(out)
 
 
-# ── the host build ────────────────────────────────────────────────────────
-
-_HOST_LIBS: dict = {}
-
-
-def host_flags(dtype: str) -> list:
-    return ["-x", "c", *native.SAFE_FLAGS] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
-
-
-def host_library(source: str, dtype: str):
-    """The fused source compiled by the system C compiler, cached by a hash of the source,
-    the headers, the flags, the compiler and the machine (:mod:`gradtool.native`), and
-    loaded once per process.  -> (ctypes library, {"seconds": build or load time,
-    "cached": found already built})."""
-    digest = hashlib.sha256(source.encode()).hexdigest()
-    key = (digest, dtype)
-    if key in _HOST_LIBS:
-        return _HOST_LIBS[key], {"seconds": 0.0, "cached": True}
-    t0 = time.perf_counter()
-    folder = native.cache_dir() / "fused"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"gtf_{digest[:24]}.c"
-    if not path.exists() or path.read_text() != source:
-        fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)
-    stem, flags = f"gt_fused_{dtype}", host_flags(dtype)
-    headers = [native.CSRC / h for h in HEADERS]
-    wanted = flags + ([native.NATIVE_ARCH] if native.native_arch_wanted() else [])
-    cached = native.library_path(stem, path, wanted, headers).exists()
-    try:
-        lib_path = native.build_best(stem, path, flags, headers)
-    except native.NativeUnavailable as exc:
-        raise GradtoolError(f"the fused kernels could not be built: {exc}") from None
-    lib = ctypes.CDLL(str(lib_path))
-    lib.gtf_kernel_at.restype = ctypes.c_void_p
-    lib.gtf_kernel_at.argtypes = [ctypes.c_longlong]
-    lib.gtf_real_bytes.restype = ctypes.c_int
-    _HOST_LIBS[key] = lib
-    return lib, {"seconds": time.perf_counter() - t0, "cached": cached}
-
-
-__all__ = ["fuse", "render", "FusionPlan", "FusedKernel", "FusedLaunch", "host_library",
+__all__ = ["fuse", "render", "FusionPlan", "FusedKernel", "FusedLaunch",
            "unpack"]

@@ -12,7 +12,9 @@ instruction like ``fma()``; contraction stays off); the machine is part of the
 cache key.  ``GRADTOOL_HOST_NATIVE=0`` leaves ``-march=native`` out.
 
 Building and caching (by a hash of the five source files, the flags, the
-compiler's version and the machine) is :mod:`gradtool.native`'s job.
+compiler's version and the machine) is :mod:`gradtool.native`'s job; so is
+building a fused program's generated source (:func:`host_library`, the source
+from :mod:`gradtool.device.fusion`) into a second library.
 
 A whole episode (forward, backward, optimizer) is ONE ctypes call into the
 interpreter at the end of kernels.cu, which walks the launch table.  The
@@ -23,7 +25,11 @@ and writes.
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import platform
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +37,10 @@ import numpy as np
 from .. import native
 from ..errors import GradtoolError
 from ..ops import pack
+from .backends import Options
+from .fusion import HEADERS as FUSED_HEADERS
 from .program import DTYPES, PHASES, Program
+from .staging import Staging
 
 CSRC = native.CSRC
 SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h",
@@ -110,32 +119,61 @@ def kernel_names(dtype: str = "f64") -> list:
     return load_library(dtype).gt_kernel_names().decode().split()
 
 
-class Staging:
-    """Where a float32 program's float64 uploads land before k_from_f64 converts them on
-    the device: ``chunk`` float64 values at the even arena offset ``off`` past the
-    program's arena (``chunk`` 0: a float64 program, which copies directly).  Uploads
-    larger than the area go through it piece by piece."""
+# ── a fused program's library ─────────────────────────────────────────────
 
-    LIMIT = 1 << 20                       # float64 values (8 MiB)
+_HOST_LIBS: dict = {}
 
-    def __init__(self, program: Program):
-        self.off = program.size + (program.size & 1)
-        self.chunk = 0
-        if program.dtype != "f64":
-            biggest = max([np.asarray(d).size for _, d in program.init] + [1])
-            self.chunk = min(biggest, self.LIMIT)
-        # in elements of the program's dtype (two float32 per float64)
-        self.end = self.off + 2 * self.chunk if self.chunk else max(program.size, 1)
 
-    def pieces(self, n: int):
-        for start in range(0, n, self.chunk):
-            yield start, min(self.chunk, n - start)
+def host_flags(dtype: str) -> list:
+    """The C compiler flags of a fused program's library (the kernel library's, as C)."""
+    return ["-x", "c", *native.SAFE_FLAGS] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
+
+
+def host_library(source: str, dtype: str):
+    """The fused source compiled by the system C compiler, cached by a hash of the source,
+    the headers, the flags, the compiler and the machine (:mod:`gradtool.native`), and
+    loaded once per process.  -> (ctypes library, {"seconds": build or load time,
+    "cached": found already built})."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    key = (digest, dtype)
+    if key in _HOST_LIBS:
+        return _HOST_LIBS[key], {"seconds": 0.0, "cached": True}
+    t0 = time.perf_counter()
+    folder = native.cache_dir() / "fused"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"gtf_{digest[:24]}.c"
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)
+    stem, flags = f"gt_fused_{dtype}", host_flags(dtype)
+    headers = [CSRC / h for h in FUSED_HEADERS]
+    wanted = flags + ([native.NATIVE_ARCH] if native.native_arch_wanted() else [])
+    cached = native.library_path(stem, path, wanted, headers).exists()
+    try:
+        lib_path = native.build_best(stem, path, flags, headers)
+    except native.NativeUnavailable as exc:
+        raise GradtoolError(f"the fused kernels could not be built: {exc}") from None
+    lib = ctypes.CDLL(str(lib_path))
+    lib.gtf_kernel_at.restype = ctypes.c_void_p
+    lib.gtf_kernel_at.argtypes = [ctypes.c_longlong]
+    lib.gtf_real_bytes.restype = ctypes.c_int
+    _HOST_LIBS[key] = lib
+    return lib, {"seconds": time.perf_counter() - t0, "cached": cached}
 
 
 class HostBackend:
-    """A :class:`Program` instantiated on the host: the arena is a numpy array."""
+    """A :class:`Program` instantiated on the host: the arena is a numpy array
+    (a :class:`gradtool.device.backends.Backend`)."""
 
     name = "host"
+    graph = None                          # an episode is one call: no graph to choose
+
+    @classmethod
+    def create(cls, program: Program, options: Options) -> "HostBackend":
+        """The registry's factory (:mod:`gradtool.device.backends`)."""
+        return cls(program, variant=options.host_kernels)
 
     def __init__(self, program: Program, variant: str = "tiled"):
         self.program = program
@@ -149,7 +187,6 @@ class HostBackend:
         if plan is not None and plan.kernels:
             # fused kernels live in their own library: the launch table then holds
             # function pointers of both, run by gt_run_fns (gradtool/device/fusion.py)
-            from .fusion import host_library
             flib, self.fusion_build = host_library(plan.source, program.dtype)
             index = {name: lib.gt_kernel_at(i) for i, name in enumerate(names)}
             index.update({k.name: flib.gtf_kernel_at(j) for j, k in enumerate(plan.kernels)})
@@ -215,5 +252,5 @@ class HostBackend:
         return f"host ({platform.machine()}, {self.program.dtype}{extra})"
 
 
-__all__ = ["HostBackend", "HostBuildError", "load_library", "kernel_names", "library_path",
-           "PHASES"]
+__all__ = ["HostBackend", "HostBuildError", "Staging", "load_library", "kernel_names",
+           "library_path", "host_library", "host_flags", "PHASES"]

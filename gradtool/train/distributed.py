@@ -404,19 +404,12 @@ def judge(reports: list) -> dict:
 
 
 def select_gpu(world, backend: str) -> None:
-    """Several ranks on a machine with ``cuda``/``auto``: rank takes GPU local rank mod
-    count (through ``CUDA_DEVICE``, which PyCUDA's context reads), unless the user chose."""
-    if world.size == 1 or backend not in ("cuda", "auto") or \
-            "CUDA_DEVICE" in os.environ or "CUDA_VISIBLE_DEVICES" in os.environ:
+    """Several ranks on a machine: each picks its device as the backend says (the device
+    registry's ``select_device`` hook; cuda: GPU local rank mod count), before any opens."""
+    if world.size == 1 or backend == "cpu":
         return
-    try:
-        import pycuda.driver as drv
-        drv.init()
-        count = drv.Device.count()
-    except Exception:  # noqa: BLE001 - no PyCUDA or no GPU: the backend says so itself
-        return
-    if count > 0:
-        os.environ["CUDA_DEVICE"] = str(world.local_rank % count)
+    from ..device import backends
+    backends.select_devices(backend, world.local_rank)
 
 
 # ── the data-parallel step ─────────────────────────────────────────────────

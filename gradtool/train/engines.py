@@ -1,6 +1,8 @@
 """The training engines: ``cpu`` (the numpy reference, :class:`CpuEngine`) and, through
-:func:`make_engine`, the device engine (``host``/``cuda``/``auto``).  The contract every
-engine keeps is in :mod:`gradtool.train.loop`'s docstring."""
+:func:`make_engine`, the device engine on every backend of the device registry
+(:mod:`gradtool.device.backends`: ``host``, ``cuda``, ..., and ``auto``).  The names
+:func:`engine_names` lists are what ``gradtool train --backend`` offers.  The contract
+every engine keeps is in :mod:`gradtool.train.loop`'s docstring."""
 
 from __future__ import annotations
 
@@ -78,13 +80,34 @@ class CpuEngine:
         pass                              # the tape and optimizer are already current
 
 
+CPU = "cpu"
+
+
+def _device_names() -> tuple:
+    """The device registry's choices (``()`` where the device package is missing)."""
+    try:
+        from gradtool.device import backends
+    except ModuleNotFoundError as exc:
+        if exc.name in ("gradtool.device", "gradtool.device.backends"):
+            return ()
+        raise
+    return backends.choices()
+
+
+def engine_names() -> tuple:
+    """Every training engine: ``cpu``, then the device registry's backends and ``auto``."""
+    return (CPU, *_device_names())
+
+
 def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
-    """``cpu`` -> CpuEngine; ``host``/``cuda``/``auto`` -> the device engine (``options``:
-    DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs none)."""
-    if backend == "cpu":
+    """``cpu`` -> CpuEngine; a registered device backend or ``auto`` -> the device engine
+    (``options``: DeviceEngine's, e.g. ``fuse``, ``max_bytes``; the CPU engine needs
+    none)."""
+    if backend == CPU:
         return CpuEngine(tape, loss_id, optimizer)
-    if backend not in ("host", "cuda", "auto"):
-        raise TrainError(f"unknown backend {backend!r} (choose from cpu, host, cuda, auto)")
+    if backend not in engine_names():
+        raise TrainError(f"unknown backend {backend!r} (choose from "
+                         f"{', '.join(engine_names())})")
     try:
         from gradtool.device.engine import DeviceEngine
     except ModuleNotFoundError as exc:
@@ -97,4 +120,4 @@ def make_engine(backend: str, tape, loss_id: int, optimizer, **options):
 
 
 
-__all__ = ["CpuEngine", "make_engine"]
+__all__ = ["CpuEngine", "make_engine", "engine_names", "CPU"]

@@ -1,6 +1,9 @@
 """The float32 gate: the autoencoder trained 30 Adam steps in f32 and in f64.
 
-    python -m gradtool.device.gate [--backend host|cuda|all] [--steps 30] [--json]
+    python scripts/f32_gate.py [--backend host|cuda|...|all] [--steps 30] [--json]
+
+(``--backend``: any backend of the device registry, :mod:`gradtool.device.backends`;
+``all``, the default: every registered backend this machine can run.)
 
 The original design's f32 release (0.6.0) gated its float32 device replay on
 training, not on one episode: the autoencoder sample (samples/autoencoder/),
@@ -23,22 +26,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from .engine import capture, relative_error
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))             # this checkout's gradtool
+
+from gradtool.device import backends  # noqa: E402
+from gradtool.device.engine import capture, relative_error  # noqa: E402
 
 LOSS_BOUND = 1e-5
 PARAM_BOUND = 4e-4
 STEPS = 30
-SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "autoencoder"
+SAMPLE = ROOT / "samples" / "autoencoder"
 
 
 def run_autoencoder(dtype: str, fuse: bool, backend: str = "host", steps: int = STEPS):
     """``steps`` Adam episodes of the autoencoder sample: (losses array, final params)."""
-    from ..optim import Adam
-    from ..tapefile import load
+    from gradtool.optim import Adam
+    from gradtool.tapefile import load
 
     tf = load(SAMPLE / "ae.msgpack")
     tp = tf.tape
@@ -86,18 +94,16 @@ def measure(backend: str, steps: int = STEPS) -> list:
 
 
 def main(argv=None) -> int:
-    from .cuda import cuda_status
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=["host", "cuda", "all"], default="all",
-                    help="all: host, and cuda when a GPU answers (default)")
+    ap.add_argument("--backend", choices=[*backends.names(), "all"], default="all",
+                    help="all: every registered backend this machine can run, e.g. host, "
+                         "and cuda when a GPU answers (default)")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    backends = ["host", "cuda"] if args.backend == "all" else [args.backend]
-    if args.backend == "all" and not cuda_status()[0]:
-        backends = ["host"]
-    rows = [row for b in backends for row in measure(b, args.steps)]
+    chosen = ([n for n in backends.names() if backends.get(n).status()[0]]
+              if args.backend == "all" else [args.backend])
+    rows = [row for b in chosen for row in measure(b, args.steps)]
     if args.json:
         print(json.dumps(rows))
     else:
