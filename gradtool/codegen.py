@@ -198,9 +198,11 @@ def schema() -> dict:
                 "A msgpack bin: little-endian IEEE-754 binary64 values in row-major order, "
                 "exactly 8 * prod(shape) bytes.")},
             "leafBytes": {"msgpackType": "bin", "description": (
-                "A msgpack bin of exactly 8 * prod(shape) bytes in row-major order: "
-                "little-endian IEEE-754 binary64 values, or, for a const with dtype "
-                f"{INT_DTYPE}, little-endian two's-complement int64 ids.")},
+                "A msgpack bin in row-major order: little-endian IEEE-754 binary64 "
+                "values (8 * prod(shape) bytes), or, for a leaf with dtype f32, "
+                "little-endian IEEE-754 binary32 values (4 * prod(shape) bytes), or, "
+                f"for a const with dtype {INT_DTYPE}, little-endian two's-complement "
+                "int64 ids (8 * prod(shape) bytes).")},
             "node": {"type": "object", "required": ["op", "shape"], "properties": props,
                      "allOf": rules},
         },

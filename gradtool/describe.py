@@ -15,7 +15,7 @@ import numpy as np
 
 from . import rowtext
 from .errors import GradtoolError
-from .ops import INT_DTYPE, format_shape
+from .ops import dtype_of, format_shape
 from .tapefile import TapeFile
 from .tapefile.read import gc_paused
 
@@ -74,16 +74,17 @@ def _summary(tf: TapeFile, cols: "Columns", nodes: bool) -> dict:
         "ops": cols.op_counts(),
         # the ids of tape.params() and tape.input_slots(), found by list.index
         "params": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
-                    "elements": int(values[i].size), "l2": records[i].l2}
+                    "elements": int(values[i].size), "l2": records[i].l2,
+                    "dtype": dtype_of(values[i])}
                    for i in _positions(ops, "param")],
         "inputs": [{"id": i, "name": records[i].name, "shape": list(values[i].shape),
-                    "dtype": INT_DTYPE if tape.holds_ids(i) else "f64"}
+                    "dtype": dtype_of(values[i])}
                    for i in _positions(ops, "const")
                    if records[i].name and records[i].name not in tf.state],
         "outputs": [{"name": k, "id": v.id, "op": tape.nodes[v.id].op, "shape": list(v.shape)}
                     for k, v in tf.outputs.items()],
         "loss": {"id": loss_id, "op": tape.nodes[loss_id].op,
-                 "value": float(tape.values[loss_id].reshape(-1)[0])},
+                 "value": shortest(tape.values[loss_id])[0]},
         "meta": json_safe(tf.meta),
     }
     if tf.state:                    # named consts that training carries, not input slots
@@ -252,6 +253,18 @@ def _summary_json(tf: TapeFile) -> list:
     others = {i: json.dumps(node_entry(tape, i)).encode("ascii") for i in cols.special}
     return [f'{head[:-1]}, "nodes": ['.encode("ascii"),
             *rowtext.render(n, fields, ", ", others), b"]}"]
+
+
+def shortest(values: np.ndarray) -> list:
+    """``values`` as Python floats that print (repr, JSON) as their shortest exact text:
+    float64 values as they are; float32 values as the shortest decimal that reads back
+    as the same float32 (numpy's Dragon4), e.g. 0.1 rather than 0.10000000149011612
+    (both denote float32(0.1); the first is what torch and numpy print)."""
+    flat = np.ravel(values)
+    if flat.dtype != np.float32:
+        return flat.tolist()
+    return [float(np.format_float_positional(v, unique=True, trim="-"))
+            if np.isfinite(v) else float(v) for v in flat]
 
 
 def json_safe(value):

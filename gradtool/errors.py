@@ -13,6 +13,11 @@ class TapeError(GradtoolError):
     """Misuse of a tape: a foreign or dropped GVar, a poisoned tape, a non-scalar loss."""
 
 
+class DtypeError(TapeError):
+    """An op was given inputs of dtypes it does not combine (f32 with f64: gradtool never
+    promotes silently; ``Tape.cast`` converts)."""
+
+
 class TapeFileError(GradtoolError):
     """A tape file that cannot be loaded. `where` names the file and, when known, the node."""
 

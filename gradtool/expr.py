@@ -18,7 +18,10 @@ The same tree is
 
 * evaluated with numpy (:func:`evaluate`) for the CPU reference: every node is
   one numpy ufunc call, exact per element, so the result is the sequence of
-  roundings the tree spells;
+  roundings the tree spells.  Arrays of float32 (an f32 node's values) are
+  evaluated in float32: every constant and the scalar operand ``s`` rounded to
+  float32 once, + - * / sqrt as binary32 operations, every transcendental by
+  :func:`gradtool.numerics32.unary` (the float64 fdlibm port, then one rounding);
 * rendered as C (:func:`render`) in a :class:`Dialect`: the device kernels'
   (``R_ADD``..., which are ``GT_*`` for float64 and the float32 operations
   for the f32 build), or the emitter's (``GT_ADD``..., ``gt_exp``...).
@@ -234,12 +237,56 @@ def _compiled(expr: Expr, names: tuple):
     return compile_numpy(expr, names)
 
 
+def _f32_unary(name: str):
+    def fn(x):
+        from . import numerics32
+        return numerics32.unary(name, x)
+    fn.__name__ = f"{name}_f32"
+    return fn
+
+
+def _f32_atan2(a, b):
+    from . import numerics32
+    return numerics32.atan2(a, b)
+
+
+# the float32 evaluation: binary32 ufuncs (numpy keeps float32 when every operand is a
+# float32 array or scalar), the transcendentals from numerics32, np.where for select
+_NUMPY32 = dict(_NUMPY, **{op: _f32_unary(op) for op in
+                           ("exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos",
+                            "erfc", "atan")}, atan2=_f32_atan2)
+_F32 = np.dtype(np.float32)
+
+
 def compile_numpy(expr: Expr, names) -> "callable":
     """The expression as a Python function of the symbols ``names`` (in that order),
     one ufunc call per node, without walking the tree per call
     (the CPU reference records and replays one node at a time).  Expressions come from
-    the op table, never from input, so generating the function's source is safe."""
+    the op table, never from input, so generating the function's source is safe.
+
+    The function evaluates in float32 when its first argument is a float32 array (an
+    f32 node: the forward rule's x, a contribution's g): the constants are float32
+    (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
+    for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
+    """
     names = tuple(names)
+    rule32 = _compile(expr, names, True)
+    rule64 = _compile(expr, names, False)
+    first = names[0] if names else None
+    if first is None:
+        return rule64
+    source = (f"def rule({', '.join(names)}):\n"
+              f"    if {first}.dtype == _F32:\n"
+              f"        return _rule32({', '.join(names)})\n"
+              f"    return _rule64({', '.join(names)})\n")
+    namespace = {"_F32": _F32, "_rule32": rule32, "_rule64": rule64}
+    exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
+    rule = namespace["rule"]
+    rule.__doc__ = text(expr)
+    return rule
+
+
+def _compile(expr: Expr, names: tuple, f32: bool) -> "callable":
     missing = set(symbols(expr)) - set(names)
     if missing:
         raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
@@ -250,16 +297,18 @@ def compile_numpy(expr: Expr, names) -> "callable":
             return e.name
         if isinstance(e, Const):
             key = f"_c{len(consts)}"
-            consts[key] = e.value
+            consts[key] = np.float32(e.value) if f32 else e.value
             return key
         args = ", ".join(py(a) for a in e.args)
         return f"_where({args})" if e.op == "select" else f"_{e.op}({args})"
 
     body = py(expr)
-    namespace = {f"_{op}": fn for op, fn in _NUMPY.items()}
-    namespace["_where"] = select_numpy
+    namespace = {f"_{op}": fn for op, fn in (_NUMPY32 if f32 else _NUMPY).items()}
+    namespace["_where"] = np.where if f32 else select_numpy
+    namespace["_float32"] = np.float32
     namespace.update(consts)
-    source = f"def rule({', '.join(names)}):\n    return {body}\n"
+    prelude = "    s = _float32(s)\n" if f32 and "s" in names else ""
+    source = f"def rule({', '.join(names)}):\n{prelude}    return {body}\n"
     exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
     rule = namespace["rule"]
     rule.__doc__ = text(expr)

@@ -156,8 +156,30 @@ tanh = fdlibm.tanh
 expm1 = fdlibm.expm1
 
 
+_F32 = np.dtype(np.float32)
+_F32_ORDERS: list = []
+
+
+def use_f32_orders(module) -> None:
+    """Install :mod:`gradtool.numerics32` (the float32 contract's orders) as the twin this
+    module routes float32 arrays to.  ``gradtool.ops`` installs it on import (numerics32
+    reads this module, so this module cannot import it: no import cycle)."""
+    _F32_ORDERS[:] = [module]
+
+
+def _n32():
+    """The float32 orders (:func:`use_f32_orders`).  Every function here that takes float
+    arrays routes a float32 one there, in this one place per rule, so the op table's
+    rules read the same for both dtypes."""
+    if not _F32_ORDERS:
+        raise RuntimeError("gradtool.numerics: float32 arrays need gradtool.numerics32 "
+                           "(import gradtool.ops, which installs it)")
+    return _F32_ORDERS[0]
+
+
 def serial_sum(x: np.ndarray) -> np.ndarray:
     """Sum of every element, row-major ascending, starting from 0.0; shape [1].
+    (float32: numerics32.sum's order over every element.)
 
     ``acc = 0.0; for v in x.flat: acc = acc + v``.  Implemented as the last
     prefix sum of ``np.add.accumulate`` (which starts from x[0] instead of
@@ -165,17 +187,25 @@ def serial_sum(x: np.ndarray) -> np.ndarray:
     (0.0 + -0.0 is +0.0), and the final ``+ 0.0`` restores exactly the
     0.0-started result.
     """
+    if x.dtype == _F32:
+        return _n32().sum_all(x)
     flat = np.ravel(x)
     return np.add(np.add.accumulate(flat)[-1:], 0.0)
 
 
 def serial_mean(x: np.ndarray) -> np.ndarray:
-    """``serial_sum(x) / n``: one rounded division, shape [1]."""
+    """``serial_sum(x) / n``: one rounded division, shape [1] (float32: numerics32's
+    mean_all)."""
+    if x.dtype == _F32:
+        return _n32().mean_all(x)
     return serial_sum(x) / float(np.size(x))
 
 
 def serial_sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
-    """Serial 0.0-started sum along ``axis`` (ascending), keepdims=True."""
+    """Serial 0.0-started sum along ``axis`` (ascending), keepdims=True.  (float32:
+    numerics32.sum's order along the axis.)"""
+    if x.dtype == _F32:
+        return _n32().sum_axis(x, axis)
     last = np.take(np.add.accumulate(x, axis=axis), [-1], axis=axis)
     return np.add(last, 0.0, out=last)
 
@@ -280,6 +310,8 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     shape = tuple(shape)
     if c.shape == shape:
         return c
+    if c.dtype == _F32:               # float32: numerics32's order over the same terms
+        return _n32().reduce_to_shape(c, shape)
     plan = _REDUCE_PLANS.get((c.shape, shape))
     if plan is None:
         if len(_REDUCE_PLANS) >= _REDUCE_PLANS_MAX:
@@ -366,6 +398,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       and in every worker, and restores the caller's mode after: a caller's
       FTZ/DAZ cannot change a product.
     """
+    if a.dtype == _F32:
+        return _n32().matmul(a, b)          # the fmaf chain, k ascending from +0.0
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
@@ -377,6 +411,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
     :func:`matmul`, the one inner-product helper)."""
+    if a.dtype == _F32:
+        return _n32().bmm(a, b)
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return bmm_numpy(a, b)
@@ -782,7 +818,7 @@ def _padded(x: np.ndarray, ph: int, pw: int, hp: int, wp: int, fill: float) -> n
     n, c, h, w = x.shape
     if (ph, pw, hp, wp) == (0, 0, h, w):
         return x                                   # no padding: x itself (read only)
-    xp = np.full((n, c, hp, wp), fill)
+    xp = np.full((n, c, hp, wp), fill, dtype=x.dtype)
     xp[:, :, ph:ph + h, pw:pw + w] = x
     return xp
 
@@ -802,7 +838,7 @@ def im2col(x, kernel, stride, padding, dilation, groups) -> np.ndarray:
     oh = conv_out_size(h, kh, stride[0], ph, dilation[0])
     ow = conv_out_size(w, kw, stride[1], pw, dilation[1])
     xp = _padded(x, ph, pw, h + 2 * ph, w + 2 * pw, 0.0)
-    cols = np.empty((c, kh, kw, n, oh, ow))
+    cols = np.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
     for i in range(kh):
         for j in range(kw):
             cols[:, i, j] = _window_view(xp, i, j, oh, ow, stride, dilation).transpose(1, 0, 2, 3)
@@ -817,7 +853,7 @@ def col2im(dcols, x_shape, kernel, stride, padding, dilation) -> np.ndarray:
     oh = conv_out_size(h, kh, stride[0], ph, dilation[0])
     ow = conv_out_size(w, kw, stride[1], pw, dilation[1])
     parts = dcols.reshape(c, kh, kw, n, oh, ow)
-    dxp = np.zeros((n, c, h + 2 * ph, w + 2 * pw))
+    dxp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=dcols.dtype)
     for i in range(kh):
         for j in range(kw):
             view = _window_view(dxp, i, j, oh, ow, stride, dilation)
@@ -841,7 +877,7 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     same chains, so the same bits as :func:`conv2d_numpy` (the tests compare them).
     """
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None:
+    if lib is not None and x.dtype != _F32:      # float32: im2col and numerics32's bmm
         x, w = _f64(x), _f64(w)
         out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
         geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
@@ -906,7 +942,7 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
     (n, oh, ow) order, so the same bits as :func:`conv2d_backward_numpy`.
     """
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None:
+    if lib is not None and x.dtype != _F32:
         g, x, w = _f64(g), _f64(x), _f64(w)
         geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
         dx = np.empty(x.shape) if need_x else None
@@ -964,7 +1000,7 @@ def _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode):
             idx[take] = l
         return m, idx
     inside = _padded(np.ones(x.shape, dtype=bool), padding[0], padding[1], hp, wp, False)
-    m = np.full(x.shape[:2] + (oh, ow), -np.inf)
+    m = np.full(x.shape[:2] + (oh, ow), -np.inf, dtype=x.dtype)
     idx = np.full(m.shape, -1, dtype=np.int64)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
@@ -982,7 +1018,7 @@ def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies.
     Compiled (``csrc/gt_conv.h``) when available: the same rule, the same bits."""
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None:
+    if lib is not None and x.dtype != _F32:      # float32: the same rule in numpy
         x = _f64(x)
         out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
                                                     ceil_mode)[:2])
@@ -1004,7 +1040,7 @@ def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> n
     (i, j) ascending; +0.0 where it is none's.  Compiled (``csrc/gt_conv.h``) when
     available: the same sums in the same order."""
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None:
+    if lib is not None and x.dtype != _F32:
         g, x = _f64(g), _f64(x)
         dx = np.empty(x.shape)
         geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
@@ -1014,7 +1050,7 @@ def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> n
             return dx
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     idx = _max_pool_index(x, kernel, stride, padding, dilation, ceil_mode)[1]
-    dxp = np.zeros(x.shape[:2] + (hp, wp))
+    dxp = np.zeros(x.shape[:2] + (hp, wp), dtype=g.dtype)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             view = _window_view(dxp, i, j, oh, ow, stride, dilation)
@@ -1043,12 +1079,12 @@ def avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad) -> np.n
     one = (1, 1)
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, one, ceil_mode)
     xp = _padded(x, padding[0], padding[1], hp, wp, 0.0)
-    acc = np.zeros(x.shape[:2] + (oh, ow))
+    acc = np.zeros(x.shape[:2] + (oh, ow), dtype=x.dtype)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             np.add(acc, _window_view(xp, i, j, oh, ow, stride, one), out=acc)
     return acc / avg_pool_divisor(x.shape[2:], (oh, ow), kernel, stride, padding,
-                                  count_include_pad)
+                                  count_include_pad).astype(x.dtype)      # exact counts
 
 
 def avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, count_include_pad):
@@ -1056,8 +1092,9 @@ def avg_pool2d_backward(g, x, kernel, stride, padding, ceil_mode, count_include_
     (i, j) ascending (each quotient one rounded division)."""
     one = (1, 1)
     oh, ow, hp, wp = _pool_geometry(x, kernel, stride, padding, one, ceil_mode)
-    q = g / avg_pool_divisor(x.shape[2:], (oh, ow), kernel, stride, padding, count_include_pad)
-    dxp = np.zeros(x.shape[:2] + (hp, wp))
+    q = g / avg_pool_divisor(x.shape[2:], (oh, ow), kernel, stride, padding,
+                             count_include_pad).astype(g.dtype)
+    dxp = np.zeros(x.shape[:2] + (hp, wp), dtype=g.dtype)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             view = _window_view(dxp, i, j, oh, ow, stride, one)

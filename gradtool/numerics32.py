@@ -80,8 +80,10 @@ So an implementation may skip the padded elements, partials and lanes entirely; 
 sum of zero elements, and of any number of -0.0, is +0.0.
 
 Bound.  Every element reaches the result through at most
-``D(n) = (CHUNK - 1) + ceil(log2(nb)) + 5`` rounded additions (the first addition of
-each lane, to +0.0, is exact), so (Higham, Accuracy and Stability of Numerical
+``D(n) = (min(CHUNK, ceil(n/LANES)) - 1) + ceil(log2(nb)) + ceil(log2(min(n, LANES)))``
+inexact additions (:func:`sum_depth`: a lane's first addition, to +0.0, is exact, and
+so is every addition of a padded +0.0; D = CHUNK - 1 + ceil(log2 nb) + 5 from
+n = 256 on), so (Higham, Accuracy and Stability of Numerical
 Algorithms, 2nd ed., section 4.2) ``|sum - exact| <= gamma_D * sum(|x|)``,
 ``gamma_D = D u / (1 - D u)``, ``u = 2^-24``; without overflow.  D(10^6) = 24:
 ``<= 1.4e-6 * sum|x|``, where the serial binary32 sum's bound is ``(n - 1) u =
@@ -240,8 +242,11 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def sum_depth(n: int) -> int:
     """D(n): the most rounded additions between any element and the sum of n values
     in the lane-tree order (the module docstring's bound is gamma_D * sum|x|)."""
-    nb = max(1, -(-int(n) // BLOCK))
-    return (CHUNK - 1) + (nb - 1).bit_length() + 5
+    n = int(n)
+    nb = max(1, -(-n // BLOCK))
+    per_lane = min(CHUNK, -(-n // LANES))          # elements of one lane in one block
+    lanes = min(max(n, 1), LANES)                  # lanes holding any element
+    return max(per_lane - 1, 0) + (nb - 1).bit_length() + (lanes - 1).bit_length()
 
 
 def sum_bound(n: int) -> float:

@@ -19,10 +19,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import layout as _layout
-from .errors import GradtoolError, ShapeError, TapeError
+from .errors import DtypeError, GradtoolError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
-from .ops import (INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, RNG_RECORDED, bad_id, bad_rng,
-                  inexact_int, infer_shape)
+from .ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, NUMPY_DTYPES, OPS, RNG_NAME,
+                  RNG_RECORDED, bad_id, bad_rng, dtype_of, inexact_int, infer_dtype,
+                  infer_shape)
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -124,12 +125,18 @@ class GVar:
 
     def __truediv__(self, other):
         if is_number(other):
-            return self.tape.div(self, self.tape.const(np.array([_scalar(other, "/")])))
+            return self.tape.div(self, self.tape._number_leaf(_scalar(other, "/"), "/",
+                                                              like=self))
         return self.tape.div(self, _operand(other, "/"))
 
     def __rtruediv__(self, other):
         c = _rscalar(other, "/")
-        return self.tape.div(self.tape.const(np.array([c])), self)
+        return self.tape.div(self.tape._number_leaf(c, "/", like=self), self)
+
+    @property
+    def dtype(self) -> str:
+        """The node's dtype: "f64", "f32" or "i64" (an integer const)."""
+        return dtype_of(self.tape._checked_value(self))
 
     def __matmul__(self, other):
         other = _operand(other, "@")
@@ -204,7 +211,7 @@ def _kind_name(dtype) -> str:
     return _KIND_NAMES.get(dtype.kind) or str(dtype)
 
 
-def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
+def _leaf_array(data, what: str, ids: bool, dtype: str = "f64") -> np.ndarray:
     if isinstance(data, GVar):
         raise TapeError(f"{what}: got a GVar; leaves take array data (use tape.value(v))")
     try:
@@ -225,12 +232,24 @@ def _leaf_array(data, what: str, ids: bool) -> np.ndarray:
         raise TapeError(f"{what}: empty array (shape {list(arr.shape)}); every dim must be >= 1")
     if ids and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
         raise TapeError(f"{what}: id {int(arr.max())} does not fit in an int64")
+    target = np.int64 if ids else NUMPY_DTYPES[dtype]
     try:
-        arr = np.array(arr, dtype=np.int64 if ids else np.float64, order="C", copy=True)
+        with np.errstate(all="ignore"):     # f32: an f64 value past float32's range -> inf
+            arr = np.array(arr, dtype=target, order="C", copy=True)
     except MemoryError:
         raise TapeError(f"{what}: out of memory copying {arr.size} elements "
-                        f"({8 * arr.size} bytes)") from None
+                        f"({np.dtype(target).itemsize * arr.size} bytes)") from None
     return arr.reshape((1,)) if arr.ndim == 0 else arr
+
+
+def _leaf_dtype(array, dtype: Optional[str], op: str) -> str:
+    """A float leaf's dtype: ``dtype`` ("f64"/"f32") when given, else "f32" for float32
+    data and "f64" for anything else (float64, integers, lists of numbers)."""
+    if dtype is None:
+        return "f32" if getattr(array, "dtype", None) == np.float32 else "f64"
+    if dtype not in FLOAT_DTYPES:
+        raise TapeError(f"{op} dtype must be 'f64' or 'f32', got {dtype!r}"[:200])
+    return dtype
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:
@@ -314,34 +333,55 @@ class Tape:
         return GVar(self, i, self.serials[i])
 
     # ── leaves ─────────────────────────────────────────────────────────────
-    def param(self, array, name: Optional[str] = None, l2: float = 0.0) -> GVar:
+    def param(self, array, name: Optional[str] = None, l2: float = 0.0,
+              dtype: Optional[str] = None) -> GVar:
         """Register a parameter (requires grad).  The array is copied in.
 
         ``l2`` (a finite number >= 0) is the weight-decay coefficient optimizers
-        default to for this param.
+        default to for this param.  ``dtype`` ("f64" or "f32"; default: "f32" for a
+        float32 array, else "f64") is the param's float dtype; data of another dtype
+        is converted (float64 to float32: rounded once to nearest even).
         """
         l2 = _real(l2, f"param {name or len(self.nodes)} l2", nonneg=True)
-        return self._leaf("param", array, name, l2)
+        return self._leaf("param", array, name, l2, dtype=_leaf_dtype(array, dtype, "param"))
 
-    def const(self, array, name: Optional[str] = None, dtype: str = "f64") -> GVar:
+    def const(self, array, name: Optional[str] = None, dtype: Optional[str] = None) -> GVar:
         """Register a constant.  A named const is an input slot training refills.
 
-        ``dtype="i64"``: integer data (int data only; float data is refused): ids
-        for ``take`` and ``take_along``, or values the ops reading integer data
-        (comparisons, ``where``, ``to_f64``) read as exact float64 (docs/ops.md).
+        ``dtype`` (default: "f32" for a float32 array, else "f64") is the const's
+        dtype; "f32"/"f64" convert float or integer data (float64 to float32:
+        rounded once).  ``dtype="i64"``: integer data (int data only; float data is
+        refused): ids for ``take`` and ``take_along``, or values the ops reading
+        integer data (comparisons, ``where``, ``to_f64``) read as exact float64
+        (docs/ops.md).
         """
-        if dtype not in ("f64", INT_DTYPE):
-            raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}', got {dtype!r}"[:200])
-        return self._leaf("const", array, name, 0.0, ids=dtype == INT_DTYPE)
+        if dtype is not None and dtype not in FLOAT_DTYPES + (INT_DTYPE,):
+            raise TapeError(f"const dtype must be 'f64', 'f32' or '{INT_DTYPE}', got "
+                            f"{dtype!r}"[:200])
+        if dtype == INT_DTYPE:
+            return self._leaf("const", array, name, 0.0, ids=True)
+        return self._leaf("const", array, name, 0.0, dtype=_leaf_dtype(array, dtype, "const"))
 
-    def _leaf(self, op, array, name, l2, ids=False) -> GVar:
+    def cast(self, a, dtype: str) -> GVar:
+        """``a``'s values in the float dtype ``dtype`` ("f32" or "f64"): torch's
+        ``Tensor.to(dtype)``.  f64 -> f32 rounds each value once to nearest even; f32 ->
+        f64 is exact; the gradient is cast back.  ``a`` itself when it already has that
+        dtype (no node is recorded).  Integer data converts with ``to_f64`` first."""
+        if dtype not in FLOAT_DTYPES:
+            raise TapeError(f"cast: dtype must be 'f32' or 'f64', got {dtype!r}"[:200])
+        ia = self._input(a, "cast input a")
+        if ia >= 0 and self.ok and dtype_of(self.values[ia]) == dtype:
+            return a
+        return self._record_op(OPS["cast"], a, _UNARY, 0.0, {"dtype": dtype})
+
+    def _leaf(self, op, array, name, l2, ids=False, dtype="f64") -> GVar:
         if not self.ok:
             return self._poisoned_noop()
         if name is not None:
             check_name(name, f"{op} name")
             if name in self._names:
                 raise TapeError(f"{op} name {name!r} is already node {self._names[name]}")
-        value = _leaf_array(array, f"{op} {name or len(self.nodes)}", ids)
+        value = _leaf_array(array, f"{op} {name or len(self.nodes)}", ids, dtype)
         if name == RNG_NAME:
             problem = ("it is reserved for a const" if op != "const" else
                        bad_rng(value, dtype=INT_DTYPE if ids else "f64"))
@@ -395,6 +435,11 @@ class Tape:
                                     f"ops of one (docs/ops.md; node {ix} is a "
                                     f"{self.nodes[ix].op})", TapeError)
         try:
+            infer_dtype(op, dtype_of(self.values[ia]),
+                        dtype_of(self.values[ib]) if ib >= 0 else None, aux)
+        except DtypeError as exc:
+            return self._poison(f"{here}: {exc}", DtypeError)
+        try:
             shape = infer_shape(op, sa, sb, aux)
         except ShapeError as exc:
             inputs = f"node {ia} {list(sa)}" + (f", node {ib} {list(sb)}" if ib >= 0 else "")
@@ -415,7 +460,7 @@ class Tape:
         except MemoryError:
             n = math.prod(shape)
             return self._poison(f"{here}: out of memory for the result {list(shape)} "
-                                f"({n} elements, {8 * n} bytes)", TapeError)
+                                f"({n} elements)", TapeError)
         return self._append_op(op, ia, ib, s, aux, value)
 
     def _append_op(self, op: str, ia: int, ib: int, s: float, aux: Optional[dict],
@@ -482,6 +527,10 @@ class Tape:
     def _attr(self, op: str, at, value, a):
         if at.kind == "axis":
             return None if value is None and at.optional else self._axis(a, value, op)
+        if at.kind == "dtype":
+            if value not in FLOAT_DTYPES:
+                raise TapeError(f"{op} {at.name}: expected 'f32' or 'f64', got {value!r}"[:200])
+            return value
         if at.kind == "flag":
             if not isinstance(value, (bool, np.bool_)):
                 raise TapeError(f"{op} {at.name}: expected True or False, got {value!r}"[:200])
@@ -516,8 +565,8 @@ class Tape:
         if is_number(mask):
             raise TapeError("where: the mask must be a GVar (a comparison's mask), got "
                             f"{type(mask).__name__}")
-        a = self._number_leaf(a, "where input a")
-        b = self._number_leaf(b, "where input b")
+        a = self._number_leaf(a, "where input a", like=b)
+        b = self._number_leaf(b, "where input b", like=a)
         return self.add(self.keep(a, mask), self.keep_not(b, mask))
 
     def logical_and(self, m, n) -> GVar:
@@ -531,17 +580,28 @@ class Tape:
     def logical_not(self, m) -> GVar:
         """NOT m: ``eq(m, 0)``, 1.0 where m is 0.0 (either sign), else 0.0 (a NaN counts
         as true, as in where)."""
-        return self.eq(m, self._number_leaf(0.0, "logical_not"))
+        return self.eq(m, self._number_leaf(0.0, "logical_not", like=m))
 
-    def _number_leaf(self, x, what: str):
-        """A Python number as a one-element const (an int: dtype i64), else ``x``."""
+    def _number_leaf(self, x, what: str, like=None):
+        """A Python number as a one-element const, else ``x``: beside an f32 node ``like``
+        (a GVar) a const of dtype f32 (the number rounded to float32 once, as torch
+        rounds a Python number with a float32 tensor); otherwise an int gives an i64
+        const and a float an f64 const."""
         if not is_number(x):
             return x
-        if isinstance(x, numbers.Integral):
+        f32 = self._float_like(like) == "f32"
+        if isinstance(x, numbers.Integral) and not f32:
             if not -2 ** 63 <= int(x) < 2 ** 63:
                 raise TapeError(f"{what}: {show_int(x)} does not fit in an int64")
             return self.const(np.array([int(x)], dtype=np.int64), dtype=INT_DTYPE)
-        return self.const(np.array([_scalar(x, what)]))
+        return self.const(np.array([_scalar(x, what)]), dtype="f32" if f32 else "f64")
+
+    def _float_like(self, like) -> Optional[str]:
+        """The float dtype of ``like`` when it is a live GVar of this tape holding floats."""
+        if isinstance(like, GVar) and like.tape is self and self._live(like):
+            d = dtype_of(self.values[like.id])
+            return d if d in FLOAT_DTYPES else None
+        return None
 
     def mse(self, y, t) -> GVar:
         """mean((y - t) * (y - t)), recorded as its primitive nodes."""
@@ -587,7 +647,8 @@ class Tape:
         backward does not change); zeros if backward did not reach the node."""
         value = self._checked_value(v)
         g = self.grads[v.id]
-        return _readonly(g.copy() if g is not None else np.zeros(value.shape))
+        return _readonly(g.copy() if g is not None else np.zeros(value.shape,
+                                                                  dtype=value.dtype))
 
     def touched(self, v: GVar) -> bool:
         """Whether backward reached this node (optimizers skip untouched params)."""
@@ -645,7 +706,8 @@ class Tape:
         i = self.node_id(v, "set_value")
         if self.nodes[i].op not in ("param", "const"):
             raise TapeError(f"node {i} is a {self.nodes[i].op}, not a leaf; only leaves can be set")
-        data = _leaf_array(array, f"value for node {i}", self.holds_ids(i))
+        data = _leaf_array(array, f"value for node {i}", self.holds_ids(i),
+                           dtype_of(self.values[i]) if not self.holds_ids(i) else "f64")
         if data.shape != self.values[i].shape:
             raise ShapeError(f"node {i} ({self.nodes[i].name or self.nodes[i].op}) has shape "
                              f"{list(self.values[i].shape)}, got {list(data.shape)}")
@@ -747,7 +809,7 @@ class Tape:
         for i, node in enumerate(nodes):
             if node.a >= 0:
                 grads[i] = None
-        grads[li] = np.ones(values[li].shape)
+        grads[li] = np.ones(values[li].shape, dtype=values[li].dtype)
         for i in range(li, -1, -1):
             g = grads[i]
             node = nodes[i]
@@ -773,7 +835,7 @@ class Tape:
             # = zeros + c, as a fresh array; an op whose contributions are new arrays
             # without -0.0 (ops.OpSpec.fresh_grads: the products) gives c itself, which
             # is that sum bit for bit
-            self.grads[i] = c if fresh and c.dtype == np.float64 else c + 0.0
+            self.grads[i] = c if fresh and c.dtype.kind == "f" else c + 0.0
         else:
             np.add(slot, c, out=slot)
 
@@ -892,7 +954,8 @@ del _name, _fn
 def _comparison(op_method):
     """A comparison's Tape method: ``b`` may also be a Python number (a one-element const)."""
     def method(self, a, b):
-        return op_method(self, a, self._number_leaf(b, f"{op_method.__name__} input b"))
+        return op_method(self, a, self._number_leaf(b, f"{op_method.__name__} input b",
+                                                    like=a))
     method.__name__, method.__qualname__ = op_method.__name__, op_method.__qualname__
     method.__doc__ = (op_method.__doc__ or "") + "\n\n``b`` may be a Python number."
     return method
@@ -904,6 +967,27 @@ del _name
 
 
 # ── what backward reaches ──────────────────────────────────────────────────
+
+def first_f32(tape: Tape) -> int:
+    """The first node holding float32 values (an f32 leaf, a cast, what reads them), or
+    -1: the device engines and the emitter refuse such a tape until their f32 kernels
+    exist (docs/device.md), in one line naming this node."""
+    for i, value in enumerate(tape.values):
+        if value.dtype == np.float32:
+            return i
+    return -1
+
+
+def f32_refusal(tape: Tape, what: str, hint: str = "") -> Optional[str]:
+    """The one-line refusal of an f32 tape by ``what`` (an engine, emit-cuda), or None."""
+    i = first_f32(tape)
+    if i < 0:
+        return None
+    node = tape.nodes[i]
+    return (f"node {i} ({node.op}{' ' + repr(node.name) if node.name else ''}) holds f32 "
+            f"values; {what} runs f64 tapes only for now (its f32 kernels are not built "
+            f"yet){hint}")
+
 
 def requires_wrt(tape: Tape, wrt) -> list:
     """``tape.requires`` as if only the params ``wrt`` (node ids) were params.

@@ -494,3 +494,96 @@ def test_unary_within_one_float32_ulp_of_exact():
             lo = np.nextafter(gi, F32(-np.inf))
             hi = np.nextafter(gi, F32(np.inf))
             assert mpmath.mpf(float(lo)) <= exact <= mpmath.mpf(float(hi)), (name, xi, gi)
+
+
+# ── CUDA: the header compiles under nvcc, and the PTX keeps the contract ────
+
+CUDA_TEST = r"""
+#include "gt_real32.h"
+#define GT_I (blockIdx.x * (long long)blockDim.x + threadIdx.x)
+extern "C" __global__ void k_fmaf(long long n, const float *a, const float *b,
+                                  const float *c, float *o)
+{ long long i = GT_I; if (i < n) o[i] = gt_fmaf(a[i], b[i], c[i]); }
+extern "C" __global__ void k_sum32_warp(long long rows, long long n, const float *x, float *o)
+{
+    long long r = GT_I / 32;
+    if (r < rows) { float s = gt_sum32_warp(x + r * n, n, 1); if ((threadIdx.x & 31) == 0) o[r] = s; }
+}
+extern "C" __global__ void k_sum32_thread(long long rows, long long n, const float *x, float *o)
+{ long long r = GT_I; if (r < rows) o[r] = gt_sum32(x + r * n, n, 1); }
+extern "C" __global__ void k_unary(long long n, const float *x, float *o)
+{
+    long long i = GT_I;
+    if (i < n) o[i] = __fadd_rn(gt_expf(x[i]), __fmul_rn(gt_tanhf(x[i]), gt_erff(x[i])));
+}
+"""
+
+
+def test_gt_real32_compiles_under_nvcc_with_fma_only_in_fmaf(tmp_path):
+    """Real nvcc: the header builds for sm_90 with the device engine's options plus
+    -ftz=false; its PTX has fma.rn.f32 in gt_fmaf's kernel only, no .ftz anywhere, the
+    warp sum's five shuffles (and the broadcast), and each f32 function one rounding of
+    a double (cvt.rn.f32.f64).  Running it needs a GPU: scripts/gpu_check.sh."""
+    import re
+    from support import assert_fma_only_in_inner_products, ptx_entries
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    src = tmp_path / "k32.cu"
+    src.write_text(CUDA_TEST)
+    out = tmp_path / "k32.ptx"
+    subprocess.run([nvcc, "--ptx", "-arch", "sm_90", "--fmad=false", "-ftz=false",
+                    f"-I{native.CSRC}", str(src), "-o", str(out)], check=True,
+                   capture_output=True, timeout=300)
+    text = out.read_text()
+    assert ".ftz" not in text
+    assert_fma_only_in_inner_products(text, "f32", {"k_fmaf"})
+    entries = ptx_entries(text)
+    assert len(re.findall(r"shfl\.sync\.down", entries["k_sum32_warp"])) == 5
+    assert re.search(r"shfl\.sync\.idx", entries["k_sum32_warp"])
+    for name in ("k_sum32_warp", "k_sum32_thread"):
+        assert re.search(r"add\.rn\.f32", entries[name]), name
+    assert len(re.findall(r"cvt\.rn\.f32\.f64", entries["k_unary"])) == 3
+
+
+def test_gt_real32_on_the_gpu_gives_the_numpy_bits():
+    """On a GPU (scripts/gpu_check.sh runs this test): gt_fmaf (__fmaf_rn), the warp and
+    the one-thread lane-tree sums, and the f32 functions give numerics32's bits."""
+    from gradtool.device.cuda import cuda_status
+    ok, why = cuda_status()
+    if not ok:
+        pytest.skip(f"no CUDA backend here: {why}")
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as drv
+    from pycuda.compiler import SourceModule
+    mod = SourceModule(CUDA_TEST, no_extern_c=True, options=["--fmad=false", "-ftz=false"],
+                       include_dirs=[str(native.CSRC)])
+    rng = np.random.default_rng(8)
+    i64 = np.int64
+
+    def run(name, n_threads, *args):
+        mod.get_function(name)(*args, block=(128, 1, 1), grid=((n_threads + 127) // 128, 1))
+        drv.Context.synchronize()
+
+    a, b, c = adversarial_triples(rng, 1_000_000)
+    out = np.empty_like(a)
+    run("k_fmaf", a.size, i64(a.size), drv.In(a), drv.In(b), drv.In(c), drv.Out(out))
+    with np.errstate(all="ignore"):
+        assert_same(out, n32.fmaf(a, b, c), "gpu fmaf", a, b, c)
+    for n in SUM_LENGTHS + [100_003]:
+        rows = 3
+        x = np.ascontiguousarray(np.stack([awkward(rng, n) for _ in range(rows)]))
+        if n:
+            x[1, n // 2] = np.inf
+            x[2] = -0.0
+        want = n32.sum(x, 1)
+        for name, threads in (("k_sum32_warp", rows * 32), ("k_sum32_thread", rows)):
+            got = np.empty(rows, np.float32)
+            run(name, threads, i64(rows), i64(n), drv.In(x), drv.Out(got))
+            assert_same(got, want, f"{name} n={n}")
+    x = unary_inputs(rng, 200_000)
+    got = np.empty_like(x)
+    run("k_unary", x.size, i64(x.size), drv.In(x), drv.Out(got))
+    with np.errstate(all="ignore"):
+        want = n32.unary("exp", x) + n32.unary("tanh", x) * n32.unary("erf", x)
+    assert_same(got, want, "gpu exp + tanh * erf", x)

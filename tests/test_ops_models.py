@@ -362,7 +362,7 @@ def test_a_reader_names_a_dtype_or_op_it_does_not_know(tmp_path):
     doc = msgpack.unpackb(dumps(tp, loss=loss))
     path = tmp_path / "future.msgpack"
     for node, field, needle in ((dict(doc["nodes"][1], dtype="u8"), "dtype",
-                                 "unknown dtype 'u8' (this reader knows 'f64' and 'i64')"),
+                                 "unknown dtype 'u8' (this reader knows 'f64', 'f32' and 'i64')"),
                                 (dict(doc["nodes"][2], op="segsum"), "op",
                                  "unknown op 'segsum'")):
         k = 1 if field == "dtype" else 2

@@ -78,10 +78,12 @@ def test_round_trip_aux_is_exactly_what_recording_produces():
                                    "ceil_mode": True, "count_include_pad": False}),
                    ("mean", None), ("mean", None), ("scatter", {"rows": 3}), ("sum", None),
                    ("slice", {"starts": [2], "stops": [3]}),
-                   ("uniform", {"shape": [2, 2, 3], "salt": 0}), ("sum", None)]
+                   ("uniform", {"shape": [2, 2, 3], "salt": 0}), ("sum", None),
+                   ("cast", {"dtype": "f32"}), ("sum", None), ("cast", {"dtype": "f64"})]
     assert [n.aux for n in tf.tape.nodes] == [n.aux for n in tp.nodes]
     flags = ("keepdims", "ceil_mode", "count_include_pad")
-    assert all(type(x) is (bool if k in flags else int) for _, d in aux if d
+    assert all(type(x) is (bool if k in flags else str if k == "dtype" else int)
+               for _, d in aux if d
                for k, v in d.items() for x in (v if isinstance(v, list) else [v]))
 
 

@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from .. import rowtext
-from ..describe import (Columns, first_mismatch, node_entry, plain_node, summary_head,
+from ..describe import (Columns, first_mismatch, node_entry, plain_node, shortest, summary_head,
                         summary_json_parts, to_dot)
 from ..errors import GradtoolError
 from ..gradcheck import FD_WORK_BUDGET, fd_cost
@@ -266,18 +266,21 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     else:
         t.zero_grad()
         t.backward(tf.loss)
-        loss = float(t.values[tf.loss.id].reshape(-1)[0])
+        loss = shortest(t.values[tf.loss.id])[0]
         grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
         from ..npzio import write_npz
         write_npz(output, _npz_arrays(tf, grads))
     num = float.hex if as_hex else (lambda x: x)
     if as_json:
+        # float32 gradients: their shortest exact decimals (describe.shortest), or with
+        # --hex the hex text of each float32 value (widened exactly)
         counts = {} if summed is None else {"batches": summed.batches,
                                             "examples": summed.examples}
         _emit_json({"loss": num(loss), **counts,
                     "params": [{"id": i, "name": name, "shape": list(g.shape),
-                                "grad": [num(x) for x in g.reshape(-1).tolist()]}
+                                "grad": [num(x) for x in (g.reshape(-1).tolist() if as_hex
+                                                          else shortest(g))]}
                                for i, name, g in grads]})
         return
     exact = float.hex if as_hex else repr
@@ -288,7 +291,7 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
         lines.append(f"verify: {verified} recorded values match the replay bit for bit")
     rows = []
     for i, name, g in grads:
-        flat = g.reshape(-1).tolist()
+        flat = shortest(g) if not as_hex else g.reshape(-1).tolist()
         first = ", ".join(show(x) for x in flat[:4]) + (", ..." if len(flat) > 4 else "")
         norm = math.sqrt(math.fsum(x * x for x in flat))
         rows.append([i, name or "-", format_shape(g.shape), f"{norm:.6g}", first])

@@ -67,7 +67,9 @@ GT_INLINE float gt_atan2f(float y, float x) { return (float)gt_atan2((double)y, 
  * counter that builds numerics32's block tree (the perfect tree over the blocks
  * padded with +0.0 to a power of two).  At the end the stack is added from the
  * top down, then the lanes are folded (v[l] += v[l+h], h = 16 .. 1).  A partial
- * last block leaves its missing lanes at +0.0, which is the padding.  The lane
+ * last block leaves its missing lanes at +0.0, which is the padding (its elements,
+ * and a strided row's, are visited in index order: each lane still sees its own
+ * chunks in order, and lanes never meet before the tree).  The lane
  * loops have no dependence between lanes: -O3 turns them into vector adds,
  * without reassociating anything.
  */
@@ -86,12 +88,11 @@ GT_INLINE T NAME(const T *x, long long n, long long stride)                     
             for (int c = 0; c < GT_SUM_CHUNK; ++c)                                 \
                 for (int l = 0; l < GT_SUM_LANES; ++l)                             \
                     acc[l] = ADD(acc[l], p[c * GT_SUM_LANES + l]);                 \
-        } else {                                                                   \
-            for (int c = 0; c < GT_SUM_CHUNK; ++c)                                 \
-                for (int l = 0; l < GT_SUM_LANES; ++l) {                           \
-                    long long i = base + c * GT_SUM_LANES + l;                     \
-                    if (i < n) acc[l] = ADD(acc[l], x[i * stride]);                \
-                }                                                                  \
+        } else {              /* strided, or the last block: element by element */  \
+            long long end = base + GT_SUM_BLOCK < n ? base + GT_SUM_BLOCK : n;     \
+            for (long long i = base; i < end; ++i)                                 \
+                acc[(i - base) % GT_SUM_LANES] = ADD(acc[(i - base) % GT_SUM_LANES], \
+                                                     x[i * stride]);               \
         }                                                                          \
         for (long long k = b; k & 1; k >>= 1) {                                    \
             --top;                                                                 \

@@ -37,7 +37,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..errors import GradtoolError
 from ..ops import OPS, format_shape
-from ..tape import GVar, Tape, reach, requires_wrt
+from ..tape import GVar, Tape, f32_refusal, reach, requires_wrt
 from .render import EmitError, EmitScopeError, c_double, rule
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -99,6 +99,9 @@ def check_scope(tape: Tape) -> None:
     """EmitScopeError naming the first node that is not a one-element tensor or scalar op."""
     if not tape.ok:
         raise EmitError(f"the tape is poisoned: {tape.error}")
+    refusal = f32_refusal(tape, "emit-cuda")
+    if refusal:
+        raise EmitError(refusal)
     for i, node in enumerate(tape.nodes):
         if tape.values[i].size != 1:
             raise EmitScopeError(f"node {i} ({node.op}) has shape {format_shape(tape.values[i].shape)}; emit-cuda "

@@ -57,15 +57,22 @@ backward(g, a, b, t, s, attrs, need_a, need_b) -> (ca, cb)
 
 from __future__ import annotations
 
+from .. import numerics, numerics32
+
+# the float32 contract's orders: numerics routes float32 arrays to numerics32 (which reads
+# numerics, so it is installed here rather than imported there)
+numerics.use_f32_orders(numerics32)
+
 # the families register their ops in import order: that order is the table's (OP_NAMES,
 # the generated files, docs/ops.md)
 from . import elementwise, reductions, products, movement, masks, conv, random  # noqa: F401
 from .movement import LOG_SOFTMAX_PARTS, SOFTMAX_PARTS
 from .random import RNG_NAME, RNG_RECORDED, bad_rng
 from .shapes import broadcast_shape
-from .spec import (EXACT_INT, FAMILIES, INT_DTYPE, KERNELS, LEAF_OPS, OPS, Attr, KernelSpec,
-                   OpSpec, as_ids, attr, bad_id, contract, f64_bits, f64_from_bits,
-                   format_shape, inexact_int, kernel, kernel_names, pack)
+from .spec import (DTYPES, EXACT_INT, FAMILIES, FLOAT_DTYPES, INT_DTYPE, KERNELS, LEAF_OPS,
+                   NUMPY_DTYPES, OPS, Attr, KernelSpec, OpSpec, as_ids, attr, bad_id, contract,
+                   dtype_of, f64_bits, f64_from_bits, format_shape, inexact_int, infer_dtype,
+                   kernel, kernel_names, pack)
 
 # ── kernels of the engine that belong to no op ─────────────────────────────
 
@@ -93,7 +100,8 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
            "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT",
-           "INT_DTYPE", "INTEGER_READERS",
+           "INT_DTYPE", "INTEGER_READERS", "FLOAT_DTYPES", "DTYPES", "NUMPY_DTYPES",
+           "dtype_of", "infer_dtype",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",
            "SOFTMAX_PARTS", "LOG_SOFTMAX_PARTS", "RNG_NAME", "RNG_RECORDED", "bad_rng"]

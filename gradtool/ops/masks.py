@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 
 from ..expr import G, X, Y, Const, Expr, eq, ne, select
-from .spec import OPS
+from .spec import OPS, NUMPY_DTYPES, Attr, OpSpec, _register
+from .shapes import _same_shape
 from .elementwise import binary, unary
 
 
@@ -43,15 +44,22 @@ from .elementwise import binary, unary
 # device kernels (a bad id reads nothing, writes a NaN and raises the replay's error flag,
 # which the engine turns into the same error).
 
-def _elementwise_reading_ints(forward):
+def _elementwise_reading_ints(name, forward):
     """An elementwise numpy rule whose inputs may be int64 (an i64 const): converted to
-    float64 first (exact below 2^53), so every rule sees the kernels' values."""
+    float64 first (exact below 2^53), so every rule sees the kernels' values; the result
+    in the op's dtype (ops.infer_dtype: f32 where an input read as values is f32, as
+    comparing an i64 const with an f32 node gives an f32 mask, every 0.0/1.0 exact)."""
+    free = OPS[name].dtype_free
+
     def rule(a, b, s, at):
+        want32 = a.dtype == np.float32 or (b is not None and "b" not in free
+                                           and b.dtype == np.float32)
         if a.dtype.kind in "iu":
             a = a.astype(np.float64)
         if b is not None and b.dtype.kind in "iu":
             b = b.astype(np.float64)
-        return forward(a, b, s, at)
+        out = forward(a, b, s, at)
+        return out.astype(np.float32) if want32 and out.dtype != np.float32 else out
     return rule
 
 
@@ -68,10 +76,10 @@ _compare("gt", "1.0 where a > b, else 0.0 (a mask; no gradient)", X > Y)
 _compare("ge", "1.0 where a >= b, else 0.0 (a mask; no gradient)", X >= Y)
 binary("keep", "a where the mask b != 0, else -0.0 (exact; half of Tape.where)",
        select(ne(Y, 0.0), X, -0.0), select(ne(Y, 0.0), G, 0.0), Const(0.0),
-       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a", dtype_free=("b",))
 binary("keep_not", "a where the mask b == 0, else -0.0 (exact; half of Tape.where)",
        select(eq(Y, 0.0), X, -0.0), select(eq(Y, 0.0), G, 0.0), Const(0.0),
-       int_inputs=("a", "b"), grad_inputs=("a",), integral="a")
+       int_inputs=("a", "b"), grad_inputs=("a",), integral="a", dtype_free=("b",))
 unary("to_f64", "the values as float64 (integer data converted exactly; a float an exact "
       "copy)", X, G, int_inputs=("a",), integral="inputs")
 # detach(a): an exact copy of a that carries NO gradient (a stop-gradient: torch's
@@ -82,11 +90,40 @@ unary("to_f64", "the values as float64 (integer data converted exactly; a float 
 unary("detach", "a copy of a that carries no gradient (a stop-gradient)", X, Const(0.0),
       grad_inputs=(), integral="inputs")
 OPS["detach"] = dataclasses.replace(
-    OPS["detach"], forward=lambda a, b, s, at: np.array(a, dtype=np.float64, copy=True))
+    OPS["detach"], forward=lambda a, b, s, at: np.array(a, copy=True))
 for _name in ("eq", "ne", "lt", "le", "gt", "ge", "keep", "keep_not"):
     OPS[_name] = dataclasses.replace(OPS[_name],
-                                     forward=_elementwise_reading_ints(OPS[_name].forward))
+                                     forward=_elementwise_reading_ints(_name,
+                                                                       OPS[_name].forward))
 del _name
 # to_f64's rule x is a copy: a new float64 array (never the input itself)
 OPS["to_f64"] = dataclasses.replace(
     OPS["to_f64"], forward=lambda a, b, s, at: np.array(a, dtype=np.float64, copy=True))
+
+
+# cast(a, dtype): a's values in the other float dtype, torch's Tensor.to(dtype): f64 -> f32
+# rounds each value once to nearest even (overflow to +-inf, subnormals kept, NaN stays
+# NaN); f32 -> f64 is exact.  The gradient is g cast back to a's dtype (rounded once, or
+# exact).  The node's dtype is its attribute (docs/ops.md, "dtypes"); a cast to a's own
+# dtype is refused (Tape.cast returns a itself), so every cast changes the dtype.
+def _cast_dtype(da, db, at):
+    return at["dtype"]
+
+
+def _cast_f(a, b, s, at):
+    return np.array(a, dtype=NUMPY_DTYPES[at["dtype"]], copy=True)
+
+
+def _cast_b(g, a, b, t, s, at, na, nb):
+    return (np.array(g, dtype=a.dtype, copy=True), None)
+
+
+# kind "cast", not "unary": no device kernel renders it yet (the device engines refuse a
+# tape holding f32 values, docs/device.md), and no f64 rule reads it
+_register(OpSpec("cast", "cast", 1, "a's values in another float dtype: f64 -> f32 rounds "
+                 "once to nearest even, f32 -> f64 is exact; the gradient is cast back",
+                 _same_shape, _cast_f, _cast_b,
+                 attrs=(Attr("dtype", "dtype", "the target float dtype, 'f32' or 'f64'"),),
+                 dtype_rule=_cast_dtype))
+# to_f64 always gives float64 (of integer data, or of a float node of either dtype)
+OPS["to_f64"] = dataclasses.replace(OPS["to_f64"], dtype_rule=lambda da, db, at: "f64")

@@ -48,7 +48,7 @@ def _slice_f(a, b, s, at):
 
 
 def _slice_b(g, a, b, t, s, at, na, nb):
-    scattered = np.zeros(a.shape)                   # scatter into zeros
+    scattered = np.zeros(a.shape, dtype=g.dtype)    # scatter into zeros
     scattered[_slice_region(at)] = g
     return (scattered, None)
 
@@ -214,7 +214,7 @@ def _take_along_f(a, b, s, at):
 
 def _take_along_b(g, a, b, t, s, at, na, nb):
     axis, b = at["axis"], as_ids(b)
-    c = np.zeros(a.shape)
+    c = np.zeros(a.shape, dtype=g.dtype)
     for j in range(b.shape[axis]):                  # one id per line at a time, in order
         idx, gj = np.take(b, [j], axis=axis), np.take(g, [j], axis=axis)
         np.put_along_axis(c, idx, np.take_along_axis(c, idx, axis=axis) + gj, axis=axis)

@@ -98,7 +98,7 @@ def _max_f(a, b, s, at):
 def _max_b(g, a, b, t, s, at, na, nb):
     rows, axis = _rows(a, at)
     idx = nx.first_max(rows, axis)[1]
-    c = np.zeros(rows.shape)                        # g at each row's max, +0.0 elsewhere
+    c = np.zeros(rows.shape, dtype=g.dtype)         # g at each row's max, +0.0 elsewhere
     np.put_along_axis(c, idx, g.reshape(idx.shape), axis)
     return (c.reshape(a.shape), None)
 

@@ -10,14 +10,19 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..errors import DtypeError
 from ..expr import Expr
 
 
 LEAF_OPS = ("param", "const")
-INT_DTYPE = "i64"                   # a const of integer ids (take's ids); every other value f64
+INT_DTYPE = "i64"                   # a const of integer ids (take's ids)
+FLOAT_DTYPES = ("f64", "f32")       # the value dtypes: IEEE binary64 and binary32
+DTYPES = FLOAT_DTYPES + (INT_DTYPE,)
+NUMPY_DTYPES = {"f64": np.dtype(np.float64), "f32": np.dtype(np.float32),
+                INT_DTYPE: np.dtype(np.int64)}
 KINDS = ("leaf", "unary", "binary", "reduce", "max", "matmul", "bmm", "transpose", "reshape",
          "softmax", "slice", "concat", "take", "take_along", "permute", "conv2d",
-         "max_pool2d", "avg_pool2d", "scatter", "uniform")
+         "max_pool2d", "avg_pool2d", "scatter", "uniform", "cast")
 _REQUIRED = object()
 
 
@@ -32,7 +37,8 @@ class Attr:
     counting from the end when recording (stored normalised, >= 0);
     ``shape``: the node's own shape (a reshape's target), which the file
     already stores as ``shape``; ``flag``: True or False; ``count``: one int
-    >= 1 (conv2d's groups); ``natural``: one int in [0, 2^63) (uniform's salt).
+    >= 1 (conv2d's groups); ``natural``: one int in [0, 2^63) (uniform's salt);
+    ``dtype``: a float dtype, "f32" or "f64" (cast's target).
 
     ``default`` is the Tape method's default.  An ``optional`` attribute may
     be absent from a file, meaning ``default``: it is written, and kept in
@@ -86,6 +92,8 @@ class OpSpec:
     integral: str = ""               # "always"/"inputs"/"a"/"a_whole_s": values whole numbers
     fresh_grads: bool = False        # backward returns new arrays without a -0.0 (below)
     rng_input: bool = False          # input a must be the tape's rng slot (uniform)
+    dtype_free: tuple = ()           # inputs whose float dtype need not match a's (a mask)
+    dtype_rule: Optional[Callable] = None   # (da, db, attrs) -> out dtype; None: infer_dtype
 
     def grad_to(self, role: str) -> bool:
         """Whether the backward walk gives input ``role`` ("a"/"b") a contribution."""
@@ -118,6 +126,38 @@ OPS: dict[str, OpSpec] = {}
 def _register(spec: OpSpec) -> None:
     assert spec.kind in KINDS and spec.name not in OPS, spec.name
     OPS[spec.name] = spec
+
+
+def dtype_of(arr) -> str:
+    """The gradtool dtype ("f64", "f32", "i64") of a node's numpy value."""
+    kind = arr.dtype
+    if kind == np.float32:
+        return "f32"
+    return INT_DTYPE if kind == np.int64 else "f64"
+
+
+def infer_dtype(opname: str, da: str, db: Optional[str], attrs=None) -> str:
+    """The op's output dtype from its inputs' (the dtype rule beside the shape rule: the
+    recorder and the file loader both use it, so no value is computed to learn a dtype).
+
+    Every input read as values (not ids: take's b; not a mask: keep's b) that holds
+    floats must have ONE float dtype, which the output has; integer data (an i64 const)
+    is read as exact float64, so an op of integer data only gives f64.  A mix of f32
+    and f64 raises :class:`~gradtool.errors.DtypeError`, never a silent promotion.
+    An op with a ``dtype_rule`` (cast, to_f64) says its own."""
+    spec = OPS[opname]
+    if spec.dtype_rule is not None:
+        return spec.dtype_rule(da, db, attrs)
+    floats = [(role, d) for role, d in (("a", da), ("b", db))
+              if d is not None and d != INT_DTYPE and role not in spec.id_inputs
+              and role not in spec.dtype_free]
+    if len(floats) == 2 and floats[0][1] != floats[1][1]:
+        raise DtypeError(f"input a is {da} and input b is {db}; {opname} takes inputs of one "
+                         f"float dtype (gradtool never promotes: convert one with "
+                         f"tape.cast(x, 'f32') or tape.cast(x, 'f64'))")
+    if floats:
+        return floats[0][1]
+    return "f64"
 
 
 def format_shape(shape) -> str:

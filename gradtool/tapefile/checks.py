@@ -59,10 +59,10 @@ import msgpack
 import numpy as np
 
 from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_temporary, node_work, prod
-from ..errors import ShapeError, TapeFileError
+from ..errors import DtypeError, ShapeError, TapeFileError
 from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
-from ..ops import (INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, bad_id, bad_rng, format_shape,
-                   inexact_int, infer_shape)
+from ..ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, bad_id, bad_rng,
+                   format_shape, inexact_int, infer_dtype, infer_shape)
 from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
 from .runs import (_CORE, IN_RUN, RunColumns, _plain_runs, _run_counts, _scanned_runs,
                    _take_run, node_at)
@@ -467,8 +467,9 @@ def _schema_error(err, node, doc, source: str) -> TapeFileError:
     elif validator == "enum" and path == ["op"]:
         message = f"unknown op {show(instance)}"
     elif validator == "enum" and path == ["dtype"]:
+        known = [repr(v) for v in expected]
         message = (f"unknown dtype {show(instance)} (this reader knows "
-                   f"{' and '.join(repr(v) for v in expected)})")
+                   f"{', '.join(known[:-1])} and {known[-1]})")
     elif validator in ("enum", "const"):
         allowed = expected if validator == "enum" else [expected]
         message = f"must be {' or '.join(show(v) for v in allowed)}, got {show(instance)}"
@@ -528,7 +529,9 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
     unread_ids = {}                   # i64 consts no integer input has read yet, in order
     size_of = {}                      # shape -> elements, for the shapes seen so far
     append_node, append_size, append_work = nodes.append, sizes.append, works.append
-    if scanned is not None:
+    if _has_f32(raw_nodes):
+        columns = None                # the runs are f64's fast path; f32 node by node
+    elif scanned is not None:
         columns = _scanned_runs(raw_nodes, scanned)
     elif len(raw_nodes) >= _RUN_MIN:
         columns = _plain_runs(raw_nodes)
@@ -641,6 +644,12 @@ def check(doc, source: str, limits: Limits, scanned=None) -> CheckedFile:
                        runs=runs, state=dict(state), columns=columns if runs else None)
 
 
+def _has_f32(raw_nodes) -> bool:
+    """Whether any node map says dtype f32 (an f32 leaf, a cast to f32): the only way a
+    tape holds float32 values."""
+    return any(type(raw) is dict and raw.get("dtype") == "f32" for raw in raw_nodes)
+
+
 def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict,
                  source: str) -> None:
     """One entry of the file's ``state`` map: a named float64 const, updated after every
@@ -673,6 +682,10 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
     if nodes[ref].dtype == INT_DTYPE:
         raise TapeFileError(f"is updated by output {show(output)} (node {ref}), which holds "
                             f"integer ids; a state holds float64", source=source, field=field)
+    if nodes[ref].dtype != node.dtype:
+        raise TapeFileError(f"node {i} is {node.dtype}, but output {show(output)} (node "
+                            f"{ref}) is {nodes[ref].dtype}; a state and its output share "
+                            f"one dtype", source=source, field=field)
 
 
 
@@ -834,10 +847,15 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     shape = tuple(raw["shape"])
     if arity == 0:
         data = raw["data"]
-        need = 8 * prod(shape)
+        dtype = get("dtype", "f64")
+        if op == "param" and dtype not in FLOAT_DTYPES:
+            raise _bad(i, source, f"a param holds floats (f64 or f32), got dtype {show(dtype)}",
+                       "dtype")
+        width = 4 if dtype == "f32" else 8
+        need = width * prod(shape)
         if len(data) != need:
             raise _bad(i, source, f"holds {len(data)} bytes, but shape {format_shape(shape)} "
-                                  f"needs {need} (8 per element)", "data")
+                                  f"needs {need} ({width} per element, dtype {dtype})", "data")
         name = get("name")
         if name is not None:
             if name in names:
@@ -847,7 +865,6 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         l2 = float(get("l2", 0.0))
         if not math.isfinite(l2):
             raise _bad(i, source, f"must be finite, got {l2}", "l2")
-        dtype = get("dtype", "f64")
         if name == RNG_NAME:
             problem = ("it is reserved for a const" if op != "const" else
                        bad_rng(None if dtype != "f64" else np.frombuffer(data, "<f8"),
@@ -892,6 +909,17 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
     if inferred != shape:
         raise _bad(i, source, f"states {format_shape(shape)}, but {op} of its inputs gives "
                               f"{format_shape(inferred)}", "shape")
+    da = earlier[a].dtype
+    if op == "cast" and (attrs or {}).get("dtype") not in FLOAT_DTYPES:
+        raise _bad(i, source, f"a cast's target is f32 or f64, got {show(get('dtype'))}",
+                   "dtype")
+    if op == "cast" and da == attrs["dtype"]:
+        raise _bad(i, source, f"casts node {a}, already {da}, to {da}; a cast changes the "
+                              f"dtype", "dtype")
+    try:
+        dtype = infer_dtype(op, da, earlier[b].dtype if b >= 0 else None, attrs)
+    except DtypeError as exc:
+        raise _bad(i, source, f"{op}: {exc}", "b") from None
     if spec.id_inputs and earlier[b].a < 0:     # computed ids: checked when replayed
         ids = np.frombuffer(earlier[b].data, dtype="<i8")
         problem = bad_id(ids.reshape(earlier[b].shape), spec.index_bound(sa, attrs))
@@ -903,6 +931,7 @@ def _check_node(i: int, raw: dict, earlier: list, names: dict, source: str) -> C
         raise _bad(i, source, f"holds {len(value)} bytes, but shape {format_shape(shape)} needs "
                               f"{8 * prod(shape)}", "value")
     return CheckedNode(op, a, b, float(get("s", 0.0)), shape, attrs, None, 0.0, None, value,
+                       dtype=dtype,
                        integral=_integral(op, a, b, earlier, float(get("s", 0.0))))
 
 

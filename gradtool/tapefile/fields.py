@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..limits import MAX_DIMS
-from ..ops import INT_DTYPE, OPS
+from ..ops import FLOAT_DTYPES, INT_DTYPE, OPS
 
 LEAVES = tuple(n for n, s in OPS.items() if s.kind == "leaf")
 OP_NODES = tuple(n for n in OPS if n not in LEAVES)
@@ -60,7 +60,7 @@ def _attribute_fields() -> list:
     owners, required, kinds = {}, {}, {}
     for name, spec in OPS.items():
         for at in spec.attrs:
-            if at.stored:
+            if at.stored and at.name != "dtype":     # cast's dtype: the dtype field
                 owners.setdefault(at.name, []).append(name)
                 required.setdefault(at.name, [])
                 if at.file_required:
@@ -106,12 +106,16 @@ def _fields() -> list:
         Field("shape", _dims(1), every, every,
               {"$ref": "#/$defs/dims",
                "description": "The node's value shape; for reshape, the target shape."}),
-        Field("dtype", lambda x: x == "f64" or x == INT_DTYPE, ("const",), (),
-              {"enum": ["f64", INT_DTYPE],
-               "description": f"const only: the element type of data; default f64. "
-                              f"{INT_DTYPE}: integer data, read only by "
+        Field("dtype", lambda x: x == "f64" or x == "f32" or x == INT_DTYPE,
+              ("param", "const", "cast"), ("cast",),
+              {"enum": ["f64", "f32", INT_DTYPE],
+               "description": f"param/const: the element type of data; default f64. f32: "
+                              f"IEEE binary32 values (4 bytes an element). {INT_DTYPE} "
+                              f"(const only): integer data, read only by "
                               f"{'/'.join(INT_READERS)} "
-                              f"(ids of {'/'.join(n for n, s in OPS.items() if s.id_inputs)})."}),
+                              f"(ids of {'/'.join(n for n, s in OPS.items() if s.id_inputs)}). "
+                              f"cast (required there): its target, f32 or f64. Every other "
+                              f"node's dtype follows from its inputs' (docs/ops.md)."}),
         Field("data", lambda x: type(x) is bytes, LEAVES, LEAVES,
               {"$ref": "#/$defs/leafBytes",
                "description": "The leaf's value (param/const only, required there)."}),
@@ -154,16 +158,21 @@ def schema_rules() -> list:
 
     leaf_only = [k for k, f in fields.items() if set(f.ops) <= set(LEAVES)]
     assert fields["data"].required == LEAVES and fields["value"].ops == OP_NODES
-    assert fields["dtype"].ops == ("const",) and fields["l2"].ops == ("param",)
+    assert fields["dtype"].ops == ("param", "const", "cast") and fields["l2"].ops == ("param",)
     rules = [
         {"if": {"properties": {"op": {"enum": list(LEAVES)}}},
          "then": {"required": [k for k in fields if fields[k].required == LEAVES
                                and k not in ("op", "shape")],
                   **absent(["value"])},
-         "else": absent([k for k in leaf_only if k != "dtype"])},
+         "else": absent(leaf_only)},
         {"if": {"properties": {"op": {"const": "const"}}},
-         "then": absent(["l2"]),
-         "else": absent(["dtype"])},
+         "then": absent(["l2"])},
+        {"if": {"properties": {"op": {"const": "param"}}},
+         "then": {"properties": {"dtype": {"enum": list(FLOAT_DTYPES)}}}},
+        {"if": {"properties": {"op": {"const": "cast"}}},
+         "then": {"required": ["dtype"], "properties": {"dtype": {"enum": list(FLOAT_DTYPES)}}},
+         "else": {"if": {"properties": {"op": {"enum": list(LEAVES)}}},
+                  "else": absent(["dtype"])}},
         {"if": cond(SCALAR_OPS), "else": {"properties": {"s": {"const": 0}}}},
     ]
     # attributes the same ops carry get one rule: required where every node has them,

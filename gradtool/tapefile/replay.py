@@ -124,9 +124,10 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
             if a < 0:
                 _finish_ops(tape, ops_from)
                 ids = node.dtype == INT_DTYPE
-                data = np.frombuffer(node.data, dtype="<i8" if ids else "<f8").reshape(node.shape)
+                code = "<i8" if ids else "<f4" if node.dtype == "f32" else "<f8"
+                data = np.frombuffer(node.data, dtype=code).reshape(node.shape)
                 if op == "param":
-                    tape.param(data, name=node.name, l2=node.l2)
+                    tape.param(data, name=node.name, l2=node.l2, dtype=node.dtype)
                 else:
                     tape.const(data, name=node.name, dtype=node.dtype)
                 ops_from = len(tape.nodes)
@@ -151,7 +152,7 @@ def replay(checked: CheckedFile, source: str) -> TapeFile:
                             or (b >= 0 and "b" in grad_in and requires[b]))
             append_integral(bool(spec.integral)
                             and spec.integral_of(integral[a], b < 0 or integral[b], node.s))
-            if node.value is not None:
+            if node.value is not None:       # float64 bytes (an f32 value widened exactly)
                 recorded[k] = np.frombuffer(node.value, dtype="<f8").reshape(node.shape)
         _finish_ops(tape, ops_from)
     outputs = {k: tape.var(v) for k, v in checked.outputs.items()}

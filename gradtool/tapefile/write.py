@@ -106,6 +106,8 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
             out["l2"] = float(node.l2)
         if tape.holds_ids(i):
             out["dtype"] = INT_DTYPE
+        elif value.dtype == np.float32:
+            out["dtype"] = "f32"
         out["data"] = _le_bytes(value)
         return out
     aux = node.aux or {}
@@ -118,16 +120,23 @@ def _encode_node(tape: Tape, i: int, values: bool) -> dict:
                 out[at.name] = int(attr)
             elif at.kind == "flag":
                 out[at.name] = bool(attr)
+            elif at.kind == "dtype":
+                out[at.name] = str(attr)
             else:
                 out[at.name] = [int(x) for x in attr]
     if values:
-        out["value"] = _le_bytes(value)
+        out["value"] = _le_bytes(value, wide=True)
     return out
 
 
-def _le_bytes(arr: np.ndarray) -> bytes:
-    """Little-endian bytes: int64 for ids, float64 for everything else."""
-    return np.ascontiguousarray(arr, dtype="<i8" if arr.dtype == np.int64 else "<f8").tobytes()
+def _le_bytes(arr: np.ndarray, wide: bool = False) -> bytes:
+    """Little-endian bytes: int64 for ids, float32 for f32 data, float64 for everything
+    else (``wide``: float32 values widened to float64, exactly: a stored op value)."""
+    if arr.dtype == np.int64:
+        code = "<i8"
+    else:
+        code = "<f4" if arr.dtype == np.float32 and not wide else "<f8"
+    return np.ascontiguousarray(arr, dtype=code).tobytes()
 
 
 def _node_id(tape: Tape, ref, what: str) -> int:
