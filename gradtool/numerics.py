@@ -244,7 +244,7 @@ def take_index(ids: np.ndarray, rows: int) -> tuple:
     return order, start
 
 
-def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=np.float64) -> np.ndarray:
+def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=None) -> np.ndarray:
     """The scatter-add of rows in :func:`take_index`'s order: take's backward and the
     ``scatter`` op's forward, one implementation.
 
@@ -257,6 +257,8 @@ def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=np.float64) ->
     ids repeat.  The kernels ``k_take_bwd`` (walking the uploaded index) and
     ``k_take_bwd_scan`` (scanning ids computed on the device) sum in the same order.
     """
+    if dtype is None:                 # x's own float type: float32 sums in binary32
+        dtype = np.float32 if x.dtype == np.float32 else np.float64
     order, start = take_index(ids, rows)
     counts = np.diff(start)
     busiest = np.argsort(-counts, kind="stable")          # rows, most positions first

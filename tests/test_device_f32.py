@@ -240,3 +240,67 @@ def test_kernel_lane_tree_sum_equals_numerics32(sum_lib, n, rng):
     z = np.full(max(n, 1), -0.0, np.float32)
     got = np.float32(sum_lib.mem_sum(z.ctypes.data_as(ctypes.c_void_p), n, 1))
     assert got == 0.0 and not np.signbit(got) and not np.signbit(n32.sum(z[:n]))
+
+
+# ── every op on an f32 tape: the host backend == the CPU reference ──────────
+
+from support import OPTIONAL_CASES, TABLE_OPS, op_tape  # noqa: E402
+
+VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
+
+
+def _rng(name):
+    return np.random.default_rng(sum(map(ord, name)) + 32)
+
+
+# ops whose output is f64 whatever their inputs' float type (read from integer data):
+# an f32 tape casts them (a mixed tape, which runs on the cpu backend)
+F64_RESULT = ("to_f64", "uniform")
+
+
+def f32_op_tape(name, rng, attrs=None):
+    """op_tape's one-op tape as an f32 tape (rounded_tape: leaves rounded once, every node
+    recomputed by the CPU reference in float32), backward run."""
+    from gradtool.device import rounded_tape
+    if name in F64_RESULT:
+        pytest.skip(f"{name} gives f64 values from integer data")
+    tp, out, loss = op_tape(name, rng, attrs=attrs)
+    tp32 = rounded_tape(tp, "f32")
+    assert tp32.values[out.id].dtype == np.float32, name
+    tp32.backward(tp32.var(loss.id))
+    return tp32, out.id, loss.id
+
+
+def assert_host_equals_reference(tp, out, loss, variant, what):
+    from gradtool.device import capture
+    replay = capture(tp, loss, "host", host_kernels=variant)
+    assert replay.dtype == "f32"
+    replay.forward()
+    replay.backward()
+    got = replay.value(out)
+    assert got.dtype == np.float32
+    assert_bits_equal_nan_any(got, tp.values[out], f"{what} forward ({variant})")
+    for p in tp.params():
+        g = replay.grad(p.id)
+        assert g.dtype == np.float32
+        assert_bits_equal_nan_any(g, tp.grad(p), f"{what} grad of {p.id} ({variant})")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", TABLE_OPS)
+def test_f32_every_op_host_equals_reference(name, variant):
+    require_c_compiler()
+    tp, out, loss = f32_op_tape(name, _rng(name))
+    assert_host_equals_reference(tp, out, loss, variant, name)
+
+
+OPTIONAL = [(name, k) for name, cases in OPTIONAL_CASES.items() for k in range(len(cases))]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name, k", OPTIONAL)
+def test_f32_optional_attributes_host_equals_reference(name, k, variant):
+    require_c_compiler()
+    attrs = OPTIONAL_CASES[name][k]
+    tp, out, loss = f32_op_tape(name, _rng(name), attrs=attrs)
+    assert_host_equals_reference(tp, out, loss, variant, f"{name} {attrs}")

@@ -38,7 +38,7 @@ import numpy as np
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
 from ..ops import OPS, attr, bad_rng, inexact_int, infer_shape
-from ..tape import f32_refusal, reach
+from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from .optimizer import plan_optimizer
 
@@ -236,10 +236,6 @@ def _check(tape, loss: int, dtype: str) -> None:
                            f"needs a {dtype} tape (device.rounded_tape converts one)")
     if not tape.ok:
         raise CaptureError(f"the tape is poisoned: {tape.error}")
-    refusal = f32_refusal(tape, "the device replay (host, cuda, --fuse)",
-                          ": the cpu backend (--backend cpu) computes f32 tapes")
-    if refusal:
-        raise CaptureError(refusal)
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
