@@ -65,6 +65,10 @@ class DeviceReplay:
         captured = rounded_tape(tape, dtype) if dtype is not None else tape
         self.program = capture_program(captured, loss_id, dtype, optimizer, max_bytes)
         self.element = np.dtype(DTYPES[self.program.dtype])
+        # what value() gives back per node: its own float type (a node of integer data
+        # may be f64 in an f32 tape: whole numbers, exact in either)
+        self._types = [v.dtype if v.dtype != np.int64 else self.element
+                       for v in captured.values]
         self.unfused_counts = {ph: len(la) for ph, la in self.program.launches.items()}
         if fuse:
             from .fusion import fuse as fuse_program
@@ -198,7 +202,7 @@ class DeviceReplay:
         i = self.node_id(node, "value")
         prog = self.program
         out = self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
-        return out.astype(np.int64 if i in self._ids else self.element)
+        return out.astype(np.int64 if i in self._ids else self._types[i])
 
     def grad(self, node) -> np.ndarray:
         """dL/d(node) from the last backward; zeros for a node backward never touches."""

@@ -90,7 +90,8 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
                          b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off)
     if hasattr(opt, "check_tape"):
         try:
-            opt.check_tape(builder.tape)
+            # a rounded f32 copy (program.rounded_tape) answers for its original's params
+            opt.check_tape(getattr(builder.tape, "rounded_from", builder.tape))
         except GradtoolError as exc:
             raise CaptureError(str(exc)) from None
     for e in opt.entries:

@@ -212,14 +212,30 @@ class _Builder:
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
 
 
+def integer_data(tape) -> list:
+    """Per node: whether its values derive from integer consts alone (an i64 const, or an
+    op all of whose inputs are such nodes: a comparison of ids, ``to_f64`` of them, ...).
+    Those nodes hold whole numbers whatever their float type, and no gradient reaches
+    them; every other node descends from a float leaf."""
+    out = []
+    for i, node in enumerate(tape.nodes):
+        if node.a < 0:
+            out.append(tape.values[i].dtype == np.int64)
+        else:
+            out.append(out[node.a] and (node.b < 0 or out[node.b]))
+    return out
+
+
 def tape_dtype(tape) -> str:
     """The float dtype of ``tape``'s values: "f32" when they are float32, else "f64" (a
-    tape of integer consts only is f64).  A tape holding both (a ``cast`` between them)
-    is a CaptureError: a device program has one element type."""
+    tape of integer consts only is f64).  Nodes of integer data (:func:`integer_data`:
+    whole numbers, whatever their type) do not count.  A tape holding both (a ``cast``
+    between them) is a CaptureError: a device program has one element type."""
     kinds = {}
+    ints = integer_data(tape)
     for i, value in enumerate(tape.values):
         dt = getattr(value, "dtype", None)
-        if dt == np.float32 or dt == np.float64:
+        if (dt == np.float32 or dt == np.float64) and not ints[i]:
             kinds.setdefault("f32" if dt == np.float32 else "f64", i)
     if len(kinds) > 1:
         raise CaptureError(f"node {kinds['f32']} holds f32 values and node {kinds['f64']} "
@@ -238,14 +254,20 @@ def _check(tape, loss: int, dtype: str) -> None:
         raise CaptureError(f"the tape is poisoned: {tape.error}")
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
+    ints = integer_data(tape)
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
         if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
         ids = node.op == "const" and getattr(value, "dtype", None) == np.int64
-        if not isinstance(value, np.ndarray) or (value.dtype != DTYPES[dtype] and not ids):
+        whole = ints[i] and getattr(value, "dtype", None) == np.float64
+        if not isinstance(value, np.ndarray) or (value.dtype != DTYPES[dtype] and not ids
+                                                 and not whole):
             kind = getattr(value, "dtype", type(value).__name__)
             raise CaptureError(f"node {i}: holds {kind} values; the device replay needs a "
                                f"float64 or float32 tape")
+        if whole and dtype != "f64" and inexact_int(value, EXACT_INTS[dtype]):
+            raise CaptureError(f"node {i} ({node.op}): integer data "
+                               f"{inexact_int(value, EXACT_INTS[dtype])} (a {dtype} arena)")
         if node.a >= 0:
             sb = tape.values[node.b].shape if node.b >= 0 else None
             want = infer_shape(node.op, tape.values[node.a].shape, sb, node.aux)
@@ -300,7 +322,9 @@ def rounded_tape(tape, dtype: str = "f32"):
     for i, node in enumerate(out.nodes):
         value = out.values[i]
         if node.a < 0 and value.dtype == np.float64:
-            out.values[i] = value.astype(np.float32)
+            with np.errstate(over="ignore"):        # past float32's range: +-inf, as torch
+                out.values[i] = value.astype(np.float32)
+    out.rounded_from = tape           # the optimizer's params are the original's
     out.grads = [None] * len(out.nodes)
     out.forward()
     if not out.ok:
