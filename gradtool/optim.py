@@ -141,7 +141,8 @@ class Optimizer:
                       serial=tape.serials[node_id])
         if self.kind == "adam":
             shape = tape.values[node_id].shape
-            entry.m, entry.v = np.zeros(shape), np.zeros(shape)
+            dtype = tape.values[node_id].dtype      # the state in the param's dtype
+            entry.m, entry.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.entries.append(entry)
         self._tape = tape
         return entry
@@ -176,10 +177,10 @@ class Optimizer:
         grads = [tape.grads[e.node_id] for e in active]
         scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
         self._begin_step()
-        lib = numerics.cpu_kernels() if _COMPILED[0] else None
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
-            if lib is not None and _plain(w) and _plain(g):
+            lib = _library(w) if _COMPILED[0] else None
+            if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
                 self._update_compiled(lib, e, w, g, scale)
                 continue
             if scale is not None:
@@ -189,6 +190,14 @@ class Optimizer:
             self._update(e, w, g)
 
     def _clip_scale(self, grads) -> Optional[float]:
+        if grads and all(g.dtype == np.float32 for g in grads):
+            # float32: numerics32's lane-tree sum of every g*g (binary32) in registration
+            # order, row-major; sqrt, the comparison and clip / norm in binary32
+            from . import numerics32
+            sq = np.concatenate([np.ravel(g * g) for g in grads])
+            norm = np.sqrt(numerics32.sum(sq))
+            clip = np.float32(self.clip)
+            return float(clip / norm) if norm > clip else None
         # 0.0 first, then every g*g in registration order, row-major; add.accumulate is
         # sequential by definition, so its last element is the serial sum.
         squares = [np.zeros(1)] + [np.ravel(g * g) for g in grads]
@@ -307,7 +316,8 @@ class Adam(Optimizer):
         # fresh (page-faulting) allocations each time
         scratch = self._scratch.get(entry.node_id)
         if scratch is None or scratch[0].shape != w.shape:
-            scratch = self._scratch[entry.node_id] = (np.empty(w.shape), np.empty(w.shape))
+            scratch = self._scratch[entry.node_id] = (np.empty(w.shape, w.dtype),
+                                                      np.empty(w.shape, w.dtype))
         s, u = scratch
         # m = b1*m + one_minus_b1*g
         np.multiply(m, B1, out=m)
@@ -336,9 +346,17 @@ class Adam(Optimizer):
 _COMPILED = [True]      # tests set [False] to run the numpy sequence
 
 
-def _plain(x: np.ndarray) -> bool:
-    """An array the compiled step can take as is: C-contiguous aligned float64."""
-    return x.dtype == np.float64 and x.flags.c_contiguous and x.flags.aligned
+def _plain(x: np.ndarray, dtype=np.float64) -> bool:
+    """An array the compiled step can take as is: C-contiguous aligned ``dtype``."""
+    return x.dtype == dtype and x.flags.c_contiguous and x.flags.aligned
+
+
+def _library(w: np.ndarray):
+    """The compiled step for ``w``'s dtype: gt_cpu (float64) or gt_cpu_f32 (float32, its
+    scalars rounded to float32 once, as the numpy sequence rounds them), or None."""
+    if w.dtype == np.float32:
+        return numerics.cpu_kernels32()
+    return numerics.cpu_kernels()
 
 
 def make_optimizer(kind: str, lr: float) -> Optimizer:

@@ -90,10 +90,16 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
                          b1t=float(opt.b1t), b2t=float(opt.b2t), ctl_off=prog.ctl_off)
     if hasattr(opt, "check_tape"):
         try:
-            # a rounded f32 copy (program.rounded_tape) answers for its original's params
-            opt.check_tape(getattr(builder.tape, "rounded_from", builder.tape))
+            opt.check_tape(builder.tape)
         except GradtoolError as exc:
-            raise CaptureError(str(exc)) from None
+            # a rounded f32 copy (program.rounded_tape) answers for its original's params
+            original = getattr(builder.tape, "rounded_from", None)
+            try:
+                if original is None:
+                    raise
+                opt.check_tape(original)
+            except GradtoolError:
+                raise CaptureError(str(exc)) from None
     for e in opt.entries:
         nid = e.node_id
         if not 0 <= nid < len(prog.shapes) or builder.tape.nodes[nid].op != "param":
