@@ -304,3 +304,82 @@ def test_f32_optional_attributes_host_equals_reference(name, k, variant):
     attrs = OPTIONAL_CASES[name][k]
     tp, out, loss = f32_op_tape(name, _rng(name), attrs=attrs)
     assert_host_equals_reference(tp, out, loss, variant, f"{name} {attrs}")
+
+
+# ── training an f32 tape: cpu, host and --fuse, and under MPI, the same bytes ──
+
+from support import batches, mlp, train_under_mpiexec, with_params  # noqa: E402
+
+DIGITS = ROOT / "samples" / "digits_mlp.msgpack"
+DIGITS_DATA = ROOT / "samples" / "digits.npz"
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled step", "numpy step"])
+@pytest.mark.parametrize("kind, clip", [("adam", 1.0), ("sgd", 0.5), ("adam", None)])
+def test_f32_engines_train_to_the_same_bits(kind, clip, compiled, monkeypatch):
+    """An f32 MLP trained 8 steps on the CPU engine, the host backend per node and fused:
+    the same losses, params and Adam moments, all float32 (the optimizer's state in the
+    param's dtype, its clip norm numerics32's lane-tree sum on both sides)."""
+    require_c_compiler()
+    from gradtool import optim
+    from gradtool.device import rounded_tape
+    from gradtool.train import make_engine
+    monkeypatch.setattr(optim, "_COMPILED", [compiled])
+    runs = []
+    for backend, options in (("cpu", {}), ("host", {}), ("host", {"fuse": True})):
+        tp, x, y, loss = mlp(np.random.default_rng(11))
+        tp = rounded_tape(tp, "f32")
+        opt = with_params(optim.make_optimizer(kind, 0.01), tp, clip=clip)
+        engine = make_engine(backend, tp, loss.id, opt, **options)
+        losses = []
+        for xb, yb in batches(np.random.default_rng(3), 8):
+            engine.set_input(x.id, xb.astype(np.float32))
+            engine.set_input(y.id, yb.astype(np.float32))
+            losses.append(engine.train_step())
+        engine.finish()
+        state = [tp.values[p.id] for p in tp.params()]
+        state += [a for e in opt.entries if e.m is not None for a in (e.m, e.v)]
+        assert all(a.dtype == np.float32 for a in state), backend
+        runs.append((losses, [a.copy() for a in state]))
+    for losses, state in runs[1:]:
+        assert losses == runs[0][0]
+        for a, b in zip(state, runs[0][1], strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(scope="module")
+def digits32(tmp_path_factory):
+    """The digits MLP sample as an f32 tape file (rounded_tape), saved and loaded back."""
+    from gradtool.device import rounded_tape
+    from gradtool.tapefile import load, save
+    tf = load(DIGITS)
+    path = tmp_path_factory.mktemp("f32") / "digits32.msgpack"
+    save(rounded_tape(tf.tape, "f32"), path, loss=tf.loss.id,
+         outputs={k: v.id for k, v in tf.outputs.items()}, meta=tf.meta)
+    assert load(path).tape.values[tf.loss.id].dtype == np.float32
+    return path
+
+
+def test_f32_train_command_same_bytes_on_cpu_host_and_fused(digits32, tmp_path):
+    require_c_compiler()
+    from support import run
+    saved = {}
+    for backend, extra in (("cpu", ()), ("host", ()), ("host", ("--fuse",))):
+        out = tmp_path / f"{backend}{len(extra)}.msgpack"
+        res = run("train", digits32, "--data", DIGITS_DATA, "--steps", 12, "--clip", 1.0,
+                  "--backend", backend, *extra, "--save", out)
+        assert res.exit_code == 0, res.stderr
+        saved[backend, extra] = out.read_bytes()
+    assert len(set(saved.values())) == 1, "f32 training differs between engines"
+
+
+def test_f32_train_under_mpiexec_same_bytes_for_1_2_and_4_ranks(digits32, tmp_path):
+    require_c_compiler()
+    from support import run
+    args = ["--data", DIGITS_DATA, "--steps", 6, "--shards", 4, "--backend", "host"]
+    one = tmp_path / "one.msgpack"
+    res = run("train", digits32, *args, "--save", one)
+    assert res.exit_code == 0, res.stderr
+    for ranks in (2, 4):
+        got = train_under_mpiexec(digits32, args, tmp_path / f"r{ranks}.msgpack", ranks)
+        assert got == one.read_bytes(), f"{ranks} ranks"
