@@ -94,8 +94,10 @@ independent accumulators (the compiler vectorises the lane loop without reassoci
 anything), the block tree is one vector add per block, and the fold is the usual
 halving of a register.  GPU: one warp per row, thread l owns lane l: each step reads
 32 consecutive floats (one 128-byte line), each thread streams its own stack of block
-partials (at most ceil(log2 nb) + 1 deep), and the fold is five shuffles.  The
-chunk of 8 keeps the block-tree additions to one per 8 loads per lane.
+partials (at most ceil(log2 nb) + 1 deep, indexed by level, in registers), and the
+fold is five shuffles; a thread owning a whole row visits the lanes in bit-reversed
+order, where the fold is a tree of adjacent pairs (``gt_real32.h``).  The chunk of 8
+keeps the block-tree additions to one per 8 loads per lane.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ from . import numerics as _nx
 
 __all__ = [
     "LANES", "CHUNK", "BLOCK", "sum_depth", "sum_bound",
-    "fmaf", "matmul", "bmm", "matmul_numpy", "bmm_numpy",
+    "fmaf", "matmul", "bmm", "matmul_numpy", "bmm_numpy", "cpu_library",
     "sum", "sum_all", "mean", "mean_all", "sum_axis", "sum_axes", "reduce_to_shape",
     "shard_mean", "shard_accumulate", "shard_divide", "scatter_rows",
     "UNARY", "unary", "atan2",
@@ -185,13 +187,14 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ascending: acc = fmaf(a[i,k], b[k,j], acc)`` (:func:`gradtool.numerics.matmul`'s
     order, with :func:`fmaf`; +0.0 starts it for the same reasons).
 
-    Runs the compiled kernel (``csrc/gt_matmul.h``'s tiles instantiated for float,
-    through ``csrc/gt_cpu.c`` built with ``-DGT_CPU_F32``:
-    :func:`gradtool.numerics.cpu_kernels32`; one ``fmaf`` per step, an FMA instruction
-    or libm's ``fmaf``) when a C compiler is available, else :func:`matmul_numpy`; the
-    two give identical bits (tests/test_device_f32.py, every build and thread count).
-    Operands may be any float32 views (``b.T`` in the backward rules)."""
-    lib = _nx.cpu_kernels32()
+    Runs the compiled kernel (:func:`cpu_library`: ``csrc/gt_matmul.h``'s tiles
+    instantiated for float through ``csrc/gt_cpu.c -DGT_CPU_F32``, the same tile
+    generator as float64's; one ``fmaf`` per step, an FMA instruction or libm's
+    ``fmaf``) when a C compiler is available, else :func:`matmul_numpy`; the two give
+    identical bits (tests/test_device_f32.py: every build and thread count;
+    tests/test_numerics32.py), only the speed differs.  Operands may be any float32
+    views (``b.T`` in the backward rules)."""
+    lib = cpu_library()
     if lib is None:
         return matmul_numpy(a, b)
     out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
@@ -205,7 +208,7 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     stretches it); the stretched side's gradient is the caller's :func:`sum_axis`
     over axis 0.  Compiled as :func:`matmul` (the stretched side a stride-0 batch),
     else :func:`bmm_numpy`."""
-    lib = _nx.cpu_kernels32()
+    lib = cpu_library()
     if lib is None:
         return bmm_numpy(a, b)
     a, b = _f32(a), _f32(b)
@@ -235,6 +238,12 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for k in range(a.shape[2]):
         acc = fmaf(a[:, :, k:k + 1], b[:, k:k + 1, :], acc)
     return acc
+
+
+def cpu_library():
+    """The compiled float32 kernels (:func:`gradtool.numerics.cpu_kernels32`: the float
+    build of ``csrc/gt_cpu.c``), or None (no C compiler, or ``GRADTOOL_NATIVE=0``)."""
+    return _nx.cpu_kernels32()
 
 
 # ── the lane-tree sum ──────────────────────────────────────────────────────

@@ -155,7 +155,7 @@ def report_ulp(name: str, done: dict) -> None:
     best = max(rows, key=lambda r: r[0])
     x = np.array([best[1]], dtype=np.uint32).view(np.float32)[0]
     print(f"{name}: {count} inputs{'' if count == 1 << 32 else ' (INCOMPLETE)'}; "
-          f"max {best[0]:.6f} ulp at x = {float(x)!r} (0x{best[1]:08x}); "
+          f"max {best[0]:.10f} ulp at x = {float(x)!r} (0x{best[1]:08x}); "
           f"{sum(r[2] for r in rows)} not correctly rounded; "
           f"{sum(r[3] for r in rows)} special cases differ from (float) of the reference")
 

@@ -32,6 +32,11 @@ void t_sum32(long long rows, long long n, long long rstride, long long stride,
 {
     for (long long r = 0; r < rows; ++r) out[r] = gt_sum32(x + r * rstride, n, stride);
 }
+void t_sum32_bylanes(long long rows, long long n, long long rstride, long long stride,
+                     const float *x, float *out)
+{
+    for (long long r = 0; r < rows; ++r) out[r] = gt_sum32_bylanes(x + r * rstride, n, stride);
+}
 double t_tree_sum64(long long n, const double *x) { return gt_tree_sum64(x, n, 1); }
 void t_unary(int which, long long n, const float *x, float *out)
 {
@@ -65,6 +70,7 @@ def _build(tmp_dir: Path, native_arch: bool):
     i64, ptr = ctypes.c_longlong, ctypes.c_void_p
     lib.t_fmaf.argtypes = [i64, ptr, ptr, ptr, ptr]
     lib.t_sum32.argtypes = [i64, i64, i64, i64, ptr, ptr]
+    lib.t_sum32_bylanes.argtypes = [i64, i64, i64, i64, ptr, ptr]
     lib.t_tree_sum64.argtypes = [i64, ptr]
     lib.t_tree_sum64.restype = ctypes.c_double
     lib.t_unary.argtypes = [ctypes.c_int, i64, ptr, ptr]
@@ -91,13 +97,13 @@ def c_fmaf(lib, a, b, c):
     return out
 
 
-def c_sum_rows(lib, x2d):
-    """gt_sum32 over each row of a 2-d float32 array (any strides, in elements)."""
+def c_sum_rows(lib, x2d, entry="t_sum32"):
+    """gt_sum32 (or ``entry``'s sum) over each row of a 2-d float32 array (any strides)."""
     x2d = np.asarray(x2d, dtype=F32)
     rows, n = x2d.shape
     out = np.empty(rows, dtype=F32)
     rs, s = (st // 4 for st in x2d.strides) if x2d.size else (0, 1)
-    lib.t_sum32(rows, n, rs, s, x2d.ctypes.data, out.ctypes.data)
+    getattr(lib, entry)(rows, n, rs, s, x2d.ctypes.data, out.ctypes.data)
     return out
 
 
@@ -267,6 +273,34 @@ def test_matmul_fuses_and_starts_from_positive_zero(clibs):
     assert z[0, 0] == 0 and not np.signbit(z[0, 0])
 
 
+def test_compiled_products_are_the_numpy_chain(clibs):
+    """The compiled f32 product (numerics32.matmul/bmm with a compiler: gt_matmul.h's
+    tiles for float, csrc/gt_cpu.c -DGT_CPU_F32) against the numpy fmaf
+    chain: tile edges, views of every layout, a stretched batch, K = 0, and NaN,
+    infinities, subnormals and signed zeros among the operands."""
+    assert n32.cpu_library() is not None
+    rng = np.random.default_rng(17)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.0**-149, 3e38], F32)
+    for m, k, n in [(1, 1, 1), (4, 64, 64), (5, 70, 67), (9, 3, 130), (3, 0, 5), (0, 4, 2)]:
+        a = (rng.standard_normal((m, k)) * 2.0 ** rng.integers(-30, 30, (m, k))).astype(F32)
+        b = rng.standard_normal((k, n)).astype(F32)
+        if a.size > 4:
+            a.flat[rng.integers(0, a.size, 3)] = special[rng.integers(0, 7, 3)]
+        want = n32.matmul_numpy(a, b)
+        assert_same(n32.matmul(a, b), want, f"matmul {m}x{k}x{n}")
+        assert_same(n32.matmul(np.asfortranarray(a), np.asfortranarray(b)), want, "F order")
+        assert_same(n32.matmul(a.T.copy().T, b.T.copy().T), want, "transposed views")
+    a = rng.standard_normal((3, 6, 70)).astype(F32)
+    b = rng.standard_normal((3, 70, 66)).astype(F32)
+    want = n32.bmm_numpy(a, b)
+    assert_same(n32.bmm(a, b), want, "bmm")
+    assert_same(n32.bmm(a, np.swapaxes(np.swapaxes(b, 1, 2).copy(), 1, 2)), want, "bmm b^T")
+    assert_same(n32.bmm(a[:1], b), n32.bmm_numpy(a[:1], b), "bmm a of 1")
+    assert_same(n32.bmm(np.broadcast_to(a[:1], a.shape), b), n32.bmm_numpy(a[:1], b),
+                "bmm a stretched by stride 0")
+    assert_same(n32.bmm(a, b[:1]), n32.bmm_numpy(a, b[:1]), "bmm b of 1")
+
+
 def test_bmm_is_matmul_per_batch_and_stretches_a_batch_of_one():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((3, 4, 6)).astype(F32)
@@ -286,6 +320,11 @@ def reference_sum(values) -> F32:
     """The documented order, literally: pad to whole blocks, lane sums serial over the
     chunks from +0.0, the perfect tree over the blocks padded to a power of two, the
     lane fold.  Python scalars, one np.float32 add at a time."""
+    with np.errstate(over="ignore", invalid="ignore"):     # inf and NaN are sums too
+        return _reference_sum(values)
+
+
+def _reference_sum(values) -> F32:
     x = [F32(v) for v in np.ravel(values)]
     nb = max(1, -(-len(x) // n32.BLOCK))
     x += [F32(0.0)] * (nb * n32.BLOCK - len(x))
@@ -423,11 +462,14 @@ def test_c_fmaf_and_sum_are_the_numpy_bits(clibs):
             want = n32.sum(v)
             for name, lib in clibs.items():
                 assert_same(c_sum_rows(lib, v[None, :]), [want], f"{name} gt_sum32 n={n}")
+            assert_same(c_sum_rows(clibs["native"], v[None, :], "t_sum32_bylanes"), [want],
+                        f"gt_sum32_bylanes n={n}")
     # strided rows: a column sum (stride = row length) and many short rows
     m = awkward(rng, 600 * 9).reshape(600, 9)
     for name, lib in clibs.items():
         assert_same(c_sum_rows(lib, m.T), n32.sum(m, 0), f"{name} strided")
         assert_same(c_sum_rows(lib, m), n32.sum(m, 1), f"{name} rows")
+        assert_same(c_sum_rows(lib, m.T, "t_sum32_bylanes"), n32.sum(m, 0), f"{name} by lanes")
 
 
 def test_c_tree_sum64_is_the_same_order_in_float64(clibs):
@@ -523,7 +565,8 @@ def test_gt_real32_compiles_under_nvcc_with_fma_only_in_fmaf(tmp_path):
     """Real nvcc: the header builds for sm_90 with the device engine's options plus
     -ftz=false; its PTX has fma.rn.f32 in gt_fmaf's kernel only, no .ftz anywhere, the
     warp sum's five shuffles (and the broadcast), and each f32 function one rounding of
-    a double (cvt.rn.f32.f64).  Running it needs a GPU: scripts/gpu_check.sh."""
+    a double (cvt.rn.f32.f64); no kernel has a stack frame.  Running it needs a GPU:
+    scripts/gpu_check.sh."""
     import re
     from support import assert_fma_only_in_inner_products, ptx_entries
     nvcc = shutil.which("nvcc")
@@ -544,6 +587,14 @@ def test_gt_real32_compiles_under_nvcc_with_fma_only_in_fmaf(tmp_path):
     for name in ("k_sum32_warp", "k_sum32_thread"):
         assert re.search(r"add\.rn\.f32", entries[name]), name
     assert len(re.findall(r"cvt\.rn\.f32\.f64", entries["k_unary"])) == 3
+    # no local memory: the sums' level stacks and the lane fold live in registers
+    cubin = subprocess.run([nvcc, "--cubin", "-arch", "sm_90", "--fmad=false", "-ftz=false",
+                            "-Xptxas", "-v", f"-I{native.CSRC}", str(src),
+                            "-o", str(tmp_path / "k32.cubin")],
+                           capture_output=True, text=True, timeout=300)
+    assert cubin.returncode == 0, cubin.stderr
+    frames = re.findall(r"(\d+) bytes stack frame", cubin.stderr)
+    assert len(frames) == 4 and set(frames) == {"0"}, cubin.stderr
 
 
 def test_gt_real32_on_the_gpu_gives_the_numpy_bits():
