@@ -32,8 +32,8 @@ def node_entry(tape, i: int) -> dict:
         entry["name"] = n.name
     if n.op == "param":
         entry["l2"] = n.l2
-    if tape.holds_ids(i):
-        entry["dtype"] = INT_DTYPE
+    if n.a < 0 and dtype_of(tape.values[i]) != "f64":     # an ids const, an f32 leaf
+        entry["dtype"] = dtype_of(tape.values[i])
     return entry
 
 

@@ -150,7 +150,7 @@ def variance(tp, a, axis=None, correction=1, keepdims=False):
     d = tp.sub(a, tp.mean(a, axes, keepdims=True))
     ss = tp.sum(tp.mul(d, d), axes, keepdims)
     n = math.prod(shape[x] for x in axes)
-    return tp.div(ss, tp.const(np.array([max(0.0, n - float(correction))])))
+    return tp.div(ss, tp.const_like(ss, np.array([max(0.0, n - float(correction))])))
 
 
 def std(tp, a, axis=None, correction=1, keepdims=False):
@@ -193,7 +193,7 @@ def expand(tp, a, shape):
     stretch = [w if h == 1 and w != 1 else 1 for h, w in zip(pad, target)]
     if tp.integral[a.id]:            # ids stay ids: keep(a, ones) is a exactly, integral
         return tp.keep(a, tp.const(np.ones(stretch)))
-    return tp.add(a, tp.const(np.full(stretch, -0.0)))
+    return tp.add(a, tp.const_like(a, np.full(stretch, -0.0)))
 
 
 def reshape_to(tp, a, shape, what):

@@ -113,7 +113,7 @@ def native_layer_norm(x: GVar, normalized_ndim: int = 1, gain: GVar = None, bias
         y = tp.mul(y, gain)
     if bias is not None:
         y = tp.add(y, bias)
-    return y, mean, tp.div(tp.const(np.ones((1,))), den)
+    return y, mean, tp.div(tp.const_like(den, np.ones((1,))), den)
 
 
 def silu(x: GVar) -> GVar:
@@ -740,7 +740,8 @@ def avg_pool3d(x: GVar, kernel, stride=None, padding=0, ceil_mode: bool = False,
             total = tp.add(total, q)
         start = o * s[0] - p[0]
         count = min(start + k[0], d + p[0]) - start if count_include_pad else len(taps)
-        outs.append(tp.div(total, tp.const(np.array([float(count)]))) if count > 1 else total)
+        outs.append(tp.div(total, tp.const_like(total, np.array([float(count)])))
+                    if count > 1 else total)
     return tp.stack(outs, 2)
 
 
@@ -991,7 +992,7 @@ def _channel_vector(tp, v, what):
 
 def _normalize(tp, x, mean, var, weight, bias, eps):
     c = x.shape[1]
-    invstd = tp.div(tp.const(np.ones(1)), tp.sqrt(tp.adds(var, eps)))
+    invstd = tp.div(tp.const_like(var, np.ones(1)), tp.sqrt(tp.adds(var, eps)))
     alpha = invstd if weight is None else tp.mul(invstd, weight)
     shift = tp.mul(mean, alpha)
     beta = tp.neg(shift) if bias is None else tp.sub(bias, shift)
@@ -1029,14 +1030,14 @@ def batch_norm2d_train(x: GVar, weight: GVar = None, bias: GVar = None,
     mean = tp.mean(rows, axis=0)                                   # [C]
     d = tp.sub(rows, mean)
     sq = tp.sum(tp.mul(d, d), axis=0)                              # [C]
-    var = tp.div(sq, tp.const(np.full(1, float(count))))           # the biased variance
+    var = tp.div(sq, tp.const_like(sq, np.full(1, float(count))))  # the biased variance
     y = _normalize(tp, x, mean, var, weight, bias, eps)
     if running_mean is None or running_var is None:
         return y, None, None
     if count < 2:
         raise TapeError("nn.batch_norm2d_train: the unbiased variance needs more than one "
                         "value per channel")
-    unbiased = tp.div(sq, tp.const(np.full(1, float(count - 1))))
+    unbiased = tp.div(sq, tp.const_like(sq, np.full(1, float(count - 1))))
     keep = 1.0 - momentum
     new_mean = tp.add(tp.muls(mean, momentum), tp.muls(running_mean, keep))
     new_var = tp.add(tp.muls(unbiased, momentum), tp.muls(running_var, keep))

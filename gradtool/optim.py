@@ -141,8 +141,9 @@ class Optimizer:
                       serial=tape.serials[node_id])
         if self.kind == "adam":
             shape = tape.values[node_id].shape
-            dtype = tape.values[node_id].dtype      # the state in the param's dtype
-            entry.m, entry.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+            # the moments in the param's dtype (float32 for an f32 param, as torch keeps them)
+            dtype = tape.values[node_id].dtype
+            entry.m, entry.v = np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)
         self.entries.append(entry)
         self._tape = tape
         return entry
@@ -316,8 +317,8 @@ class Adam(Optimizer):
         # fresh (page-faulting) allocations each time
         scratch = self._scratch.get(entry.node_id)
         if scratch is None or scratch[0].shape != w.shape:
-            scratch = self._scratch[entry.node_id] = (np.empty(w.shape, w.dtype),
-                                                      np.empty(w.shape, w.dtype))
+            scratch = self._scratch[entry.node_id] = (np.empty(w.shape, dtype=w.dtype),
+                                                      np.empty(w.shape, dtype=w.dtype))
         s, u = scratch
         # m = b1*m + one_minus_b1*g
         np.multiply(m, B1, out=m)

@@ -356,8 +356,8 @@ class Tape:
         (docs/ops.md).
         """
         if dtype is not None and dtype not in FLOAT_DTYPES + (INT_DTYPE,):
-            raise TapeError(f"const dtype must be 'f64', 'f32' or '{INT_DTYPE}', got "
-                            f"{dtype!r}"[:200])
+            raise TapeError(f"const dtype must be 'f64' or '{INT_DTYPE}' (or 'f32': float32 "
+                            f"values), got {dtype!r}"[:200])
         if dtype == INT_DTYPE:
             return self._leaf("const", array, name, 0.0, ids=True)
         return self._leaf("const", array, name, 0.0, dtype=_leaf_dtype(array, dtype, "const"))
@@ -595,6 +595,13 @@ class Tape:
                 raise TapeError(f"{what}: {show_int(x)} does not fit in an int64")
             return self.const(np.array([int(x)], dtype=np.int64), dtype=INT_DTYPE)
         return self.const(np.array([_scalar(x, what)]), dtype="f32" if f32 else "f64")
+
+    def const_like(self, like, array, name: Optional[str] = None) -> GVar:
+        """A const of ``array`` in the float dtype of ``like`` (a GVar): what a composite
+        records beside its operand (a count, ones, an eps), rounded to float32 once
+        beside an f32 value; f64 beside anything else."""
+        return self.const(array, name=name,
+                          dtype="f32" if self._float_like(like) == "f32" else "f64")
 
     def _float_like(self, like) -> Optional[str]:
         """The float dtype of ``like`` when it is a live GVar of this tape holding floats."""
@@ -915,7 +922,7 @@ def _op_method(spec):
 
 
 for _spec in OPS.values():
-    if _spec.arity:
+    if _spec.arity and _spec.name != "cast":      # Tape.cast: no node for a no-op cast
         setattr(Tape, _spec.name, _op_method(_spec))
 del _spec
 

@@ -67,23 +67,28 @@ def build_arrays():
             "x_val": x[val_rows], "y_val": eye[labels[val_rows]]}
 
 
-def record_mlp(arrays):
+def record_mlp(arrays, dtype="f64"):
+    """The MLP in ``dtype``: "f64", or "f32" (every leaf float32: the same draws rounded
+    to float32 once; the pixels and one-hot labels exact)."""
     rng = np.random.default_rng(SEED + 1)
     tp = Tape()
-    x = tp.const(arrays["x"][:BATCH], name="x")
-    y = tp.const(arrays["y"][:BATCH], name="y")
-    w1 = tp.param(rng.standard_normal((64, HIDDEN)) * np.sqrt(2.0 / 64), name="W1", l2=1e-4)
-    b1 = tp.param(np.zeros((1, HIDDEN)), name="b1")
-    w2 = tp.param(rng.standard_normal((HIDDEN, 10)) * np.sqrt(1.0 / HIDDEN), name="W2", l2=1e-4)
-    b2 = tp.param(np.zeros((1, 10)), name="b2")
+    x = tp.const(arrays["x"][:BATCH], name="x", dtype=dtype)
+    y = tp.const(arrays["y"][:BATCH], name="y", dtype=dtype)
+    w1 = tp.param(rng.standard_normal((64, HIDDEN)) * np.sqrt(2.0 / 64), name="W1", l2=1e-4,
+                  dtype=dtype)
+    b1 = tp.param(np.zeros((1, HIDDEN)), name="b1", dtype=dtype)
+    w2 = tp.param(rng.standard_normal((HIDDEN, 10)) * np.sqrt(1.0 / HIDDEN), name="W2", l2=1e-4,
+                  dtype=dtype)
+    b2 = tp.param(np.zeros((1, 10)), name="b2", dtype=dtype)
     pixels = x * 0.0625                                # / 16, exact: a power of two
     h = tp.relu(pixels @ w1 + b1)
     logits = h @ w2 + b2
     p = tp.softmax(logits, axis=1)
-    p_true = (y * p) @ tp.const(np.ones((10, 1)))     # the true class's probability, per row
+    p_true = (y * p) @ tp.const(np.ones((10, 1)), dtype=dtype)   # the true class's probability
     loss = -tp.mean(tp.log(p_true))
-    meta = {"description": "64-64-10 MLP classifier for the 8x8 digits "
-                           "(samples/digits.npz); mean negative log-likelihood",
+    meta = {"description": ("64-64-10 MLP classifier for the 8x8 digits "
+                            "(samples/digits.npz); mean negative log-likelihood"
+                            + ("; float32 (f32 leaves)" if dtype == "f32" else "")),
             "train": TRAIN_DEFAULTS}
     return tp, loss, {"logits": logits, "probs": p}, meta
 
@@ -93,6 +98,9 @@ def main():
     write_npz(os.path.join(HERE, "digits.npz"), arrays)
     tp, loss, outputs, meta = record_mlp(arrays)
     save(tp, os.path.join(HERE, "digits_mlp.msgpack"), loss=loss, outputs=outputs, meta=meta)
+    tp32, loss32, outputs32, meta32 = record_mlp(arrays, "f32")
+    save(tp32, os.path.join(HERE, "digits_mlp_f32.msgpack"), loss=loss32, outputs=outputs32,
+         meta=meta32)
     print(f"digits.npz: {len(arrays['x'])} training, {len(arrays['x_val'])} validation images; "
           f"digits_mlp.msgpack: {len(tp)} nodes, loss {float(tp.value(loss)[0]):.6f}")
 

@@ -265,6 +265,7 @@ run() {
     : > "$OUTDIR/replay_check.log"
     local sample opts n_checks=0 n_failed=0
     for sample in samples/*.msgpack samples/lora_block/block.msgpack samples/autoencoder/ae.msgpack; do
+        case "$sample" in *_f32.msgpack) continue ;; esac   # f32 tapes: no device kernels yet
         for opts in "" "--no-graph" "--train adam" "--dtype f32" "--fuse --train adam" \
                     "--fuse --dtype f32"; do
             n_checks=$((n_checks + 1))

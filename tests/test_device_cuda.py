@@ -37,7 +37,9 @@ needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 NVCC = shutil.which("nvcc")
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))
+# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
+# f32 kernels exist (tests/test_f32.py checks the refusal)
+SAMPLES = sorted(p for p in (ROOT / "samples").rglob("*.msgpack") if not p.stem.endswith("_f32"))
 SERIAL_KERNELS = ("k_sum", "k_clip_norm", "k_guard")    # one thread walks the whole sum
 LANE_TREE_KERNELS = ("k_sum", "k_clip_norm", "k_softmax", "k_log_softmax")
 

@@ -35,7 +35,7 @@ from support import (assert_fma_only_in_inner_products, perturb_leaves, random_g
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))          # f32_gate.py
-SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))
+SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))     # the f32 samples too
 AE = ROOT / "samples" / "autoencoder" / "ae.msgpack"
 AE_DATA = ROOT / "samples" / "autoencoder" / "ae_data.npz"
 VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]

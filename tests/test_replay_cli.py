@@ -14,7 +14,10 @@ from gradtool.device.cuda import cuda_status
 from gradtool.tapefile import load, save
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack"))
+# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
+# f32 kernels exist (tests/test_f32.py checks the refusal)
+SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack")
+                 if not p.stem.endswith("_f32"))
 
 
 def run(*args):

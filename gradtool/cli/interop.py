@@ -70,14 +70,19 @@ def load_spec(spec: str):
 @click.option("--loss-output", type=int, default=0, show_default=True, metavar="I",
               help="Which of the module's outputs is the loss (the others become named "
                    "outputs output<i>).")
-def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: int) -> None:
+@click.option("--dtype", type=click.Choice(["f32", "f64", "module"]), default=None,
+              help="The tape's float dtype: f64 (the module's torch float64 run), f32 (its "
+                   "float32 run), or module (the module's own dtype; float16/bfloat16 "
+                   "refused). Default: gradtool.interop.torch.DEFAULT_DTYPE (f64).")
+def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: int,
+                 dtype) -> None:
     """Import a PyTorch module (SPEC = model.py:build) into a tape file via torch.export."""
     try:
         import torch  # noqa: F401 - the optional dependency, only now
     except ImportError:
         raise GradtoolError("import-torch needs PyTorch: pip install 'gradtool[torch]'") \
             from None
-    from ..interop.torch import TorchImportError, import_module
+    from ..interop.torch import DEFAULT_DTYPE, TorchImportError, import_module
     build, module = load_spec(spec)
     loss_fn = None
     if loss_name:
@@ -100,7 +105,7 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = import_module(model, inputs, loss_fn, loss_inputs,
-                                   loss_output=loss_output)
+                                   loss_output=loss_output, dtype=dtype or DEFAULT_DTYPE)
     except TorchImportError as exc:
         if as_json:
             click.echo(json.dumps({"unsupported": [

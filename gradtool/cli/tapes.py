@@ -266,7 +266,8 @@ def backward(tape: str, as_json: bool, as_hex: bool, output: str, verify: bool,
     else:
         t.zero_grad()
         t.backward(tf.loss)
-        loss = shortest(t.values[tf.loss.id])[0]
+        lossv = t.values[tf.loss.id]
+        loss = float(lossv.reshape(-1)[0]) if as_hex else shortest(lossv)[0]
         grads = [(p.id, t.nodes[p.id].name, np.array(t.grad(p))) for p in t.params()]
     if output is not None:
         from ..npzio import write_npz

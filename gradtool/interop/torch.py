@@ -81,6 +81,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import GradtoolError
+from ..ops import dtype_of
 from . import aten as A
 from .verify import check_against_torch
 
@@ -200,6 +201,7 @@ class TorchImport:
     histogram: collections.Counter
     input_dtypes: dict
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
+    check: dict = field(default_factory=dict)     # an f32 import's check (_as_f32)
 
     def meta(self) -> dict:
         return {"torch": {
@@ -224,7 +226,7 @@ class TorchImport:
             "params": {k: list(tp.values[v.id].shape) for k, v in self.params.items()},
             "param_count": int(sum(tp.values[v.id].size for v in self.params.values())),
             "inputs": {k: {"shape": list(tp.values[v.id].shape),
-                           "dtype": "i64" if tp.holds_ids(v.id) else "f64"}
+                           "dtype": dtype_of(tp.values[v.id])}
                        for k, v in self.inputs.items()},
             "consts": sorted(self.consts),
             "state": sorted(self.state),
@@ -259,8 +261,19 @@ def _with_loss(module, loss_fn, n_inputs: int):
     return WithLoss()
 
 
+# the importer's dtype when none is asked for: "f64" (every f64 test of the importer and the
+# f64 contract), or "module" (the module's own dtype: a torch.nn model as built imports at
+# float32, issue 38; docs/torch.md "dtype")
+DEFAULT_DTYPE = "f64"
+IMPORT_DTYPES = ("f32", "f64", "module")
+EPS32 = 2.0 ** -23
+# the f32 import check: |gradtool f32 loss - torch float32 loss| <= F32_CHECK * max(1, |loss|)
+F32_CHECK = 2.0 ** 10 * EPS32
+
+
 def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
-                  input_names=None, loss_output: int = 0, strict: bool = True) -> TorchImport:
+                  input_names=None, loss_output: int = 0, strict: bool = True,
+                  dtype: str = DEFAULT_DTYPE) -> TorchImport:
     """Record ``module`` applied to ``example_inputs`` (a tuple of tensors) as a Tape.
 
     The loss is the module's scalar output (``loss_output`` picks it among several
@@ -269,6 +282,12 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
     from ``loss_fn``'s signature.  Input slot names default to the forward's
     parameter names.  The module itself is not changed (a float64 copy is
     exported).  Raises :class:`TorchImportError` listing every problem.
+
+    ``dtype``: "f64" (every float becomes float64, the module's torch float64 run),
+    "f32" (that recording as an f32 tape, :func:`gradtool.convert.to_dtype`, checked
+    against the module's torch float32 run within :data:`F32_CHECK`), or "module" (the
+    module's own dtype: float32 for a torch.nn model as built; a float16 or bfloat16
+    module is refused, and converts with "f32" or "f64").
     """
     import torch
     if not isinstance(module, torch.nn.Module):
@@ -277,6 +296,89 @@ def import_module(module, example_inputs, loss_fn=None, loss_inputs=(), *,
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
         else (example_inputs,)
     loss_inputs = tuple(loss_inputs)
+    target = _target_dtype(torch, module, example_inputs + loss_inputs, dtype)
+    result = _import_f64(module, example_inputs, loss_fn, loss_inputs, input_names,
+                         loss_output, strict)
+    if target == "f32":
+        result = _as_f32(torch, result, module, example_inputs, loss_fn, loss_inputs,
+                         loss_output)
+    return result
+
+
+def _target_dtype(torch, module, tensors, dtype: str) -> str:
+    """The import's dtype ("f32"/"f64") from ``dtype`` (:data:`IMPORT_DTYPES`)."""
+    from ..convert import module_dtype
+    if dtype not in IMPORT_DTYPES:
+        raise TorchImportError([Problem("dtype", repr(dtype), count=1, detail=(
+            "choose 'f32', 'f64' or 'module' (the module's own dtype)"))])
+    if dtype != "module":
+        return dtype
+    found = sorted({str(t.dtype).removeprefix("torch.")
+                    for t in list(module.parameters()) + list(module.buffers()) + list(tensors)
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()})
+    own = module_dtype(found)
+    if own is None:
+        raise TorchImportError([Problem("module dtype", "/".join(found), count=1, detail=(
+            "gradtool computes in f32 or f64; pass --dtype f32 or --dtype f64 "
+            "(dtype='f32'/'f64') to convert it"))])
+    return own
+
+
+def _as_f32(torch, result, module, example_inputs, loss_fn, loss_inputs, loss_output):
+    """The f64 import ``result`` as an f32 tape (gradtool.convert.to_dtype: params and
+    float consts rounded once, every op re-recorded by its f32 rule), its loss checked
+    against the module's torch float32 run (skipped, as the f64 check treats dropout,
+    where the tape draws numbers: torch's draws differ).  ``result.check`` says both
+    differences: f32 against torch float32, and f32 against the f64 recording."""
+    from ..convert import as_dtype, to_dtype
+    tape, ids = to_dtype(result.tape, "f32")
+
+    def moved(v):
+        return as_dtype(tape, ids, v.id, "f32")
+
+    loss64 = _eval_loss(result.tape, result.loss)
+    out = TorchImport(tape, moved(result.loss),
+                      {k: moved(v) for k, v in result.outputs.items()},
+                      {k: tape.var(ids[v.id]) for k, v in result.params.items()},
+                      {k: tape.var(ids[v.id]) for k, v in result.inputs.items()},
+                      {k: tape.var(ids[v.id]) for k, v in result.consts.items()},
+                      result.histogram, result.input_dtypes, dict(result.state))
+    loss32 = _eval_loss(tape, out.loss)
+    out.check = {"dtype": "f32", "loss": loss32, "f64_loss": loss64,
+                 "f64_difference": abs(loss32 - loss64), "bound": None,
+                 "torch_f32_loss": None, "f32_difference": None}
+    if tape.rng_id() >= 0:
+        return out
+    want = _torch_loss32(torch, module, example_inputs, loss_fn, loss_inputs, loss_output)
+    bound = F32_CHECK * max(1.0, abs(want))
+    out.check.update(torch_f32_loss=want, f32_difference=abs(loss32 - want), bound=bound)
+    if not abs(loss32 - want) <= bound:
+        raise TorchImportError([Problem("f32 import check", "loss", count=1, detail=(
+            f"the f32 tape's loss {loss32!r} differs from torch's float32 run {want!r} by "
+            f"{abs(loss32 - want):.3g}, over the bound {bound:.3g} (2^10 float32 eps "
+            f"scaled by the loss); the f64 recording gives {loss64!r}"))])
+    return out
+
+
+def _torch_loss32(torch, module, inputs, loss_fn, loss_inputs, loss_output) -> float:
+    """The module's loss in torch float32 (a copy: buffers the forward updates stay)."""
+    def f32(t):
+        return t.to(torch.float32) if t.is_floating_point() else t
+
+    m32 = copy.deepcopy(module)._apply(f32)
+    with torch.no_grad():
+        out = m32(*[f32(t) for t in inputs])
+        if loss_fn is not None:
+            out = loss_fn(out, *[f32(t) for t in loss_inputs])
+        elif isinstance(out, (tuple, list)):
+            out = out[loss_output]
+    return float(out.to(torch.float64).reshape(()))
+
+
+def _import_f64(module, example_inputs, loss_fn, loss_inputs, input_names, loss_output,
+                strict) -> TorchImport:
+    """The f64 import (the dtype policy above)."""
+    import torch
     names = list(input_names) if input_names is not None else \
         _arg_names(module.forward, len(example_inputs))
     if loss_fn is not None and input_names is None:

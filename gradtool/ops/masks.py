@@ -125,5 +125,16 @@ _register(OpSpec("cast", "cast", 1, "a's values in another float dtype: f64 -> f
                  _same_shape, _cast_f, _cast_b,
                  attrs=(Attr("dtype", "dtype", "the target float dtype, 'f32' or 'f64'"),),
                  dtype_rule=_cast_dtype))
-# to_f64 always gives float64 (of integer data, or of a float node of either dtype)
-OPS["to_f64"] = dataclasses.replace(OPS["to_f64"], dtype_rule=lambda da, db, at: "f64")
+# to_f64 always gives float64 (of integer data, or of a float node of either dtype); an f32
+# input's gradient is g rounded to float32 once (cast's backward)
+_to_f64_rule = OPS["to_f64"].backward
+
+
+def _to_f64_b(g, a, b, t, s, at, na, nb):
+    if a.dtype == np.float32:
+        return (np.array(g, dtype=np.float32, copy=True), None)
+    return _to_f64_rule(g, a, b, t, s, at, na, nb)
+
+
+OPS["to_f64"] = dataclasses.replace(OPS["to_f64"], dtype_rule=lambda da, db, at: "f64",
+                                    backward=_to_f64_b)

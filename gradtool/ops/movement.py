@@ -205,7 +205,7 @@ def _take_f(a, b, s, at):
 def _take_b(g, a, b, t, s, at, na, nb):
     rows = a.shape[0]
     g_rows = g.reshape(-1, a.size // rows)
-    return (nx.scatter_rows(g_rows, as_ids(b), rows).reshape(a.shape), None)
+    return (nx.scatter_rows(g_rows, as_ids(b), rows, dtype=g.dtype).reshape(a.shape), None)
 
 
 def _take_along_f(a, b, s, at):
@@ -247,7 +247,7 @@ _register(OpSpec("take_along", "take_along", 2, "one element of each line along 
 
 def _scatter_f(a, b, s, at):
     ids, rows = as_ids(b), at["rows"]
-    return nx.scatter_rows(a.reshape(ids.size, -1), ids, rows).reshape(
+    return nx.scatter_rows(a.reshape(ids.size, -1), ids, rows, dtype=a.dtype).reshape(
         (rows,) + a.shape[ids.ndim:])
 
 

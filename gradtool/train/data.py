@@ -44,6 +44,7 @@ class Slot:
     id_bounds: tuple = ()      # ids slots: (node, bound) per op reading them; () for floats
     ids: bool = False
     as_values: bool = False    # integer data some op reads as float64 values (comparisons)
+    dtype: str = "f64"         # a float slot's dtype: "f32" takes its data rounded once
 
 
 @dataclass
@@ -66,7 +67,8 @@ def input_slots(tape, state=()) -> list:
     carries from step to step instead of filling from the data: they are left out."""
     slots = [Slot(tape.nodes[v.id].name, v.id, tuple(tape.values[v.id].shape),
                   tuple(tape.id_bounds(v.id)), tape.holds_ids(v.id),
-                  tape.holds_ids(v.id) and tape.read_as_values(v.id))
+                  tape.holds_ids(v.id) and tape.read_as_values(v.id),
+                  "f32" if tape.values[v.id].dtype == np.float32 else "f64")
              for v in tape.input_slots() if tape.nodes[v.id].name not in state]
     if not slots:
         raise DataError("the tape has no input slots (named consts) to feed training data into")
@@ -142,9 +144,13 @@ def dataset_from(raw: NpzArchive, slots, suffix: str = "",
 
 
 def _slot_array(a: np.ndarray, slot: Slot, key: str, source: str) -> np.ndarray:
-    """The array as the slot takes it: float64, or int64 ids all in range."""
+    """The array as the slot takes it: float64 (float32 for an f32 slot: float64 data
+    rounded to float32 once, here; float32 and integer data as they are, exactly up to
+    2^24), or int64 ids all in range."""
     if not slot.ids:
-        return np.ascontiguousarray(a, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            return np.ascontiguousarray(a, dtype=np.float32 if slot.dtype == "f32"
+                                        else np.float64)
     if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
         raise DataError(f"{source}: array {key!r}: id {int(a.max())} does not fit in an int64")
     ids = np.ascontiguousarray(a, dtype=np.int64)
