@@ -44,10 +44,12 @@ OK, WHY = cuda_status()
 needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 
 
-def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=None,
+def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype=None, optimizer=None,
                          backend="host", graph=True):
     """Fused forward + backward == the CPU tape (every node's value and gradient, to the
-    bit) after new leaf values (so a stale read cannot pass); returns the replay."""
+    bit) after new leaf values (so a stale read cannot pass); returns the replay.
+    ``dtype`` None: the tape's own (f64 or f32, compared); "f32" of an f64 tape: its
+    rounded copy, not compared here."""
     rp = capture(tp, loss, backend, dtype, host_kernels=kernels, fuse=True, optimizer=optimizer,
                  graph=graph)
     perturb_leaves(tp, rp, rng)
@@ -61,7 +63,7 @@ def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=
     for i in range(len(tp.nodes)):
         what = f"node {i} ({tp.nodes[i].op})"
         want = tp.grads[i] if tp.grads[i] is not None else np.zeros(tp.values[i].shape)
-        if dtype == "f64":
+        if dtype in (None, "f64"):
             assert_bits_equal(rp.value(i), tp.values[i], what + " value")
             assert_bits_equal(rp.grad(i), want, what + " grad")
     return rp
