@@ -62,13 +62,27 @@ def test_text_report_and_auto_backend():
         assert word in out
 
 
-def test_f32_check_within_bound():
+def test_f32_converts_an_f64_tape_and_checks_bit_for_bit():
+    """--dtype f32 on an f64 tape: its f32 copy (leaves rounded once) replays with that
+    copy's CPU reference bits; an f32 tape replays as f32 without the flag, and
+    --dtype f64 does not widen it."""
     code, out, err = run("replay-gpu", "samples/attention.msgpack", "--backend", "host",
-                         "--dtype", "f32", "--check", "--episodes", "2", "--json")
+                         "--dtype", "f32", "--check", "--train", "adam", "--episodes", "2",
+                         "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["check"]["ok"] and report["check"]["bound"] == 1e-5
-    assert 0.0 < report["check"]["max_rel"] <= 1e-5       # not bit-equal, but close
+    assert report["dtype"] == "f32" and report["converted"] is True
+    assert report["check"]["ok"] and report["check"]["max_ulps"] == 0.0
+    code64, out64, _ = run("replay-gpu", "samples/attention.msgpack", "--backend", "host",
+                           "--check", "--episodes", "2", "--json")
+    assert code64 == 0 and json.loads(out64)["loss_last"] != report["loss_last"]   # float32
+    code, out, err = run("replay-gpu", "samples/digits_mlp_f32.msgpack", "--backend", "host",
+                         "--check", "--episodes", "2")
+    assert code == 0, err
+    assert "f32" in out and "identical to the bit to the CPU tape" in out
+    code, out, err = run("replay-gpu", "samples/digits_mlp_f32.msgpack", "--backend", "host",
+                         "--dtype", "f64", "--episodes", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "f32 tape" in err, err
 
 
 def test_training_episodes_lower_the_loss():
