@@ -383,3 +383,96 @@ def test_f32_train_under_mpiexec_same_bytes_for_1_2_and_4_ranks(digits32, tmp_pa
     for ranks in (2, 4):
         got = train_under_mpiexec(digits32, args, tmp_path / f"r{ranks}.msgpack", ranks)
         assert got == one.read_bytes(), f"{ranks} ranks"
+
+
+# ── emit-cuda of an f32 tape: float code with the CPU reference's bits ────────
+
+from gradtool.ops import OPS as _OPS  # noqa: E402
+from support import assert_emitted_c_equals_tape  # noqa: E402
+
+SCALAR_OPS32 = [n for n in TABLE_OPS if _OPS[n].rules is not None and n not in F64_RESULT]
+
+
+def f32_scalar_cases():
+    from gradtool.device import rounded_tape
+    cases = []
+    for name in SCALAR_OPS32:
+        for k in range(4):
+            tp, _, loss = op_tape(name, np.random.default_rng(k), scalar=True)
+            tp32 = rounded_tape(tp, "f32")
+            assert tp32.values[loss.id].dtype == np.float32
+            cases.append((f"op32_{name}_{k}", tp32, tp32.var(loss.id)))
+    return cases
+
+
+def test_emitted_float_code_equals_the_f32_tape_for_every_scalar_op(tmp_path):
+    """Every op with a scalar form, on one-element f32 tapes: the emitted C (float code:
+    binary32 operations, gt_real32.h's transcendentals, constants rounded once) returns the
+    CPU reference's loss and gradients, bit for bit (the emit oracle's harness)."""
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    cases = f32_scalar_cases()
+    from gradtool.emit.cuda import emit_cuda
+    src = emit_cuda(cases[0][1], cases[0][2], name="probe")
+    assert "GT_DEVICE float probe(const float *p, const float *x, float *g)" in src
+    assert_emitted_c_equals_tape(tmp_path, cases, cc)
+    fresh = f32_scalar_cases()[:40]            # (the oracle runs each tape's backward)
+    assert_emitted_c_equals_tape(tmp_path, fresh, cc, cflags=("-O3", "-march=native"))
+
+
+def test_backward_hex_of_an_f32_tape_is_what_the_emitted_code_returns(tmp_path):
+    """The oracle's reference: `gradtool backward --hex` prints the f32 tape's float32
+    values as hex floats; the emitted function's loss and gradients are those numbers."""
+    import json
+    import shutil
+    import subprocess
+    from gradtool.emit.cuda import emit_cuda, layout
+    from gradtool.tapefile import save
+    from support import run
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import emitc_harness as H
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    name, tp, loss = next(c for c in f32_scalar_cases() if c[0] == "op32_tanh_1")
+    path = tmp_path / "t.msgpack"
+    save(tp, path, loss=loss)
+    res = run("backward", path, "--json", "--hex")
+    assert res.exit_code == 0, res.stderr
+    ref = json.loads(res.stdout)
+    lay = layout(tp, loss)
+    src = tmp_path / "t.c"
+    src.write_text(H.harness_program([emit_cuda(tp, loss, name="f")], [("f", tp, lay)]))
+    subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", "-o", str(tmp_path / "t"),
+                    str(src), "-lm"], check=True)
+    got = H.parse_output(subprocess.run([str(tmp_path / "t")], capture_output=True, text=True,
+                                        check=True).stdout)["f"]
+    assert float.fromhex(ref["loss"]) == H.from_bits(got["loss"])
+    assert [p["id"] for p in ref["params"]] == list(lay.params)
+    for j, p in enumerate(ref["params"]):
+        assert float.fromhex(p["grad"][0]) == H.from_bits(got["p"][j]), p
+        assert float.fromhex(p["grad"][0]) == float(np.float32(float.fromhex(p["grad"][0])))
+
+
+def test_nvcc_compiles_the_float_code_without_contraction_or_ftz(tmp_path):
+    """nvcc -c -arch=sm_90 on every scalar op's emitted float code (with the batch
+    kernel): no fused multiply-add (a scalar tape has no product), no add/sub/mul.f32
+    that ptxas may contract (every one .rn), and no flush to zero (.ftz) anywhere."""
+    import re
+    from gradtool.emit.cuda import emit_cuda
+    from test_emit import NVCC, nvcc_functions
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    cases = f32_scalar_cases()[::4]
+    funcs = nvcc_functions(tmp_path, [emit_cuda(tp, loss, name=f, kernel=True)
+                                      for f, tp, loss in cases])
+    assert sum(n.endswith("_batch") for n in funcs) == len(cases)
+    seen_f32 = False
+    for name, body in funcs.items():
+        assert not re.search(r"\bfma\.", body), f"{name}: nvcc fused a multiply-add"
+        assert not re.search(r"(?<![\w.])(?:add|sub|mul)\.f32\b", body), f"{name}: contractable"
+        assert ".ftz" not in body, f"{name}: flush to zero"
+        seen_f32 = seen_f32 or bool(re.search(r"\b(?:add|mul)\.rn\.f32\b", body))
+    assert seen_f32, "no binary32 arithmetic in the PTX"

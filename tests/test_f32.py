@@ -1,5 +1,5 @@
 """The f32 dtype (issue 38) through the recorder, the op table, files, the numpy reference
-(the cpu engine), the command line, the device replay and emit-cuda's refusal.
+(the cpu engine), the command line, the device replay and emit-cuda.
 
 Bits: every f32 rule is checked against the float32 contract's own functions
 (gradtool.numerics32: fmaf chains, the lane-tree sum, fdlibm rounded once) and numpy's
@@ -395,9 +395,9 @@ def test_backward_json_prints_float32_values_exactly_and_shortest(tmp_path):
     assert float.fromhex(hexed["loss"]) == float(tp.value(loss)[0])
 
 
-# ── devices: f32 programs; emit-cuda refuses in one line until its f32 code exists ──
+# ── devices and emit-cuda: f32 tapes run (tests/test_device_f32.py); mixed ones refused ──
 
-def test_the_device_replay_runs_an_f32_tape_and_emit_cuda_refuses_it(tmp_path):
+def test_the_device_replay_and_emit_cuda_run_an_f32_tape_and_refuse_a_mixed_one(tmp_path):
     from gradtool.device.program import capture_program
     from gradtool.emit.cuda import emit_cuda
     from gradtool.emit.render import EmitError
@@ -414,8 +414,11 @@ def test_the_device_replay_runs_an_f32_tape_and_emit_cuda_refuses_it(tmp_path):
     assert capture_program(tp, loss.id).dtype == "f32"     # tests/test_device_f32.py: bits
     one = gt.Tape()
     a = one.param(f32([0.5]))
-    with pytest.raises(EmitError, match="holds f32 values; emit-cuda runs f64 tapes only"):
-        emit_cuda(one, one.exp(a))
+    assert "float gradtool_grad(const float *p" in emit_cuda(one, one.exp(a))  # float code
+    mixed1 = gt.Tape()
+    b = mixed1.param(np.array([0.5]))
+    with pytest.raises(EmitError, match="emits one float type per tape"):
+        emit_cuda(mixed1, mixed1.add(mixed1.cast(b, "f32"), mixed1.const(f32([1.0]))))
     path = tmp_path / "t.msgpack"
     gt.tapefile.save(tp, path, loss=loss)
     data = tmp_path / "d.npz"
