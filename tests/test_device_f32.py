@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gradtool as gt
 from conftest import assert_bits_equal_nan_any, require_c_compiler
 from gradtool import native
 from gradtool import numerics as nx
@@ -476,3 +477,47 @@ def test_nvcc_compiles_the_float_code_without_contraction_or_ftz(tmp_path):
         assert ".ftz" not in body, f"{name}: flush to zero"
         seen_f32 = seen_f32 or bool(re.search(r"\b(?:add|mul)\.rn\.f32\b", body))
     assert seen_f32, "no binary32 arithmetic in the PTX"
+
+
+def test_f32_tape_with_dropout_runs_on_the_host_and_trains_like_cpu(tmp_path):
+    """An f64 model with dropout converted to f32 (convert.to_dtype: the rng slot and the
+    draws stay f64, cast to f32 where read): the draws' casts run on the device (k_uniform
+    rounds each draw to float once, the casts copy it), so the replay is the CPU
+    reference's bits; `gradtool train` (which advances the rng slot every step) saves the
+    same bytes on cpu, host and --fuse."""
+    require_c_compiler()
+    from gradtool import nn
+    from gradtool.convert import to_dtype
+    from gradtool.device import capture
+    from gradtool.tapefile import save
+    from support import run
+    rng = np.random.default_rng(0)
+    tp = gt.Tape()
+    x = tp.const(rng.standard_normal((8, 5)), name="x")
+    y = tp.const(rng.standard_normal((8, 6)), name="y")
+    w = tp.param(rng.standard_normal((5, 6)), name="w")
+    h = nn.dropout(tp.tanh(x @ w), 0.3)
+    loss = tp.mean((h - y) * (h - y))
+    t32, ids = to_dtype(tp, "f32")
+    assert any(n.op == "cast" for n in t32.nodes) and any(n.op == "uniform" for n in t32.nodes)
+    lv = t32.var(ids[loss.id])
+    t32.backward(lv)
+    for variant in VARIANTS:
+        rp = capture(t32, lv, "host", host_kernels=variant)
+        rp.forward()
+        rp.backward()
+        assert_bits_equal_nan_any(rp.value(lv.id), t32.values[lv.id], f"loss ({variant})")
+        for p in t32.params():
+            assert_bits_equal_nan_any(rp.grad(p.id), t32.grad(p), f"grad ({variant})")
+    path, data = tmp_path / "drop32.msgpack", tmp_path / "d.npz"
+    save(t32, path, loss=lv)
+    np.savez(data, x=rng.standard_normal((32, 5)).astype(np.float32),
+             y=rng.standard_normal((32, 6)).astype(np.float32))
+    saved = set()
+    for backend, extra in (("cpu", ()), ("host", ()), ("host", ("--fuse",))):
+        out = tmp_path / f"{backend}{len(extra)}.msgpack"
+        res = run("train", path, "--data", data, "--steps", 6, "--backend", backend, *extra,
+                  "--save", out)
+        assert res.exit_code == 0, res.stderr
+        saved.add(out.read_bytes())
+    assert len(saved) == 1
