@@ -119,10 +119,6 @@ def check_scope(tape: Tape, abi: str = "gradtool") -> None:
     """EmitScopeError naming the first node that is not a one-element tensor or scalar op."""
     if not tape.ok:
         raise EmitError(f"the tape is poisoned: {tape.error}")
-    if float_dtype(tape) == "f32" and abi != "gradtool":
-        refusal = f32_refusal(tape, f"emit-cuda's {abi} ABI")
-        if refusal:
-            raise EmitError(refusal)
     for i, node in enumerate(tape.nodes):
         if tape.values[i].size != 1:
             raise EmitScopeError(f"node {i} ({node.op}) has shape {format_shape(tape.values[i].shape)}; emit-cuda "
@@ -132,6 +128,10 @@ def check_scope(tape: Tape, abi: str = "gradtool") -> None:
                 rule(node.op)
             except EmitScopeError as exc:
                 raise EmitScopeError(f"node {i}: {exc}") from None
+    if float_dtype(tape) == "f32" and abi != "gradtool":       # (a mixed tape: EmitError)
+        refusal = f32_refusal(tape, f"emit-cuda's {abi} ABI")
+        if refusal:
+            raise EmitError(refusal)
 
 
 def _check_expr(name: str, expr: str) -> str:
