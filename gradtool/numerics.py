@@ -878,10 +878,10 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     sample's columns, then the matmul kernel on them, straight into NCHW -- the
     same chains, so the same bits as :func:`conv2d_numpy` (the tests compare them).
     """
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:      # float32: im2col and numerics32's bmm
-        x, w = _f64(x), _f64(w)
-        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
+    lib, dt = _conv_library(x)                 # float32: gt_conv.h on float (numerics32)
+    if lib is not None:
+        x, w = np.ascontiguousarray(x, dt), np.ascontiguousarray(w, dt)
+        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)), dt)
         geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
         ws, nbytes = _workspace(lib, geo, _CONV_FWD)
         if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0,
@@ -903,6 +903,14 @@ def conv2d_numpy(x, w, stride, padding, dilation, groups) -> np.ndarray:
 
 def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _conv_library(x):
+    """(compiled library, element type) for a convolution or pooling of ``x``: gt_cpu for
+    float64, gt_cpu_f32 (the same gt_conv.h on float) for float32; (None, _) without one."""
+    if x.dtype == _F32:
+        return cpu_kernels32(), np.float32
+    return (_DEFAULT[0] if _DEFAULT else cpu_kernels()), np.float64
 
 
 _CONV_FWD, _CONV_DX, _CONV_DW, _POOL_FWD, _POOL_DX = range(5)
@@ -943,12 +951,12 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
     its col2im); dw as one FMA chain per element carried from sample to sample in
     (n, oh, ow) order, so the same bits as :func:`conv2d_backward_numpy`.
     """
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:
-        g, x, w = _f64(g), _f64(x), _f64(w)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        g, x, w = (np.ascontiguousarray(a, dt) for a in (g, x, w))
         geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
-        dx = np.empty(x.shape) if need_x else None
-        dw = np.empty(w.shape) if need_w else None
+        dx = np.empty(x.shape, dt) if need_x else None
+        dw = np.empty(w.shape, dt) if need_w else None
         if need_x:
             ws, nbytes = _workspace(lib, geo, _CONV_DX)
             lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, w.ctypes.data, 0,
@@ -1019,11 +1027,11 @@ def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     row-major order: ``m = first; for each later l: if m == m and (v > m or v != v): m = v``
     (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies.
     Compiled (``csrc/gt_conv.h``) when available: the same rule, the same bits."""
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:      # float32: the same rule in numpy
-        x = _f64(x)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        x = np.ascontiguousarray(x, dt)
         out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
-                                                    ceil_mode)[:2])
+                                                    ceil_mode)[:2], dt)
         geo = _pool_geo(x.shape, out.shape, kernel, stride, padding, dilation)
         ws, nbytes = _workspace(lib, geo, _POOL_FWD)
         if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, ws.ctypes.data,
@@ -1041,10 +1049,10 @@ def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> n
     """Per input element ``0.0 + g[window] + ...`` over the windows whose maximum it is,
     (i, j) ascending; +0.0 where it is none's.  Compiled (``csrc/gt_conv.h``) when
     available: the same sums in the same order."""
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:
-        g, x = _f64(g), _f64(x)
-        dx = np.empty(x.shape)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        g, x = np.ascontiguousarray(g, dt), np.ascontiguousarray(x, dt)
+        dx = np.empty(x.shape, dt)
         geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
         ws, nbytes = _workspace(lib, geo, _POOL_DX)
         if lib.gt_max_pool2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, x.ctypes.data,

@@ -521,3 +521,43 @@ def test_f32_tape_with_dropout_runs_on_the_host_and_trains_like_cpu(tmp_path):
         assert res.exit_code == 0, res.stderr
         saved.add(out.read_bytes())
     assert len(saved) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_f32_convolutions_and_pooling_compiled_equal_numpy(threads, rng, threads_restored):
+    """numerics.conv2d / conv2d_backward / max_pool2d(_backward) of float32 arrays run
+    gt_conv.h on float (gt_cpu_f32): the same bits as their numpy twins (im2col and
+    numerics32's fmaf chains; the serial col2im and window sums in binary32)."""
+    require_c_compiler()
+    import gradtool.ops  # noqa: F401  (installs numerics32 as numerics' float32 twin)
+    native.set_num_threads(threads)
+    for n, c, h, w, oc, k, s, p, d, g in [(2, 3, 9, 8, 4, 3, 1, 1, 1, 1),
+                                          (3, 4, 11, 7, 6, 3, 2, 0, 1, 2),
+                                          (1, 2, 6, 6, 2, 2, 1, 2, 2, 1),
+                                          (4, 8, 16, 16, 16, 3, 1, 1, 1, 1)]:
+        geo = ((s, s), (p, p), (d, d), g)
+        x = operand32(rng, (n, c, h, w))
+        wt = (rng.standard_normal((oc, c // g, k, k))).astype(np.float32)
+        out = nx.conv2d(x, wt, *geo)
+        assert out.dtype == np.float32
+        assert_bits_equal_nan_any(out, nx.conv2d_numpy(x, wt, *geo), f"conv2d {x.shape}")
+        gr = operand32(rng, out.shape)
+        got = nx.conv2d_backward(gr, x, wt, *geo, True, True)
+        want = nx.conv2d_backward_numpy(gr, x, wt, *geo, True, True)
+        for a, b, what in zip(got, want, ("dx", "dw")):
+            assert a.dtype == np.float32
+            assert_bits_equal_nan_any(a, b, f"conv2d {what} {x.shape}")
+        pool = ((2, 2), (2, 2), (0, 0), (1, 1), False)
+        m = nx.max_pool2d(x, *pool)
+        assert_bits_equal_nan_any(m, nx._max_pool_index(x, *pool)[0], "max_pool2d")
+        gm = operand32(rng, m.shape)
+        got = nx.max_pool2d_backward(gm, x, *pool)
+        assert got.dtype == np.float32
+        oh, ow, hp, wp = nx._pool_geometry(x, *pool)
+        want = np.zeros((n, c, hp, wp), np.float32)     # the numpy rule, written out
+        idx = nx._max_pool_index(x, *pool)[1]
+        for i in range(2):
+            for j in range(2):
+                view = nx._window_view(want, i, j, oh, ow, (2, 2), (1, 1))
+                np.add(view, np.where(idx == i * 2 + j, gm, np.float32(0.0)), out=view)
+        assert_bits_equal_nan_any(got, want[:, :, :h, :w], "max_pool2d backward")
