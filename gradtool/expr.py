@@ -43,7 +43,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import fdlibm, numerics
+from . import fdlibm, numerics, numerics32
 
 ARITH = ("add", "sub", "mul", "div")
 FUNCS = ("sqrt", "exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "atan",
@@ -239,22 +239,16 @@ def _compiled(expr: Expr, names: tuple):
 
 def _f32_unary(name: str):
     def fn(x):
-        from . import numerics32
         return numerics32.unary(name, x)
     fn.__name__ = f"{name}_f32"
     return fn
-
-
-def _f32_atan2(a, b):
-    from . import numerics32
-    return numerics32.atan2(a, b)
 
 
 # the float32 evaluation: binary32 ufuncs (numpy keeps float32 when every operand is a
 # float32 array or scalar), the transcendentals from numerics32, np.where for select
 _NUMPY32 = dict(_NUMPY, **{op: _f32_unary(op) for op in
                            ("exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos",
-                            "erfc", "atan")}, atan2=_f32_atan2)
+                            "erfc", "atan")}, atan2=numerics32.atan2)
 _F32 = np.dtype(np.float32)
 
 
@@ -268,47 +262,45 @@ def compile_numpy(expr: Expr, names) -> "callable":
     f32 node: the forward rule's x, a contribution's g): the constants are float32
     (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
     for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
+    One generated function holds both bodies (an f64 call pays one dtype comparison).
     """
     names = tuple(names)
-    rule32 = _compile(expr, names, True)
-    rule64 = _compile(expr, names, False)
-    first = names[0] if names else None
-    if first is None:
-        return rule64
-    source = (f"def rule({', '.join(names)}):\n"
-              f"    if {first}.dtype == _F32:\n"
-              f"        return _rule32({', '.join(names)})\n"
-              f"    return _rule64({', '.join(names)})\n")
-    namespace = {"_F32": _F32, "_rule32": rule32, "_rule64": rule64}
-    exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
-    rule = namespace["rule"]
-    rule.__doc__ = text(expr)
-    return rule
-
-
-def _compile(expr: Expr, names: tuple, f32: bool) -> "callable":
     missing = set(symbols(expr)) - set(names)
     if missing:
         raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
-    consts: dict = {}
+    namespace: dict = {"_F32": _F32, "_float32": np.float32}
 
-    def py(e) -> str:
-        if isinstance(e, Sym):
-            return e.name
-        if isinstance(e, Const):
-            key = f"_c{len(consts)}"
-            consts[key] = np.float32(e.value) if f32 else e.value
-            return key
-        args = ", ".join(py(a) for a in e.args)
-        return f"_where({args})" if e.op == "select" else f"_{e.op}({args})"
+    def body(f32: bool) -> str:
+        tag = "32" if f32 else ""
+        count = [0]
 
-    body = py(expr)
-    namespace = {f"_{op}": fn for op, fn in (_NUMPY32 if f32 else _NUMPY).items()}
-    namespace["_where"] = np.where if f32 else select_numpy
-    namespace["_float32"] = np.float32
-    namespace.update(consts)
-    prelude = "    s = _float32(s)\n" if f32 and "s" in names else ""
-    source = f"def rule({', '.join(names)}):\n{prelude}    return {body}\n"
+        def py(e) -> str:
+            if isinstance(e, Sym):
+                return e.name
+            if isinstance(e, Const):
+                key = f"_c{tag}_{count[0]}"
+                count[0] += 1
+                namespace[key] = np.float32(e.value) if f32 else e.value
+                return key
+            args = ", ".join(py(a) for a in e.args)
+            return f"_where{tag}({args})" if e.op == "select" else f"_{e.op}{tag}({args})"
+
+        return py(expr)
+
+    for op, fn in _NUMPY.items():
+        namespace[f"_{op}"] = fn
+    for op, fn in _NUMPY32.items():
+        namespace[f"_{op}32"] = fn
+    namespace["_where"], namespace["_where32"] = select_numpy, np.where
+    args = ", ".join(names)
+    if names:
+        s32 = "        s = _float32(s)\n" if "s" in names else ""
+        source = (f"def rule({args}):\n"
+                  f"    if {names[0]}.dtype == _F32:\n{s32}"
+                  f"        return {body(True)}\n"
+                  f"    return {body(False)}\n")
+    else:
+        source = f"def rule():\n    return {body(False)}\n"
     exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
     rule = namespace["rule"]
     rule.__doc__ = text(expr)

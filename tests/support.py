@@ -638,7 +638,8 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "value on leaf", {**node, "value": data}
         yield "axis on leaf", {**node, "axis": 0}
         yield "s on leaf", {**node, "s": 2.0}
-        yield "dtype unknown", {**node, "dtype": "f32"}
+        yield "dtype unknown", {**node, "dtype": "f16"}
+        yield "dtype f32 of f64 data", {**node, "dtype": "f32"}
         yield "dtype int", {**node, "dtype": 8}
         yield "name empty", {**node, "name": ""}
         yield "name int", {**node, "name": 7}
@@ -659,7 +660,12 @@ def node_mutations(node: dict, i: int, doc: dict):
         yield "data on op", {**node, "data": bytes(8)}
         yield "name on op", {**node, "name": "z"}
         yield "l2 on op", {**node, "l2": 0.0}
-        yield "dtype on op", {**node, "dtype": "f64"}
+        if node.get("op") == "cast":          # its target: the other float dtype only
+            yield "cast to i64", {**node, "dtype": "i64"}
+            yield "cast to its input's dtype", {**node, "dtype": "f32" if node.get(
+                "dtype") == "f64" else "f64"}
+        else:
+            yield "dtype on op", {**node, "dtype": "f64"}
         yield "a missing", {k: v for k, v in node.items() if k != "a"}
         if "value" in node:
             yield "value truncated", {**node, "value": node["value"][:-3]}

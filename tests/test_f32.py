@@ -548,3 +548,34 @@ def test_import_module_records_a_torch_model_at_its_own_float32():
                       dtype="module")
     converted = import_module(model, (x.bfloat16(),), loss_fn, (y,), dtype="f32")
     assert converted.tape.value(converted.loss).dtype == np.float32
+
+
+def test_import_torch_dtype_option(tmp_path):
+    pytest.importorskip("torch")
+    spec = tmp_path / "model.py"
+    spec.write_text(
+        "import torch\n"
+        "def build(half=False):\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(),\n"
+        "                            torch.nn.Linear(3, 1))\n"
+        "    class Loss(torch.nn.Module):\n"
+        "        def __init__(self):\n"
+        "            super().__init__()\n"
+        "            self.m = m\n"
+        "        def forward(self, x):\n"
+        "            return (self.m(x) ** 2).mean()\n"
+        "    return Loss(), (torch.randn(6, 4),)\n"
+        "def build_half():\n"
+        "    model, inputs = build()\n"
+        "    return model.to(torch.bfloat16), tuple(t.bfloat16() for t in inputs)\n")
+    out = tmp_path / "m.msgpack"
+    result = run("import-torch", f"{spec}:build", "-o", out, "--dtype", "f32", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["inputs"]["x"]["dtype"] == "f32"
+    info = json.loads(run("inspect", "--json", out).stdout)
+    assert {p["dtype"] for p in info["params"]} == {"f32"}
+    result = run("import-torch", f"{spec}:build_half", "-o", out, "--dtype", "module")
+    assert_one_line_error(result, 2, "bfloat16", "--dtype f32 or --dtype f64")
+    result = run("import-torch", f"{spec}:build_half", "-o", out, "--dtype", "f32")
+    assert result.exit_code == 0, result.stderr

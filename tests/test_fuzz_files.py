@@ -65,7 +65,8 @@ def corpus(tmp_path, count: int, seed: int) -> list:
         name = names[k % len(names)]
         path = tmp_path / f"fuzz{k}_{name}.msgpack"
         path.write_bytes(pack_any(mutator.mutate(docs[name])))
-        jobs.append((path, commands(path, k, name in ("digits_mlp", "checkpoint"))))
+        jobs.append((path, commands(path, k, name in ("digits_mlp", "digits_mlp_f32",
+                                                      "checkpoint"))))
     return jobs
 
 
