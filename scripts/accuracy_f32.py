@@ -39,6 +39,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,8 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=20)
     p = sub.add_parser("ulp", help="largest ulp error of the float32 functions, all inputs")
     p.add_argument("functions", nargs="+", choices=FUNCTIONS)
-    p.add_argument("--state", default=str(ROOT / "accuracy_f32_ulp.json"),
-                   help="finished chunks are kept here (default: ./accuracy_f32_ulp.json)")
+    p.add_argument("--state", default=str(Path(tempfile.gettempdir()) / "gt_accuracy_f32_ulp.json"),
+                   help="finished chunks are kept here (default: in the temp folder); "
+                        "run again with the same file to continue or to print the report")
     p = sub.add_parser("time", help="the lane-tree order against the serial one in float64")
     p.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
