@@ -41,6 +41,7 @@ from .render import kernel_c as _render
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
 HEADER_PATH = PACKAGE / "csrc" / "gt_ops.h"
+OPTIM_HEADER_PATH = PACKAGE / "csrc" / "gt_optim_table.h"   # the optimizer table's rules
 SCHEMA_PATH = PACKAGE / "schemas" / "tape.schema.json"
 DOCS_PATH = ROOT / "docs" / "ops.md"
 TORCH_DOCS_PATH = ROOT / "docs" / "torch.md"
@@ -271,7 +272,9 @@ def torch_docs_text(current: str) -> str:
 
 def outputs() -> dict:
     """path -> text of every generated file."""
-    return {HEADER_PATH: header(), SCHEMA_PATH: schema_text(),
+    from .optim import table as optim_table
+    return {HEADER_PATH: header(), OPTIM_HEADER_PATH: optim_table.header(),
+            SCHEMA_PATH: schema_text(),
             DOCS_PATH: docs_text(DOCS_PATH.read_text(encoding="utf-8")),
             TORCH_DOCS_PATH: torch_docs_text(TORCH_DOCS_PATH.read_text(encoding="utf-8"))}
 

@@ -18,6 +18,10 @@ class DtypeError(TapeError):
     promotes silently; ``Tape.cast`` converts)."""
 
 
+class OptimizerError(GradtoolError):
+    """A bad optimizer setting, registration or saved state (gradtool.optim)."""
+
+
 class TapeFileError(GradtoolError):
     """A tape file that cannot be loaded. `where` names the file and, when known, the node."""
 
@@ -35,3 +39,15 @@ class TapeFileError(GradtoolError):
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message)
         self.bare_message = message
+
+
+class IdsError(GradtoolError):
+    """A take/take_along met an id computed on the tape that is not a whole number in
+    range.  ``node`` reads the ids, which ``ids_node`` computes; ``bound`` is the table's
+    row count; ``index`` the first bad id's flat position in them and ``value`` the id.
+    :func:`gradtool.tape.ids_culprit` traces it back to an input slot's example."""
+
+    def __init__(self, message, *, node, ids_node, bound, index, value):
+        super().__init__(message)
+        self.node, self.ids_node, self.bound = node, ids_node, bound
+        self.index, self.value = index, value

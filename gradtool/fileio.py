@@ -86,6 +86,39 @@ def _stream_destination(path: str) -> bool:
         return False
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
+# what a path is, when it is not a regular file (its mode after following links)
+NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe (FIFO)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> Optional[str]:
+    """What a file of this ``st_mode`` is ("a pipe (FIFO)", ...), or None for a regular
+    file."""
+    for test, what in NOT_REGULAR:
+        if test(mode):
+            return what
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def check_regular_destination(path, what: str = "") -> None:
+    """Raise :class:`DestinationError` now, before any work, when ``path`` names something
+    a file cannot be written over: a FIFO (a write would wait for a reader forever), a
+    socket, a directory or a device (``/dev/null`` would swallow a checkpoint).  Links are
+    followed: a new name, or a link to a regular file (or to a new name) is fine, and
+    the atomic write then keeps the link and replaces its target.  ``what`` names the
+    option (``--save``) in the message."""
+    text = nul_free(path, what)
+    try:
+        mode = os.stat(text).st_mode
+    except OSError:             # a new file, or a folder problem check_writable words
+        return
+    kind = not_regular(mode)
+    if kind is not None:
+        plain = "" if kind == "a directory" else ", not a regular file"
+        raise DestinationError(f"{what + ' ' if what else ''}{text}: is {kind}{plain}")
+
+
 _MKSTEMP_RANDOM = r"[a-z0-9_]{8}"          # what tempfile.mkstemp puts between prefix and suffix
 
 

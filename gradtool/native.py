@@ -25,7 +25,8 @@ and header text, the flags, the compiler's version and the machine, and
 renamed into place atomically, so concurrent processes never load half a file.
 A build writes ``<library>.<pid>.<random>.tmp.so`` first; one killed half-way
 (SIGKILL, a power cut) leaves that file behind, and the next build of that library
-removes it once its process is gone (:func:`gradtool.fileio.remove_stale_temporaries`).
+removes it once its process is gone (:func:`sweep_temporaries`, which every cache
+folder's builds call).
 """
 
 from __future__ import annotations
@@ -138,17 +139,61 @@ TEMP_SUFFIX = ".tmp.so"
 BUILD_TIMEOUT = 600.0         # seconds a compiler run may take
 
 
+def sweep_temporaries(folder, suffix: str) -> list:
+    """Remove from a cache folder (gradtool's own) the temporary files ``*<suffix>`` that a
+    build killed half-way left (SIGKILL, a power cut): those whose writer's pid (in the
+    name, :func:`cache_temporary`) is gone, and any older than a build can take (a name
+    without a pid, from before pids were put in).  Every cache calls this at its next
+    build: the libraries here, the fused sources (:mod:`gradtool.device.fusion`).
+    Returns the removed paths."""
+    return remove_stale_temporaries(folder, None, suffix, older_than=2 * BUILD_TIMEOUT)
+
+
+def cache_temporary(folder, stem: str, suffix: str) -> tuple:
+    """``(fd, path)`` of a new temporary file ``<stem>.<pid>.<random><suffix>`` in ``folder``,
+    to be renamed onto the cached file when complete; the pid lets
+    :func:`sweep_temporaries` tell a live writer's file from a dead one's."""
+    return tempfile.mkstemp(prefix=temporary_prefix(stem), suffix=suffix, dir=folder)
+
+
+def cached_bytes(folder, name: str, produce) -> tuple:
+    """``(bytes, found)``: the file ``folder/name`` of a cache, else ``produce()``'s bytes,
+    written there through :func:`cache_temporary` and an atomic rename (after sweeping
+    the folder's temporaries of dead writers), so a build killed at any moment leaves
+    either the whole file or none.  A folder that cannot be written leaves the result
+    uncached.  Used for the CUDA cubins (:mod:`gradtool.device.cuda`)."""
+    path = Path(folder) / name
+    try:
+        return path.read_bytes(), True
+    except OSError:
+        pass
+    data = produce()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_temporaries(path.parent, ".tmp")
+        fd, tmp = cache_temporary(path.parent, name, ".tmp")
+    except OSError:               # a read-only cache: use the result uncached
+        return data, False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return data, False
+
+
 def build(stem: str, source: Path, flags, key_files=(), include_dirs=(CSRC,)) -> Path:
     """Compile ``source`` into a cached shared library (once) and return its path."""
     path = library_path(stem, source, flags, key_files)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a build killed half-way leaves its temporary file; remove those of dead processes,
-    # and any older than a build can take (this folder is gradtool's own)
-    remove_stale_temporaries(path.parent, None, TEMP_SUFFIX, older_than=2 * BUILD_TIMEOUT)
-    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path.stem), suffix=TEMP_SUFFIX,
-                               dir=path.parent)
+    sweep_temporaries(path.parent, TEMP_SUFFIX)
+    fd, tmp = cache_temporary(path.parent, path.stem, TEMP_SUFFIX)
     os.close(fd)
     cmd = [compiler(), *_with_policy(flags), *[f"-I{d}" for d in include_dirs], str(source),
            "-o", tmp, "-lm"]

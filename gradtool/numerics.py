@@ -613,7 +613,7 @@ def _fma_general(a, b, c):
     return np.where(dominated, c, z), (np.abs(z) <= _TINY) & (zs != 0) & ~dominated
 
 
-CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_conv.h", "gt_optim.h")
+CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
 _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
@@ -714,6 +714,9 @@ def _declare(lib, python=False, dtype="f64") -> None:
     lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr, ptr, i64]
     lib.gt_conv_ws_bytes.restype = i64
     lib.gt_conv_ws_bytes.argtypes = [ptr, ctypes.c_int, ctypes.c_int]
+    lib.gt_opt_table_step.restype = None
+    lib.gt_opt_table_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int,
+                                      f64, f64, ptr]
     lib.gt_opt_step.restype = None
     lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
                                 f64, f64, f64, f64, f64, f64, f64, f64]

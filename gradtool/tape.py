@@ -19,11 +19,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import layout as _layout
-from .errors import DtypeError, GradtoolError, ShapeError, TapeError
+from .errors import DtypeError, GradtoolError, IdsError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
 from .ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, NUMPY_DTYPES, OPS, RNG_NAME,
-                  RNG_RECORDED, bad_id, bad_rng, dtype_of, inexact_int, infer_dtype,
-                  infer_shape)
+                  RNG_RECORDED, bad_id, bad_rng, dtype_of, first_bad_id, inexact_int,
+                  infer_dtype, infer_shape)
 
 
 # Overflow to inf, 0/0 = nan and the like are IEEE results the tape records
@@ -786,12 +786,16 @@ class Tape:
         node computing them is a whole number in range."""
         node = self.nodes[i]
         spec = OPS[node.op]
-        problem = bad_id(self.values[node.b], spec.index_bound(self.values[node.a].shape,
-                                                               node.aux))
+        bound = spec.index_bound(self.values[node.a].shape, node.aux)
+        ids = self.values[node.b]
+        problem = bad_id(ids, bound)
         if problem:
-            raise GradtoolError(f"node {i} ({node.op}): its ids, computed by node {node.b} "
-                                f"({self.nodes[node.b].op}): {problem} "
-                                f"({_ids_reader(spec, self.values[node.a].shape, node.aux)})")
+            k = first_bad_id(ids, bound)
+            raise IdsError(f"node {i} ({node.op}): its ids, computed by node {node.b} "
+                           f"({self.nodes[node.b].op}): {problem} "
+                           f"({_ids_reader(spec, self.values[node.a].shape, node.aux)})",
+                           node=i, ids_node=node.b, bound=bound, index=k,
+                           value=float(np.ravel(ids)[k]))
 
     # ── backward ───────────────────────────────────────────────────────────
     def backward(self, loss: GVar) -> None:
@@ -994,6 +998,45 @@ def f32_refusal(tape: Tape, what: str, hint: str = "") -> Optional[str]:
     return (f"node {i} ({node.op}{' ' + repr(node.name) if node.name else ''}) holds f32 "
             f"values; {what} runs f64 tapes only for now (its f32 kernels are not built "
             f"yet){hint}")
+
+
+def ids_culprit(tape: Tape, err: IdsError, slot_values: dict) -> Optional[tuple]:
+    """(input slot name, example row or None) that ``err``'s bad id came from: the one
+    named integer const among the ancestors of the ids (None where there is none, or
+    several), and the row of its leading dim holding the bad id (``slot_values``: node id
+    -> the values the slot held; the id at the same flat position when the ids are as
+    many as the slot's values, else the first equal one).  For messages that name the
+    data: ``labels: example 37 ... has id 9``."""
+    seen, stack, slots = set(), [err.ids_node], []
+    while stack:
+        j = stack.pop()
+        if j in seen or j < 0:
+            continue
+        seen.add(j)
+        node = tape.nodes[j]
+        if node.a < 0:
+            if node.op == "const" and node.name and tape.holds_ids(j):
+                slots.append(j)
+            continue
+        stack += [node.a, node.b]
+    if len(slots) != 1:
+        return None
+    slot = slots[0]
+    values = slot_values.get(slot)
+    if values is None:
+        return tape.nodes[slot].name, None
+    flat = np.ravel(values)
+    ids_size = int(np.prod(tape.values[err.ids_node].shape))
+    if flat.size == ids_size and err.index is not None and flat[err.index] == err.value:
+        k = err.index
+    else:
+        equal = np.flatnonzero(flat == err.value)
+        if not equal.size:
+            return tape.nodes[slot].name, None
+        k = int(equal[0])
+    shape = np.shape(values)
+    per_row = max(1, flat.size // shape[0]) if shape else 1
+    return tape.nodes[slot].name, k // per_row
 
 
 def requires_wrt(tape: Tape, wrt) -> list:

@@ -45,7 +45,7 @@ SAMPLE = ROOT / "samples" / "autoencoder"
 
 def run_autoencoder(dtype: str, fuse: bool, backend: str = "host", steps: int = STEPS):
     """``steps`` Adam episodes of the autoencoder sample: (losses array, final params)."""
-    from gradtool.optim import Adam
+    from gradtool.optim import AdamSeed as Adam
     from gradtool.tapefile import load
 
     tf = load(SAMPLE / "ae.msgpack")

@@ -219,16 +219,48 @@ def test_fd_check_passes_a_smooth_graph(mlp_file):
     assert "all 4 params pass" in result.stdout and result.stderr == ""
 
 
-def test_fd_check_fails_at_a_relu_kink(tmp_path):
+def test_fd_check_lists_a_relu_kink_as_non_smooth(tmp_path):
+    """relu at exactly 0: the gradient (0) is one of the one-sided slopes, not a derivative;
+    the central difference is 0.5 at every step, the one-sided ones 0 and 1: listed as
+    non-smooth with its figures, not a failure (issue 42; it used to fail)."""
     tp = Tape()
     x = tp.param(np.zeros(3), name="x")
     tp.sum(tp.relu(x))
     save(tp, tmp_path / "kink.msgpack")
     result = run("fd-check", "--json", tmp_path / "kink.msgpack")
-    assert_one_line_error(result, 1, "kink.msgpack", "node 0", "fd-check failed", "(x)")
+    assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["passed"] is False
-    assert report["params"][0]["analytic"] == 0.0 and report["params"][0]["numeric"] == 0.5
+    assert report["passed"] is True and report["nonsmooth"] == 3
+    assert report["params"][0]["nonsmooth"] == [
+        {"index": [i], "analytic": 0.0, "numeric": 0.5, "numeric_small": 0.5} for i in range(3)]
+    text = run("fd-check", tmp_path / "kink.msgpack").stdout
+    assert "ok (3 non-smooth)" in text and "x [2]: analytic 0.0, numeric 0.5 at eps" in text
+
+
+def test_fd_check_still_fails_a_wrong_gradient_next_to_a_kink(tmp_path):
+    """A relu at 0 (non-smooth) beside a tanh whose gradient is planted 1% off (a
+    smooth point): the tanh's param fails, the relu's is listed."""
+    from dataclasses import replace
+    from gradtool.ops import OPS
+    tp = Tape()
+    x = tp.param(np.zeros(3), name="x")
+    w = tp.param(np.array([0.3, -0.7, 1.1]), name="w")
+    tp.add(tp.sum(tp.relu(x)), tp.sum(tp.tanh(w)))
+    save(tp, tmp_path / "mixed.msgpack")
+    assert run("fd-check", tmp_path / "mixed.msgpack").exit_code == 0
+    spec = OPS["tanh"]
+    off = replace(spec, backward=lambda *args: tuple(
+        None if c is None else c * 1.01 for c in spec.backward(*args)))
+    OPS["tanh"] = off
+    try:
+        result = run("fd-check", "--json", tmp_path / "mixed.msgpack")
+    finally:
+        OPS["tanh"] = spec
+    assert_one_line_error(result, 1, "node 1", "(w)", "fd-check failed for 1 of 2 params")
+    report = json.loads(result.stdout)
+    x_report, w_report = report["params"]
+    assert x_report["passed"] and len(x_report["nonsmooth"]) == 3
+    assert not w_report["passed"] and w_report["nonsmooth"] == []
 
 
 def test_fd_check_json_reports_every_param(mlp_file):
@@ -308,7 +340,9 @@ def big_param_file(tmp_path):
 
 def test_fd_check_estimates_its_cost_and_refuses_beyond_the_budget(tmp_path):
     path = big_param_file(tmp_path)
-    line = assert_one_line_error(run("fd-check", path), 2, str(path),
+    # every element asked for (a sample larger than any param); by default the check
+    # is sampled instead (test_fd_check_whole_models_sampled_within_the_budget)
+    line = assert_one_line_error(run("fd-check", "--sample", "65536", path), 2, str(path),
                                  "131,584 loss evaluations", "2 params, 65,792 elements",
                                  "over the budget of", "--params NAME,...",
                                  "--max-evals 131584")
@@ -369,6 +403,31 @@ def test_fd_check_library_subset_and_progress(rng):
     for bad in (["zz"], [loss], [Tape().param([1.0])], [3]):
         with pytest.raises(GradtoolError):
             fd_check(tp, loss, params=bad)
+
+
+def test_fd_check_library_sample_seed_and_budget(rng):
+    from gradtool.gradcheck import fd_check, fd_cost, sample_indices, sample_within
+    tp = Tape()
+    a = tp.param(rng.standard_normal((4, 5)), name="a")
+    b = tp.param(rng.standard_normal(3), name="b")
+    loss = tp.add(tp.sum(tp.tanh(a)), tp.sum(tp.mul(b, b)))
+    report = fd_check(tp, loss, sample=4, seed=7)
+    assert report.passed and report.sample == 4 and report.seed == 7
+    assert [(p.checked, p.sampled) for p in report.params] == [(4, True), (3, False)]
+    picked = sample_indices(20, 4, 7, a.id)
+    assert list(picked) == sorted(set(picked.tolist())) and picked.size == 4
+    assert list(picked) == list(sample_indices(20, 4, 7, a.id))          # seeded
+    assert list(sample_indices(3, 4, 7, b.id)) == [0, 1, 2]               # all of a small one
+    assert fd_cost(tp, sample=4).evals == 2 * (4 + 3)
+    full = fd_cost(tp)
+    assert sample_within(tp, budget=full.work) is None                    # all fits
+    n = sample_within(tp, budget=full.work - 1)
+    assert 1 <= n < 20 and fd_cost(tp, sample=n).work <= full.work - 1 < fd_cost(
+        tp, sample=n + 1).work
+    assert sample_within(tp, budget=1) == 0
+    for bad in ({"sample": 0}, {"sample": 2.5}, {"sample": True}, {"seed": -1}):
+        with pytest.raises(GradtoolError, match="sample|seed"):
+            fd_check(tp, loss, **bad)
 
 
 # ── backward -o: names an npz cannot hold ─────────────────────────────────

@@ -50,7 +50,7 @@ def test_every_kernel_an_op_uses_has_a_contract():
         for k in kernel_names(spec):
             assert contract(k).fields, k
     used = {k for spec in OPS.values() for k in kernel_names(spec)}
-    engine = {"k_fill", "k_from_f64", "k_guard", "k_clip_norm", "k_sgd", "k_adam"}
+    engine = {"k_fill", "k_from_f64", "k_guard", "k_clip_norm", "k_opt"}
     assert set(KERNELS) == (used - {k for s in OPS.values() if s.elementwise
                                     for k in kernel_names(s)}) | engine
 

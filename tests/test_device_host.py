@@ -20,7 +20,7 @@ from gradtool.device.engine import F32_BOUND, DeviceEngine, relative_error, ulp_
 from gradtool.device.host import CSRC, kernel_names, library_path, load_library
 from gradtool.device.program import MAX_DIMS, capture_program
 from gradtool.errors import GradtoolError
-from gradtool.optim import SGD, Adam
+from gradtool.optim import SGD, AdamSeed as Adam
 from gradtool.train import make_engine
 from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like_cpu, batches,
                      mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
@@ -332,6 +332,47 @@ def test_training_steps_bit_exact_with_optim(kind, clip, kernels, fuse):
     assert_replay_trained_like_cpu(rp, tp_dev, opts[1], tp_cpu, opts[0])
     if clip:      # both branches of the clip were taken
         assert 0 < clipped < len(data), clipped
+
+
+# every optimizer of the table, with the options that change its rule, and a schedule
+TABLE_CASES = [
+    ("sgd", {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, None),
+    ("sgd", {"momentum": 0.8, "dampening": 0.2, "maximize": False}, {"kind": "step",
+                                                                     "step_size": 7}),
+    ("adam", {"amsgrad": True, "weight_decay": 0.02}, {"kind": "cosine", "warmup": 5,
+                                                       "t_max": 30}),
+    ("adam", {"beta1": 0.3}, None),
+    ("adamw", {}, {"kind": "exponential", "gamma": 0.97}),
+    ("adamw", {"amsgrad": True}, None),
+    ("adam-seed", {}, {"kind": "cosine", "t_max": 20}),
+]
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("kind,hparams,schedule", TABLE_CASES,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(TABLE_CASES)])
+def test_every_table_optimizer_cpu_equals_host_and_fused(kind, hparams, schedule, fuse):
+    """50 steps with clip and L2: losses, params and every slot identical to the bit on
+    the CPU engine and the host backend (per-node, last thread first, and fused)."""
+    from gradtool.optim import Schedule, make_optimizer
+    rng = np.random.default_rng(7)
+    tp_cpu, x_cpu, y_cpu, loss_cpu = mlp(rng, unused=True)
+    rng = np.random.default_rng(7)
+    tp_dev, x_dev, y_dev, loss_dev = mlp(rng, unused=True)
+    data = batches(np.random.default_rng(8), 50)
+    opts = [with_params(make_optimizer(kind, 0.05, hparams, Schedule(**(schedule or {}))),
+                        tp, 1.2) for tp in (tp_cpu, tp_dev)]
+    cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
+    rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1],
+                 host_kernels="per-thread-reversed", fuse=fuse)
+    dev_losses = []
+    for xb, yb in data:
+        rp.set_input(x_dev, xb)
+        rp.set_input(y_dev, yb)
+        dev_losses.append(rp.episode(train=True))
+    assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
+    assert_replay_trained_like_cpu(rp, tp_dev, opts[1], tp_cpu, opts[0])
+    assert opts[0].entries[0].state or kind == "sgd"
 
 
 def test_clip_really_clips():

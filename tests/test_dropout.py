@@ -335,7 +335,7 @@ def mlp(tmp_path_factory):
     return d
 
 
-TRAIN = ("--epochs", 2, "--optimizer", "adam", "--lr", 0.01, "--seed", 3)
+TRAIN = ("--epochs", 2, "--optimizer", "adam-seed", "--lr", 0.01, "--seed", 3)
 
 
 def test_training_with_dropout_is_the_same_bytes_on_every_engine(mlp, tmp_path):

@@ -28,7 +28,7 @@ from gradtool.device.cuda import cuda_status, fused_source, nvcc_options
 from gradtool.device.engine import F32_BOUND, fusion_plan, relative_error
 from gradtool.device.fusion import render
 from gradtool.device.host import HostBackend, Staging
-from gradtool.optim import Adam
+from gradtool.optim import AdamSeed as Adam
 from gradtool.tapefile import load
 from support import (assert_fma_only_in_inner_products, perturb_leaves, random_graph, random_unary,
                      weighted_loss)
@@ -454,7 +454,7 @@ def cli(*args):
 
 def test_replay_gpu_fuse_json_reports_both_counts():
     code, out, err = cli("replay-gpu", str(AE), "--backend", "host", "--fuse", "--train",
-                         "adam", "--check", "--episodes", "3", "--warmup", "1", "--json")
+                         "adam-seed", "--check", "--episodes", "3", "--warmup", "1", "--json")
     assert code == 0, err
     r = json.loads(out)
     assert r["fuse"] is True and r["check"]["ok"] and r["check"]["max_ulps"] == 0.0
@@ -468,7 +468,7 @@ def test_replay_gpu_fuse_json_reports_both_counts():
 
 
 def test_replay_gpu_plan():
-    code, out, err = cli("replay-gpu", str(AE), "--plan", "--train", "adam")
+    code, out, err = cli("replay-gpu", str(AE), "--plan", "--train", "adam-seed")
     assert code == 0, err
     assert "fusion plan: 47 launches per episode -> 8" in out
     assert "3:matmul, 4:add, 5:relu" in out and "per-node: node 22 mean" in out

@@ -167,11 +167,19 @@ def test_relu_gradient_is_zero_at_zero():
     assert_bits_equal(tp.grad(x), [0.0, 0.0, 1.0])
 
 
-def test_kink_fails_fd_check():
+def test_a_kink_is_listed_by_fd_check_not_failed():
+    """relu at exactly 0 (issue 42: a kink is reported as non-smooth, not counted as a
+    failure; it used to fail): the element is listed with its figures, the smooth one
+    is checked."""
     tp = gt.Tape()
     x = tp.param(np.array([0.0, 1.0]))
     report = gt.fd_check(tp, tp.sum(tp.relu(x)))
-    assert not report.passed
+    assert report.passed
+    (p,) = report.params
+    (n,) = p.nonsmooth
+    assert n.index == (0,) and n.analytic == 0.0
+    assert n.numeric == pytest.approx(0.5, rel=1e-8) == n.numeric_small   # the mean slope
+    assert p.checked == 2 and p.worst_index == (1,) and p.analytic == 1.0
 
 
 def test_const_only_branch_gets_no_gradient(rng):

@@ -133,7 +133,7 @@ def adam_after_steps(steps=3):
     w = tp.param(np.array([0.5, -1.0, 2.0]))
     b = tp.param(np.array([0.25]))
     loss = tp.sum(tp.mul(tp.add(w, b), tp.add(w, b)))
-    opt = gt.optim.Adam(0.01)
+    opt = gt.optim.AdamSeed(0.01)
     for p in (w, b):
         opt.add(tp, p)
     for _ in range(steps):

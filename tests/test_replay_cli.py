@@ -36,7 +36,7 @@ def test_samples_exist():
 
 @pytest.mark.parametrize("sample", SAMPLES)
 def test_check_passes_bit_for_bit_on_every_sample(sample):
-    code, out, err = run("replay-gpu", sample, "--backend", "host", "--check", "--train", "adam",
+    code, out, err = run("replay-gpu", sample, "--backend", "host", "--check", "--train", "adam-seed",
                          "--episodes", "3", "--warmup", "1", "--json")
     assert code == 0, err
     report = json.loads(out)
@@ -165,7 +165,7 @@ def test_check_on_a_nonfinite_loss_follows_the_training_contract(tmp_path, dtype
     path = tmp_path / "bad.msgpack"
     save(tp, path, loss=loss)
     code, out, err = run("replay-gpu", str(path), "--backend", "host", "--dtype", dtype,
-                         "--check", "--train", "adam", "--episodes", "2", "--json")
+                         "--check", "--train", "adam-seed", "--episodes", "2", "--json")
     assert code == 0, err
     report = json.loads(out)
     assert report["check"]["ok"] is True

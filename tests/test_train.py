@@ -2,11 +2,14 @@
 
 import importlib.util
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,7 +136,7 @@ def test_saved_state_and_l2_override(tmp_path):
             "--clip", 2.5, "--save", out)
     assert r.exit_code == 0, r.stderr
     state = load(out).optimizer
-    assert state["kind"] == "adam" and state["lr"] == 0.002 and state["clip"] == 2.5
+    assert state["kind"] == "adam-seed" and state["lr"] == 0.002 and state["clip"] == 2.5
     assert [p["l2"] for p in state["params"]] == [0.25] * 4
     assert state["position"]["seed"] == 0 and state["position"]["shuffle"] is True
     # the saved file keeps the tape's own example inputs, not the last minibatch
@@ -147,7 +150,7 @@ def test_resuming_with_another_optimizer_is_refused(tmp_path):
     out = tmp_path / "o.msgpack"
     assert run("train", DIGITS, "--data", DIGITS_DATA, "--steps", 2, "--save", out).exit_code == 0
     assert_one_line_error(run("train", out, "--data", DIGITS_DATA, "--optimizer", "sgd"), 2,
-                          "'adam'", "'sgd'")
+                          "'adam-seed'", "'sgd'")
 
 
 # ── Ctrl-C in a real process ───────────────────────────────────────────────
@@ -429,3 +432,55 @@ def test_a_one_element_loss_of_any_shape_trains_to_the_same_bits_on_every_backen
     assert list(trained.tape.values[trained.loss.id].shape) == list(shape)
     assert not all(np.array_equal(a, b) for a, b in zip(params_of(tmp_path / "cpu.msgpack"),
                                                         params_of(tape_path), strict=True))
+
+
+# ── the log's fields and the progress lines off a terminal ─────────────────
+
+def test_log_steps_carry_elapsed_seconds_and_their_own_duration(tmp_path):
+    log = tmp_path / "log.jsonl"
+    r = run("train", DIGITS, "--data", DIGITS_DATA, "--steps", 6, "--log", log, "--json")
+    assert r.exit_code == 0, r.stderr
+    records = [json.loads(ln) for ln in log.read_text().splitlines()]
+    steps = [rec for rec in records if rec["event"] == "step"]
+    assert len(steps) == 6
+    for rec in steps:                   # every field docs/training.md lists, and no other
+        assert set(rec) == {"event", "epoch", "step", "steps_per_epoch", "global_step",
+                            "loss", "batch", "seconds", "step_seconds"}
+        assert rec["step_seconds"] > 0
+    # seconds is the time since the run started: it grows, and a step's own duration
+    # fits in the time since the previous record
+    for before, after in zip(steps, steps[1:]):
+        assert after["seconds"] > before["seconds"]
+        assert after["step_seconds"] <= after["seconds"] - before["seconds"] + 1e-9
+    assert steps[0]["step_seconds"] <= steps[0]["seconds"]
+    assert "seconds" in json.loads(r.stdout.splitlines()[-1])     # the --json summary keeps it
+    assert records[-1]["event"] == "end" and "seconds" in records[-1]
+
+
+def _train_stderr(env_value, *args):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("GRADTOOL_PROGRESS_SECONDS", None)
+    if env_value is not None:
+        env["GRADTOOL_PROGRESS_SECONDS"] = env_value
+    return subprocess.run([sys.executable, "-m", "gradtool", "train", str(DIGITS), "--data",
+                           str(DIGITS_DATA), *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_plain_progress_lines_when_stderr_is_not_a_terminal():
+    """A pipe (CI, nohup): a plain line per interval, no carriage return; the interval is
+    GRADTOOL_PROGRESS_SECONDS (0: every step, negative: none)."""
+    every = _train_stderr("0", "--steps", "5")
+    assert every.returncode == 0, every.stderr
+    assert "\r" not in every.stderr and "\x1b" not in every.stderr
+    progress = [ln for ln in every.stderr.splitlines() if " ex/s" in ln]
+    assert len(progress) == 5
+    for i, line in enumerate(progress, 1):
+        assert re.fullmatch(rf"gradtool: epoch 1 step {i}/46 loss [0-9.e+-]+ [0-9,]+ ex/s "
+                            rf"\([0-9]+\.[0-9] s\)", line), line
+    quiet = _train_stderr("-1", "--steps", "5")
+    assert quiet.returncode == 0 and " ex/s" not in quiet.stderr
+    bad = _train_stderr("soon", "--steps", "5")
+    assert bad.returncode == 2 and bad.stderr.splitlines() == [
+        "gradtool: GRADTOOL_PROGRESS_SECONDS must be a number of seconds (0: every step, "
+        "negative: no progress lines), got 'soon'"]

@@ -184,7 +184,7 @@ def steps_of(log):
 
 def errors_of(stderr):
     """The stderr lines that are not the run's notes."""
-    notes = ("training:", "validation:", "adam ", "sgd ", "data parallel:")
+    notes = ("training:", "validation:", "adam ", "adam-seed ", "adamw ", "sgd ", "data parallel:")
     return [ln for ln in stderr.splitlines()
             if not (ln.startswith(NOTE) and ln[len(NOTE):].startswith(notes))]
 
@@ -213,6 +213,40 @@ def test_any_number_of_ranks_gives_the_same_bytes_and_losses(tmp_path):
     p = mpirun(2, "train", DIGITS, *common[:-2], "--steps", 15, "--save", part)
     assert p.returncode == 0, p.stderr
     p = mpirun(4, "train", part, "--data", DIGITS_DATA, "--save", part)
+    assert p.returncode == 0, p.stderr
+    assert part.read_bytes() == one.read_bytes()
+
+
+@needs_mpi
+@pytest.mark.parametrize("flags", [
+    ("--optimizer", "adamw", "--amsgrad", "--clip", "0.5", "--lr-schedule", "cosine",
+     "--t-max", "20", "--warmup", "3"),
+    ("--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--weight-decay", "0.001",
+     "--lr", "0.05", "--l2", "0.0001")], ids=["adamw", "sgd-nesterov"])
+def test_the_sharded_optimizer_gives_the_same_bytes_on_1_2_4_ranks(tmp_path, flags):
+    """ZeRO-1: each rank updates and holds the state of its slice only; 1, 2 and 4 ranks
+    write byte-identical checkpoints (a resumed run included), and --json reports each
+    rank's optimizer-state bytes, which add up to one process's."""
+    common = ["--data", DIGITS_DATA, "--shards", 4, "--steps", 12, *flags]
+    one = tmp_path / "w1.msgpack"
+    r = run("train", DIGITS, *common, "--save", one, "--json")
+    assert r.exit_code == 0, r.stderr
+    single = json.loads(r.stdout.splitlines()[-1])["optimizer_state_bytes"]
+    assert len(single) == 1 and single[0] > 0
+    for w in (2, 4):
+        out = tmp_path / f"w{w}.msgpack"
+        p = mpirun(w, "train", DIGITS, *common, "--save", out, "--json")
+        assert p.returncode == 0, p.stderr
+        assert out.read_bytes() == one.read_bytes(), f"{w} ranks"
+        per_rank = json.loads(p.stdout.splitlines()[-1])["optimizer_state_bytes"]
+        assert len(per_rank) == w and sum(per_rank) == single[0]
+        assert max(per_rank) <= single[0] // w + 64, per_rank     # about 1/W each
+    # 6 steps on 2 ranks, 6 more on 4: the same bytes as 12 on one process
+    part = tmp_path / "part.msgpack"
+    half = [a if a != 12 else 6 for a in common]
+    p = mpirun(2, "train", DIGITS, *half, "--save", part)
+    assert p.returncode == 0, p.stderr
+    p = mpirun(4, "train", part, "--data", DIGITS_DATA, "--steps", 6, "--save", part)
     assert p.returncode == 0, p.stderr
     assert part.read_bytes() == one.read_bytes()
 

@@ -145,11 +145,31 @@ class CheckFailed(GradtoolError):
 
 
 def output_file(ctx, param, value):
-    """click callback for an option naming a file to write: an empty name is a usage error
-    (it used to be skipped silently, so nothing was written and nothing said)."""
+    """click callback for an option naming a file to write (``--save``, ``-o``,
+    ``--plot``), run as the command line is parsed, before anything is read or trained:
+    an empty name is a usage error (it used to be skipped silently, so nothing was
+    written and nothing said), and so is a FIFO, a socket, a directory or a device
+    (:func:`gradtool.fileio.check_regular_destination`; a write onto a FIFO waited for a
+    reader forever).  ``-`` (standard output, where a command takes it) passes."""
+    value = stream_file(ctx, param, value)
+    if value is not None and value != "-":
+        from ..fileio import check_regular_destination
+        check_regular_destination(value, _flag(param))
+    return value
+
+
+def stream_file(ctx, param, value):
+    """click callback for an option naming a file written as a stream (``--log``): an
+    empty name is a usage error; a FIFO or ``/dev/stderr`` is written into."""
     if value is not None and not value.strip():
         raise click.BadParameter("an empty file name", ctx=ctx, param=param)
     return value
+
+
+def _flag(param) -> str:
+    """The option as a user spells it: its long name (``--save``, ``--output``)."""
+    names = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    return max(names, key=len) if names else ""
 
 
 def output_file_not_stdout(ctx, param, value):
@@ -191,9 +211,30 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())   # click 
 _NO_SUCH_COMMAND = getattr(click.exceptions, "NoSuchCommand", ())
 
 
+FINALIZER_RETRY_SECONDS = 0.01
+
+
+def interrupt_outside_finalizers(signum, frame):
+    """SIGINT while a command runs: KeyboardInterrupt where the program is, as Python's
+    default handler raises it, except inside a finalizer.  An exception raised in a
+    ``__del__`` (``subprocess.Popen.__del__`` and ``zipfile.ZipFile.__del__`` run during
+    train's start-up) is printed as "Exception ignored in ..." and dropped: the Ctrl-C was
+    lost and the command ran on to its end.  There the same signal is sent again
+    :data:`FINALIZER_RETRY_SECONDS` later, to land outside it."""
+    f, depth = frame, 0
+    while f is not None and depth < 100:
+        if f.f_code.co_name == "__del__":
+            retry = threading.Timer(FINALIZER_RETRY_SECONDS, os.kill, (os.getpid(), signum))
+            retry.daemon = True
+            retry.start()
+            return
+        f, depth = f.f_back, depth + 1
+    raise KeyboardInterrupt
+
+
 class command_interrupts:
     """While a command runs, SIGINT raises KeyboardInterrupt (so the command's cleanups
-    run), where the entry point (``gradtool.__main__.run``) had installed its start-up
+    run; never inside a finalizer: :func:`interrupt_outside_finalizers`), where the entry point (``gradtool.__main__.run``) had installed its start-up
     handler (one line, exit 130, at once); the start-up handler is back afterwards, for
     the reporting and the way out.  Under any other handler (a library caller's,
     CliRunner) nothing changes."""
@@ -204,7 +245,7 @@ class command_interrupts:
             handler = signal.getsignal(signal.SIGINT)
             if getattr(handler, "gradtool_start_up", False):
                 self.old = handler
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGINT, interrupt_outside_finalizers)
         return self
 
     def __exit__(self, *exc):

@@ -107,12 +107,18 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
             result = import_module(model, inputs, loss_fn, loss_inputs,
                                    loss_output=loss_output, dtype=dtype or DEFAULT_DTYPE)
     except TorchImportError as exc:
+        for p in exc.problems:
+            if p.kind == "non-scalar loss" and loss_fn is None:
+                p.detail = ("the module returns outputs, not a scalar loss: name a loss "
+                            "function of this file with --loss NAME (NAME(outputs, "
+                            "*loss_inputs), build() then returning the loss inputs "
+                            "third), or return the loss from forward")
         if as_json:
             click.echo(json.dumps({"unsupported": [
                 {"kind": p.kind, "target": p.target, "count": p.count, "sources": p.sources,
                  "detail": p.detail} for p in exc.problems]}))
-        for line in exc.lines:
-            click.echo(f"gradtool: {spec}: {line}", err=True)
+        for p in exc.problems:
+            click.echo(f"gradtool: {spec}: {p.line()}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     result.save(output)
     if as_json:

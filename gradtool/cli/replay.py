@@ -18,6 +18,7 @@ from ..device.program import rounded_tape, tape_dtype
 from ..errors import GradtoolError
 from ..optim import make_optimizer, optimizer_from_state
 from .choices import RegistryChoice
+from ..optim import table as optim_table
 from .common import CheckFailed, load_tape, memory_budget
 from .tapes import TAPE_HELP
 
@@ -57,8 +58,9 @@ def _json_num(x):
 @click.option("--graph/--no-graph", default=True, show_default=True,
               help="cuda: replay an episode as one CUDA graph, or launch kernel by kernel "
                    "(identical bits). The host backend always runs an episode as one call.")
-@click.option("--train", "train", type=click.Choice(["adam", "sgd"]),
-              help="Include a device optimizer step over every param in each episode.")
+@click.option("--train", "train", type=click.Choice(list(optim_table.NAMES)),
+              help="Include a device optimizer step over every param in each episode "
+                   "(an optimizer of the table, torch's default hyperparameters).")
 @click.option("--lr", type=click.FloatRange(min=0), default=None,
               help="Learning rate for --train (default 0.001).")
 @click.option("--check", is_flag=True,
@@ -76,7 +78,7 @@ def replay_gpu(tape, backend, dtype, episodes, warmup, graph, train, lr, check, 
                as_json):
     """Replay TAPE's episode (forward, backward[, optimizer]) on a device and time it."""
     if lr is not None and not train:
-        raise GradtoolError("--lr needs --train adam|sgd")
+        raise GradtoolError("--lr needs --train " + "|".join(optim_table.NAMES))
     tf = load_tape(tape)
     tp, loss_id = tf.tape, tf.loss.id
     try:

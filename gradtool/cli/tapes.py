@@ -22,7 +22,7 @@ from .. import rowtext
 from ..describe import (Columns, first_mismatch, node_entry, plain_node, shortest, summary_head,
                         summary_json_parts, to_dot)
 from ..errors import GradtoolError
-from ..gradcheck import FD_WORK_BUDGET, fd_cost
+from ..gradcheck import FD_WORK_BUDGET, fd_cost, require_float64, sample_within
 from ..gradcheck import fd_check as run_fd_check
 from ..numerics import NUMERICS_CONTRACTS, NUMERICS_VERSION
 from ..ops import OPS, format_shape
@@ -237,8 +237,7 @@ def verify_recorded(tf: TapeFile) -> int:
                    '"grad": [flat, row-major]}, ...]} in tape order; floats round-trip exactly.')
 @click.option("--hex", "as_hex", is_flag=True,
               help="Write every float as a C99 hex string (float.hex), for bit comparisons.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              callback=output_file_not_stdout,
+@click.option("-o", "--output", metavar="FILE", callback=output_file_not_stdout,
               help="Also write the gradients to this .npz, keyed by param name (or node<ID>).")
 @click.option("--verify", is_flag=True,
               help="First compare every value recorded in the file bit for bit with the "
@@ -338,45 +337,58 @@ def _npz_arrays(tf: TapeFile, grads) -> dict:
 @click.option("--params", "only", metavar="NAME,...",
               help="Check only these params: leaf names, or node ids for unnamed ones "
                    "(7 or node7).")
+@click.option("--sample", type=click.IntRange(min=1), metavar="N",
+              help="Check N elements of each param (all of a smaller one), drawn with "
+                   "--seed.  Default: every element, or, when that is over the budget, "
+                   "the largest N within it (the output says so).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the --sample draw (per param: numpy default_rng((seed, id))).")
 @click.option("--max-evals", type=click.IntRange(min=1), metavar="N",
-              help="Allow up to N loss evaluations (two per parameter element) whatever "
-                   "they cost; without it the estimated work must stay within "
-                   f"{FD_WORK_BUDGET:.3g} operations.")
+              help="Allow up to N loss evaluations (two per parameter element checked) "
+                   "whatever they cost, and check every element unless --sample is given; "
+                   f"without it the estimated work must stay within {FD_WORK_BUDGET:.3g} "
+                   f"operations.")
 @without_gc_pauses
 def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool, only: str,
-             max_evals: int) -> None:
-    """Check backward against central finite differences for every parameter element;
-    exit 0 when all pass, 1 when any fails.  The cost is estimated first: a check
-    over the budget is refused (exit 2) before it starts."""
+             sample, seed: int, max_evals: int) -> None:
+    """Check backward against central finite differences for every parameter element
+    (or a sample); exit 0 when all pass, 1 when any fails.  An element whose difference
+    changes between eps and eps/10 is near a kink (relu, max): it is listed as
+    non-smooth and does not count.  The cost is estimated first: a check over the
+    budget is sampled, or refused (exit 2) before it starts."""
     for opt, val in (("--eps", eps), ("--rtol", rtol), ("--atol", atol)):
         if not (math.isfinite(val) and val >= 0) or (opt == "--eps" and val == 0):
             raise GradtoolError(f"{opt} must be a finite number "
                                 f"{'> 0' if opt == '--eps' else '>= 0'}, got {val!r}")
     tf = load_tape(tape)
+    require_float64(tf.tape, f"{tf.source}: fd-check")
     chosen = _params_option(tf, only)
-    _check_fd_budget(tf, fd_cost(tf.tape, chosen), max_evals)
+    auto = None
+    if sample is None and max_evals is None:
+        auto = sample_within(tf.tape, chosen)          # None: every element fits
+        if auto:
+            sample = auto
+    _check_fd_budget(tf, fd_cost(tf.tape, chosen), fd_cost(tf.tape, chosen, sample),
+                     max_evals, sample)
     with FDProgress(tf) as progress:
         report = run_fd_check(tf.tape, tf.loss, eps=eps, rtol=rtol, atol=atol, params=chosen,
-                              progress=progress.update)
+                              progress=progress.update, sample=sample, seed=seed)
     params = [{"id": p.id, "name": p.name, "shape": list(p.shape),
+               "checked": p.checked, "sampled": p.sampled,
                "max_abs_err": p.max_abs_err, "max_rel_err": p.max_rel_err,
                "worst_index": list(p.worst_index), "analytic": p.analytic,
-               "numeric": p.numeric, "passed": p.passed} for p in report.params]
+               "numeric": p.numeric, "passed": p.passed,
+               "nonsmooth": [{"index": list(n.index), "analytic": n.analytic,
+                              "numeric": n.numeric, "numeric_small": n.numeric_small}
+                             for n in p.nonsmooth]} for p in report.params]
     failed = [p for p in report.params if not p.passed]
+    nonsmooth = sum(len(p.nonsmooth) for p in report.params)
     if as_json:
         _emit_json({"loss": report.loss, "eps": eps, "rtol": rtol, "atol": atol,
-                    "passed": not failed, "params": params})
+                    "sample": sample, "sample_auto": bool(auto), "seed": seed,
+                    "passed": not failed, "nonsmooth": nonsmooth, "params": params})
     else:
-        lines = [f"loss = {report.loss!r}  eps={eps!r} rtol={rtol!r} atol={atol!r}"]
-        lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]),
-                          f"{p['max_abs_err']:.3g}", f"{p['max_rel_err']:.3g}",
-                          "ok" if p["passed"] else
-                          f"FAIL at {p['worst_index']}: analytic {p['analytic']!r}, "
-                          f"numeric {p['numeric']!r}"] for p in params],
-                        ["id", "name", "shape", "max abs err", "max rel err", "verdict"])
-        lines.append(f"{len(failed)} of {len(params)} params FAIL" if failed
-                     else f"all {len(params)} params pass")
-        click.echo("\n".join(lines))
+        click.echo("\n".join(_fd_lines(report, params, failed, nonsmooth, auto, seed)))
     if failed:
         p = failed[0]
         label = f"param {p.id} ({p.name})" if p.name else f"param {p.id}"
@@ -384,6 +396,38 @@ def fd_check(tape: str, eps: float, rtol: float, atol: float, as_json: bool, onl
                           f"{len(params)} params; first {label} at index "
                           f"{list(p.worst_index)}: analytic {p.analytic!r}, "
                           f"numeric {p.numeric!r}")
+
+
+NONSMOOTH_SHOWN = 20          # non-smooth elements listed in the text report
+
+
+def _fd_lines(report, params, failed, nonsmooth, auto, seed) -> list:
+    eps = report.eps
+    lines = [f"loss = {report.loss!r}  eps={eps!r} rtol={report.rtol!r} atol={report.atol!r}"]
+    if report.sample is not None:
+        why = (" (every element would be over the budget; --max-evals N checks them all)"
+               if auto else "")
+        lines.append(f"sampled: {report.sample} elements per param, seed {seed}{why}")
+    lines += _table([[p["id"], p["name"] or "-", format_shape(p["shape"]), p["checked"],
+                      f"{p['max_abs_err']:.3g}", f"{p['max_rel_err']:.3g}",
+                      (f"FAIL at {p['worst_index']}: analytic {p['analytic']!r}, "
+                       f"numeric {p['numeric']!r}") if not p["passed"] else
+                      f"ok ({len(p['nonsmooth'])} non-smooth)" if p["nonsmooth"] else "ok"]
+                     for p in params],
+                    ["id", "name", "shape", "checked", "max abs err", "max rel err", "verdict"])
+    if nonsmooth:
+        lines.append(f"non-smooth (the difference changes between eps={eps!r} and "
+                     f"eps/10: a kink within eps; not counted): {nonsmooth}")
+        shown = [(p, n) for p in params for n in p["nonsmooth"]][:NONSMOOTH_SHOWN]
+        for p, n in shown:
+            lines.append(f"  {p['name'] or 'node%d' % p['id']} {n['index']}: analytic "
+                         f"{n['analytic']!r}, numeric {n['numeric']!r} at eps, "
+                         f"{n['numeric_small']!r} at eps/10")
+        if nonsmooth > len(shown):
+            lines.append(f"  ... and {nonsmooth - len(shown)} more (--json lists them all)")
+    lines.append(f"{len(failed)} of {len(params)} params FAIL" if failed
+                 else f"all {len(params)} params pass")
+    return lines
 
 
 def _params_option(tf: TapeFile, only):
@@ -403,8 +447,9 @@ def _params_option(tf: TapeFile, only):
     return chosen
 
 
-def _check_fd_budget(tf: TapeFile, cost, max_evals) -> None:
-    """Refuse, before it starts, a check over --max-evals or (without it) the work budget."""
+def _check_fd_budget(tf: TapeFile, full, cost, max_evals, sample) -> None:
+    """Refuse, before it starts, a check over --max-evals or (without it) the work budget
+    (``full``: every element's cost, ``cost``: this check's, sampled or not)."""
     if max_evals is not None:
         if cost.evals <= max_evals:
             return
@@ -415,11 +460,14 @@ def _check_fd_budget(tf: TapeFile, cost, max_evals) -> None:
         afford = int(FD_WORK_BUDGET / cost.work_per_eval)
         over = (f"over the budget of {FD_WORK_BUDGET:.3g} operations (about {afford:,} "
                 f"evaluations of this tape)")
+    what = (f"{sample} of each param's elements" if sample is not None and
+            cost.elements < full.elements else
+            f"{cost.params} param{'s' * (cost.params != 1)}, {cost.elements:,} elements")
     raise GradtoolError(
         f"{tf.source}: fd-check would take {cost.evals:,} loss evaluations (2 per element of "
-        f"{cost.params} param{'s' * (cost.params != 1)}, {cost.elements:,} elements) of about "
-        f"{cost.work_per_eval:.3g} operations each, {over}; check fewer params with "
-        f"--params NAME,... or allow it with --max-evals {cost.evals}")
+        f"{what}) of about {cost.work_per_eval:.3g} operations each, {over}; check fewer "
+        f"params with --params NAME,..., fewer elements with --sample N, or allow it with "
+        f"--max-evals {cost.evals}")
 
 
 class FDProgress:

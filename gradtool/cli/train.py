@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import time
 
 import click
+
+from ..optim import table as optim_table
+from ..optim.schedule import KINDS as SCHEDULES
 
 from ..errors import GradtoolError
 from ..train import Reporter, StopFlag, TrainError, TrainOptions, Trainer
@@ -17,7 +21,7 @@ from ..train.distributed import (DEFAULT_TIMEOUT, DistributedError, RankFailure,
 from ..train.engines import engine_names
 from .choices import RegistryChoice
 from .common import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, fail, load_tape, memory_budget,
-                     output_file, silence_stdout)
+                     output_file, silence_stdout, stream_file)
 
 
 def _json_safe(x):
@@ -47,12 +51,36 @@ class JsonlLog(Reporter):
         self.f.close()
 
 
+PROGRESS_ENV = "GRADTOOL_PROGRESS_SECONDS"
+PROGRESS_SECONDS = 5.0          # stderr not a terminal: a plain progress line this often
+
+
+def progress_interval() -> float:
+    """Seconds between the plain progress lines when stderr is not a terminal:
+    ``GRADTOOL_PROGRESS_SECONDS`` (0: every step; a negative number: none), else
+    :data:`PROGRESS_SECONDS` (tqdm's ``mininterval`` idea)."""
+    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    if not raw:
+        return PROGRESS_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise GradtoolError(f"{PROGRESS_ENV} must be a number of seconds (0: every step, "
+                            f"negative: no progress lines), got {raw!r}")
+    return value
+
+
 class Console(Reporter):
-    """Epoch lines on stdout; notes and (on a terminal only) a progress line on stderr."""
+    """Epoch lines on stdout; notes and a progress line on stderr: on a terminal one line,
+    refreshed at most ten times a second; elsewhere (a pipe, a file, CI, nohup) a plain
+    line every :func:`progress_interval` seconds."""
 
     def __init__(self):
         self.tty = sys.stderr.isatty()
-        self._shown = 0.0
+        self.interval = 0.1 if self.tty else progress_interval()
+        self._shown = time.perf_counter() if not self.tty else 0.0
         self._mark = (time.perf_counter(), 0)      # for examples/s
         self._running = None
         self.stdout_gone = False
@@ -63,16 +91,21 @@ class Console(Reporter):
     def step(self, r):
         loss = r["loss"]
         self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
-        if not self.tty:
+        if self.interval < 0:
             return
         now = time.perf_counter()
-        if now - self._shown < 0.1 and r["step"] != r["steps_per_epoch"]:
+        if now - self._shown < self.interval and (not self.tty
+                                                   or r["step"] != r["steps_per_epoch"]):
             return
         t_mark, s_mark = self._mark
         rate = (r["global_step"] - s_mark) * r["batch"] / max(now - t_mark, 1e-9)
         self._mark, self._shown = (now, r["global_step"]), now
-        sys.stderr.write(f"\r\033[Kepoch {r['epoch']} step {r['step']}/{r['steps_per_epoch']} "
-                         f"loss {self._running:.4g} {rate:,.0f} ex/s")
+        text = (f"epoch {r['epoch']} step {r['step']}/{r['steps_per_epoch']} "
+                f"loss {self._running:.4g} {rate:,.0f} ex/s")
+        if self.tty:
+            sys.stderr.write(f"\r\033[K{text}")
+        else:
+            sys.stderr.write(f"gradtool: {text} ({r['seconds']:.1f} s)\n")
         sys.stderr.flush()
 
     def _clear(self):
@@ -102,12 +135,62 @@ class Console(Reporter):
         self._clear()
 
 
+def optimizer_flags(command):
+    """One flag per hyperparameter of the optimizer table (``--momentum``, ``--beta1``,
+    ``--nesterov/--no-nesterov``, ...) and the lr schedule's flags."""
+    seen = {}
+    for entry in optim_table.TABLE.values():
+        for h in entry.hypers:
+            seen.setdefault(h.name, (h, []))[1].append((entry, h))
+    for name, (h, users) in reversed(list(seen.items())):
+        flag = "--" + name.replace("_", "-")
+        docs = {u.doc for _, u in users}
+        if h.kind == "bool":
+            about = h.doc if len(docs) == 1 else "; ".join(f"{e.name}: {u.doc}"
+                                                            for e, u in users)
+            decl = click.option(f"{flag}/--no-{name.replace('_', '-')}", f"hp_{name}",
+                                default=None,
+                                help=f"{about} ({', '.join(e.name for e, _ in users)}).")
+        else:
+            about = "; ".join(f"{e.name}: {u.doc}, default {u.default!r}" for e, u in users)
+            decl = click.option(flag, f"hp_{name}", type=float, default=None,
+                                help=f"{h.name.replace('_', ' ')} ({about}).")
+        command = decl(command)
+    schedule = [
+        click.option("--lr-schedule", "sch_kind", type=click.Choice(list(SCHEDULES)),
+                     default=None, help="Learning-rate schedule after the warmup (default none)."),
+        click.option("--warmup", "sch_warmup", type=click.IntRange(min=0), default=None,
+                     metavar="N", help="Linear warmup from 0 over the first N steps."),
+        click.option("--t-max", "sch_t_max", type=click.IntRange(min=1), default=None,
+                     help="cosine: steps of the half period (T_max)."),
+        click.option("--eta-min", "sch_eta_min", type=click.FloatRange(min=0), default=None,
+                     help="cosine: the lowest lr (eta_min, default 0)."),
+        click.option("--step-size", "sch_step_size", type=click.IntRange(min=1), default=None,
+                     help="step: multiply the lr by gamma every this many steps."),
+        click.option("--gamma", "sch_gamma", type=click.FloatRange(min=0), default=None,
+                     help="step/exponential: the decay factor (default 0.1)."),
+    ]
+    for decl in reversed(schedule):
+        command = decl(command)
+    return command
+
+
+def optimizer_settings(flags: dict) -> dict:
+    """The TrainOptions fields the optimizer_flags give: hparams and schedule (None when
+    none was given)."""
+    hparams = {k[3:]: v for k, v in flags.items() if k.startswith("hp_") and v is not None}
+    schedule = {k[4:]: v for k, v in flags.items() if k.startswith("sch_") and v is not None}
+    return {"hparams": hparams or None, "schedule": schedule or None}
+
+
 @click.command("train")
 @click.argument("tape", metavar="TAPE")
 @click.option("--data", "data", required=True, metavar="DATA.npz",
               help="Training arrays, one per input slot (named const), examples along axis 0.")
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]),
-              help="Optimizer (default: the tape's meta, else adam).")
+@click.option("--optimizer", type=click.Choice(list(optim_table.NAMES)),
+              help="Optimizer: sgd, adam and adamw are torch.optim's formulas; adam-seed is "
+                   "the seed's eps-hat Adam (default: the tape's meta, else adam-seed).")
+@optimizer_flags
 @click.option("--lr", type=float, help="Learning rate (default: meta, else 0.001).")
 @click.option("--epochs", type=click.IntRange(min=1),
               help="Epochs to run (on a saved file: this many more; default: meta, else 1).")
@@ -127,7 +210,7 @@ class Console(Reporter):
               help="Write the trained tape and optimizer state here (atomically).")
 @click.option("--every", type=click.IntRange(min=1), metavar="N",
               help="Also checkpoint to --save every N steps.")
-@click.option("--log", "log", metavar="FILE.jsonl", callback=output_file,
+@click.option("--log", "log", metavar="FILE.jsonl", callback=stream_file,
               help="Write one JSON object per step and per epoch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary as the last line of stdout.")
@@ -146,7 +229,8 @@ class Console(Reporter):
               default=DEFAULT_TIMEOUT, show_default=True, metavar="SEC",
               help="Under MPI: how long a rank waits for another before ending the job.")
 def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val_split, val,
-          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout):
+          accuracy, save, every, log, as_json, backend, fuse, plot, shards, timeout,
+          **flags):
     """Train TAPE's params on DATA.npz, minibatch by minibatch.
 
     The tape's named consts are the input slots; the batch size is their
@@ -169,7 +253,8 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
     options = TrainOptions(optimizer=optimizer, lr=lr, epochs=epochs, steps=steps, clip=clip,
                            l2=l2, seed=seed, shuffle=shuffle, val_split=val_split, val=val,
                            accuracy=accuracy, save=save, every=every, log=log, backend=backend,
-                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget())
+                           fuse=fuse, plot=plot, shards=shards, max_memory=memory_budget(),
+                           **optimizer_settings(flags))
 
     def build():
         if plot and root:
@@ -197,7 +282,10 @@ def train(tape, data, optimizer, lr, epochs, steps, clip, l2, seed, shuffle, val
         plot_losses(plot, result)
     world.finish()
     if as_json:
-        click.echo(json.dumps({k: _json_safe(v) for k, v in result.summary().items()}))
+        summary = result.summary()
+        if result.optimizer_state_bytes is not None:    # each rank's (ZeRO-1: about 1/W)
+            summary["optimizer_state_bytes"] = result.optimizer_state_bytes
+        click.echo(json.dumps({k: _json_safe(v) for k, v in summary.items()}))
     pos = result.position
     saved = f"; saved {result.saved}" if result.saved else ""
     if result.stopped == "nonfinite":

@@ -191,27 +191,22 @@
         else { ctl[1] = R1; ctl[2] = R0; }                                     \
     }
 
-/* The element updates are gt_optim.h's, shared with the CPU reference's compiled
- * step (gt_cpu.c): the gradient clipped (when the norm kernel said so), then L2
- * (g + l2*w) when l2 != 0, then the SGD or Adam update. */
+/* The element update: gt_optim.h's clip and L2 (shared with the CPU reference's
+ * compiled step, gt_cpu.c), then the optimizer table's variant `var`
+ * (gt_optim_table.h, generated from gradtool/optim/table.py) with the step's
+ * scalars at ctl[GT_CTL_SCALARS...]. */
 #include "gt_optim.h"
+#include "gt_optim_table.h"
 
 /* The update kernels do nothing after a non-finite loss (k_guard's ctl[3]). */
 #define GT_SKIP_UPDATE if (ctl[3] == R0) return;
+#define GT_CTL_SCALARS 4
 
-/* w = w - lr*g, lr = ctl[0] */
-#define GT_BODY_k_sgd(i)                                                       \
+#define GT_BODY_k_opt(i)                                                       \
     {                                                                          \
         const gt_real gi_ = gt_opt_grad(g[(i)], w[(i)], use_clip && ctl[2] != R0, ctl[1], l2); \
-        w[(i)] = gt_sgd_step(w[(i)], gi_, ctl[0]);                             \
-    }
-
-/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps),
- * lr_t = ctl[0] */
-#define GT_BODY_k_adam(i)                                                      \
-    {                                                                          \
-        const gt_real gi_ = gt_opt_grad(g[(i)], w[(i)], use_clip && ctl[2] != R0, ctl[1], l2); \
-        w[(i)] = gt_adam_step(w[(i)], gi_, &m[(i)], &v[(i)], b1, b2, omb1, omb2, ctl[0], eps); \
+        gt_real *const s_[3] = {&s0[(i)], &s1[(i)], &s2[(i)]};                 \
+        w[(i)] = gt_opt_table((int)var, w[(i)], gi_, s_, ctl + GT_CTL_SCALARS); \
     }
 
 #endif /* GT_BODIES_H */

@@ -3,8 +3,9 @@
  *     transposed products of their backward rules), gt_matmul.h's kernel;
  *   - gt_sum_rows: numerics.reduce_to_shape's sums over broadcast rows;
  *   - gt_select_zero: expr.select_numpy's select against +0.0 (relu);
- *   - gt_opt_step: one parameter's SGD or Adam update for gradtool/optim.py,
- *     gt_optim.h's element rule;
+ *   - gt_opt_table_step: one parameter's update for gradtool/optim/, the
+ *     optimizer table's element rule (gt_optim_table.h, generated; gt_optim.h's
+ *     clip and L2 first); gt_opt_step: the seed's SGD and Adam through it;
  *   - gt_conv2d*, gt_max_pool2d*: numerics.conv2d's three products and max
  *     pooling, sample by sample (gt_conv.h).
  * The host backend compiles the same two headers into kernels.cu, so both
@@ -52,6 +53,7 @@ typedef double gt_real;
 #define R_MUL(a, b) ((a) * (b))
 #define R_DIV(a, b) ((a) / (b))
 #include "gt_optim.h"
+#include "gt_optim_table.h"
 
 #if defined(__GNUC__)
 #  define GT_CPU_EXPORT __attribute__((visibility("default")))
@@ -187,58 +189,76 @@ GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, con
 
 #endif
 
-/* ---- the optimizer step --------------------------------------------------- */
-typedef struct {
-    gt_real *w, *m, *v;
-    const gt_real *g;
-    long long per_chunk, n;
-    int adam, clipped;
-    gt_real scale, l2, lr, b1, b2, omb1, omb2, eps;  /* lr: SGD's lr or Adam's lr_t */
-} gt_opt_job;
+#define GT_OPT_PAR_MIN 65536LL     /* elements below which an update runs serially */
 
-static void gt_opt_chunk(void *arg, long long chunk)
+/* ---- the optimizer table's step ------------------------------------------- */
+typedef struct {
+    gt_real *w, *s[GT_OPT_MAX_SLOTS];
+    const gt_real *g, *sc;
+    long long per_chunk, n;
+    int id, clipped;
+    gt_real scale, l2;
+} gt_opt_table_job;
+
+static void gt_opt_table_chunk(void *arg, long long chunk)
 {
-    const gt_opt_job *j = (const gt_opt_job *)arg;
+    const gt_opt_table_job *j = (const gt_opt_table_job *)arg;
     const long long lo = chunk * j->per_chunk;
     const long long hi = lo + j->per_chunk < j->n ? lo + j->per_chunk : j->n;
-    gt_real *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
-    const gt_real *restrict g = j->g;
-    if (j->adam) {
-        for (long long i = lo; i < hi; ++i) {
-            const gt_real gi = gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2);
-            w[i] = gt_adam_step(w[i], gi, &m[i], &v[i], j->b1, j->b2, j->omb1, j->omb2, j->lr,
-                                j->eps);
-        }
-    } else {
-        for (long long i = lo; i < hi; ++i)
-            w[i] = gt_sgd_step(w[i], gt_opt_grad(g[i], w[i], j->clipped, j->scale, j->l2), j->lr);
+    gt_real dummy[GT_OPT_MAX_SLOTS];
+    for (long long i = lo; i < hi; ++i) {
+        gt_real *s[GT_OPT_MAX_SLOTS];
+        for (int k = 0; k < GT_OPT_MAX_SLOTS; ++k) s[k] = j->s[k] ? j->s[k] + i : &dummy[k];
+        const gt_real gi = gt_opt_grad(j->g[i], j->w[i], j->clipped, j->scale, j->l2);
+        j->w[i] = gt_opt_table(j->id, j->w[i], gi, s, j->sc);
     }
 }
 
-#define GT_OPT_PAR_MIN 65536LL     /* elements below which an update runs serially */
-
-/* One parameter's update, n elements in place (gradtool/optim.py's order):
- * g' = g (* scale when clipped) (+ l2*w when l2 != 0), then SGD
- * w = w - lr*g' (adam = 0; m, v unused) or Adam with lr = lr_t.  Large
- * parameters are split over the thread pool by element ranges. */
-GT_CPU_EXPORT void gt_opt_step(int adam, long long n, gt_real *w, const gt_real *g, gt_real *m,
-                               gt_real *v, int clipped, double scale, double l2, double lr,
-                               double b1, double b2, double omb1, double omb2, double eps)
+/* One parameter's update by the optimizer table's variant `id`
+ * (gradtool.optim.table.variant_list), n elements in place: g' = g (* scale when
+ * clipped) (+ l2*w when l2 != 0), then the variant's rule with the scalars sc
+ * (Entry.scalar_names' order) and the slots s0..s2 (NULL past the entry's). */
+GT_CPU_EXPORT void gt_opt_table_step(int id, long long n, gt_real *w, const gt_real *g,
+                                     gt_real *s0, gt_real *s1, gt_real *s2, int clipped,
+                                     double scale, double l2, const double *sc)
 {
     GT_FP_ENTER(saved);
-    gt_opt_job job = {w, m, v, g, n, n, adam, clipped, (gt_real)scale, (gt_real)l2,
-                      (gt_real)lr, (gt_real)b1, (gt_real)b2, (gt_real)omb1, (gt_real)omb2,
-                      (gt_real)eps};
+#ifdef GT_CPU_F32
+    /* float32: the scalars (sc holds GT_OPT_MAX_SCALARS: optim.core._pack pads it),
+     * scale and l2 rounded to float once, as numerics32 rounds a Python number */
+    gt_real scr[GT_OPT_MAX_SCALARS];
+    for (int k = 0; k < GT_OPT_MAX_SCALARS; ++k) scr[k] = (gt_real)sc[k];
+#else
+    const gt_real *scr = sc;
+#endif
+    gt_opt_table_job job = {w, {s0, s1, s2}, g, scr, n, n, id, clipped, (gt_real)scale,
+                            (gt_real)l2};
     const int threads = atomic_load(&gt_pool.threads);
     if (threads > 1 && n >= GT_OPT_PAR_MIN && gt_pool_wanted()) {
         const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
         job.per_chunk = ((n + chunks - 1) / chunks + 63) / 64 * 64;
-        gt_pool_run(gt_opt_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, threads,
-                    gt_fp_clean(saved));
+        gt_pool_run(gt_opt_table_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk,
+                    threads, gt_fp_clean(saved));
     } else {
-        gt_opt_chunk(&job, 0);
+        gt_opt_table_chunk(&job, 0);
     }
     GT_FP_LEAVE(saved);
+}
+
+/* The seed's entry point: SGD (adam = 0: w - lr*g') or the seed's Adam (lr = lr_t),
+ * n elements in place, as the optimizer table's sgd and adam-seed variants
+ * (gt_opt_table_step: one rendering of each rule). */
+GT_CPU_EXPORT void gt_opt_step(int adam, long long n, gt_real *w, const gt_real *g, gt_real *m,
+                               gt_real *v, int clipped, double scale, double l2, double lr,
+                               double b1, double b2, double omb1, double omb2, double eps)
+{
+    if (adam) {   /* adam-seed's scalars: beta1, beta2, eps, 1-beta1, 1-beta2, lr_t */
+        double sc[GT_OPT_MAX_SCALARS] = {b1, b2, eps, omb1, omb2, lr};
+        gt_opt_table_step(GT_OPT_ID_ADAM_SEED_0, n, w, g, m, v, NULL, clipped, scale, l2, sc);
+    } else {      /* sgd's: momentum, dampening, nesterov, weight_decay, maximize, lr, 1-d, first */
+        double sc[GT_OPT_MAX_SCALARS] = {0.0, 0.0, 0.0, 0.0, 0.0, lr, 1.0, 1.0};
+        gt_opt_table_step(GT_OPT_ID_SGD_0, n, w, g, NULL, NULL, NULL, clipped, scale, l2, sc);
+    }
 }
 
 #ifdef GT_PYTHON

@@ -612,32 +612,19 @@
     const long long *lens = gt_m; gt_m += np; \
     (void)gt_m; (void)ctl; (void)clip; (void)np; (void)offs; (void)lens;
 
-/* k_sgd: w = w - lr*g after clip and L2 */
-#define GT_ARGS_k_sgd \
+/* k_opt: one param's update after clip and L2: the optimizer table's variant var (gt_optim_table.h), slots s0..s2 (w's offset where unused), scalars ctl[4:] */
+#define GT_ARGS_k_opt \
     const long long *gt_m = M + 1; \
     gt_real *GT_RESTRICT w = W + *gt_m++; \
     const gt_real *GT_RESTRICT g = W + *gt_m++; \
+    gt_real *GT_RESTRICT s0 = W + *gt_m++; \
+    gt_real *GT_RESTRICT s1 = W + *gt_m++; \
+    gt_real *GT_RESTRICT s2 = W + *gt_m++; \
     const gt_real *GT_RESTRICT ctl = W + *gt_m++; \
     const long long use_clip = *gt_m++; \
     const gt_real l2 = GT_S(*gt_m++); \
-    (void)gt_m; (void)w; (void)g; (void)ctl; (void)use_clip; (void)l2;
-
-/* k_adam: Adam's moments and update after clip and L2 (gradtool.optim's order) */
-#define GT_ARGS_k_adam \
-    const long long *gt_m = M + 1; \
-    gt_real *GT_RESTRICT w = W + *gt_m++; \
-    const gt_real *GT_RESTRICT g = W + *gt_m++; \
-    gt_real *GT_RESTRICT m = W + *gt_m++; \
-    gt_real *GT_RESTRICT v = W + *gt_m++; \
-    const gt_real *GT_RESTRICT ctl = W + *gt_m++; \
-    const long long use_clip = *gt_m++; \
-    const gt_real l2 = GT_S(*gt_m++); \
-    const gt_real b1 = GT_S(*gt_m++); \
-    const gt_real b2 = GT_S(*gt_m++); \
-    const gt_real omb1 = GT_S(*gt_m++); \
-    const gt_real omb2 = GT_S(*gt_m++); \
-    const gt_real eps = GT_S(*gt_m++); \
-    (void)gt_m; (void)w; (void)g; (void)m; (void)v; (void)ctl; (void)use_clip; (void)l2; (void)b1; (void)b2; (void)omb1; (void)omb2; (void)eps;
+    const long long var = *gt_m++; \
+    (void)gt_m; (void)w; (void)g; (void)s0; (void)s1; (void)s2; (void)ctl; (void)use_clip; (void)l2; (void)var;
 
 /* every kernel, in the order of the host interpreter's table */
 #define GT_KERNELS(X) \
@@ -756,8 +743,7 @@
     X(k_from_f64) \
     X(k_guard) \
     X(k_clip_norm) \
-    X(k_sgd) \
-    X(k_adam) \
+    X(k_opt) \
     /* end */
 
 #endif /* GT_OPS_H */

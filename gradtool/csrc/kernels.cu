@@ -1032,20 +1032,12 @@ GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
     GT_LOOP(z, M[0]) GT_BODY_k_clip_norm(z)
 }
 
-/* w = w - lr*g */
-GT_KERNEL k_sgd(gt_real *W, const long long *M)
+/* one param's update: the optimizer table's variant var (gt_optim_table.h) */
+GT_KERNEL k_opt(gt_real *W, const long long *M)
 {
-    GT_ARGS_k_sgd
+    GT_ARGS_k_opt
     GT_SKIP_UPDATE                                     /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) GT_BODY_k_sgd(i)
-}
-
-/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*(g*g); w = w - (lr_t*m)/(sqrt(v)+eps) */
-GT_KERNEL k_adam(gt_real *W, const long long *M)
-{
-    GT_ARGS_k_adam
-    GT_SKIP_UPDATE                                     /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) GT_BODY_k_adam(i)
+    GT_LOOP(i, M[0]) GT_BODY_k_opt(i)
 }
 
 /* ========================================================================
@@ -1074,7 +1066,7 @@ GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
  * pool (gt_matmul.h), each thread walking its own slice of the indices
  * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
 #define GT_SPLIT_KERNELS(X)                                                    \
-    X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_sgd, 2) X(k_adam, 8)    \
+    X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_opt, 10)    \
     X(k_avg_pool, 8) X(k_avg_pool_bwd, 16)                                     \
     GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
 #define GT_SPLIT_MIN (1LL << 18)

@@ -76,8 +76,8 @@ class Backend(Protocol):
       every launch already enqueued and before every later one;
     * ``read(off, n)`` -> float64 array, and ``scalar(off)`` -> float: wait for the
       enqueued work, then read;
-    * ``set_scalar(off, value)``: one value (the optimizer's per-step control scalar),
-      rounded to the arena's dtype, stream-ordered like ``write``;
+    * ``set_scalars(off, values)``: a few values (the optimizer's per-step control
+      scalars, ``ctl[4:]``) rounded to the arena's dtype, stream-ordered like ``write``;
     * ``synchronize()``: wait for everything enqueued;
     * ``nbytes``: the device memory it holds (arena and metadata);
     * ``describe()``: one line naming the device and dtype, for reports.
@@ -101,7 +101,7 @@ class Backend(Protocol):
 
     def scalar(self, off: int) -> float: ...
 
-    def set_scalar(self, off: int, value: float) -> None: ...
+    def set_scalars(self, off: int, values) -> None: ...
 
     def synchronize(self) -> None: ...
 

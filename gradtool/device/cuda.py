@@ -7,9 +7,9 @@ runtime -- PyTorch, CuPy -- uses too: with a context of PyCUDA's own
 same process (``cudaSetDevice``) makes the primary context current, and
 every later PyCUDA call then runs against the wrong context.
 
-The kernel file is compiled once per process and dtype (``SourceModule``,
-cached by a hash of the source with gt_math.h inlined, so a header change
-cannot hit a stale cubin) with :func:`nvcc_options`: ``--fmad=false`` on
+The kernel file is compiled once per process and dtype (PyCUDA's nvcc call,
+the cubin cached by gradtool under a hash of the source with gt_math.h
+inlined, so a header change cannot hit a stale cubin: :func:`_cubin`) with :func:`nvcc_options`: ``--fmad=false`` on
 top of the explicit ``__d*_rn`` intrinsics (the inner products' one fused
 operation is the explicit ``__fma_rn``, which ``--fmad=false`` leaves alone).  The kernels are declared
 ``extern "C"`` in the file itself (hence ``no_extern_c=True``), so their
@@ -51,6 +51,7 @@ import weakref
 
 import numpy as np
 
+from .. import native
 from ..errors import GradtoolError
 from ..native import CSRC
 from ..ops import pack
@@ -127,7 +128,8 @@ def kernel_source() -> str:
 
 
 def nvcc_options(dtype: str) -> list:
-    """The options SourceModule hands nvcc (PyCUDA adds --cubin, -arch sm_XY and -I)."""
+    """The options :func:`_cubin` hands nvcc (PyCUDA's compile adds --cubin, -arch sm_XY
+    and -I)."""
     return ["--fmad=false"] + (["-DGT_REAL_F32", "-ftz=false"] if dtype == "f32" else [])
 
 
@@ -164,26 +166,41 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
     return " ".join(str(exc).split())[:limit]
 
 
+def _cubin(src: str, dtype: str) -> bytes:
+    """nvcc's cubin of ``src`` for the current device, from gradtool's cache
+    (``$GRADTOOL_CACHE/cuda``, :func:`gradtool.native.cached_bytes`: written by an atomic
+    rename, its temporaries of killed builds swept), keyed by the source, the options,
+    the device's architecture and nvcc's version.  Not PyCUDA's own cubin cache, which
+    writes its file in place: a build killed mid-write left a truncated cubin that every
+    later run failed to load."""
+    import pycuda.driver as drv
+    from pycuda.compiler import compile as nvcc_compile
+    from pycuda.compiler import get_nvcc_version
+
+    options = nvcc_options(dtype)
+    arch = "sm_%d%d" % drv.Context.get_device().compute_capability()
+    key = hashlib.sha256("\0".join([src, *options, arch, get_nvcc_version("nvcc")])
+                         .encode()).hexdigest()[:32]
+    cubin, _ = native.cached_bytes(
+        native.cache_dir() / "cuda", f"gt_{dtype}_{key}.cubin",
+        lambda: nvcc_compile(src, options=options, no_extern_c=True, arch=arch,
+                             cache_dir=False))
+    return cubin
+
+
 def _module(dtype: str, src: str = None, label: str = None):
     """The compiled module of ``src`` (default: kernels.cu with its headers), per process
     and dtype, keyed by a hash of the source."""
     _ensure_context()
     import pycuda.driver as drv
-    from pycuda.compiler import SourceModule
 
     src = kernel_source() if src is None else src
     label = label or str(CSRC / "kernels.cu")
     key = (hashlib.sha256(src.encode()).hexdigest(), dtype)
     if key in _MODULES:
         return _MODULES[key]
-    build = functools.partial(SourceModule, src, options=nvcc_options(dtype), no_extern_c=True)
     try:
-        try:
-            module = build()
-        except OSError:
-            # PyCUDA's on-disk cubin cache (PYCUDA_CACHE_DIR, else the user cache folder)
-            # cannot be created or written, e.g. a read-only home: compile without it
-            module = build(cache_dir=False)
+        module = drv.module_from_buffer(_cubin(src, dtype))
     except drv.CompileError as exc:       # nvcc ran and failed: its message names the line
         raise GradtoolError(f"nvcc could not compile {label}: {_one_line(exc)}") from None
     except OSError as exc:                # nvcc missing or not runnable
@@ -482,6 +499,12 @@ class CudaBackend:
     def set_scalar(self, off: int, value: float) -> None:
         # one value (the step's lr_t): rounded here, no conversion launch per step
         buf = np.array([value], dtype=self.dtype)
+        self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
+        self._held.append(buf)
+
+    def set_scalars(self, off: int, values) -> None:
+        # the optimizer's per-step scalars: one copy, rounded here
+        buf = np.array(values, dtype=self.dtype)
         self.drv.memcpy_htod_async(self._ptr(off), buf, self.stream)
         self._held.append(buf)
 

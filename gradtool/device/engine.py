@@ -27,10 +27,11 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import GradtoolError
-from ..ops import bad_id, bad_rng, inexact_int
+from ..errors import GradtoolError, IdsError
+from ..ops import bad_id, bad_rng, first_bad_id, inexact_int
 from ..tape import GVar, as_float64_array, as_ids_array, check_ids, is_index
 from . import backends
+from .optimizer import CTL_SCALARS
 from .program import DTYPES, EXACT_INTS, CaptureError, capture_program, rounded_tape
 
 # the registry's names when this module was imported (kept for old imports; the
@@ -144,13 +145,17 @@ class DeviceReplay:
             return
         self.dev.write(prog.err_off, np.zeros(1))
         for node, ids, bound in prog.computed_ids:
-            problem = bad_id(self.dev.read(prog.val_off[ids], prog.size_of(ids))
-                             .reshape(prog.shapes[ids]), bound)
+            values = self.dev.read(prog.val_off[ids], prog.size_of(ids)).reshape(
+                prog.shapes[ids])
+            problem = bad_id(values, bound)
             if problem:
-                raise GradtoolError(f"node {node} ({self.tape.nodes[node].op}): its ids, "
-                                    f"computed by node {ids} ({self.tape.nodes[ids].op}): "
-                                    f"{problem} (table "
-                                    f"{list(prog.shapes[self.tape.nodes[node].a])})")
+                k = first_bad_id(values, bound)
+                raise IdsError(f"node {node} ({self.tape.nodes[node].op}): its ids, "
+                               f"computed by node {ids} ({self.tape.nodes[ids].op}): "
+                               f"{problem} (table "
+                               f"{list(prog.shapes[self.tape.nodes[node].a])})",
+                               node=node, ids_node=ids, bound=bound, index=k,
+                               value=float(np.ravel(values)[k]))
         raise GradtoolError("a take/take_along kernel met a bad id, but no computed ids "
                             "hold one now")
 
@@ -161,7 +166,7 @@ class DeviceReplay:
         if self.optimizer is None:
             raise GradtoolError("this replay was captured without an optimizer")
         before = self.optimizer.counters()
-        self.dev.set_scalar(self.program.ctl_off, self.optimizer.begin_step())
+        self.dev.set_scalars(self.program.ctl_off + CTL_SCALARS, self.optimizer.begin_step())
         return before
 
     def _settle_step(self, before: tuple) -> float:

@@ -67,7 +67,7 @@ MAX_THREADS = 256          # threads per block of a block kernel
 MAX_ROW_WIDTH = 8192       # elements per row (per block) a block kernel takes on
 MIN_THREADS = 32
 HEADERS = ("gt_fused.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
-           "host_prelude.h")
+           "host_prelude.h", "gt_optim.h", "gt_optim_table.h")
 
 
 # ── launches and kernels ──────────────────────────────────────────────────
@@ -260,7 +260,7 @@ def fusable_kernel(name: str) -> bool:
         fam = contract(name).name
     except KeyError:
         return False
-    return fam in FAMILIES or name in BLOCK_KERNELS or name in ("k_adam", "k_sgd")
+    return fam in FAMILIES or name in BLOCK_KERNELS or name == "k_opt"
 
 
 # ── grouping ──────────────────────────────────────────────────────────────
@@ -470,7 +470,7 @@ def fuse(tape, program, *, max_threads: int = MAX_THREADS):
     # optimizer: guard and clip norm in one single-block kernel, every update in one kernel
     opt = list(program.launches["optimizer"])
     serial = [la for la in opt if la.kernel in ("k_guard", "k_clip_norm")]
-    updates = [la for la in opt if la.kernel in ("k_adam", "k_sgd")]
+    updates = [la for la in opt if la.kernel == "k_opt"]
     if opt != serial + updates:
         raise GradtoolError("fusion: the optimizer launches are not guard, clip norm, updates")
     optimizer = block("optimizer", "serial", 1, serial)

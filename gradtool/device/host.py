@@ -28,7 +28,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,8 +43,7 @@ from .staging import Staging
 
 CSRC = native.CSRC
 SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h",
-           "gt_ops.h",
-           "gt_matmul.h", "gt_conv.h", "gt_optim.h")
+           "gt_ops.h", "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 
@@ -141,9 +139,10 @@ def host_library(source: str, dtype: str):
     t0 = time.perf_counter()
     folder = native.cache_dir() / "fused"
     folder.mkdir(parents=True, exist_ok=True)
+    native.sweep_temporaries(folder, ".tmp")         # those of killed builds
     path = folder / f"gtf_{digest[:24]}.c"
     if not path.exists() or path.read_text() != source:
-        fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=folder)
+        fd, tmp = native.cache_temporary(folder, path.stem, ".tmp")
         with os.fdopen(fd, "w") as fh:
             fh.write(source)
         os.replace(tmp, path)
@@ -239,6 +238,9 @@ class HostBackend:
 
     def set_scalar(self, off: int, value: float) -> None:
         self.arena[off] = value
+
+    def set_scalars(self, off: int, values) -> None:
+        self.arena[off:off + len(values)] = values
 
     def synchronize(self) -> None:
         pass

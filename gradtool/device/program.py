@@ -40,7 +40,8 @@ from ..budget import DEFAULT_MEMORY, human_bytes
 from ..ops import OPS, RNG_NAME, attr, bad_rng, inexact_int, infer_shape
 from ..tape import reach
 from .launch import CaptureError, Launch, launch
-from .optimizer import plan_optimizer
+from ..optim import table as optim_table
+from .optimizer import CTL_SIZE, plan_optimizer
 
 MAX_DIMS = 8                      # GT_MAXD in kernels.cu
 DTYPES = {"f64": np.float64, "f32": np.float32}
@@ -385,7 +386,7 @@ def capture_program(tape, loss: int, dtype: Optional[str] = None, optimizer=None
     for i in sorted(b.fresh):
         grad_off[i] = b.alloc(b.n(i))
     grad_end = b.size
-    ctl_off = b.alloc(4)
+    ctl_off = b.alloc(CTL_SIZE)
     if any(OPS[n.op].id_inputs for n in tape.nodes):
         b.err_off = b.alloc(1)
     takes = [TakeIndex(leaf, i, rows, b.alloc(b.n(leaf)), b.alloc(rows + 1))
@@ -429,7 +430,7 @@ def capture_program(tape, loss: int, dtype: Optional[str] = None, optimizer=None
         prog.optimizer = plan_optimizer(b, prog, optimizer)
         prog.launches["optimizer"] = prog.optimizer.launches
     prog.init.append((ctl_off, np.array([prog.optimizer.lr if prog.optimizer else 0.0, 1.0, 0.0,
-                                          1.0])))
+                                          1.0] + [0.0] * optim_table.MAX_SCALARS)))
     if b.err_off >= 0:
         prog.init.append((b.err_off, np.zeros(1)))
     prog.size = b.size

@@ -5,6 +5,13 @@
     result.save("model.msgpack")                     # gradtool train model.msgpack ...
     load_weights(model, "trained.msgpack")           # the trained params back, by name
 
+Or keep your own training loop (``gradtool/interop/wrap.py``)::
+
+    import gradtool.interop.torch as gtt
+    gm = gtt.wrap(model, (x, y), backend="cpu", loss_fn=F.cross_entropy)
+    loss = gm(x, y); loss.backward()                 # gradtool's gradients into .grad
+    gtt.clip_grad_norm_(model.parameters(), 1.0)     # gradtool train --clip's norm
+
 How it works (``docs/torch.md``):
 
 1. ``torch.export.export(module, inputs)`` then ``run_decompositions()`` give a
@@ -105,6 +112,13 @@ class Problem:
         return f"{self.kind} {self.target} (x{self.count}) at {where}{more}{detail}"
 
 
+# what a module returning outputs (logits) instead of its loss is told; the command line
+# says --loss NAME instead (gradtool/cli/interop.py)
+NOT_A_LOSS = ("the module returns outputs, not a scalar loss: pass loss_fn= (a function "
+              "of the outputs and the targets, e.g. loss_fn=F.cross_entropy), or return "
+              "the loss from forward")
+
+
 class TorchImportError(GradtoolError):
     """The module cannot be imported: ``problems`` lists every offending target (one
     :class:`Problem` each, with its count and the user's source lines)."""
@@ -115,6 +129,26 @@ class TorchImportError(GradtoolError):
         n = len(problems)
         super().__init__(f"cannot import the module ({n} problem{'s' * (n != 1)}):\n  "
                          + "\n  ".join(self.lines))
+
+
+class WeightsError(TorchImportError):
+    """:func:`load_weights` refused: the tape's params and the module's do not match.  One
+    line (a load has no source lines): each kind of mismatch with its count and the
+    first few names; ``problems`` lists them all."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+        self.lines = [p.line() for p in problems]
+        groups: dict = {}
+        for p in problems:
+            groups.setdefault(p.kind, []).append(p)
+        parts = []
+        for kind, ps in groups.items():
+            shown = [p.target + (f" ({p.detail})" if p.detail else "") for p in ps[:4]]
+            more = f", and {len(ps) - 4} more" if len(ps) > 4 else ""
+            parts.append(f"{kind} {', '.join(shown)}{more}")
+        GradtoolError.__init__(self, "cannot load the weights into the module: "
+                               + "; ".join(parts))
 
 
 class _Problems:
@@ -131,8 +165,8 @@ class _Problems:
     def __bool__(self):
         return bool(self.by_key)
 
-    def error(self) -> TorchImportError:
-        return TorchImportError(list(self.by_key.values()))
+    def error(self, cls=None) -> TorchImportError:
+        return (cls or TorchImportError)(list(self.by_key.values()))
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -202,6 +236,9 @@ class TorchImport:
     input_dtypes: dict
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
     check: dict = field(default_factory=dict)     # an f32 import's check (_as_f32)
+    out_spec: Any = None          # the pytree structure of the module's outputs (torch's)
+    out_dtypes: list = field(default_factory=list)  # each user output's exported dtype
+    out_shapes: list = field(default_factory=list)  # ... and shape (a 0-dim loss: [])
 
     def meta(self) -> dict:
         return {"torch": {
@@ -395,7 +432,8 @@ def _import_f64(module, example_inputs, loss_fn, loss_inputs, input_names, loss_
     # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
     with _float64_default(torch), _custom_functions(torch) as custom:
         try:
-            ep = torch.export.export(m64, args)
+            with _stderr_kept(lambda exc: hasattr(exc, "partial_fx_graph")):
+                ep = torch.export.export(m64, args)
         except Exception as exc:      # torch's own refusal (data-dependent control flow...)
             raise _torch_failed("torch.export", exc) from None
     if custom:
@@ -508,26 +546,97 @@ def _defined_at(fn) -> str:
 
 
 @contextlib.contextmanager
+def _stderr_kept(drop):
+    """What the block writes to ``sys.stderr``, held back and written after it, except
+    when it raises an exception ``drop(exc)`` accepts: torch.export prints the partial
+    graph of a failed export (33 lines for one ``if h.mean() > 0:``) straight to stderr
+    before raising, and the import reports that failure in one line of its own."""
+    import io
+    import sys
+    held, real = io.StringIO(), sys.stderr
+    sys.stderr = held
+    try:
+        yield
+    except Exception as exc:
+        sys.stderr = real
+        if not drop(exc):
+            real.write(held.getvalue())
+        raise
+    else:
+        sys.stderr = real
+        real.write(held.getvalue())
+    finally:
+        sys.stderr = real
+
+
+@contextlib.contextmanager
+def _quiet_leafspec():
+    """torch 2.13's own ``run_decompositions`` deep-copies a pytree ``LeafSpec``, which
+    warns (``FutureWarning: isinstance(treespec, LeafSpec) is deprecated``) from inside
+    torch: nothing the user wrote or can change, so that one warning is not shown."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
 def _float64_default(torch):
     """torch's default dtype float64 while the forward is traced, re-traced by
     run_decompositions and folded: the tensors it creates without a dtype are float64.
     torch's fake-tensor logger is quiet meanwhile: it logs a traceback for an op that
-    fails on the example shapes, which the import reports itself, in one line."""
+    fails on the example shapes, which the import reports itself, in one line; so is its
+    symbolic-shapes logger, which dumps the graph before a data-dependent branch fails."""
     default = torch.get_default_dtype()
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
+    loggers = [logging.getLogger(name) for name in (
+        "torch._subclasses.fake_tensor",
+        "torch.fx.experimental.symbolic_shapes")]    # a data-dependent guard's graph dump
+    levels = [logger.level for logger in loggers]
     torch.set_default_dtype(torch.float64)
-    logger.setLevel(logging.CRITICAL)
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
         torch.set_default_dtype(default)
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _torch_failed(step: str, exc: Exception) -> TorchImportError:
+    """torch's own refusal as one Problem, at the user's line where torch's message names
+    one (``The following call raised this error: File "model.py", line 7 ...``).  A branch
+    on a tensor's value (``if h.mean() > 0:``) says so, with its line, in place of torch's
+    paragraphs of advice."""
+    text = str(exc)
+    where = _user_frame(text)
+    if "DataDependent" in type(exc).__name__ and where:
+        return TorchImportError([Problem(
+            "data-dependent control flow", "(Python branching on a tensor's value)",
+            sources=[where], count=1, detail=(
+                "torch.export records one path through the forward, so it cannot follow an "
+                "if on a tensor's value; compute both sides and pick with torch.where, or "
+                "decide it outside the model"))])
+    first = text.split("\n\n")[0]             # torch's advice and dumps follow
     return TorchImportError([Problem(f"{step} failed:", type(exc).__name__, count=1,
-                                     detail=" ".join(str(exc).split())[:500])])
+                                     sources=[where] if where else [],
+                                     detail=" ".join(first.split())[:500])])
+
+
+def _user_frame(text: str) -> Optional[str]:
+    """``path:line (function): code`` of the last frame outside torch in a traceback
+    quoted in ``text`` (torch's export errors quote the call that raised)."""
+    lines = text.splitlines()
+    found = None
+    for i, line in enumerate(lines):
+        m = _FRAME.search(line)
+        if m and not m.group(1).startswith(_torch_dir()):
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
+                lines[i + 1]) else ""
+            found = (f"{_display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
+                     + (f": {code}" if code else ""))
+    return found
 
 
 def _as_f64(t):
@@ -556,24 +665,42 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     index_put; an op whose decomposition is not the op),
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
-    ep = _detach_no_grad_blocks(ep, torch)
-    ep = _keep_dropouts(ep, torch)
+    with _quiet_leafspec():              # both deep-copy the program
+        ep = _detach_no_grad_blocks(ep, torch)
+        ep = _keep_dropouts(ep, torch)
     table = torch.export.default_decompositions()
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
-    with _float64_default(torch):
+    with _float64_default(torch), _quiet_leafspec():
         try:
             decomposed = ep.run_decompositions(table)
         except Exception as exc:      # a decomposition torch cannot trace
             raise _torch_failed("run_decompositions", exc) from None
         result = _Importer(decomposed, input_names, loss_output, strip).run()
+        result.out_spec = ep.call_spec.out_spec
+        outs = _user_outputs(decomposed)
+        result.out_dtypes = [getattr(v, "dtype", None) for v in outs]
+        result.out_shapes = [tuple(v.shape) if hasattr(v, "shape") else None for v in outs]
         problems = _Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
     if problems:
         raise problems.error()
     return result
+
+
+def _user_outputs(ep) -> list:
+    """The exported value (a fake tensor: dtype, shape) of each user output, in the
+    flattened order of ``out_spec`` (``None`` where there is none)."""
+    from torch.export.graph_signature import OutputKind
+    outs = list(ep.graph_module.graph.output_node().args[0])
+    dtypes = []
+    for spec, out in zip(ep.graph_signature.output_specs, outs):
+        if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+            val = out.meta.get("val") if hasattr(out, "meta") else None
+            dtypes.append(val)
+    return dtypes
 
 
 def _eval_loss(tape, loss) -> float:
@@ -767,6 +894,8 @@ class _Importer:
                     self.env[node] = val           # a specialised Python value
                     continue
                 self._input(node, val, name)
+            elif spec.kind == getattr(IK, "TOKEN", None):
+                self.env[node] = _MISSING       # threads with_effects nodes (below) only
             else:
                 self.problems.add("unsupported input kind", str(spec.kind), node)
 
@@ -914,6 +1043,11 @@ class _Importer:
                 continue
             if name == "<built-in function getitem>":
                 continue
+            if name == "with_effects":
+                effect = str(node.args[1])      # an op run for its side effect
+                if effect not in _ERROR_CHECKS:
+                    self.problems.add("unsupported op", effect, node)
+                continue
             complex_ = _complex(node, torch)
             entry = (A.COMPLEX if complex_ else A.ATEN).get(name)
             if entry is None:
@@ -945,7 +1079,8 @@ class _Importer:
             if name in A.SKIP:
                 continue
             inputs = node.all_input_nodes
-            if any(self.env.get(n, _MISSING) is _MISSING for n in inputs):
+            if name == "with_effects" or any(self.env.get(n, _MISSING) is _MISSING
+                                             for n in inputs):
                 self.env[node] = _MISSING
                 continue
             if name == "<built-in function getitem>":
@@ -1001,7 +1136,7 @@ class _Importer:
             shape = list(val.shape) if isinstance(val, torch.Tensor) else type(val).__name__
             self.problems.add("non-scalar loss", f"of shape {shape}",
                               loss_node if hasattr(loss_node, "meta") else None,
-                              "return a scalar loss from the module, or pass loss_fn=")
+                              NOT_A_LOSS)
             return None, {}
         loss = self.env.get(loss_node, _MISSING)
         if loss is _MISSING:
@@ -1041,6 +1176,11 @@ class _Importer:
             raise self.problems.error()
         return TorchImport(self.tp, loss, outputs, self.params, self.inputs, self.consts,
                            self.histogram, self.input_dtypes, {k: k for k in self.state})
+
+
+# ops torch.export wraps in ``with_effects`` that only raise on bad values (a singular
+# matrix for linalg.inv): nothing to record, and the op they check is reported on its own
+_ERROR_CHECKS = {"aten._linalg_check_errors.default"}
 
 
 def _draws(node, name: str) -> bool:
@@ -1353,6 +1493,29 @@ class Recorder:
         return self.tp.slice(v, starts, stops, steps=steps)
 
 
+# ── your own loop (gradtool/interop/wrap.py) ───────────────────────────────
+
+def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_output: int = 0,
+         outputs: bool = False, targets=None, max_shapes: int = 8):
+    """``model`` as a ``torch.nn.Module`` whose forward and gradients gradtool computes,
+    for a training loop of your own (``loss = gm(x, y); loss.backward()``: gradtool's
+    gradients into each parameter's ``.grad``).  ``backend``: ``"cpu"``, ``"host"`` or
+    ``"cuda"``, the same bits on each.  See :mod:`gradtool.interop.wrap` and
+    ``docs/torch.md``, "Your own loop"."""
+    # wrap.py is handed import_module, so it imports nothing of this file (no cycle)
+    from .wrap import module_class
+    return module_class()(model, example_inputs, backend, loss_fn, loss_output=loss_output,
+                          outputs=outputs, targets=targets, max_shapes=max_shapes,
+                          importer=import_module)
+
+
+def clip_grad_norm_(parameters, max_norm: float):
+    """``torch.nn.utils.clip_grad_norm_`` by ``gradtool train --clip``'s documented rule
+    (bit-exact): see :func:`gradtool.interop.wrap.clip_grad_norm_`."""
+    from .wrap import clip_grad_norm_ as clip
+    return clip(parameters, max_norm)
+
+
 # ── weights back ───────────────────────────────────────────────────────────
 
 def load_weights(module, tape_or_file) -> list:
@@ -1398,7 +1561,7 @@ def load_weights(module, tape_or_file) -> list:
     problems = _Problems()
     for k in values:
         if k not in named:
-            problems.add("param not in the module:", repr(k))
+            problems.add("tape params not in the module:", repr(k))
         elif tuple(named[k].shape) != values[k].shape and not (
                 named[k].dim() == 0 and values[k].shape == (1,)):
             problems.add("shape mismatch for", repr(k), detail=f"the module has "
@@ -1407,11 +1570,11 @@ def load_weights(module, tape_or_file) -> list:
         if buffers[k].numel() != arr.size:
             problems.add("shape mismatch for", repr(k), detail=f"the module's buffer has "
                          f"{list(buffers[k].shape)}, the tape {list(arr.shape)}")
-    for k in trainable:
+    for k in (k for k in named if k in trainable):     # in the module's order
         if k not in values:
-            problems.add("param missing from the tape:", repr(k))
+            problems.add("module params not in the tape:", repr(k))
     if problems:
-        raise problems.error()
+        raise problems.error(WeightsError)
     with torch.no_grad():
         for k, arr in values.items():
             p = named[k]

@@ -71,8 +71,8 @@ from .random import RNG_NAME, RNG_RECORDED, bad_rng
 from .shapes import broadcast_shape
 from .spec import (DTYPES, EXACT_INT, FAMILIES, FLOAT_DTYPES, INT_DTYPE, KERNELS, LEAF_OPS,
                    NUMPY_DTYPES, OPS, Attr, KernelSpec, OpSpec, as_ids, attr, bad_id, contract,
-                   dtype_of, f64_bits, f64_from_bits, format_shape, inexact_int, infer_dtype,
-                   kernel, kernel_names, pack)
+                   dtype_of, f64_bits, f64_from_bits, first_bad_id, format_shape, inexact_int,
+                   infer_dtype, kernel, kernel_names, pack)
 
 # ── kernels of the engine that belong to no op ─────────────────────────────
 
@@ -82,9 +82,9 @@ kernel("k_from_f64", "dst:w src:r",
 kernel("k_guard", "ctl:w loss:r", "ctl[3] = 1 when the loss is finite, else 0")
 kernel("k_clip_norm", "ctl:w clip:f np:i offs:i[np] lens:i[np]",
        "norm of every active gradient (offs[p], lens[p] elements), the clip scale into ctl")
-kernel("k_sgd", "w:w g:r ctl:r use_clip:i l2:f", "w = w - lr*g after clip and L2")
-kernel("k_adam", "w:w g:r m:w v:w ctl:r use_clip:i l2:f b1:f b2:f omb1:f omb2:f eps:f",
-       "Adam's moments and update after clip and L2 (gradtool.optim's order)")
+kernel("k_opt", "w:w g:r s0:w s1:w s2:w ctl:r use_clip:i l2:f var:i",
+       "one param's update after clip and L2: the optimizer table's variant var "
+       "(gt_optim_table.h), slots s0..s2 (w's offset where unused), scalars ctl[4:]")
 
 
 OP_NAMES = tuple(OPS)
@@ -99,8 +99,8 @@ def infer_shape(opname: str, sa, sb, attrs) -> tuple:
 
 
 __all__ = ["OPS", "OP_NAMES", "OpSpec", "Attr", "LEAF_OPS", "KERNELS", "FAMILIES", "KernelSpec",
-           "contract", "pack", "attr", "bad_id", "as_ids", "inexact_int", "EXACT_INT",
-           "INT_DTYPE", "INTEGER_READERS", "FLOAT_DTYPES", "DTYPES", "NUMPY_DTYPES",
+           "contract", "pack", "attr", "bad_id", "first_bad_id", "as_ids", "inexact_int",
+           "EXACT_INT", "INT_DTYPE", "INTEGER_READERS", "FLOAT_DTYPES", "DTYPES", "NUMPY_DTYPES",
            "dtype_of", "infer_dtype",
            "kernel_names", "f64_bits", "f64_from_bits", "infer_shape", "broadcast_shape",
            "format_shape",

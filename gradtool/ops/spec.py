@@ -170,21 +170,28 @@ def attr(attrs, name: str, default=None):
     return default if not attrs else attrs.get(name, default)
 
 
-def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
-    """None when every id lies in [0, bound); else what the first bad one is and where.
-
-    Ids computed on the tape are float64 whole numbers: a fraction, an infinity or a
-    NaN is a bad id too."""
+def first_bad_id(ids: np.ndarray, bound: int) -> Optional[int]:
+    """The flat (row-major) index of the first id outside [0, bound), None when there is
+    none.  Ids computed on the tape are float64 whole numbers: a fraction, an infinity or
+    a NaN is a bad id too."""
     flat = np.ravel(ids)
     if flat.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
             bad = np.flatnonzero(~((flat >= 0) & (flat < bound) & (flat == np.floor(flat))))
     else:
         bad = np.flatnonzero((flat < 0) | (flat >= bound))
-    if not bad.size:
+    return int(bad[0]) if bad.size else None
+
+
+def bad_id(ids: np.ndarray, bound: int) -> Optional[str]:
+    """None when every id lies in [0, bound); else what the first bad one
+    (:func:`first_bad_id`) is and where."""
+    k = first_bad_id(ids, bound)
+    if k is None:
         return None
-    where = list(np.unravel_index(int(bad[0]), np.shape(ids)))
-    v = flat[bad[0]]
+    flat = np.ravel(ids)
+    where = list(np.unravel_index(k, np.shape(ids)))
+    v = flat[k]
     whole = flat.dtype.kind in "iu" or (math.isfinite(v) and v == math.floor(v))
     fraction = not whole and math.isfinite(v)
     return (f"id {int(v) if whole else repr(float(v))} at position {[int(k) for k in where]} "

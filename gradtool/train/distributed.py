@@ -8,11 +8,21 @@ docs/training.md ("Data-parallel training") is the user-level description.  In s
   by S), and the optimizer takes one step on the result.  S = 1 is plain training.
 * W ranks (W divides S) each run S/W shards, rank r the contiguous block W-1-r.  The
   fold runs as a pipelined chain W-1 -> W-2 -> ... -> 0 (each rank adds its shards, in
-  order, to the running sum it receives); rank 0 divides by S, steps the optimizer and
-  sends the updated parameters back up the chain 0 -> 1 -> ... -> W-1.  Every rank
-  sends at most 2 (P + T + HEAD) float64 values per step for P trained parameter values
-  and T state values (the file's state slots: each shard's outputs for them ride in the
-  same fold, so a state slot takes the shard mean of its output, in shard order).
+  order, to the running sum it receives); rank 0 divides by S, computes the clip scale
+  (the global norm's one serial chain, registration order then row-major, as one
+  process) and sends the combined gradient and the scale back up the chain 0 -> 1 ->
+  ... -> W-1.
+* The optimizer is sharded (ZeRO-1, :class:`Zero1`): the P trained parameter values,
+  flattened in registration order and row-major, are cut into W contiguous slices,
+  rank k's the k-th; each rank holds the optimizer state (Adam's moments, SGD's
+  momentum ...) of its slice only and updates only its slice, with the same scalars,
+  clip scale and per-param L2 as one process; the table's rules are elementwise, so
+  every element gets the same bits.  Every rank then sends its updated slice to every
+  other rank (point to point, received in rank order).  Before a checkpoint the slices'
+  state is gathered to rank 0, which writes the file as one process would.
+  Every rank sends at most 2 (P + T + HEAD) + (W - 1) * ceil(P / W) float64 values per
+  step for T state values (the file's state slots: each shard's outputs for them ride
+  in the same fold, so a state slot takes the shard mean of its output, in shard order).
   Only point-to-point messages are used: MPI's reductions sum in an unspecified order.
 
 The pieces:
@@ -66,11 +76,13 @@ FORWARDED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIG
                                                         "SIGUSR1", "SIGUSR2")
                           if hasattr(signal, n))
 
-HEAD = 4               # per-step message header: loss, correct rows, stop signal, updated
+HEAD = 5               # per-step message header: loss, correct rows, stop signal, updated,
+                       # the clip scale (-1: no clipping this step)
 CHUNK = 1 << 17        # values per message (1 MiB): the chains are pipelined in these
 LOST_GRACE = 3.0       # seconds a rank that lost a peer waits for the launcher to stop it
 
 TAG_START, TAG_VERDICT, TAG_GRAD, TAG_PARAMS, TAG_VAL, TAG_AGREE = 11, 12, 21, 22, 31, 41
+TAG_SLICE, TAG_STATE = 23, 42
 
 
 class DistributedError(GradtoolError):
@@ -370,7 +382,8 @@ def settings_of(trainer) -> dict:
             "global_step": trainer.global_step, "end_epoch": trainer.end_epoch,
             "steps": trainer.max_steps, "every": trainer.options.every,
             "save": trainer.options.save is not None, "accuracy": str(trainer.acc),
-            "optimizer": opt.kind, "lr": opt.lr, "clip": opt.clip, "t": opt.t,
+            "optimizer": opt.kind, "hparams": opt.hparams, "schedule": opt.schedule.to_dict(),
+            "lr": opt.lr, "clip": opt.clip, "t": opt.t,
             "l2": [e.l2 for e in opt.entries]}
 
 
@@ -464,6 +477,7 @@ class DataParallel:
             self.state_layout.append((slot, output, offset, n))
             offset += n
         self.length = offset
+        self.zero = Zero1(trainer.opt, trainer.tape, self.layout, world.rank, world.size)
         self.parts = [np.zeros(offset) for _ in self.mine]    # this rank's shard results
         self.acc = np.zeros(offset)                            # the running fold
         self.out = np.zeros(offset)                            # rank 0's answer
@@ -486,8 +500,10 @@ class DataParallel:
                           for r, (host, pid, backend) in enumerate(self.ranks or ()))
         state = (f" and {self.length - HEAD - self.n_params} state values"
                  if self.state_layout else "")
+        most = 8 * (2 * self.length + (self.W - 1) * self.zero.widest)
         return (f"{what} on {self.W} MPI ranks, {self.S // self.W} each; {self.params} "
-                f"parameter values{state}, at most {2 * 8 * self.length} bytes sent per "
+                f"parameter values{state}, optimizer state sharded (this rank "
+                f"{self.zero.state_bytes()} bytes), at most {most} bytes sent per "
                 f"rank per step; {ranks}")
 
     def watch(self, local) -> Decision:
@@ -525,7 +541,7 @@ class DataParallel:
             if r > 0:
                 sends.append((w.isend(acc, r - 1, TAG_GRAD), r - 1))
         if r == 0:
-            self._update()
+            self._combine()
         for c, (lo, hi) in enumerate(self.chunks):           # the parameters, 0 up to W-1
             if r > 0:
                 w.wait(params_in[c], r - 1, f"parameters of {what}")
@@ -533,12 +549,11 @@ class DataParallel:
                 sends.append((w.isend(self.out[lo:hi], r + 1, TAG_PARAMS), r + 1))
         for request, peer in sends:
             w.wait(request, peer, f"delivering {what}'s messages")
-        loss, correct, stop, updated = self.out[:HEAD]
+        loss, correct, stop, updated, scale = self.out[:HEAD]
         if updated:
-            if r > 0:
-                values = self.trainer.tape.values
-                for node_id, off, n in self.layout:
-                    values[node_id][...] = self.out[off:off + n].reshape(values[node_id].shape)
+            # this rank's slice of the update, then every slice to every rank
+            self.zero.step(self.out, None if scale < 0.0 else float(scale))
+            self.zero.exchange(w, what)
             self.engine.params_from_tape()
             if self.state_layout:
                 values = self.trainer.tape.values
@@ -558,7 +573,7 @@ class DataParallel:
             shard = rows[k * b:(k + 1) * b]
             t._fill(t.data, shard, shard=k)       # k: the global shard index (the rng slot)
             loss = self.engine.forward_backward()
-            part[:HEAD] = (loss, 0.0, 0.0, 0.0)
+            part[:HEAD] = (loss, 0.0, 0.0, 0.0, 0.0)
             if not math.isfinite(loss):
                 continue                  # the combined loss is not finite: no update
             if counting:
@@ -569,25 +584,29 @@ class DataParallel:
             for _, output, off, n in self.state_layout:
                 part[off:off + n] = self.engine.output(output).reshape(-1)
 
-    def _update(self) -> None:
-        """Rank 0: finish the fold (divide by S), step the optimizer, fill ``out``."""
-        acc, out, tape = self.acc, self.out, self.trainer.tape
+    def _combine(self) -> None:
+        """Rank 0: finish the fold (divide by S), the clip scale; fill ``out`` with the
+        combined gradient every rank's slice of the update reads."""
+        acc, out, opt = self.acc, self.out, self.trainer.opt
         shard_divide(acc[0:1], self.S)                     # the loss
         out[:HEAD] = acc[:HEAD]
-        out[3] = 0.0
+        out[3], out[4] = 0.0, -1.0
         if not math.isfinite(acc[0]):
             return                        # updates nothing, like a single process
         shard_divide(acc[HEAD:], self.S)
-        for node_id, off, n in self.layout:
-            tape.grads[node_id] = acc[off:off + n].reshape(tape.values[node_id].shape)
-        self.trainer.opt.step(tape)       # the reference optimizer, on the combined gradient
-        for node_id, off, n in self.layout:
-            out[off:off + n] = tape.values[node_id].reshape(-1)
-        for _, _, off, n in self.state_layout:
-            out[off:off + n] = acc[off:off + n]             # the shards' mean output
+        out[HEAD:] = acc[HEAD:]            # the combined gradients, then the shards' mean output
+        if opt.clip > 0.0 and self.layout:
+            scale = opt._clip_scale([acc[off:off + n] for _, off, n in self.layout])
+            if scale is not None:
+                out[4] = scale
         out[3] = 1.0
 
     # ── validation, checkpoints ────────────────────────────────────────────
+    def state_bytes_by_rank(self) -> Optional[list]:
+        """Every rank's optimizer-state bytes, in rank order (rank 0; None elsewhere)."""
+        return self.world.gather_obj(self.zero.state_bytes(), TAG_STATE,
+                                     "the optimizer state sizes")
+
     def val_batches(self, count: int) -> range:
         return range(self.world.rank, count, self.W)
 
@@ -610,6 +629,7 @@ class DataParallel:
         """Before a checkpoint: every rank's parameters, as SHA-256, must equal rank 0's.
         Returns whether this rank writes the file (rank 0)."""
         if self.W == 1:
+            self.zero.gather_state(self.world, "the optimizer state")
             return True
         h = hashlib.sha256()
         for e in self.trainer.opt.entries:
@@ -617,6 +637,7 @@ class DataParallel:
         for slot, _ in self.trainer.state:
             h.update(np.ascontiguousarray(self.trainer.tape.values[slot], dtype="<f8"))
         step = self.trainer.global_step
+        self.zero.gather_state(self.world, f"the optimizer state before saving step {step}")
         digests = self.world.gather_obj(h.hexdigest(), TAG_AGREE,
                                         f"the parameter check before saving step {step}")
         if digests is None:
@@ -629,6 +650,108 @@ class DataParallel:
         return True
 
 
-__all__ = ["DataParallel", "MpiWorld", "SingleWorld", "mpi_world", "start", "supervise",
+class Zero1:
+    """The sharded optimizer of one rank: its slice [lo, hi) of the P trained parameter
+    values (flattened in registration order, row-major; rank k holds the k-th of W
+    contiguous slices) and that slice's optimizer state only.
+
+    ``step`` updates the slice with the optimizer table's rule through
+    :meth:`gradtool.optim.Optimizer.update_piece`, the same scalars, clip scale and L2
+    as one process; ``exchange`` sends it to every other rank; ``gather_state`` puts
+    the whole state on rank 0 before a checkpoint (and rank 0 keeps only its slice again
+    after the file is written, at the next step)."""
+
+    def __init__(self, opt, tape, layout, rank: int, size: int):
+        self.opt, self.tape, self.rank, self.size = opt, tape, rank, size
+        total = sum(n for _, _, n in layout)
+        self.bounds = [(HEAD + total * k // size, HEAD + total * (k + 1) // size)
+                       for k in range(size)]
+        self.widest = max(hi - lo for lo, hi in self.bounds)
+        self.layout = layout
+        by_id = {e.node_id: e for e in opt.entries}
+        for node_id, _, _ in layout:       # slices are views: the tape's arrays are whole
+            if not tape.values[node_id].flags.c_contiguous:
+                tape.values[node_id] = np.ascontiguousarray(tape.values[node_id])
+        self.pieces = {k: self._pieces(k) for k in range(size)}
+        # this rank's state: a copy of its pieces' slots, then the full arrays dropped
+        self.state = []
+        for node_id, a, b in self.pieces[rank]:
+            e = by_id[node_id]
+            self.state.append({s: np.ascontiguousarray(e.state[s].reshape(-1)[a:b])
+                               for s in opt.slots})
+        self.sharded = {node_id for node_id, _, _ in layout}
+        self._entries = by_id
+        self._drop_full_state()
+
+    def _pieces(self, k: int) -> list:
+        """(node id, first, end) element ranges of the params that slice k covers."""
+        lo, hi = self.bounds[k]
+        out = []
+        for node_id, off, n in self.layout:
+            a, b = max(lo, off), min(hi, off + n)
+            if a < b:
+                out.append((node_id, a - off, b - off))
+        return out
+
+    def _drop_full_state(self) -> None:
+        for node_id in self.sharded:
+            self._entries[node_id].state = {}
+
+    def state_bytes(self) -> int:
+        """The optimizer-state bytes this rank holds (its slice's slots)."""
+        return sum(a.nbytes for st in self.state for a in st.values())
+
+    def step(self, out: np.ndarray, scale) -> None:
+        """One optimizer step on this rank's slice, from the combined gradient in ``out``."""
+        opt = self.opt
+        self._drop_full_state()           # rank 0 after a checkpoint: its slice only again
+        scalars = opt.begin_step()
+        offsets = {node_id: off for node_id, off, _ in self.layout}
+        for (node_id, a, b), st in zip(self.pieces[self.rank], self.state):
+            w = self.tape.values[node_id].reshape(-1)[a:b]
+            g = out[offsets[node_id] + a:offsets[node_id] + b]
+            opt.update_piece(self._entries[node_id], w, g, st, scale, scalars)
+
+    def exchange(self, world, what: str) -> None:
+        """Every rank's updated slice to every other rank, received in rank order."""
+        if self.size == 1:
+            return
+        mine = self._pack(self.rank)
+        sends = [(world.isend(mine, k, TAG_SLICE), k) for k in range(self.size)
+                 if k != self.rank]
+        for k in range(self.size):
+            if k == self.rank:
+                continue
+            buf = np.empty(sum(b - a for _, a, b in self.pieces[k]))
+            world.wait(world.irecv(buf, k, TAG_SLICE), k, f"rank {k}'s parameters of {what}")
+            pos = 0
+            for node_id, a, b in self.pieces[k]:
+                self.tape.values[node_id].reshape(-1)[a:b] = buf[pos:pos + b - a]
+                pos += b - a
+        for request, peer in sends:
+            world.wait(request, peer, f"delivering {what}'s parameters")
+
+    def _pack(self, k: int) -> np.ndarray:
+        parts = [self.tape.values[node_id].reshape(-1)[a:b] for node_id, a, b in self.pieces[k]]
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    def gather_state(self, world, what: str) -> None:
+        """Rank 0 rebuilds the full optimizer state (for ``state_dict``) from every
+        rank's slices; the other ranks keep their slices."""
+        parts = world.gather_obj([{s: a.tobytes() for s, a in st.items()} for st in self.state],
+                                 TAG_STATE, what)
+        if parts is None:
+            return
+        for node_id in self.sharded:
+            e = self._entries[node_id]
+            shape = self.tape.values[node_id].shape
+            e.state = {s: np.empty(shape) for s in self.opt.slots}
+        for k, states in enumerate(parts):
+            for (node_id, a, b), st in zip(self.pieces[k], states):
+                for s, data in st.items():
+                    self._entries[node_id].state[s].reshape(-1)[a:b] = np.frombuffer(data)
+
+
+__all__ = ["DataParallel", "Zero1", "MpiWorld", "SingleWorld", "mpi_world", "start", "supervise",
            "launcher_rank", "DistributedError", "StartRefused", "RankFailure", "HEAD",
            "CHUNK", "DEFAULT_TIMEOUT"]

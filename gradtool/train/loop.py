@@ -55,11 +55,12 @@ from typing import Optional
 import numpy as np
 
 from ..budget import DEFAULT_MEMORY
-from ..errors import GradtoolError
+from ..errors import GradtoolError, IdsError
 from ..fileio import nul_free
 from ..npzio import NpzArchive
-from ..optim import make_optimizer, optimizer_from_state
-from ..optim_state import check_saved_state
+from ..optim import Schedule, make_optimizer, optimizer_from_state
+from ..optim_state import check_saved_state, legacy_kind
+from ..tape import ids_culprit
 from .data import (VAL_SUFFIX, AccuracySpec, DataError, batch_size, count_correct,
                    dataset_from, epoch_order, has_val_arrays, input_slots, load_dataset,
                    parse_accuracy, require_batches, split_validation)
@@ -185,16 +186,21 @@ class Trainer:
         """The saved optimizer continues; otherwise a fresh one over every param."""
         o, saved, pick = self.options, self.saved, self.settings.pick
         if saved is not None:
-            if o.optimizer is not None and o.optimizer != saved.get("kind"):
+            if o.optimizer is not None and o.optimizer != legacy_kind(saved):
                 raise TrainError(f"{self.source}: the saved optimizer state is "
-                                 f"{saved.get('kind')!r}; it cannot continue as "
+                                 f"{legacy_kind(saved)!r}; it cannot continue as "
                                  f"{o.optimizer!r} (train the original tape to start over)")
             try:
                 opt = optimizer_from_state(self.tape, saved)
             except GradtoolError as exc:
                 raise TrainError(f"{self.source}: {exc}") from None
+            self._check_continues(opt)
         else:
-            opt = make_optimizer(pick("optimizer"), pick("lr"))
+            try:
+                opt = make_optimizer(pick("optimizer"), pick("lr"), o.hparams,
+                                     Schedule(**(o.schedule or {})))
+            except GradtoolError as exc:
+                raise TrainError(str(exc)) from None
             for p in self.tape.params():
                 opt.add(self.tape, p)
             if not opt.entries:
@@ -207,6 +213,19 @@ class Trainer:
             for e in opt.entries:
                 e.l2 = float(o.l2)
         return opt
+
+    def _check_continues(self, opt) -> None:
+        """Hyperparameters or a schedule given for a saved run must be the saved ones."""
+        o = self.options
+        try:
+            given = opt.table_entry.hparams({**opt.hparams, **(o.hparams or {})})
+            schedule = Schedule(**{**opt.schedule.to_dict(), **(o.schedule or {})})
+        except GradtoolError as exc:
+            raise TrainError(str(exc)) from None
+        if given != opt.hparams or schedule.to_dict() != opt.schedule.to_dict():
+            raise TrainError(f"{self.source}: the saved {opt.kind} runs with "
+                             f"{opt.hparams} and schedule {opt.schedule.to_dict()}; it cannot "
+                             f"continue with others (train the original tape to start over)")
 
     def _restore_position(self, position: dict) -> None:
         """Where a saved run stopped (0-based epoch, steps taken in it), and where to stop."""
@@ -319,7 +338,10 @@ class Trainer:
         for i in batches:
             rows = slice(i * b, (i + 1) * b)
             self._fill(self.val, rows, train=False)
-            losses.append(self.engine.evaluate())
+            try:
+                losses.append(self.engine.evaluate())
+            except IdsError as exc:
+                raise self._bad_ids(exc, self.val, rows, "the validation data") from None
             if self.acc:
                 correct += count_correct(self.acc, self.engine.output(self.acc.output_id),
                                          self.val.arrays[self.acc.target][rows])
@@ -342,6 +364,9 @@ class Trainer:
             while self.epoch < self.end_epoch and res.stopped == "done":
                 self._run_epoch(res, stop, keep_history)
         res.seconds = time.perf_counter() - self._t0
+        res.optimizer_state_bytes = (
+            self.parallel.state_bytes_by_rank() if self.parallel is not None
+            else [sum(a.nbytes for e in self.opt.entries for a in e.state.values())])
         if self.options.save:
             # after a non-finite loss the engine has not updated anything, so the
             # parameters are the last good ones unless an earlier step already broke them
@@ -366,7 +391,9 @@ class Trainer:
             if res.stopped != "done":
                 break
             rows = order[self.step * b:(self.step + 1) * b]
+            t_step = time.perf_counter()
             loss, step_correct = self._train_rows(rows)
+            now = time.perf_counter()
             if not math.isfinite(loss):
                 res.stopped, res.bad_loss = "nonfinite", loss
                 break
@@ -382,7 +409,7 @@ class Trainer:
             self._emit("step", {"event": "step", "epoch": self.epoch + 1, "step": self.step,
                                 "steps_per_epoch": self.n_batches,
                                 "global_step": self.global_step, "loss": loss, "batch": b,
-                                "seconds": time.perf_counter() - self._t0})
+                                "seconds": now - self._t0, "step_seconds": now - t_step})
             if self.step < self.n_batches:
                 self._maybe_checkpoint()
         if seen:
@@ -398,13 +425,31 @@ class Trainer:
         if self.parallel is not None:
             return self.parallel.step(rows)
         self._fill(self.data, rows)
-        loss = self.engine.train_step()
+        try:
+            loss = self.engine.train_step()
+        except IdsError as exc:
+            raise self._bad_ids(exc, self.data, rows, "the training data") from None
         if self.state and math.isfinite(loss):
             self.set_state([np.array(self.engine.output(o)) for _, o in self.state])
         if not (self.acc and self.val is None and math.isfinite(loss)):
             return loss, 0
         return loss, count_correct(self.acc, self.engine.output(self.acc.output_id),
                                    self.data.arrays[self.acc.target][rows])
+
+    def _bad_ids(self, exc: IdsError, data, rows, what: str) -> GradtoolError:
+        """A take's bad id traced back to the input slot and the example of ``data`` it came
+        from (:func:`gradtool.tape.ids_culprit`), else the engine's error as it is."""
+        values = {s.node_id: data.arrays[s.name][rows] for s in self.slots}
+        found = ids_culprit(self.tape, exc, values)
+        if found is None:
+            return exc
+        name, row = found
+        if row is not None:
+            index = np.arange(data.count)[rows][row]
+            where = f"example {int(index)} of {what}"
+        else:
+            where = f"a batch of {what}"
+        return DataError(f"{name}: {where}: {exc}")
 
     def set_state(self, values) -> None:
         """The state slots take ``values`` (one array per :attr:`state` entry): in the tape,

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import GradtoolError
-from ..fileio import NUL_IN_NAME, check_writable
-from ..optim import KINDS
+from ..fileio import NUL_IN_NAME, check_regular_destination, check_writable
+from ..device.backends import choices as backends_choices
+from ..optim_state import KINDS, LEGACY_KINDS, STATE_VERSION
 
-DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
+# the default optimizer is the seed's Adam: a tape that names none trains as it always did
+DEFAULTS = {"optimizer": "adam-seed", "lr": 1e-3, "epochs": 1, "steps": None, "clip": 0.0,
             "seed": 0, "shuffle": True, "val_split": None, "val": None, "accuracy": None,
             "shards": 1}
-META_KEYS = tuple(DEFAULTS)
+# "optimizer_version": 2 says meta's "optimizer" is a table name; without it the name is
+# read as before the optimizer table ("adam" is "adam-seed": LEGACY_KINDS)
+META_KEYS = tuple(DEFAULTS) + ("optimizer_version",)
 
 
 class TrainError(GradtoolError):
@@ -48,6 +52,8 @@ class TrainOptions:
     plot: Optional[str] = None
     shards: Optional[int] = None      # S shards per minibatch (gradtool.train.distributed)
     max_memory: Optional[int] = None  # bytes (gradtool.budget); None: the default budget
+    hparams: Optional[dict] = None    # the optimizer's hyperparameters given (table names)
+    schedule: Optional[dict] = None   # gradtool.optim.Schedule fields given
 
 
 def _is_int(x) -> bool:
@@ -59,7 +65,8 @@ def _is_num(x) -> bool:
 
 
 _CHECKS = {
-    "optimizer": (lambda x: x in KINDS, "'adam' or 'sgd'"),
+    "optimizer": (lambda x: x in KINDS, " or ".join(map(repr, KINDS))),
+    "optimizer_version": (lambda x: x == STATE_VERSION, f"{STATE_VERSION}"),
     "lr": (lambda x: _is_num(x) and x >= 0, "a number >= 0"),
     "epochs": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
     "steps": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
@@ -96,7 +103,16 @@ def meta_defaults(meta: dict, source: str) -> dict:
         _check(key, value, f"{source}: meta 'train' key {key!r}")
     if train.get("val") is not None and train.get("val_split") is not None:
         raise TrainError(f"{source}: meta 'train' sets both 'val' and 'val_split'")
-    return dict(train)
+    train = dict(train)
+    if "optimizer" in train and "optimizer_version" not in train:
+        name = train["optimizer"]
+        if name not in LEGACY_KINDS:
+            raise TrainError(f"{source}: meta 'train' key 'optimizer' {name!r} needs "
+                             f"'optimizer_version': {STATE_VERSION} (without it the names "
+                             f"are {', '.join(LEGACY_KINDS)}, and 'adam' is 'adam-seed')")
+        train["optimizer"] = LEGACY_KINDS[name]
+    train.pop("optimizer_version", None)
+    return train
 
 
 def check_options(options: TrainOptions, outputs: bool = True) -> None:
@@ -110,7 +126,8 @@ def check_options(options: TrainOptions, outputs: bool = True) -> None:
     if options.val is not None and options.val_split is not None:
         raise TrainError("give --val or --val-split, not both")
     if options.fuse and options.backend == "cpu":
-        raise TrainError("--fuse needs a device backend (--backend host, cuda or auto)")
+        *first, last = backends_choices()
+        raise TrainError(f"--fuse needs a device backend (--backend {', '.join(first)} or {last})")
     written = (("--save", options.save), ("--plot", options.plot), ("--log", options.log))
     for flag, path in written:
         if path is not None and "\0" in path:
@@ -118,6 +135,8 @@ def check_options(options: TrainOptions, outputs: bool = True) -> None:
     for flag, path in written if outputs else ():
         # fail now, not after the training the file was meant to keep
         if path is not None:
+            if flag != "--log":       # a log may be a stream; a checkpoint or plot may not
+                check_regular_destination(path, flag)
             try:
                 check_writable(path)
             except OSError as exc:

@@ -26,6 +26,7 @@ class TrainResult:
     save_skipped: bool = False        # nonfinite parameters were not written over the file
     step_losses: list = field(default_factory=list)   # (global_step, loss), kept for --plot
     val_losses: list = field(default_factory=list)    # (global_step, val loss)
+    optimizer_state_bytes: Optional[list] = None      # per rank (one entry: one process)
 
     def summary(self) -> dict:
         out = {"steps": self.steps, "epochs": self.epochs, "final_loss": self.final_loss,

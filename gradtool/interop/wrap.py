@@ -1,0 +1,519 @@
+"""Keep your own PyTorch loop: a module whose forward and gradients are gradtool's.
+
+    import gradtool.interop.torch as gtt
+    gm = gtt.wrap(model, (x, y), backend="cpu")        # or "host", "cuda"
+    for x, y in loader:
+        loss = gm(x, y)                  # a torch scalar, computed by gradtool
+        loss.backward()                  # gradtool's gradients into each param's .grad
+        gtt.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); opt.zero_grad()
+
+How (``docs/torch.md``, "Your own loop"):
+
+* A graph is recorded by :func:`~gradtool.interop.torch.import_module` (the one importer)
+  per *key*: the inputs' shapes and dtype kinds, the module's train/eval mode and the
+  module's float dtype.  A new key (the last partial batch, another sequence length,
+  ``eval()``) records again and caches the tape, as ``torch.compile`` recompiles for a
+  new shape; past ``max_shapes`` cached keys a warning says so once.  The batch
+  dimension is not symbolic: a tape has fixed shapes, and every backend's arena is laid
+  out for them.
+* Every call reads the module's current trainable parameters and the buffers the
+  forward updates (BatchNorm's running statistics), so a ``torch.optim`` step, a
+  ``load_state_dict`` or any in-place change on the torch side is seen.  On the cpu
+  backend a float64 CPU parameter is not copied: the tape's leaf is a numpy view of
+  the tensor's memory.  Frozen parameters and other buffers are constants of the
+  recorded tape (they may be folded); when one of them changes (its version counter
+  moves), the next call records again.
+* The tape replays forward and backward (the cpu engine: ``Tape.forward/backward``; host
+  and cuda: the device engine's :func:`~gradtool.device.engine.capture`), and a
+  ``torch.autograd.Function`` hands torch the loss; its backward returns gradtool's
+  gradients (times the incoming gradient, when it is not 1.0), which torch accumulates
+  into each ``.grad`` as for any of its own ops.
+* In train mode the rng slot (dropout's and the other draws' counters) is
+  ``[step, 0, 1]``, the step counter then advancing by one; in eval mode
+  ``[step, 0, 0]``: the draws are off, as ``gradtool train``'s validation.  ``step`` is
+  saved and restored with :meth:`GradtoolModule.state_dict`.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import math
+import warnings
+from typing import Optional
+
+import numpy as np
+
+from ..errors import GradtoolError
+
+BACKENDS = ("cpu", "host", "cuda")
+MAX_SHAPES = 8        # cached graphs before the warning (torch.compile's default limit)
+
+
+class WrapError(GradtoolError):
+    """Misuse of :func:`wrap` or of the wrapped module (a wrong argument, a bad input)."""
+
+
+def compute_dtype(module_dtype) -> str:
+    """The tape dtype a module of ``module_dtype`` computes in: the one switch point.
+
+    Every module runs in float64 today, so a float32 module's values are float64 on the
+    tape and its gradients are rounded once to float32 on the way back (``docs/torch.md``,
+    "dtype").  When the tape gains float32 this returns ``"f32"`` for a float32 module;
+    :class:`_Graph` reads the answer for the leaves it fills and the device capture, and
+    the importer call there is to pass it on once ``import_module`` takes a dtype."""
+    return "f64"
+
+
+# the torch dtype of a tape dtype (compute_dtype's answers)
+_TORCH_DTYPES = {"f64": lambda torch: torch.float64, "f32": lambda torch: torch.float32}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _required_positional(fn) -> Optional[int]:
+    """How many required positional parameters ``fn`` (a module: its forward) takes; None
+    when it takes ``*args`` or has no signature."""
+    torch = _torch()
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.forward
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               and p.default is p.empty)
+
+
+def _float_dtype(params: dict, buffers: dict):
+    """The module's float dtype: its first floating parameter's (else buffer's), float64
+    for a module with neither."""
+    for t in list(params.values()) + list(buffers.values()):
+        if t.is_floating_point():
+            return t.dtype
+    return _torch().float64
+
+
+def _kind(dtype) -> str:
+    if dtype.is_floating_point:
+        return "float"
+    if dtype.is_complex:
+        return "complex"
+    return "bool" if str(dtype) == "torch.bool" else "int"
+
+
+def _with_outputs(loss_fn):
+    """``loss_fn`` returning ``(loss, the model's outputs)``, under ``loss_fn``'s own
+    signature (the importer names the target slots from it)."""
+    def composite(out, *targets):
+        return loss_fn(out, *targets), out
+    torch = _torch()
+    fn = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
+    try:
+        composite.__signature__ = inspect.signature(fn)
+    except (TypeError, ValueError):
+        pass
+    return composite
+
+
+class _Graph:
+    """One recorded tape (one key) and its engine; what a call needs, found once."""
+
+    def __init__(self, owner, args: tuple, params: dict, buffers: dict):
+        model = owner.model
+        n_model = owner.n_model
+        loss_fn = owner.loss_fn
+        if loss_fn is not None and owner.with_outputs:
+            loss_fn = _with_outputs(loss_fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # torch.export's own deprecations
+            result = owner.importer(model, args[:n_model], loss_fn, args[n_model:],
+                                    loss_output=owner.loss_output)
+        self.result = result
+        tp = self.tape = result.tape
+        self.loss_id = result.loss.id
+        self.params = [(k, v.id) for k, v in result.params.items()]
+        # the input slots in call order (the importer names them from the signatures)
+        self.inputs = [(k, g.id, "int" if tp.holds_ids(g.id) else "float")
+                       for k, g in result.inputs.items()]
+        if len(self.inputs) != len(args):
+            raise WrapError(f"wrap: {len(args)} inputs, but the recorded graph has "
+                            f"{len(self.inputs)} input slots (pass tensors only)")
+        # the bounds of the ops reading each ids slot, found once (not per call)
+        self.id_bounds = {i: tp.id_bounds(i) for _, i, kind in self.inputs if kind == "int"}
+        self.id_values = {i for i in self.id_bounds if tp.read_as_values(i)}   # exact in f64
+        self.state = [(k, tp.var(k).id, result.outputs[k].id) for k in result.state]
+        self.rng_id = tp.rng_id()
+        # each user output in torch's flattened order: the loss, an output<i>'s node, or
+        # -1 (not recorded: returned as None)
+        self.out_ids = [self.loss_id if i == owner.loss_output else
+                        (result.outputs[f"output{i}"].id if f"output{i}" in result.outputs
+                         else -1) for i in range(len(result.out_dtypes))]
+        self.out_spec, self.out_dtypes = result.out_spec, result.out_dtypes
+        self.out_shapes = result.out_shapes
+        self.state_names = {k for k, _, _ in self.state}
+        self.versions = _versions(params, buffers, self.state_names)
+        self.replay = None
+        self.tape_dtype = compute_dtype(_float_dtype(params, buffers))
+        if owner.backend != "cpu":
+            from ..device.engine import capture
+            self.replay = capture(tp, self.loss_id, owner.backend, dtype=self.tape_dtype)
+            prog = self.replay.program
+            # per param: (its arena offset, its gradient's (-1: backward never reaches it),
+            # its size): written and read straight, the shape checked by _leaf
+            self.arena = {i: (prog.val_off[i], prog.grad_off[i], prog.size_of(i))
+                          for _, i in self.params}
+
+    def current(self, params: dict, buffers: dict) -> bool:
+        """Whether the constants the tape was recorded with are unchanged."""
+        return _versions(params, buffers, self.state_names) == self.versions
+
+    # ── one call ───────────────────────────────────────────────────────────
+    def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
+        """(loss, {param name: gradient or None}, [output arrays], [new state]) as float64
+        numpy arrays."""
+        from ..errors import IdsError
+        try:
+            if self.replay is None:
+                return self._run_cpu(params, buffers, args, rng, need_grad)
+            return self._run_device(params, buffers, args, rng, need_grad)
+        except IdsError as exc:
+            raise self._bad_ids(exc, args) from None
+
+    def _bad_ids(self, exc, args) -> GradtoolError:
+        """A take's bad id, computed from an input: which input, which example of the
+        batch (:func:`gradtool.tape.ids_culprit`)."""
+        from ..tape import ids_culprit
+        values = {i: np.asarray(t.detach().cpu()) for (_, i, _), t in zip(self.inputs, args)}
+        found = ids_culprit(self.tape, exc, values)
+        if found is None:
+            return exc
+        name, row = found
+        where = f"example {row} of the batch" if row is not None else "the batch"
+        return WrapError(f"input {name!r}: {where}: {exc}")
+
+    def _leaf(self, i: int, t, what: str) -> np.ndarray:
+        """``t``'s values as an array of the tape's dtype and node ``i``'s shape: a view of
+        the tensor's own memory where it is a contiguous CPU tensor of that dtype, else a
+        converted copy."""
+        torch = _torch()
+        want = _TORCH_DTYPES[self.tape_dtype](torch)
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype != want:
+            t = t.to(want)
+        arr = t.numpy()
+        shape = self.tape.values[i].shape
+        if arr.shape != shape:
+            if arr.size != math.prod(shape):
+                raise WrapError(f"{what} has shape {list(arr.shape)}; the recorded graph's is "
+                                f"{list(shape)}")
+            arr = arr.reshape(shape)
+        return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+    def _ids(self, i: int, name: str, t) -> np.ndarray:
+        from ..ops import inexact_int
+        from ..tape import check_ids
+        torch = _torch()
+        arr = t.detach().cpu().to(torch.int64).numpy().reshape(self.tape.values[i].shape)
+        check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
+        if i in self.id_values and inexact_int(arr):
+            raise WrapError(f"input {name!r}: {inexact_int(arr)}")
+        return arr
+
+    def _fill(self, set_leaf, params, buffers, args, rng, set_param=None) -> None:
+        set_param = set_param or set_leaf
+        for k, i in self.params:
+            set_param(i, self._leaf(i, params[k], f"parameter {k!r}"))
+        for k, i, _ in self.state:
+            set_leaf(i, self._leaf(i, buffers[k], f"buffer {k!r}"))
+        for (name, i, kind), t in zip(self.inputs, args):
+            set_leaf(i, self._ids(i, name, t) if kind == "int"
+                     else self._leaf(i, t, f"input {name!r}"))
+        if self.rng_id >= 0:
+            set_leaf(self.rng_id, np.array(rng, dtype=np.float64))
+
+    def _run_cpu(self, params, buffers, args, rng, need_grad):
+        tp = self.tape
+
+        def set_leaf(i, arr):          # the leaf IS the array: no copy (a view of a tensor)
+            tp.values[i] = arr
+        self._fill(set_leaf, params, buffers, args, rng)
+        tp.forward()
+        loss = float(tp.values[self.loss_id].reshape(-1)[0])
+        grads = {}
+        if need_grad:
+            tp.zero_grad()
+            tp.backward(tp.var(self.loss_id))
+            grads = {k: tp.grads[i] for k, i in self.params}
+            tp.zero_grad()             # torch owns the arrays now; the next backward makes new ones
+        outs = [tp.values[i].copy() if i >= 0 else None for i in self.out_ids]
+        state = [tp.values[o].copy() for _, _, o in self.state]
+        return loss, grads, outs, state
+
+    def _run_device(self, params, buffers, args, rng, need_grad):
+        rp = self.replay
+        dev, arena = rp.dev, self.arena
+
+        def set_param(i, arr):         # a param's values: no checks to make (floats)
+            dev.write(arena[i][0], arr)
+        self._fill(rp.set_input, params, buffers, args, rng, set_param)
+        if need_grad:
+            rp.episode(train=False)    # forward and backward, no optimizer
+        else:
+            rp.forward()
+        loss = rp.loss()
+        grads = {}
+        if need_grad:
+            for k, i in self.params:
+                _, g_off, size = arena[i]
+                grads[k] = (dev.read(g_off, size).reshape(self.tape.values[i].shape)
+                            if g_off >= 0 else None)
+        outs = [rp.value(i) if i >= 0 else None for i in self.out_ids]
+        state = [rp.value(o) for _, _, o in self.state]
+        return loss, grads, outs, state
+
+
+def _versions(params: dict, buffers: dict, state_names) -> list:
+    """(name, identity, version counter) of what a recorded tape holds as constants (and
+    may have folded): frozen parameters and the buffers the forward does not update."""
+    out = [(k, id(p), p._version) for k, p in params.items() if not p.requires_grad]
+    out += [(k, id(b), b._version) for k, b in buffers.items() if k not in state_names]
+    return out
+
+
+# ── the autograd.Function that hands torch gradtool's gradients ───────────
+
+_CLASSES: dict = {}
+
+
+def _loss_function():
+    if "loss" in _CLASSES:
+        return _CLASSES["loss"]
+    torch = _torch()
+
+    class GradtoolLoss(torch.autograd.Function):
+        """Forward: the loss gradtool computed.  Backward: gradtool's gradient of each
+        parameter (``None`` for one the loss does not reach, whose .grad torch then
+        leaves as it is), times the incoming gradient where that is not exactly 1.0."""
+
+        @staticmethod
+        def forward(ctx, loss, grads, *params):
+            ctx.grads = grads
+            return loss.clone()
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, g):
+            grads, ctx.grads = ctx.grads, None
+            if grads is None:
+                raise WrapError("gradtool's gradients of this call were already handed to "
+                                "torch (backward twice through one call)")
+            one = bool(float(g) == 1.0)
+            return (None, None) + tuple(
+                x if x is None or one else x * g.to(x.dtype) for x in grads)
+
+    _CLASSES["loss"] = GradtoolLoss
+    return GradtoolLoss
+
+
+# ── the module ─────────────────────────────────────────────────────────────
+
+class _Wrapper:
+    """The methods of :class:`GradtoolModule` (an ``nn.Module`` subclass made on first
+    use, so that this file imports without torch)."""
+
+    def _setup(self, model, example_inputs, backend, loss_fn, loss_output, outputs,
+               targets, max_shapes, importer):
+        torch = _torch()
+        if not isinstance(model, torch.nn.Module):
+            raise WrapError(f"wrap: expected a torch.nn.Module, got {type(model).__name__}")
+        if backend not in BACKENDS:
+            raise WrapError(f"wrap: unknown backend {backend!r} (choose from "
+                            f"{', '.join(BACKENDS)})")
+        args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
+            else (example_inputs,)
+        self.model = model                          # a submodule: train()/eval() reach it
+        self.backend, self.loss_fn, self.loss_output = backend, loss_fn, int(loss_output)
+        self.with_outputs = bool(outputs)
+        if outputs and loss_fn is None:
+            raise WrapError("wrap: outputs=True needs loss_fn= (without it the call returns "
+                            "what the module returns)")
+        self.importer = importer
+        self.n_args = len(args)
+        self.n_model = self._model_inputs(len(args), targets)
+        self.max_shapes = int(max_shapes)
+        self.graphs = collections.OrderedDict()
+        self.step = 0
+        self._warned = False
+        self._graph(args, dict(model.named_parameters()), dict(model.named_buffers()))
+        # (recorded now: an import problem surfaces here)
+
+    def _model_inputs(self, n: int, targets) -> int:
+        if self.loss_fn is None:
+            return n
+        if targets is None:
+            need = _required_positional(self.loss_fn)
+            if need is None or need < 1:
+                raise WrapError("wrap: cannot tell how many of the inputs are loss_fn's "
+                                "targets from its signature; pass targets=N")
+            targets = need - 1
+        if not 0 <= int(targets) < n:
+            raise WrapError(f"wrap: {targets} targets for loss_fn, but {n} example inputs")
+        return n - int(targets)
+
+    @property
+    def dtype(self):
+        """The module's float dtype (its first floating parameter's)."""
+        return _float_dtype(dict(self.model.named_parameters()),
+                            dict(self.model.named_buffers()))
+
+    # ── the cache ──────────────────────────────────────────────────────────
+    def _key(self, args, params: dict, dtype) -> tuple:
+        torch = _torch()
+        for k, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                raise WrapError(f"input {k}: expected a tensor, got {type(a).__name__}")
+        return (tuple((tuple(a.shape), _kind(a.dtype)) for a in args), bool(self.training),
+                str(dtype), tuple(p.requires_grad for p in params.values()))
+
+    def _graph(self, args, params: dict, buffers: dict, dtype=None) -> _Graph:
+        key = self._key(args, params, dtype or _float_dtype(params, buffers))
+        graph = self.graphs.get(key)
+        if graph is not None and not graph.current(params, buffers):
+            graph = None                            # a constant changed: record again
+        if graph is None:
+            graph = self.graphs[key] = _Graph(self, args, params, buffers)
+            if len(self.graphs) > self.max_shapes and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"gradtool.wrap: {len(self.graphs)} graphs recorded (one per input "
+                    f"shape and train/eval mode), more than max_shapes={self.max_shapes}; "
+                    f"each new shape records the model again (pad inputs to a few shapes, "
+                    f"or drop_last=True in the DataLoader)", stacklevel=4)
+        self.graphs.move_to_end(key)
+        return graph
+
+    # ── a call ─────────────────────────────────────────────────────────────
+    def forward(self, *args):
+        torch = _torch()
+        if len(args) != self.n_args:
+            raise WrapError(f"the wrapped module takes {self.n_args} inputs (as its "
+                            f"example), got {len(args)}")
+        model = self.model
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        dtype = _float_dtype(params, buffers)
+        graph = self._graph(args, params, buffers, dtype)
+        train = bool(self.training)
+        tensors = [params[k] for k, _ in graph.params]
+        need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in tensors)
+        loss, grads, outs, state = graph.run(params, buffers, args,
+                                             (float(self.step), 0.0, 1.0 if train else 0.0),
+                                             need_grad)
+        if train:
+            self.step += 1
+        with torch.no_grad():                       # BatchNorm's statistics flow back
+            for (k, _, _), value in zip(graph.state, state):
+                b = buffers[k]
+                b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
+        device = tensors[0].device if tensors else torch.device("cpu")
+        loss_t = torch.tensor(loss, dtype=torch.float64).to(dtype).to(device)
+        if need_grad:
+            g = [None if grads.get(k) is None else
+                 torch.from_numpy(np.asarray(grads[k])).reshape(p.shape).to(p.dtype).to(
+                     p.device) for (k, _), p in zip(graph.params, tensors)]
+            loss_t = _loss_function().apply(loss_t, g, *tensors)
+        flat = []
+        for i, (value, odt, shape) in enumerate(zip(outs, graph.out_dtypes,
+                                                     graph.out_shapes)):
+            if i == self.loss_output:
+                flat.append(loss_t if shape in (None, tuple(loss_t.shape)) else loss_t.reshape(shape))
+            elif value is None:
+                flat.append(None)
+            else:
+                t = torch.from_numpy(np.asarray(value))
+                want = dtype if odt is None or odt.is_floating_point else odt
+                flat.append(t.reshape(shape if shape is not None else t.shape)
+                            .to(want).to(device))
+        import torch.utils._pytree as pytree
+        return pytree.tree_unflatten(flat, graph.out_spec)
+
+    # ── the step counter in state_dict ─────────────────────────────────────
+    def get_extra_state(self):
+        return {"gradtool.step": self.step}
+
+    def set_extra_state(self, state):
+        if not (isinstance(state, dict) and isinstance(state.get("gradtool.step"), int)
+                and state["gradtool.step"] >= 0):
+            raise WrapError(f"the wrapped module's state: expected {{'gradtool.step': a "
+                            f"count >= 0}}, got {state!r}"[:300])
+        self.step = state["gradtool.step"]
+
+    def extra_repr(self) -> str:
+        return (f"backend={self.backend!r}, step={self.step}, graphs={len(self.graphs)}"
+                + (f", loss_fn={getattr(self.loss_fn, '__name__', self.loss_fn)!r}"
+                   if self.loss_fn is not None else ""))
+
+
+def module_class():
+    """:class:`GradtoolModule`: ``torch.nn.Module`` with the wrapper's methods."""
+    if "module" not in _CLASSES:
+        torch = _torch()
+
+        class GradtoolModule(_Wrapper, torch.nn.Module):
+            """A module whose forward and gradients gradtool computes: see :func:`wrap`
+            (``gradtool.interop.torch.wrap``) and ``docs/torch.md``."""
+
+            def __init__(self, model, example_inputs, backend="cpu", loss_fn=None, *,
+                         loss_output=0, outputs=False, targets=None,
+                         max_shapes=MAX_SHAPES, importer=None):
+                torch.nn.Module.__init__(self)
+                self._setup(model, example_inputs, backend, loss_fn, loss_output, outputs,
+                            targets, max_shapes, importer)
+
+        GradtoolModule.__module__ = __name__
+        _CLASSES["module"] = GradtoolModule
+    return _CLASSES["module"]
+
+
+# ── clipping ───────────────────────────────────────────────────────────────
+
+def clip_grad_norm_(parameters, max_norm: float):
+    """Scale the ``.grad`` of ``parameters`` so their global norm is at most ``max_norm``,
+    in place, and return the norm before clipping (a 0-dim float64 tensor), as
+    ``torch.nn.utils.clip_grad_norm_`` does, by ``gradtool train --clip``'s rule
+    (:func:`gradtool.optim.global_norm`): params without a ``.grad`` are skipped, the
+    others' gradients (as float64) are squared and summed serially from 0.0, in the
+    order given, row-major; ``norm = sqrt(sum)``; only where ``norm > max_norm`` is every
+    gradient multiplied by ``max_norm / norm`` (one float64 rounding each, then one to
+    the gradient's dtype).  torch's own divides by ``norm + 1e-6`` and multiplies every
+    gradient by ``min(1, that)``, with a reduction order of its kernels' choosing."""
+    from ..optim import clip_scale, global_norm
+    torch = _torch()
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    try:
+        max_norm = float(max_norm)
+    except (TypeError, ValueError):
+        raise WrapError(f"clip_grad_norm_: max_norm must be a number, got "
+                        f"{type(max_norm).__name__}") from None
+    if not (math.isfinite(max_norm) and max_norm >= 0.0):
+        raise WrapError(f"clip_grad_norm_: max_norm must be a finite number >= 0, got "
+                        f"{max_norm!r}")
+    arrays = [g.detach().cpu().to(torch.float64).numpy() for g in grads]
+    norm = global_norm(arrays)
+    scale = clip_scale(norm, max_norm) if max_norm > 0.0 else None
+    if scale is not None:
+        with torch.no_grad():
+            for g, a in zip(grads, arrays):
+                g.copy_(torch.from_numpy(a * scale).to(g.dtype))
+    return torch.tensor(norm, dtype=torch.float64)
