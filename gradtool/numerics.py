@@ -400,8 +400,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       and in every worker, and restores the caller's mode after: a caller's
       FTZ/DAZ cannot change a product.
     """
-    if a.dtype == _F32:
-        return _n32().matmul(a, b)          # the fmaf chain, k ascending from +0.0
+    if a.dtype == _F32 and b.dtype == _F32:  # float32: the fmaf chain, k ascending from +0.0
+        return _n32().matmul(a, b)          # (a mix is widened exactly: the f64 chain)
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
@@ -413,7 +413,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
     :func:`matmul`, the one inner-product helper)."""
-    if a.dtype == _F32:
+    if a.dtype == _F32 and b.dtype == _F32:
         return _n32().bmm(a, b)
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
