@@ -442,8 +442,9 @@ def unary(name: str, x) -> np.ndarray:
 
     Bound: the f64 ports are within 1 ulp of binary64 (``gradtool.fdlibm``), so the
     float32 result is within 0.5 + 2^-28 ulp of float32 -- one float32 away from the
-    correctly rounded value at most, and only when the exact value is within 2^-29
-    relative of a float32 midpoint.  The measured largest errors over all 2^32 inputs
+    correctly rounded value at most, and only when the exact value is within 2^-28
+    float32 ulps of a float32 midpoint (the float64 result's error, 1 ulp of binary64,
+    is 2^-29 ulps of binary32).  The measured largest errors over all 2^32 inputs
     are in ``docs/numerics-f32.md``.  The C twin is ``(float)gt_exp((double)x)``
     (``gt_real32.h``'s ``gt_expf`` ...), the same bits wherever the f64 port's are."""
     try:

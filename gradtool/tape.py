@@ -995,9 +995,9 @@ def f32_refusal(tape: Tape, what: str, hint: str = "") -> Optional[str]:
     if i < 0:
         return None
     node = tape.nodes[i]
-    return (f"node {i} ({node.op}{' ' + repr(node.name) if node.name else ''}) holds f32 "
-            f"values; {what} runs f64 tapes only for now (its f32 kernels are not built "
-            f"yet){hint}")
+    return (f"node {i}: a {node.op}{' ' + repr(node.name) if node.name else ''} holding "
+            f"float32 values (dtype f32); {what} needs a float64 tape for now (its f32 "
+            f"kernels are not built yet){hint}")
 
 
 def ids_culprit(tape: Tape, err: IdsError, slot_values: dict) -> Optional[tuple]:

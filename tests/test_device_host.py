@@ -26,6 +26,10 @@ from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like
                      mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
                      run_cpu, train_step_all, weighted_loss, with_params)
 
+# every op the random (f64) graphs exercise: cast runs only in an f32 program, as a copy
+# of whole numbers or of a draw (tests/test_device_f32.py); any other cast is refused
+DEVICE_OPS = set(gt.OP_NAMES) - {"cast"}
+
 
 def assert_replay_matches(tp, loss, rng, dtype="f64", kernels="tiled"):
     """Forward and backward on the host backend == the CPU tape, every node, to the bit."""
@@ -268,13 +272,13 @@ def test_random_graphs_cover_every_op(kernels):
     other's outputs (a race on a GPU, where threads run in no order) fails one of them."""
     seen = set()
     for seed in range(400):              # 40 graphs, then more until every op was seen
-        if seed >= 40 and seen >= set(gt.OP_NAMES):
+        if seed >= 40 and seen >= DEVICE_OPS:
             break
         rng = np.random.default_rng(seed)
         tp, loss = random_graph(rng)
         seen |= {n.op for n in tp.nodes}
         assert_replay_matches(tp, loss, rng, kernels=kernels)
-    assert seen >= set(gt.OP_NAMES), f"ops never generated: {set(gt.OP_NAMES) - seen}"
+    assert seen >= DEVICE_OPS, f"ops never generated: {DEVICE_OPS - seen}"
 
 
 @pytest.mark.parametrize("kernels", ["per-thread", "per-thread-reversed"])

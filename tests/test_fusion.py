@@ -43,6 +43,10 @@ NVCC = shutil.which("nvcc")
 OK, WHY = cuda_status()
 needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 
+# every op the random (f64) graphs exercise: cast runs only in an f32 program, as a copy
+# of whole numbers or of a draw (tests/test_device_f32.py); any other cast is refused
+DEVICE_OPS = set(gt.OP_NAMES) - {"cast"}
+
 
 def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype=None, optimizer=None,
                          backend="host", graph=True):
@@ -154,13 +158,13 @@ def test_random_graphs_bit_exact(kernels):
         tp, loss = random_row_graph(rng)
         assert_fused_matches(tp, loss, rng, kernels=kernels)
     for seed in range(400):              # 40 graphs, then more until every op was seen
-        if seed >= 40 and seen >= set(gt.OP_NAMES):
+        if seed >= 40 and seen >= DEVICE_OPS:
             break
         rng = np.random.default_rng(seed)
         tp, loss = random_graph(rng)
         seen |= {n.op for n in tp.nodes}
         assert_fused_matches(tp, loss, rng, kernels=kernels)
-    assert seen >= set(gt.OP_NAMES)
+    assert seen >= DEVICE_OPS
 
 
 @pytest.mark.parametrize("kernels", ["tiled", "per-thread-reversed"])
