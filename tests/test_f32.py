@@ -403,7 +403,7 @@ def test_the_device_replay_and_emit_cuda_run_an_f32_tape_and_refuse_a_mixed_one(
     from gradtool.emit.render import EmitError
     from gradtool.device.launch import CaptureError
     mixed, mixed_loss = _f32_tape()          # an f64 param cast to f32: one arena type only
-    with pytest.raises(CaptureError, match="node 0 holds f32 values and node 2 f64 values"):
+    with pytest.raises(CaptureError, match="node 0: holds float32 values and node 2 float64 values"):
         capture_program(mixed, mixed_loss.id)
     rng = np.random.default_rng(5)
     tp = gt.Tape()

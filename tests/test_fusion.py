@@ -346,7 +346,7 @@ def test_f32_fused_equals_f32_per_node(sample):
     try:
         tape_dtype(copy)
     except CaptureError as exc:
-        assert "f64 values" in str(exc)
+        assert "float64 values" in str(exc)
         with pytest.raises(CaptureError, match="one float dtype per tape"):
             capture(tp, tf.loss.id, "host", "f32")
         return

@@ -261,9 +261,10 @@ def tape_dtype(tape) -> str:
         if (dt == np.float32 or dt == np.float64) and not ints[i]:
             kinds.setdefault("f32" if dt == np.float32 else "f64", i)
     if len(kinds) > 1:
-        raise CaptureError(f"node {kinds['f32']} holds f32 values and node {kinds['f64']} "
-                           f"f64 values; the device replay runs one float dtype per tape "
-                           f"(a tape that casts between them runs on the cpu backend)")
+        raise CaptureError(f"node {kinds['f32']}: holds float32 values and node "
+                           f"{kinds['f64']} float64 values; the device replay runs one float "
+                           f"dtype per tape, an f32 or a float64 tape (a tape that casts "
+                           f"between them runs on the cpu backend)")
     return next(iter(kinds), "f64")
 
 

@@ -105,8 +105,8 @@ def float_dtype(tape: Tape) -> str:
         if value.dtype in (np.float32, np.float64):
             first.setdefault("f32" if value.dtype == np.float32 else "f64", i)
     if len(first) > 1:
-        raise EmitError(f"node {first['f32']} holds f32 values and node {first['f64']} f64 "
-                        f"values; emit-cuda emits one float type per tape")
+        raise EmitError(f"node {first['f32']}: holds float32 values and node {first['f64']} "
+                        f"float64 values; emit-cuda emits one float type per tape")
     return next(iter(first), "f64")
 
 
