@@ -13,13 +13,13 @@ class TapeError(GradtoolError):
     """Misuse of a tape: a foreign or dropped GVar, a poisoned tape, a non-scalar loss."""
 
 
+class OptimizerError(GradtoolError):
+    """A bad optimizer setting, registration or saved state (gradtool.optim)."""
+
+
 class DtypeError(TapeError):
     """An op was given inputs of dtypes it does not combine (f32 with f64: gradtool never
     promotes silently; ``Tape.cast`` converts)."""
-
-
-class OptimizerError(GradtoolError):
-    """A bad optimizer setting, registration or saved state (gradtool.optim)."""
 
 
 class TapeFileError(GradtoolError):

@@ -554,13 +554,23 @@ def pad(tp, a, widths, value=0.0):
                         f"of {format_shape(shape)}, got {widths!r}"[:200])
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
         raise TapeError(f"pad: value must be a number, got {value!r}"[:200])
+    # ids padded with a whole number (labels with -100) stay ids: the blocks are i64
+    # consts read through to_f64 (exact), so the result is integer-valued like its input
+    whole = (tp.integral[a.id] and math.isfinite(value) and value == math.floor(value)
+             and abs(value) <= 2 ** 53)
     out, cur = a, list(shape)
     for ax, (before, after) in enumerate(pairs):
         parts = []
         for width in (before, after):
             block = list(cur)
             block[ax] = width
-            parts.append(tp.const(np.full(block, float(value))) if width else None)
+            if not width:
+                parts.append(None)
+            elif whole:
+                parts.append(tp.to_f64(tp.const(np.full(block, int(value), dtype=np.int64),
+                                                dtype="i64")))
+            else:
+                parts.append(tp.const(np.full(block, float(value))))
         out = cat(tp, [x for x in (parts[0], out, parts[1]) if x is not None], ax)
         cur[ax] += before + after
     return out

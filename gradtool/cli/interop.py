@@ -83,6 +83,8 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
         raise GradtoolError("import-torch needs PyTorch: pip install 'gradtool[torch]'") \
             from None
     from ..interop.torch import DEFAULT_DTYPE, TorchImportError, import_module
+    from ..interop.zoo import prepare_torchvision
+    prepare_torchvision()            # the user's `import torchvision` beside a CPU torch
     build, module = load_spec(spec)
     loss_fn = None
     if loss_name:
@@ -121,6 +123,8 @@ def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: 
             click.echo(f"gradtool: {spec}: {p.line()}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     result.save(output)
+    for note in result.notes:
+        click.echo(f"gradtool: {spec}: note: {note}", err=True)
     if as_json:
         click.echo(json.dumps(result.summary()))
     else:

@@ -447,6 +447,29 @@ def _bnot(r, node, a):
     return r.tp.logical_not(r.mask(a))
 
 
+def _bitwise(names, method, how):
+    @aten(*names, needs=(method,), doc=f"{how} (bool masks only)")
+    def fn(r, node, a, b):
+        if r.torch_dtype(node) != "bool":
+            raise Unsupported(f"{str(node.target).split('.')[1]} of integers")
+        return getattr(r.tp, method)(r.mask(a), r.mask(b))
+    return fn
+
+
+# transformers' mask builders combine their boolean masks with & and |
+_bitwise(("aten.bitwise_and.Tensor", "aten.bitwise_and.Scalar"), "logical_and", "logical_and")
+_bitwise(("aten.bitwise_or.Tensor", "aten.bitwise_or.Scalar"), "logical_or", "logical_or")
+_bitwise(("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar"), "ne",
+         "ne of the 0.0/1.0 masks (xor)")
+
+
+@aten("aten.logical_xor.default", needs=("ne",), doc="ne of the two operands' truth")
+def _lxor(r, node, a, b):
+    tp = r.tp
+    zero = r.f(0.0)
+    return tp.ne(tp.ne(r.mask(a), zero), tp.ne(r.mask(b), zero))
+
+
 @aten("aten.where.self", needs=("where",),
       doc="where (the gradient to a where the mask holds, to b elsewhere)")
 def _where(r, node, m, a, b):
@@ -796,6 +819,82 @@ def _permute(r, node, a, dims):
     return r.permute(r.value(a), list(dims))
 
 
+def _strided_sources(node):
+    """For ``as_strided(x, size, stride, offset)``: the flat (row-major) index into ``x``
+    of each output element, in row-major order, from the memory layout torch gives ``x``
+    (its strides and storage offset), or a reason it is not a read of ``x``'s elements."""
+    val = node.args[0].meta["val"]
+    shape, strides = [int(d) for d in val.shape], [int(d) for d in val.stride()]
+    base = int(val.storage_offset())
+    size, stride = [int(d) for d in node.args[1]], [int(d) for d in node.args[2]]
+    offset = base if len(node.args) < 4 or node.args[3] is None else int(node.args[3])
+    def positions(start, dims, steps):     # storage position of each element, row-major
+        pos = np.full(dims, start, dtype=np.int64)
+        for axis, (d, st) in enumerate(zip(dims, steps)):
+            pos = pos + (np.arange(d, dtype=np.int64) * st).reshape(
+                [d if k == axis else 1 for k in range(len(dims))])
+        return pos.reshape(-1)
+
+    held = positions(base, shape, strides)          # x's elements, by flat index
+    if len(np.unique(held)) != len(held):
+        return None, "its input is itself an overlapping (expanded) view"
+    order = np.argsort(held, kind="stable")
+    read = positions(offset, size, stride)
+    at = np.searchsorted(held[order], read)
+    found = at < len(held)
+    found[found] = held[order][at[found]] == read[found]
+    if not found.all():
+        return None, "it reads memory outside its input"
+    return order[at].astype(np.int64), ""
+
+
+def _as_box(sources, shape):
+    """``(starts, stops, steps)`` where ``sources`` (flat indices into ``shape``) are a
+    slice of each axis enumerated in row-major order, else None."""
+    if not len(sources):
+        return None
+    coords = np.unravel_index(sources, shape)
+    box = []
+    for c in coords:
+        values = np.unique(c)
+        step = int(values[1] - values[0]) if len(values) > 1 else 1
+        if step < 1 or not np.array_equal(values, np.arange(values[0], values[-1] + 1, step)):
+            return None
+        box.append((int(values[0]), int(values[-1]) + 1, step, len(values)))
+    grid = np.ix_(*[np.arange(a, b, st) for a, b, st, _ in box])
+    want = np.ravel_multi_index(grid, shape).reshape(-1)
+    return box if np.array_equal(want, sources) else None
+
+
+@aten("aten.as_strided.default",
+      doc="where its strides are a reshape, a permute or a slice of its input's layout "
+          "(torch's adaptive_avg_pool2d on a channels-last tensor): that op; any other "
+          "as_strided (overlapping windows, memory outside the input) is refused")
+def _as_strided(r, node, a, size, stride, storage_offset=None):
+    import itertools
+    shape = list(r.tshape(node.args[0]))
+    out_shape = r.shape(node)
+    sources, why = _strided_sources(node)
+    if sources is None:
+        raise Unsupported(f"as_strided: {why}")
+    v = r.value(a)
+    n = math.prod(shape)
+    if len(sources) == n and np.array_equal(sources, np.arange(n)):
+        return r.reshape(v, out_shape)                                  # a reshape
+    if len(sources) == n and len(shape) <= 6:
+        grid = np.arange(n).reshape(shape)
+        for perm in itertools.permutations(range(len(shape))):
+            if np.array_equal(grid.transpose(perm).reshape(-1), sources):
+                return r.reshape(r.permute(v, list(perm)), out_shape)   # a permute
+    box = _as_box(sources, shape)
+    if box is not None:                                                 # a slice
+        for axis, (start, stop, step, _) in enumerate(box):
+            v = r.slice_axis(v, axis, start, stop, step)
+        return r.reshape(v, out_shape)
+    raise Unsupported("as_strided whose strides are not a reshape, permute or slice of "
+                      "its input (overlapping windows: use unfold)")
+
+
 @aten("aten.t.default", doc="transpose (of a 2-dim tensor)")
 def _t(r, node, a):
     v = r.value(a)
@@ -934,11 +1033,14 @@ def _unbind(r, node, a, dim=0):
 
 @aten("aten.cat.default", needs=("cat",), doc="cat (N inputs; empty ones dropped)")
 def _cat(r, node, tensors, dim=0):
-    vals = [(r.value(t), s) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])]
-    vals = [v for v, s in vals if 0 not in s]
+    # an empty input (a KV cache's first cat starts from torch.tensor([])) is dropped
+    # before anything is lifted: a [0] const is not a tape value
+    vals = [r.value(t) for t, s in zip(tensors, [r.tshape(t) for t in node.args[0]])
+            if 0 not in s]
+    if not vals:
+        raise Unsupported("cat of empty tensors only (a zero-size result)")
     ndim = len(r.tshape(node))
     dim %= ndim
-    vals = [r.value(v) for v in vals]
     return vals[0] if len(vals) == 1 else r.tp.cat(vals, dim)
 
 
@@ -1308,6 +1410,64 @@ def _multilabel_margin(r, node, x, target, reduction=1):
     if reduction == 2:
         return tp.sum(per)
     return r.reshape(per, r.shape(node))
+
+
+@aten("aten.scaled_dot_product_attention.default",
+      needs=("bmm", "softmax", "where", "logical_not", "nn.dropout"),
+      doc="(only where torch's own decomposition of the program fails and the op is kept, "
+          "RETRY_UNDECOMPOSED) as torch's math kernel: q and k each times sqrt(scale), bmm, "
+          "the mask added (a bool mask or is_causal as 0/-inf), softmax, rows masked "
+          "whole give 0, nn.dropout of the weights (dropout_p > 0), bmm with v")
+def _sdpa(r, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    tp = r.tp
+    qs, ks, vs = (list(r.tshape(a)) for a in node.args[:3])
+    if min(len(qs), len(ks), len(vs)) < 2:
+        raise Unsupported("attention of 1-dim tensors")
+    qv, kv, vv = r.f(q), r.f(k), r.f(v)
+    if len(qs) >= 3 and ks[-3] != qs[-3] and ks[-3] and qs[-3] % ks[-3] == 0:
+        rep = qs[-3] // ks[-3]       # grouped-query attention: each k/v head rep times
+        kv = tp.repeat_interleave(kv, rep, len(ks) - 3)
+        vv = tp.repeat_interleave(vv, rep, len(vs) - 3)
+        ks[-3], vs[-3] = qs[-3], qs[-3]
+    batch, (n_l, e), n_s, ev = qs[:-2], qs[-2:], ks[-2], vs[-1]
+    if ks[:-2] != batch or vs[:-2] != batch or ks[-1] != e:
+        raise Unsupported("attention whose q, k, v batch dims differ (broadcast)")
+    nb = math.prod(batch)
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(e))
+    q3 = r.reshape(tp.muls(qv, factor), [nb, n_l, e])
+    k3 = r.permute(r.reshape(tp.muls(kv, factor), [nb, n_s, e]), [0, 2, 1])
+    att = tp.bmm(q3, k3)                                           # [nb, L, S]
+    masked = is_causal or attn_mask is not None
+    if is_causal:
+        bias = np.where(np.tril(np.ones((n_l, n_s), dtype=bool)), 0.0, -math.inf)
+        att = tp.add(att, r.expand(tp.const(bias.reshape(1, n_l, n_s)), [nb, n_l, n_s]))
+    if attn_mask is not None:
+        mshape = list(r.tshape(node.args[3]))
+        full = batch + [n_l, n_s]
+        if r.torch_dtype(node.args[3]) == "bool":
+            bias = tp.where(r.mask(attn_mask), r.f(0.0), r.f(-math.inf))
+        else:
+            bias = r.f(attn_mask)
+        bias = r.reshape(bias, [1] * (len(full) - len(mshape)) + mshape)
+        att = tp.add(att, r.reshape(r.expand(bias, full), [nb, n_l, n_s]))
+    if masked:                       # torch's _safe_softmax: a row masked whole gives 0
+        live = r.expand(r.reduce("max", tp.logical_not(tp.eq(att, r.f(-math.inf))), [2],
+                                 True), [nb, n_l, n_s])
+        # (its softmax taken of zeros, not of -infs: no NaN, in the value or the gradient)
+        w = tp.where(live, tp.softmax(tp.where(live, att, r.f(0.0)), axis=2), r.f(0.0))
+    else:
+        w = tp.softmax(att, axis=2)
+    if dropout_p:
+        w = _dropout_of(r, w, dropout_p, True)
+    out = tp.bmm(w, r.reshape(vv, [nb, n_s, ev]))
+    return r.reshape(out, batch + [n_l, ev])
+
+
+# ops kept out of run_decompositions only when torch's own decomposition of the program
+# fails (GPT-2's SDPA in eval mode: "Cannot view a tensor with shape ..."), each recorded
+# by its own entry in this table
+RETRY_UNDECOMPOSED = {"aten.scaled_dot_product_attention.default"}
 
 
 # ops kept out of run_decompositions, each recorded by its own entry in this table

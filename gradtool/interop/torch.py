@@ -11,6 +11,7 @@ Or keep your own training loop (``gradtool/interop/wrap.py``)::
     gm = gtt.wrap(model, (x, y), backend="cpu", loss_fn=F.cross_entropy)
     loss = gm(x, y); loss.backward()                 # gradtool's gradients into .grad
     gtt.clip_grad_norm_(model.parameters(), 1.0)     # gradtool train --clip's norm
+    opt = gtt.optim.AdamW(model.parameters(), lr=3e-4)  # the optimizer table's step
 
 How it works (``docs/torch.md``):
 
@@ -235,10 +236,11 @@ class TorchImport:
     histogram: collections.Counter
     input_dtypes: dict
     state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
-    check: dict = field(default_factory=dict)     # an f32 import's check (_as_f32)
     out_spec: Any = None          # the pytree structure of the module's outputs (torch's)
     out_dtypes: list = field(default_factory=list)  # each user output's exported dtype
     out_shapes: list = field(default_factory=list)  # ... and shape (a 0-dim loss: [])
+    notes: list = field(default_factory=list)     # what the import did that one should know
+    check: dict = field(default_factory=dict)     # an f32 import's check (_as_f32)
 
     def meta(self) -> dict:
         return {"torch": {
@@ -271,6 +273,7 @@ class TorchImport:
             "nodes": len(tp.nodes),
             "aten_ops": dict(sorted(self.histogram.items())),
             "unsupported": [],
+            "notes": list(self.notes),
         }
 
 
@@ -631,7 +634,7 @@ def _user_frame(text: str) -> Optional[str]:
     found = None
     for i, line in enumerate(lines):
         m = _FRAME.search(line)
-        if m and not m.group(1).startswith(_torch_dir()):
+        if m and not m.group(1).startswith(_torch_dir()) and m.group(1) != __file__:
             code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
                 lines[i + 1]) else ""
             found = (f"{_display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
@@ -672,12 +675,11 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
+    notes = []
     with _float64_default(torch), _quiet_leafspec():
-        try:
-            decomposed = ep.run_decompositions(table)
-        except Exception as exc:      # a decomposition torch cannot trace
-            raise _torch_failed("run_decompositions", exc) from None
+        decomposed = _run_decompositions(ep, table, notes, torch)
         result = _Importer(decomposed, input_names, loss_output, strip).run()
+        result.notes = notes
         result.out_spec = ep.call_spec.out_spec
         outs = _user_outputs(decomposed)
         result.out_dtypes = [getattr(v, "dtype", None) for v in outs]
@@ -701,6 +703,43 @@ def _user_outputs(ep) -> list:
             val = out.meta.get("val") if hasattr(out, "meta") else None
             dtypes.append(val)
     return dtypes
+
+
+def _run_decompositions(ep, table, notes, torch):
+    """``ep.run_decompositions(table)``.  Where torch's own decomposition fails (torch
+    2.13 on GPT-2's attention in eval mode: "Cannot view a tensor with shape ..."), it is
+    tried again keeping the ops of ``aten.RETRY_UNDECOMPOSED`` that ``ep`` calls
+    (scaled_dot_product_attention), which the table records by their own entries; the
+    retry is added to ``notes`` with the user's source lines.  If that fails too, the
+    refusal names the line of torch's failure."""
+    try:
+        return ep.run_decompositions(table)
+    except Exception as exc:          # noqa: BLE001 - a decomposition torch cannot trace
+        first = exc
+    kept = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"
+            and str(n.target) in A.RETRY_UNDECOMPOSED]
+    if kept:
+        retry = copy.copy(table)
+        for op in {n.target for n in kept}:
+            retry.pop(op, None)
+        try:
+            decomposed = ep.run_decompositions(retry)
+        except Exception:             # noqa: BLE001 - the first failure is the one to tell
+            pass
+        else:
+            ops = sorted({str(n.target) for n in kept})
+            where = sorted({source_line(n) or "unknown source line" for n in kept})
+            notes.append(f"torch's run_decompositions failed ({type(first).__name__}: "
+                         f"{_one_line(first)[:160]}); imported keeping {', '.join(ops)} "
+                         f"undecomposed (x{len(kept)}) at {where[0]}"
+                         + (f" (and {len(where) - 1} more places)" if len(where) > 1 else ""))
+            return decomposed
+    raise _torch_failed("run_decompositions", first) from None
+
+
+def _one_line(exc) -> str:
+    text = str(exc).split("While executing")[0]
+    return " ".join(text.split())
 
 
 def _eval_loss(tape, loss) -> float:
@@ -1093,6 +1132,9 @@ class _Importer:
                     value = _MISSING
                 self.env[node] = value
                 continue
+            if _empty_for_cat(node, self.torch):   # no tape value: cat drops it unread
+                self.env[node] = _EMPTY
+                continue
             entry = (A.COMPLEX if _complex(node, self.torch) else A.ATEN)[name]
             args = _map_nodes(node.args, self.env.__getitem__)
             kwargs = _map_nodes(node.kwargs, self.env.__getitem__)
@@ -1198,6 +1240,18 @@ def _seeded(node, name: str) -> bool:
     import torch
     return name in A.RANDOM or torch.Tag.nondeterministic_seeded in getattr(
         node.target, "tags", ())
+
+
+_EMPTY = "<an empty value cat drops>"
+
+
+def _empty_for_cat(node, torch) -> bool:
+    """Whether ``node`` makes a zero-size tensor that only ``cat`` reads (which drops
+    empty inputs): it is not recorded (the tape holds no zero-size values); a zero-size
+    value that another op reads goes to that op's entry, which refuses it."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.numel() == 0 and bool(node.users)
+            and all(str(u.target) == "aten.cat.default" for u in node.users))
 
 
 def _target_name(node) -> str:
@@ -1583,3 +1637,13 @@ def load_weights(module, tape_or_file) -> list:
             b = buffers[k]
             b.copy_(torch.from_numpy(np.array(arr)).reshape(b.shape).to(b.dtype))
     return list(values) + list(bufvals)
+
+
+def __getattr__(name):
+    """``gtt.optim``: the torch.optim subclasses stepping by gradtool's optimizer table
+    (:mod:`gradtool.interop.torch_optim`), imported on first use: they subclass
+    ``torch.optim.Optimizer``, and this module imports without torch."""
+    if name == "optim":
+        from . import torch_optim
+        return torch_optim
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

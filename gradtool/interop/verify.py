@@ -55,18 +55,23 @@ def _tensors_differ(torch, got, want) -> bool:
         return False
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
         return True
+    return bool(_bad_elements(torch, got, want).any())
+
+
+def _bad_elements(torch, got, want):
+    """Where the same-shaped tensors ``got`` and ``want`` differ beyond rounding: a bool
+    tensor (a NaN or an infinity against anything else, or a difference past RTOL of the
+    element plus the tensor's largest finite magnitude)."""
     if not want.is_floating_point():
-        return not torch.equal(got.to(want.dtype), want)
+        return got.to(want.dtype) != want
     g, w = got.detach().to(torch.float64), want.detach().to(torch.float64)
-    scale = float(w[torch.isfinite(w)].abs().max()) if bool(torch.isfinite(w).any()) else 0.0
-    same_special = torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(
-        torch.isinf(g) & (g > 0), torch.isinf(w) & (w > 0)) and torch.equal(
-        torch.isinf(g) & (g < 0), torch.isinf(w) & (w < 0))
-    if not same_special:
-        return True
     finite = torch.isfinite(w)
-    diff = (g[finite] - w[finite]).abs()
-    return bool((diff > RTOL * (w[finite].abs() + scale) + ATOL).any())
+    scale = float(w[finite].abs().max()) if bool(finite.any()) else 0.0
+    special = (torch.isnan(g) != torch.isnan(w)) | (
+        (torch.isinf(g) & (g > 0)) != (torch.isinf(w) & (w > 0))) | (
+        (torch.isinf(g) & (g < 0)) != (torch.isinf(w) & (w < 0)))
+    far = finite & ((g - w).abs() > RTOL * (w.abs() + scale) + ATOL)
+    return special | far
 
 
 class _Recording:
@@ -76,7 +81,11 @@ class _Recording:
         import torch.fx
         values = self.values = {}
 
-        dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default}
+        dropouts = {torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default,
+                    # in place (nn.Dropout(inplace=True): MobileNetV3's, EfficientNet's)
+                    torch.ops.aten.dropout_.default, torch.ops.aten.feature_dropout_.default,
+                    torch.ops.aten.alpha_dropout_.default,
+                    torch.ops.aten.feature_alpha_dropout_.default}
         means = {                           # bernoulli's draws, each its mean p
             torch.ops.aten.bernoulli.p: lambda x, p=0.5, generator=None: torch.full_like(x, p),
             torch.ops.aten.bernoulli.default: lambda x, generator=None: x.clone(),
@@ -94,13 +103,24 @@ class _Recording:
             if ns is not None and hasattr(ns, name):
                 dropouts.add(getattr(ns, name).default)
 
+        self.draws = set(means) | dropouts      # ops whose flag-0 value is set here
+        flag0 = self.flag0 = _without_dropout_p(torch)
+
+        def kept(v):                            # the value as the node gave it: a later
+            if isinstance(v, torch.Tensor):     # in-place op (hardswish_, dropout_) must
+                return v.clone()                # not change what the culprit search reads
+            if isinstance(v, (tuple, list)):
+                return type(v)(kept(x) for x in v)
+            return v
+
         class Keep(torch.fx.Interpreter):
             def run_node(self, n):
                 out = super().run_node(n)
-                values[n] = out
+                values[n] = kept(out)
                 return out
 
             def call_function(self, target, args, kwargs):
+                args, kwargs = flag0(target, args, kwargs)
                 if target in means:             # a draw's mean, as the tape's flag 0
                     return means[target](*args, **kwargs)
                 if target in dropouts:          # dropout off: the tape's flag-0 loss
@@ -111,6 +131,23 @@ class _Recording:
                 return super().call_function(target, args, kwargs)
 
         self.interpreter = Keep(gm)
+
+
+def _without_dropout_p(torch):
+    """``(target, args, kwargs) -> (args, kwargs)``: an op with a dropout inside it
+    (``scaled_dot_product_attention(dropout_p > 0)``, whose decomposition gradtool records
+    with ``nn.dropout`` on the attention weights) called with its dropout off, as the
+    tape's flag 0 computes it; any other call as it is."""
+    sdpa = {torch.ops.aten.scaled_dot_product_attention.default}
+
+    def flag0(target, args, kwargs):
+        if target in sdpa:
+            if len(args) > 4:
+                args = tuple(args[:4]) + (0.0,) + tuple(args[5:])
+            elif "dropout_p" in kwargs:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        return args, kwargs
+    return flag0
 
 
 def _normal_mean(torch):
@@ -229,7 +266,10 @@ def _decomposed(torch, op, table, args, kwargs):
         return op(*a, **k)
 
     tensors = [leaves[i] for i in where]
-    return make_fx(call, decomposition_table=table)(*tensors)(*tensors)
+    # make_fx traces with the real tensors, running the op: an in-place op (hardswish_)
+    # would change them before the traced program runs; each run gets its own copies
+    traced = make_fx(call, decomposition_table=table)(*[t.clone() for t in tensors])
+    return traced(*[t.clone() for t in tensors])
 
 
 def decomposition_culprit(ep, table, rec):
@@ -237,10 +277,12 @@ def decomposition_culprit(ep, table, rec):
     computes another value than the op on the values it met: (node, got, want)."""
     import torch
     for node in ep.graph_module.graph.nodes:
-        if node.op != "call_function" or node.target not in table or node not in rec.values:
+        if node.op != "call_function" or node.target not in table or node not in rec.values \
+                or node.target in rec.draws:      # a draw: its flag-0 value is by definition
             continue
         args = torch.fx.node.map_arg(node.args, lambda n: rec.values[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: rec.values[n])
+        args, kwargs = rec.flag0(node.target, args, kwargs)
         try:
             with torch.no_grad():
                 got = _decomposed(torch, node.target, table, args, kwargs)
@@ -250,6 +292,23 @@ def decomposition_culprit(ep, table, rec):
         if _tensors_differ(torch, got, want):
             return node, got, want
     return None
+
+
+def _first_difference(torch, got, want):
+    """``(got, want)`` at the first element where they differ beyond rounding (their
+    first elements where none is found: a shape or dtype difference)."""
+    while isinstance(want, (tuple, list)) and want and isinstance(got, (tuple, list)) \
+            and len(got) == len(want):
+        pair = next(((g, w) for g, w in zip(got, want) if _tensors_differ(torch, g, w)),
+                    (got[0], want[0]))
+        got, want = pair
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) \
+            and got.shape == want.shape and want.numel():
+        bad = _bad_elements(torch, got, want).reshape(-1).nonzero()
+        if len(bad):
+            i = int(bad[0])
+            return got.reshape(-1)[i], want.reshape(-1)[i]
+    return got, want
 
 
 def _first_value(torch, v) -> str:
@@ -273,6 +332,7 @@ def check_against_torch(ep, table, tape_loss: float, loss_output: int, problems)
     found = decomposition_culprit(ep, table, rec)
     if found is not None:
         node, got, ref = found
+        got, ref = _first_difference(torch, got, ref)
         problems.add("wrong decomposition of", str(node.target), node,
                      f"torch's decomposition gives {_first_value(torch, got)} where the op "
                      f"itself gives {_first_value(torch, ref)} (the loss {tape_loss!r} "

@@ -158,9 +158,9 @@ class Optimizer:
         l2 = node.l2 if l2 is None else l2
         entry = Entry(node_id, _finite_nonneg(l2, f"l2 of param node {node_id}"),
                       serial=tape.serials[node_id])
-        shape = tape.values[node_id].shape
-        dtype = tape.values[node_id].dtype          # the state in the param's dtype
-        entry.state = {s: np.zeros(shape, dtype) for s in self._slots}
+        # the slots in the param's dtype (float32 for an f32 param, as torch keeps them)
+        value = tape.values[node_id]
+        entry.state = {s: np.zeros(value.shape, dtype=value.dtype) for s in self._slots}
         self.entries.append(entry)
         self._tape = tape
         return entry

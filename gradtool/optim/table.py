@@ -183,7 +183,8 @@ class Entry:
     def init_state(self, w, hparams: Mapping = None) -> dict:
         """Zero slots of ``w``'s shape for these hyperparameters (defaults where None)."""
         hp = self.hparams(hparams)
-        return {s: np.zeros(np.shape(w)) for s in self.slot_names(hp)}
+        dtype = w.dtype if isinstance(w, np.ndarray) and w.dtype == np.float32 else np.float64
+        return {s: np.zeros(np.shape(w), dtype=dtype) for s in self.slot_names(hp)}
 
     def apply(self, w: np.ndarray, g: np.ndarray, state: Mapping, hp: Mapping,
               scalars: Mapping) -> None:
@@ -211,7 +212,7 @@ class Entry:
         hp = self.hparams(hparams)
         b1t = running_power(hp[self.powers[0]], t) if self.powers else 1.0
         b2t = running_power(hp[self.powers[1]], t) if self.powers else 1.0
-        self.apply(w, np.asarray(g, dtype=np.float64), state, hp,
+        self.apply(w, np.asarray(g, dtype=w.dtype), state, hp,
                    self.scalars(hp, lr, t, b1t, b2t))
 
     # ── C ──────────────────────────────────────────────────────────────────

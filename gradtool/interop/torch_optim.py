@@ -1,0 +1,234 @@
+"""``gtt.optim``: ``torch.optim.Optimizer`` subclasses whose step is gradtool's optimizer
+table (:mod:`gradtool.optim.table`), for a training loop of one's own::
+
+    import gradtool.interop.torch as gtt
+    gm = gtt.wrap(model, (x, y), loss_fn=F.cross_entropy)
+    opt = gtt.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+    for x, y in loader:
+        loss = gm(x, y); loss.backward()
+        gtt.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); opt.zero_grad(); sched.step()
+
+They are torch optimizers in every way a loop sees: ``param_groups`` (each group its own
+``lr``, ``weight_decay``, betas ..., as people exclude biases and norms from decay),
+``state`` and ``state_dict``/``load_state_dict``, ``zero_grad``, and torch's LR
+schedulers drive them by writing ``group["lr"]``.  Only the update differs: each
+parameter steps in place by the table entry's per-element rule
+(:meth:`gradtool.optim.table.Entry.apply`), with the bias corrections kept as running
+products, so a step gives the bits ``gradtool train`` gives for the same parameter,
+gradient, step count and learning rate (``tests/test_wrap_optim.py`` trains the digits
+both ways and compares bytes).
+
+Differences from torch's own classes, each deliberate:
+
+* the step count ``t`` is per parameter, as torch keeps it (``state[p]["step"]``);
+  ``gradtool train`` keeps one count for all, the same whenever every parameter has a
+  gradient at every step;
+* parameters must be CPU tensors of float64 or float32, contiguous; the update runs on a
+  numpy view of ``p.data`` and ``p.grad`` (no copies), in the parameter's dtype;
+* torch's ``foreach``, ``fused``, ``capturable`` and ``differentiable`` options do not
+  exist here (one update rule, on the CPU); passing them is a ``GradtoolError``;
+* ``load_state_dict`` refuses a state whose keys are not this entry's slots (plus
+  ``step``), whose shapes differ from the parameter's, or whose values are not finite,
+  before anything changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..errors import OptimizerError
+from ..optim import table as _table
+
+__all__ = ["SGD", "Adam", "AdamW", "AdamSeed", "Optimizer"]
+
+_UNSUPPORTED = ("foreach", "fused", "capturable", "differentiable")
+
+
+class Optimizer(torch.optim.Optimizer):
+    """The shared part: a ``torch.optim.Optimizer`` stepping by table entry ``kind``."""
+
+    kind = ""
+
+    def __init__(self, params, defaults: dict, extra: dict):
+        bad = sorted(k for k in extra if k in _UNSUPPORTED)
+        if bad:
+            raise OptimizerError(f"gtt.optim.{type(self).__name__}: {', '.join(bad)} "
+                                 "is torch's kernel choice; gradtool has one update rule")
+        if extra:
+            raise OptimizerError(f"gtt.optim.{type(self).__name__} has no option "
+                                 f"{', '.join(map(repr, sorted(extra)))}")
+        self.entry = _table.get(self.kind)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            self._hparams(group)          # every group's values checked now, not at step 1
+
+    # ── torch keyword names <-> the table's ───────────────────────────────
+    def _hparams(self, group: dict) -> dict:
+        """The entry's hyperparameters for ``group`` (checked by the table's ranges)."""
+        hp = {}
+        for h in self.entry.hypers:
+            if h.name in ("beta1", "beta2"):
+                betas = group.get("betas")
+                if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                    raise OptimizerError(f"gtt.optim.{type(self).__name__}: betas must be "
+                                         f"a pair, got {betas!r}")
+                hp[h.name] = float(betas[0 if h.name == "beta1" else 1])
+            elif h.name in group:
+                hp[h.name] = group[h.name]
+        return self.entry.hparams(hp, f"gtt.optim.{type(self).__name__}: ")
+
+    @staticmethod
+    def _lr(group: dict) -> float:
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            lr = lr.item()
+        lr = float(lr)
+        if not math.isfinite(lr) or lr < 0.0:
+            raise OptimizerError(f"learning rate must be finite and >= 0, got {lr!r}")
+        return lr
+
+    @staticmethod
+    def _view(t: torch.Tensor, what: str) -> np.ndarray:
+        if t.device.type != "cpu" or t.dtype not in (torch.float64, torch.float32):
+            raise OptimizerError(f"gtt.optim steps CPU float64 or float32 tensors; {what} "
+                                 f"is {t.dtype} on {t.device}")
+        if not t.is_contiguous():
+            raise OptimizerError(f"gtt.optim steps contiguous tensors; {what} is not")
+        return t.detach().numpy()
+
+    # ── the step ──────────────────────────────────────────────────────────
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            hp, lr = self._hparams(group), self._lr(group)
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                what = f"param {pi} of group {gi}"
+                w = self._view(p.data, what)
+                g = self._view(p.grad, what + "'s .grad")
+                if g.dtype != w.dtype:
+                    raise OptimizerError(f"{what} is {p.dtype} and its .grad {p.grad.dtype}")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    for s in self.entry.slot_names(hp):
+                        state[s] = torch.zeros_like(p.data, memory_format=torch.contiguous_format)
+                slots = {s: state[s].numpy() for s in self.entry.slot_names(hp)}
+                t = state["step"] = int(state["step"]) + 1
+                b1t = _table.running_power(hp[self.entry.powers[0]], t) if self.entry.powers else 1.0
+                b2t = _table.running_power(hp[self.entry.powers[1]], t) if self.entry.powers else 1.0
+                self.entry.apply(w, g, slots, hp, self.entry.scalars(hp, lr, t, b1t, b2t))
+        return loss
+
+    # ── saved state ───────────────────────────────────────────────────────
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, after checking every parameter's state against this entry: its keys
+        (``step`` and the slots of its group's options), shapes and finite values."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        states = state_dict.get("state") if isinstance(state_dict, dict) else None
+        if not isinstance(groups, list) or not isinstance(states, dict):
+            raise OptimizerError("optimizer state: a dict with 'state' and 'param_groups' "
+                                 "is needed")
+        if len(groups) != len(self.param_groups):
+            raise OptimizerError(f"optimizer state has {len(groups)} param groups, this "
+                                 f"optimizer {len(self.param_groups)}")
+        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
+            ids = saved.get("params", [])
+            if len(ids) != len(mine["params"]):
+                raise OptimizerError(f"optimizer state: group {gi} has {len(ids)} params, "
+                                     f"this optimizer's {len(mine['params'])}")
+            hp = self._hparams({**mine, **{k: v for k, v in saved.items() if k != "params"}})
+            want = {"step", *self.entry.slot_names(hp)}
+            for pid, p in zip(ids, mine["params"]):
+                s = states.get(pid)
+                if s is None:
+                    continue
+                keys = set(s)
+                if keys != want:
+                    extra, missing = sorted(keys - want), sorted(want - keys)
+                    raise OptimizerError(
+                        f"optimizer state of param {pid}: "
+                        + "; ".join(x for x in (extra and f"unknown keys {extra}",
+                                                missing and f"missing keys {missing}") if x))
+                step = s["step"]
+                step = step.item() if isinstance(step, torch.Tensor) else step
+                if isinstance(step, bool) or not float(step).is_integer() or step < 0:
+                    raise OptimizerError(f"optimizer state of param {pid}: step {step!r} "
+                                         "is not a count")
+                for k in want - {"step"}:
+                    v = s[k]
+                    if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(p.shape):
+                        raise OptimizerError(f"optimizer state of param {pid}: {k!r} is not "
+                                             f"a tensor of the param's shape {list(p.shape)}")
+                    if not bool(torch.isfinite(v).all()):
+                        raise OptimizerError(f"optimizer state of param {pid}: {k!r} holds "
+                                             "non-finite values")
+                    if k in ("v", "vmax") and bool((v < 0).any()):
+                        raise OptimizerError(f"optimizer state of param {pid}: {k!r} holds "
+                                             "negative values")
+        super().load_state_dict(state_dict)
+        for state in self.state.values():       # the step a plain int, the slots contiguous
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = int(state["step"].item())
+            for k, v in list(state.items()):
+                if isinstance(v, torch.Tensor):
+                    state[k] = v.contiguous()
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``'s keywords; the update is the table's ``sgd``."""
+
+    kind = "sgd"
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 **extra):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize), extra)
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``'s keywords (eps on the bias-corrected sqrt(v-hat)); the table's
+    ``adam``."""
+
+    kind = "adam"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+                 **extra):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize), extra)
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW``'s keywords (decoupled weight decay, default 0.01); the
+    table's ``adamw``."""
+
+    kind = "adamw"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 **extra):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         **extra)
+
+
+class AdamSeed(Optimizer):
+    """The seed's eps-hat Adam (``--optimizer adam-seed``): fixed betas and eps."""
+
+    kind = "adam-seed"
+
+    def __init__(self, params, lr: float = 1e-3, **extra):
+        super().__init__(params, dict(lr=lr, betas=(_table.SEED_B1, _table.SEED_B2)), extra)
