@@ -14,10 +14,8 @@ from gradtool.device.cuda import cuda_status
 from gradtool.tapefile import load, save
 
 ROOT = Path(__file__).resolve().parent.parent
-# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
-# f32 kernels exist (tests/test_f32.py checks the refusal)
-SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack")
-                 if not p.stem.endswith("_f32"))
+# every sample, the f32 ones (*_f32.msgpack) too: they replay as f32, bit for bit
+SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack"))
 
 
 def run(*args):
@@ -40,7 +38,8 @@ def test_check_passes_bit_for_bit_on_every_sample(sample):
                          "--episodes", "3", "--warmup", "1", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["backend"] == "host" and report["dtype"] == "f64"
+    assert report["backend"] == "host"
+    assert report["dtype"] == ("f32" if sample.endswith("_f32.msgpack") else "f64")
     assert report["check"]["ok"] is True
     assert report["check"]["max_ulps"] == 0.0
     n_params = sum(1 for n in load(sample).tape.nodes if n.op == "param")
