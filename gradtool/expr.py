@@ -358,6 +358,21 @@ SCALAR = Dialect(
     const=c_double)
 
 
+# scalar float code (the emitter's f32 tapes): binary32 operations that cannot be
+# contracted (GT_FADD ... : __fadd_rn ... under nvcc, plain operators on the host with
+# -ffp-contract=off; the emitted prelude defines them) and gt_real32.h's transcendentals
+# (the float64 fdlibm port on the widened input, rounded once); constants rounded to
+# float32 once
+SCALAR32 = Dialect(
+    arith={"add": "GT_FADD", "sub": "GT_FSUB", "mul": "GT_FMUL", "div": "GT_FDIV",
+           "sqrt": "GT_FSQRT", "exp": "gt_expf", "expm1": "gt_expm1f", "log": "gt_logf",
+           "tanh": "gt_tanhf", "erf": "gt_erff", "log1p": "gt_log1pf", "sin": "gt_sinf",
+           "cos": "gt_cosf", "erfc": "gt_erfcf", "atan": "gt_atanf", "atan2": "gt_atan2f",
+           "abs": "fabsf", "floor": "floorf", "ceil": "ceilf", "trunc": "truncf",
+           "rint": "rintf", "fmod": "GT_FMODF"},
+    const=lambda v: f"((float){c_double(v)})")
+
+
 def render(expr: Expr, dialect: Dialect, env: Mapping[str, str]) -> str:
     """The expression as one C expression; ``env`` maps each symbol to C text."""
     if isinstance(expr, Sym):
@@ -427,4 +442,5 @@ X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
 __all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "erfc", "atan", "atan2", "abs_", "floor", "ceil", "trunc", "rint", "fmod",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
-           "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]
+           "text", "Dialect", "KERNEL", "SCALAR", "SCALAR32", "c_double", "X", "Y", "S", "T",
+           "G"]
