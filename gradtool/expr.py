@@ -259,7 +259,8 @@ def compile_numpy(expr: Expr, names) -> "callable":
     the op table, never from input, so generating the function's source is safe.
 
     The function evaluates in float32 when its first argument is a float32 array (an
-    f32 node: the forward rule's x, a contribution's g): the constants are float32
+    f32 node: the forward rule's x, a contribution's g; a caller passing Python numbers
+    too puts an array first): the constants are float32
     (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
     for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
     One generated function holds both bodies (an f64 call pays one dtype comparison).
@@ -296,7 +297,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
     if names:
         s32 = "        s = _float32(s)\n" if "s" in names else ""
         source = (f"def rule({args}):\n"
-                  f"    if {names[0]}.dtype == _F32:\n{s32}"
+                  f"    if getattr({names[0]}, 'dtype', None) == _F32:\n{s32}"
                   f"        return {body(True)}\n"
                   f"    return {body(False)}\n")
     else:
