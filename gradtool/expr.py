@@ -259,7 +259,8 @@ def compile_numpy(expr: Expr, names) -> "callable":
     the op table, never from input, so generating the function's source is safe.
 
     The function evaluates in float32 when its first argument is a float32 array (an
-    f32 node: the forward rule's x, a contribution's g): the constants are float32
+    f32 node: the forward rule's x, a contribution's g; a caller passing Python numbers
+    too puts an array first): the constants are float32
     (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
     for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
     One generated function holds both bodies (an f64 call pays one dtype comparison).
@@ -296,7 +297,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
     if names:
         s32 = "        s = _float32(s)\n" if "s" in names else ""
         source = (f"def rule({args}):\n"
-                  f"    if {names[0]}.dtype == _F32:\n{s32}"
+                  f"    if getattr({names[0]}, 'dtype', None) == _F32:\n{s32}"
                   f"        return {body(True)}\n"
                   f"    return {body(False)}\n")
     else:
@@ -356,6 +357,21 @@ SCALAR = Dialect(
            "erfc": "gt_erfc", "atan": "gt_atan", "atan2": "gt_atan2", "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint",
            "fmod": "gt_fmod"},
     const=c_double)
+
+
+# scalar float code (the emitter's f32 tapes): binary32 operations that cannot be
+# contracted (GT_FADD ... : __fadd_rn ... under nvcc, plain operators on the host with
+# -ffp-contract=off; the emitted prelude defines them) and gt_real32.h's transcendentals
+# (the float64 fdlibm port on the widened input, rounded once); constants rounded to
+# float32 once
+SCALAR32 = Dialect(
+    arith={"add": "GT_FADD", "sub": "GT_FSUB", "mul": "GT_FMUL", "div": "GT_FDIV",
+           "sqrt": "GT_FSQRT", "exp": "gt_expf", "expm1": "gt_expm1f", "log": "gt_logf",
+           "tanh": "gt_tanhf", "erf": "gt_erff", "log1p": "gt_log1pf", "sin": "gt_sinf",
+           "cos": "gt_cosf", "erfc": "gt_erfcf", "atan": "gt_atanf", "atan2": "gt_atan2f",
+           "abs": "fabsf", "floor": "floorf", "ceil": "ceilf", "trunc": "truncf",
+           "rint": "rintf", "fmod": "GT_FMODF"},
+    const=lambda v: f"((float){c_double(v)})")
 
 
 def render(expr: Expr, dialect: Dialect, env: Mapping[str, str]) -> str:
@@ -427,4 +443,5 @@ X, Y, S, T, G = Sym("x"), Sym("y"), Sym("s"), Sym("t"), Sym("g")
 
 __all__ = ["Expr", "Sym", "Const", "Op", "lift", "compile_numpy", "cost", "sqrt", "exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos", "erfc", "atan", "atan2", "abs_", "floor", "ceil", "trunc", "rint", "fmod",
            "eq", "ne", "select", "substitute", "symbols", "operations", "evaluate", "render",
-           "text", "Dialect", "KERNEL", "SCALAR", "c_double", "X", "Y", "S", "T", "G"]
+           "text", "Dialect", "KERNEL", "SCALAR", "SCALAR32", "c_double", "X", "Y", "S", "T",
+           "G"]

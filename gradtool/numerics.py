@@ -244,7 +244,7 @@ def take_index(ids: np.ndarray, rows: int) -> tuple:
     return order, start
 
 
-def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=np.float64) -> np.ndarray:
+def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=None) -> np.ndarray:
     """The scatter-add of rows in :func:`take_index`'s order: take's backward and the
     ``scatter`` op's forward, one implementation.
 
@@ -257,6 +257,8 @@ def scatter_rows(x: np.ndarray, ids: np.ndarray, rows: int, dtype=np.float64) ->
     ids repeat.  The kernels ``k_take_bwd`` (walking the uploaded index) and
     ``k_take_bwd_scan`` (scanning ids computed on the device) sum in the same order.
     """
+    if dtype is None:                 # x's own float type: float32 sums in binary32
+        dtype = np.float32 if x.dtype == np.float32 else np.float64
     order, start = take_index(ids, rows)
     counts = np.diff(start)
     busiest = np.argsort(-counts, kind="stable")          # rows, most positions first
@@ -398,8 +400,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       and in every worker, and restores the caller's mode after: a caller's
       FTZ/DAZ cannot change a product.
     """
-    if a.dtype == _F32:
-        return _n32().matmul(a, b)          # the fmaf chain, k ascending from +0.0
+    if a.dtype == _F32 and b.dtype == _F32:  # float32: the fmaf chain, k ascending from +0.0
+        return _n32().matmul(a, b)          # (a mix is widened exactly: the f64 chain)
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
@@ -411,7 +413,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
     :func:`matmul`, the one inner-product helper)."""
-    if a.dtype == _F32:
+    if a.dtype == _F32 and b.dtype == _F32:
         return _n32().bmm(a, b)
     lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
     if lib is None:
@@ -424,27 +426,30 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _F64 = np.dtype(np.float64)
 
 
-def _element_strides(x: np.ndarray):
-    """``x`` as the kernel reads it (float64, aligned, strides in whole elements: a copy if
-    need be) and its three strides in bytes."""
+def _element_strides(x: np.ndarray, dtype=_F64):
+    """``x`` as the kernel reads it (``dtype``, aligned, strides in whole elements: a copy
+    if need be) and its three strides in elements."""
+    size = dtype.itemsize
     s = x.strides
-    if x.dtype != _F64 or not x.flags.aligned or (s[0] | s[1] | s[2]) & 7:
-        x = np.ascontiguousarray(x, dtype=np.float64)
+    if x.dtype != dtype or not x.flags.aligned or (s[0] | s[1] | s[2]) % size:
+        x = np.ascontiguousarray(x, dtype=dtype)
         s = x.strides
-    return x, s
+    return x, [v // size for v in s]
 
 
 def _native_product(lib, out, a, b, batch, accumulate=False) -> None:
     """out[bt] (= or, accumulating, +=) a[bt] @ b[bt] by the compiled kernel; a, b 3-d
-    views of any strides, out C-contiguous float64.  The compiled inner-product helper
-    (:func:`matmul`, :func:`bmm` and ops built on them call it; signature stable)."""
+    views of any strides, out C-contiguous of the library's element type (float64, or
+    float32 for ``cpu_library(dtype="f32")``).  The compiled inner-product helper
+    (:func:`matmul`, :func:`bmm`, numerics32's products and ops built on them call it;
+    signature stable)."""
     py_mm = lib.py_mm
     if py_mm is not None and py_mm(out, a, b, accumulate) == 0:
-        return                               # native float64 views: no conversion needed
-    a, sa = _element_strides(a)
-    b, sb = _element_strides(b)
-    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0] >> 3, sa[1] >> 3, sa[2] >> 3,
-              b.ctypes.data, sb[0] >> 3, sb[1] >> 3, sb[2] >> 3, batch, a.shape[1],
+        return                               # native views of the element type: no copy
+    a, sa = _element_strides(a, out.dtype)
+    b, sb = _element_strides(b, out.dtype)
+    lib.gt_mm(out.ctypes.data, a.ctypes.data, sa[0], sa[1], sa[2],
+              b.ctypes.data, sb[0], sb[1], sb[2], batch, a.shape[1],
               a.shape[2], b.shape[2], accumulate)
 
 
@@ -613,7 +618,7 @@ _LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or 
 _DEFAULT: list = []           # [library or None] once the default one was asked for
 
 
-def cpu_library(extra_flags=(), native_arch=None, python=True):
+def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
     """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
     use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
     (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
@@ -632,10 +637,19 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
     step, the select and the row sums (``lib.py_opt_step``, ``py_select_zero``,
     ``py_sum``); ``python=False`` builds the plain ctypes entries only, which the
     tests compare with them bit for bit.
+
+    ``dtype="f32"``: the same source built for float32 (``-DGT_CPU_F32``, library
+    ``gt_cpu_f32``): the same entries on float32 arrays (the matmul tiles of
+    ``gt_matmul.h`` and ``gt_conv.h`` instantiated for float: one ``fmaf`` chain per
+    output, :mod:`gradtool.numerics32`'s products; the select; the optimizer step, its
+    scalars rounded to float32 once), for :mod:`gradtool.numerics32`.  It has no row
+    sums (``gt_sum_rows`` is the float64 serial order; numerics32 sums in numpy).
     """
+    if dtype not in ("f64", "f32"):
+        raise ValueError(f"cpu_library: dtype must be 'f64' or 'f32', not {dtype!r}")
     if native_arch is None:
         native_arch = native.native_arch_wanted()
-    key = (tuple(extra_flags), bool(native_arch), bool(python))
+    key = (tuple(extra_flags), bool(native_arch), bool(python), dtype)
     if key not in _LIBRARIES:
         lib = None
         if native.enabled():
@@ -644,12 +658,13 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
             with_python = native.python_flags() if python else ()
             # with the Python entry first; a compiler that refuses it (a Python.h it
             # cannot use) still builds the ctypes entries
+            stem, typed = ("gt_cpu", ()) if dtype == "f64" else ("gt_cpu_f32", ("-DGT_CPU_F32",))
             for flags in ([with_python, ()] if with_python else [()]):
                 try:
-                    lib = native.load("gt_cpu", sources[0],
-                                      [*native.SAFE_FLAGS, *extra_flags, *flags], sources[1],
-                                      native_arch=native_arch)
-                    _declare(lib, bool(flags))
+                    lib = native.load(stem, sources[0],
+                                      [*native.SAFE_FLAGS, *typed, *extra_flags, *flags],
+                                      sources[1], native_arch=native_arch)
+                    _declare(lib, bool(flags), dtype)
                     native.register_threaded(lib)
                     break
                 except (native.NativeUnavailable, OSError, AttributeError):
@@ -658,7 +673,7 @@ def cpu_library(extra_flags=(), native_arch=None, python=True):
     return _LIBRARIES[key]
 
 
-def _declare(lib, python=False) -> None:
+def _declare(lib, python=False, dtype="f64") -> None:
     i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
     # the Python entries (lib.py_*, None without them): the same library again (dlopen
     # returns the loaded one: one thread pool), its functions called with the GIL held,
@@ -669,6 +684,9 @@ def _declare(lib, python=False) -> None:
                                                   *[f64] * 8]),
                "py_select_zero": ("gt_select_zero_py", [obj, obj, obj, cint]),
                "py_sum": ("gt_sum_py", [i64, i64, i64, obj, obj, cint])}
+    if dtype == "f32":            # the serial row sums are float64's order: not built
+        del entries["py_sum"]
+        lib.py_sum = None
     pydll = ctypes.PyDLL(lib._name) if python else None
     for attr, (name, argtypes) in entries.items():
         fn = None
@@ -682,12 +700,13 @@ def _declare(lib, python=False) -> None:
                           ctypes.c_int]
     lib.gt_mm_config.restype = None
     lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
-    lib.gt_sum_rows.restype = None
-    lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
     lib.gt_select_zero.restype = None
     lib.gt_select_zero.argtypes = [i64, ptr, ptr, ptr, ctypes.c_int]
-    lib.gt_sum_outer_inner.restype = None
-    lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
+    if dtype == "f64":
+        lib.gt_sum_rows.restype = None
+        lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
+        lib.gt_sum_outer_inner.restype = None
+        lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
     for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
         getattr(lib, name).restype = ctypes.c_int
         getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64]
@@ -724,6 +743,16 @@ def cpu_kernels():
     if not _DEFAULT:
         _DEFAULT.append(cpu_library())
     return _DEFAULT[0]
+
+
+_DEFAULT32: list = []
+
+
+def cpu_kernels32():
+    """The float32 twin of :func:`cpu_kernels` (``cpu_library(dtype="f32")``), or None."""
+    if not _DEFAULT32:
+        _DEFAULT32.append(cpu_library(dtype="f32"))
+    return _DEFAULT32[0]
 
 
 _native_kernels = cpu_kernels
@@ -852,10 +881,10 @@ def conv2d(x, w, stride, padding, dilation, groups) -> np.ndarray:
     sample's columns, then the matmul kernel on them, straight into NCHW -- the
     same chains, so the same bits as :func:`conv2d_numpy` (the tests compare them).
     """
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:      # float32: im2col and numerics32's bmm
-        x, w = _f64(x), _f64(w)
-        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)))
+    lib, dt = _conv_library(x)                 # float32: gt_conv.h on float (numerics32)
+    if lib is not None:
+        x, w = np.ascontiguousarray(x, dt), np.ascontiguousarray(w, dt)
+        out = np.empty((x.shape[0], w.shape[0], *_out_hw(x, w, stride, padding, dilation)), dt)
         geo = _conv_geo(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
         ws, nbytes = _workspace(lib, geo, _CONV_FWD)
         if lib.gt_conv2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, w.ctypes.data, 0,
@@ -877,6 +906,14 @@ def conv2d_numpy(x, w, stride, padding, dilation, groups) -> np.ndarray:
 
 def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _conv_library(x):
+    """(compiled library, element type) for a convolution or pooling of ``x``: gt_cpu for
+    float64, gt_cpu_f32 (the same gt_conv.h on float) for float32; (None, _) without one."""
+    if x.dtype == _F32:
+        return cpu_kernels32(), np.float32
+    return (_DEFAULT[0] if _DEFAULT else cpu_kernels()), np.float64
 
 
 _CONV_FWD, _CONV_DX, _CONV_DW, _POOL_FWD, _POOL_DX = range(5)
@@ -917,12 +954,12 @@ def conv2d_backward(g, x, w, stride, padding, dilation, groups, need_x, need_w) 
     its col2im); dw as one FMA chain per element carried from sample to sample in
     (n, oh, ow) order, so the same bits as :func:`conv2d_backward_numpy`.
     """
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:
-        g, x, w = _f64(g), _f64(x), _f64(w)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        g, x, w = (np.ascontiguousarray(a, dt) for a in (g, x, w))
         geo = _conv_geo(x.shape, w.shape, g.shape, stride, padding, dilation, groups)
-        dx = np.empty(x.shape) if need_x else None
-        dw = np.empty(w.shape) if need_w else None
+        dx = np.empty(x.shape, dt) if need_x else None
+        dw = np.empty(w.shape, dt) if need_w else None
         if need_x:
             ws, nbytes = _workspace(lib, geo, _CONV_DX)
             lib.gt_conv2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, w.ctypes.data, 0,
@@ -993,11 +1030,11 @@ def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) -> np.ndarray:
     row-major order: ``m = first; for each later l: if m == m and (v > m or v != v): m = v``
     (:func:`first_max`: a NaN wins, the first of equal values wins).  Exact copies.
     Compiled (``csrc/gt_conv.h``) when available: the same rule, the same bits."""
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:      # float32: the same rule in numpy
-        x = _f64(x)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        x = np.ascontiguousarray(x, dt)
         out = np.empty(x.shape[:2] + _pool_geometry(x, kernel, stride, padding, dilation,
-                                                    ceil_mode)[:2])
+                                                    ceil_mode)[:2], dt)
         geo = _pool_geo(x.shape, out.shape, kernel, stride, padding, dilation)
         ws, nbytes = _workspace(lib, geo, _POOL_FWD)
         if lib.gt_max_pool2d(geo.ctypes.data, out.ctypes.data, x.ctypes.data, ws.ctypes.data,
@@ -1015,10 +1052,10 @@ def max_pool2d_backward(g, x, kernel, stride, padding, dilation, ceil_mode) -> n
     """Per input element ``0.0 + g[window] + ...`` over the windows whose maximum it is,
     (i, j) ascending; +0.0 where it is none's.  Compiled (``csrc/gt_conv.h``) when
     available: the same sums in the same order."""
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
-    if lib is not None and x.dtype != _F32:
-        g, x = _f64(g), _f64(x)
-        dx = np.empty(x.shape)
+    lib, dt = _conv_library(x)
+    if lib is not None:
+        g, x = np.ascontiguousarray(g, dt), np.ascontiguousarray(x, dt)
+        dx = np.empty(x.shape, dt)
         geo = _pool_geo(x.shape, g.shape, kernel, stride, padding, dilation)
         ws, nbytes = _workspace(lib, geo, _POOL_DX)
         if lib.gt_max_pool2d_dx(geo.ctypes.data, dx.ctypes.data, g.ctypes.data, x.ctypes.data,

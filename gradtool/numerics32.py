@@ -102,12 +102,11 @@ keeps the block-tree additions to one per 8 loads per lane.
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 
-from . import fdlibm, native
+from . import fdlibm
 from . import numerics as _nx
 
 __all__ = [
@@ -188,15 +187,18 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ascending: acc = fmaf(a[i,k], b[k,j], acc)`` (:func:`gradtool.numerics.matmul`'s
     order, with :func:`fmaf`; +0.0 starts it for the same reasons).
 
-    Runs ``csrc/gt_num32.c`` (:func:`cpu_library`) when a C compiler is available, else
-    :func:`matmul_numpy`: the same bits (tests/test_numerics32.py), only the speed
-    differs.  Operands may be any float32 views (``b.T`` in the backward rules)."""
-    a, b = _f32(a), _f32(b)
+    Runs the compiled kernel (:func:`cpu_library`: ``csrc/gt_matmul.h``'s tiles
+    instantiated for float through ``csrc/gt_cpu.c -DGT_CPU_F32``, the same tile
+    generator as float64's; one ``fmaf`` per step, an FMA instruction or libm's
+    ``fmaf``) when a C compiler is available, else :func:`matmul_numpy`; the two give
+    identical bits (tests/test_device_f32.py: every build and thread count;
+    tests/test_numerics32.py), only the speed differs.  Operands may be any float32
+    views (``b.T`` in the backward rules)."""
     lib = cpu_library()
     if lib is None:
         return matmul_numpy(a, b)
     out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
-    _native_product(lib, out[np.newaxis], a[np.newaxis], b[np.newaxis])
+    _nx._native_product(lib, out, _f32(a)[np.newaxis], _f32(b)[np.newaxis], 1)
     return out
 
 
@@ -204,13 +206,17 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N] in float32: the :func:`matmul` chain in every batch slice.  A
     batch of 1 on either side is read for every batch of the other (as the f64 op
     stretches it); the stretched side's gradient is the caller's :func:`sum_axis`
-    over axis 0."""
-    a, b = _f32(a), _f32(b)
+    over axis 0.  Compiled as :func:`matmul` (the stretched side a stride-0 batch),
+    else :func:`bmm_numpy`."""
     lib = cpu_library()
     if lib is None:
         return bmm_numpy(a, b)
-    out = np.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), dtype=np.float32)
-    _native_product(lib, out, a, b)
+    a, b = _f32(a), _f32(b)
+    batch = max(a.shape[0], b.shape[0])
+    a = np.broadcast_to(a, (batch,) + a.shape[1:])
+    b = np.broadcast_to(b, (batch,) + b.shape[1:])
+    out = np.empty((batch, a.shape[1], b.shape[2]), dtype=np.float32)
+    _nx._native_product(lib, out, a, b, batch)
     return out
 
 
@@ -234,54 +240,10 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-_LIBRARY: list = []           # [library or None] once asked for
-
-
 def cpu_library():
-    """The compiled float32 product, ``csrc/gt_num32.c`` (built and cached on first use),
-    or None (no C compiler, or ``GRADTOOL_NATIVE=0``)."""
-    if not _LIBRARY:
-        lib = None
-        if native.enabled():
-            keys = [native.CSRC / "gt_real32.h", native.CSRC / "gt_math.h"]
-            try:
-                lib = native.load("gt_num32", native.CSRC / "gt_num32.c", native.SAFE_FLAGS,
-                                  keys)
-                i64, ptr = ctypes.c_longlong, ctypes.c_void_p
-                lib.gt_mm32.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64,
-                                        i64, i64, i64, i64]
-                lib.gt_mm32.restype = None
-            except (native.NativeUnavailable, OSError, AttributeError):
-                lib = None
-        _LIBRARY.append(lib)
-    return _LIBRARY[0]
-
-
-def _elements(x: np.ndarray, rows_contiguous=False):
-    """x as the kernel reads it (float32, aligned, strides whole elements; with
-    ``rows_contiguous`` also unit stride along the last axis, the kernel's vector loop)
-    and its strides in elements.  A batch of 1, or a batch stretched by a stride of 0, is
-    one slice read for every batch (stride 0).  Copies never change a product's bits."""
-    stretched = x.shape[0] == 1 or x.strides[0] == 0
-    if stretched:
-        x = x[:1]
-    if (not x.flags.aligned or any(st % 4 for st in x.strides)
-            or (rows_contiguous and x.shape[2] > 1 and x.strides[2] != 4)):
-        x = np.ascontiguousarray(x)
-    st = [s // 4 for s in x.strides]
-    if stretched:
-        st[0] = 0
-    return x, st
-
-
-def _native_product(lib, out, a, b) -> None:
-    """out[bt] = a[bt] @ b[bt] by gt_mm32; out C-contiguous [batch, m, n], a and b 3-d
-    float32 views of any strides."""
-    a, sa = _elements(a)
-    b, sb = _elements(b, rows_contiguous=True)
-    lib.gt_mm32(out.ctypes.data, a.ctypes.data, sa[0], sa[1], sa[2],
-                b.ctypes.data, sb[0], sb[1], sb[2], out.shape[0], a.shape[1], a.shape[2],
-                b.shape[2])
+    """The compiled float32 kernels (:func:`gradtool.numerics.cpu_kernels32`: the float
+    build of ``csrc/gt_cpu.c``), or None (no C compiler, or ``GRADTOOL_NATIVE=0``)."""
+    return _nx.cpu_kernels32()
 
 
 # ── the lane-tree sum ──────────────────────────────────────────────────────

@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import layout as _layout
 from .errors import DtypeError, GradtoolError, IdsError, ShapeError, TapeError
 from .limits import MAX_DIMS, MAX_NAME_BYTES
 from .ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, NUMPY_DTYPES, OPS, RNG_NAME,
@@ -939,7 +938,7 @@ def _ids_reader(spec, sa, aux) -> str:
 
 
 def _composite_method(fn):
-    """The Tape method of a :mod:`gradtool.layout` composite ``fn(tape, ...)``."""
+    """The Tape method of a composite ``fn(tape, ...)`` (gradtool/composites/methods.py)."""
     def method(self, *args, **kwargs):
         return fn(self, *args, **kwargs)
 
@@ -952,12 +951,15 @@ def _composite_method(fn):
     return method
 
 
-# sum/mean/max with a tuple of axes, and the layout composites (gradtool/layout.py): Tape
-# methods that record the table's ops, no node types of their own
+# sum/mean/max with a tuple of axes, and the layout, reduction and sorting composites
+# (gradtool/composites/): Tape methods that record the table's ops, no node types of their
+# own.  Imported here, once GVar and Tape exist: the composites record on them.
+from .composites import methods as _methods  # noqa: E402
+
 for _name in ("sum", "mean", "max"):
     setattr(Tape, f"_{_name}_one", getattr(Tape, _name))
-    setattr(Tape, _name, _layout.reduction_method(getattr(Tape, _name)))
-for _name, _fn in _layout.METHODS.items():
+    setattr(Tape, _name, _methods.reduction_method(getattr(Tape, _name)))
+for _name, _fn in _methods.METHODS.items():
     setattr(Tape, _name, _composite_method(_fn))
 del _name, _fn
 
@@ -998,6 +1000,45 @@ def f32_refusal(tape: Tape, what: str, hint: str = "") -> Optional[str]:
     return (f"node {i}: a {node.op}{' ' + repr(node.name) if node.name else ''} holding "
             f"float32 values (dtype f32); {what} needs a float64 tape for now (its f32 "
             f"kernels are not built yet){hint}")
+
+
+def ids_culprit(tape: Tape, err: IdsError, slot_values: dict) -> Optional[tuple]:
+    """(input slot name, example row or None) that ``err``'s bad id came from: the one
+    named integer const among the ancestors of the ids (None where there is none, or
+    several), and the row of its leading dim holding the bad id (``slot_values``: node id
+    -> the values the slot held; the id at the same flat position when the ids are as
+    many as the slot's values, else the first equal one).  For messages that name the
+    data: ``labels: example 37 ... has id 9``."""
+    seen, stack, slots = set(), [err.ids_node], []
+    while stack:
+        j = stack.pop()
+        if j in seen or j < 0:
+            continue
+        seen.add(j)
+        node = tape.nodes[j]
+        if node.a < 0:
+            if node.op == "const" and node.name and tape.holds_ids(j):
+                slots.append(j)
+            continue
+        stack += [node.a, node.b]
+    if len(slots) != 1:
+        return None
+    slot = slots[0]
+    values = slot_values.get(slot)
+    if values is None:
+        return tape.nodes[slot].name, None
+    flat = np.ravel(values)
+    ids_size = int(np.prod(tape.values[err.ids_node].shape))
+    if flat.size == ids_size and err.index is not None and flat[err.index] == err.value:
+        k = err.index
+    else:
+        equal = np.flatnonzero(flat == err.value)
+        if not equal.size:
+            return tape.nodes[slot].name, None
+        k = int(equal[0])
+    shape = np.shape(values)
+    per_row = max(1, flat.size // shape[0]) if shape else 1
+    return tape.nodes[slot].name, k // per_row
 
 
 def requires_wrt(tape: Tape, wrt) -> list:

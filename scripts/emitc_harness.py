@@ -56,14 +56,16 @@ def harness_cases(cases) -> str:
     """Statements of main() evaluating each (function, tape, layout) case."""
     out = []
     for fname, tape, lay in cases:
-        p = ", ".join(c_double(tape.values[i].item()) for i in lay.params) or "0.0"
-        x = ", ".join(c_double(tape.values[i].item()) for i in lay.data) or "0.0"
+        # an f32 tape's function takes floats (its values are exact as double literals)
+        ty = "float" if tape.values[lay.loss].dtype == np.float32 else "double"
+        p = ", ".join(c_double(float(tape.values[i].item())) for i in lay.params) or "0.0"
+        x = ", ".join(c_double(float(tape.values[i].item())) for i in lay.data) or "0.0"
         out += [
             "    {",
-            f"        const double p[] = {{{p}}};",
-            f"        const double x[] = {{{x}}};",
-            f"        double g[{max(len(lay.params), 1)}] = {{0.0}};",
-            f"        double loss = {fname}(p, x, g);",
+            f"        const {ty} p[] = {{{p}}};",
+            f"        const {ty} x[] = {{{x}}};",
+            f"        {ty} g[{max(len(lay.params), 1)}] = {{0.0}};",
+            f"        {ty} loss = {fname}(p, x, g);",
             f'        gt_print("{fname}", "loss", -1, loss);',
             f"        for (int j = 0; j < {len(lay.params)}; ++j) gt_print(\"{fname}\", \"p\", j, g[j]);",
             "    }",

@@ -23,8 +23,10 @@
 #          tests/test_device_host.py and tests/test_replay_cli.py (whose auto-backend test
 #          then runs on the GPU);
 #       3. runs `replay-gpu --backend cuda --check` on every sample with the graph, without
-#          it (--no-graph), with an Adam step (--train adam), in float32, and fused
-#          (--fuse --train adam, --fuse --dtype f32);
+#          it (--no-graph), with an Adam step (--train adam), as its f32 copy (--dtype f32:
+#          bit for bit against the copy's CPU reference), and fused (--fuse --train adam,
+#          --fuse --dtype f32 --train adam); the f32 samples (*_f32.msgpack) replay as
+#          f32 without the flag, every way but --dtype;
 #       4. runs two samples under compute-sanitizer memcheck, per-node and fused (when it
 #          is installed and a bare allocation runs under it: some runtimes refuse the tool);
 #       5. runs the f32 gate (python3 scripts/f32_gate.py: host and cuda, per-node and
@@ -264,10 +266,15 @@ run() {
     ts=$SECONDS
     : > "$OUTDIR/replay_check.log"
     local sample opts n_checks=0 n_failed=0
-    for sample in samples/*.msgpack samples/lora_block/block.msgpack samples/autoencoder/ae.msgpack; do
-        case "$sample" in *_f32.msgpack) continue ;; esac   # f32 tapes: no device kernels yet
-        for opts in "" "--no-graph" "--train adam" "--dtype f32" "--fuse --train adam" \
-                    "--fuse --dtype f32"; do
+    for sample in samples/*.msgpack samples/*/*_f32.msgpack samples/lora_block/block.msgpack \
+                  samples/autoencoder/ae.msgpack; do
+        [ -e "$sample" ] || continue
+        local ways=("" "--no-graph" "--train adam" "--dtype f32" "--fuse --train adam"
+                    "--fuse --dtype f32 --train adam")
+        case "$sample" in       # an f32 tape replays as f32 (bit for bit) without the flag
+            *_f32.msgpack) ways=("" "--no-graph" "--train adam" "--fuse --train adam") ;;
+        esac
+        for opts in "${ways[@]}"; do
             n_checks=$((n_checks + 1))
             if past 330; then
                 n_failed=$((n_failed + 1))

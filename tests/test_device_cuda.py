@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import gradtool as gt
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, assert_bits_equal_nan_any
 from support import assert_fma_only_in_inner_products, ptx_entries
 from gradtool.device import capture
 from gradtool.device.cuda import cuda_status, geometry, kernel_source, nvcc_options
@@ -37,10 +37,9 @@ needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 NVCC = shutil.which("nvcc")
 
 ROOT = Path(__file__).resolve().parent.parent
-# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
-# f32 kernels exist (tests/test_f32.py checks the refusal)
-SAMPLES = sorted(p for p in (ROOT / "samples").rglob("*.msgpack") if not p.stem.endswith("_f32"))
+SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))     # the f32 samples too
 SERIAL_KERNELS = ("k_sum", "k_clip_norm", "k_guard")    # one thread walks the whole sum
+LANE_TREE_KERNELS = ("k_sum", "k_clip_norm", "k_softmax", "k_log_softmax")
 
 
 # ── without a GPU ─────────────────────────────────────────────────────────
@@ -63,7 +62,13 @@ def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
                              cubin.stderr))
     names = kernel_names("f64")
     framed = {f for f, size in frames.items() if size != "0"}
-    assert len(frames) >= len(names) and framed <= set(TRIG_KERNELS) | {REM_PIO2}, cubin.stderr
+    # float32: the kernels with a lane-tree sum (gt_real.h's GT_ROW_SUM, gt_real32.h's
+    # gt_sum32) keep a per-thread stack of 32-lane partials in local memory
+    sums = ({n for n in names
+             if n.startswith(LANE_TREE_KERNELS) or n.endswith(("_bwd_a", "_bwd_b"))}
+            | {"_Z7gt_sum32PKfxx"} if dtype == "f32" else set())
+    assert len(frames) >= len(names) and framed <= set(TRIG_KERNELS) | {REM_PIO2} | sums, \
+        cubin.stderr
     ptx = subprocess.run([NVCC, "--ptx", *opts, "kernel.cu"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert ptx.returncode == 0, ptx.stderr
@@ -74,7 +79,7 @@ def test_module_source_compiles_as_sourcemodule_would(dtype, tmp_path):
     assert_fma_only_in_inner_products(text, dtype, {n for n in names if n.startswith("k_matmul")})
     assert not re.search(r"\bmul\.rn\.f(32|64)\b", ptx_entries(text)["k_matmul"])
     for name, body in ptx_functions(text).items():
-        assert ".local" not in body or name in set(TRIG_KERNELS) | {REM_PIO2}, name
+        assert ".local" not in body or name in set(TRIG_KERNELS) | {REM_PIO2} | sums, name
         if name not in entries:                   # device functions: nothing contracted
             assert not re.search(r"\bfma\.", body), name
 
@@ -264,12 +269,27 @@ def test_train_backend_cuda_saves_the_same_bytes_as_cpu(tmp_path, monkeypatch):
 
 
 @needs_gpu
-def test_f32_within_bound():
+def test_f32_bit_exact_and_within_bound():
+    """Every sample's f32 copy (or the f32 sample itself) on the GPU: its CPU reference's
+    bits (numerics32), within the old bound of the f64 tape; a copy that mixes f32 and
+    f64 (a draw feeding f64 arithmetic) is refused in one line."""
+    from gradtool.device import CaptureError, rounded_tape, tape_dtype
     for sample in SAMPLES:
         tf = load(sample)
+        copy = rounded_tape(tf.tape, "f32")
+        try:
+            tape_dtype(copy)
+        except CaptureError:
+            with pytest.raises(CaptureError, match="one float dtype per tape"):
+                capture(tf.tape, tf.loss, "cuda", "f32")
+            continue
         rp = capture(tf.tape, tf.loss, "cuda", "f32")
         rp.forward()
         rp.backward()
+        copy.backward(copy.var(tf.loss.id))
+        assert_bits_equal_nan_any(rp.value(tf.loss.id), copy.values[tf.loss.id], str(sample))
+        for p in copy.params():
+            assert_bits_equal_nan_any(rp.grad(p.id), copy.grad(p), f"{sample} grad {p.id}")
         tf.tape.zero_grad()
         tf.tape.backward(tf.loss)
         assert relative_error(rp.loss(), tf.tape.values[tf.loss.id]) <= F32_BOUND

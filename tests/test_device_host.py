@@ -26,8 +26,8 @@ from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like
                      mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
                      run_cpu, train_step_all, weighted_loss, with_params)
 
-# every op the device replay runs: cast always involves an f32 value, which it refuses
-# until its f32 kernels exist (tests/test_f32.py)
+# every op the random (f64) graphs exercise: cast runs only in an f32 program, as a copy
+# of whole numbers or of a draw (tests/test_device_f32.py); any other cast is refused
 DEVICE_OPS = set(gt.OP_NAMES) - {"cast"}
 
 
@@ -417,10 +417,23 @@ def test_engine_matches_cpu_engine_and_skips_nonfinite_steps():
 
 def test_f32_within_bound(rng):
     assert F32_BOUND <= 1e-5            # the documented float32 target (docs/device.md)
+    from gradtool.device import rounded_tape
     for seed in range(6):
         r = np.random.default_rng(100 + seed)
         tp, loss = random_graph(r, n_ops=10)
+        if any(n.op == "uniform" for n in tp.nodes):     # a draw feeds float64 arithmetic:
+            with pytest.raises(CaptureError, match="one float dtype per tape"):
+                capture(tp, loss, "host", "f32")         # the f32 copy is mixed, refused
+            continue
         rp = capture(tp, loss, "host", "f32")
+        # the replay of the f32 copy (leaves rounded once) is its CPU reference, bit for bit
+        copy = rounded_tape(tp, "f32")
+        copy.backward(copy.var(loss.id))
+        rp.forward()
+        rp.backward()
+        assert_bits_equal_nan_any(rp.value(loss.id), copy.values[loss.id], f"seed {seed} loss")
+        for p in copy.params():
+            assert_bits_equal_nan_any(rp.grad(p.id), copy.grad(p), f"seed {seed} grad {p.id}")
         rp.forward()
         rp.backward()
         tp.zero_grad()

@@ -83,6 +83,8 @@ def _one_element_tape(op):
                         attrs={"kernel": [1, 1], "stride": [1, 1]})
     elif op == "uniform":               # reads the [3] rng slot: never one-element
         out = tp.uniform(tp.rng(), shape=[1], salt=0)
+    elif op == "cast":
+        out = tp.cast(tp.param(np.ones(1)), "f32")
     else:
         raise AssertionError(op)
     return tp, out

@@ -1,5 +1,5 @@
 """The f32 dtype (issue 38) through the recorder, the op table, files, the numpy reference
-(the cpu engine), the command line and the device refusals.
+(the cpu engine), the command line, the device replay and emit-cuda.
 
 Bits: every f32 rule is checked against the float32 contract's own functions
 (gradtool.numerics32: fmaf chains, the lane-tree sum, fdlibm rounded once) and numpy's
@@ -395,30 +395,46 @@ def test_backward_json_prints_float32_values_exactly_and_shortest(tmp_path):
     assert float.fromhex(hexed["loss"]) == float(tp.value(loss)[0])
 
 
-# ── devices: refused in one line until their f32 kernels exist ─────────────
+# ── devices and emit-cuda: f32 tapes run (tests/test_device_f32.py); mixed ones refused ──
 
-def test_the_device_replay_and_emit_cuda_refuse_an_f32_tape(tmp_path):
-    from gradtool.device.launch import CaptureError
+def test_the_device_replay_and_emit_cuda_run_an_f32_tape_and_refuse_a_mixed_one(tmp_path):
     from gradtool.device.program import capture_program
     from gradtool.emit.cuda import emit_cuda
     from gradtool.emit.render import EmitError
-    tp, loss = _f32_tape()
-    with pytest.raises(CaptureError, match="node 0: a const 'x' holding float32 values"):
-        capture_program(tp, loss.id)
+    from gradtool.device.launch import CaptureError
+    mixed, mixed_loss = _f32_tape()          # an f64 param cast to f32: one arena type only
+    with pytest.raises(CaptureError, match="node 0: holds float32 values and node 2 float64 values"):
+        capture_program(mixed, mixed_loss.id)
+    rng = np.random.default_rng(5)
+    tp = gt.Tape()
+    x = tp.const(f32(rng.standard_normal((4, 3))), name="x")
+    w = tp.param(f32(rng.standard_normal((3, 2))), name="w", l2=1e-4)
+    h = tp.matmul(x, w)
+    loss = tp.mean(tp.mul(h, h))
+    assert capture_program(tp, loss.id).dtype == "f32"     # tests/test_device_f32.py: bits
     one = gt.Tape()
     a = one.param(f32([0.5]))
-    with pytest.raises(EmitError, match="float32 values .dtype f32.; emit-cuda needs a "
-                                        "float64 tape for now"):
-        emit_cuda(one, one.exp(a))
+    assert "float gradtool_grad(const float *p" in emit_cuda(one, one.exp(a))  # float code
+    mixed1 = gt.Tape()
+    b = mixed1.param(np.array([0.5]))
+    with pytest.raises(EmitError, match="op 'cast' has no scalar C form"):   # refused
+        emit_cuda(mixed1, mixed1.add(mixed1.cast(b, "f32"), mixed1.const(f32([1.0]))))
     path = tmp_path / "t.msgpack"
     gt.tapefile.save(tp, path, loss=loss)
     data = tmp_path / "d.npz"
     np.savez(data, x=np.ones((4, 3), np.float32))
-    for backend in ("host", "cuda"):
-        result = run("train", path, "--data", data, "--backend", backend, "--steps", "1")
-        assert result.exit_code != 0 and "Traceback" not in result.stderr, result.stderr
-        assert len(result.stderr.splitlines()) == 1, result.stderr
-        assert "f32" in result.stderr or "CUDA" in result.stderr or "cuda" in result.stderr
+    saved = {}
+    for backend in ("cpu", "host"):
+        out = tmp_path / f"{backend}.msgpack"
+        result = run("train", path, "--data", data, "--backend", backend, "--steps", "2",
+                     "--save", out)
+        assert result.exit_code == 0, result.stderr
+        saved[backend] = out.read_bytes()
+    assert saved["cpu"] == saved["host"]
+    gt.tapefile.save(mixed, path, loss=mixed_loss)
+    result = run("train", path, "--data", data, "--backend", "host", "--steps", "1")
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "one float dtype per tape" in result.stderr and "Traceback" not in result.stderr
 
 
 # ── training on the cpu engine ─────────────────────────────────────────────

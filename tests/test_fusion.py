@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 import gradtool as gt
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, assert_bits_equal_nan_any
 from gradtool.cli import main
-from gradtool.device import capture
+from gradtool.device import CaptureError, capture
 from gradtool.device.cuda import cuda_status, fused_source, nvcc_options
 from gradtool.device.engine import F32_BOUND, fusion_plan, relative_error
 from gradtool.device.fusion import render
@@ -35,9 +35,7 @@ from support import (assert_fma_only_in_inner_products, perturb_leaves, random_g
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))          # f32_gate.py
-# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
-# f32 kernels exist (tests/test_f32.py checks the refusal)
-SAMPLES = sorted(p for p in (ROOT / "samples").rglob("*.msgpack") if not p.stem.endswith("_f32"))
+SAMPLES = sorted((ROOT / "samples").rglob("*.msgpack"))     # the f32 samples too
 AE = ROOT / "samples" / "autoencoder" / "ae.msgpack"
 AE_DATA = ROOT / "samples" / "autoencoder" / "ae_data.npz"
 VARIANTS = ["tiled", "per-thread", "per-thread-reversed"]
@@ -45,15 +43,17 @@ NVCC = shutil.which("nvcc")
 OK, WHY = cuda_status()
 needs_gpu = pytest.mark.skipif(not OK, reason=f"no CUDA backend here: {WHY}")
 
-# every op the device replay runs: cast always involves an f32 value, which it refuses
-# until its f32 kernels exist (tests/test_f32.py)
+# every op the random (f64) graphs exercise: cast runs only in an f32 program, as a copy
+# of whole numbers or of a draw (tests/test_device_f32.py); any other cast is refused
 DEVICE_OPS = set(gt.OP_NAMES) - {"cast"}
 
 
-def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=None,
+def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype=None, optimizer=None,
                          backend="host", graph=True):
     """Fused forward + backward == the CPU tape (every node's value and gradient, to the
-    bit) after new leaf values (so a stale read cannot pass); returns the replay."""
+    bit) after new leaf values (so a stale read cannot pass); returns the replay.
+    ``dtype`` None: the tape's own (f64 or f32, compared); "f32" of an f64 tape: its
+    rounded copy, not compared here."""
     rp = capture(tp, loss, backend, dtype, host_kernels=kernels, fuse=True, optimizer=optimizer,
                  graph=graph)
     perturb_leaves(tp, rp, rng)
@@ -67,7 +67,7 @@ def assert_fused_matches(tp, loss, rng, kernels="tiled", dtype="f64", optimizer=
     for i in range(len(tp.nodes)):
         what = f"node {i} ({tp.nodes[i].op})"
         want = tp.grads[i] if tp.grads[i] is not None else np.zeros(tp.values[i].shape)
-        if dtype == "f64":
+        if dtype in (None, "f64"):
             assert_bits_equal(rp.value(i), tp.values[i], what + " value")
             assert_bits_equal(rp.grad(i), want, what + " grad")
     return rp
@@ -336,9 +336,21 @@ def test_dropping_a_barrier_is_caught(sample):
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
 def test_f32_fused_equals_f32_per_node(sample):
     """In float32 the fused kernels give the per-node float32 replay's bits (same bodies,
-    same orders), within the documented bound of the CPU tape."""
+    same orders), which are the f32 copy's CPU reference bits (rounded_tape), within the
+    documented bound of the CPU tape.  A sample whose draws feed float64 arithmetic has
+    a mixed f32 copy: refused in one line."""
+    from gradtool.device import rounded_tape, tape_dtype
     tf = load(sample)
     tp = tf.tape
+    copy = rounded_tape(tp, "f32")
+    try:
+        tape_dtype(copy)
+    except CaptureError as exc:
+        assert "float64 values" in str(exc)
+        with pytest.raises(CaptureError, match="one float dtype per tape"):
+            capture(tp, tf.loss.id, "host", "f32")
+        return
+    copy.backward(copy.var(tf.loss.id))
     runs = []
     for fuse in (False, True):
         rp = capture(tp, tf.loss.id, "host", "f32", fuse=fuse)
@@ -348,6 +360,9 @@ def test_f32_fused_equals_f32_per_node(sample):
                     [rp.grad(p) for p in tp.params()])
     for a, b in zip(*runs, strict=True):
         assert_bits_equal(a, b)
+    want = copy.values + [copy.grad(p) for p in copy.params()]
+    for i, (a, b) in enumerate(zip(runs[0], want, strict=True)):
+        assert_bits_equal_nan_any(a, b, f"f32 copy's reference, item {i}")
     tp.zero_grad()
     tp.backward(tf.loss)
     assert relative_error(runs[1][tf.loss.id], tp.values[tf.loss.id]) <= F32_BOUND
@@ -392,12 +407,16 @@ def test_f32_gate_autoencoder_30_adam_steps():
 
 # ── the generated CUDA source ─────────────────────────────────────────────
 
+LANE_TREE_KERNELS = ("k_sum", "k_clip_norm", "k_softmax", "k_log_softmax")
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
 def test_fused_source_compiles_with_nvcc(dtype, tmp_path):
     """What the cuda backend hands SourceModule for the autoencoder's and the LoRA block's
     fused kernels: nvcc --cubin -arch=sm_90, no warning, every fused kernel an unmangled
-    entry, no stack frame (the constant arrays fold away), fma.rn exactly in the kernels
+    entry, no stack frame (the constant arrays fold away; float32's lane-tree sums keep
+    their partials in one), fma.rn exactly in the kernels
     that run a matmul phase (the FMA chain) and in no other."""
     for name in ("autoencoder/ae", "lora_block/block"):
         tf = load(ROOT / "samples" / f"{name}.msgpack")
@@ -408,7 +427,15 @@ def test_fused_source_compiles_with_nvcc(dtype, tmp_path):
                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert cubin.returncode == 0, cubin.stderr
         assert "warning" not in (cubin.stdout + cubin.stderr).lower(), cubin.stderr
-        assert set(re.findall(r"(\d+) bytes stack frame", cubin.stderr)) == {"0"}, cubin.stderr
+        frames = dict(re.findall(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame",
+                                 cubin.stderr))
+        # float32: a kernel with a lane-tree sum keeps its per-thread stack of 32-lane
+        # partials in local memory (gt_real.h, GT_ROW_SUM); nothing else has a frame
+        sums = {k.name for k in prog.fusion.kernels
+                if any(la.kernel.startswith(LANE_TREE_KERNELS)
+                       or la.kernel.endswith(("_bwd_a", "_bwd_b"))
+                       for la in k.members)} if dtype == "f32" else set()
+        assert {f for f, size in frames.items() if size != "0"} <= sums, cubin.stderr
         ptx = subprocess.run([NVCC, "--ptx", *opts, "fused.cu"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
         assert ptx.returncode == 0, ptx.stderr

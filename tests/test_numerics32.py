@@ -274,7 +274,8 @@ def test_matmul_fuses_and_starts_from_positive_zero(clibs):
 
 
 def test_compiled_products_are_the_numpy_chain(clibs):
-    """csrc/gt_num32.c (numerics32.matmul/bmm with a compiler) against the numpy fmaf
+    """The compiled f32 product (numerics32.matmul/bmm with a compiler: gt_matmul.h's
+    tiles for float, csrc/gt_cpu.c -DGT_CPU_F32) against the numpy fmaf
     chain: tile edges, views of every layout, a stretched batch, K = 0, and NaN,
     infinities, subnormals and signed zeros among the operands."""
     assert n32.cpu_library() is not None

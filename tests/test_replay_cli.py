@@ -14,10 +14,8 @@ from gradtool.device.cuda import cuda_status
 from gradtool.tapefile import load, save
 
 ROOT = Path(__file__).resolve().parent.parent
-# the f64 samples: an f32 tape (*_f32.msgpack) is refused by the device replay until its
-# f32 kernels exist (tests/test_f32.py checks the refusal)
-SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack")
-                 if not p.stem.endswith("_f32"))
+# every sample, the f32 ones (*_f32.msgpack) too: they replay as f32, bit for bit
+SAMPLES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").rglob("*.msgpack"))
 
 
 def run(*args):
@@ -40,7 +38,8 @@ def test_check_passes_bit_for_bit_on_every_sample(sample):
                          "--episodes", "3", "--warmup", "1", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["backend"] == "host" and report["dtype"] == "f64"
+    assert report["backend"] == "host"
+    assert report["dtype"] == ("f32" if sample.endswith("_f32.msgpack") else "f64")
     assert report["check"]["ok"] is True
     assert report["check"]["max_ulps"] == 0.0
     n_params = sum(1 for n in load(sample).tape.nodes if n.op == "param")
@@ -62,13 +61,27 @@ def test_text_report_and_auto_backend():
         assert word in out
 
 
-def test_f32_check_within_bound():
+def test_f32_converts_an_f64_tape_and_checks_bit_for_bit():
+    """--dtype f32 on an f64 tape: its f32 copy (leaves rounded once) replays with that
+    copy's CPU reference bits; an f32 tape replays as f32 without the flag, and
+    --dtype f64 does not widen it."""
     code, out, err = run("replay-gpu", "samples/attention.msgpack", "--backend", "host",
-                         "--dtype", "f32", "--check", "--episodes", "2", "--json")
+                         "--dtype", "f32", "--check", "--train", "adam", "--episodes", "2",
+                         "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["check"]["ok"] and report["check"]["bound"] == 1e-5
-    assert 0.0 < report["check"]["max_rel"] <= 1e-5       # not bit-equal, but close
+    assert report["dtype"] == "f32" and report["converted"] is True
+    assert report["check"]["ok"] and report["check"]["max_ulps"] == 0.0
+    code64, out64, _ = run("replay-gpu", "samples/attention.msgpack", "--backend", "host",
+                           "--check", "--episodes", "2", "--json")
+    assert code64 == 0 and json.loads(out64)["loss_last"] != report["loss_last"]   # float32
+    code, out, err = run("replay-gpu", "samples/digits_mlp_f32.msgpack", "--backend", "host",
+                         "--check", "--episodes", "2")
+    assert code == 0, err
+    assert "f32" in out and "identical to the bit to the CPU tape" in out
+    code, out, err = run("replay-gpu", "samples/digits_mlp_f32.msgpack", "--backend", "host",
+                         "--dtype", "f64", "--episodes", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "f32 tape" in err, err
 
 
 def test_training_episodes_lower_the_loss():

@@ -178,7 +178,8 @@ def mpi_popen(ranks, *args):
 
 def steps_of(log):
     """The loss log without the wall-clock fields and the saved file's name."""
-    return [{k: v for k, v in json.loads(ln).items() if k not in ("seconds", "saved")}
+    wall = ("seconds", "step_seconds", "saved")
+    return [{k: v for k, v in json.loads(ln).items() if k not in wall}
             for ln in Path(log).read_text().splitlines()]
 
 

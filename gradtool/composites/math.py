@@ -30,8 +30,8 @@ import numpy as np
 from ..errors import TapeError
 from ..tape import GVar
 
-__all__ = ["LN2", "LN10", "BIG", "exp2", "log2", "log10", "tan", "sinh", "cosh", "asinh",
-           "acosh", "atanh", "hypot"]
+__all__ = ["exp2", "log2", "log10", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
+           "hypot"]
 
 LN2, LN10 = math.log(2.0), math.log(10.0)    # each rounded once
 BIG = 2.0 ** 28                              # fdlibm's asinh/acosh: beyond it, log(x) + ln 2

@@ -46,9 +46,30 @@
 
 /* One input's contribution reduced to that input's shape: for target element
  * j (row-major over the kept dims) the contributions at the broadcast
- * coordinates q, in lexicographic order, summed from the first one
- * (r = c0; r = r + c1 ...), then ga[j] = ga[j] + r.  nq: the number of
- * broadcast coordinates (GT_PRE_BINARY_BWD). */
+ * coordinates q, in lexicographic order, summed by GT_BROADCAST_SUM, then
+ * ga[j] = ga[j] + r.  nq: the number of broadcast coordinates (GT_PRE_BINARY_BWD).
+ * GT_BROADCAST_SUM: float64 from the first contribution (r = c0; r = r + c1 ...:
+ * numerics.reduce_to_shape), float32 the lane tree from +0.0 (GT_ROW_SUM:
+ * numerics32.reduce_to_shape), or the one contribution itself when nothing is
+ * broadcast. */
+#ifdef GT_REAL_F32
+#  define GT_BROADCAST_SUM(res, n, q, cv, ...)                                 \
+    gt_real res;                                                               \
+    if ((n) == 1) {                   /* nothing broadcast: the contribution */ \
+        const long long q = 0;                                                 \
+        gt_real cv;                                                            \
+        __VA_ARGS__                                                            \
+        res = cv;                                                              \
+    } else GT_ROW_SUM(res, n, q, cv, __VA_ARGS__)
+#else
+#  define GT_BROADCAST_SUM(res, n, q, cv, ...)                                \
+    gt_real res = R0;                                                          \
+    for (long long q = 0; q < (n); ++q) {                                      \
+        gt_real cv;                                                            \
+        __VA_ARGS__                                                            \
+        res = (q == 0) ? cv : R_ADD(res, cv);                                  \
+    }
+#endif
 #define GT_PRE_BINARY_BWD                                                      \
     long long nq = 1;                                                          \
     for (int d = 0; d < (int)nb; ++d) nq *= bd[d];
@@ -62,8 +83,7 @@
             pa += c * ka[d];                                                   \
             pb += c * kb[d];                                                   \
         }                                                                      \
-        gt_real r = R0;                                                        \
-        for (long long q = 0; q < nq; ++q) {                                   \
+        GT_BROADCAST_SUM(r, nq, q, cv, {                                       \
             long long rq = q, qg = pg, qa = pa, qb = pb;                       \
             for (int d = (int)nb - 1; d >= 0; --d) {                           \
                 const long long c = rq % bd[d];                                \
@@ -74,22 +94,21 @@
             }                                                                  \
             const gt_real gv = g[qg], xv = a[qa], yv = b[qb], tv = t[qg];      \
             (void)xv; (void)yv; (void)tv;                                      \
-            const gt_real cv = (EXPR);                                         \
-            r = (q == 0) ? cv : R_ADD(r, cv);                                  \
-        }                                                                      \
+            cv = (EXPR);                                                       \
+        })                                                                     \
         ga[(j)] = R_ADD(ga[(j)], r);                                           \
     }
 
 /* the first element of row r of an [outer, L, inner] index space */
 #define GT_ROW_BASE(r, L, inner) (((r) / (inner)) * (L) * (inner) + ((r) % (inner)))
 
-/* row r: v = (0.0 + a0 + a1 + ...) [/ len], serial along the row (stride inner);
+/* row r: v = the row's sum (GT_MEM_SUM: float64 0.0 + a0 + a1 + ..., float32 the
+ * lane tree) along the row (stride inner) [/ len];
  * out[r] = v, or out[r] + v with acc (bmm's batch sum of a stretched side) */
 #define GT_BODY_k_sum(r)                                                       \
     {                                                                          \
         const long long base_ = GT_ROW_BASE((r), len, inner);                  \
-        gt_real s_ = R0;                                                       \
-        for (long long l_ = 0; l_ < len; ++l_) s_ = R_ADD(s_, a[base_ + l_ * inner]); \
+        const gt_real s_ = GT_MEM_SUM(a + base_, len, inner);                  \
         const gt_real v_ = is_mean ? R_DIV(s_, (gt_real)len) : s_;             \
         out[(r)] = acc ? R_ADD(out[(r)], v_) : v_;                             \
     }
@@ -153,17 +172,20 @@
         ctl[3] = (R_SUB(x_, x_) == R0) ? R1 : R0;                              \
     }
 
-/* sumsq = 0.0 + g*g ... over every active param's gradient (offs[p], lens[p]
- * elements) in registration order, row-major; norm = sqrt(sumsq); scale =
+/* sumsq = the sum (GT_ROW_SUM) of g*g over every active param's gradient (offs[p],
+ * lens[p] elements) in registration order, row-major; norm = sqrt(sumsq); scale =
  * clip / norm if norm > clip; one thread */
 #define GT_BODY_k_clip_norm(z)                                                 \
     {                                                                          \
-        gt_real s_ = R0;                                                       \
-        for (long long p = 0; p < np; ++p) {                                   \
-            const gt_real *GT_RESTRICT g_ = W + offs[p];                       \
-            const long long n_ = lens[p];                                      \
-            for (long long i = 0; i < n_; ++i) s_ = R_ADD(s_, R_MUL(g_[i], g_[i])); \
-        }                                                                      \
+        long long total_ = 0, p_ = 0, end_ = 0;                                \
+        for (long long p = 0; p < np; ++p) total_ += lens[p];                  \
+        gt_real s_;                                                            \
+        /* one sum over the params' squares, one after another (l ascending) */ \
+        GT_ROW_SUM(s_, total_, l_, sq_, {                                      \
+            while (l_ >= end_) end_ += lens[p_++];                             \
+            const gt_real gi_ = W[offs[p_ - 1] + (l_ - (end_ - lens[p_ - 1]))]; \
+            sq_ = R_MUL(gi_, gi_);                                             \
+        })                                                                     \
         const gt_real norm = R_SQRT(s_);                                       \
         if (norm > clip) { ctl[1] = R_DIV(clip, norm); ctl[2] = R1; }          \
         else { ctl[1] = R1; ctl[2] = R0; }                                     \

@@ -28,17 +28,30 @@
 #endif
 #include <math.h>
 
+/* The element type: float64, or float32 with -DGT_CPU_F32 (the library
+ * gradtool/numerics.py loads as cpu_library(dtype="f32"): the same entries, the
+ * same names, float operands; its scalar arguments stay double and are rounded
+ * to float once, as numerics32 rounds a Python number). */
+#ifdef GT_CPU_F32
+#  define GT_MM_T float
+#  define GT_MM_F32 1
+typedef float gt_real;
+#  define R_SQRT(a) sqrtf((a))
+#  define GT_PY_FMT 'f'
+#else
+typedef double gt_real;
+#  define R_SQRT(a) sqrt((a))
+#  define GT_PY_FMT 'd'
+#endif
 #include "gt_matmul.h"
 #include "gt_conv.h"
 
-typedef double gt_real;
 #define GT_DEV static inline
-#define R0 0.0
+#define R0 ((gt_real)0)
 #define R_ADD(a, b) ((a) + (b))
 #define R_SUB(a, b) ((a) - (b))
 #define R_MUL(a, b) ((a) * (b))
 #define R_DIV(a, b) ((a) / (b))
-#define R_SQRT(a) sqrt((a))
 #include "gt_optim.h"
 #include "gt_optim_table.h"
 
@@ -50,8 +63,8 @@ typedef double gt_real;
 
 /* C[bt] (=|+=) A[bt] @ B[bt], bt < Bn; C contiguous [Bn, M, N]; A and B given
  * by element strides (batch, row, k) and (batch, k, column). */
-GT_CPU_EXPORT void gt_mm(double *C, const double *A, long long sab, long long sai,
-                         long long sak, const double *B, long long sbb, long long sbk,
+GT_CPU_EXPORT void gt_mm(gt_real *C, const gt_real *A, long long sab, long long sai,
+                         long long sak, const gt_real *B, long long sbb, long long sbk,
                          long long sbj, long long Bn, long long M, long long K, long long N,
                          int acc)
 {
@@ -71,36 +84,36 @@ GT_CPU_EXPORT long long gt_conv_ws_bytes(const long long *geo, int which, int ac
 
 #define GT_WS ((gt_conv_ws){ws, (size_t)ws_bytes})
 
-GT_CPU_EXPORT int gt_conv2d(const long long *geo, double *out, const double *x,
-                            const double *w, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d(const long long *geo, gt_real *out, const gt_real *x,
+                            const gt_real *w, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_forward(&G, out, x, w, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, double *gx, const double *g,
-                               const double *w, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d_dx(const long long *geo, gt_real *gx, const gt_real *g,
+                               const gt_real *w, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_backward_x(&G, gx, g, w, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, double *gw, const double *g,
-                               const double *x, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_conv2d_dw(const long long *geo, gt_real *gw, const gt_real *g,
+                               const gt_real *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_conv2d_backward_w(&G, gw, g, x, acc, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, double *out, const double *x, void *ws,
+GT_CPU_EXPORT int gt_max_pool2d(const long long *geo, gt_real *out, const gt_real *x, void *ws,
                                 long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_max_pool2d_forward(&G, out, x, GT_WS);
 }
 
-GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, double *gx, const double *g,
-                                   const double *x, int acc, void *ws, long long ws_bytes)
+GT_CPU_EXPORT int gt_max_pool2d_dx(const long long *geo, gt_real *gx, const gt_real *g,
+                                   const gt_real *x, int acc, void *ws, long long ws_bytes)
 {
     const gt_conv_geo G = gt_conv_geo_of(geo);
     return gt_max_pool2d_backward(&G, gx, g, x, acc, GT_WS);
@@ -115,30 +128,37 @@ GT_CPU_EXPORT void gt_mm_config(long long out[7]) { gt_mm_config_impl(out); }
  * +0.0: expr.select_numpy's bit-mask select (relu and its gradient) in one pass,
  * integers only (the element's bit pattern ANDed with all ones or all zeros), so
  * bit for bit numpy.where(cond, keep, 0.0).  cond: n bytes (numpy bools), keep and
- * dst: n doubles; all C-contiguous. */
-GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const double *keep,
-                                  double *dst, int invert)
+ * dst: n gt_reals; all C-contiguous. */
+GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const gt_real *keep,
+                                  gt_real *dst, int invert)
 {
-    const unsigned long long flip = invert ? 1u : 0u;
+#ifdef GT_CPU_F32
+    typedef unsigned int gt_bits;
+#else
+    typedef unsigned long long gt_bits;
+#endif
+    const gt_bits flip = invert ? 1u : 0u;
     for (long long i = 0; i < n; ++i) {
-        unsigned long long bits;
+        gt_bits bits;
         memcpy(&bits, keep + i, sizeof bits);
-        bits &= 0ULL - ((unsigned long long)(cond[i] != 0) ^ flip);
+        bits &= (gt_bits)0 - ((gt_bits)(cond[i] != 0) ^ flip);
         memcpy(dst + i, &bits, sizeof bits);
     }
 }
 
+#ifndef GT_CPU_F32   /* numerics.reduce_to_shape's serial order: float64 only */
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows
  * being the broadcast coordinates in row-major order.  src is C-contiguous
  * [rows, n]; the loop over j vectorizes (lanes are different j). */
-GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, double *dst)
+GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const gt_real *src, gt_real *dst)
 {
     GT_FP_ENTER(saved);
-    memcpy(dst, src, (size_t)n * sizeof(double));
+
+    memcpy(dst, src, (size_t)n * sizeof(gt_real));
     for (long long i = 1; i < rows; ++i) {
-        const double *restrict row = src + i * n;
-        double *restrict out = dst;
+        const gt_real *restrict row = src + i * n;
+        gt_real *restrict out = dst;
         for (long long j = 0; j < n; ++j) out[j] = out[j] + row[j];
     }
     GT_FP_LEAVE(saved);
@@ -150,8 +170,8 @@ GT_CPU_EXPORT void gt_sum_rows(long long rows, long long n, const double *src, d
  * axes lead and trail its kept ones (a bias over NCHW channels: A = N, K = C,
  * B = H*W), without the transposed copy.  Blocks of k advance together, so the
  * blocks' chains interleave (each k's adds stay in order). */
-GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const double *src,
-                                      double *dst)
+GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, const gt_real *src,
+                                      gt_real *dst)
 {
     GT_FP_ENTER(saved);
     enum { BLOCK = 64 };
@@ -160,22 +180,24 @@ GT_CPU_EXPORT void gt_sum_outer_inner(long long A, long long K, long long B, con
         for (long long k = k0; k < k1; ++k) dst[k] = src[k * B];
         for (long long a = 0; a < A; ++a)
             for (long long b = a ? 0 : 1; b < B; ++b) {
-                const double *restrict col = src + a * K * B + b;
+                const gt_real *restrict col = src + a * K * B + b;
                 for (long long k = k0; k < k1; ++k) dst[k] = dst[k] + col[k * B];
             }
     }
     GT_FP_LEAVE(saved);
 }
 
+#endif
+
 #define GT_OPT_PAR_MIN 65536LL     /* elements below which an update runs serially */
 
 /* ---- the optimizer table's step ------------------------------------------- */
 typedef struct {
-    double *w, *s[GT_OPT_MAX_SLOTS];
-    const double *g, *sc;
+    gt_real *w, *s[GT_OPT_MAX_SLOTS];
+    const gt_real *g, *sc;
     long long per_chunk, n;
     int id, clipped;
-    double scale, l2;
+    gt_real scale, l2;
 } gt_opt_table_job;
 
 static void gt_opt_table_chunk(void *arg, long long chunk)
@@ -183,11 +205,11 @@ static void gt_opt_table_chunk(void *arg, long long chunk)
     const gt_opt_table_job *j = (const gt_opt_table_job *)arg;
     const long long lo = chunk * j->per_chunk;
     const long long hi = lo + j->per_chunk < j->n ? lo + j->per_chunk : j->n;
-    double dummy[GT_OPT_MAX_SLOTS];
+    gt_real dummy[GT_OPT_MAX_SLOTS];
     for (long long i = lo; i < hi; ++i) {
-        double *s[GT_OPT_MAX_SLOTS];
+        gt_real *s[GT_OPT_MAX_SLOTS];
         for (int k = 0; k < GT_OPT_MAX_SLOTS; ++k) s[k] = j->s[k] ? j->s[k] + i : &dummy[k];
-        const double gi = gt_opt_grad(j->g[i], j->w[i], j->clipped, j->scale, j->l2);
+        const gt_real gi = gt_opt_grad(j->g[i], j->w[i], j->clipped, j->scale, j->l2);
         j->w[i] = gt_opt_table(j->id, j->w[i], gi, s, j->sc);
     }
 }
@@ -196,12 +218,21 @@ static void gt_opt_table_chunk(void *arg, long long chunk)
  * (gradtool.optim.table.variant_list), n elements in place: g' = g (* scale when
  * clipped) (+ l2*w when l2 != 0), then the variant's rule with the scalars sc
  * (Entry.scalar_names' order) and the slots s0..s2 (NULL past the entry's). */
-GT_CPU_EXPORT void gt_opt_table_step(int id, long long n, double *w, const double *g,
-                                     double *s0, double *s1, double *s2, int clipped,
+GT_CPU_EXPORT void gt_opt_table_step(int id, long long n, gt_real *w, const gt_real *g,
+                                     gt_real *s0, gt_real *s1, gt_real *s2, int clipped,
                                      double scale, double l2, const double *sc)
 {
     GT_FP_ENTER(saved);
-    gt_opt_table_job job = {w, {s0, s1, s2}, g, sc, n, n, id, clipped, scale, l2};
+#ifdef GT_CPU_F32
+    /* float32: the scalars (sc holds GT_OPT_MAX_SCALARS: optim.core._pack pads it),
+     * scale and l2 rounded to float once, as numerics32 rounds a Python number */
+    gt_real scr[GT_OPT_MAX_SCALARS];
+    for (int k = 0; k < GT_OPT_MAX_SCALARS; ++k) scr[k] = (gt_real)sc[k];
+#else
+    const gt_real *scr = sc;
+#endif
+    gt_opt_table_job job = {w, {s0, s1, s2}, g, scr, n, n, id, clipped, (gt_real)scale,
+                            (gt_real)l2};
     const int threads = atomic_load(&gt_pool.threads);
     if (threads > 1 && n >= GT_OPT_PAR_MIN && gt_pool_wanted()) {
         const long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
@@ -217,15 +248,15 @@ GT_CPU_EXPORT void gt_opt_table_step(int id, long long n, double *w, const doubl
 /* The seed's entry point: SGD (adam = 0: w - lr*g') or the seed's Adam (lr = lr_t),
  * n elements in place, as the optimizer table's sgd and adam-seed variants
  * (gt_opt_table_step: one rendering of each rule). */
-GT_CPU_EXPORT void gt_opt_step(int adam, long long n, double *w, const double *g, double *m,
-                               double *v, int clipped, double scale, double l2, double lr,
+GT_CPU_EXPORT void gt_opt_step(int adam, long long n, gt_real *w, const gt_real *g, gt_real *m,
+                               gt_real *v, int clipped, double scale, double l2, double lr,
                                double b1, double b2, double omb1, double omb2, double eps)
 {
     if (adam) {   /* adam-seed's scalars: beta1, beta2, eps, 1-beta1, 1-beta2, lr_t */
-        const double sc[6] = {b1, b2, eps, omb1, omb2, lr};
+        double sc[GT_OPT_MAX_SCALARS] = {b1, b2, eps, omb1, omb2, lr};
         gt_opt_table_step(GT_OPT_ID_ADAM_SEED_0, n, w, g, m, v, NULL, clipped, scale, l2, sc);
     } else {      /* sgd's: momentum, dampening, nesterov, weight_decay, maximize, lr, 1-d, first */
-        const double sc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, lr, 1.0, 1.0};
+        double sc[GT_OPT_MAX_SCALARS] = {0.0, 0.0, 0.0, 0.0, 0.0, lr, 1.0, 1.0};
         gt_opt_table_step(GT_OPT_ID_SGD_0, n, w, g, NULL, NULL, NULL, clipped, scale, l2, sc);
     }
 }
@@ -251,14 +282,14 @@ static int gt_py_buffer(PyObject *obj, Py_buffer *view, int flags, char fmt, Py_
     return 1;
 }
 
-/* A strided float64 view of obj with lo to hi dimensions, its strides whole
+/* A strided gt_real view of obj with lo to hi dimensions, its strides whole
  * elements, or 0 (as gt_py_buffer). */
 static int gt_py_view(PyObject *obj, Py_buffer *view, int flags, int lo, int hi)
 {
-    if (!gt_py_buffer(obj, view, flags, 'd', (Py_ssize_t)sizeof(double))) return 0;
+    if (!gt_py_buffer(obj, view, flags, GT_PY_FMT, (Py_ssize_t)sizeof(gt_real))) return 0;
     int ok = view->ndim >= lo && view->ndim <= hi;
     for (int d = 0; ok && d < view->ndim; ++d)
-        ok = view->strides[d] % (Py_ssize_t)sizeof(double) == 0;
+        ok = view->strides[d] % (Py_ssize_t)sizeof(gt_real) == 0;
     if (!ok) PyBuffer_Release(view);
     return ok;
 }
@@ -280,7 +311,8 @@ static void *gt_py_data(PyObject *obj, Py_buffer *view, int writable, char fmt,
 }
 
 #define GT_PY_F64(obj, view, writable, n, count) \
-    ((double *)gt_py_data((obj), (view), (writable), 'd', (Py_ssize_t)sizeof(double), (n), (count)))
+    ((gt_real *)gt_py_data((obj), (view), (writable), GT_PY_FMT, (Py_ssize_t)sizeof(gt_real), \
+                           (n), (count)))
 
 /* Each returns 0 once done, or 1 when an array is not as the ctypes entry wants it
  * (nothing written: the caller takes the general path).  The GIL is released for
@@ -309,10 +341,10 @@ GT_CPU_EXPORT int gt_mm_py(PyObject *out, PyObject *a, PyObject *b, int acc)
         int fits = PyBuffer_IsContiguous(&vo, 'C');
         for (int d = 0; fits && d < vo.ndim; ++d) fits = vo.shape[d] == shape[d];
         if (fits) {
-            const long long e = (long long)sizeof(double);
+            const long long e = (long long)sizeof(gt_real);
             Py_BEGIN_ALLOW_THREADS
-            gt_mm_run((double *)vo.buf, (const double *)va.buf, va.strides[0] / e,
-                      va.strides[1] / e, va.strides[2] / e, (const double *)vb.buf,
+            gt_mm_run((gt_real *)vo.buf, (const gt_real *)va.buf, va.strides[0] / e,
+                      va.strides[1] / e, va.strides[2] / e, (const gt_real *)vb.buf,
                       vb.strides[0] / e, vb.strides[1] / e, vb.strides[2] / e, Bn, M, K, N, acc);
             Py_END_ALLOW_THREADS
             done = 1;
@@ -331,10 +363,10 @@ GT_CPU_EXPORT int gt_opt_step_py(int adam, PyObject *w, PyObject *g, PyObject *m
 {
     Py_buffer vw, vg, vm, vv;
     Py_ssize_t n = 0;
-    double *pw = GT_PY_F64(w, &vw, 1, -1, &n);
+    gt_real *pw = GT_PY_F64(w, &vw, 1, -1, &n);
     if (!pw) return 1;
-    const double *pg = GT_PY_F64(g, &vg, 0, n, NULL);
-    double *pm = NULL, *pv = NULL;
+    const gt_real *pg = GT_PY_F64(g, &vg, 0, n, NULL);
+    gt_real *pm = NULL, *pv = NULL;
     int ok = pg != NULL;
     if (ok && adam) {
         ok = (pm = GT_PY_F64(m, &vm, 1, n, NULL)) != NULL;
@@ -363,12 +395,12 @@ GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *ds
 {
     Py_buffer vc, vk, vd;
     Py_ssize_t n = 0;
-    const double *pk = GT_PY_F64(keep, &vk, 0, -1, &n);
+    const gt_real *pk = GT_PY_F64(keep, &vk, 0, -1, &n);
     if (!pk) return 1;
     int done = 0;
     const unsigned char *pc = (const unsigned char *)gt_py_data(cond, &vc, 0, '?', 1, n, NULL);
     if (pc) {
-        double *pd = GT_PY_F64(dst, &vd, 1, n, NULL);
+        gt_real *pd = GT_PY_F64(dst, &vd, 1, n, NULL);
         if (pd) {
             Py_BEGIN_ALLOW_THREADS
             gt_select_zero((long long)n, pc, pk, pd, invert);
@@ -382,6 +414,7 @@ GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *ds
     return done ? 0 : 1;
 }
 
+#ifndef GT_CPU_F32
 /* gt_sum_rows (outer = 1, a [rows, n] src) or gt_sum_outer_inner (an [outer, n,
  * inner] src): dst the n sums. */
 GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObject *src,
@@ -389,9 +422,9 @@ GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObj
 {
     Py_buffer vs, vd;
     if (outer < 0 || n < 0 || inner < 0) return 1;
-    const double *ps = GT_PY_F64(src, &vs, 0, (Py_ssize_t)(outer * n * inner), NULL);
+    const gt_real *ps = GT_PY_F64(src, &vs, 0, (Py_ssize_t)(outer * n * inner), NULL);
     if (!ps) return 1;
-    double *pd = GT_PY_F64(dst, &vd, 1, (Py_ssize_t)n, NULL);
+    gt_real *pd = GT_PY_F64(dst, &vd, 1, (Py_ssize_t)n, NULL);
     if (pd) {
         Py_BEGIN_ALLOW_THREADS
         if (rows) gt_sum_rows(outer * inner, n, ps, pd);
@@ -402,4 +435,5 @@ GT_CPU_EXPORT int gt_sum_py(long long outer, long long n, long long inner, PyObj
     PyBuffer_Release(&vs);
     return pd ? 0 : 1;
 }
+#endif /* GT_CPU_F32 */
 #endif

@@ -266,7 +266,8 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
  * value).  kg/bg are the out layout's strides (g and t share it), ka/kb and
  * ba/bb the inputs' (0 where one broadcasts).
  * ====================================================================== */
-#ifdef GT_THREAD_BODIES
+#if defined(GT_THREAD_BODIES) || defined(GT_REAL_F32)
+/* (the float32 build's host too: its lane-tree sum runs per target element) */
 #define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
@@ -394,7 +395,8 @@ GT_KERNEL k_max_bwd(gt_real *W, const long long *M)
  * Softmax along one axis (rows of length L, stride `inner`)
  * ====================================================================== */
 
-/* e = exp(x - max); y = e / (0.0 + e0 + e1 + ...).  The max is the first
+/* e = exp(x - max); y = e / (e0 + e1 + ...), every row sum here GT_ROW_SUM's order
+ * (float64: serial from 0.0; float32: the lane tree).  The max is the first
  * maximal element, a NaN anywhere in the row.  M[0] = outer * inner rows. */
 GT_KERNEL k_softmax(gt_real *W, const long long *M)
 {
@@ -403,13 +405,12 @@ GT_KERNEL k_softmax(gt_real *W, const long long *M)
     GT_LOOP(r, M[0]) {
         const long long base = GT_ROW_BASE(r, L, inner);
         const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
-        gt_real s = R0;
-        for (long long l = 0; l < L; ++l) {
+        gt_real s;
+        GT_ROW_SUM(s, L, l, e, {
             const long long p = base + l * inner;
-            const gt_real e = GT_SOFTMAX_EXP(a[p], m);
+            e = GT_SOFTMAX_EXP(a[p], m);
             out[p] = e;
-            s = R_ADD(s, e);
-        }
+        })
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
             out[p] = GT_SOFTMAX_NORM(out[p], s);
@@ -417,18 +418,18 @@ GT_KERNEL k_softmax(gt_real *W, const long long *M)
     }
 }
 
-/* ga = ga + t * (g - (0.0 + g0*t0 + g1*t1 + ...)) */
+/* ga = ga + t * (g - (g0*t0 + g1*t1 + ...)) */
 GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_softmax_bwd
     const long long L = len;
     GT_LOOP(r, M[0]) {
         const long long base = GT_ROW_BASE(r, L, inner);
-        gt_real s = R0;
-        for (long long l = 0; l < L; ++l) {
+        gt_real s;
+        GT_ROW_SUM(s, L, l, v, {
             const long long p = base + l * inner;
-            s = R_ADD(s, GT_SOFTMAX_DOT(g[p], t[p]));
-        }
+            v = GT_SOFTMAX_DOT(g[p], t[p]);
+        })
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
             ga[p] = R_ADD(ga[p], GT_SOFTMAX_BWD(t[p], g[p], s));
@@ -436,8 +437,8 @@ GT_KERNEL k_softmax_bwd(gt_real *W, const long long *M)
     }
 }
 
-/* log_softmax: d = x - max (the first maximal element); y = d - log(0.0 +
- * exp(d0) + exp(d1) + ...).  The parts are the op table's expressions. */
+/* log_softmax: d = x - max (the first maximal element); y = d - log(exp(d0) +
+ * exp(d1) + ...).  The parts are the op table's expressions. */
 GT_KERNEL k_log_softmax(gt_real *W, const long long *M)
 {
     GT_ARGS_k_log_softmax
@@ -445,13 +446,13 @@ GT_KERNEL k_log_softmax(gt_real *W, const long long *M)
     GT_LOOP(r, M[0]) {
         const long long base = GT_ROW_BASE(r, L, inner);
         const gt_real m = a[base + gt_first_max(a, base, L, inner) * inner];
-        gt_real s = R0;
-        for (long long l = 0; l < L; ++l) {
+        gt_real s;
+        GT_ROW_SUM(s, L, l, v, {
             const long long p = base + l * inner;
             const gt_real d = GT_LOG_SOFTMAX_SHIFT(a[p], m);
             out[p] = d;
-            s = R_ADD(s, GT_LOG_SOFTMAX_EXP(d));
-        }
+            v = GT_LOG_SOFTMAX_EXP(d);
+        })
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
             out[p] = GT_LOG_SOFTMAX_OUT(out[p], s);
@@ -459,15 +460,14 @@ GT_KERNEL k_log_softmax(gt_real *W, const long long *M)
     }
 }
 
-/* ga = ga + (g - exp(t) * (0.0 + g0 + g1 + ...)) */
+/* ga = ga + (g - exp(t) * (g0 + g1 + ...)) */
 GT_KERNEL k_log_softmax_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_log_softmax_bwd
     const long long L = len;
     GT_LOOP(r, M[0]) {
         const long long base = GT_ROW_BASE(r, L, inner);
-        gt_real s = R0;
-        for (long long l = 0; l < L; ++l) s = R_ADD(s, g[base + l * inner]);
+        const gt_real s = GT_MEM_SUM(g + base, L, inner);
         for (long long l = 0; l < L; ++l) {
             const long long p = base + l * inner;
             ga[p] = R_ADD(ga[p], GT_LOG_SOFTMAX_BWD(g[p], t[p], s));

@@ -130,7 +130,7 @@ def kernel_source() -> str:
 def nvcc_options(dtype: str) -> list:
     """The options :func:`_cubin` hands nvcc (PyCUDA's compile adds --cubin, -arch sm_XY
     and -I)."""
-    return ["--fmad=false"] + (["-DGT_REAL_F32"] if dtype == "f32" else [])
+    return ["--fmad=false"] + (["-DGT_REAL_F32", "-ftz=false"] if dtype == "f32" else [])
 
 
 # ── context and modules ───────────────────────────────────────────────────

@@ -16,8 +16,8 @@ the CPU tape.
 Backends come from the registry, :mod:`gradtool.device.backends`: ``host``
 (:mod:`gradtool.device.host`, everywhere a C compiler exists) and ``cuda``
 (:mod:`gradtool.device.cuda`, PyCUDA and a GPU); ``auto`` picks cuda when PyCUDA
-and a device are present, else host.  With dtype f64 every backend gives the CPU
-tape's bits.
+and a device are present, else host.  Every backend gives the CPU tape's bits, for
+f64 and f32 tapes alike.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..ops import bad_id, bad_rng, first_bad_id, inexact_int
 from ..tape import GVar, as_float64_array, as_ids_array, check_ids, is_index
 from . import backends
 from .optimizer import CTL_SCALARS
-from .program import EXACT_INTS, CaptureError, capture_program
+from .program import DTYPES, EXACT_INTS, CaptureError, capture_program, rounded_tape
 
 # the registry's names when this module was imported (kept for old imports; the
 # registry itself, gradtool.device.backends.choices(), is what commands read)
@@ -48,7 +48,7 @@ def resolve_backend(name: str) -> tuple:
 class DeviceReplay:
     """One captured episode on one backend.  Build it with :func:`capture`."""
 
-    def __init__(self, tape, loss, *, backend: str = "auto", dtype: str = "f64",
+    def __init__(self, tape, loss, *, backend: str = "auto", dtype: Optional[str] = None,
                  optimizer=None, graph: bool = True, host_kernels: str = "tiled",
                  fuse: bool = False, max_bytes: Optional[int] = None):
         from ..tape import Tape
@@ -61,11 +61,19 @@ class DeviceReplay:
             raise CaptureError(f"loss: {exc}") from None
         if optimizer is not None and hasattr(optimizer, "check_tape"):
             optimizer.check_tape(tape)
-        self.program = capture_program(tape, loss_id, dtype, optimizer, max_bytes)
+        # dtype None: the tape's own; "f32" for an f64 tape: its f32 copy (rounded_tape),
+        # whose node ids are the tape's, so the accessors below answer for the tape's nodes
+        captured = rounded_tape(tape, dtype) if dtype is not None else tape
+        self.program = capture_program(captured, loss_id, dtype, optimizer, max_bytes)
+        self.element = np.dtype(DTYPES[self.program.dtype])
+        # what value() gives back per node: its own float type (a node of integer data
+        # may be f64 in an f32 tape: whole numbers, exact in either)
+        self._types = [v.dtype if v.dtype != np.int64 else self.element
+                       for v in captured.values]
         self.unfused_counts = {ph: len(la) for ph, la in self.program.launches.items()}
         if fuse:
             from .fusion import fuse as fuse_program
-            self.program = fuse_program(tape, self.program)
+            self.program = fuse_program(captured, self.program)
         self.fused = bool(fuse)
         # the accessors take GVars of this tape as captured (or plain node ids)
         self.tape, self._serials = tape, list(tape.serials)
@@ -75,7 +83,7 @@ class DeviceReplay:
         self.backend, self.backend_reason = backends.resolve(backend)
         self.dev = backends.get(self.backend).create(
             self.program, backends.Options(graph=graph, host_kernels=host_kernels))
-        self.dtype = dtype
+        self.dtype = self.program.dtype
         self.loss_id = loss_id
         self.optimizer = self.program.optimizer
 
@@ -199,15 +207,16 @@ class DeviceReplay:
         i = self.node_id(node, "value")
         prog = self.program
         out = self.dev.read(prog.val_off[i], prog.size_of(i)).reshape(prog.shapes[i])
-        return out.astype(np.int64) if i in self._ids else out
+        return out.astype(np.int64 if i in self._ids else self._types[i])
 
     def grad(self, node) -> np.ndarray:
         """dL/d(node) from the last backward; zeros for a node backward never touches."""
         i = self.node_id(node, "grad")
         prog = self.program
         if prog.grad_off[i] < 0:
-            return np.zeros(prog.shapes[i])
-        return self.dev.read(prog.grad_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+            return np.zeros(prog.shapes[i], self.element)
+        out = self.dev.read(prog.grad_off[i], prog.size_of(i)).reshape(prog.shapes[i])
+        return out.astype(self.element, copy=False)
 
     def touched(self, node) -> bool:
         return self.program.grad_off[self.node_id(node, "touched")] >= 0
@@ -232,7 +241,7 @@ class DeviceReplay:
         return self.dev.nbytes
 
 
-def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=None,
+def capture(tape, loss, backend: str = "auto", dtype: Optional[str] = None, *, optimizer=None,
             graph: bool = True, host_kernels: str = "tiled", fuse: bool = False,
             max_bytes: Optional[int] = None) -> DeviceReplay:
     """Mirror ``tape``'s episode (backward seeded at ``loss``) onto a device backend.
@@ -246,12 +255,17 @@ def capture(tape, loss, backend: str = "auto", dtype: str = "f64", *, optimizer=
     (same bits; compiled once per tape, cached).  ``max_bytes``: the device memory
     budget (default :data:`gradtool.budget.DEFAULT_MEMORY`); a program that needs more is
     a CaptureError before anything is allocated.
+
+    ``dtype``: the arena's element type; default the tape's own (an f32 tape, whose
+    values are float32, replays in float32 with the CPU reference's bits: numerics32).
+    ``"f32"`` for an f64 tape replays its f32 copy (:func:`rounded_tape`: the leaves
+    rounded once), whose CPU reference it then equals bit for bit.
     """
     return DeviceReplay(tape, loss, backend=backend, dtype=dtype, optimizer=optimizer,
                         graph=graph, host_kernels=host_kernels, fuse=fuse, max_bytes=max_bytes)
 
 
-def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
+def fusion_plan(tape, loss, dtype: Optional[str] = None, *, optimizer=None):
     """The program ``capture(..., fuse=True)`` would run, with its ``fusion`` plan
     (:class:`gradtool.device.fusion.FusionPlan`); nothing is compiled or allocated."""
     from ..tape import Tape
@@ -263,14 +277,16 @@ def fusion_plan(tape, loss, dtype: str = "f64", *, optimizer=None):
         loss_id = tape.var(loss).id
     except GradtoolError as exc:
         raise CaptureError(f"loss: {exc}") from None
-    return fuse(tape, capture_program(tape, loss_id, dtype, optimizer))
+    captured = rounded_tape(tape, dtype) if dtype is not None else tape
+    return fuse(captured, capture_program(captured, loss_id, dtype, optimizer))
 
 
 class DeviceEngine:
     """The training engine on a registered device backend, or ``auto`` (same interface as
     train.CpuEngine)."""
 
-    def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto", dtype: str = "f64",
+    def __init__(self, tape, loss_id: int, optimizer, backend: str = "auto",
+                 dtype: Optional[str] = None,
                  graph: bool = True, fuse: bool = False, max_bytes: Optional[int] = None,
                  **options):
         if options:
@@ -373,14 +389,15 @@ def relative_error(dev, ref) -> float:
 def parity_item(what: str, node: int, dev, ref, dtype: str) -> dict:
     ulps = ulp_distance(dev, ref)
     rel = relative_error(dev, ref)
-    ok = ulps == 0.0 if dtype == "f64" else rel <= F32_BOUND
+    ok = ulps == 0.0            # f64 and f32 tapes alike: the CPU reference's bits
     return {"what": what, "node": node, "ulps": ulps, "rel": rel, "ok": bool(ok)}
 
 
 def check_gradients(replay: DeviceReplay, tape, loss_id: int) -> list:
     """One episode on the device and on the CPU tape; the loss and every param gradient.
 
-    f64 passes only bit for bit; f32 within :data:`F32_BOUND`.
+    Both dtypes pass only bit for bit (an f32 replay against its f32 tape's CPU
+    reference, numerics32).
     """
     with np.errstate(all="ignore"):
         tape.zero_grad()

@@ -66,8 +66,8 @@ from .program import row_major_strides
 MAX_THREADS = 256          # threads per block of a block kernel
 MAX_ROW_WIDTH = 8192       # elements per row (per block) a block kernel takes on
 MIN_THREADS = 32
-HEADERS = ("gt_fused.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h", "host_prelude.h",
-           "gt_optim.h", "gt_optim_table.h")
+HEADERS = ("gt_fused.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
+           "host_prelude.h", "gt_optim.h", "gt_optim_table.h")
 
 
 # ── launches and kernels ──────────────────────────────────────────────────

@@ -42,8 +42,8 @@ from .program import DTYPES, PHASES, Program
 from .staging import Staging
 
 CSRC = native.CSRC
-SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_bodies.h", "gt_math.h", "gt_ops.h",
-           "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
+SOURCES = ("kernels.cu", "host_prelude.h", "gt_real.h", "gt_real32.h", "gt_bodies.h", "gt_math.h",
+           "gt_ops.h", "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
 BASE_FLAGS = ("-x", "c", *native.SAFE_FLAGS)
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 

@@ -102,7 +102,14 @@ def plan_optimizer(builder, prog, opt) -> OptimizerPlan:
         try:
             opt.check_tape(builder.tape)
         except GradtoolError as exc:
-            raise CaptureError(str(exc)) from None
+            # a rounded f32 copy (program.rounded_tape) answers for its original's params
+            original = getattr(builder.tape, "rounded_from", None)
+            try:
+                if original is None:
+                    raise
+                opt.check_tape(original)
+            except GradtoolError:
+                raise CaptureError(str(exc)) from None
     slots = entry.slot_names(hparams)
     for e in opt.entries:
         nid = e.node_id

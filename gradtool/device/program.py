@@ -37,8 +37,8 @@ import numpy as np
 
 from .. import numerics as nx
 from ..budget import DEFAULT_MEMORY, human_bytes
-from ..ops import OPS, attr, bad_rng, inexact_int, infer_shape
-from ..tape import f32_refusal, reach
+from ..ops import OPS, RNG_NAME, attr, bad_rng, inexact_int, infer_shape
+from ..tape import reach
 from .launch import CaptureError, Launch, launch
 from ..optim import table as optim_table
 from .optimizer import CTL_SIZE, plan_optimizer
@@ -213,25 +213,85 @@ class _Builder:
                                f"collapsing; the device kernels handle at most {MAX_DIMS}")
 
 
+def integer_data(tape) -> list:
+    """Per node: whether its values derive from integer consts alone (an i64 const, the
+    rng slot, or an op other than a draw all of whose inputs are such nodes: a comparison
+    of ids, ``to_f64`` of them, the slot's train flag sliced out, ...).
+    Those nodes hold whole numbers whatever their float type, and no gradient reaches
+    them; every other node descends from a float leaf."""
+    out = []
+    for i, node in enumerate(tape.nodes):
+        if node.a < 0:          # ids, or the rng slot's counters (whole numbers)
+            out.append(tape.values[i].dtype == np.int64 or node.name == RNG_NAME)
+        else:                   # a draw is no whole number, whatever reads the slot
+            out.append(node.op != "uniform" and out[node.a] and (node.b < 0 or out[node.b]))
+    return out
+
+
+def f64_islands(tape) -> list:
+    """Per node: whether it may hold float64 values in an f32 program, exactly.  Nodes of
+    integer data (:func:`integer_data`: whole numbers), the rng slot (its counters are
+    whole numbers, checked below 2^24 as in every f32 arena), and a draw (``uniform``,
+    always f64 on the tape) that nothing reads but casts to f32: the f32 build's
+    k_uniform rounds each draw to float once, which is exactly what the casts compute,
+    so the draw's slot holds the casts' values and each cast is a copy of it."""
+    out = integer_data(tape)
+    readers = [[] for _ in tape.nodes]
+    for i, node in enumerate(tape.nodes):
+        for k in (node.a, node.b):
+            if k >= 0:
+                readers[k].append(i)
+    for i, node in enumerate(tape.nodes):
+        if (node.op == "uniform" and readers[i]
+              and all(tape.nodes[r].op == "cast" and tape.values[r].dtype == np.float32
+                      for r in readers[i])):
+            out[i] = True
+    return out
+
+
+def tape_dtype(tape) -> str:
+    """The float dtype of ``tape``'s values: "f32" when they are float32, else "f64" (a
+    tape of integer consts only is f64).  Nodes of integer data (:func:`integer_data`:
+    whole numbers, whatever their type) do not count.  A tape holding both (a ``cast``
+    between them) is a CaptureError: a device program has one element type."""
+    kinds = {}
+    ints = f64_islands(tape)
+    for i, value in enumerate(tape.values):
+        dt = getattr(value, "dtype", None)
+        if (dt == np.float32 or dt == np.float64) and not ints[i]:
+            kinds.setdefault("f32" if dt == np.float32 else "f64", i)
+    if len(kinds) > 1:
+        raise CaptureError(f"node {kinds['f32']}: holds float32 values and node "
+                           f"{kinds['f64']} float64 values; the device replay runs one float "
+                           f"dtype per tape, an f32 or a float64 tape (a tape that casts "
+                           f"between them runs on the cpu backend)")
+    return next(iter(kinds), "f64")
+
+
 def _check(tape, loss: int, dtype: str) -> None:
     if dtype not in DTYPES:
         raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
+    if dtype != tape_dtype(tape):
+        raise CaptureError(f"the tape's values are {tape_dtype(tape)}; a {dtype} program "
+                           f"needs a {dtype} tape (device.rounded_tape converts one)")
     if not tape.ok:
         raise CaptureError(f"the tape is poisoned: {tape.error}")
-    refusal = f32_refusal(tape, "the device replay (host, cuda, --fuse)",
-                          ": the cpu backend (--backend cpu) computes f32 tapes")
-    if refusal:
-        raise CaptureError(refusal)
     if not 0 <= loss < len(tape.nodes):
         raise CaptureError(f"loss node {loss} does not exist (the tape has {len(tape.nodes)} nodes)")
+    ints, islands = integer_data(tape), f64_islands(tape)
     for i, (node, value) in enumerate(zip(tape.nodes, tape.values)):
         if node.a >= 0 and OPS[node.op].kind not in _FORWARD:
             raise CaptureError(f"node {i}: op {node.op!r} has no device kernel")
         ids = node.op == "const" and getattr(value, "dtype", None) == np.int64
-        if not isinstance(value, np.ndarray) or (value.dtype != np.float64 and not ids):
+        whole = islands[i] and getattr(value, "dtype", None) == np.float64
+        if not isinstance(value, np.ndarray) or (value.dtype != DTYPES[dtype] and not ids
+                                                 and not whole):
             kind = getattr(value, "dtype", type(value).__name__)
             raise CaptureError(f"node {i}: holds {kind} values; the device replay needs a "
-                               f"float64 tape")
+                               f"float64 or float32 tape")
+        if whole and ints[i] and dtype != "f64" and inexact_int(value, EXACT_INTS[dtype]):
+            raise CaptureError(f"node {i} ({node.op}): integer data "
+                               f"{inexact_int(value, EXACT_INTS[dtype])} (a {dtype} arena)")
         if node.a >= 0:
             sb = tape.values[node.b].shape if node.b >= 0 else None
             want = infer_shape(node.op, tape.values[node.a].shape, sb, node.aux)
@@ -241,7 +301,7 @@ def _check(tape, loss: int, dtype: str) -> None:
     if tape.values[loss].size != 1:
         raise CaptureError(f"loss node {loss} has shape {list(tape.values[loss].shape)}; "
                            f"backward needs a one-element loss")
-    if tape.values[loss].dtype != np.float64:
+    if tape.values[loss].dtype == np.int64:
         raise CaptureError(f"loss node {loss} holds integer ids, not a loss")
     for i, node in enumerate(tape.nodes):
         spec = OPS[node.op]
@@ -264,9 +324,44 @@ def _check(tape, loss: int, dtype: str) -> None:
                                    f"holds integers exactly only below {EXACT_INTS[dtype]}")
 
 
-def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
+def rounded_tape(tape, dtype: str = "f32"):
+    """A copy of the f64 ``tape`` as an f32 tape (``dtype`` "f32"; "f64": ``tape`` itself):
+    every float leaf (params, consts, input slots) rounded to float32 once, to nearest
+    even, integer consts kept, and every op node recomputed by the CPU reference in
+    float32 (numerics32).  Node ids, names, scalars and attributes are unchanged, so the
+    copy's replay answers for the original's nodes.  What ``replay-gpu --dtype f32`` and
+    ``capture(..., dtype="f32")`` of an f64 tape run."""
+    import copy
+
+    if dtype not in DTYPES:
+        raise CaptureError(f"dtype {dtype!r} is not supported (choose f64 or f32)")
+    have = tape_dtype(tape)
+    if have == dtype:
+        return tape
+    if dtype != "f32":
+        raise CaptureError(f"an {have} tape cannot be replayed as {dtype}")
+    if not tape.ok:
+        raise CaptureError(f"the tape is poisoned: {tape.error}")
+    out = copy.deepcopy(tape)
+    for i, node in enumerate(out.nodes):
+        value = out.values[i]
+        if node.a < 0 and value.dtype == np.float64:
+            with np.errstate(over="ignore"):        # past float32's range: +-inf, as torch
+                out.values[i] = value.astype(np.float32)
+    out.rounded_from = tape           # the optimizer's params are the original's
+    out.grads = [None] * len(out.nodes)
+    out.forward()
+    if not out.ok:
+        raise CaptureError(f"the tape rounded to f32 cannot be computed: {out.error}")
+    return out
+
+
+def capture_program(tape, loss: int, dtype: Optional[str] = None, optimizer=None,
                     max_bytes: Optional[int] = None) -> Program:
     """Mirror ``tape`` (with ``loss`` the node backward seeds) as a static :class:`Program`.
+
+    ``dtype`` (default: the tape's own, :func:`tape_dtype`) is the arena's element type;
+    it must be the tape's (:func:`rounded_tape` makes an f32 copy of an f64 tape).
 
     ``optimizer`` (a :class:`gradtool.optim.Optimizer` with its params
     registered) adds the device optimizer's buffers and launches.  ``max_bytes``
@@ -274,9 +369,12 @@ def capture_program(tape, loss: int, dtype: str = "f64", optimizer=None,
     program needs (:attr:`Program.nbytes`): a bigger one is a CaptureError before
     any backend allocates it.
     """
+    if dtype is None:
+        dtype = tape_dtype(tape)
     _check(tape, loss, dtype)
 
     b = _Builder(tape, loss, dtype)
+    b.islands = f64_islands(tape)
     val_off = [b.alloc(b.n(i)) for i in range(len(tape.nodes))]
     reached = reach(tape, loss)
     needs = _contributions(b, reached)
@@ -570,13 +668,26 @@ def _fwd_avg_pool2d(b, i, spec, val):
                    incl=int(attr(node.aux, "count_include_pad", True)), **geo)]
 
 
+def _fwd_cast(b, i, spec, val):
+    """A cast to f32 of an f64 island (f64_islands) in an f32 program: whole numbers
+    (exact in the arena, checked) or a draw, whose slot already holds its float32
+    rounding: the cast copies the slot.  Any other cast has no kernel (one arena type)."""
+    node = b.tape.nodes[i]
+    if not (b.dtype == "f32" and b.islands[node.a] and b.tape.values[i].dtype == np.float32):
+        raise CaptureError(f"node {i} (cast): a device program has one float type; only a "
+                           f"draw cast to f32 in an f32 program runs (the cpu backend runs "
+                           f"this tape)")
+    n = b.n(i)
+    return [_copy(b, i, val[i], val[node.a], [n], [1], [1], acc=False, what="cast to f32")]
+
+
 _FORWARD = {"unary": _fwd_unary, "binary": _fwd_binary, "reduce": _fwd_reduce,
             "max": _fwd_max, "matmul": _fwd_matmul, "bmm": _fwd_bmm,
             "transpose": _fwd_transpose, "reshape": _fwd_reshape, "softmax": _fwd_softmax,
             "slice": _fwd_slice, "concat": _fwd_concat, "take": _fwd_take,
             "take_along": _fwd_take_along, "permute": _fwd_permute, "conv2d": _fwd_conv2d,
             "max_pool2d": _fwd_max_pool2d, "avg_pool2d": _fwd_avg_pool2d,
-            "scatter": _fwd_scatter, "uniform": _fwd_uniform}
+            "scatter": _fwd_scatter, "uniform": _fwd_uniform, "cast": _fwd_cast}
 
 
 def _contributions(b: _Builder, reached) -> list:

@@ -11,6 +11,11 @@ gt_math.h's ``gt_exp``/``gt_log``/``gt_tanh``/``gt_expm1``/``gt_log1p``/``gt_erf
 :mod:`gradtool.fdlibm`.  Unary minus, comparisons and the ternary select are
 exact and stay plain C.  Nothing here restates an op's arithmetic.
 
+An f32 tape's nodes render the same rules in float code (``RULES32``: ``GT_FADD`` ...,
+the binary32 operations, and ``gt_expf`` ... of ``gradtool/csrc/gt_real32.h``, the
+float64 port on the widened input rounded once; every constant rounded to float32
+once), numerics32's contract for one element.
+
 Arguments are C expressions (node variables such as ``t7``, ``g7`` or
 literals); every rendering parenthesises what it builds, so it can be pasted
 anywhere.  A contribution of ``None`` means the op has no such input.
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..errors import GradtoolError
-from ..expr import SCALAR, c_double, render
+from ..expr import SCALAR, SCALAR32, c_double, render
 from ..ops import OPS
 
 
@@ -53,15 +58,15 @@ class ScalarRule:
     backward: Callable[[str, str, Optional[str], str, str], tuple]
 
 
-def _scalar_rule(spec) -> ScalarRule:
+def _scalar_rule(spec, dialect=SCALAR) -> ScalarRule:
     fwd, contributions = spec.rules
 
     def forward(a, b, s):
-        return render(fwd, SCALAR, {"x": a, "y": b or "0", "s": s})
+        return render(fwd, dialect, {"x": a, "y": b or "0", "s": s})
 
     def backward(g, a, b, t, s):
         env = {"g": g, "x": a, "y": b or "0", "t": t, "s": s}
-        out = [render(c, SCALAR, env) for c in contributions]
+        out = [render(c, dialect, env) for c in contributions]
         return tuple(out + [None] * (2 - len(out)))
 
     return ScalarRule(forward, backward)
@@ -69,13 +74,18 @@ def _scalar_rule(spec) -> ScalarRule:
 
 RULES: dict[str, ScalarRule] = {name: _scalar_rule(spec) for name, spec in OPS.items()
                                 if spec.rules is not None}
+# the same rules in float code, for the nodes of an f32 tape (SCALAR32: binary32
+# operations, gt_real32.h's functions, constants rounded to float32 once)
+RULES32: dict[str, ScalarRule] = {name: _scalar_rule(spec, SCALAR32)
+                                  for name, spec in OPS.items() if spec.rules is not None}
 SCALAR_OPS = tuple(RULES)
 
 
-def rule(op: str) -> ScalarRule:
-    """The scalar rendering of ``op``, or EmitScopeError naming the op and the scope."""
+def rule(op: str, dtype: str = "f64") -> ScalarRule:
+    """The scalar rendering of ``op`` (``dtype`` "f32": in float code), or EmitScopeError
+    naming the op and the scope."""
     try:
-        return RULES[op]
+        return (RULES32 if dtype == "f32" else RULES)[op]
     except KeyError:
         raise EmitScopeError(f"op {op!r} has no scalar C form; emit-cuda handles "
                              f"{', '.join(SCALAR_OPS)}") from None

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
+
 from ..errors import GradtoolError
 from ..ops import OPS, format_shape
 from ..tape import GVar, Tape, f32_refusal, reach, requires_wrt
@@ -95,13 +97,28 @@ def loss_id(tape: Tape, loss) -> int:
         raise EmitError(f"loss: {exc}") from None
 
 
-def check_scope(tape: Tape) -> None:
+def float_dtype(tape: Tape) -> str:
+    """The emitted code's float type: "f32" (``float``) when the tape's float values are
+    float32, else "f64" (``double``); EmitError for a tape holding both."""
+    first = {}
+    for i, value in enumerate(tape.values):
+        if value.dtype in (np.float32, np.float64):
+            first.setdefault("f32" if value.dtype == np.float32 else "f64", i)
+    if len(first) > 1:
+        raise EmitError(f"node {first['f32']}: holds float32 values and node {first['f64']} "
+                        f"float64 values; emit-cuda emits one float type per tape")
+    return next(iter(first), "f64")
+
+
+# per float type: the C type, the add macro, the literals 0 and 1
+CTYPES = {"f64": ("double", "GT_ADD", "0.0", "1.0"),
+          "f32": ("float", "GT_FADD", "0.0f", "1.0f")}
+
+
+def check_scope(tape: Tape, abi: str = "gradtool") -> None:
     """EmitScopeError naming the first node that is not a one-element tensor or scalar op."""
     if not tape.ok:
         raise EmitError(f"the tape is poisoned: {tape.error}")
-    refusal = f32_refusal(tape, "emit-cuda")
-    if refusal:
-        raise EmitError(refusal)
     for i, node in enumerate(tape.nodes):
         if tape.values[i].size != 1:
             raise EmitScopeError(f"node {i} ({node.op}) has shape {format_shape(tape.values[i].shape)}; emit-cuda "
@@ -111,6 +128,10 @@ def check_scope(tape: Tape) -> None:
                 rule(node.op)
             except EmitScopeError as exc:
                 raise EmitScopeError(f"node {i}: {exc}") from None
+    if float_dtype(tape) == "f32" and abi != "gradtool":       # (a mixed tape: EmitError)
+        refusal = f32_refusal(tape, f"emit-cuda's {abi} ABI")
+        if refusal:
+            raise EmitError(refusal)
 
 
 def _check_expr(name: str, expr: str) -> str:
@@ -203,7 +224,7 @@ def layout(tape: Tape, loss, binds: Optional[Mapping[str, str]] = None, params=N
     li = loss_id(tape, loss)
     bound = _bound(tape, binds)
     chosen = _chosen(tape, params)
-    frozen = {i: c_double(tape.values[i].item()) for i, n in enumerate(tape.nodes)
+    frozen = {i: c_double(float(tape.values[i].item())) for i, n in enumerate(tape.nodes)
               if (n.op == "param" and i not in chosen)
               or (freeze_consts and n.op == "const" and i not in bound)}
     data = tuple(i for i, n in enumerate(tape.nodes)
@@ -263,6 +284,13 @@ def statements(tape: Tape, lay: Layout, loss_value: bool = True) -> Body:
     pass computes only the values the backward statements read, and what those need.
     """
     nodes, li = tape.nodes, lay.loss
+    dtype = float_dtype(tape)
+    ctype, add, zero, one = CTYPES[dtype]
+
+    def scalar(i: int) -> str:          # node i's scalar operand, rounded as its dtype does
+        lit = c_double(nodes[i].s)
+        return f"((float){lit})" if dtype == "f32" else lit
+
     anc = ancestors(tape, li)
     p_index = {i: j for j, i in enumerate(lay.params)}
     x_index = {i: k for k, i in enumerate(lay.data)}
@@ -272,22 +300,22 @@ def statements(tape: Tape, lay: Layout, loss_value: bool = True) -> Body:
     if requires[li]:
         backward.append("    /* backward, reverse tape order; dL/d(loss) = 1.0; a fresh slot "
                         "starts at 0.0 */")
-        backward.append(f"    double g{li} = 1.0;")
+        backward.append(f"    {ctype} g{li} = {one};")
     declared = {li} if requires[li] else set()
     for i in range(li, -1, -1):
         node = nodes[i]
         if not (reached[i] and requires[i]) or node.a < 0:
             continue
         b = f"t{node.b}" if node.b >= 0 else None
-        ca, cb = rule(node.op).backward(f"g{i}", f"t{node.a}", b, f"t{i}", c_double(node.s))
+        ca, cb = rule(node.op, dtype).backward(f"g{i}", f"t{node.a}", b, f"t{i}", scalar(i))
         for role, dst, c in (("a", node.a, ca), ("b", node.b, cb)):
             if dst < 0 or not requires[dst] or not OPS[node.op].grad_to(role):
                 continue
             if dst in declared:
-                backward.append(f"    g{dst} = GT_ADD(g{dst}, {c});")
+                backward.append(f"    g{dst} = {add}(g{dst}, {c});")
             else:
                 declared.add(dst)
-                backward.append(f"    double g{dst} = GT_ADD(0.0, {c});")
+                backward.append(f"    {ctype} g{dst} = {add}({zero}, {c});")
 
     if loss_value:
         live = anc
@@ -309,21 +337,21 @@ def statements(tape: Tape, lay: Layout, loss_value: bool = True) -> Body:
         node = nodes[i]
         if i in p_index:
             uses.add("p")
-            forward.append(f"    double t{i} = p[{p_index[i]}];  /* param {leaf_label(tape, i)} */")
+            forward.append(f"    {ctype} t{i} = p[{p_index[i]}];  /* param {leaf_label(tape, i)} */")
         elif i in lay.binds:
             bound.append(lay.binds[i])
-            forward.append(f"    double t{i} = ({lay.binds[i]});  "
+            forward.append(f"    {ctype} t{i} = ({lay.binds[i]});  "
                            f"/* const {leaf_label(tape, i)}, bound */")
         elif i in x_index:
             uses.add("x")
-            forward.append(f"    double t{i} = x[{x_index[i]}];  /* const {leaf_label(tape, i)} */")
+            forward.append(f"    {ctype} t{i} = x[{x_index[i]}];  /* const {leaf_label(tape, i)} */")
         elif i in lay.frozen:
-            forward.append(f"    double t{i} = {lay.frozen[i]};  "
+            forward.append(f"    {ctype} t{i} = {lay.frozen[i]};  "
                            f"/* {node.op} {leaf_label(tape, i)}, frozen */")
         else:
             b = f"t{node.b}" if node.b >= 0 else None
-            expr = rule(node.op).forward(f"t{node.a}", b, c_double(node.s))
-            forward.append(f"    double t{i} = {expr};")
+            expr = rule(node.op, dtype).forward(f"t{node.a}", b, scalar(i))
+            forward.append(f"    {ctype} t{i} = {expr};")
 
     grad = {i: (f"g{i}" if i in declared else None) for i in lay.params}
     return Body(forward, backward, grad, uses, sum(live), bound)
@@ -379,6 +407,39 @@ GUARDS = """\
 """
 
 
-def preamble() -> list:
-    """The build guards and gt_math.h, verbatim: what every emitted file starts with."""
-    return GUARDS.splitlines() + ["", gt_math_source().rstrip("\n"), ""]
+# after gt_real32.h (an f32 tape): the binary32 operations its GT_FADD has no twin of
+FLOAT_OPS = """\
+/* ---- binary32 operations that cannot be contracted (an f32 tape) -------- */
+#ifndef GT_FSUB
+#  if defined(__CUDACC__)
+#    define GT_FSUB(a, b) __fsub_rn((a), (b))
+#    define GT_FMUL(a, b) __fmul_rn((a), (b))
+#    define GT_FDIV(a, b) __fdiv_rn((a), (b))
+#    define GT_FSQRT(a) __fsqrt_rn((a))
+#  else
+#    define GT_FSUB(a, b) ((a) - (b))
+#    define GT_FMUL(a, b) ((a) * (b))
+#    define GT_FDIV(a, b) ((a) / (b))
+#    define GT_FSQRT(a) sqrtf((a))
+#  endif
+#endif
+/* fmod is exact: the float64 remainder of the widened operands is a float */
+#define GT_FMODF(x, y) ((float)gt_fmod((double)(x), (double)(y)))
+"""
+
+
+def gt_real32_source() -> str:
+    """gradtool/csrc/gt_real32.h without its #include of gt_math.h (inlined above it)."""
+    text = (resources.files("gradtool") / "csrc" / "gt_real32.h").read_text(encoding="utf-8")
+    return "\n".join(line for line in text.splitlines()
+                     if line.strip() != '#include "gt_math.h"')
+
+
+def preamble(dtype: str = "f64") -> list:
+    """The build guards and gt_math.h, verbatim: what every emitted file starts with; for
+    an f32 tape (``dtype`` "f32") also gt_real32.h (fmaf, gt_expf ...) and the binary32
+    operation macros."""
+    out = GUARDS.splitlines() + ["", gt_math_source().rstrip("\n"), ""]
+    if dtype == "f32":
+        out += [gt_real32_source().rstrip("\n"), "", *FLOAT_OPS.splitlines(), ""]
+    return out

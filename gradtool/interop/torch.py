@@ -218,6 +218,9 @@ def _as_f32(torch, result, module, example_inputs, loss_fn, loss_inputs, loss_ou
                       {k: tape.var(ids[v.id]) for k, v in result.inputs.items()},
                       {k: tape.var(ids[v.id]) for k, v in result.consts.items()},
                       result.histogram, result.input_dtypes, dict(result.state))
+    # what the f64 import found of the module's outputs (the own-loop wrapper's), its notes
+    out.out_spec, out.out_dtypes = result.out_spec, result.out_dtypes
+    out.out_shapes, out.notes = result.out_shapes, result.notes
     loss32 = _eval_loss(tape, out.loss)
     out.check = {"dtype": "f32", "loss": loss32, "f64_loss": loss64,
                  "f64_difference": abs(loss32 - loss64), "bound": None,
@@ -245,7 +248,7 @@ def _torch_loss32(torch, module, inputs, loss_fn, loss_inputs, loss_output) -> f
         out = m32(*[f32(t) for t in inputs])
         if loss_fn is not None:
             out = loss_fn(out, *[f32(t) for t in loss_inputs])
-        elif isinstance(out, (tuple, list)):
+        if isinstance(out, (tuple, list)):      # the module's, or a loss_fn's (loss, ...)
             out = out[loss_output]
     return float(out.to(torch.float64).reshape(()))
 

@@ -58,12 +58,12 @@ class WrapError(GradtoolError):
 def compute_dtype(module_dtype) -> str:
     """The tape dtype a module of ``module_dtype`` computes in: the one switch point.
 
-    Every module runs in float64 today, so a float32 module's values are float64 on the
-    tape and its gradients are rounded once to float32 on the way back (``docs/torch.md``,
-    "dtype").  When the tape gains float32 this returns ``"f32"`` for a float32 module;
-    :class:`_Graph` reads the answer for the leaves it fills and the device capture, and
-    the importer call there is to pass it on once ``import_module`` takes a dtype."""
-    return "f64"
+    A float32 module computes in float32 (an f32 tape: ``import_module(dtype="f32")``),
+    a float64 one in float64; any other float dtype (float16, bfloat16: no such tape
+    dtype) in float64, its gradients rounded once to the parameter's dtype on the way
+    back (``docs/torch.md``, "dtype").  :class:`_Graph` passes the answer to the
+    importer and the device capture, and fills the leaves in it."""
+    return "f32" if str(module_dtype) == "torch.float32" else "f64"
 
 
 # the torch dtype of a tape dtype (compute_dtype's answers)
@@ -131,10 +131,11 @@ class _Graph:
         loss_fn = owner.loss_fn
         if loss_fn is not None and owner.with_outputs:
             loss_fn = _with_outputs(loss_fn)
+        self.tape_dtype = compute_dtype(_float_dtype(params, buffers))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # torch.export's own deprecations
             result = owner.importer(model, args[:n_model], loss_fn, args[n_model:],
-                                    loss_output=owner.loss_output)
+                                    loss_output=owner.loss_output, dtype=self.tape_dtype)
         self.result = result
         tp = self.tape = result.tape
         self.loss_id = result.loss.id
@@ -160,7 +161,6 @@ class _Graph:
         self.state_names = {k for k, _, _ in self.state}
         self.versions = _versions(params, buffers, self.state_names)
         self.replay = None
-        self.tape_dtype = compute_dtype(_float_dtype(params, buffers))
         if owner.backend != "cpu":
             from ..device.engine import capture
             self.replay = capture(tp, self.loss_id, owner.backend, dtype=self.tape_dtype)

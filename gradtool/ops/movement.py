@@ -243,7 +243,7 @@ _register(OpSpec("take_along", "take_along", 2, "one element of each line along 
 # on the tape (which raises the bad-id flag, as the gathers do).  Backward: src's
 # gradient is take(g, ids), an exact gather (k_take into scratch, added once); the ids
 # get none.  torch's index_add / scatter_add / index_put(accumulate=True) record it
-# (Tape.index_add, gradtool/layout.py).
+# (Tape.index_add, gradtool/composites/layout.py).
 
 def _scatter_f(a, b, s, at):
     ids, rows = as_ids(b), at["rows"]

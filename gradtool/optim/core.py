@@ -208,11 +208,12 @@ class Optimizer:
         scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
         scalars = self.begin_step()
         # the package's switch (tests replace it): read, not imported (no cycle)
-        lib = numerics.cpu_kernels() if sys.modules[__package__]._COMPILED[0] else None
+        compiled = sys.modules[__package__]._COMPILED[0]
         packed = None
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
-            if lib is not None and _plain(w) and _plain(g):
+            lib = _library(w) if compiled else None
+            if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
                 if packed is None:
                     packed = _pack(self.table_entry, scalars)
                 self._update_compiled(lib, e, w, g, scale, packed)
@@ -227,9 +228,9 @@ class Optimizer:
         """Steps 2 and 3 and the rule on a contiguous piece of one registered param
         (``w`` a view, updated in place; ``state`` its slots' pieces): what :meth:`step`
         does to those elements, bit for bit (the sharded optimizer's update)."""
-        lib = numerics.cpu_kernels() if sys.modules[__package__]._COMPILED[0] else None
-        if lib is not None and _plain(w) and _plain(g) and all(_plain(a) for a in
-                                                               state.values()):
+        lib = _library(w) if sys.modules[__package__]._COMPILED[0] else None
+        if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype) and all(
+                _plain(a, w.dtype) for a in state.values()):
             ptrs = [state[s].ctypes.data for s in self._slots]
             ptrs += [None] * (_table.MAX_SLOTS - len(ptrs))
             lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
@@ -243,6 +244,14 @@ class Optimizer:
         self.table_entry.apply(w, g, state, self.hparams, scalars)
 
     def _clip_scale(self, grads) -> Optional[float]:
+        if grads and all(g.dtype == np.float32 for g in grads):
+            # float32: numerics32's lane-tree sum of every g*g (binary32) in registration
+            # order, row-major; sqrt, the comparison and clip / norm in binary32 (as the
+            # device's k_clip_norm)
+            from .. import numerics32
+            norm = np.sqrt(numerics32.sum(np.concatenate([np.ravel(g * g) for g in grads])))
+            clip = np.float32(self.clip)
+            return float(clip / norm) if norm > clip else None
         return clip_scale(global_norm(grads), self.clip)
 
     def _update_compiled(self, lib, entry: Entry, w, g, scale, packed) -> None:
@@ -320,8 +329,10 @@ class Optimizer:
 
 
 def _pack(entry, scalars: dict):
+    """The entry's scalars in its order, padded with 0.0 to MAX_SCALARS (the float32
+    library converts that many)."""
     names = entry.scalar_names()
-    return (ctypes.c_double * len(names))(*[scalars[n] for n in names])
+    return (ctypes.c_double * _table.MAX_SCALARS)(*[scalars[n] for n in names])
 
 
 class SGD(Optimizer):
@@ -384,9 +395,17 @@ assert set(CLASSES) == set(KINDS) == set(_table.NAMES)
 
 
 
-def _plain(x: np.ndarray) -> bool:
-    """An array the compiled step can take as is: C-contiguous aligned float64."""
-    return x.dtype == np.float64 and x.flags.c_contiguous and x.flags.aligned
+def _plain(x: np.ndarray, dtype=np.float64) -> bool:
+    """An array the compiled step can take as is: C-contiguous aligned ``dtype``."""
+    return x.dtype == dtype and x.flags.c_contiguous and x.flags.aligned
+
+
+def _library(w: np.ndarray):
+    """The compiled step for ``w``'s dtype: gt_cpu (float64) or gt_cpu_f32 (float32: its
+    scalars rounded to float32 once, as the table's numpy rendering rounds them), or None."""
+    if w.dtype == np.float32:
+        return numerics.cpu_kernels32()
+    return numerics.cpu_kernels()
 
 
 def make_optimizer(kind: str, lr: float, hparams: Optional[dict] = None,

@@ -196,7 +196,8 @@ class Entry:
         for s in slots:
             env[s] = state[s]
         for target, e in self.statements(self.switch_values(hp)):
-            names = tuple(n for n in E.symbols(e))
+            # arrays first: the compiled rule picks float32 or float64 by its first argument
+            names = tuple(sorted(E.symbols(e), key=lambda n: not isinstance(env[n], np.ndarray)))
             env[target] = E.evaluate(e, {n: env[n] for n in names})
         for s in slots:
             np.copyto(state[s], env[s])

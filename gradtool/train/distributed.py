@@ -710,6 +710,8 @@ class Zero1:
         for (node_id, a, b), st in zip(self.pieces[self.rank], self.state):
             w = self.tape.values[node_id].reshape(-1)[a:b]
             g = out[offsets[node_id] + a:offsets[node_id] + b]
+            if g.dtype != w.dtype:        # an f32 param: its combined gradient rounded once
+                g = g.astype(w.dtype)
             opt.update_piece(self._entries[node_id], w, g, st, scale, scalars)
 
     def exchange(self, world, what: str) -> None:
@@ -722,7 +724,8 @@ class Zero1:
         for k in range(self.size):
             if k == self.rank:
                 continue
-            buf = np.empty(sum(b - a for _, a, b in self.pieces[k]))
+            buf = np.empty(sum(b - a for _, a, b in self.pieces[k]),
+                           self._dtype(k))           # the params' own type (f32 or f64)
             world.wait(world.irecv(buf, k, TAG_SLICE), k, f"rank {k}'s parameters of {what}")
             pos = 0
             for node_id, a, b in self.pieces[k]:
@@ -733,7 +736,12 @@ class Zero1:
 
     def _pack(self, k: int) -> np.ndarray:
         parts = [self.tape.values[node_id].reshape(-1)[a:b] for node_id, a, b in self.pieces[k]]
-        return np.concatenate(parts) if parts else np.empty(0)
+        return np.concatenate(parts) if parts else np.empty(0, self._dtype(k))
+
+    def _dtype(self, k: int):
+        """The float type of rank ``k``'s slice: its params' (one per tape)."""
+        return (self.tape.values[self.pieces[k][0][0]].dtype if self.pieces[k]
+                else np.dtype(np.float64))
 
     def gather_state(self, world, what: str) -> None:
         """Rank 0 rebuilds the full optimizer state (for ``state_dict``) from every
@@ -745,11 +753,13 @@ class Zero1:
         for node_id in self.sharded:
             e = self._entries[node_id]
             shape = self.tape.values[node_id].shape
-            e.state = {s: np.empty(shape) for s in self.opt.slots}
+            e.state = {s: np.empty(shape, self.tape.values[node_id].dtype)
+                       for s in self.opt.slots}
         for k, states in enumerate(parts):
             for (node_id, a, b), st in zip(self.pieces[k], states):
                 for s, data in st.items():
-                    self._entries[node_id].state[s].reshape(-1)[a:b] = np.frombuffer(data)
+                    target = self._entries[node_id].state[s]      # the param's dtype
+                    target.reshape(-1)[a:b] = np.frombuffer(data, dtype=target.dtype)
 
 
 __all__ = ["DataParallel", "Zero1", "MpiWorld", "SingleWorld", "mpi_world", "start", "supervise",

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ...nn import _spread  # public as composites' spread once that package has it (issue 41)
+from ...composites.layout import spread
 from .registry import Unsupported, aten
 
 
@@ -227,7 +227,7 @@ def _scatter_into(r, b, v, shape, dim, start, end, step):
     if step > 1:                              # v's rows at the grid, b's in between
         grid = np.zeros([last - start] + [1] * (len(shape) - 1 - dim))
         grid[::step] = 1.0
-        v = r.tp.where(r.tp.const(grid), _spread(r.tp, v, dim, step),
+        v = r.tp.where(r.tp.const(grid), spread(r.tp, v, dim, step),
                        r.slice_axis(b, dim, start, last, 1))
     parts = [r.slice_axis(b, dim, 0, start, 1)] if start > 0 else []
     parts.append(v)
