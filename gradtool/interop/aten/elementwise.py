@@ -235,14 +235,15 @@ def _gelu(r, node, a, approximate="none"):
     return nn.gelu(r.f(a), approximate=approximate)
 
 
-@aten("aten.maximum.default", needs=("maximum",), doc="maximum")
-def _maximum(r, node, a, b):
-    return r.tp.maximum(r.f(a), r.f(b))
+def _binary(aten_name, method):
+    @aten(aten_name, needs=(method,), doc=method)
+    def fn(r, node, a, b):
+        return getattr(r.tp, method)(r.f(a), r.f(b))
+    return fn
 
 
-@aten("aten.minimum.default", needs=("minimum",), doc="minimum")
-def _minimum(r, node, a, b):
-    return r.tp.minimum(r.f(a), r.f(b))
+_binary("aten.maximum.default", "maximum")
+_binary("aten.minimum.default", "minimum")
 
 
 def _nan_ignoring(r, pick, a, b):
