@@ -143,6 +143,22 @@ RECIPES = {
     "reductions.cummax": lambda fn, tp, P, C, I: fn(tp, P(3, 4), 1),
     "reductions.cummin": lambda fn, tp, P, C, I: fn(tp, P(3, 4), -1),
     "reductions.logcumsumexp": lambda fn, tp, P, C, I: fn(tp, P(3, 4), 1),
+    # math (the importer's elementwise math; domains by a shift or a squash of P)
+    "math.exp2": lambda fn, tp, P, C, I: fn(P(2, 3)),
+    "math.log2": lambda fn, tp, P, C, I: fn(tp.adds(tp.abs(P(2, 3)), 0.5)),
+    "math.log10": lambda fn, tp, P, C, I: fn(tp.adds(tp.abs(P(2, 3)), 0.5)),
+    "math.tan": lambda fn, tp, P, C, I: fn(tp.muls(tp.tanh(P(2, 3)), 1.2)),
+    "math.sinh": lambda fn, tp, P, C, I: fn(P(2, 3)),
+    "math.cosh": lambda fn, tp, P, C, I: fn(P(2, 3)),
+    "math.asinh": lambda fn, tp, P, C, I: fn(P(2, 3)),
+    "math.acosh": lambda fn, tp, P, C, I: fn(tp.adds(tp.abs(P(2, 3)), 1.5)),
+    "math.atanh": lambda fn, tp, P, C, I: fn(tp.muls(tp.tanh(P(2, 3)), 0.9)),
+    "math.hypot": lambda fn, tp, P, C, I: fn(P(2, 3), P(3)),
+    # distances
+    "distances.norms": lambda fn, tp, P, C, I: (fn(P(3, 4), 2.0), fn(P(3, 4), 1.0)),
+    "distances.cdist": lambda fn, tp, P, C, I: (fn(P(3, 2), P(4, 2)),
+                                                fn(P(2, 3, 2), P(2, 4, 2), 1.0)),
+    "distances.pdist": lambda fn, tp, P, C, I: fn(P(4, 3)),
     # sorting
     "sorting.topk": lambda fn, tp, P, C, I: fn(tp, P(3, 5), 2),
     "sorting.sort": lambda fn, tp, P, C, I: fn(tp, P(3, 5), 1, descending=True),

@@ -72,29 +72,41 @@ def _oracle(build, torch_build, inputs, w=None):
             [(tp.grad(p), t.grad.numpy()) for p, t in zip(leaves, t_leaves, strict=True)])
 
 
-@pytest.mark.parametrize("name", list(UNARY))
-def test_unary_against_pytorch_float64(name):
+def check_unary(build, fname, draw, name):
+    """``build(tp, a)`` against torch.<fname> on ``draw``'s inputs: values within 1e-12,
+    gradients within 1e-11 relative (tests/test_composites_math.py too)."""
     torch = pytest.importorskip("torch")
-    fname, draw = UNARY[name]
     x = draw(np.random.default_rng(sum(map(ord, name))))
-    (v, tv), grads = _oracle(lambda tp, a: getattr(tp, name)(a), getattr(torch, fname), [x])
+    (v, tv), grads = _oracle(build, getattr(torch, fname), [x])
     _close(v, tv, 1e-12, f"{name} value")
     _close(grads[0][0], grads[0][1], 1e-11, f"{name} gradient")
 
 
-def test_unary_specials_match_pytorch():
-    """inf, NaN, signed zeros and domain edges: the same values as PyTorch's."""
+def check_specials(build, table, x):
+    """``build(tp, name, a)`` for each ``name -> (torch name, _)`` of ``table`` on the
+    special inputs ``x``: NaN where torch's is, signed zeros as torch's."""
     torch = pytest.importorskip("torch")
-    x = np.array([0.0, -0.0, INF, -INF, NAN, -1.0, -2.0, 1e-310, 710.0, -800.0, 1e300])
-    for name, (fname, _) in UNARY.items():
+    for name, (fname, _) in table.items():
         tp = gt.Tape()
-        got = tp.value(getattr(tp, name)(tp.const(x)))
+        got = tp.value(build(tp, name, tp.const(x)))
         want = getattr(torch, fname)(torch.tensor(x)).numpy()
         assert np.array_equal(np.isnan(got), np.isnan(want)), name
         ok = ~np.isnan(want)
         _close(got[ok], want[ok], 1e-12, name)
         assert np.array_equal(np.signbit(got[ok & (want == 0)]),
                               np.signbit(want[ok & (want == 0)])), name
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_against_pytorch_float64(name):
+    fname, draw = UNARY[name]
+    check_unary(lambda tp, a: getattr(tp, name)(a), fname, draw, name)
+
+
+def test_unary_specials_match_pytorch():
+    """inf, NaN, signed zeros and domain edges: the same values as PyTorch's."""
+    x = np.array([0.0, -0.0, INF, -INF, NAN, -1.0, -2.0, 1e-310, 710.0, -800.0, 1e300])
+    check_specials(lambda tp, name, a: getattr(tp, name)(a), UNARY, x)
 
 
 POW_EXPONENTS = [0.0, 1.0, 2.0, 3.0, 4.0, -1.0, -2.0, 0.5, -0.5, 1.7, -2.3, 5.0, -3.0, 7.0,

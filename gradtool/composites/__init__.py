@@ -29,6 +29,9 @@ One module per family (docs/library.md, "Composites"):
     layout       expand ... pad, index_select, index_add, flip, spread
     reductions   multi-axis sum/mean/max, variance, std, amin, prod, the cumulative scans
     sorting      sort, topk
+    math         sinh, cosh, asinh, acosh, atanh, hypot, tan, exp2, log2, log10 (the
+                 importer's elementwise math torch has and the op table lacks)
+    distances    cdist, pdist
 
     import gradtool as gt
     from gradtool.composites import dense, losses
@@ -41,8 +44,10 @@ One module per family (docs/library.md, "Composites"):
 
 from . import conv  # noqa: F401
 from . import dense  # noqa: F401
+from . import distances  # noqa: F401
 from . import layout  # noqa: F401
 from . import losses  # noqa: F401
+from . import math  # noqa: F401
 from . import methods  # noqa: F401
 from . import norms  # noqa: F401
 from . import pool  # noqa: F401

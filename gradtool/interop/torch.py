@@ -45,17 +45,20 @@ value a named output of the same name, paired in the file's ``state`` map, so
 ``gradtool train`` replaces the one by the other after every step and
 :func:`load_weights` copies the trained state back into the buffers.
 
-dtype policy: every floating-point value becomes float64 -- parameters,
-buffers, inputs and every intermediate (float32, float16 and bfloat16 alike),
-and the export runs with torch's default dtype float64, so a tensor the forward
-creates without a dtype (``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64
-too, as it is in ``torch.set_default_dtype(torch.float64)``.  gradtool's results
-therefore match torch float64 autograd of the same module (loss within 1e-12
-relative in the tests), not a float32 run: against the
-user's own float32 training, expect float32-sized differences (1e-7
-relative per op, growing with depth), which are the float32 run's rounding,
-not gradtool's.  :func:`load_weights` rounds the trained float64 params to
-each parameter's own dtype.
+dtype policy (``dtype=``, the command line's ``--dtype``; :data:`DEFAULT_DTYPE` "f64"):
+the module is always recorded in float64 first -- parameters, buffers, inputs and every
+intermediate (float32, float16 and bfloat16 alike) become float64, and the export runs
+with torch's default dtype float64, so a tensor the forward creates without a dtype
+(``torch.zeros(n)``, ``torch.tensor(0.1)``) is float64 too, as it is in
+``torch.set_default_dtype(torch.float64)``.  With "f64" that is the tape: it matches
+torch float64 autograd of the same module (loss within 1e-12 relative in the tests).
+With "f32" the recording becomes an f32 tape (:func:`gradtool.convert.to_dtype`: params
+and float consts rounded once, every op re-recorded by its f32 rule), whose loss is
+checked against the module's torch float32 run within :data:`F32_CHECK` (skipped where
+the tape draws random numbers).  "module" picks "f32" or "f64" from the module's own
+floating dtype (a torch.nn model as built: f32); a float16 or bfloat16 module, or mixed
+dtypes, is refused with a message to pass "f32" or "f64".  :func:`load_weights` rounds
+the trained params to each parameter's own dtype.
 
 Complex values (Meta's LLaMA rotary embeddings: ``view_as_complex``, a product by a
 complex table, ``view_as_real``) are complex128 likewise (complex64 is exact in it)
@@ -65,216 +68,48 @@ consts).  A node that reads or makes a complex tensor is recorded by the table's
 ``COMPLEX`` entries instead of ``ATEN``; any other op on one, a complex input and a
 trainable complex parameter are refused, one line each.
 
-Dropout policy: eval-mode dropout disappears in the export and imports; a
-train-mode dropout (``native_dropout``, ``bernoulli``, ``rand*``) is refused
-with a message to call ``module.eval()`` or remove it.  Random masks whose
-bits agree on every backend need a counter-based generator op (Philox-style:
-the mask a pure function of (seed, step, element index)), future work.
+Dropout and random draws: eval-mode dropout disappears in the export.  Train-mode
+dropout (``native_dropout``, ``dropout``; ``feature_dropout`` and ``alpha_dropout``,
+kept out of ``run_decompositions`` as gradtool's custom ops) and the draws torch's
+random ops make (``bernoulli``, ``rand*``, ``randn*``, ``normal``, ``randint``,
+``randperm``, ``multinomial``) are imported as gradtool's counter-based draws
+(:func:`gradtool.nn.dropout`, :func:`gradtool.nn.rand` ...: each mask a pure function
+of the tape's rng slot -- seed, step -- and the element index, the same bits on every
+backend), so a module trains with dropout on; with the rng slot's train flag 0
+(validation) dropout is off and each draw is its mean.  torch's own masks are other
+numbers, so the import's check against torch runs with dropout off.  A random op the
+table lacks is refused by name, one line; nothing random is ever folded.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import inspect
-import logging
-import math
-import os
-import re
-import traceback
-from dataclasses import dataclass, field
-from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import GradtoolError
-from ..ops import dtype_of
 from . import aten as A
+from .aten.recorder import Recorder, dtype_kind
+from .export import (as_f64, backward_hooks, custom_functions, detach_no_grad_blocks,
+                     float64_default, keep_dropouts, quiet_leafspec, run_decompositions,
+                     stderr_kept, torch_failed, user_outputs)
+from .problems import (NOT_A_LOSS, Problem, Problems, TorchImportError, WeightsError,
+                       mentions_dropout, source_line)
+from .result import TorchImport
 from .verify import check_against_torch
+from .weights import load_weights
+
+__all__ = ["import_module", "import_program", "load_weights", "TorchImport",
+           "TorchImportError", "WeightsError", "Problem", "NOT_A_LOSS", "DEFAULT_DTYPE",
+           "IMPORT_DTYPES", "F32_CHECK", "Recorder", "wrap", "clip_grad_norm_",
+           "check_against_torch", "source_line"]
+
+# the names these had when they lived here (tests/test_interop_torch.py, tests/test_zoo.py)
+_Problems, _run_decompositions = Problems, run_decompositions
 
 _MISSING = object()           # the value of a node that could not be recorded
-
-
-# ── the one error ──────────────────────────────────────────────────────────
-
-@dataclass
-class Problem:
-    kind: str                 # "unsupported op", "train-mode dropout", ...
-    target: str               # aten.sort.default, an input's name, ...
-    sources: list = field(default_factory=list)
-    count: int = 0
-    detail: str = ""
-
-    def line(self) -> str:
-        where = self.sources[0] if self.sources else "unknown source line"
-        more = f" (and {len(self.sources) - 1} more places)" if len(self.sources) > 1 else ""
-        detail = f": {self.detail}" if self.detail else ""
-        return f"{self.kind} {self.target} (x{self.count}) at {where}{more}{detail}"
-
-
-# what a module returning outputs (logits) instead of its loss is told; the command line
-# says --loss NAME instead (gradtool/cli/interop.py)
-NOT_A_LOSS = ("the module returns outputs, not a scalar loss: pass loss_fn= (a function "
-              "of the outputs and the targets, e.g. loss_fn=F.cross_entropy), or return "
-              "the loss from forward")
-
-
-class TorchImportError(GradtoolError):
-    """The module cannot be imported: ``problems`` lists every offending target (one
-    :class:`Problem` each, with its count and the user's source lines)."""
-
-    def __init__(self, problems: list):
-        self.problems = problems
-        self.lines = [p.line() for p in problems]
-        n = len(problems)
-        super().__init__(f"cannot import the module ({n} problem{'s' * (n != 1)}):\n  "
-                         + "\n  ".join(self.lines))
-
-
-class WeightsError(TorchImportError):
-    """:func:`load_weights` refused: the tape's params and the module's do not match.  One
-    line (a load has no source lines): each kind of mismatch with its count and the
-    first few names; ``problems`` lists them all."""
-
-    def __init__(self, problems: list):
-        self.problems = problems
-        self.lines = [p.line() for p in problems]
-        groups: dict = {}
-        for p in problems:
-            groups.setdefault(p.kind, []).append(p)
-        parts = []
-        for kind, ps in groups.items():
-            shown = [p.target + (f" ({p.detail})" if p.detail else "") for p in ps[:4]]
-            more = f", and {len(ps) - 4} more" if len(ps) > 4 else ""
-            parts.append(f"{kind} {', '.join(shown)}{more}")
-        GradtoolError.__init__(self, "cannot load the weights into the module: "
-                               + "; ".join(parts))
-
-
-class _Problems:
-    def __init__(self):
-        self.by_key: dict = {}
-
-    def add(self, kind: str, target: str, node=None, detail: str = "") -> None:
-        p = self.by_key.setdefault((kind, target), Problem(kind, target, detail=detail))
-        p.count += 1
-        src = source_line(node) if node is not None else None
-        if src and src not in p.sources:
-            p.sources.append(src)
-
-    def __bool__(self):
-        return bool(self.by_key)
-
-    def error(self, cls=None) -> TorchImportError:
-        return (cls or TorchImportError)(list(self.by_key.values()))
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
-def _mentions_dropout(node) -> bool:
-    """Whether a function or a line of code in ``node``'s stack trace says dropout
-    (F.dropout2d's bernoulli, a user's own mask): the file paths are not read."""
-    trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
-    for text in (trace or "").splitlines():
-        m = _FRAME.search(text)
-        words = m.group(3) if m else text
-        if "dropout" in words.lower():
-            return True
-    return False
-
-
-def source_line(node) -> Optional[str]:
-    """``path:line (function): code`` of the user's frame in ``node.meta["stack_trace"]``
-    (the innermost frame outside torch itself)."""
-    trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
-    if not trace:
-        return None
-    lines = trace.splitlines()
-    frames = []
-    for i, text in enumerate(lines):
-        m = _FRAME.search(text)
-        if m:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
-                lines[i + 1]) else ""
-            frames.append((m.group(1), m.group(2), m.group(3), code))
-    if not frames:
-        return None
-    torch_dir = _torch_dir()
-    user = [f for f in frames if not (torch_dir and f[0].startswith(torch_dir))]
-    path, line, func, code = (user or frames)[-1]
-    return f"{_display_path(path)}:{line} ({func})" + (f": {code}" if code else "")
-
-
-def _display_path(path: str) -> str:
-    """``path`` relative to the working directory where it lies below it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
-
-
-def _torch_dir() -> str:
-    import torch
-    return os.path.dirname(torch.__file__) + os.sep
-
-
-# ── the result ─────────────────────────────────────────────────────────────
-
-@dataclass
-class TorchImport:
-    """What :func:`import_module` recorded: the tape, its loss, named outputs, and the
-    torch names of params, input slots and consts (each a GVar)."""
-    tape: Any
-    loss: Any
-    outputs: dict
-    params: dict
-    inputs: dict
-    consts: dict
-    histogram: collections.Counter
-    input_dtypes: dict
-    state: dict = field(default_factory=dict)     # buffer name -> output name (the same)
-    out_spec: Any = None          # the pytree structure of the module's outputs (torch's)
-    out_dtypes: list = field(default_factory=list)  # each user output's exported dtype
-    out_shapes: list = field(default_factory=list)  # ... and shape (a 0-dim loss: [])
-    notes: list = field(default_factory=list)     # what the import did that one should know
-    check: dict = field(default_factory=dict)     # an f32 import's check (_as_f32)
-
-    def meta(self) -> dict:
-        return {"torch": {
-            "params": {k: v.id for k, v in self.params.items()},
-            "inputs": {k: {"node": v.id, "dtype": self.input_dtypes[k]}
-                       for k, v in self.inputs.items()},
-            "consts": {k: v.id for k, v in self.consts.items()},
-        }}
-
-    def save(self, path, meta=None) -> None:
-        """Write the tape file (atomically: a path is replaced whole or not at all).
-
-        ``meta``: further meta entries (``{"train": {...}}`` training defaults) next to
-        ``meta["torch"]`` (the torch names of params, input slots and consts)."""
-        from ..tapefile import save
-        save(self.tape, path, loss=self.loss, outputs=self.outputs or None,
-             meta={**self.meta(), **(meta or {})}, state=self.state or None)
-
-    def summary(self) -> dict:
-        tp = self.tape
-        return {
-            "params": {k: list(tp.values[v.id].shape) for k, v in self.params.items()},
-            "param_count": int(sum(tp.values[v.id].size for v in self.params.values())),
-            "inputs": {k: {"shape": list(tp.values[v.id].shape),
-                           "dtype": dtype_of(tp.values[v.id])}
-                       for k, v in self.inputs.items()},
-            "consts": sorted(self.consts),
-            "state": sorted(self.state),
-            "outputs": sorted(self.outputs),
-            "nodes": len(tp.nodes),
-            "aten_ops": dict(sorted(self.histogram.items())),
-            "unsupported": [],
-            "notes": list(self.notes),
-        }
 
 
 # ── entry points ───────────────────────────────────────────────────────────
@@ -426,230 +261,26 @@ def _import_f64(module, example_inputs, loss_fn, loss_inputs, input_names, loss_
         _arg_names(module.forward, len(example_inputs))
     if loss_fn is not None and input_names is None:
         names += _arg_names(loss_fn, len(loss_inputs) + 1)[1:]
-    hooks = _backward_hooks(module)
+    hooks = backward_hooks(module)
     if hooks:
         raise TorchImportError(hooks)
     m64 = _float64_copy(module, torch)
-    args = tuple(_as_f64(t) for t in example_inputs + loss_inputs)
+    args = tuple(as_f64(t) for t in example_inputs + loss_inputs)
     prefix = ""
     if loss_fn is not None:
         m64 = _with_loss(m64, loss_fn, len(example_inputs))
         prefix = "model."
     # parameters frozen in the user's module stay frozen in the copy (deepcopy keeps it)
-    with _float64_default(torch), _custom_functions(torch) as custom:
+    with float64_default(torch), custom_functions(torch) as custom:
         try:
-            with _stderr_kept(lambda exc: hasattr(exc, "partial_fx_graph")):
+            with stderr_kept(lambda exc: hasattr(exc, "partial_fx_graph")):
                 ep = torch.export.export(m64, args)
         except Exception as exc:      # torch's own refusal (data-dependent control flow...)
-            raise _torch_failed("torch.export", exc) from None
+            raise torch_failed("torch.export", exc) from None
     if custom:
         raise TorchImportError(list(custom.values()))
     return import_program(ep, input_names=names, loss_output=loss_output, strip=prefix,
                           strict=strict)
-
-
-@contextlib.contextmanager
-def _custom_functions(torch):
-    """The user's ``torch.autograd.Function`` subclasses the forward applies while it is
-    exported, one :class:`Problem` each (by class), and its ``Tensor.register_hook``
-    calls (one Problem: torch.export drops the hooks).  torch.export records a custom
-    Function's forward ops and drops its backward, so the tape would differentiate the
-    forward instead: a silent wrong result for a gradient reversal, a straight-through
-    estimator or a clipped gradient, so the import is refused.  So is torch.utils.checkpoint
-    with use_reentrant=True, whose Function runs the forward under no_grad (the export
-    keeps that, the backward that recomputes it is gone); torch's other Functions pass."""
-    Function = torch.autograd.Function
-    original = Function.__dict__["apply"]
-    found: dict = {}
-
-    def apply(cls, *args, **kwargs):
-        reentrant = cls.__module__ == "torch.utils.checkpoint"
-        if reentrant or not cls.__module__.startswith("torch."):
-            _seen_at(found.setdefault(cls, Problem(
-                "reentrant torch.utils.checkpoint", "(use_reentrant=True)", detail=(
-                    "its forward runs under no_grad, which the export keeps and its "
-                    "backward would undo; pass use_reentrant=False (the same gradient)"))
-                if reentrant else Problem(
-                "custom torch.autograd.Function", cls.__qualname__, detail=(
-                    "torch.export keeps its forward and drops its backward, so gradtool "
-                    "would differentiate the forward instead; write the gradient with "
-                    "detach (a reversed gradient: y.detach() - (y - y.detach()))"))))
-        return original.__func__(cls, *args, **kwargs)
-
-    def register_hook(tensor, hook):
-        if not any(f.filename == __file__ and f.name == "register_hook"
-                   for f in traceback.extract_stack()[:-1]):  # not torch's dispatch again
-            _seen_at(found.setdefault("register_hook", Problem(
-                "gradient hook", "Tensor.register_hook", detail=(
-                    "torch.export drops it, so the gradient would not be the one it makes; "
-                    "write the change into the forward (a scaled gradient: y.detach() + "
-                    "s * (y - y.detach()))"))))
-        return original_hook(tensor, hook)
-
-    original_hook = torch.Tensor.register_hook
-    Function.apply = classmethod(apply)
-    torch.Tensor.register_hook = register_hook
-    try:
-        yield found
-    finally:
-        Function.apply = original
-        torch.Tensor.register_hook = original_hook
-
-
-def _seen_at(problem: Problem) -> None:
-    """Add the user's frame that called into the watched torch function (the innermost
-    outside torch and this file) to ``problem``, once per call site: the export may
-    trace a call twice."""
-    frames = [f for f in traceback.extract_stack()[:-2]
-              if not f.filename.startswith(_torch_dir()) and f.filename != __file__]
-    where = "unknown source line"
-    if frames:
-        f = frames[-1]
-        where = (f"{_display_path(f.filename)}:{f.lineno} ({f.name})"
-                 + (f": {f.line.strip()}" if f.line else ""))
-    if where not in problem.sources:
-        problem.sources.append(where)
-        problem.count += 1
-
-
-def _backward_hooks(module) -> list:
-    """One :class:`Problem` per module or parameter of ``module`` with a backward hook
-    (``register_full_backward_hook``, ``register_backward_hook``,
-    ``register_full_backward_pre_hook``, a parameter's ``register_hook``), located at
-    the hook function's definition: torch.export drops them all, and they exist to
-    change gradients."""
-    import torch
-    out = []
-
-    def problem(kind, name, hooks, detail):
-        out.append(Problem(kind, name, count=len(hooks), detail=detail, sources=[
-            _defined_at(h) for h in hooks]))
-
-    for name, m in module.named_modules():
-        hooks = list(m._backward_hooks.values()) + list(m._backward_pre_hooks.values())
-        if hooks:
-            problem("backward hook on module", name or type(module).__name__, hooks,
-                    "torch.export drops it; remove it, or write what it does into the "
-                    "forward with detach")
-    hooks = list(torch.nn.modules.module._global_backward_hooks.values())
-    if hooks:
-        problem("global module backward hook", "(register_module_full_backward_hook)",
-                hooks, "torch.export drops it; remove it while importing")
-    for name, p in module.named_parameters():
-        hooks = list((getattr(p, "_backward_hooks", None) or {}).values())
-        if hooks:
-            problem("gradient hook on parameter", name, hooks,
-                    "torch.export drops it; remove it, or apply it to the gradients "
-                    "outside the model")
-    return out
-
-
-def _defined_at(fn) -> str:
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return f"{getattr(fn, '__qualname__', type(fn).__name__)} (no source line)"
-    return f"{_display_path(code.co_filename)}:{code.co_firstlineno} ({fn.__qualname__})"
-
-
-@contextlib.contextmanager
-def _stderr_kept(drop):
-    """What the block writes to ``sys.stderr``, held back and written after it, except
-    when it raises an exception ``drop(exc)`` accepts: torch.export prints the partial
-    graph of a failed export (33 lines for one ``if h.mean() > 0:``) straight to stderr
-    before raising, and the import reports that failure in one line of its own."""
-    import io
-    import sys
-    held, real = io.StringIO(), sys.stderr
-    sys.stderr = held
-    try:
-        yield
-    except Exception as exc:
-        sys.stderr = real
-        if not drop(exc):
-            real.write(held.getvalue())
-        raise
-    else:
-        sys.stderr = real
-        real.write(held.getvalue())
-    finally:
-        sys.stderr = real
-
-
-@contextlib.contextmanager
-def _quiet_leafspec():
-    """torch 2.13's own ``run_decompositions`` deep-copies a pytree ``LeafSpec``, which
-    warns (``FutureWarning: isinstance(treespec, LeafSpec) is deprecated``) from inside
-    torch: nothing the user wrote or can change, so that one warning is not shown."""
-    import warnings
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
-                                category=FutureWarning)
-        yield
-
-
-@contextlib.contextmanager
-def _float64_default(torch):
-    """torch's default dtype float64 while the forward is traced, re-traced by
-    run_decompositions and folded: the tensors it creates without a dtype are float64.
-    torch's fake-tensor logger is quiet meanwhile: it logs a traceback for an op that
-    fails on the example shapes, which the import reports itself, in one line; so is its
-    symbolic-shapes logger, which dumps the graph before a data-dependent branch fails."""
-    default = torch.get_default_dtype()
-    loggers = [logging.getLogger(name) for name in (
-        "torch._subclasses.fake_tensor",
-        "torch.fx.experimental.symbolic_shapes")]    # a data-dependent guard's graph dump
-    levels = [logger.level for logger in loggers]
-    torch.set_default_dtype(torch.float64)
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(default)
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
-def _torch_failed(step: str, exc: Exception) -> TorchImportError:
-    """torch's own refusal as one Problem, at the user's line where torch's message names
-    one (``The following call raised this error: File "model.py", line 7 ...``).  A branch
-    on a tensor's value (``if h.mean() > 0:``) says so, with its line, in place of torch's
-    paragraphs of advice."""
-    text = str(exc)
-    where = _user_frame(text)
-    if "DataDependent" in type(exc).__name__ and where:
-        return TorchImportError([Problem(
-            "data-dependent control flow", "(Python branching on a tensor's value)",
-            sources=[where], count=1, detail=(
-                "torch.export records one path through the forward, so it cannot follow an "
-                "if on a tensor's value; compute both sides and pick with torch.where, or "
-                "decide it outside the model"))])
-    first = text.split("\n\n")[0]             # torch's advice and dumps follow
-    return TorchImportError([Problem(f"{step} failed:", type(exc).__name__, count=1,
-                                     sources=[where] if where else [],
-                                     detail=" ".join(first.split())[:500])])
-
-
-def _user_frame(text: str) -> Optional[str]:
-    """``path:line (function): code`` of the last frame outside torch in a traceback
-    quoted in ``text`` (torch's export errors quote the call that raised)."""
-    lines = text.splitlines()
-    found = None
-    for i, line in enumerate(lines):
-        m = _FRAME.search(line)
-        if m and not m.group(1).startswith(_torch_dir()) and m.group(1) != __file__:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(
-                lines[i + 1]) else ""
-            found = (f"{_display_path(m.group(1))}:{m.group(2)} ({m.group(3)})"
-                     + (f": {code}" if code else ""))
-    return found
-
-
-def _as_f64(t):
-    import torch
-    if isinstance(t, torch.Tensor) and t.is_floating_point():
-        return t.detach().to(torch.float64)
-    return t
 
 
 def _arg_names(fn, n: int) -> list:
@@ -671,78 +302,28 @@ def import_program(ep, *, input_names=None, loss_output: int = 0, strip: str = "
     index_put; an op whose decomposition is not the op),
     and refuse it if the tape's loss is not torch's run of ``ep`` (:mod:`.verify`)."""
     import torch
-    with _quiet_leafspec():              # both deep-copy the program
-        ep = _detach_no_grad_blocks(ep, torch)
-        ep = _keep_dropouts(ep, torch)
+    with quiet_leafspec():              # both deep-copy the program
+        ep = detach_no_grad_blocks(ep, torch)
+        ep = keep_dropouts(ep, torch)
     table = torch.export.default_decompositions()
     for op in list(table):            # kept: detach (a stop-gradient, not an alias), and
         if str(op) in A.PRESERVE:     # ops whose decomposition is not the op
             del table[op]
     notes = []
-    with _float64_default(torch), _quiet_leafspec():
-        decomposed = _run_decompositions(ep, table, notes, torch)
+    with float64_default(torch), quiet_leafspec():
+        decomposed = run_decompositions(ep, table, notes, torch)
         result = _Importer(decomposed, input_names, loss_output, strip).run()
         result.notes = notes
         result.out_spec = ep.call_spec.out_spec
-        outs = _user_outputs(decomposed)
+        outs = user_outputs(decomposed)
         result.out_dtypes = [getattr(v, "dtype", None) for v in outs]
         result.out_shapes = [tuple(v.shape) if hasattr(v, "shape") else None for v in outs]
-        problems = _Problems()        # the tape's loss against torch's run of ep itself
+        problems = Problems()        # the tape's loss against torch's run of ep itself
         check_against_torch(ep, table, _eval_loss(result.tape, result.loss), loss_output,
                             problems)
     if problems:
         raise problems.error()
     return result
-
-
-def _user_outputs(ep) -> list:
-    """The exported value (a fake tensor: dtype, shape) of each user output, in the
-    flattened order of ``out_spec`` (``None`` where there is none)."""
-    from torch.export.graph_signature import OutputKind
-    outs = list(ep.graph_module.graph.output_node().args[0])
-    dtypes = []
-    for spec, out in zip(ep.graph_signature.output_specs, outs):
-        if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
-            val = out.meta.get("val") if hasattr(out, "meta") else None
-            dtypes.append(val)
-    return dtypes
-
-
-def _run_decompositions(ep, table, notes, torch):
-    """``ep.run_decompositions(table)``.  Where torch's own decomposition fails (torch
-    2.13 on GPT-2's attention in eval mode: "Cannot view a tensor with shape ..."), it is
-    tried again keeping the ops of ``aten.RETRY_UNDECOMPOSED`` that ``ep`` calls
-    (scaled_dot_product_attention), which the table records by their own entries; the
-    retry is added to ``notes`` with the user's source lines.  If that fails too, the
-    refusal names the line of torch's failure."""
-    try:
-        return ep.run_decompositions(table)
-    except Exception as exc:          # noqa: BLE001 - a decomposition torch cannot trace
-        first = exc
-    kept = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"
-            and str(n.target) in A.RETRY_UNDECOMPOSED]
-    if kept:
-        retry = copy.copy(table)
-        for op in {n.target for n in kept}:
-            retry.pop(op, None)
-        try:
-            decomposed = ep.run_decompositions(retry)
-        except Exception:             # noqa: BLE001 - the first failure is the one to tell
-            pass
-        else:
-            ops = sorted({str(n.target) for n in kept})
-            where = sorted({source_line(n) or "unknown source line" for n in kept})
-            notes.append(f"torch's run_decompositions failed ({type(first).__name__}: "
-                         f"{_one_line(first)[:160]}); imported keeping {', '.join(ops)} "
-                         f"undecomposed (x{len(kept)}) at {where[0]}"
-                         + (f" (and {len(where) - 1} more places)" if len(where) > 1 else ""))
-            return decomposed
-    raise _torch_failed("run_decompositions", first) from None
-
-
-def _one_line(exc) -> str:
-    text = str(exc).split("While executing")[0]
-    return " ".join(text.split())
 
 
 def _eval_loss(tape, loss) -> float:
@@ -763,97 +344,6 @@ def _eval_loss(tape, loss) -> float:
     return value
 
 
-_CHANNEL_DROPOUTS = {"aten.feature_dropout.default": ("feature_dropout", False),
-                     "aten.alpha_dropout.default": ("alpha_dropout", False),
-                     "aten.feature_alpha_dropout.default": ("alpha_dropout", True)}
-
-
-def _gradtool_dropout_ops(torch):
-    """The custom ops ``gradtool::feature_dropout(x, p, train)`` and
-    ``gradtool::alpha_dropout(x, p, train, channels)``, registered once: run_decompositions
-    keeps a custom op, where it would turn torch's feature and alpha dropouts (composite
-    ops it cannot be told to keep) into ``bernoulli``.  Run eagerly they are torch's own
-    ops (a copy of the result: a custom op's output may not alias its input)."""
-    ns = torch.ops.gradtool if hasattr(torch.ops, "gradtool") else None
-    if ns is not None and hasattr(ns, "feature_dropout") and hasattr(ns, "alpha_dropout"):
-        return ns.feature_dropout.default, ns.alpha_dropout.default
-
-    @torch.library.custom_op("gradtool::feature_dropout", mutates_args=(),
-                             schema="(Tensor x, float p, bool train) -> Tensor")
-    def feature_dropout(x, p, train):
-        return torch.ops.aten.feature_dropout(x, p, train).clone()
-
-    @torch.library.custom_op("gradtool::alpha_dropout", mutates_args=(),
-                             schema="(Tensor x, float p, bool train, bool channels) -> Tensor")
-    def alpha_dropout(x, p, train, channels):
-        op = torch.ops.aten.feature_alpha_dropout if channels else torch.ops.aten.alpha_dropout
-        return op(x, p, train).clone()
-
-    feature_dropout.register_fake(lambda x, p, train: torch.empty_like(x))
-    alpha_dropout.register_fake(lambda x, p, train, channels: torch.empty_like(x))
-    return torch.ops.gradtool.feature_dropout.default, torch.ops.gradtool.alpha_dropout.default
-
-
-def _keep_dropouts(ep, torch):
-    """torch's channel and alpha dropouts (``Dropout1d/2d/3d``, ``AlphaDropout``,
-    ``FeatureAlphaDropout``) as gradtool's custom ops, in a copy of ``ep`` (``ep`` itself
-    where it has none), so that they reach the mapping table whole (``nn.feature_dropout``,
-    ``nn.alpha_dropout``) instead of as ``bernoulli``, which is refused."""
-    def found(graph):
-        return [n for n in graph.nodes if n.op == "call_function"
-                and str(n.target) in _CHANNEL_DROPOUTS]
-
-    if not found(ep.graph_module.graph):
-        return ep
-    feature_op, alpha_op = _gradtool_dropout_ops(torch)
-    ep = copy.deepcopy(ep)
-    graph = ep.graph_module.graph
-    for node in found(graph):
-        kind, channels = _CHANNEL_DROPOUTS[str(node.target)]
-        x, p, train = (list(node.args) + [None, None, None])[:3]
-        p = node.kwargs.get("p", p)
-        train = node.kwargs.get("train", train)
-        args = (x, float(p), bool(train)) + ((bool(channels),) if kind == "alpha_dropout"
-                                            else ())
-        with graph.inserting_after(node):
-            new = graph.call_function(feature_op if kind == "feature_dropout" else alpha_op,
-                                      args)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-    ep.graph_module.recompile()
-    return ep
-
-
-def _detach_no_grad_blocks(ep, torch):
-    """``with torch.no_grad():`` in a forward exports as a ``wrap_with_set_grad_enabled(
-    False, submodule, ...)`` node, which run_decompositions inlines without a trace of the
-    block: its values would then carry gradients torch never gives them (a silent wrong
-    result).  Each value the block returns gets an ``aten.detach`` here, before the
-    decomposition (which keeps detach), so it is recorded as the stop-gradient it is: in
-    a copy of ``ep``, which is returned (``ep`` itself where it has no such block).
-    (torch.export splits a ``torch.enable_grad()`` block nested inside into its own
-    top-level stretch, outside the no-grad node, so its values keep their gradients.)"""
-    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
-
-    def no_grad_blocks(graph):
-        return [n for n in graph.nodes if n.op == "call_function" and n.target is hop
-                and n.args[0] is False]
-
-    if not no_grad_blocks(ep.graph_module.graph):
-        return ep
-    ep = copy.deepcopy(ep)                        # the caller's program stays as it was
-    graph = ep.graph_module.graph
-    for node in no_grad_blocks(graph):
-        for out in list(node.users):              # getitem of each returned value
-            with graph.inserting_after(out):
-                stop = graph.call_function(torch.ops.aten.detach.default, (out,))
-            stop.meta = dict(out.meta)
-            out.replace_all_uses_with(stop, delete_user_cb=lambda user, s=stop: user is not s)
-    ep.graph_module.recompile()
-    return ep
-
-
 # ── the importer ───────────────────────────────────────────────────────────
 
 class _Importer:
@@ -869,7 +359,7 @@ class _Importer:
         self.tp = Tape()
         self.env: dict = {}
         self.const_nodes: set = set()
-        self.problems = _Problems()
+        self.problems = Problems()
         self.params: dict = {}
         self.inputs: dict = {}
         self.input_dtypes: dict = {}
@@ -956,14 +446,14 @@ class _Importer:
         An integer buffer (``num_batches_tracked``) is held exactly as float64 up to 2^53."""
         torch = self.torch
         t = t.detach()
-        if _kind(t.dtype) not in ("float", "int"):
+        if dtype_kind(t.dtype) not in ("float", "int"):
             self.problems.add("unsupported buffer", repr(name), node,
                               f"the forward updates a {t.dtype} buffer (float and integer "
                               f"buffers only)")
             self.env[node] = _MISSING
             return
         arr = t.to(torch.float64).numpy().reshape(tuple(t.shape) or (1,))
-        if _kind(t.dtype) == "int" and not (np.abs(arr) <= 2.0 ** 53).all():
+        if dtype_kind(t.dtype) == "int" and not (np.abs(arr) <= 2.0 ** 53).all():
             self.problems.add("unsupported buffer", repr(name), node,
                               "an integer buffer beyond 2^53 has no exact float64 value")
             self.env[node] = _MISSING
@@ -977,7 +467,7 @@ class _Importer:
             self.problems.add("data-dependent shape", f"input {name!r}", node)
             self.env[node] = _MISSING
             return
-        kind = _kind(val.dtype)
+        kind = dtype_kind(val.dtype)
         if kind == "complex":
             self.problems.add("unsupported input", repr(name), node,
                               "complex tensors: gradtool imports complex buffers and "
@@ -1068,7 +558,7 @@ class _Importer:
             if name in A.SKIP:
                 continue
             if _draws(node, name):
-                if "dropout" in name or _mentions_dropout(node):
+                if "dropout" in name or mentions_dropout(node):
                     self.problems.add("train-mode dropout", name, node,
                                       "this dropout draws its own random numbers; gradtool "
                                       "imports nn.Dropout / F.dropout (native_dropout) only: "
@@ -1261,16 +751,6 @@ def _target_name(node) -> str:
     return str(node.target)
 
 
-def _kind(dtype) -> str:
-    if dtype.is_floating_point:
-        return "float"
-    if str(dtype) == "torch.bool":
-        return "bool"
-    if dtype.is_complex:
-        return "complex"
-    return "int"
-
-
 def _f64(torch, dtype):
     """float64 for a floating dtype and complex128 for a complex one (the dtype policy),
     any other dtype as it is."""
@@ -1311,245 +791,6 @@ def _map_nodes(obj, fn):
     return obj
 
 
-# ── the recorder environment the mapping table's entries use ───────────────
-
-class Recorder:
-    """Argument lifting and shapes for :mod:`gradtool.interop.aten`'s entries.  Every op it
-    records is one a table entry asked for; it decides nothing about semantics."""
-
-    def __init__(self, imp: _Importer):
-        self.imp = imp
-        self.tp = imp.tp
-        self.torch = imp.torch
-
-    # kinds of values
-    def is_gvar(self, v) -> bool:
-        from ..tape import GVar
-        return isinstance(v, GVar)
-
-    def is_ids(self, v) -> bool:
-        return self.is_gvar(v) and self.tp.holds_ids(v.id)
-
-    def requires_grad(self, v) -> bool:
-        return self.is_gvar(v) and self.tp.requires[v.id]
-
-    def is_complex(self, v) -> bool:
-        """A complex value: a :class:`~.aten.Complex` pair, a folded complex tensor, a
-        Python complex number."""
-        return isinstance(v, (A.Complex, complex)) or (
-            isinstance(v, self.torch.Tensor) and v.is_complex())
-
-    def complex(self, x):
-        """The :class:`~.aten.Complex` pair of ``x``: a pair as it is, a folded complex
-        tensor as two f64 consts (lifted once; a complex buffer's are named
-        ``<name>.real`` and ``<name>.imag`` in ``meta["torch"]["consts"]``), a Python
-        complex number as two one-element consts."""
-        if isinstance(x, A.Complex):
-            return x
-        if isinstance(x, complex):
-            return A.Complex(self.f(x.real), self.f(x.imag))
-        key = (id(x), "complex")
-        if key not in self.imp.lifted:
-            t = x.detach().resolve_conj().resolve_neg()
-            pair = A.Complex(self._lift(t.real, ids=False), self._lift(t.imag, ids=False))
-            self.imp.lifted[key] = (x, pair)
-            name = self.imp.const_names.get(id(x))
-            if name is not None:
-                self.imp.consts.setdefault(f"{name}.real", pair.re)
-                self.imp.consts.setdefault(f"{name}.imag", pair.im)
-        return self.imp.lifted[key][1]
-
-    def torch_dtype(self, node_or_value) -> str:
-        val = node_or_value.meta.get("val") if hasattr(node_or_value, "meta") else node_or_value
-        if isinstance(val, self.torch.Tensor):
-            return _kind(val.dtype)
-        if isinstance(val, bool):
-            return "bool"
-        return "int" if isinstance(val, int) else "float"
-
-    # lifting folded constants and numbers onto the tape
-    def _lift(self, t, ids: bool):
-        torch = self.torch
-        key = (id(t), ids)
-        if key in self.imp.lifted:
-            return self.imp.lifted[key][1]
-        if self.is_complex(t):            # never its real part alone
-            raise A.Unsupported(A.COMPLEX_ONLY)
-        arr = t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
-        if ids:
-            if arr.dtype.kind not in "iu":
-                raise A.Unsupported("integer ids expected, got floating-point data")
-            g = self.tp.const(arr.astype(np.int64), dtype="i64")
-        else:
-            g = self.tp.const(arr.astype(np.float64))
-        self.imp.lifted[key] = (t, g)          # keep t alive: ids are reused otherwise
-        name = self.imp.const_names.get(id(t))
-        if name is not None and name not in self.imp.consts:
-            self.imp.consts[name] = g
-        return g
-
-    def f(self, x):
-        """A float (or mask) GVar for ``x``: a GVar, a folded tensor or a number.  An i64
-        input slot is converted (to_f64: exact, and still integer-valued for ids), and so
-        is a folded integer or bool tensor whose values are exact in float64 (lifted as
-        an i64 const: ``torch.minimum(ids, torch.full_like(ids, 5))`` stays ids)."""
-        if self.is_gvar(x):
-            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            return self.tp.const(np.array([float(x)]))
-        if isinstance(x, bool):
-            return self.tp.const(np.array([1.0 if x else 0.0]))
-        torch = self.torch
-        if isinstance(x, torch.Tensor) and _kind(x.dtype) in ("int", "bool"):
-            key = (id(x), "whole")
-            if key not in self.imp.lifted:
-                whole = x if x.dtype == torch.int64 else x.to(torch.int64)
-                if whole.numel() and int(whole.abs().max()) > 2 ** 53:
-                    return self._lift(x, ids=False)     # rounded, as torch's promotion
-                self.imp.lifted[key] = (x, self.tp.to_f64(self._lift(whole, ids=True)))
-            return self.imp.lifted[key][1]
-        return self._lift(x, ids=False)
-
-    mask = f
-
-    def ids(self, x):
-        """Integer ids for take/take_along: an i64 slot or an integer-valued node computed
-        from one (where(ne(t, -100), t, 0)), a folded integer tensor, or an int."""
-        if self.is_gvar(x):
-            if not (self.tp.holds_ids(x.id) or self.tp.integral[x.id]):
-                raise A.Unsupported("ids computed in floating point (gradtool reads ids from "
-                                    "integer data and integer-valued ops of it; a float "
-                                    "tensor used as indices is refused)")
-            return x
-        if isinstance(x, int) and not isinstance(x, bool):
-            return self.tp.const(np.array([x], dtype=np.int64), dtype="i64")
-        return self._lift(x, ids=True)
-
-    def value(self, x):
-        """A GVar for a layout op: floats as they are, i64 data through to_f64 (layout ops
-        read f64; the result stays integer-valued), folded tensors lifted by dtype."""
-        if self.is_gvar(x):
-            return self.tp.to_f64(x) if self.tp.holds_ids(x.id) else x
-        torch = self.torch
-        if isinstance(x, torch.Tensor) and _kind(x.dtype) == "int":
-            return self.tp.to_f64(self._lift(x, ids=True))
-        return self.f(x)
-
-    def is_integral(self, v) -> bool:
-        return self.is_gvar(v) and (self.tp.holds_ids(v.id) or bool(self.tp.integral[v.id]))
-
-    def operands(self, a, b):
-        """Two operands of a comparison or where.  Beside integer data (an i64 slot or an
-        integer-valued node), an int or a folded integer tensor becomes an i64 const, so
-        that where(ne(t, -100), t, 0) stays integer-valued (ids for a gather)."""
-        if not (self.is_integral(a) or self.is_integral(b)):
-            return self.f(a), self.f(b)
-        torch = self.torch
-
-        def conv(v):
-            if self.is_gvar(v):
-                return v
-            if (isinstance(v, int) and not isinstance(v, bool)) or (
-                    isinstance(v, torch.Tensor) and _kind(v.dtype) == "int"):
-                return self.ids(v)
-            return self.f(v)
-        return conv(a), conv(b)
-
-    def scalar_const(self, x):
-        """A folded one-element tensor as a Python number; anything else as it is."""
-        if isinstance(x, self.torch.Tensor) and x.numel() == 1:
-            return x.item()
-        return x
-
-    def scale(self, b, alpha):
-        if isinstance(b, (int, float)):
-            return b * alpha
-        return self.tp.muls(self.f(b), float(alpha))
-
-    # shapes
-    def tshape(self, node) -> list:
-        val = node.meta["val"] if hasattr(node, "meta") else node
-        return [int(d) for d in val.shape]
-
-    def shape(self, node) -> list:
-        return self.tshape(node) or [1]
-
-    def getitems_used(self, node) -> set:
-        return {u.args[1] for u in node.users if str(u.target) == "<built-in function getitem>"}
-
-    def reshape(self, v, shape):
-        shape = list(shape) or [1]
-        if list(v.shape) == shape:
-            return v
-        return self.tp.reshape(v, shape)
-
-    def conform(self, node, out):
-        """The entry's result in the node's exported shape (0-dim tensors are [1])."""
-        if isinstance(out, tuple):
-            vals = node.meta.get("val")
-            return tuple(self._conform1(v, o) if o is not None else None
-                         for v, o in zip(vals, out))
-        return self._conform1(node.meta.get("val"), out)
-
-    def _conform1(self, val, out):
-        if isinstance(out, A.Complex):
-            return A.Complex(*(self._conform1(val, p) for p in out.parts))
-        if not self.is_gvar(out) or not isinstance(val, self.torch.Tensor):
-            return out
-        want = [int(d) for d in val.shape] or [1]
-        if list(out.shape) != want:
-            if math.prod(out.shape) != math.prod(want):
-                raise A.Unsupported(f"recorded shape {list(out.shape)} differs from the "
-                                    f"exported {want} (an importer bug)")
-            return self.tp.reshape(out, want)
-        return out
-
-    def axes(self, a, dim) -> list:
-        n = len(a.shape)
-        if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-            return list(range(n))
-        dims = [dim] if isinstance(dim, int) else list(dim)
-        return sorted({d % n for d in dims})
-
-    def reduce(self, kind, a, dim, keepdim):
-        """sum / mean / max over the axes ``dim`` (None or []: all), as one node."""
-        axes = self.axes(a, dim)
-        fn = getattr(self.tp, kind)
-        if len(axes) == len(a.shape) and not keepdim:
-            return fn(a)
-        return fn(a, axis=axes[0] if len(axes) == 1 else tuple(axes), keepdims=bool(keepdim))
-
-    def permute(self, v, perm):
-        n = len(v.shape)
-        perm = [p % n for p in perm]
-        if perm == list(range(n)):
-            return v
-        if perm == list(range(n - 2)) + [n - 1, n - 2]:
-            return self.tp.transpose(v)
-        return self.tp.permute(v, perm)
-
-    def expand(self, v, shape):
-        shape = list(shape)
-        return v if list(v.shape) == shape else self.tp.expand(v, shape)
-
-    def slice_axis(self, v, dim, start, stop, step):
-        shape = list(v.shape)
-        if start == 0 and stop == shape[dim] and step == 1:
-            return v
-        if stop <= start:
-            raise A.Unsupported("an empty slice (gradtool values have at least one element)")
-        starts = [0] * len(shape)
-        stops = list(shape)
-        starts[dim], stops[dim] = start, stop
-        if step == 1:
-            return self.tp.slice(v, starts, stops)
-        steps = [1] * len(shape)
-        steps[dim] = step
-        return self.tp.slice(v, starts, stops, steps=steps)
-
-
 # ── your own loop (gradtool/interop/wrap.py) ───────────────────────────────
 
 def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_output: int = 0,
@@ -1571,75 +812,6 @@ def clip_grad_norm_(parameters, max_norm: float):
     (bit-exact): see :func:`gradtool.interop.wrap.clip_grad_norm_`."""
     from .wrap import clip_grad_norm_ as clip
     return clip(parameters, max_norm)
-
-
-# ── weights back ───────────────────────────────────────────────────────────
-
-def load_weights(module, tape_or_file) -> list:
-    """Copy a tape's (or a tape file's) params into ``module`` by state_dict name, cast to
-    each parameter's dtype; its state slots (batch norm's running statistics, as
-    ``gradtool train`` left them) go into the buffers of their names, cast to each
-    buffer's dtype (``num_batches_tracked`` back to int64, exactly).  A file without a
-    ``state`` map (written before it existed) gives its buffers from the named outputs
-    of the buffers' names, as before.
-
-    ``tape_or_file``: a path, a :class:`~gradtool.tapefile.TapeFile`, a
-    :class:`TorchImport`, or a Tape whose params carry the torch names.  Refuses
-    (TorchImportError, nothing copied) a param of the tape the module lacks, a
-    module param the tape lacks, or a shape that differs, naming each.  Returns
-    the names copied.
-    """
-    import torch
-    from ..tape import Tape
-    from ..tapefile import TapeFile, load
-    outputs, state = {}, {}
-    if isinstance(tape_or_file, TorchImport):
-        tape, outputs, state = tape_or_file.tape, tape_or_file.outputs, tape_or_file.state
-    elif isinstance(tape_or_file, Tape):
-        tape = tape_or_file
-    elif isinstance(tape_or_file, TapeFile):
-        tape, outputs, state = tape_or_file.tape, tape_or_file.outputs, tape_or_file.state
-    else:
-        tf = load(tape_or_file)
-        tape, outputs, state = tf.tape, tf.outputs, tf.state
-    values = {tape.nodes[v.id].name: tape.values[v.id] for v in tape.params()}
-    named = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
-    bufvals = {}
-    if state:                     # the state slots hold the trained buffers
-        slots = {n.name: i for i, n in enumerate(tape.nodes) if n.op == "const" and n.name}
-        bufvals = {k: tape.values[slots[k]] for k in state if k in buffers and k in slots}
-    else:
-        for k, v in (outputs or {}).items():
-            if k in buffers:
-                i = v if isinstance(v, int) else v.id
-                bufvals[k] = tape.values[i]
-    trainable = {k for k, p in named.items() if p.requires_grad}
-    problems = _Problems()
-    for k in values:
-        if k not in named:
-            problems.add("tape params not in the module:", repr(k))
-        elif tuple(named[k].shape) != values[k].shape and not (
-                named[k].dim() == 0 and values[k].shape == (1,)):
-            problems.add("shape mismatch for", repr(k), detail=f"the module has "
-                         f"{list(named[k].shape)}, the tape {list(values[k].shape)}")
-    for k, arr in bufvals.items():
-        if buffers[k].numel() != arr.size:
-            problems.add("shape mismatch for", repr(k), detail=f"the module's buffer has "
-                         f"{list(buffers[k].shape)}, the tape {list(arr.shape)}")
-    for k in (k for k in named if k in trainable):     # in the module's order
-        if k not in values:
-            problems.add("module params not in the tape:", repr(k))
-    if problems:
-        raise problems.error(WeightsError)
-    with torch.no_grad():
-        for k, arr in values.items():
-            p = named[k]
-            p.copy_(torch.from_numpy(np.array(arr)).reshape(p.shape).to(p.dtype))
-        for k, arr in bufvals.items():
-            b = buffers[k]
-            b.copy_(torch.from_numpy(np.array(arr)).reshape(b.shape).to(b.dtype))
-    return list(values) + list(bufvals)
 
 
 def __getattr__(name):

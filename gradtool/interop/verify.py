@@ -320,7 +320,7 @@ def _first_value(torch, v) -> str:
 
 
 def check_against_torch(ep, table, tape_loss: float, loss_output: int, problems) -> None:
-    """Add one problem to ``problems`` (an importer's ``_Problems``) if the tape's loss
+    """Add one problem to ``problems`` (an importer's ``Problems``) if the tape's loss
     is not torch's for the program ``ep`` (before decomposition by ``table``)."""
     import torch
     ran = torch_loss(ep, loss_output)
