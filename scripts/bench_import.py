@@ -54,7 +54,7 @@ def bench_import(layers: int, d: int) -> None:
     torch.manual_seed(0)
     warm = TinyGPT(vocab=11, block=8, d=8, heads=2, layers=1).eval()
     ids = torch.randint(0, 11, (1, 8))
-    import_module(warm, (ids, ids))
+    import_module(warm, (ids, ids), dtype="f64")
     model = TinyGPT(vocab=vocab, block=block, d=d, heads=max(1, d // 64), layers=layers).eval()
     n = sum(p.numel() for p in model.parameters())
     idx = torch.randint(0, vocab, (batch, block))
@@ -70,7 +70,7 @@ def bench_import(layers: int, d: int) -> None:
     importer.check_against_torch = timed_check
     try:
         t0 = time.perf_counter()
-        result = import_module(model, (idx, idx))
+        result = import_module(model, (idx, idx), dtype="f64")
         dt = time.perf_counter() - t0
     finally:
         importer.check_against_torch = check
@@ -94,7 +94,7 @@ def bench_steps(repeats: int, steps: int, threads) -> None:
     batches = [(idx[i:i + b], tgt[i:i + b]) for i in range(0, len(idx) - b + 1, b)]
 
     def gradtool_step(backend):
-        result = import_module(model, inputs)
+        result = import_module(model, inputs, dtype="f64")
         tape = result.tape
         opt = Adam(lr)
         for p in tape.params():

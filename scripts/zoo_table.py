@@ -28,7 +28,7 @@ def main() -> None:
             getattr(module, mode)()
             start = time.perf_counter()
             try:
-                r = import_module(module, inputs, loss_fn, loss_inputs)
+                r = import_module(module, inputs, loss_fn, loss_inputs, dtype="f64")
             except GradtoolError as exc:
                 print(f"| {name} | {mode} | - | - | - | refused: "
                       f"{str(exc).splitlines()[-1].strip()[:80]} |", flush=True)

@@ -64,7 +64,7 @@ def test_imported_cdist_and_pdist_are_the_composites_bits():
 
     torch.manual_seed(0)
     m, y = M(), torch.randn(4, 3, dtype=torch.float64)
-    res = import_module(m, (y,))
+    res = import_module(m, (y,), dtype="f64")
     tp = res.tape
     tp.backward(res.loss)
     ours = gt.Tape()

@@ -189,7 +189,7 @@ def test_conv_pool_and_batch_norm_import_against_torch():
         torch.manual_seed(0)
         model = Net().double()
         getattr(model, mode)()
-        result = import_module(model, (x,))
+        result = import_module(model, (x,), dtype="f64")
         tp = result.tape
         tp.backward(result.loss)
         want = model(x)

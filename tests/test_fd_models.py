@@ -81,7 +81,7 @@ def models(tmp_path_factory):
     for name, case in (("resnet", resnet_case), ("transformer", transformer_case)):
         module, inputs = case()
         path = tmp_path_factory.mktemp("fd") / f"{name}.msgpack"
-        import_module(module, inputs).save(path)
+        import_module(module, inputs, dtype="f64").save(path)
         out[name] = (path, torch_reference(module, inputs)[1])
     return out
 

@@ -94,7 +94,7 @@ def test_a_model_returning_logits_is_told_loss_fn_in_python_and_loss_on_the_cli(
         sys.path.pop(0)
     model, inputs = m.logits()
     with pytest.raises(TorchImportError) as info:
-        import_module(model, inputs)
+        import_module(model, inputs, dtype="f64")
     assert len(info.value.lines) == 1
     assert "pass loss_fn=" in info.value.lines[0] and "--loss" not in info.value.lines[0]
     out = run("import-torch", f"{models}:logits", "-o", tmp_path / "m.msgpack")
@@ -141,7 +141,7 @@ def test_load_weights_into_the_wrong_module_says_it_is_a_load():
             self.a, self.b, self.c = nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2)
             self.fc1 = nn.Linear(3, 5)
 
-    result = import_module(A(), (torch.randn(2, 3),))
+    result = import_module(A(), (torch.randn(2, 3),), dtype="f64")
     with pytest.raises(WeightsError) as info:
         load_weights(B(), result)
     text = str(info.value)
@@ -181,9 +181,9 @@ def test_import_module_prints_no_leafspec_warning():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         try:
-            import_module(model, (torch.randn(4, 3, 2),))
+            import_module(model, (torch.randn(4, 3, 2),), dtype="f64")
         except TorchImportError:
             pass                                    # (a non-scalar loss: not the point)
-        import_module(nn.Linear(3, 1), (torch.randn(4, 3),), loss_fn=lambda out: out.sum())
+        import_module(nn.Linear(3, 1), (torch.randn(4, 3),), loss_fn=lambda out: out.sum(), dtype="f64")
     leaf = [str(w.message) for w in seen if "LeafSpec" in str(w.message)]
     assert not leaf, leaf

@@ -528,7 +528,7 @@ def torch_reference(module, inputs):
 @pytest.mark.parametrize("case", _case_params())
 def test_model_matches_torch_float64(case, tmp_path):
     module, inputs = case()
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     path = tmp_path / "model.msgpack"
     result.save(path)
     tf = gt.load(path)
@@ -557,7 +557,7 @@ def test_inputs_are_named_slots_and_backward_names_params(tmp_path):
     module, inputs = mlp_case() if hasattr(gt.Tape, "where") else (None, None)
     if module is None:
         pytest.skip("needs the mask ops")
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     assert sorted(result.inputs) == ["x", "y"]
     assert result.tape.holds_ids(result.inputs["y"].id)
     path = tmp_path / "m.msgpack"
@@ -588,7 +588,7 @@ def regression_case():
 
 def test_frozen_params_and_buffers_are_consts_named_in_meta(tmp_path):
     module, inputs = regression_case()
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     assert list(result.params) == ["l1.weight", "l1.bias", "l2.weight"]
     assert sorted(result.consts) == ["l2.bias", "scale"]
     path = tmp_path / "r.msgpack"
@@ -614,7 +614,7 @@ def test_loss_fn_names_its_targets_and_other_outputs_are_named():
 
     torch.manual_seed(9)
     net = Net()
-    result = import_module(net, (torch.randn(4, 3),), loss_fn, (torch.randn(4, 2),))
+    result = import_module(net, (torch.randn(4, 3),), loss_fn, (torch.randn(4, 2),), dtype="f64")
     assert list(result.inputs) == ["x", "target"]
     assert list(result.params) == ["fc.weight", "fc.bias"]
 
@@ -627,14 +627,14 @@ def test_loss_fn_names_its_targets_and_other_outputs_are_named():
             y = self.fc(x)
             return (y * y).mean(), y
 
-    r2 = import_module(Two(), (torch.randn(4, 3),))
+    r2 = import_module(Two(), (torch.randn(4, 3),), dtype="f64")
     assert list(r2.outputs) == ["output1"]
     assert r2.outputs["output1"].shape == (4, 2)
 
 
 def test_weights_back_give_torch_the_tapes_loss(tmp_path):
     module, inputs = regression_case()
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     tape = result.tape
     rng = np.random.default_rng(0)
     for p in tape.params():               # stand-in for training: new weights
@@ -658,7 +658,7 @@ def test_weights_back_give_torch_the_tapes_loss(tmp_path):
 
 def test_weights_back_refuse_mismatches_naming_them():
     module, inputs = regression_case()
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     other = MLP()
     with pytest.raises(TorchImportError) as info:
         load_weights(other, result)
@@ -738,7 +738,7 @@ def with_targets():
 
 def test_unsupported_ops_one_error_listing_each_with_count_and_line():
     with pytest.raises(TorchImportError) as info:
-        import_module(Unsupported(), (torch.randn(2, 3),))
+        import_module(Unsupported(), (torch.randn(2, 3),), dtype="f64")
     lines = info.value.lines
     assert len(lines) == 2
     assert lines[0].startswith("unsupported op aten.lgamma.default (x2) at ")
@@ -756,7 +756,7 @@ def test_cli_a_model_that_fails_on_its_example_shapes_is_one_line(tmp_path, capf
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "gradtool", "import-torch", f"{spec}:build",
-                           "-o", str(tmp_path / "m.msgpack")], capture_output=True, text=True,
+                           "-o", str(tmp_path / "m.msgpack"), "--dtype", "f64"], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
@@ -800,7 +800,7 @@ def test_cli_writes_a_tape_and_a_json_summary(tmp_path):
     spec = tmp_path / "model.py"
     spec.write_text(SPEC_FILE)
     out_file = tmp_path / "m.msgpack"
-    res = run("import-torch", f"{spec}:fine", "-o", out_file, "--json")
+    res = run("import-torch", f"{spec}:fine", "-o", out_file, "--json", "--dtype", "f64")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["params"] == {"fc.weight": [1, 3], "fc.bias": [1]}
@@ -833,7 +833,7 @@ def test_train_mode_dropout_imports_and_matches_torch_eval_with_the_flag_off(tmp
     torch.manual_seed(3)
     m = TrainDropout().train()
     x, y = torch.randn(8, 6), torch.randn(8, 3)
-    result = import_module(m, (x, y))                 # the import check passed inside
+    result = import_module(m, (x, y), dtype="f64")                 # the import check passed inside
     assert result.histogram["aten.native_dropout.default"] == 2
     tape = result.tape
     uniforms = [n for n in tape.nodes if n.op == "uniform"]
@@ -851,7 +851,7 @@ def test_train_mode_dropout_imports_and_matches_torch_eval_with_the_flag_off(tmp
     tape.forward()
     assert float(tape.values[result.loss.id][0]) != got
     # eval mode still imports as the identity: no uniform at all
-    plain = import_module(copy.deepcopy(m).eval(), (x, y))
+    plain = import_module(copy.deepcopy(m).eval(), (x, y), dtype="f64")
     assert not any(n.op == "uniform" for n in plain.tape.nodes)
     # and the imported tape trains under gradtool train, every engine the same bytes
     rng = np.random.default_rng(4)
@@ -880,11 +880,11 @@ class Poisson(nn.Module):
 
 def test_a_read_mask_and_other_random_ops_stay_refused_in_one_line():
     with pytest.raises(TorchImportError) as info:
-        import_module(ReadsTheMask(), (torch.randn(2, 3),))
+        import_module(ReadsTheMask(), (torch.randn(2, 3),), dtype="f64")
     assert len(info.value.lines) == 1, info.value.lines
     assert "native_dropout" in info.value.lines[0] and "a dropout's mask" in info.value.lines[0]
     with pytest.raises(TorchImportError) as info:
-        import_module(Poisson(), (torch.randn(2, 3),))
+        import_module(Poisson(), (torch.randn(2, 3),), dtype="f64")
     assert len(info.value.lines) == 1, info.value.lines
     assert info.value.lines[0].startswith("random op aten.poisson.default (x1) at ")
 
@@ -912,7 +912,7 @@ class DrawsTargets(nn.Module):
                                        ("exponential", "aten.exponential.default")])
 def test_every_seeded_random_op_is_refused_not_folded(which, op):
     with pytest.raises(TorchImportError) as info:
-        import_module(DrawsTargets(which), (torch.randn(5, 3),))
+        import_module(DrawsTargets(which), (torch.randn(5, 3),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith(f"random op {op} (x1) at "), line
 
@@ -929,7 +929,7 @@ class Mutates(nn.Module):
 
 def test_mutating_a_user_input_is_refused():
     with pytest.raises(TorchImportError, match="in-place mutation of user input"):
-        import_module(Mutates(), (torch.randn(2, 3),))
+        import_module(Mutates(), (torch.randn(2, 3),), dtype="f64")
 
 
 class NotScalar(nn.Module):
@@ -943,7 +943,7 @@ class NotScalar(nn.Module):
 
 def test_non_scalar_loss_is_refused():
     with pytest.raises(TorchImportError) as info:
-        import_module(NotScalar(), (torch.randn(2, 3),))
+        import_module(NotScalar(), (torch.randn(2, 3),), dtype="f64")
     assert info.value.lines[0].startswith("non-scalar loss of shape [2, 3]")
 
 
@@ -1157,7 +1157,7 @@ def test_functional_matches_torch_float64(fn):
     torch.manual_seed(10)
     module, x = Fn(fn), torch.randn(4, 6)
     try:
-        result = import_module(module, (x,))
+        result = import_module(module, (x,), dtype="f64")
     except TorchImportError as exc:
         lacks = [p for p in exc.problems if "this build lacks" in p.detail]
         if lacks and len(lacks) == len(exc.problems):
@@ -1307,7 +1307,7 @@ def test_scatters_it_cannot_import_are_each_one_line_naming_why():
     why = {}
     for which in (0, 1):
         with pytest.raises(TorchImportError) as info:
-            import_module(Scatters(which), (x, idx, ids, mask))
+            import_module(Scatters(which), (x, idx, ids, mask), dtype="f64")
         lines = info.value.lines
         assert len(lines) == 2, lines
         for line in lines:
@@ -1343,7 +1343,7 @@ def import_matching_torch(module, inputs, reference=None):
     (1e-11 norm-wise) equal torch float64 autograd's of ``reference`` (default the module
     itself; for a rewrite, the original whose gradient it must reproduce).  Returns the
     import and torch's gradients by name."""
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     result.tape.backward(result.loss)
     ref_loss, ref = torch_reference(reference if reference is not None else module, inputs)
     loss = float(result.tape.values[result.loss.id][0])
@@ -1492,7 +1492,7 @@ def test_a_custom_autograd_function_is_refused_and_the_suggested_rewrite_is_torc
     module, x = Adversarial(), torch.randn(4, 6)
     before = torch.autograd.Function.__dict__["apply"]
     with pytest.raises(TorchImportError) as info:
-        import_module(module, (x,))
+        import_module(module, (x,), dtype="f64")
     assert len(info.value.lines) == 1
     line = info.value.lines[0]
     assert line.startswith("custom torch.autograd.Function GradReverse (x")
@@ -1527,7 +1527,7 @@ def test_gradient_hooks_are_refused_and_the_suggested_rewrite_is_torchs():
     module = Hooked()
     before = torch.Tensor.register_hook
     with pytest.raises(TorchImportError) as info:
-        import_module(module, (x,))
+        import_module(module, (x,), dtype="f64")
     assert torch.Tensor.register_hook is before
     assert len(info.value.lines) == 1
     assert info.value.lines[0].startswith("gradient hook Tensor.register_hook (x1) at ")
@@ -1539,7 +1539,7 @@ def test_gradient_hooks_are_refused_and_the_suggested_rewrite_is_torchs():
     hooked.fc.register_full_backward_hook(lambda m, gi, go: (gi[0] * 3.0,))
     hooked.fc.bias.register_hook(lambda g: g * 0.0)
     with pytest.raises(TorchImportError) as info:
-        import_module(hooked, (x,))
+        import_module(hooked, (x,), dtype="f64")
     lines = info.value.lines
     assert len(lines) == 2
     assert lines[0].startswith("backward hook on module fc (x1) at ") and "lambda" in lines[0]
@@ -1624,7 +1624,7 @@ def test_activation_checkpointing_imports_and_the_reentrant_form_is_one_error():
     module = Checkpointed(reentrant=False)
     import_matching_torch(module, (x,))
     with pytest.raises(TorchImportError) as info:
-        import_module(Checkpointed(reentrant=True), (x,))
+        import_module(Checkpointed(reentrant=True), (x,), dtype="f64")
     assert len(info.value.lines) == 1
     assert info.value.lines[0].startswith("reentrant torch.utils.checkpoint")
     assert "use_reentrant=False" in info.value.lines[0]
@@ -1690,7 +1690,8 @@ def test_cli_loss_function_names_its_targets(tmp_path):
     spec = tmp_path / "model.py"
     spec.write_text(SPEC_FILE)
     out_file = tmp_path / "m.msgpack"
-    res = run("import-torch", f"{spec}:with_targets", "--loss", "mse", "-o", out_file, "--json")
+    res = run("import-torch", f"{spec}:with_targets", "--loss", "mse", "-o", out_file, "--json",
+              "--dtype", "f64")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert list(summary["inputs"]) == ["input", "target"]
@@ -1718,7 +1719,7 @@ class Norms(nn.Module):
 def test_batch_norm_of_every_rank_and_its_running_statistics_match_torch(norm, shape):
     torch.manual_seed(14)
     module, x = Norms(norm, shape).train(), torch.randn(*shape)
-    result = import_module(module, (x,))
+    result = import_module(module, (x,), dtype="f64")
     tape = result.tape
     tape.backward(result.loss)
     ref = copy.deepcopy(module).double()
@@ -1742,7 +1743,7 @@ def test_the_unet_layers_train_to_the_same_bytes_on_every_engine_and_two_ranks(t
     two MPI ranks save the same bytes."""
     module, _ = unet_case()
     torch.manual_seed(15)
-    result = import_module(module, (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,))))
+    result = import_module(module, (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,))), dtype="f64")
     rng = np.random.default_rng(15)
     assert_trains_to_the_same_bytes(result, tmp_path, ranks=2,
                                     x=rng.standard_normal((32, 2, 8, 8)),
@@ -1818,7 +1819,7 @@ def test_a_mapping_that_computes_another_value_is_refused(monkeypatch):
                         A.Entry(entry.name, lambda r, node, a: r.tp.abs(r.f(a)), (), ""))
     module, inputs = mlp_case()
     with pytest.raises(TorchImportError) as info:
-        import_module(module, inputs)
+        import_module(module, inputs, dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("imported loss differs from torch's (")
     monkeypatch.undo()
@@ -1908,7 +1909,7 @@ def test_elementwise_math_from_the_tables_functions_matches_torch(fn):
         module = OneFunction(fn, points)
         c = torch.zeros(len(points), dtype=torch.float64)
         c[i] = 1.0
-        result = import_module(_Pick(module, i), (c,))
+        result = import_module(_Pick(module, i), (c,), dtype="f64")
         result.tape.backward(result.loss)
         w = torch.tensor([p], dtype=torch.float64, requires_grad=True)
         y = getattr(torch, fn)(w)
@@ -1947,7 +1948,7 @@ def test_elementwise_math_where_torchs_float64_is_off():
                          ("asin", 0.99999999, lambda x: 1 / mpmath.sqrt(1 - x * x)),
                          ("asinh", 1e300, lambda x: 1 / mpmath.sqrt(x * x + 1)),
                          ("acosh", 1e300, lambda x: 1 / mpmath.sqrt(x * x - 1))):
-        result = import_module(_Pick(OneFunction(fn, [p]), 0), (torch.ones(1),))
+        result = import_module(_Pick(OneFunction(fn, [p]), 0), (torch.ones(1),), dtype="f64")
         result.tape.backward(result.loss)
         grad = float(result.tape.grad(result.params["inner.w"])[0])
         want = float(exact(mpmath.mpf(p)))
@@ -1972,7 +1973,7 @@ def test_hypot_matches_torch_and_keeps_range():
     b = torch.tensor([4.0, 2.0, 1e200, -3e-200, 0.0, 0.7], dtype=torch.float64)
     import_matching_torch(Hypot(), (b,))
     inf = torch.tensor([math.inf, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
-    result = import_module(Hypot(), (inf,))
+    result = import_module(Hypot(), (inf,), dtype="f64")
     assert float(result.tape.values[result.loss.id][0]) == math.inf
 
 
@@ -2089,7 +2090,7 @@ def test_grid_sample_other_modes_are_refused_in_one_line():
             return F.grid_sample(x, g, mode="nearest", align_corners=False).sum()
 
     with pytest.raises(TorchImportError) as info:
-        import_module(Nearest(False, 0.0, False), (torch.randn(1, 2, 5, 5),))
+        import_module(Nearest(False, 0.0, False), (torch.randn(1, 2, 5, 5),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("unsupported use of aten.grid_sampler_2d.default (x1) at ")
     assert "mode 'nearest'" in line
@@ -2139,7 +2140,7 @@ def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
     torch.manual_seed(29)
     m = ChannelDropouts().train()
     x = torch.randn(8, 2, 4, 4)
-    result = import_module(m, (x,))               # the import check passed inside
+    result = import_module(m, (x,), dtype="f64")               # the import check passed inside
     assert result.histogram["gradtool.feature_dropout.default"] == 3
     assert result.histogram["gradtool.alpha_dropout.default"] == 2
     shapes = [n.aux["shape"] for n in result.tape.nodes if n.op == "uniform"]
@@ -2150,7 +2151,7 @@ def test_channel_and_alpha_dropouts_import_and_train(tmp_path):
     with torch.no_grad():
         want = float(copy.deepcopy(m).double().eval()(x.double()))
     assert abs(float(tape.values[result.loss.id][0]) - want) <= 1e-12 * abs(want)
-    plain = import_module(copy.deepcopy(m).eval(), (x,))
+    plain = import_module(copy.deepcopy(m).eval(), (x,), dtype="f64")
     assert not any(n.op == "uniform" for n in plain.tape.nodes)
     require_c_compiler()
     tape.set_value(tape.rng(), [0.0, 0.0, 1.0])
@@ -2186,7 +2187,7 @@ def test_stochastic_depth_and_bernoulli_import_and_train(tmp_path):
     torch.manual_seed(30)
     m = StochasticDepth().train()
     x = torch.randn(6, 4)
-    result = import_module(m, (x,))               # the import check (draws as means) passed
+    result = import_module(m, (x,), dtype="f64")               # the import check (draws as means) passed
     assert result.histogram["aten.bernoulli.p"] == 1
     assert result.histogram["aten.bernoulli.default"] == 1
     tape = result.tape
@@ -2271,7 +2272,7 @@ def test_a_vae_imports_and_trains_to_the_same_bytes(tmp_path):
     torch.manual_seed(36)
     m = VAE()
     x = torch.randn(5, 6)
-    result = import_module(m, (x,))               # the import check (draws as means) passed
+    result = import_module(m, (x,), dtype="f64")               # the import check (draws as means) passed
     for op in ("aten.randn_like.default", "aten.randn.default", "aten.normal.Tensor_float"):
         assert result.histogram[op] == 1, op
     tape = result.tape
@@ -2463,7 +2464,7 @@ def test_models_drawing_rand_randint_randperm_import_and_train(name, tmp_path):
     torch.manual_seed(40)
     module = make()
     inputs = example(torch.Generator().manual_seed(41))
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     for op in ops:
         assert result.histogram[op] >= 1, op
     tape = result.tape
@@ -2549,7 +2550,7 @@ def test_a_randint_beyond_exact_integers_is_refused_in_one_line():
     """Draws past 2^53 would not be whole float64 numbers (nor drawn alike): refused,
     naming the op and its bounds, nothing recorded."""
     with pytest.raises(TorchImportError) as info:
-        import_module(HugeRandint(), (torch.randn(3, 2),))
+        import_module(HugeRandint(), (torch.randn(3, 2),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("unsupported use of aten.randint.low (x1) at "), line
     assert line.endswith(f"randint over [0, {2 ** 60}) (gradtool draws integers in [low, high) "
@@ -2570,7 +2571,7 @@ def test_a_record_the_tape_refuses_is_one_line_naming_the_op():
     refusal (a TapeError inside the mapping) becomes the import's one line, with the op
     and its source line, and nothing after it is recorded."""
     with pytest.raises(TorchImportError) as info:
-        import_module(LongPermutation(), (torch.randn(3, 2),))
+        import_module(LongPermutation(), (torch.randn(3, 2),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("cannot record aten.randperm.default (x1) at "), line
     assert "torch.randperm(3000)" in line and line.endswith(
@@ -2694,21 +2695,21 @@ def test_complex_ops_beyond_rotary_embeddings_are_refused_in_one_line():
             return torch.view_as_real(z * self.w).square().sum()
 
     with pytest.raises(TorchImportError) as info:
-        import_module(Magnitude(), (torch.randn(3, 4),))
+        import_module(Magnitude(), (torch.randn(3, 4),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("unsupported op aten.abs.default (x1) at ") and "\n" not in line
     assert "return c.abs().sum()" in line
     assert line.endswith(A.COMPLEX_ONLY) and A.COMPLEX_ONLY.startswith(
         "complex tensors: gradtool imports ")
     with pytest.raises(TorchImportError) as info:
-        import_module(ComplexOut(), (torch.randn(3, 4),))
+        import_module(ComplexOut(), (torch.randn(3, 4),), dtype="f64")
     (line,) = info.value.lines
     assert line.startswith("complex output ") and "return torch.view_as_real of it" in line
     with pytest.raises(TorchImportError) as info:
-        import_module(ComplexIn(), (torch.randn(3, 2, dtype=torch.complex64),))
+        import_module(ComplexIn(), (torch.randn(3, 2, dtype=torch.complex64),), dtype="f64")
     assert [ln.split(" at ")[0] for ln in info.value.lines] == ["unsupported input 'z' (x1)"]
     with pytest.raises(TorchImportError) as info:
-        import_module(ComplexIn(param=True), (torch.randn(3, 2, dtype=torch.complex64),))
+        import_module(ComplexIn(param=True), (torch.randn(3, 2, dtype=torch.complex64),), dtype="f64")
     assert [ln.split(" at ")[0] for ln in info.value.lines] == [
         "unsupported parameter 'w' (x1)", "unsupported input 'z' (x1)"]
     assert all("complex tensors: gradtool imports complex buffers and constants only" in ln
@@ -2716,7 +2717,7 @@ def test_complex_ops_beyond_rotary_embeddings_are_refused_in_one_line():
 
 
 def test_complex_rotary_embeddings_train_to_the_same_bytes_on_every_engine(tmp_path):
-    result = import_module(ComplexRopeAttention(), rope_tokens(29))
+    result = import_module(ComplexRopeAttention(), rope_tokens(29), dtype="f64")
     rng = np.random.default_rng(29)
     assert_trains_to_the_same_bytes(result, tmp_path, idx=rng.integers(0, 11, (16, 5)),
                                     targets=rng.integers(0, 11, (16, 5)))

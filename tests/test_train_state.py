@@ -51,7 +51,7 @@ def _data(path):
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("state")
     x, y = _data(d / "d.npz")
-    result = import_module(_model(), (torch.tensor(x[:BATCH]), torch.tensor(y[:BATCH])))
+    result = import_module(_model(), (torch.tensor(x[:BATCH]), torch.tensor(y[:BATCH])), dtype="f64")
     result.save(d / "cnn.msgpack")
     return d, x, y
 
@@ -78,7 +78,7 @@ def test_the_importer_records_mutated_buffers_as_state(files):
     model = _model().eval()
     x = torch.zeros(BATCH, 1, 6, 6, dtype=torch.float64)
     y = torch.zeros(BATCH, dtype=torch.int64)
-    assert import_module(model, (x, y)).state == {}
+    assert import_module(model, (x, y), dtype="f64").state == {}
 
 
 SPEC = """
@@ -103,7 +103,7 @@ def test_import_torch_on_the_command_line_writes_the_state(tmp_path):
     spec = tmp_path / "model.py"
     spec.write_text(SPEC)
     out = tmp_path / "m.msgpack"
-    r = run("import-torch", f"{spec}:build", "-o", out)
+    r = run("import-torch", f"{spec}:build", "-o", out, "--dtype", "f64")
     assert r.exit_code == 0, r.output
     assert r.stdout.rstrip().endswith(", state " + ", ".join(sorted(STATE)))
     tf = load(out)

@@ -172,7 +172,7 @@ def _data(inputs, n_rows, seed):
 def test_real_model_imports_matches_torch_and_trains(name, mode, tmp_path):
     module, inputs, loss_fn, loss_inputs = Z.MODELS[name]()
     getattr(module, mode)()
-    result = import_module(module, inputs, loss_fn, loss_inputs)   # checked against torch
+    result = import_module(module, inputs, loss_fn, loss_inputs, dtype="f64")   # checked against torch
     if (name, mode) == ("gpt2", "eval"):    # torch 2.13's decomposition fails; SDPA kept
         assert len(result.notes) == 1, result.notes
         assert "aten.scaled_dot_product_attention.default undecomposed" in result.notes[0]
@@ -232,7 +232,7 @@ nn, F = torch.nn, torch.nn.functional
 def matches_torch(module, inputs, flag=0.0):
     """Import ``module`` on ``inputs``; its loss and every gradient with the train flag
     ``flag`` (dropout off) against torch float64 autograd with dropout off."""
-    result = import_module(module, inputs)
+    result = import_module(module, inputs, dtype="f64")
     tape, loss = result.tape, result.loss
     if tape.rng_id() >= 0:
         rng = tape.var(tape.rng_id())
@@ -282,7 +282,7 @@ class IntBits(nn.Module):
 
 def test_bitwise_and_of_integers_stays_refused_at_its_line():
     with pytest.raises(gt.GradtoolError) as e:
-        import_module(IntBits(), (torch.randn(4), torch.tensor([1, 2, 3, 7])))
+        import_module(IntBits(), (torch.randn(4), torch.tensor([1, 2, 3, 7])), dtype="f64")
     assert "aten.bitwise_and.Scalar" in str(e.value) and "test_zoo.py" in str(e.value)
     assert "bitwise_and of integers" in str(e.value)
 
@@ -407,7 +407,7 @@ class EmptyRead(nn.Module):
 
 def test_an_empty_value_another_op_reads_is_refused_at_its_line():
     with pytest.raises(gt.GradtoolError) as e:
-        import_module(EmptyRead(), (torch.randn(3, 4),))
+        import_module(EmptyRead(), (torch.randn(3, 4),), dtype="f64")
     lines = str(e.value).splitlines()
     assert len(lines) == 2 and "an empty slice" in lines[1]
     assert "test_zoo.py" in lines[1] and "h[:, :0].sum()" in lines[1]
@@ -462,7 +462,7 @@ def test_as_strided_as_a_reshape_permute_or_slice(args, op):
                                       (((4, 4), (4, 1), 20), "outside its input")])
 def test_any_other_as_strided_is_refused_at_the_users_line(args, why):
     with pytest.raises(gt.GradtoolError) as e:
-        import_module(Strided(*args), (torch.randn(6, 4),))
+        import_module(Strided(*args), (torch.randn(6, 4),), dtype="f64")
     lines = str(e.value).splitlines()
     assert len(lines) == 2 and "aten.as_strided.default" in lines[1] and why in lines[1]
     assert "test_zoo.py" in lines[1] and "torch.as_strided(self.fc(x)" in lines[1]
@@ -531,7 +531,7 @@ def test_cli_says_when_it_kept_sdpa_undecomposed(tmp_path):
                     "    module, inputs, _, _ = Z.MODELS['gpt2']()\n"
                     "    return module.eval(), inputs\n")
     out = tmp_path / "gpt2.msgpack"
-    res = run("import-torch", f"{spec}:build", "-o", out)
+    res = run("import-torch", f"{spec}:build", "-o", out, "--dtype", "f64")
     assert res.exit_code == 0, res.output
     notes = [line for line in res.stderr.splitlines() if line.startswith("gradtool: ")]
     assert len(notes) == 1 and ": note: torch's run_decompositions failed" in notes[0]
@@ -601,6 +601,6 @@ def test_cli_runs_a_file_that_imports_torchvision_itself(tmp_path):
         "    return WithLoss().eval(), (torch.randn(2, 3, 16, 16), torch.tensor([0, 2]))\n")
     out = tmp_path / "vit.msgpack"
     res = subprocess.run([sys.executable, "-m", "gradtool", "import-torch", f"{spec}:build",
-                          "-o", str(out)], capture_output=True, text=True, timeout=300)
+                          "-o", str(out), "--dtype", "f64"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert out.exists() and "Traceback" not in res.stderr

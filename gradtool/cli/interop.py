@@ -73,7 +73,7 @@ def load_spec(spec: str):
 @click.option("--dtype", type=click.Choice(["f32", "f64", "module"]), default=None,
               help="The tape's float dtype: f64 (the module's torch float64 run), f32 (its "
                    "float32 run), or module (the module's own dtype; float16/bfloat16 "
-                   "refused). Default: gradtool.interop.torch.DEFAULT_DTYPE (f64).")
+                   "refused). Default: the module's own float dtype (float32 -> f32, float64 -> f64).")
 def import_torch(spec: str, output: str, as_json: bool, loss_name, loss_output: int,
                  dtype) -> None:
     """Import a PyTorch module (SPEC = model.py:build) into a tape file via torch.export."""

@@ -45,7 +45,8 @@ value a named output of the same name, paired in the file's ``state`` map, so
 ``gradtool train`` replaces the one by the other after every step and
 :func:`load_weights` copies the trained state back into the buffers.
 
-dtype policy (``dtype=``, the command line's ``--dtype``; :data:`DEFAULT_DTYPE` "f64"):
+dtype policy (``dtype=``, the command line's ``--dtype``; :data:`DEFAULT_DTYPE` "module",
+the module's own float dtype):
 the module is always recorded in float64 first -- parameters, buffers, inputs and every
 intermediate (float32, float16 and bfloat16 alike) become float64, and the export runs
 with torch's default dtype float64, so a tensor the forward creates without a dtype
@@ -139,7 +140,7 @@ def _with_loss(module, loss_fn, n_inputs: int):
 # the importer's dtype when none is asked for: "f64" (every f64 test of the importer and the
 # f64 contract), or "module" (the module's own dtype: a torch.nn model as built imports at
 # float32, issue 38; docs/torch.md "dtype")
-DEFAULT_DTYPE = "f64"
+DEFAULT_DTYPE = "module"
 IMPORT_DTYPES = ("f32", "f64", "module")
 EPS32 = 2.0 ** -23
 # the f32 import check: |gradtool f32 loss - torch float32 loss| <= F32_CHECK * max(1, |loss|)

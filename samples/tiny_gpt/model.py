@@ -4,7 +4,7 @@ Token and position embeddings, pre-LayerNorm blocks with causal
 ``F.scaled_dot_product_attention`` and a GELU MLP, a tied output head, dropout
 (eval mode at import) and ``F.cross_entropy``: the module returns its scalar loss.
 
-    gradtool import-torch samples/tiny_gpt/model.py:build -o tiny_gpt.msgpack
+    gradtool import-torch samples/tiny_gpt/model.py:build --dtype f64 -o tiny_gpt.msgpack
 
 ``build()`` returns ``(module, (idx, targets))``: the model (seeded) and the first
 training batch of ``sonnets.txt``, as :mod:`record` writes them.

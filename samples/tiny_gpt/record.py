@@ -2,7 +2,7 @@
 
     python samples/tiny_gpt/record.py [OUTDIR]    # writes tiny_gpt.msgpack + tokens.npz
 
-The tape is what ``gradtool import-torch samples/tiny_gpt/model.py:build`` writes,
+The tape is what ``gradtool import-torch samples/tiny_gpt/model.py:build --dtype f64`` writes,
 plus training defaults in its meta (Adam, lr 3e-3); ``tokens.npz`` holds every
 example window of ``sonnets.txt`` (``idx`` and ``targets``, int64 [N, 16]), so
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     warnings.simplefilter("ignore")
     model, inputs = build()
-    result = import_module(model, inputs)
+    result = import_module(model, inputs, dtype="f64")
     result.save(out / "tiny_gpt.msgpack",
                 meta={"train": {"optimizer": "adam", "lr": 3e-3}})
     _, idx, tgt = dataset()
