@@ -20,7 +20,8 @@ Rules that hold for every function here
   fusedMultiplyAdd operations, :func:`fma` (``a*b + c`` rounded once), k
   ascending from +0.0.  The fma is correctly rounded, so the chain has the same
   bits wherever it runs: x86 FMA3/AVX-512, AArch64, CUDA's ``__fma_rn``, libm's
-  ``fma()`` on a CPU without FMA, and :func:`fma`'s exact numpy emulation here.
+  ``fma()`` on a CPU without FMA, and :func:`fma`'s exact numpy emulation
+  (:mod:`gradtool.fma_exact`).
 * Nothing depends on the BLAS, the SIMD width or the platform libm: no ``@``,
   no ``np.dot``/``einsum``, no ``np.sum`` (numpy's sum is pairwise), no
   ``np.exp``/``np.log`` (their last bit differs between libraries).
@@ -123,12 +124,15 @@ else there) and reads counters exactly only below 2^24.
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 
-from . import fdlibm, native
+from . import cpulib as _cpu, fdlibm
+from .fma_exact import fma  # noqa: F401  (the exact fma, the inner products' spec)
+# the ctypes loader of the compiled kernels lives in gradtool.cpulib; its names stay here
+from .cpulib import (CPU_SOURCES, _native_kernels, cpu_kernels, cpu_kernels32,  # noqa: F401
+                     cpu_library, matmul_config)
 
 NUMERICS_VERSION = 2
 """Which contract this module defines, as tape files record it beside stored values
@@ -320,7 +324,7 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
             _REDUCE_PLANS.clear()
         plan = _REDUCE_PLANS[(c.shape, shape)] = _reduce_plan(c.shape, shape)
     axes, count, outer_inner = plan
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    lib = _cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()
     if lib is not None and outer_inner is not None:
         # broadcast axes before and after the kept ones (size-1 axes aside): the same
         # sums straight from c, compiled, without moving the kept axes last
@@ -402,7 +406,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """
     if a.dtype == _F32 and b.dtype == _F32:  # float32: the fmaf chain, k ascending from +0.0
         return _n32().matmul(a, b)          # (a mix is widened exactly: the f64 chain)
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    lib = _cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
     out = np.empty((a.shape[0], b.shape[1]))
@@ -415,7 +419,7 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     :func:`matmul`, the one inner-product helper)."""
     if a.dtype == _F32 and b.dtype == _F32:
         return _n32().bmm(a, b)
-    lib = _DEFAULT[0] if _DEFAULT else cpu_kernels()
+    lib = _cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()
     if lib is None:
         return bmm_numpy(a, b)
     out = np.empty((a.shape[0], a.shape[1], b.shape[2]))
@@ -472,290 +476,6 @@ def bmm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for k in range(kdim):
         acc = fma(a[:, :, k:k + 1], b[:, k:k + 1, :], acc)
     return acc
-
-
-# ── the fused multiply-add, exactly, in numpy ──────────────────────────────
-
-_SPLITTER = 134217729.0       # 2^27 + 1: Veltkamp's constant for 53-bit doubles
-_C_DOMINATES = 60             # ec - ep above this: |a*b| < ulp(c)/2^8, the result is c
-_C_NEGLIGIBLE = -120          # ec - ep below this: c only decides a rounding direction
-_STICKY = 2.0 ** -200         # ... and stands in, scaled, as copysign(2^-200, c)
-_TINY = 2.0 ** -1022          # the smallest normal double
-
-
-def _two_sum(x, y):
-    """Knuth's TwoSum: s = RN(x + y) and the exact error e, x + y == s + e (no overflow)."""
-    s = x + y
-    yy = s - x
-    return s, (x - (s - yy)) + (y - yy)
-
-
-def _split(x):
-    """Veltkamp's split: x == hi + lo, each of at most 26 significant bits (|x| < 2^995)."""
-    t = _SPLITTER * x
-    hi = t - (t - x)
-    return hi, x - hi
-
-
-def _two_product(x, y):
-    """Dekker's TwoProduct: p = RN(x * y) and the exact error, x * y == p + e (when the
-    error is representable: here |x|, |y| are in [0.5, 1))."""
-    p = x * y
-    xh, xl = _split(x)
-    yh, yl = _split(y)
-    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
-
-
-def _add_round_to_odd(x, y):
-    """RO(x + y), rounding to odd (Boldo and Melquiond): the exact sum when representable,
-    else whichever of its two neighbouring doubles has an odd last significand bit."""
-    s, e = _two_sum(x, y)
-    even = (s.view(np.int64) & 1) == 0
-    move = even & (e != 0)
-    if np.any(move):
-        s = np.where(move, np.nextafter(s, np.copysign(np.inf, e)), s)
-    return s
-
-
-def _fma_subnormal(a: float, b: float, c: float) -> float:
-    """fma(a, b, c) for finite a, b, c whose exact a*b + c is below 2^-1022 in magnitude:
-    that value rounded to a multiple of 2^-1074, ties to even, in Python integers."""
-    na, da = a.as_integer_ratio()
-    nb, db = b.as_integer_ratio()
-    nc, dc = c.as_integer_ratio()
-    num = (na * nb * dc + nc * da * db) << 1074
-    den = da * db * dc
-    q, r = divmod(num, den)                   # floor division, r >= 0
-    if 2 * r > den or (2 * r == den and q & 1):
-        q += 1
-    if q == 0:
-        return -0.0 if num < 0 else 0.0
-    return math.ldexp(q, -1074)
-
-
-def fma(a, b, c) -> np.ndarray:
-    """IEEE 754 fusedMultiplyAdd: ``a*b + c`` rounded once (to nearest, ties to even),
-    elementwise with numpy broadcasting; float64.  The spec of every inner product.
-
-    Exact, without an fma instruction, in separately rounded numpy operations:
-
-    * Special operands.  A zero, infinite or NaN ``a`` or ``b``, or a NaN ``c``: ``a*b``
-      is exact (+-0, +-inf or NaN), so ``a*b + c`` in two operations is the fma.  An
-      infinite ``c`` with finite ``a*b``: ``c``.  A zero ``c`` with finite nonzero
-      ``a``, ``b``: ``a*b`` rounded once, underflow and overflow included (an exact
-      product never meets c, and a product rounded to zero keeps its sign, as IEEE 754
-      says for an fma that rounds to zero).
-    * Otherwise scale: ``a = ma 2^ea``, ``b = mb 2^eb`` with ma, mb in [0.5, 1)
-      (``frexp``, exact), ep = ea + eb, and c becomes ``cs = c 2^-ep`` (exact).  If c's
-      exponent exceeds ep by more than 60, |a*b| is below a 2^-8 of c's last place and
-      the result is c.  If it is more than 120 below, c only decides the direction of a
-      rounding of ma*mb (a multiple of 2^-106, whose rounding boundaries are multiples
-      of 2^-106 too): it is replaced by ``copysign(2^-200, c)``, which decides it alike.
-      Every nonzero value below is then within [2^-200, 2^62]: no overflow, no underflow.
-    * Boldo and Melquiond's emulation (IEEE Trans. Computers 57(4), 2008, "Emulation of
-      FMA and correctly rounded sums: proved algorithms using rounding to odd"):
-      ``(uh, ul) = TwoProduct(ma, mb)`` (Dekker, with Veltkamp's split: exact),
-      ``(th, tl) = TwoSum(cs, uh)`` (Knuth: exact), ``v = RO(tl + ul)`` (round to odd:
-      TwoSum, then one step to the odd neighbour when inexact and even),
-      ``z = RN(th + v)``.  z is ma*mb + cs correctly rounded to 53 bits.
-    * Scale back: ``ldexp(z, ep)`` is exact for a normal result, and it overflows to
-      +-inf exactly when the correctly rounded result does.  A result below 2^-1022
-      (subnormal: fewer than 53 bits, rounded once at 2^-1074) is computed instead,
-      element by element, in Python integers from the exact rational a*b + c.  An exact
-      zero a*b + c of nonzero terms is +0.0 (round to nearest).
-
-    Tests (tests/test_numerics.py) compare it with the machine's fma instruction on
-    10^7 random and adversarial triples, bit for bit.  It is about 40 numpy passes, the
-    numpy reference's (no C compiler) only cost of the FMA contract.
-    """
-    a, b, c = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (a, b, c)))
-    shape = a.shape
-    a, b, c = (np.ravel(x) for x in (a, b, c))
-    with np.errstate(all="ignore"):
-        plain = a * b + c                     # the special operands' result
-        out = plain
-        finite_ab = np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
-        general = finite_ab & np.isfinite(c) & (c != 0)
-        if np.any(finite_ab & ~general):
-            out = np.where(finite_ab & np.isinf(c), c, out)
-            out = np.where(finite_ab & (c == 0), a * b, out)
-        if np.any(general):
-            idx = None if general.all() else np.flatnonzero(general)
-            ga, gb, gc = (a, b, c) if idx is None else (a[idx], b[idx], c[idx])
-            z, tiny = _fma_general(ga, gb, gc)
-            if np.any(tiny):
-                for t in np.flatnonzero(tiny):
-                    z[t] = _fma_subnormal(float(ga[t]), float(gb[t]), float(gc[t]))
-            if idx is None:
-                out = z
-            else:
-                out = np.array(out, copy=True)
-                out[idx] = z
-    return out.reshape(shape)
-
-
-def _fma_general(a, b, c):
-    """fma for finite nonzero a, b, c (:func:`fma`'s scaled Boldo-Melquiond path) and
-    where the caller must redo it: a nonzero result at or below 2^-1022, whose scaling
-    back may have rounded a second time."""
-    ma, ea = np.frexp(a)
-    mb, eb = np.frexp(b)
-    _, ec = np.frexp(c)
-    ep = ea + eb
-    d = ec - ep
-    cs = np.ldexp(c, np.clip(-ep, -2000, 2000))
-    cs = np.where(d < _C_NEGLIGIBLE, np.copysign(_STICKY, c), cs)
-    uh, ul = _two_product(ma, mb)
-    th, tl = _two_sum(cs, uh)
-    zs = th + _add_round_to_odd(tl, ul)
-    z = np.ldexp(zs, ep)
-    dominated = d > _C_DOMINATES
-    return np.where(dominated, c, z), (np.abs(z) <= _TINY) & (zs != 0) & ~dominated
-
-
-CPU_SOURCES = ("gt_cpu.c", "gt_matmul.h", "gt_conv.h", "gt_optim.h", "gt_optim_table.h")
-_LIBRARIES: dict = {}         # (extra flags, native arch) -> loaded library or None
-_DEFAULT: list = []           # [library or None] once the default one was asked for
-
-
-def cpu_library(extra_flags=(), native_arch=None, python=True, dtype="f64"):
-    """The CPU reference's compiled kernels, ``csrc/gt_cpu.c`` (built and cached on first
-    use), or None: the matmul (``gt_mm``), the broadcast reduction's row sums
-    (``gt_sum_rows``, ``gt_sum_outer_inner``), conv2d's products and max pooling
-    (``gt_conv2d*``, ``gt_max_pool2d*``: ``csrc/gt_conv.h``) and the optimizer step
-    (``gt_opt_step``).
-
-    The default (no arguments) is the one :func:`matmul`, :func:`bmm` and
-    :mod:`gradtool.optim` use.  ``extra_flags=("-DGT_MM_PORTABLE",)`` builds
-    the plain-C scalar matmul tile, and ``native_arch=False`` leaves
-    ``-march=native`` out: the tests run every such variant against the
-    naive order.  None when no C compiler works or ``GRADTOOL_NATIVE=0``.
-
-    With ``python`` (and the interpreter's ``Python.h``: :func:`native.python_flags`)
-    the library also has ``gt_mm_py``, which :func:`matmul` and :func:`bmm` call with
-    the arrays themselves (``lib.py_mm``, else None), and the same for the optimizer
-    step, the select and the row sums (``lib.py_opt_step``, ``py_select_zero``,
-    ``py_sum``); ``python=False`` builds the plain ctypes entries only, which the
-    tests compare with them bit for bit.
-
-    ``dtype="f32"``: the same source built for float32 (``-DGT_CPU_F32``, library
-    ``gt_cpu_f32``): the same entries on float32 arrays (the matmul tiles of
-    ``gt_matmul.h`` and ``gt_conv.h`` instantiated for float: one ``fmaf`` chain per
-    output, :mod:`gradtool.numerics32`'s products; the select; the optimizer step, its
-    scalars rounded to float32 once), for :mod:`gradtool.numerics32`.  It has no row
-    sums (``gt_sum_rows`` is the float64 serial order; numerics32 sums in numpy).
-    """
-    if dtype not in ("f64", "f32"):
-        raise ValueError(f"cpu_library: dtype must be 'f64' or 'f32', not {dtype!r}")
-    if native_arch is None:
-        native_arch = native.native_arch_wanted()
-    key = (tuple(extra_flags), bool(native_arch), bool(python), dtype)
-    if key not in _LIBRARIES:
-        lib = None
-        if native.enabled():
-            sources = (native.CSRC / CPU_SOURCES[0],
-                       [native.CSRC / name for name in CPU_SOURCES[1:]])
-            with_python = native.python_flags() if python else ()
-            # with the Python entry first; a compiler that refuses it (a Python.h it
-            # cannot use) still builds the ctypes entries
-            stem, typed = ("gt_cpu", ()) if dtype == "f64" else ("gt_cpu_f32", ("-DGT_CPU_F32",))
-            for flags in ([with_python, ()] if with_python else [()]):
-                try:
-                    lib = native.load(stem, sources[0],
-                                      [*native.SAFE_FLAGS, *typed, *extra_flags, *flags],
-                                      sources[1], native_arch=native_arch)
-                    _declare(lib, bool(flags), dtype)
-                    native.register_threaded(lib)
-                    break
-                except (native.NativeUnavailable, OSError, AttributeError):
-                    lib = None
-        _LIBRARIES[key] = lib
-    return _LIBRARIES[key]
-
-
-def _declare(lib, python=False, dtype="f64") -> None:
-    i64, ptr, f64 = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
-    # the Python entries (lib.py_*, None without them): the same library again (dlopen
-    # returns the loaded one: one thread pool), its functions called with the GIL held,
-    # as their buffer calls need (they release it for the work)
-    obj, cint = ctypes.py_object, ctypes.c_int
-    entries = {"py_mm": ("gt_mm_py", [obj, obj, obj, cint]),
-               "py_opt_step": ("gt_opt_step_py", [cint, obj, obj, obj, obj, cint,
-                                                  *[f64] * 8]),
-               "py_select_zero": ("gt_select_zero_py", [obj, obj, obj, cint]),
-               "py_sum": ("gt_sum_py", [i64, i64, i64, obj, obj, cint])}
-    if dtype == "f32":            # the serial row sums are float64's order: not built
-        del entries["py_sum"]
-        lib.py_sum = None
-    pydll = ctypes.PyDLL(lib._name) if python else None
-    for attr, (name, argtypes) in entries.items():
-        fn = None
-        if pydll is not None:
-            fn = getattr(pydll, name)
-            fn.restype = cint
-            fn.argtypes = argtypes
-        setattr(lib, attr, fn)
-    lib.gt_mm.restype = None
-    lib.gt_mm.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64,
-                          ctypes.c_int]
-    lib.gt_mm_config.restype = None
-    lib.gt_mm_config.argtypes = [ctypes.POINTER(i64)]
-    lib.gt_select_zero.restype = None
-    lib.gt_select_zero.argtypes = [i64, ptr, ptr, ptr, ctypes.c_int]
-    if dtype == "f64":
-        lib.gt_sum_rows.restype = None
-        lib.gt_sum_rows.argtypes = [i64, i64, ptr, ptr]
-        lib.gt_sum_outer_inner.restype = None
-        lib.gt_sum_outer_inner.argtypes = [i64, i64, i64, ptr, ptr]
-    for name in ("gt_conv2d", "gt_conv2d_dx", "gt_conv2d_dw", "gt_max_pool2d_dx"):
-        getattr(lib, name).restype = ctypes.c_int
-        getattr(lib, name).argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64]
-    lib.gt_max_pool2d.restype = ctypes.c_int
-    lib.gt_max_pool2d.argtypes = [ptr, ptr, ptr, ptr, i64]
-    lib.gt_conv_ws_bytes.restype = i64
-    lib.gt_conv_ws_bytes.argtypes = [ptr, ctypes.c_int, ctypes.c_int]
-    lib.gt_opt_table_step.restype = None
-    lib.gt_opt_table_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int,
-                                      f64, f64, ptr]
-    lib.gt_opt_step.restype = None
-    lib.gt_opt_step.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, ptr, ctypes.c_int,
-                                f64, f64, f64, f64, f64, f64, f64, f64]
-
-
-def matmul_config(lib=None) -> dict:
-    """The compiled kernel's tile (rows, cols, lanes per vector), its thread count, the
-    product size below which it stays serial, and how many runs used worker threads.
-
-    ``lib``: a library that includes csrc/gt_matmul.h (default: :func:`cpu_kernels`;
-    the host backend's kernel library exports the same function)."""
-    lib = lib or _native_kernels()
-    out = (ctypes.c_longlong * 7)()
-    lib.gt_mm_config.restype = None
-    lib.gt_mm_config.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
-    lib.gt_mm_config(out)
-    return dict(zip(("rows", "cols", "lanes", "threads", "serial_below", "threaded_runs",
-                     "vector_fma"), list(out)))
-
-
-def cpu_kernels():
-    """The compiled library this process uses (:func:`cpu_library` with no arguments),
-    or None (no compiler, or ``GRADTOOL_NATIVE=0``)."""
-    if not _DEFAULT:
-        _DEFAULT.append(cpu_library())
-    return _DEFAULT[0]
-
-
-_DEFAULT32: list = []
-
-
-def cpu_kernels32():
-    """The float32 twin of :func:`cpu_kernels` (``cpu_library(dtype="f32")``), or None."""
-    if not _DEFAULT32:
-        _DEFAULT32.append(cpu_library(dtype="f32"))
-    return _DEFAULT32[0]
-
-
-_native_kernels = cpu_kernels
 
 
 def shard_mean(parts) -> np.ndarray:
@@ -912,8 +632,8 @@ def _conv_library(x):
     """(compiled library, element type) for a convolution or pooling of ``x``: gt_cpu for
     float64, gt_cpu_f32 (the same gt_conv.h on float) for float32; (None, _) without one."""
     if x.dtype == _F32:
-        return cpu_kernels32(), np.float32
-    return (_DEFAULT[0] if _DEFAULT else cpu_kernels()), np.float64
+        return _cpu.cpu_kernels32(), np.float32
+    return (_cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()), np.float64
 
 
 _CONV_FWD, _CONV_DX, _CONV_DW, _POOL_FWD, _POOL_DX = range(5)

@@ -19,7 +19,7 @@ except ImportError:                     # torch is an optional extra: its oracle
 import gradtool as gt
 from conftest import assert_bits_equal, bits, require_c_compiler
 from gradtool import nn
-from gradtool import numerics as nx
+from gradtool import cpulib, numerics as nx
 
 VALUE_RTOL, GRAD_RTOL = 1e-12, 1e-11
 
@@ -231,7 +231,7 @@ def test_compiled_and_numpy_paths_agree_to_the_bit(case, monkeypatch):
     compiled = nx.conv2d(x, w, **geo)
     g = rng.standard_normal(compiled.shape)
     compiled_b = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
-    monkeypatch.setattr(nx, "_DEFAULT", [None])
+    monkeypatch.setattr(cpulib, "_DEFAULT", [None])
     plain = nx.conv2d(x, w, **geo)
     plain_b = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
     assert_bits_equal(compiled, plain, "forward")
@@ -304,7 +304,7 @@ def test_conv2d_gradients_are_the_documented_loops_to_the_bit(numpy_path, monkey
     if not numpy_path:
         require_c_compiler()
     else:
-        monkeypatch.setattr(nx, "_DEFAULT", [None])
+        monkeypatch.setattr(cpulib, "_DEFAULT", [None])
     rng = np.random.default_rng(21)
     x, w = _wide(rng, (3, 4, 7, 6)), _wide(rng, (4, 2, 3, 2))
     geo = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
@@ -362,7 +362,7 @@ def test_out_of_memory_fallbacks_give_the_same_bits(monkeypatch):
     pool = ((3, 3), (1, 1), (1, 1), (1, 1), False)
     py = nx.max_pool2d(x, *pool)
     pdx = nx.max_pool2d_backward(py, x, *pool)
-    monkeypatch.setattr(nx, "_DEFAULT", [lib])
+    monkeypatch.setattr(cpulib, "_DEFAULT", [lib])
     assert_bits_equal(nx.conv2d(x, w, **geo), y, "forward")
     got = nx.conv2d_backward(g, x, w, **geo, need_x=True, need_w=True)
     assert_bits_equal(got[0], dx, "dx")
@@ -395,7 +395,7 @@ def test_compiled_max_pool_matches_the_numpy_loops(case, monkeypatch):
     g = rng.standard_normal(y.shape)
     g.reshape(-1)[::5] = -0.0
     dx = nx.max_pool2d_backward(g, x, k, s, p, d, ceil)
-    monkeypatch.setattr(nx, "_DEFAULT", [None])
+    monkeypatch.setattr(cpulib, "_DEFAULT", [None])
     assert_bits_equal(y, nx.max_pool2d(x, k, s, p, d, ceil), f"{case[0]} forward")
     assert_bits_equal(dx, nx.max_pool2d_backward(g, x, k, s, p, d, ceil), f"{case[0]} backward")
 

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from gradtool import numerics as nx
+from gradtool import cpulib, numerics as nx
 from gradtool.expr import select_numpy
 from gradtool.ops import OPS
 from conftest import assert_bits_equal, require_c_compiler
@@ -103,7 +103,7 @@ def test_reduce_to_shape_walks_out_row_major(rng, out_shape, in_shape, path, mon
         require_c_compiler()
         assert nx.cpu_kernels() is not None
     else:
-        monkeypatch.setattr(nx, "_DEFAULT", [None])       # as without a C compiler
+        monkeypatch.setattr(cpulib, "_DEFAULT", [None])       # as without a C compiler
     c = rng.standard_normal(out_shape) * 10.0 ** rng.integers(-8, 9, out_shape)
     c.flat[::3] = -0.0                                  # -0.0 + -0.0 stays -0.0: no 0.0 seed
     got = nx.reduce_to_shape(c, in_shape)

@@ -18,7 +18,7 @@ before any arithmetic or allocation), and its rules:
   ``gradtool/csrc/kernels.cu`` whose launches and metadata fields are
   declared by name right next to the entry (:data:`KERNELS`); the C
   decoders of those fields are generated from the declaration, and
-  ``gradtool/device/program.py`` packs them by name.  Where such an op has
+  ``gradtool/device/lowering.py`` packs them by name.  Where such an op has
   elementwise parts (softmax) or a one-element form for the emitter (sum,
   mean), those are expressions in the entry too.
 

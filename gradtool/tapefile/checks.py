@@ -41,55 +41,38 @@ checked one by one, the loss, an output, a node a budget message names).  The
 document's own fields are checked without jsonschema where plainly valid
 (:func:`plain_top`), so a file of plain nodes never builds the validators.
 
+Gate 1 and the reader's :class:`Limits` live in :mod:`gradtool.tapefile.decode`, gate 2 in
+:mod:`gradtool.tapefile.schemacheck`; this module holds gate 3 and re-exports both.
+
 The result, :class:`CheckedFile`, is plain validated data; turning it into a
 Tape (which computes values) is :mod:`gradtool.tapefile`'s job.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Optional
 
-import msgpack
 import numpy as np
 
-from ..budget import DEFAULT_MEMORY, estimate_memory, human_bytes, node_temporary, node_work, prod
+from ..budget import estimate_memory, human_bytes, node_temporary, node_work, prod
 from ..errors import DtypeError, ShapeError, TapeFileError
-from ..limits import MAX_DEPTH, MAX_MAP_LEN, MAX_NAME_BYTES
 from ..ops import (FLOAT_DTYPES, INT_DTYPE, INTEGER_READERS, OPS, RNG_NAME, bad_id, bad_rng,
                    format_shape, inexact_int, infer_dtype, infer_shape)
+# gate 1 (the limits, bounded decoding) and gate 2 (format, version, schema) live beside
+# this module; their names stay importable here
+from .decode import (_KIND, _LEAF_TYPES, _NOT_CONTAINER_BYTES, FORMAT, VERSION,  # noqa: F401
+                     Limits, _describe_unpack_error, _TooManyContainers, check_structure,
+                     decode, kind, show)
 from .fields import FIELD_TESTS, INT_READERS, SCALAR_OPS
 from .runs import (_CORE, IN_RUN, RunColumns, _plain_runs, _run_counts, _scanned_runs,
                    _take_run, node_at)
 from .runs import _RUN_OPS, RunNode  # noqa: F401  (where the runs' ops and nodes were)
-
-FORMAT = "gradtool-tape"
-VERSION = 1
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a loader is willing to allocate or compute for one file.
-
-    The defaults admit any realistic tape (a billion-byte file, 2^27 float64
-    elements = 1 GiB of values) and reject lies: claims beyond them fail
-    before allocation, with the node named.
-    """
-
-    max_bytes: int = 1 << 30          # the file itself
-    max_nodes: int = 1 << 20
-    max_elements: int = 1 << 27       # sum of every node's element count
-    max_work: int = 1 << 32           # element operations of one replay plus one backward
-    max_memory: int = DEFAULT_MEMORY  # bytes of values, gradients and temporaries (budget.py)
-    max_depth: int = MAX_DEPTH        # msgpack container nesting (the format itself needs 4)
-    max_str_len: int = MAX_NAME_BYTES
-    max_map_len: int = MAX_MAP_LEN
-    max_containers: int = 1 << 22     # maps + arrays in the whole file
+from .schemacheck import (_EXPECTED, _INT_CLASS, _TOP_REQUIRED, _TOP_TESTS,  # noqa: F401
+                          SchemaCheck, _check_header, _node_id, _scalar_class, _schema_error,
+                          _validator_class, plain_top, schema, schema_check, skeleton)
 
 
 @dataclass(slots=True)
@@ -141,361 +124,6 @@ class CheckedFile:
     def node(self, k: int):
         """Node ``k`` as checked (a CheckedNode, or a RunNode for a node of a run)."""
         return node_at(self.nodes, k, self.columns)
-
-
-def show(x, limit: int = 60) -> str:
-    """A short repr for messages: a hostile file may hold megabyte strings."""
-    text = repr(x)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-_KIND = {dict: "a map", list: "an array", str: "a string", bytes: "bin", int: "an integer",
-         float: "a float", bool: "a boolean", type(None): "nil"}
-_EXPECTED = {"object": "a map", "array": "an array", "string": "a string",
-             "integer": "an integer", "number": "a number", "boolean": "a boolean"}
-
-
-def kind(x) -> str:
-    return _KIND.get(type(x), type(x).__name__)
-
-
-# ── gate 1: bounded msgpack decoding ───────────────────────────────────────
-
-class _TooManyContainers(Exception):
-    pass
-
-
-_NOT_CONTAINER_BYTES = bytes(x for x in range(256)
-                             if not (0x80 <= x < 0xa0 or 0xdc <= x < 0xe0))
-
-
-def decode(raw: bytes, source: str, limits: Limits):
-    """msgpack bytes -> Python objects, within ``limits``; TapeFileError otherwise."""
-    if not raw:
-        raise TapeFileError("the file is empty (expected a msgpack map)", source=source)
-    containers = 0
-
-    def count(obj):
-        # Called once per decoded map/array: stops a file made of millions of
-        # one-byte empty containers (each a 56-64 byte Python object) early.
-        nonlocal containers
-        containers += 1
-        if containers > limits.max_containers:
-            raise _TooManyContainers
-        return obj
-
-    # Each map or array starts with one of the bytes 0x80-0x9f or 0xdc-0xdf, so their
-    # number in the file bounds the containers: a file with fewer than the limit (any
-    # tape near the node limit) is decoded without a callback per container.
-    hooks = {"object_hook": count, "list_hook": count}
-    if len(raw) > limits.max_containers:
-        # the file without every other byte value: a copy of its container bytes only
-        if len(raw.translate(None, _NOT_CONTAINER_BYTES)) <= limits.max_containers:
-            hooks = {}
-    else:
-        hooks = {}                    # fewer bytes than the limit: fewer containers too
-    try:
-        doc = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True, **hooks,
-            max_str_len=limits.max_str_len, max_bin_len=len(raw),
-            max_array_len=max(limits.max_nodes, 64), max_map_len=limits.max_map_len,
-            max_ext_len=0)
-    except _TooManyContainers:
-        raise TapeFileError(f"more than {limits.max_containers} msgpack maps and arrays; "
-                            f"not a plausible tape", source=source) from None
-    except msgpack.ExtraData as exc:
-        if isinstance(exc.unpacked, dict):
-            message = f"{len(exc.extra)} byte(s) of extra data after the tape map"
-        else:
-            message = (f"not a gradtool tape file: it starts with {kind(exc.unpacked)}, "
-                       f"not a msgpack map")
-        raise TapeFileError(message, source=source) from None
-    except UnicodeDecodeError:
-        raise TapeFileError("a msgpack string is not valid UTF-8", source=source) from None
-    except msgpack.StackError:
-        raise TapeFileError("msgpack containers nested too deeply", source=source) from None
-    except msgpack.FormatError:
-        raise TapeFileError("not msgpack: invalid type byte", source=source) from None
-    except (ValueError, TypeError) as exc:
-        raise TapeFileError(_describe_unpack_error(exc, len(raw)), source=source) from None
-    check_structure(doc, source, limits, skip_nodes=True)
-    return doc
-
-
-def _describe_unpack_error(exc: Exception, size: int) -> str:
-    text = str(exc)
-    if "incomplete input" in text:
-        return f"truncated: the msgpack data ends early ({size} bytes)"
-    if "max_ext_len" in text:
-        return "msgpack extension types are not part of the tape format"
-    if "exceeds max_" in text:       # e.g. "4294967295 exceeds max_array_len(1048576)"
-        claimed, _, rest = text.partition(" exceeds ")
-        what = rest.split("(")[0].replace("max_", "").replace("_len", "")
-        return f"a msgpack {what} claims length {claimed}, over this reader's limit"
-    if "map key" in text or "unhashable" in text:
-        return "msgpack map keys must be strings"
-    return f"not valid msgpack ({show(text)})"
-
-
-_LEAF_TYPES = (str, bytes, int, float, bool, type(None))
-
-
-def check_structure(obj, source: str, limits: Limits, depth: int = 1,
-                    skip_nodes: bool = False) -> None:
-    """Nesting depth, value types and string keys, walked without recursion; ``depth`` is
-    ``obj``'s own level.  ``skip_nodes``: leave the maps in the top-level ``nodes`` array to
-    :func:`check`, which walks each one that is not plainly flat (see :func:`skeleton`)."""
-    nodes = obj.get("nodes") if skip_nodes and type(obj) is dict else None
-    stack = [(obj, depth)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, (dict, list)):
-            if level > limits.max_depth:
-                raise TapeFileError(f"msgpack containers nested deeper than {limits.max_depth} "
-                                    f"levels", source=source)
-            if isinstance(item, dict):
-                for key in item:
-                    if not isinstance(key, str):
-                        raise TapeFileError("msgpack map keys must be strings, found bin",
-                                            source=source)
-                items = item.values()
-            elif item is nodes:
-                items = [x for x in item if type(x) is not dict]
-            else:
-                items = item
-            stack.extend((x, level + 1) for x in items if not isinstance(x, _LEAF_TYPES))
-        elif not isinstance(item, _LEAF_TYPES):
-            raise TapeFileError(f"unsupported msgpack value ({type(item).__name__})", source=source)
-
-
-# ── gate 2: format, version, schema ────────────────────────────────────────
-
-@lru_cache(maxsize=1)
-def schema() -> dict:
-    """The JSON Schema of the decoded structure (the package's copy)."""
-    text = resources.files("gradtool").joinpath("schemas/tape.schema.json").read_text("utf-8")
-    return json.loads(text)
-
-
-@lru_cache(maxsize=1)
-def _validator_class():
-    from jsonschema import Draft202012Validator, ValidationError, validators
-
-    def is_strict_int(_checker, x):
-        # JSON Schema counts 1.0 as an integer; in a msgpack file an id or a
-        # dim written as a float is a writer bug, so it is rejected.
-        return isinstance(x, int) and not isinstance(x, bool)
-
-    def msgpack_type(_validator, expected, instance, _schema):
-        if expected == "bin" and not isinstance(instance, bytes):
-            yield ValidationError(f"expected bin (msgpack bin type), got {kind(instance)}")
-
-    return validators.extend(
-        Draft202012Validator,
-        validators={"msgpackType": msgpack_type},
-        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", is_strict_int))
-
-
-class SchemaCheck:
-    """The schema applied as two validators: the document without its node list, then
-    each node.  jsonschema costs ~0.3 ms per node, so a node whose *skeleton* (see
-    :func:`skeleton`) matches one already found valid is not validated again: the
-    schema's verdict on a node depends only on its skeleton.  Invalid nodes are
-    always validated in full, so error messages come from jsonschema itself.
-    """
-
-    MEMO_LIMIT = 4096
-
-    def __init__(self):
-        root = schema()
-        top = json.loads(json.dumps(root))
-        del top["properties"]["nodes"]["items"]
-        node = {"$schema": root["$schema"], "$defs": root["$defs"], "$ref": "#/$defs/node"}
-        cls = _validator_class()
-        self.top, self.node = cls(top), cls(node)
-        self.valid_skeletons = set()
-
-    def top_error(self, doc):
-        """The first violation of the document without its nodes, or None."""
-        return next(self.top.iter_errors(doc), None)
-
-    def node_error(self, node, source: str = "", limits: Optional["Limits"] = None):
-        """The first schema violation in one node, or None.  A node not known valid by
-        its skeleton is first walked by :func:`check_structure` (TapeFileError)."""
-        key = skeleton(node)
-        if key is not None and key in self.valid_skeletons:
-            return None
-        check_structure(node, source, limits or Limits(), depth=3)
-        err = next(self.node.iter_errors(node), None)
-        if err is None and key is not None and len(self.valid_skeletons) < self.MEMO_LIMIT:
-            self.valid_skeletons.add(key)
-        return err
-
-    def first_error(self, doc) -> tuple:
-        """(jsonschema error, node index or None), or (None, None) when the document is valid."""
-        err = self.top_error(doc)
-        if err is not None:
-            return err, None
-        for i, node in enumerate(doc["nodes"]):
-            err = self.node_error(node)
-            if err is not None:
-                return err, i
-        return None, None
-
-
-_INT_CLASS = {-1: ("i", -1), 0: ("i", 0), 1: ("i", 1)}
-
-
-def _scalar_class(x):
-    """A scalar's class against the schema's thresholds; None for a container."""
-    t = type(x)
-    if t is int:    # the schema compares ints with -1, 0 and 1 only
-        return _INT_CLASS.get(x) or (("i", 1) if x > 1 else ("i", -2))
-    if t is float:  # ... and floats with 0
-        return ("f", "nan" if x != x else 1 if x > 0 else 0 if x == 0 else -1)
-    if t is str:    # minLength 1 is the only string rule below the node level
-        return ("s", bool(x))
-    if t is bytes:
-        return ("b",)
-    if x is None or t is bool:
-        return ("v", x)
-    return None
-
-
-def skeleton(node):
-    """What the schema's verdict on one node depends on: its keys, its exact op and
-    dtype (the schema's string enums), and each value's type and class against the
-    schema's thresholds.
-
-    None (do not memoize; validate in full) for anything but a map whose values are
-    scalars or flat arrays of at most 33 scalars: a node holding a nested container is
-    walked by :func:`check_structure` every time.  (A bin key makes a skeleton too, but
-    never a valid one: the structure walk refuses it.)"""
-    if type(node) is not dict:
-        return None
-    classes = []
-    for value in node.values():
-        t = type(value)
-        if t is int:
-            cls = _INT_CLASS.get(value) or (("i", 1) if value > 1 else ("i", -2))
-        elif t is list:
-            if len(value) > 33:     # no node field accepts more than 32 items
-                return None
-            cls = ("l",)
-            for item in value:
-                item_cls = _scalar_class(item)
-                if item_cls is None:
-                    return None
-                cls += (item_cls,)
-        elif t is str:              # the schema checks strings for being non-empty only
-            cls = ("s", bool(value))   # (but the op and dtype enums: whole, below)
-        else:
-            cls = _scalar_class(value)
-            if cls is None:
-                return None
-        classes.append(cls)
-    op, dtype = node.get("op"), node.get("dtype")
-    return (tuple(node), tuple(classes), op if type(op) is str else None,
-            dtype if type(dtype) is str else None)
-
-
-@lru_cache(maxsize=1)
-def schema_check() -> SchemaCheck:
-    return SchemaCheck()
-
-
-def _node_id(x) -> bool:
-    return type(x) is int and x >= 0
-
-
-# The schema's tests of the document's own fields (without the nodes' items: those are
-# plain_node's and the schema's), for plain_top; tests/test_tapefile.py checks the keys
-# against the schema's and the verdicts against jsonschema's on mutated documents.
-_TOP_REQUIRED = ("format", "version", "nodes")
-_TOP_TESTS = {
-    "format": lambda x: type(x) is str and x == FORMAT,
-    "version": lambda x: type(x) is int and x == VERSION,
-    "nodes": lambda x: type(x) is list and len(x) >= 1,
-    "loss": _node_id,
-    "outputs": lambda x: type(x) is dict and all(map(_node_id, x.values())),
-    "state": lambda x: type(x) is dict and all(type(v) is str and v != "" for v in x.values()),
-    "meta": lambda x: type(x) is dict,
-    "optimizer": lambda x: type(x) is dict,
-    "numerics": lambda x: type(x) is int and x >= 1,
-}
-
-
-def plain_top(doc) -> bool:
-    """Whether the document without its nodes' items is plainly valid: True only where
-    the schema says so (then jsonschema, 0.2 s to import and build, is not needed for a
-    file whose nodes are all plain), False where it may not (then it decides)."""
-    return (type(doc) is dict and all(key in doc for key in _TOP_REQUIRED)
-            and all(test(doc[key]) for key, test in _TOP_TESTS.items() if key in doc))
-
-
-def _check_header(doc, source: str) -> None:
-    if not isinstance(doc, dict):
-        raise TapeFileError(f"not a gradtool tape file: the top level is {kind(doc)}, "
-                            f"not a map", source=source)
-    if "format" not in doc:
-        raise TapeFileError("is missing: not a gradtool tape file", source=source, field="format")
-    if doc["format"] != FORMAT:
-        raise TapeFileError(f"not a gradtool tape file: format is {show(doc['format'])}, "
-                            f"expected {FORMAT!r}", source=source, field="format")
-    if "version" not in doc:
-        raise TapeFileError("is missing", source=source, field="version")
-    version = doc["version"]
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise TapeFileError(f"expected an integer, got {kind(version)}", source=source,
-                            field="version")
-    if version != VERSION:
-        raise TapeFileError(f"format version {version} is not supported "
-                            f"(this reader knows version {VERSION})", source=source,
-                            field="version")
-
-
-def _schema_error(err, node, doc, source: str) -> TapeFileError:
-    path = list(err.absolute_path)
-    validator, expected, instance = err.validator, err.validator_value, err.instance
-    if validator == "required":
-        missing = next(p for p in expected if p not in instance)
-        path, message = path + [missing], "is missing"
-    elif validator == "type":
-        names = expected if isinstance(expected, list) else [expected]
-        message = (f"expected {' or '.join(_EXPECTED.get(n, n) for n in names)}, "
-                   f"got {kind(instance)}")
-    elif validator == "enum" and path == ["op"]:
-        message = f"unknown op {show(instance)}"
-    elif validator == "enum" and path == ["dtype"]:
-        known = [repr(v) for v in expected]
-        message = (f"unknown dtype {show(instance)} (this reader knows "
-                   f"{', '.join(known[:-1])} and {known[-1]})")
-    elif validator in ("enum", "const"):
-        allowed = expected if validator == "enum" else [expected]
-        message = f"must be {' or '.join(show(v) for v in allowed)}, got {show(instance)}"
-    elif validator == "not":
-        op = doc["nodes"][node].get("op") if node is not None else None
-        message = f"is not allowed on {show(op)} nodes" if op is not None else "is not allowed"
-    elif validator == "minimum":
-        message = f"must be >= {expected}, got {show(instance)}"
-    elif validator == "maximum":
-        message = f"must be <= {expected}, got {show(instance)}"
-    elif validator == "minItems":
-        message = "must not be empty" if expected == 1 else f"needs at least {expected} items"
-    elif validator == "maxItems":
-        message = f"has {len(instance)} items; at most {expected} are allowed"
-    elif validator == "minLength":
-        message = "must not be empty"
-    elif validator == "msgpackType":
-        message = err.message
-    else:
-        message = show(err.message, 120)
-    if not path:
-        field = None
-    else:
-        field = str(path[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
-                                       for p in path[1:])
-    return TapeFileError(message, source=source, node=node, field=field)
 
 
 # ── gate 3: semantic checks ────────────────────────────────────────────────
@@ -686,7 +314,6 @@ def _check_state(slot: str, output: str, nodes: list, names: dict, outputs: dict
         raise TapeFileError(f"node {i} is {node.dtype}, but output {show(output)} (node "
                             f"{ref}) is {nodes[ref].dtype}; a state and its output share "
                             f"one dtype", source=source, field=field)
-
 
 
 _INT_INPUTS = {name: spec.int_inputs for name, spec in OPS.items() if spec.int_inputs}
