@@ -277,12 +277,13 @@ def test_torch_float64_oracle(rb, b_state):
 # ── training ───────────────────────────────────────────────────────────────
 
 def _library_adam_losses(rb) -> list:
-    """The tape's training defaults driven by gradtool.optim.Adam in memory:
-    the loss before each of the 60 steps, then the loss after the last one."""
-    from gradtool.optim import Adam
+    """The tape's training defaults driven by gradtool.optim.AdamSeed in memory (the
+    meta's "adam", written before the optimizer table, is the seed's Adam): the loss
+    before each of the 60 steps, then the loss after the last one."""
+    from gradtool.optim import AdamSeed
     block = rb.build()
     tp = block.tape
-    opt = Adam(rb.TRAIN_DEFAULTS["lr"])
+    opt = AdamSeed(rb.TRAIN_DEFAULTS["lr"])
     for p in tp.params():
         opt.add(tp, p)
     losses = []

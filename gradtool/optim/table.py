@@ -112,9 +112,12 @@ class Entry:
     # ── hyperparameters ────────────────────────────────────────────────────
     def hparams(self, given: Mapping = None, what: str = "") -> dict:
         """The full hyperparameter map: defaults, then ``given``; each checked."""
+        if given is not None and not isinstance(given, Mapping):
+            raise OptimizerError(f"{what}{self.name} hyperparameters must be a map of "
+                                 f"names to values, got {type(given).__name__}")
         given = dict(given or {})
         names = [h.name for h in self.hypers]
-        unknown = sorted(set(given) - set(names))
+        unknown = sorted((k for k in given if k not in names), key=repr)
         if unknown:
             raise OptimizerError(f"{what}{self.name} has no hyperparameter "
                                  f"{', '.join(map(repr, unknown))} (it has "
