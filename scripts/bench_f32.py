@@ -37,8 +37,10 @@ torch.set_num_threads).  Step figures are medians (and bests) over ``--repeats``
 bench_matmul's samples (one call between two runs of the FMA peak loop).  Every gradtool
 engine of a workload runs the same steps on the same batches, so their parameters must
 end on the same bits: checked after the timing, a difference is reported (exit 1).  The
-CPU (lscpu) and the load average at the start and the end are printed.  A benchmark, not
-a test: nothing here asserts a time.
+CPU (lscpu) and the load average at the start and the end are printed, with a note when
+the load says other work competes for the threads' cores (on a busy 2-core machine PyTorch's
+two OpenMP threads run 5-30x slower than one: compare with ``--threads 1``).  A benchmark,
+not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -396,6 +398,12 @@ def main(argv=None) -> int:
     print(f"# {report['cpu']} ({report['cores']} cores); {args.threads} threads each; "
           f"{torch_note}")
     print(f"# load average at the start: {report['load_start']}")
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if args.threads > 1 and busy > max(0, (os.cpu_count() or 1) - args.threads) + 0.5:
+        print(f"# note: the machine is busy (load {busy:.2f}, {os.cpu_count()} cores, "
+              f"{args.threads} threads asked for): a thread that waits for a descheduled "
+              f"one slows the threaded figures, PyTorch's OpenMP steps most; compare with "
+              f"--threads 1")
     print(f"# steps: medians of {args.repeats} interleaved runs of {args.steps} steps "
           f"({args.big_steps} for tiny_gpt, resnet); ratio = gradtool time / torch time",
           flush=True)
