@@ -147,20 +147,23 @@ def bench_gradtool(name, tape_bytes, steps_per_epoch, episodes, repeats, warmup)
 # ── PyTorch ────────────────────────────────────────────────────────────────
 
 class TorchAutoencoder:
-    """The same network, init, data and batch order in float64 torch tensors."""
+    """The same network, init, data and batch order in torch tensors of ``dtype`` (float64
+    here; scripts/bench_f32.py runs it in float32: init and data rounded once)."""
 
-    def __init__(self, torch, tape_bytes, data: np.ndarray, device: str, optim: bool = False):
+    def __init__(self, torch, tape_bytes, data: np.ndarray, device: str, optim: bool = False,
+                 dtype=None):
         self.torch, self.dev = torch, torch.device(device)
+        dtype = torch.float64 if dtype is None else dtype
         tf = load(tape_bytes)
         tape = tf.tape
-        self.params = [torch.tensor(tape.values[p.id], dtype=torch.float64, device=self.dev,
+        self.params = [torch.tensor(tape.values[p.id], dtype=dtype, device=self.dev,
                                     requires_grad=True) for p in tape.params()]
         self.batch = tape.values[tape.input_slots()[0].id].shape[0]
         self.lr = float(tf.meta["train"]["lr"])
         self.n_batches = data.shape[0] // self.batch
         # batches stay in host memory and are uploaded per episode, as gradtool's engines do
         self.batches = [torch.from_numpy(np.ascontiguousarray(
-            data[i * self.batch:(i + 1) * self.batch])) for i in range(self.n_batches)]
+            data[i * self.batch:(i + 1) * self.batch])).to(dtype) for i in range(self.n_batches)]
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
         self.b1t = self.b2t = 1.0

@@ -1,6 +1,6 @@
-"""What scripts/bench_train.py and scripts/bench_replay.py share: the MLP
-workload (gradtool tape and PyTorch loss side by side, so that both engines
-run the same graph) and the interleaved step timer.
+"""What the benchmark scripts share: the MLP workload (gradtool tape and
+PyTorch loss side by side, so that both engines run the same graph), the
+interleaved step timer, and the machine's description (CPU name, load).
 
 Imported by those scripts from their own directory (``python scripts/X.py``
 from the repo root puts scripts/ first on sys.path); importing it also puts
@@ -9,7 +9,10 @@ the repo root on sys.path, so that the scripts run from a checkout.
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +30,32 @@ from gradtool.tape import Tape  # noqa: E402
 SHAPES = [(64, 128, 10, 64), (784, 256, 10, 128)]
 POOL = 8                               # distinct minibatches cycled through
 LR = 1e-3
+
+
+def cpu_name() -> str:
+    """The CPU's model name as lscpu gives it (else /proc/cpuinfo's, else platform's)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages ("1.83 2.79 3.68"), or "unknown"."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def mlp_name(shape) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import sys
 import time
 import warnings
@@ -33,17 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "samples" / "tiny_gpt"))
 
-from bench_common import time_interleaved                      # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from bench_common import cpu_name, time_interleaved            # noqa: E402
 
 
 def bench_import(layers: int, d: int) -> None:

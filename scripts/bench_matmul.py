@@ -79,6 +79,9 @@ SHAPES = [
 PEAK_C = r"""
 #include <string.h>
 #include <time.h>
+#ifndef REAL
+#  define REAL double
+#endif
 #if defined(__AVX512F__)
 #  define VB 64
 #elif defined(__AVX__)
@@ -86,16 +89,17 @@ PEAK_C = r"""
 #else
 #  define VB 16
 #endif
-typedef double v __attribute__((vector_size(VB)));
-/* 16 independent chains a = a*b + c (a multiply then an add, or one FMA when
- * contraction is on), `iters` times: enough chains in flight to keep every
- * vector port busy.  Stores the flop count; returns the seconds taken. */
+#define LANES ((int)(VB / sizeof(REAL)))
+typedef REAL v __attribute__((vector_size(VB)));
+/* 16 independent chains a = a*b + c of REAL lanes (a multiply then an add, or one FMA
+ * when contraction is on), `iters` times: enough chains in flight to keep every vector
+ * port busy.  Stores the flop count; returns the seconds taken. */
 double peak(long long iters, double *flops)
 {
     v a[16], b, c;
     memset(&b, 0, sizeof b); memset(&c, 0, sizeof c);
-    for (int l = 0; l < VB / 8; ++l) { b[l] = 0.9999999; c[l] = 1e-3; }
-    for (int i = 0; i < 16; ++i) { a[i] = c; a[i][0] = i; }
+    for (int l = 0; l < LANES; ++l) { b[l] = (REAL)0.9999999; c[l] = (REAL)1e-3; }
+    for (int i = 0; i < 16; ++i) { a[i] = c; a[i][0] = (REAL)i; }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long long k = 0; k < iters; ++k)
@@ -103,23 +107,28 @@ double peak(long long iters, double *flops)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = 0;
     for (int i = 0; i < 16; ++i) s += a[i][0];
-    *flops = (double)iters * 16 * 2 * (VB / 8) + 0 * s;
+    *flops = (double)iters * 16 * 2 * LANES + 0 * s;
     return (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
 }
 """
 
+# the C element type of the peak loop per numpy dtype name: the kernel's own lanes
+PEAK_TYPES = {"float64": "double", "float32": "float"}
+
 
 class Peak:
-    """The peak loops, compiled once (``ok`` False without a compiler)."""
+    """The peak loops, compiled once (``ok`` False without a compiler), on vectors of
+    ``dtype`` ("float64": doubles, the f64 kernel's; "float32": floats, numerics32's)."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, dtype: str = "float64"):
         self.libs = {}
-        src = tmp / "peak.c"
+        real = PEAK_TYPES[np.dtype(dtype).name]
+        src = tmp / f"peak_{real}.c"
         src.write_text(PEAK_C)
         for contract in ("off", "fast"):
-            lib_path = tmp / f"peak_{contract}.so"
+            lib_path = tmp / f"peak_{real}_{contract}.so"
             cmd = [native.compiler(), "-O3", f"-ffp-contract={contract}", "-shared", "-fPIC",
-                   "-march=native", str(src), "-o", str(lib_path)]
+                   "-march=native", f"-DREAL={real}", str(src), "-o", str(lib_path)]
             try:
                 if subprocess.run(cmd, capture_output=True, timeout=120).returncode != 0:
                     return
@@ -153,9 +162,13 @@ def warm_up(peak, seconds=0.5):
         peak.gflops("fast", 0.01)
 
 
-def operands(rng, m, k, n, at, bt):
-    a = rng.standard_normal((k, m)).T if at else rng.standard_normal((m, k))
-    b = rng.standard_normal((n, k)).T if bt else rng.standard_normal((k, n))
+def operands(rng, m, k, n, at, bt, dtype=np.float64):
+    """Normal A (m x k) and B (k x n) of ``dtype``; a transposed one is the strided view
+    of a contiguous array, as the backward rules pass it."""
+    def normal(shape):
+        return rng.standard_normal(shape).astype(dtype, copy=False)
+    a = normal((k, m)).T if at else normal((m, k))
+    b = normal((n, k)).T if bt else normal((k, n))
     return a, b
 
 
