@@ -579,3 +579,57 @@ def test_import_torch_dtype_option(tmp_path):
     assert_one_line_error(result, 2, "bfloat16", "--dtype f32 or --dtype f64")
     result = run("import-torch", f"{spec}:build_half", "-o", out, "--dtype", "f32")
     assert result.exit_code == 0, result.stderr
+
+
+def test_a_torch_model_imports_at_its_own_float32_by_default_and_trains_alike(tmp_path):
+    """issue 38's importer promise: a plain torch.nn model (float32 as built; a mapping
+    nobody wrote for it: conv, batch norm in train mode, pooling, a linear head) imports
+    by default as an f32 tape, within the f32 bound of torch's float32 run, and `gradtool
+    train` gives the same bytes on cpu and host."""
+    pytest.importorskip("torch")
+    from conftest import require_c_compiler
+    require_c_compiler()
+    spec = tmp_path / "cnn.py"
+    spec.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    torch.manual_seed(5)\n"
+        "    m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1),\n"
+        "                            torch.nn.BatchNorm2d(4), torch.nn.ReLU(),\n"
+        "                            torch.nn.MaxPool2d(2), torch.nn.Flatten(),\n"
+        "                            torch.nn.Linear(4 * 4 * 4, 10))\n"
+        "    x = torch.randn(8, 1, 8, 8)\n"
+        "    y = torch.randint(0, 10, (8,))\n"
+        "    return m, (x,), (y,)\n"
+        "def loss(out, target):\n"
+        "    return torch.nn.functional.cross_entropy(out, target)\n")
+    out = tmp_path / "cnn.msgpack"
+    res = run("import-torch", f"{spec}:build", "--loss", "loss", "-o", out, "--json")
+    assert res.exit_code == 0, res.stderr
+    info = json.loads(run("inspect", "--json", out).stdout)
+    assert {p["dtype"] for p in info["params"]} == {"f32"}
+    from gradtool.interop.torch import import_module       # the same import, from Python
+    namespace: dict = {}
+    exec(spec.read_text(), namespace)                       # noqa: S102 - the test's file
+    model, inputs, targets = namespace["build"]()
+    check = import_module(model, inputs, namespace["loss"], targets).check
+    assert check["dtype"] == "f32" and check["f32_difference"] <= check["bound"]
+    names = {i["name"]: i for i in info["inputs"]} if isinstance(info["inputs"], list) \
+        else info["inputs"]
+    rng = np.random.default_rng(6)
+    data = tmp_path / "d.npz"
+    xname, yname = sorted(names, key=lambda k: names[k]["dtype"] == "i64")
+    np.savez(data, **{xname: rng.standard_normal((32, 1, 8, 8)),
+                      yname: rng.integers(0, 10, 32)})
+    saved = {}
+    for backend in ("cpu", "host"):
+        saved[backend] = tmp_path / f"{backend}.msgpack"
+        r = run("train", out, "--data", data, "--backend", backend, "--optimizer", "adamw",
+                "--lr", "0.01", "--epochs", "2", "--save", saved[backend])
+        assert r.exit_code == 0, r.stderr
+    assert saved["cpu"].read_bytes() == saved["host"].read_bytes()
+    trained = load(saved["cpu"]).tape
+    first = load(out).tape
+    ids = [v.id for v in first.params()]
+    moved = [i for i in ids if not np.array_equal(first.values[i], trained.values[i])]
+    assert moved and all(trained.values[i].dtype == np.float32 for i in moved)
