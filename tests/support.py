@@ -1564,3 +1564,18 @@ def train_under_mpiexec(tape, args, save: Path, ranks: int = 2) -> bytes:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     return Path(save).read_bytes()
+
+
+def run_no_fma(script: str, a, b) -> "np.ndarray":
+    """Run ``script`` in a fresh interpreter under ``GRADTOOL_NO_FMA=1`` (so every library
+    it loads is the libm-fma build) with argv ``a.npy b.npy out.npy``; what it saved."""
+    import os
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(f"{tmp}/a.npy", a)
+        np.save(f"{tmp}/b.npy", b)
+        env = {**os.environ, "GRADTOOL_NO_FMA": "1", "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
+                        f"{tmp}/c.npy"], env=env, check=True, timeout=600)
+        return np.load(f"{tmp}/c.npy")

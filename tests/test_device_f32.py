@@ -11,8 +11,6 @@ backend's f32 build, against numerics32 (the float32 contract's numpy spec), bit
   kernel variants (tiled, per-thread, per-thread reversed) == the CPU reference.
 """
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -156,15 +154,8 @@ def test_no_fma_environment_builds_the_libm_fmaf_path(rng):
         a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
         np.save(sys.argv[3], n32.matmul(a, b))
     """)
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        a, b = operand32(rng, (37, 61)), operand32(rng, (61, 33))
-        np.save(f"{tmp}/a.npy", a)
-        np.save(f"{tmp}/b.npy", b)
-        env = {**os.environ, "GRADTOOL_NO_FMA": "1", "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
-                        f"{tmp}/c.npy"], env=env, check=True, timeout=600)
-        assert_bits_equal_nan_any(np.load(f"{tmp}/c.npy"), n32.matmul_numpy(a, b), "no-fma")
+    a, b = operand32(rng, (37, 61)), operand32(rng, (61, 33))
+    assert_bits_equal_nan_any(run_no_fma(script, a, b), n32.matmul_numpy(a, b), "no-fma")
 
 
 # ── the kernels' lane-tree sum ───────────────────────────────────────────────
@@ -245,7 +236,7 @@ def test_kernel_lane_tree_sum_equals_numerics32(sum_lib, n, rng):
 
 # ── every op on an f32 tape: the host backend == the CPU reference ──────────
 
-from support import OPTIONAL_CASES, TABLE_OPS, op_tape  # noqa: E402
+from support import OPTIONAL_CASES, TABLE_OPS, op_tape, run_no_fma  # noqa: E402
 
 VARIANTS = ("tiled", "per-thread", "per-thread-reversed")
 

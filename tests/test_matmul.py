@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_bits_equal_nan_any, require_c_compiler
+from support import run_no_fma
 from gradtool import native
 from gradtool import numerics as nx
 from gradtool.errors import GradtoolError
@@ -428,15 +429,8 @@ def test_no_fma_environment_variable_builds_the_libm_path(rng):
         assert (rp.grad(w).view(np.uint64) == tp.grad(w).view(np.uint64)).all()
         np.save(sys.argv[3], nx.matmul(a, b))
     """)
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        a, b = rng.standard_normal((37, 61)), rng.standard_normal((61, 33))
-        np.save(f"{tmp}/a.npy", a)
-        np.save(f"{tmp}/b.npy", b)
-        env = {**os.environ, "GRADTOOL_NO_FMA": "1", "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
-                        f"{tmp}/c.npy"], env=env, check=True, timeout=600)
-        assert_bits_equal_nan_any(np.load(f"{tmp}/c.npy"), nx.matmul_numpy(a, b), "no-fma")
+    a, b = rng.standard_normal((37, 61)), rng.standard_normal((61, 33))
+    assert_bits_equal_nan_any(run_no_fma(script, a, b), nx.matmul_numpy(a, b), "no-fma")
 
 
 MXCSR_PROBE = r"""
