@@ -265,7 +265,7 @@ def test_each_command_family_is_imported_only_when_one_of_its_commands_runs():
     import importlib
     from gradtool.cli import COMMAND_MODULES
     for module in set(COMMAND_MODULES.values()):
-        names = {c.name for c in importlib.import_module(f"gradtool.cli.{module}", dtype="f64").commands}
+        names = {c.name for c in importlib.import_module(f"gradtool.cli.{module}").commands}
         assert names == {k for k, v in COMMAND_MODULES.items() if v == module}, module
     probe = ("import sys; from gradtool.cli import main\n"
              f"try:\n main(['inspect', {str(SAMPLES / 'logistic.msgpack')!r}])\n"
