@@ -205,12 +205,30 @@ static void gt_opt_table_chunk(void *arg, long long chunk)
     const gt_opt_table_job *j = (const gt_opt_table_job *)arg;
     const long long lo = chunk * j->per_chunk;
     const long long hi = lo + j->per_chunk < j->n ? lo + j->per_chunk : j->n;
-    gt_real dummy[GT_OPT_MAX_SLOTS];
-    for (long long i = lo; i < hi; ++i) {
-        gt_real *s[GT_OPT_MAX_SLOTS];
-        for (int k = 0; k < GT_OPT_MAX_SLOTS; ++k) s[k] = j->s[k] ? j->s[k] + i : &dummy[k];
-        const gt_real gi = gt_opt_grad(j->g[i], j->w[i], j->clipped, j->scale, j->l2);
-        j->w[i] = gt_opt_table(j->id, j->w[i], gi, s, j->sc);
+    gt_real *const w = j->w;
+    const gt_real *const g = j->g;
+    const gt_real *const sc = j->sc;
+    const gt_real scale = j->scale, l2 = j->l2;
+    const int clipped = j->clipped;
+    /* a slot the variant does not have is never read or written: w stands in for its
+     * base, so every pointer below stays inside an array */
+    gt_real *base[GT_OPT_MAX_SLOTS];
+    for (int k = 0; k < GT_OPT_MAX_SLOTS; ++k) base[k] = j->s[k] ? j->s[k] : w;
+    /* the variant chosen once, outside the loop: each case is one loop over the
+     * elements with the element function inlined (the same operations, in the same
+     * order, as gt_opt_table's per-element dispatch) */
+    switch (j->id) {
+#define GT_OPT_LOOP(id, fn)                                                     \
+    case id:                                                                   \
+        for (long long i = lo; i < hi; ++i) {                                  \
+            gt_real *s[GT_OPT_MAX_SLOTS];                                      \
+            for (int k = 0; k < GT_OPT_MAX_SLOTS; ++k) s[k] = base[k] + i;     \
+            w[i] = fn(w[i], gt_opt_grad(g[i], w[i], clipped, scale, l2), s, sc); \
+        }                                                                      \
+        break;
+    GT_OPT_EACH(GT_OPT_LOOP)
+#undef GT_OPT_LOOP
+    default: break;
     }
 }
 

@@ -731,6 +731,55 @@ GT_DEV gt_real gt_opt_table(int id, gt_real w, gt_real g, gt_real *const *s,
 #define GT_OPT_ID_ADAMW_15 43
 #define GT_OPT_ID_ADAM_SEED_0 44
 
+/* X(id, element function) for every variant */
+#define GT_OPT_EACH(X) \
+    X(0, gt_opt_sgd_0) \
+    X(1, gt_opt_sgd_1) \
+    X(2, gt_opt_sgd_2) \
+    X(3, gt_opt_sgd_3) \
+    X(4, gt_opt_sgd_4) \
+    X(5, gt_opt_sgd_5) \
+    X(6, gt_opt_sgd_6) \
+    X(7, gt_opt_sgd_7) \
+    X(8, gt_opt_sgd_8) \
+    X(9, gt_opt_sgd_9) \
+    X(10, gt_opt_sgd_10) \
+    X(11, gt_opt_sgd_11) \
+    X(12, gt_opt_adam_0) \
+    X(13, gt_opt_adam_1) \
+    X(14, gt_opt_adam_2) \
+    X(15, gt_opt_adam_3) \
+    X(16, gt_opt_adam_4) \
+    X(17, gt_opt_adam_5) \
+    X(18, gt_opt_adam_6) \
+    X(19, gt_opt_adam_7) \
+    X(20, gt_opt_adam_8) \
+    X(21, gt_opt_adam_9) \
+    X(22, gt_opt_adam_10) \
+    X(23, gt_opt_adam_11) \
+    X(24, gt_opt_adam_12) \
+    X(25, gt_opt_adam_13) \
+    X(26, gt_opt_adam_14) \
+    X(27, gt_opt_adam_15) \
+    X(28, gt_opt_adamw_0) \
+    X(29, gt_opt_adamw_1) \
+    X(30, gt_opt_adamw_2) \
+    X(31, gt_opt_adamw_3) \
+    X(32, gt_opt_adamw_4) \
+    X(33, gt_opt_adamw_5) \
+    X(34, gt_opt_adamw_6) \
+    X(35, gt_opt_adamw_7) \
+    X(36, gt_opt_adamw_8) \
+    X(37, gt_opt_adamw_9) \
+    X(38, gt_opt_adamw_10) \
+    X(39, gt_opt_adamw_11) \
+    X(40, gt_opt_adamw_12) \
+    X(41, gt_opt_adamw_13) \
+    X(42, gt_opt_adamw_14) \
+    X(43, gt_opt_adamw_15) \
+    X(44, gt_opt_adam_seed_0) \
+    /* end */
+
 #define GT_OPT_VARIANTS 45
 #define GT_OPT_MAX_SLOTS 3
 #define GT_OPT_MAX_SCALARS 11

@@ -476,6 +476,11 @@ def header() -> str:
     out += ["    default: return w;", "    }", "}", ""]
     out += [f"#define GT_OPT_ID_{e.cname.upper()}_{k} {i}"
             for i, (e, k) in enumerate(variant_list())]
+    # the same list as an X-macro, so a loop over many elements can take the switch out
+    # of the loop (the CPU step: one loop per variant, which the compiler vectorises)
+    out += ["", "/* X(id, element function) for every variant */", "#define GT_OPT_EACH(X) \\"]
+    out += [f"    X({i}, gt_opt_{e.cname}_{k}) \\" for i, (e, k) in enumerate(variant_list())]
+    out += ["    /* end */"]
     out += ["",
             f"#define GT_OPT_VARIANTS {len(variant_list())}",
             f"#define GT_OPT_MAX_SLOTS {MAX_SLOTS}",
