@@ -408,6 +408,49 @@ GT_CPU_EXPORT int gt_opt_step_py(int adam, PyObject *w, PyObject *g, PyObject *m
     return ok ? 0 : 1;
 }
 
+/* gt_opt_table_step on w's elements: g and the slots s0..s2 (None past the
+ * variant's) of w's size, sc the packed scalars (a float64 array of
+ * GT_OPT_MAX_SCALARS); 0 once done, or 1 when an array is not as it wants (nothing
+ * written: the caller takes the ctypes entry). */
+GT_CPU_EXPORT int gt_opt_table_step_py(int id, PyObject *w, PyObject *g, PyObject *s0,
+                                       PyObject *s1, PyObject *s2, int clipped, double scale,
+                                       double l2, PyObject *sc)
+{
+    Py_buffer vw, vg, vs[GT_OPT_MAX_SLOTS], vc;
+    PyObject *slots[GT_OPT_MAX_SLOTS] = {s0, s1, s2};
+    gt_real *ps[GT_OPT_MAX_SLOTS] = {NULL, NULL, NULL};
+    Py_ssize_t n = 0;
+    int held = 0, ok = 0;
+    gt_real *pw = GT_PY_F64(w, &vw, 1, -1, &n);
+    if (!pw) return 1;
+    const gt_real *pg = GT_PY_F64(g, &vg, 0, n, NULL);
+    const double *pc = NULL;
+    if (pg) {
+        ok = 1;
+        for (; held < GT_OPT_MAX_SLOTS && ok; ++held) {
+            if (slots[held] == Py_None) break;
+            ok = (ps[held] = GT_PY_F64(slots[held], &vs[held], 1, n, NULL)) != NULL;
+            if (!ok) break;
+        }
+        if (ok) {
+            Py_ssize_t count = 0;
+            ok = (pc = (const double *)gt_py_data(sc, &vc, 0, 'd', sizeof(double),
+                                                   GT_OPT_MAX_SCALARS, &count)) != NULL;
+        }
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        gt_opt_table_step(id, (long long)n, pw, pg, ps[0], ps[1], ps[2], clipped, scale, l2,
+                          pc);
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&vc);
+    }
+    for (int k = 0; k < held; ++k) if (ps[k]) PyBuffer_Release(&vs[k]);
+    if (pg) PyBuffer_Release(&vg);
+    PyBuffer_Release(&vw);
+    return ok ? 0 : 1;
+}
+
 /* gt_select_zero: cond numpy bools, keep and dst float64, all of keep's size. */
 GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *dst, int invert)
 {

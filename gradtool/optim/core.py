@@ -32,7 +32,6 @@ The loss is expected to be a mean already: there is no hidden batch divide.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import math
 import numbers
@@ -233,9 +232,10 @@ class Optimizer:
                 _plain(a, w.dtype) for a in state.values()):
             ptrs = [state[s].ctypes.data for s in self._slots]
             ptrs += [None] * (_table.MAX_SLOTS - len(ptrs))
+            packed = _pack(self.table_entry, scalars)
             lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
                                   scale is not None, 1.0 if scale is None else scale,
-                                  entry.l2, _pack(self.table_entry, scalars))
+                                  entry.l2, packed.ctypes.data)
             return
         if scale is not None:
             g = g * scale
@@ -255,11 +255,17 @@ class Optimizer:
         return clip_scale(global_norm(grads), self.clip)
 
     def _update_compiled(self, lib, entry: Entry, w, g, scale, packed) -> None:
-        ptrs = [entry.state[s].ctypes.data for s in self._slots]
-        ptrs += [None] * (_table.MAX_SLOTS - len(ptrs))
+        slots = [entry.state[s] for s in self._slots]
+        clipped, factor = scale is not None, 1.0 if scale is None else scale
+        # the Python entry takes the arrays themselves (about 1 us a call, where ctypes'
+        # addresses and converted arguments cost several); 1: not as it wants, ctypes then
+        if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
+                self._variant, w, g, *slots, *[None] * (_table.MAX_SLOTS - len(slots)),
+                clipped, factor, entry.l2, packed):
+            return
+        ptrs = [a.ctypes.data for a in slots] + [None] * (_table.MAX_SLOTS - len(slots))
         lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
-                              scale is not None, 1.0 if scale is None else scale, entry.l2,
-                              packed)
+                              clipped, factor, entry.l2, packed.ctypes.data)
 
     # ── saved state ────────────────────────────────────────────────────────
     def state_dict(self) -> dict:
@@ -332,7 +338,9 @@ def _pack(entry, scalars: dict):
     """The entry's scalars in its order, padded with 0.0 to MAX_SCALARS (the float32
     library converts that many)."""
     names = entry.scalar_names()
-    return (ctypes.c_double * _table.MAX_SCALARS)(*[scalars[n] for n in names])
+    packed = np.zeros(_table.MAX_SCALARS)
+    packed[:len(names)] = [scalars[n] for n in names]
+    return packed
 
 
 class SGD(Optimizer):
