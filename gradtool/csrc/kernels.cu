@@ -1032,13 +1032,27 @@ GT_KERNEL k_clip_norm(gt_real *W, const long long *M)
     GT_LOOP(z, M[0]) GT_BODY_k_clip_norm(z)
 }
 
-/* one param's update: the optimizer table's variant var (gt_optim_table.h) */
+/* one param's update: the optimizer table's variant var (gt_optim_table.h), chosen
+ * once, outside the loop (GT_OPT_EACH): each case is GT_BODY_k_opt's element with its
+ * variant's function inlined, so the host build vectorises it */
+#define GT_K_OPT_CASE(id, fn)                                                   \
+    case id:                                                                   \
+        GT_LOOP(i, M[0]) {                                                     \
+            const gt_real gi_ = gt_opt_grad(g[i], w[i], use_clip && ctl[2] != R0, ctl[1], l2); \
+            gt_real *const s_[3] = {&s0[i], &s1[i], &s2[i]};                   \
+            w[i] = fn(w[i], gi_, s_, ctl + GT_CTL_SCALARS);                    \
+        }                                                                      \
+        break;
 GT_KERNEL k_opt(gt_real *W, const long long *M)
 {
     GT_ARGS_k_opt
     GT_SKIP_UPDATE                                     /* non-finite loss: no update */
-    GT_LOOP(i, M[0]) GT_BODY_k_opt(i)
+    switch ((int)var) {
+    GT_OPT_EACH(GT_K_OPT_CASE)
+    default: break;
+    }
 }
+#undef GT_K_OPT_CASE
 
 /* ========================================================================
  * Host interpreter: run a list of launches with one call from Python.
