@@ -229,16 +229,28 @@ FINALIZER_PROBE = """
 import os, signal, sys, time
 import gradtool.__main__                       # the start-up handler, as the entry point has it
 from gradtool.cli import common
+import weakref
+def held_up():                                 # Python code: the signal is handled in here
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(20):
+        time.sleep(0.005)
 class Held:
     def __del__(self):                         # Popen.__del__, ZipFile.__del__ in train's start
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(20):                    # Python code: the signal is handled in here
-            time.sleep(0.005)
+        held_up()
+class Target:
+    pass
+kind = sys.argv[2] if len(sys.argv) > 2 else "del"
 with common.command_interrupts():
     if sys.argv[1] == "python":
         signal.signal(signal.SIGINT, signal.default_int_handler)   # what it was before
+        sys.unraisablehook = sys.__unraisablehook__
     try:
-        Held()                                 # finalized at once
+        if kind == "del":
+            Held()                             # finalized at once
+        else:                                  # a weakref callback (importlib's module locks)
+            t = Target()
+            ref = weakref.ref(t, lambda r: held_up())
+            del t
         for _ in range(100):
             time.sleep(0.01)
         print("ran on: the Ctrl-C was lost")
@@ -257,6 +269,17 @@ def test_ctrl_c_inside_a_finalizer_is_not_lost():
             for how in ("python", "gradtool")}
     assert "ran on: the Ctrl-C was lost" in done["python"].stdout     # the defect, shown
     assert "Exception ignored" in done["python"].stderr
+    assert done["gradtool"].stdout == "interrupted after the finalizer\n", done["gradtool"]
+    assert done["gradtool"].stderr == "" and done["gradtool"].returncode == 0
+
+
+def test_ctrl_c_inside_a_weakref_callback_is_not_lost():
+    """The same inside a weakref callback, a finalizer without a __del__ frame (the fresh
+    clone's start-up sweep lost a Ctrl-C in importlib's module-lock callback)."""
+    done = {how: subprocess.run([sys.executable, "-c", FINALIZER_PROBE, how, "weakref"],
+                                capture_output=True, text=True, timeout=60)
+            for how in ("python", "gradtool")}
+    assert "ran on: the Ctrl-C was lost" in done["python"].stdout     # the defect, shown
     assert done["gradtool"].stdout == "interrupted after the finalizer\n", done["gradtool"]
     assert done["gradtool"].stderr == "" and done["gradtool"].returncode == 0
 

@@ -216,20 +216,29 @@ FINALIZER_RETRY_SECONDS = 0.01
 
 def interrupt_outside_finalizers(signum, frame):
     """SIGINT while a command runs: KeyboardInterrupt where the program is, as Python's
-    default handler raises it, except inside a finalizer.  An exception raised in a
-    ``__del__`` (``subprocess.Popen.__del__`` and ``zipfile.ZipFile.__del__`` run during
-    train's start-up) is printed as "Exception ignored in ..." and dropped: the Ctrl-C was
-    lost and the command ran on to its end.  There the same signal is sent again
-    :data:`FINALIZER_RETRY_SECONDS` later, to land outside it."""
-    f, depth = frame, 0
-    while f is not None and depth < 100:
-        if f.f_code.co_name == "__del__":
-            retry = threading.Timer(FINALIZER_RETRY_SECONDS, os.kill, (os.getpid(), signum))
+    default handler raises it.  Where that is inside a finalizer (a ``__del__``:
+    ``subprocess.Popen.__del__`` and ``zipfile.ZipFile.__del__`` run during train's
+    start-up; a weakref callback: importlib's module-lock ``cb``), Python cannot raise it:
+    it hands it to ``sys.unraisablehook`` ("Exception ignored in ...") and runs on, and the
+    Ctrl-C would be lost.  :class:`command_interrupts` installs :func:`_resend_lost`
+    there, which sends the same signal again :data:`FINALIZER_RETRY_SECONDS` later, to land
+    outside the finalizer."""
+    raise KeyboardInterrupt
+
+
+def _resend_lost(previous):
+    """A ``sys.unraisablehook``: a KeyboardInterrupt that a finalizer swallowed is sent
+    again shortly (nothing printed); anything else goes to ``previous``."""
+    def hook(unraisable):
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type,
+                                                          KeyboardInterrupt):
+            retry = threading.Timer(FINALIZER_RETRY_SECONDS, os.kill,
+                                    (os.getpid(), signal.SIGINT))
             retry.daemon = True
             retry.start()
             return
-        f, depth = f.f_back, depth + 1
-    raise KeyboardInterrupt
+        previous(unraisable)
+    return hook
 
 
 class command_interrupts:
@@ -245,12 +254,15 @@ class command_interrupts:
             handler = signal.getsignal(signal.SIGINT)
             if getattr(handler, "gradtool_start_up", False):
                 self.old = handler
+                self.old_hook = sys.unraisablehook
+                sys.unraisablehook = _resend_lost(self.old_hook)
                 signal.signal(signal.SIGINT, interrupt_outside_finalizers)
         return self
 
     def __exit__(self, *exc):
         if self.old is not None:
             signal.signal(signal.SIGINT, self.old)
+            sys.unraisablehook = self.old_hook
         return False
 
 
