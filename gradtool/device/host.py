@@ -203,10 +203,10 @@ class HostBackend:
         self.arena = np.zeros(max(words, 1), np.float64).view(DTYPES[program.dtype])
         self._ptrs = (self.arena.ctypes.data, self.meta.ctypes.data, self.table.ctypes.data)
         if self.staging.chunk:
-            self._convert = (lib.gt_run,
-                             np.array([int(names.index("k_from_f64")), 0], dtype=np.int64),
+            self._table = np.array([int(names.index("k_from_f64")), 0], dtype=np.int64)
+            self._convert = (lib.gt_run, self._table.ctypes.data,
                              self.arena[self.staging.off:].view(np.float64)[:self.staging.chunk])
-            self._metas = {}        # (dst, n) -> k_from_f64's metadata
+            self._metas = {}        # (dst, n) -> k_from_f64's metadata and its address
         for off, data in program.init:
             self.write(off, np.asarray(data, dtype=np.float64))
 
@@ -230,16 +230,16 @@ class HostBackend:
         if not self.staging.chunk:
             self.arena[off:off + flat.size] = flat
             return
-        run, table, area = self._convert
+        run, table_ptr, area = self._convert
         metas = self._metas
         for start, n in self.staging.pieces(flat.size):
             area[:n] = flat[start:start + n]
-            meta = metas.get((off + start, n))
-            if meta is None:          # a loop writes the same leaves again: made once
-                meta = metas[off + start, n] = np.array(
-                    pack("k_from_f64", n, dst=off + start, src=self.staging.off),
-                    dtype=np.int64)
-            run(self._ptrs[0], meta.ctypes.data, table.ctypes.data, 0, 1)
+            found = metas.get((off + start, n))
+            if found is None:         # a loop writes the same leaves again: made once
+                meta = np.array(pack("k_from_f64", n, dst=off + start, src=self.staging.off),
+                                dtype=np.int64)
+                found = metas[off + start, n] = (meta, meta.ctypes.data)
+            run(self._ptrs[0], found[1], table_ptr, 0, 1)
 
     def read(self, off: int, n: int) -> np.ndarray:
         return self.arena[off:off + n].astype(np.float64)

@@ -235,7 +235,12 @@ class _Graph:
         from ..ops import inexact_int
         from ..tape import check_ids
         torch = _torch()
-        arr = t.detach().cpu().to(torch.int64).numpy().reshape(self.tape.values[i].shape)
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype is not torch.int64:
+            t = t.to(torch.int64)
+        arr = t.numpy().reshape(self.tape.values[i].shape)
         check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
         if i in self.id_values and inexact_int(arr):
             raise WrapError(f"input {name!r}: {inexact_int(arr)}")
