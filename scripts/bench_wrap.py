@@ -14,6 +14,11 @@ of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
 * ``gtt fwd+bwd``: ``gm(x, y).backward()`` alone (the wrapper's part), with the
   gradients set to None after it as ``zero_grad`` does.
 
+With ``--cli``, also ``gradtool train`` itself (the command, in a subprocess, on the
+same tape saved to a file and the same batches in an .npz): its step is the
+difference of two runs' times over the difference of their step counts, so start-up
+and saving cancel; medians over ``--repeats`` pairs.
+
 The first two end on the same parameter bits (checked after the timing, as
 ``tests/test_wrap_optim.py`` checks them): a ratio compares the same computation.
 Issue 40's target: ``gtt loop`` within 15% of ``gradtool train`` (ratio <= 1.15).
@@ -41,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="gradtool's and torch's")
+    ap.add_argument("--cli", action="store_true", help="also time the gradtool train command")
     args = ap.parse_args(argv)
 
     import os
@@ -118,7 +124,43 @@ def main(argv=None) -> int:
     same = all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
                for (k, _), w in zip(graph.params, a))
     print(f"# same parameter bits (gradtool train vs gtt loop): {same}; load {load_average()}")
+    if args.cli:
+        cli = cli_step(tape, graph, batches, args)
+        print(f"{'gradtool train (CLI)':16s} median {cli * 1e3:8.3f} ms  (per step, from "
+              f"{args.steps} and {4 * args.steps} steps)  gtt loop / CLI "
+              f"{timed[1][0] / cli:5.2f}")
     return 0 if same else 1
+
+
+def cli_step(tape, graph, batches, args) -> float:
+    """The ``gradtool train`` command's time per step on ``tape`` (median of repeats)."""
+    import statistics
+    import subprocess
+    import tempfile
+    import time
+    from gradtool.tapefile import save
+    with tempfile.TemporaryDirectory() as tmp:
+        path, data = Path(tmp) / "gpt.msgpack", Path(tmp) / "tokens.npz"
+        save(tape, str(path), loss=tape.var(graph.loss_id))
+        names = [k for k, _, _ in graph.inputs]
+        np.savez(data, **{n: np.concatenate([b[j].numpy() for b in batches])
+                          for j, n in enumerate(names)})
+        env = dict(__import__("os").environ, GRADTOOL_THREADS=str(args.threads),
+                   PYTHONPATH=str(ROOT))
+
+        def run(steps: int) -> float:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "gradtool", "train", str(path), "--data",
+                            str(data), "--backend", args.backend, "--optimizer", "adamw",
+                            "--lr", str(LR), "--weight-decay", str(WD), "--steps",
+                            str(steps), "--epochs", "1000"],
+                           check=True, env=env, capture_output=True)
+            return time.perf_counter() - t0
+        per = []
+        for _ in range(args.repeats):
+            short, long = run(args.steps), run(4 * args.steps)
+            per.append((long - short) / (3 * args.steps))
+        return statistics.median(per)
 
 
 if __name__ == "__main__":
