@@ -1,6 +1,6 @@
 """gradtool.composites.math (sinh ... hypot, the importer's math) against PyTorch float64:
 values and gradients on each function's domain, the special values, and a call with no
-torch installed.  The ATen entries call these functions (tests/test_interop_torch.py
+torch installed.  The ATen entries call these functions (tests/test_import_check.py
 imports models using them)."""
 
 from __future__ import annotations
