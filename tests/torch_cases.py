@@ -1,11 +1,14 @@
-"""The torch.nn models and checks the importer's tests share (test_interop_torch.py,
-test_import_*.py, test_fd_models.py): the model-set members other tests use too (the MLP,
-GPT-2, RMSNorm, the U-Net layers, the spatial transformer, the metric layers, the
-transposed 3-d convolution), :func:`needs`, :func:`torch_reference` (torch float64
-autograd of a module), :func:`import_matching_torch` and
-:func:`assert_trains_to_the_same_bytes`.  Not a test file: a test file imports it after
-its own ``pytest.importorskip("torch")``, and it guards torch the same way, so without
-torch importing it skips the importer (pytest's skip), never an ImportError.
+"""The torch models and checks more than one test file uses: the importer's
+(test_interop_torch.py, test_import_*.py, test_fd_models.py): the model-set members other
+tests use too (the MLP, GPT-2, RMSNorm, the U-Net layers, the spatial transformer, the
+metric layers, the transposed 3-d convolution), :func:`needs`, :func:`torch_reference`
+(torch float64 autograd of a module), :func:`import_matching_torch` and
+:func:`assert_trains_to_the_same_bytes`; and the wrapper's (test_wrap.py,
+test_wrap_optim.py): the pieces of a user's own loop on the digits.
+
+Not a test file: a test file imports it after its own ``pytest.importorskip("torch")``,
+and it guards torch the same way, so without torch importing it skips (pytest's skip),
+never an ImportError.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ nn = torch.nn
 F = torch.nn.functional
 
 import gradtool as gt                                          # noqa: E402
+import gradtool.interop.torch as gtt                           # noqa: E402
 from gradtool.interop.torch import import_module               # noqa: E402
-from conftest import require_c_compiler                        # noqa: E402
-from support import run, train_under_mpiexec                   # noqa: E402
+from conftest import assert_bits_equal, require_c_compiler     # noqa: E402
+from support import ROOT, run, train_under_mpiexec             # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -275,3 +279,37 @@ class SpatialTransformer(nn.Module):
         if self.crop:
             g = g[:, 1:-1, 1:-1]
         return (F.grid_sample(y, g, align_corners=self.align_corners) ** 2).mean()
+
+
+# ── a user's own loop (tests/test_wrap.py, tests/test_wrap_optim.py) ─────────
+
+def digits_tensors(n, dtype):
+    """The repository's first ``n`` digits as torch tensors: the pixels / 16 as ``dtype``
+    (a numpy float type) and the integer labels."""
+    data = np.load(ROOT / "samples" / "digits.npz")
+    x = data["x"][:n].astype(dtype) / 16.0
+    y = data["y"][:n].argmax(1).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def seeded_loader(x, y):
+    """A DataLoader of batches of 128 shuffled by a seeded generator (a last partial
+    batch each epoch)."""
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128,
+                                       shuffle=True,
+                                       generator=torch.Generator().manual_seed(0))
+
+
+def clipped_step(model, opt, loss, max_norm):
+    """One step of a user's loop: backward, gtt.clip_grad_norm_, the optimizer's step."""
+    loss.backward()
+    gtt.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    opt.zero_grad()
+
+
+def assert_same_state_bytes(cpu, host):
+    """Two trained modules' state dicts hold the same bytes, entry by entry."""
+    hs = host.state_dict()
+    for k, v in cpu.state_dict().items():
+        assert_bits_equal(hs[k].numpy(), v.numpy(), k)
