@@ -33,6 +33,13 @@ def rng():
     return np.random.default_rng(12345)
 
 
+@pytest.fixture
+def threads_restored():
+    """The compiled kernels' thread count back to its default after the test."""
+    yield
+    native.set_num_threads(None)
+
+
 def require_c_compiler():
     """Skip when this machine has no C compiler (or GRADTOOL_NATIVE=0 turns native code
     off); with one, a native build that fails is the test's failure, not a skip."""

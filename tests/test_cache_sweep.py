@@ -34,6 +34,16 @@ void *gtf_kernel_at(long long i) {{ (void)i; return NULL; }}
 int gtf_real_bytes(void) {{ return {n}; }}
 """
 
+# every child's start: ``held``, an os.replace that signals it was reached and then takes a
+# minute (the moment to kill a writer between its temporary's write and its rename)
+CHILD_PRELUDE = """import os, sys, time
+
+
+def held(*args):
+    open(os.environ["GT_TEST_MARKER"], "w").close()
+    time.sleep(60)
+"""
+
 CHILDREN = {
     # the library cache: the compiler is slow, the kill lands while it runs
     "library": """
@@ -48,23 +58,14 @@ CHILDREN = {
     """,
     # the fused cache, killed between writing the source's temporary and its rename
     "fused source": """
-        import time
         from gradtool.device import host as fusion_host
-        def held(*args):
-            open(os.environ["GT_TEST_MARKER"], "w").close()
-            time.sleep(60)
         os.replace = held
         fusion_host.host_library(open(sys.argv[1]).read(), "f64")
     """,
     # the cubin cache (gradtool.device.cuda._cubin): the same writer, no GPU needed to
     # kill it between the temporary's write and its rename
     "cubin": """
-        import time
-        from pathlib import Path
         from gradtool import native
-        def held(*args):
-            open(os.environ["GT_TEST_MARKER"], "w").close()
-            time.sleep(60)
         os.replace = held
         native.cached_bytes(native.cache_dir() / "cuda", "gt_f64_killed.cubin",
                             lambda: b"\\x7fELF a cubin")
@@ -86,7 +87,7 @@ def _kill_a_build(tmp_path, cache: Path, which: str) -> int:
     marker = tmp_path / "started"
     source = tmp_path / "killed.c"
     source.write_text(FUSED_SOURCE.format(n=8) + "/* killed */\n")
-    script = "import os, sys\n" + textwrap.dedent(CHILDREN[which])
+    script = CHILD_PRELUDE + textwrap.dedent(CHILDREN[which])
     env = {**os.environ, "GRADTOOL_CACHE": str(cache), "CC": str(wrapper),
            "GT_TEST_MARKER": str(marker), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", script, str(source)], env=env,

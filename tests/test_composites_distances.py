@@ -11,7 +11,7 @@ import gradtool as gt
 from conftest import assert_bits_equal
 from gradtool.composites import distances
 from gradtool.errors import TapeError
-from test_ops_math import _close, _oracle
+from support import assert_elementwise_close, torch_oracle
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0])
@@ -21,13 +21,13 @@ def test_cdist_against_pytorch_float64(p, shapes):
     rng = np.random.default_rng(int(p) + len(shapes[0]))
     a, b = rng.normal(size=shapes[0]), rng.normal(size=shapes[1])
     b[..., 1, :] = a[..., 2, :]                   # a zero distance: gradient 0 there
-    (v, tv), grads = _oracle(lambda tp, x, y: distances.cdist(x, y, p),
+    (v, tv), grads = torch_oracle(lambda tp, x, y: distances.cdist(x, y, p),
                              lambda x, y: torch.cdist(x, y, p=p,
                                                       compute_mode="donot_use_mm_for_euclid_dist"),
                              [a, b])
-    _close(v, tv, 1e-12, "cdist value")
+    assert_elementwise_close(v, tv, 1e-12, "cdist value")
     for i, (g, tg) in enumerate(grads):
-        _close(g, tg, 1e-11, f"cdist gradient {i}")
+        assert_elementwise_close(g, tg, 1e-11, f"cdist gradient {i}")
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0])
@@ -35,10 +35,10 @@ def test_pdist_against_pytorch_float64(p):
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(3).normal(size=(6, 4))
     x[4] = x[1]                                   # a zero distance
-    (v, tv), grads = _oracle(lambda tp, a: distances.pdist(a, p),
+    (v, tv), grads = torch_oracle(lambda tp, a: distances.pdist(a, p),
                              lambda a: torch.pdist(a, p=p), [x])
-    _close(v, tv, 1e-12, "pdist value")
-    _close(grads[0][0], grads[0][1], 1e-11, "pdist gradient")
+    assert_elementwise_close(v, tv, 1e-12, "pdist value")
+    assert_elementwise_close(grads[0][0], grads[0][1], 1e-11, "pdist gradient")
 
 
 def test_distances_refuse_other_orders_and_shapes():

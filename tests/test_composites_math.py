@@ -1,6 +1,6 @@
 """gradtool.composites.math (sinh ... hypot, the importer's math) against PyTorch float64:
 values and gradients on each function's domain, the special values, and a call with no
-torch installed.  The ATen entries call these functions (tests/test_interop_torch.py
+torch installed.  The ATen entries call these functions (tests/test_import_check.py
 imports models using them)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import gradtool as gt
 from gradtool.composites import math as gm
 from gradtool.errors import TapeError
-from test_ops_math import _close, _oracle, check_specials, check_unary
+from support import assert_elementwise_close, check_specials, check_unary, torch_oracle
 
 INF, NAN = math.inf, math.nan
 
@@ -65,16 +65,16 @@ def test_hypot_against_pytorch_float64():
     rng = np.random.default_rng(7)
     a = np.concatenate([rng.uniform(-10, 10, 100), rng.uniform(-1e200, 1e200, 20)])
     b = np.concatenate([rng.uniform(-10, 10, 100), rng.uniform(-1e-200, 1e-200, 20)])
-    (v, tv), grads = _oracle(lambda tp, x, y: gm.hypot(x, y), torch.hypot, [a, b])
-    _close(v, tv, 1e-12, "hypot value")
+    (v, tv), grads = torch_oracle(lambda tp, x, y: gm.hypot(x, y), torch.hypot, [a, b])
+    assert_elementwise_close(v, tv, 1e-12, "hypot value")
     for i, (g, tg) in enumerate(grads):
-        _close(g, tg, 1e-11, f"hypot gradient {i}")
+        assert_elementwise_close(g, tg, 1e-11, f"hypot gradient {i}")
     specials = np.array([0.0, -0.0, INF, -INF, NAN, 3.0])
     x, y = np.meshgrid(specials, specials)
     tp = gt.Tape()
     got = tp.value(gm.hypot(tp.const(x.ravel()), tp.const(y.ravel())))
     want = torch.hypot(torch.tensor(x.ravel()), torch.tensor(y.ravel())).numpy()
-    _close(got, want, 1e-15, "hypot specials")      # inf with a NaN: inf, as C's hypot
+    assert_elementwise_close(got, want, 1e-15, "hypot specials")      # inf with a NaN: inf, as C's hypot
 
 
 def test_a_composite_refuses_what_is_not_a_gvar():

@@ -197,8 +197,8 @@ def test_grid_stride_loops_on_a_tiny_grid(graph, monkeypatch):
 def test_training_episodes_bit_exact(kind, graph, fuse):
     """30 episodes (one CUDA graph each with graph=True; fused kernels with fuse=True)
     against gradtool.optim."""
-    from support import (assert_replay_trained_like_cpu, batches, mlp, run_cpu,
-                                  with_params)
+    from support import (assert_replay_trained_like_cpu, batches, mlp, replay_losses,
+                         run_cpu, with_params)
     tapes = [mlp(np.random.default_rng(7), unused=True) for _ in range(2)]
     data = batches(np.random.default_rng(8), 30)
     opts = [with_params(Adam(0.05) if kind == "adam" else SGD(0.2), tp, clip=1.2)
@@ -206,11 +206,7 @@ def test_training_episodes_bit_exact(kind, graph, fuse):
     cpu_losses = run_cpu(*tapes[0], opts[0], data)
     tp, x, y, loss = tapes[1]
     rp = capture(tp, loss, "cuda", optimizer=opts[1], graph=graph, fuse=fuse)
-    dev_losses = []
-    for xb, yb in data:
-        rp.set_input(x, xb)
-        rp.set_input(y, yb)
-        dev_losses.append(rp.episode(train=True))
+    dev_losses = replay_losses(rp, x, y, data)
     assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
     assert_replay_trained_like_cpu(rp, tp, opts[1], tapes[0][0], opts[0])
     assert opts[1].t == 30

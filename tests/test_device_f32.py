@@ -23,7 +23,8 @@ from conftest import assert_bits_equal_nan_any, require_c_compiler
 from gradtool import native
 from gradtool import numerics as nx
 from gradtool import numerics32 as n32
-from test_matmul import builds, functions_with_fused_multiply_adds, layouts
+from support import cpu_libraries, functions_with_fused_multiply_adds, layouts
+from support import product as product32
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = (1, 2, 3, 7)
@@ -43,30 +44,7 @@ def operand32(rng, shape):
 
 @pytest.fixture(scope="module")
 def libraries32():
-    require_c_compiler()
-    libs = {}
-    for name, flags, arch in builds():
-        lib = nx.cpu_library(flags, arch, dtype="f32")
-        assert lib is not None, f"the {name} float32 build of csrc/gt_cpu.c failed"
-        libs[name] = lib
-    libs["native, ctypes entry"] = nx.cpu_library(python=False, dtype="f32")
-    assert libs["native, ctypes entry"].py_mm is None
-    return libs
-
-
-@pytest.fixture
-def threads_restored():
-    yield
-    native.set_num_threads(None)
-
-
-def product32(lib, a, b, c0=None):
-    a3, b3 = (a, b) if a.ndim == 3 else (a[np.newaxis], b[np.newaxis])
-    out = np.empty((a3.shape[0], a3.shape[1], b3.shape[2]), np.float32)
-    if c0 is not None:
-        out[...] = c0.reshape(out.shape)
-    nx._native_product(lib, out, a3, b3, a3.shape[0], accumulate=c0 is not None)
-    return out.reshape(out.shape[1:]) if a.ndim == 2 else out
+    return cpu_libraries("f32")
 
 
 def reference32(a, b, c0=None):
@@ -454,7 +432,7 @@ def test_nvcc_compiles_the_float_code_without_contraction_or_ftz(tmp_path):
     that ptxas may contract (every one .rn), and no flush to zero (.ftz) anywhere."""
     import re
     from gradtool.emit.cuda import emit_cuda
-    from test_emit import NVCC, nvcc_functions
+    from support import NVCC, nvcc_functions
     if NVCC is None:
         pytest.skip("nvcc not installed")
     cases = f32_scalar_cases()[::4]

@@ -24,7 +24,7 @@ from gradtool.optim import SGD, AdamSeed as Adam
 from gradtool.train import make_engine
 from support import (UNARY, assert_engines_end_alike, assert_replay_trained_like_cpu, batches,
                      mlp, nonfinite_batch_setup, perturb_leaves, random_graph,
-                     run_cpu, train_step_all, weighted_loss, with_params)
+                     replay_losses, run_cpu, train_step_all, weighted_loss, with_params)
 
 # every op the random (f64) graphs exercise: cast runs only in an f32 program, as a copy
 # of whole numbers or of a draw (tests/test_device_f32.py); any other cast is refused
@@ -369,11 +369,7 @@ def test_every_table_optimizer_cpu_equals_host_and_fused(kind, hparams, schedule
     cpu_losses = run_cpu(tp_cpu, x_cpu, y_cpu, loss_cpu, opts[0], data)
     rp = capture(tp_dev, loss_dev, "host", optimizer=opts[1],
                  host_kernels="per-thread-reversed", fuse=fuse)
-    dev_losses = []
-    for xb, yb in data:
-        rp.set_input(x_dev, xb)
-        rp.set_input(y_dev, yb)
-        dev_losses.append(rp.episode(train=True))
+    dev_losses = replay_losses(rp, x_dev, y_dev, data)
     assert_bits_equal(np.array(dev_losses), np.array(cpu_losses), "losses")
     assert_replay_trained_like_cpu(rp, tp_dev, opts[1], tp_cpu, opts[0])
     assert opts[0].entries[0].state or kind == "sgd"

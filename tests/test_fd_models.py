@@ -24,7 +24,7 @@ from gradtool.gradcheck import FD_WORK_BUDGET, fd_cost         # noqa: E402
 from gradtool.interop.torch import import_module               # noqa: E402
 from gradtool.ops import OPS                                   # noqa: E402
 from support import run                                        # noqa: E402
-from test_interop_torch import GPT, torch_reference            # noqa: E402
+from torch_cases import GPT, torch_reference                   # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -23,54 +23,20 @@ import numpy as np
 import pytest
 
 from conftest import assert_bits_equal_nan_any, require_c_compiler
-from support import run_no_fma
+from support import (GRADTOOL, cpu_flags, cpu_libraries, functions_with_fused_multiply_adds,
+                     layouts, product, run_no_fma)
 from gradtool import native
 from gradtool import numerics as nx
 from gradtool.errors import GradtoolError
 
 ROOT = Path(__file__).resolve().parent.parent
-GRADTOOL = [sys.executable, "-c", "from gradtool.cli import main; main()"]
 THREADS = (1, 2, 3, 7)
 DIMS = (1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 17, 31, 32, 33, 37, 61, 64, 97, 128, 131, 257, 300)
 
 
-def cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next((line for line in fh if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-def builds():
-    """(name, extra flags, native arch) of every kernel build this machine can run."""
-    out = [("native", (), None), ("generic", (), False),
-           ("portable", ("-DGT_MM_PORTABLE",), False),
-           ("no-fma", native.NO_FMA_FLAGS, None)]
-    if " avx2 " in cpu_flags() + " " and " fma " in cpu_flags():
-        out.append(("avx2", ("-march=x86-64-v3",), False))
-    return out
-
-
 @pytest.fixture(scope="module")
 def libraries():
-    require_c_compiler()
-    libs = {}
-    for name, flags, arch in builds():
-        lib = nx.cpu_library(flags, arch)
-        assert lib is not None, f"the {name} build of csrc/gt_cpu.c failed"
-        libs[name] = lib
-    # the products of every build above go through gt_mm_py, the arrays themselves
-    # (when this interpreter has Python.h); this one through the ctypes entry, gt_mm
-    libs["native, ctypes entry"] = nx.cpu_library(python=False)
-    assert libs["native, ctypes entry"].py_mm is None
-    return libs
-
-
-@pytest.fixture
-def threads_restored():
-    yield
-    native.set_num_threads(None)
+    return cpu_libraries()
 
 
 def operand(rng, shape):
@@ -81,26 +47,6 @@ def operand(rng, shape):
         hit = rng.random(shape) < 0.02
         x[hit] = rng.choice(specials, int(hit.sum()))
     return x
-
-
-def layouts(a, b):
-    """The four transposition cases as strided views: A or A^T stored, B or B^T stored."""
-    at = np.ascontiguousarray(np.swapaxes(a, -1, -2))
-    bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
-    return {"A@B": (a, b), "A^T@B": (np.swapaxes(at, -1, -2), b),
-            "A@B^T": (a, np.swapaxes(bt, -1, -2)),
-            "A^T@B^T": (np.swapaxes(at, -1, -2), np.swapaxes(bt, -1, -2))}
-
-
-def product(lib, a, b, c0=None):
-    """a @ b (or c0 + a @ b, accumulated in place as the host backend's gradients are)
-    by one library; a, b are 2-d or 3-d views."""
-    a3, b3 = (a, b) if a.ndim == 3 else (a[np.newaxis], b[np.newaxis])
-    out = np.empty((a3.shape[0], a3.shape[1], b3.shape[2]))
-    if c0 is not None:
-        out[...] = c0.reshape(out.shape)
-    nx._native_product(lib, out, a3, b3, a3.shape[0], accumulate=c0 is not None)
-    return out.reshape(out.shape[1:]) if a.ndim == 2 else out
 
 
 def reference(a, b, c0=None):
@@ -357,23 +303,6 @@ def test_the_python_entry_releases_the_gil_for_the_product(rng, threads_restored
         spinner.join()
         sys.setswitchinterval(interval)
     assert min(during) > 0, during
-
-
-FUSED = ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub", "fmadd", "fmla", "fmsub", "fnmadd")
-
-
-def functions_with_fused_multiply_adds(objdump: str, path: Path) -> dict:
-    """{function: its FMA instructions and calls to fma()} in a library's disassembly."""
-    text = subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-    assert "mulpd" in text or "mulsd" in text or "fmul" in text, f"{path}: no multiply?"
-    found, name = {}, None
-    for line in text.splitlines():
-        if line.endswith(">:"):
-            name = line.split("<", 1)[1][:-2]
-        elif any(f in line for f in FUSED) or "<fma@plt>" in line or "<fmaf@plt>" in line:
-            found.setdefault(name, []).append(line.strip())
-    return found
 
 
 def test_fused_multiply_adds_only_in_the_inner_products(libraries):

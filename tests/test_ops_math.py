@@ -18,7 +18,8 @@ import pytest
 
 import gradtool as gt
 from conftest import assert_bits_equal, bits
-from support import VARIANTS, host_matches
+from support import (VARIANTS, assert_elementwise_close, check_specials, check_unary,
+                     host_matches, torch_oracle)
 
 NAN, INF = math.nan, math.inf
 
@@ -42,59 +43,6 @@ UNARY = {
                                                  np.exp(rng.uniform(-40, 60, 100))
                                                  * rng.choice([-1.0, 1.0], 100)])),
 }
-
-
-def _close(ours, theirs, rtol, what):
-    """Same positions of NaN and of infinities (with signs); elsewhere within rtol
-    relative to each element (an exact zero must be exact)."""
-    ours, theirs = np.asarray(ours, float), np.asarray(theirs, float)
-    assert ours.shape == theirs.shape, what
-    assert np.array_equal(np.isnan(ours), np.isnan(theirs)), what
-    fin = np.isfinite(theirs)
-    assert np.array_equal(ours[~fin & ~np.isnan(theirs)], theirs[~fin & ~np.isnan(theirs)]), what
-    err = np.abs(ours[fin] - theirs[fin])
-    bad = err > rtol * np.abs(theirs[fin])
-    assert not bad.any(), (what, ours[fin][bad][:3], theirs[fin][bad][:3])
-
-
-def _oracle(build, torch_build, inputs, w=None):
-    """Values and gradients of every input, ours and PyTorch float64's."""
-    torch = pytest.importorskip("torch")
-    tp = gt.Tape()
-    leaves = [tp.param(a) for a in inputs]
-    y = build(tp, *leaves)
-    w = np.random.default_rng(0).uniform(0.5, 1.5, tp.value(y).shape) if w is None else w
-    tp.backward(tp.sum(tp.mul(y, tp.const(w))))
-    t_leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
-    t_y = torch_build(*t_leaves)
-    (t_y * torch.tensor(w)).sum().backward()
-    return ((tp.value(y), t_y.detach().numpy()),
-            [(tp.grad(p), t.grad.numpy()) for p, t in zip(leaves, t_leaves, strict=True)])
-
-
-def check_unary(build, fname, draw, name):
-    """``build(tp, a)`` against torch.<fname> on ``draw``'s inputs: values within 1e-12,
-    gradients within 1e-11 relative (tests/test_composites_math.py too)."""
-    torch = pytest.importorskip("torch")
-    x = draw(np.random.default_rng(sum(map(ord, name))))
-    (v, tv), grads = _oracle(build, getattr(torch, fname), [x])
-    _close(v, tv, 1e-12, f"{name} value")
-    _close(grads[0][0], grads[0][1], 1e-11, f"{name} gradient")
-
-
-def check_specials(build, table, x):
-    """``build(tp, name, a)`` for each ``name -> (torch name, _)`` of ``table`` on the
-    special inputs ``x``: NaN where torch's is, signed zeros as torch's."""
-    torch = pytest.importorskip("torch")
-    for name, (fname, _) in table.items():
-        tp = gt.Tape()
-        got = tp.value(build(tp, name, tp.const(x)))
-        want = getattr(torch, fname)(torch.tensor(x)).numpy()
-        assert np.array_equal(np.isnan(got), np.isnan(want)), name
-        ok = ~np.isnan(want)
-        _close(got[ok], want[ok], 1e-12, name)
-        assert np.array_equal(np.signbit(got[ok & (want == 0)]),
-                              np.signbit(want[ok & (want == 0)])), name
 
 
 @pytest.mark.parametrize("name", list(UNARY))
@@ -127,11 +75,11 @@ def test_pows_against_pytorch_float64_everywhere(s):
     tx = torch.tensor(POW_BASES, requires_grad=True)
     ty = tx ** s
     ty.sum().backward()
-    _close(tp.value(y), ty.detach().numpy(), 1e-12, f"x ** {s}")
+    assert_elementwise_close(tp.value(y), ty.detach().numpy(), 1e-12, f"x ** {s}")
     want = ty.detach().numpy()
     zero = want == 0
     assert np.array_equal(np.signbit(tp.value(y)[zero]), np.signbit(want[zero])), s
-    _close(tp.grad(p), tx.grad.numpy(), 1e-11, f"d(x ** {s})")
+    assert_elementwise_close(tp.grad(p), tx.grad.numpy(), 1e-11, f"d(x ** {s})")
 
 
 def test_pows_exact_exponents_are_the_documented_operations():
@@ -187,10 +135,10 @@ def test_minimum_broadcasts_against_pytorch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     a, b = rng.standard_normal((3, 1, 4)), rng.standard_normal((2, 1))
-    (v, tv), grads = _oracle(lambda tp, x, y: tp.minimum(x, y), torch.minimum, [a, b])
-    _close(v, tv, 0.0, "minimum")
+    (v, tv), grads = torch_oracle(lambda tp, x, y: tp.minimum(x, y), torch.minimum, [a, b])
+    assert_elementwise_close(v, tv, 0.0, "minimum")
     for (g, tg), what in zip(grads, "ab", strict=True):     # no ties: every gradient exact
-        _close(g, tg, 1e-15, f"d minimum / d{what}")
+        assert_elementwise_close(g, tg, 1e-15, f"d minimum / d{what}")
 
 
 def test_atan2_broadcasts_against_pytorch():
@@ -198,10 +146,10 @@ def test_atan2_broadcasts_against_pytorch():
     rng = np.random.default_rng(10)
     a = rng.standard_normal((3, 1, 4)) * rng.choice([1e-3, 1.0, 1e3], (3, 1, 4))
     b = rng.standard_normal((2, 1)) * np.array([[1e-2], [10.0]])
-    (v, tv), grads = _oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b])
-    _close(v, tv, 1e-12, "atan2")
+    (v, tv), grads = torch_oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b])
+    assert_elementwise_close(v, tv, 1e-12, "atan2")
     for (g, tg), what in zip(grads, "ab", strict=True):
-        _close(g, tg, 1e-11, f"d atan2 / d{what}")
+        assert_elementwise_close(g, tg, 1e-11, f"d atan2 / d{what}")
 
 
 ATAN2_EDGES = [0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 1e-200, 3e-162, -2.5]
@@ -217,11 +165,11 @@ def test_atan2_signed_zeros_infinities_and_the_origin_match_pytorch():
     torch = pytest.importorskip("torch")
     a, b = (m.reshape(-1) for m in np.meshgrid(ATAN2_EDGES, ATAN2_EDGES, indexing="ij"))
     w = np.ones(a.shape)
-    (v, tv), grads = _oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b], w=w)
+    (v, tv), grads = torch_oracle(lambda tp, y, x: tp.atan2(y, x), torch.atan2, [a, b], w=w)
     special = ~np.isfinite(a) | ~np.isfinite(b) | (a == 0.0) | (b == 0.0)
     assert_bits_equal(np.where(np.isnan(v), NAN, v)[special],
                       np.where(np.isnan(tv), NAN, tv)[special], "atan2 special values")
-    _close(v, tv, 1e-15, "atan2")
+    assert_elementwise_close(v, tv, 1e-15, "atan2")
     spec = gt.ops.OPS["atan2"]
     for k, ((g, tg), what) in enumerate(zip(grads, "ab", strict=True)):
         with np.errstate(all="ignore"):          # 0 * inf where the squares are subnormal
@@ -243,9 +191,9 @@ def test_clamp_against_pytorch_float64(lo, hi):
     (bounds included, x exactly at a bound too), none when lo > hi."""
     torch = pytest.importorskip("torch")
     x = np.array([-2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 3.0, NAN, INF, -INF])
-    (v, tv), grads = _oracle(lambda tp, a: tp.clamp(a, lo, hi),
+    (v, tv), grads = torch_oracle(lambda tp, a: tp.clamp(a, lo, hi),
                              lambda t: torch.clamp(t, min=lo, max=hi), [x])
-    _close(v, tv, 0.0, "clamp")
+    assert_elementwise_close(v, tv, 0.0, "clamp")
     assert_bits_equal(grads[0][0], grads[0][1], f"clamp({lo}, {hi}) gradient")
 
 
@@ -266,10 +214,10 @@ def test_gelu_exact_and_tanh_against_pytorch_including_extremes():
     rng = np.random.default_rng(12)
     x = np.concatenate([rng.standard_normal(300) * 3.0, [0.0, -0.0, 8.0, -8.0, 40.0, -40.0]])
     for approximate in ("none", "tanh"):
-        (v, tv), grads = _oracle(lambda tp, a: nn.gelu(a, approximate=approximate),
+        (v, tv), grads = torch_oracle(lambda tp, a: nn.gelu(a, approximate=approximate),
                                  lambda t: torch.nn.functional.gelu(t, approximate=approximate),
                                  [x])
-        _close(v, tv, 1e-12, f"gelu {approximate}")
+        assert_elementwise_close(v, tv, 1e-12, f"gelu {approximate}")
         # the gradient norm-wise (issue 20's measure): in the far tails it is a small
         # difference of larger terms, rounded differently by PyTorch's fused formula
         g, tg = grads[0]

@@ -55,22 +55,34 @@ def model(rng):
     return x, y, [w1, b1, w2]
 
 
+def model_tape(x, y, ws, l2=None):
+    """:func:`model`'s network on a new Tape, ``ws`` copied in (each with ``l2`` if
+    given): the tape, its params and the mean squared error."""
+    tp = gt.Tape()
+    ps = [tp.param(w.copy()) if l2 is None else tp.param(w.copy(), l2=l2) for w in ws]
+    h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
+    d = tp.matmul(h, ps[2]) - tp.const(y)
+    return tp, ps, tp.mean(d * d)
+
+
+def train_steps(tp, loss, opt, steps):
+    """``steps`` steps of ``opt`` on ``loss``: forward, zero_grad, backward, step."""
+    for _ in range(steps):
+        tp.forward()
+        tp.zero_grad()
+        tp.backward(loss)
+        opt.step(tp)
+
+
 def gt_run(name, hp, lr, x, y, ws, sign, compiled=True, schedule=None, steps=STEPS):
     optim._COMPILED[0] = compiled
     try:
-        tp = gt.Tape()
-        ps = [tp.param(w.copy()) for w in ws]
-        h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
-        d = tp.matmul(h, ps[2]) - tp.const(y)
-        loss = tp.mean(d * d) * sign
+        tp, ps, loss = model_tape(x, y, ws)
+        loss = loss * sign
         opt = make_optimizer(name, lr, hp, schedule)
         for p in ps:
             opt.add(tp, p)
-        for _ in range(steps):
-            tp.forward()
-            tp.zero_grad()
-            tp.backward(loss)
-            opt.step(tp)
+        train_steps(tp, loss, opt, steps)
         return [tp.value(p).copy() for p in ps], opt
     finally:
         optim._COMPILED[0] = True
@@ -124,20 +136,12 @@ def test_every_variant_compiled_equals_numpy_bits(name, rng):
         for compiled in (True, False):
             optim._COMPILED[0] = compiled
             try:
-                tp = gt.Tape()
-                ps = [tp.param(w.copy(), l2=0.01) for w in ws]
-                h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
-                d = tp.matmul(h, ps[2]) - tp.const(y)
-                loss = tp.mean(d * d)
+                tp, ps, loss = model_tape(x, y, ws, l2=0.01)
                 opt = make_optimizer(name, 0.05, hp)
                 opt.set_clip(0.5)
                 for p in ps:
                     opt.add(tp, p)
-                for _ in range(7):
-                    tp.forward()
-                    tp.zero_grad()
-                    tp.backward(loss)
-                    opt.step(tp)
+                train_steps(tp, loss, opt, 7)
                 finals.append([tp.value(p).tobytes() for p in ps]
                               + [e.state[s].tobytes() for e in opt.entries for s in opt.slots])
             finally:
@@ -154,11 +158,7 @@ def test_numpy_level_api_equals_the_training_loop(name, rng):
     x, y, ws = model(rng)
     want, _ = gt_run(name, hp, 0.01, x, y, ws, 1.0, steps=5)
     # replay the loop's gradients through the per-parameter API
-    tp = gt.Tape()
-    ps = [tp.param(w.copy()) for w in ws]
-    h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
-    d = tp.matmul(h, ps[2]) - tp.const(y)
-    loss = tp.mean(d * d)
+    tp, ps, loss = model_tape(x, y, ws)
     states = [entry.init_state(w, hp) for w in ws]
     for t in range(1, 6):
         tp.forward()
@@ -219,18 +219,10 @@ def test_a_resumed_schedule_continues_to_the_bit(rng):
     straight, _ = gt_run("sgd", hp, 0.05, x, y, ws, 1.0, schedule=Schedule(**sched), steps=60)
     half, opt = gt_run("sgd", hp, 0.05, x, y, ws, 1.0, schedule=Schedule(**sched), steps=30)
     state = opt.state_dict()
-    tp = gt.Tape()
-    ps = [tp.param(w.copy()) for w in half]
-    h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
-    d = tp.matmul(h, ps[2]) - tp.const(y)
-    loss = tp.mean(d * d)
+    tp, ps, loss = model_tape(x, y, half)
     again = optimizer_from_state(tp, state)
     assert again.schedule.to_dict() == Schedule(**sched).to_dict() and again.t == 30
-    for _ in range(30):
-        tp.forward()
-        tp.zero_grad()
-        tp.backward(loss)
-        again.step(tp)
+    train_steps(tp, loss, again, 30)
     for p, w in zip(ps, straight):
         assert tp.value(p).tobytes() == w.tobytes()
 
@@ -244,18 +236,10 @@ def test_a_state_without_version_that_says_adam_is_adam_seed(rng):
     old = opt.state_dict()
     old = {k: v for k, v in old.items() if k not in ("version", "hparams", "schedule")}
     old["kind"] = "adam"                     # as the seed wrote it
-    tp = gt.Tape()
-    ps = [tp.param(w.copy()) for w in half]
-    h = tp.tanh(tp.matmul(tp.const(x), ps[0]) + ps[1])
-    d = tp.matmul(h, ps[2]) - tp.const(y)
-    loss = tp.mean(d * d)
+    tp, ps, loss = model_tape(x, y, half)
     again = optimizer_from_state(tp, old)
     assert again.kind == "adam-seed" and isinstance(again, optim.AdamSeed)
-    for _ in range(3):
-        tp.forward()
-        tp.zero_grad()
-        tp.backward(loss)
-        again.step(tp)
+    train_steps(tp, loss, again, 3)
     for p, w in zip(ps, straight):
         assert tp.value(p).tobytes() == w.tobytes()
     with pytest.raises(OptimizerError, match="adam constant"):

@@ -27,6 +27,8 @@ from gradtool.interop.wrap import WrapError                     # noqa: E402
 from gradtool.optim import SGD                                  # noqa: E402
 from conftest import assert_bits_equal, require_c_compiler      # noqa: E402
 from support import run                                         # noqa: E402
+from torch_cases import (assert_same_state_bytes, clipped_step, digits_tensors,  # noqa: E402
+                         seeded_loader)
 
 
 class Net(nn.Module):
@@ -405,10 +407,7 @@ def _sgd_run(backend, steps=4):
     for step in range(steps):
         for lo, hi in ((0, 6), (6, 12), (12, 16)):    # a last partial batch each epoch
             loss = gm(x[lo:hi], y[lo:hi])
-            loss.backward()
-            gtt.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
-            opt.zero_grad()
+            clipped_step(model, opt, loss, 0.5)
             losses.append(loss.item())
     return model, losses
 
@@ -418,22 +417,15 @@ def test_cpu_and_host_train_to_identical_bytes():
     cpu, cpu_losses = _sgd_run("cpu")
     host, host_losses = _sgd_run("host")
     assert cpu_losses == host_losses
-    hs = host.state_dict()
-    for k, v in cpu.state_dict().items():
-        assert_bits_equal(hs[k].numpy(), v.numpy(), k)
+    assert_same_state_bytes(cpu, host)
 
 
 def _digits_run(backend):
     """The issue's loop on the repository's digits: a DataLoader shuffled by a seeded
     generator (a last partial batch each epoch), torch's cosine schedule, the clip, SGD
     with momentum; eval-mode accuracy at the end."""
-    from pathlib import Path
-    data = np.load(Path(__file__).resolve().parents[1] / "samples" / "digits.npz")
-    x = torch.from_numpy(data["x"][:600].astype(np.float32) / 16.0)
-    y = torch.from_numpy(data["y"][:600].argmax(1).astype(np.int64))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128,
-                                         shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    x, y = digits_tensors(600, np.float32)
+    loader = seeded_loader(x, y)
     torch.manual_seed(20)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.1),
                           nn.Linear(32, 10)).double()
@@ -446,10 +438,7 @@ def _digits_run(backend):
         gm.train()
         for xb, yb in loader:
             loss, _ = gm(xb, yb)
-            loss.backward()
-            gtt.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+            clipped_step(model, opt, loss, 1.0)
             losses.append(loss.item())
         sched.step()
     gm.eval()
@@ -464,6 +453,7 @@ def test_a_dataloader_loop_on_digits_is_the_same_bytes_on_cpu_and_host():
     host, host_losses, host_acc = _digits_run("host")
     assert len(cpu_losses) == 10 and cpu_losses == host_losses
     assert cpu_losses[-1] < cpu_losses[0] and cpu_acc == host_acc and cpu_acc > 0.5
+<<<<<<< HEAD
     hs = host.state_dict()
     for k, v in cpu.state_dict().items():
         assert_bits_equal(hs[k].numpy(), v.numpy(), k)
@@ -510,3 +500,6 @@ def test_the_host_arena_takes_float32_and_float64_writes_to_the_same_bits():
     r.dev.write(off, vals.astype(np.float64))
     assert_bits_equal(r.dev.host_arena[off:off + 64], first, "f64 write")
     assert_bits_equal(first, vals, "f32 write")
+=======
+    assert_same_state_bytes(cpu, host)
+>>>>>>> main

@@ -10,7 +10,6 @@ real CLI.  Skipped cleanly without torch.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +25,8 @@ from gradtool.interop.torch import import_module                 # noqa: E402
 from gradtool.optim import make_optimizer                        # noqa: E402
 from conftest import assert_bits_equal, require_c_compiler       # noqa: E402
 from support import run                                          # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from torch_cases import (assert_same_state_bytes, clipped_step, digits_tensors,  # noqa: E402
+                         seeded_loader)
 
 # (gtt class, table name, torch class, torch-keyword options, table hyperparameters)
 CASES = [
@@ -214,13 +213,6 @@ def test_misuse_is_a_gradtool_error():
 
 # ── a whole run: the wrapper and gtt.optim against gradtool train ────────────
 
-def _digits(n):
-    data = np.load(ROOT / "samples" / "digits.npz")
-    x = data["x"][:n].astype(np.float64) / 16.0
-    y = data["y"][:n].argmax(1).astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-
 def _model():
     torch.manual_seed(21)
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)).double()
@@ -230,7 +222,7 @@ def test_wrap_and_gtt_optim_train_to_the_bytes_of_gradtool_train(tmp_path):
     """AdamW with weight decay, the clip, 2 epochs of 4 batches in order: gm's loop with
     gtt.optim and gtt.clip_grad_norm_ ends on the same parameter bytes as `gradtool
     train` of the imported tape with the same options (the CLI's shuffle off)."""
-    x, y = _digits(256)
+    x, y = digits_tensors(256, np.float64)
     model = _model()
     result = import_module(copy.deepcopy(model), (x[:64],), loss_fn=F.cross_entropy,
                            loss_inputs=(y[:64],))
@@ -245,10 +237,7 @@ def test_wrap_and_gtt_optim_train_to_the_bytes_of_gradtool_train(tmp_path):
     opt = gtt.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
     for _ in range(2):
         for lo in range(0, 256, 64):
-            gm(x[lo:lo + 64], y[lo:lo + 64]).backward()
-            gtt.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
-            opt.zero_grad()
+            clipped_step(model, opt, gm(x[lo:lo + 64], y[lo:lo + 64]), 0.5)
     names = gt.load(tmp_path / "t.msgpack").meta["torch"]["params"]
     for k, p in model.named_parameters():
         assert_bits_equal(p.detach().numpy(), trained.values[names[k]], k)
@@ -257,10 +246,8 @@ def test_wrap_and_gtt_optim_train_to_the_bytes_of_gradtool_train(tmp_path):
 def _cosine_run(backend):
     """The issue's loop: a DataLoader shuffled by a seeded generator (a last partial batch
     each epoch), torch's cosine scheduler, the clip, gtt.optim.AdamW; 3 epochs."""
-    x, y = _digits(600)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128,
-                                         shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    x, y = digits_tensors(600, np.float64)
+    loader = seeded_loader(x, y)
     model = _model()
     gm = gtt.wrap(model, next(iter(loader)), backend=backend, loss_fn=F.cross_entropy)
     opt = gtt.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
@@ -269,10 +256,7 @@ def _cosine_run(backend):
     for _ in range(3):
         for xb, yb in loader:
             loss = gm(xb, yb)
-            loss.backward()
-            gtt.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+            clipped_step(model, opt, loss, 1.0)
             sched.step()
             losses.append(loss.item())
     return model, losses
@@ -284,9 +268,7 @@ def test_the_issues_loop_is_the_same_bytes_on_cpu_and_host():
     host, host_losses = _cosine_run("host")
     assert len(cpu_losses) == 15 and cpu_losses == host_losses
     assert cpu_losses[-1] < cpu_losses[0]
-    hs = host.state_dict()
-    for k, v in cpu.state_dict().items():
-        assert_bits_equal(hs[k].numpy(), v.numpy(), k)
+    assert_same_state_bytes(cpu, host)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])

@@ -107,7 +107,7 @@ __all__ = ["import_module", "import_program", "load_weights", "TorchImport",
            "IMPORT_DTYPES", "F32_CHECK", "Recorder", "wrap", "clip_grad_norm_",
            "check_against_torch", "source_line"]
 
-# the names these had when they lived here (tests/test_interop_torch.py, tests/test_zoo.py)
+# the names these had when they lived here (tests/test_import_check.py, tests/test_zoo.py)
 _Problems, _run_decompositions = Problems, run_decompositions
 
 _MISSING = object()           # the value of a node that could not be recorded
