@@ -453,10 +453,7 @@ def test_a_dataloader_loop_on_digits_is_the_same_bytes_on_cpu_and_host():
     host, host_losses, host_acc = _digits_run("host")
     assert len(cpu_losses) == 10 and cpu_losses == host_losses
     assert cpu_losses[-1] < cpu_losses[0] and cpu_acc == host_acc and cpu_acc > 0.5
-<<<<<<< HEAD
-    hs = host.state_dict()
-    for k, v in cpu.state_dict().items():
-        assert_bits_equal(hs[k].numpy(), v.numpy(), k)
+    assert_same_state_bytes(cpu, host)
 
 
 def test_host_params_copied_in_one_call_and_a_reshaped_param_is_named():
@@ -500,6 +497,3 @@ def test_the_host_arena_takes_float32_and_float64_writes_to_the_same_bits():
     r.dev.write(off, vals.astype(np.float64))
     assert_bits_equal(r.dev.host_arena[off:off + 64], first, "f64 write")
     assert_bits_equal(first, vals, "f32 write")
-=======
-    assert_same_state_bytes(cpu, host)
->>>>>>> main
