@@ -91,6 +91,8 @@ def _declare(lib, python=False, dtype="f64") -> None:
                                                   *[f64] * 8]),
                "py_opt_table_step": ("gt_opt_table_step_py", [cint, obj, obj, obj, obj, obj,
                                                               cint, f64, f64, obj]),
+               "py_opt_table_steps": ("gt_opt_table_steps_py", [cint, obj, obj, obj, obj, obj,
+                                                                obj]),
                "py_select_zero": ("gt_select_zero_py", [obj, obj, obj, cint]),
                "py_sum": ("gt_sum_py", [i64, i64, i64, obj, obj, cint])}
     if dtype == "f32":            # the serial row sums are float64's order: not built

@@ -454,3 +454,46 @@ def test_a_dataloader_loop_on_digits_is_the_same_bytes_on_cpu_and_host():
     assert len(cpu_losses) == 10 and cpu_losses == host_losses
     assert cpu_losses[-1] < cpu_losses[0] and cpu_acc == host_acc and cpu_acc > 0.5
     assert_same_state_bytes(cpu, host)
+
+
+def test_host_params_copied_in_one_call_and_a_reshaped_param_is_named():
+    """The host backend's arena views take every param by one copy, and see a change made
+    on the torch side; a param whose shape no longer matches the recorded graph is named
+    (the per-param path's error), not copied."""
+    require_c_compiler()
+    torch.manual_seed(7)
+    model = Net()                                        # float32: an f32 arena
+    x, y = batch(seed=2)
+    gm = gtt.wrap(model, (x, y), backend="host", loss_fn=F.cross_entropy)
+    cpu = gtt.wrap(copy.deepcopy(model), (x, y), backend="cpu", loss_fn=F.cross_entropy)
+    assert next(iter(gm.graphs.values())).views is not None
+    assert gm(x, y).item() == cpu(x, y).item()
+    with torch.no_grad():
+        model.fc1.weight.mul_(0.5)
+        cpu.model.fc1.weight.mul_(0.5)
+    assert gm(x, y).item() == cpu(x, y).item()
+    model.fc2.weight.data = model.fc2.weight.data.reshape(-1)[:20].reshape(2, 10).clone()
+    with pytest.raises(WrapError, match=r"parameter 'fc2\.weight' has shape \[2, 10\]"):
+        gm(x, y)
+
+
+def test_the_host_arena_takes_float32_and_float64_writes_to_the_same_bits():
+    """HostBackend.write copies data of the arena's dtype as it is and converts float64
+    with k_from_f64: the same float32 bits either way (subnormals, -0.0, the extremes)."""
+    require_c_compiler()
+    import gradtool as gt
+    from gradtool.device.engine import capture
+    tp = gt.Tape()
+    a = tp.param(np.zeros(64, dtype=np.float32))
+    loss = tp.sum(a * a)
+    vals = np.concatenate([np.array([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4028235e38,
+                                     -3.4028235e38, 1.0, -2.5], np.float32),
+                           np.random.default_rng(0).standard_normal(55).astype(np.float32)])
+    r = capture(tp, loss.id, "host", dtype="f32")
+    off = r.program.val_off[a.id]
+    r.dev.write(off, vals)
+    first = r.dev.host_arena[off:off + 64].copy()
+    r.dev.write(off, np.zeros(64, np.float32))
+    r.dev.write(off, vals.astype(np.float64))
+    assert_bits_equal(r.dev.host_arena[off:off + 64], first, "f64 write")
+    assert_bits_equal(first, vals, "f32 write")

@@ -269,3 +269,56 @@ def test_the_issues_loop_is_the_same_bytes_on_cpu_and_host():
     assert len(cpu_losses) == 15 and cpu_losses == host_losses
     assert cpu_losses[-1] < cpu_losses[0]
     assert_same_state_bytes(cpu, host)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("cls, kw", [("AdamW", {"weight_decay": 0.1}),
+                                     ("SGD", {"momentum": 0.9})], ids=["AdamW", "SGD"])
+def test_a_group_in_one_call_is_the_params_one_by_one(cls, kw, dtype, monkeypatch):
+    """A group whose params all have gradients at one step count steps in one compiled
+    call (gt_opt_table_steps_py); a param without a gradient at some steps (its own step
+    count then) sends the group one by one.  Both are the table's update per param at
+    its own t (Entry.step, the numpy-level API), to the bit, at every step."""
+    shapes = [(6, 5), (5,), (3, 2, 2)]
+    rng = np.random.default_rng(4)
+    init = [rng.standard_normal(s).astype(np.float32 if dtype == torch.float32
+                                          else np.float64) for s in shapes]
+    grads = [[g.astype(init[0].dtype) for g in step] for step in _grads(9, shapes, seed=5)]
+    skip = {(3, 1), (4, 1), (6, 2)}                  # (step, param) without a gradient
+    params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in init]
+    opt = getattr(gtt.optim, cls)(params, lr=0.05, **kw)
+    entry = opt.entry
+    hp = opt._rule(opt.param_groups[0])[0]
+    ref_w = [w.copy() for w in init]
+    ref_state = [entry.init_state(w, hp) for w in init]
+    ref_t = [0, 0, 0]
+    calls = []
+    real = type(opt)._step_all
+    monkeypatch.setattr(type(opt), "_step_all",
+                        lambda self, *a: calls.append(real(self, *a)) or calls[-1])
+    for k, step in enumerate(grads):
+        for i, (p, g) in enumerate(zip(params, step)):
+            p.grad = None if (k, i) in skip else torch.from_numpy(g.copy())
+        opt.step()
+        for i, g in enumerate(step):
+            if (k, i) in skip:
+                continue
+            ref_t[i] += 1
+            entry.step(ref_w[i], g, ref_state[i], hp, ref_t[i], 0.05)
+        for i, p in enumerate(params):
+            assert_bits_equal(p.detach().numpy(), ref_w[i], f"step {k} param {i}")
+            assert opt.state[p]["step"] == ref_t[i]
+    require_c_compiler()
+    # steps 0-4: the params with a gradient all at one count (one call); from step 5
+    # param 1 is two steps behind the others
+    assert calls[:5] == [True] * 5 and not any(calls[5:])
+
+
+def test_a_param_the_group_call_cannot_take_is_named():
+    p = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64))
+    opt = gtt.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones(3, 4, dtype=torch.float64).t()      # not contiguous
+    with pytest.raises(OptimizerError, match="param 0 of group 0's .grad is not"):
+        opt.step()
+    assert not opt.state[p] or opt.state[p]["step"] == 0
+    assert bool((p.detach() == 0).all())

@@ -451,6 +451,63 @@ GT_CPU_EXPORT int gt_opt_table_step_py(int id, PyObject *w, PyObject *g, PyObjec
     return ok ? 0 : 1;
 }
 
+/* gt_opt_table_step over lists: ws[i] with gs[i] and the slots s0s[i] .. s2s[i]
+ * (a list each, or None past the variant's), every array of ws[i]'s size, one
+ * variant and scalars sc for all, no clip, no L2 (torch.optim's step: gtt.optim).
+ * Every buffer is taken first: 0 once all are updated, in list order, or 1 when
+ * one is not as it wants (nothing written: the caller steps them one by one). */
+GT_CPU_EXPORT int gt_opt_table_steps_py(int id, PyObject *ws, PyObject *gs, PyObject *s0s,
+                                        PyObject *s1s, PyObject *s2s, PyObject *sc)
+{
+    PyObject *lists[2 + GT_OPT_MAX_SLOTS] = {ws, gs, s0s, s1s, s2s};
+    if (!PyList_Check(ws) || !PyList_Check(gs)) return 1;
+    const Py_ssize_t items = PyList_GET_SIZE(ws);
+    int arrays = 2;                                  /* w, g, then the variant's slots */
+    while (arrays < 2 + GT_OPT_MAX_SLOTS && lists[arrays] != Py_None) {
+        if (!PyList_Check(lists[arrays])) return 1;
+        ++arrays;
+    }
+    for (int a = 1; a < arrays; ++a)
+        if (PyList_GET_SIZE(lists[a]) != items) return 1;
+    Py_buffer vc;
+    Py_ssize_t count = 0;
+    const double *pc = (const double *)gt_py_data(sc, &vc, 0, 'd', sizeof(double),
+                                                  GT_OPT_MAX_SCALARS, &count);
+    if (!pc) return 1;
+    Py_buffer *views = (Py_buffer *)PyMem_Malloc(sizeof(Py_buffer) * (size_t)(items * arrays + 1));
+    long long *sizes = (long long *)PyMem_Malloc(sizeof(long long) * (size_t)(items + 1));
+    void **ptrs = (void **)PyMem_Malloc(sizeof(void *) * (size_t)(items * arrays + 1));
+    Py_ssize_t held = 0;
+    int ok = views && sizes && ptrs;
+    for (Py_ssize_t i = 0; ok && i < items; ++i) {
+        Py_ssize_t n = 0;
+        for (int a = 0; ok && a < arrays; ++a) {
+            void *pd = GT_PY_F64(PyList_GET_ITEM(lists[a], i), &views[held], a != 1,
+                                 a == 0 ? -1 : n, a == 0 ? &n : NULL);
+            ok = pd != NULL;
+            if (ok) ptrs[held++] = pd;
+        }
+        if (ok) sizes[i] = (long long)n;
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < items; ++i) {
+            void **p = ptrs + i * arrays;
+            gt_opt_table_step(id, sizes[i], (gt_real *)p[0], (const gt_real *)p[1],
+                              arrays > 2 ? (gt_real *)p[2] : NULL,
+                              arrays > 3 ? (gt_real *)p[3] : NULL,
+                              arrays > 4 ? (gt_real *)p[4] : NULL, 0, 1.0, 0.0, pc);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t k = 0; k < held; ++k) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(sizes);
+    PyMem_Free(ptrs);
+    PyBuffer_Release(&vc);
+    return ok ? 0 : 1;
+}
+
 /* gt_select_zero: cond numpy bools, keep and dst float64, all of keep's size. */
 GT_CPU_EXPORT int gt_select_zero_py(PyObject *cond, PyObject *keep, PyObject *dst, int invert)
 {

@@ -203,8 +203,10 @@ class HostBackend:
         self.arena = np.zeros(max(words, 1), np.float64).view(DTYPES[program.dtype])
         self._ptrs = (self.arena.ctypes.data, self.meta.ctypes.data, self.table.ctypes.data)
         if self.staging.chunk:
-            self._convert = (lib.gt_run, int(names.index("k_from_f64")),
+            self._table = np.array([int(names.index("k_from_f64")), 0], dtype=np.int64)
+            self._convert = (lib.gt_run, self._table.ctypes.data,
                              self.arena[self.staging.off:].view(np.float64)[:self.staging.chunk])
+            self._metas = {}        # (dst, n) -> k_from_f64's metadata and its address
         for off, data in program.init:
             self.write(off, np.asarray(data, dtype=np.float64))
 
@@ -217,21 +219,36 @@ class HostBackend:
 
     def write(self, off: int, data: np.ndarray) -> None:
         """float64 ``data`` into the arena at ``off``: a copy in the float64 build; in the
-        float32 build copied into the staging area and converted by k_from_f64."""
+        float32 build copied into the staging area and converted by k_from_f64.  Data
+        already of the arena's dtype is copied as it is (a float32 array into the float32
+        build: the conversion would give the same bits)."""
+        if data.dtype == self.arena.dtype:      # already the arena's dtype: a plain copy
+            flat = data.reshape(-1)
+            self.arena[off:off + flat.size] = flat
+            return
         flat = np.ascontiguousarray(data, dtype=np.float64).reshape(-1)
         if not self.staging.chunk:
             self.arena[off:off + flat.size] = flat
             return
-        run, kernel, area = self._convert
-        table = np.array([kernel, 0], dtype=np.int64)
+        run, table_ptr, area = self._convert
+        metas = self._metas
         for start, n in self.staging.pieces(flat.size):
             area[:n] = flat[start:start + n]
-            meta = np.array(pack("k_from_f64", n, dst=off + start, src=self.staging.off),
-                            dtype=np.int64)
-            run(self._ptrs[0], meta.ctypes.data, table.ctypes.data, 0, 1)
+            found = metas.get((off + start, n))
+            if found is None:         # a loop writes the same leaves again: made once
+                meta = np.array(pack("k_from_f64", n, dst=off + start, src=self.staging.off),
+                                dtype=np.int64)
+                found = metas[off + start, n] = (meta, meta.ctypes.data)
+            run(self._ptrs[0], found[1], table_ptr, 0, 1)
 
     def read(self, off: int, n: int) -> np.ndarray:
         return self.arena[off:off + n].astype(np.float64)
+
+    @property
+    def host_arena(self) -> np.ndarray:
+        """The arena itself (the optional ``host_arena`` of the Backend protocol): callers
+        between runs may read and write it in place, in its own dtype."""
+        return self.arena
 
     def scalar(self, off: int) -> float:
         return float(self.arena[off])

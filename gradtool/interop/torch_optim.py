@@ -43,10 +43,21 @@ import torch
 
 from ..errors import OptimizerError
 from ..optim import table as _table
+from ..optim.core import Update as _Update
+from ..optim.core import compiled_library as _library_of
 
 __all__ = ["SGD", "Adam", "AdamW", "AdamSeed", "Optimizer"]
 
 _UNSUPPORTED = ("foreach", "fused", "capturable", "differentiable")
+
+
+def _compiled() -> bool:
+    import sys
+    return sys.modules["gradtool.optim"]._COMPILED[0]
+
+
+def _library(dtype):
+    return _library_of(np.float32 if dtype is torch.float32 else np.float64)
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -93,15 +104,44 @@ class Optimizer(torch.optim.Optimizer):
         return lr
 
     @staticmethod
-    def _view(t: torch.Tensor, what: str) -> np.ndarray:
+    def _view(t: torch.Tensor, gi: int, pi: int, grad: bool = False) -> np.ndarray:
+        """A numpy view of ``t`` (param ``pi`` of group ``gi``, or its ``.grad``)."""
+        if (t.dtype is torch.float32 or t.dtype is torch.float64) and t.device.type == "cpu" \
+                and t.is_contiguous():
+            return t.numpy()
+        what = f"param {pi} of group {gi}" + ("'s .grad" if grad else "")
         if t.device.type != "cpu" or t.dtype not in (torch.float64, torch.float32):
             raise OptimizerError(f"gtt.optim steps CPU float64 or float32 tensors; {what} "
                                  f"is {t.dtype} on {t.device}")
-        if not t.is_contiguous():
-            raise OptimizerError(f"gtt.optim steps contiguous tensors; {what} is not")
-        return t.detach().numpy()
+        raise OptimizerError(f"gtt.optim steps contiguous tensors; {what} is not")
 
     # ── the step ──────────────────────────────────────────────────────────
+    def _rule(self, group: dict):
+        """(hyperparameters, :class:`gradtool.optim.core.Update`) of ``group``: checked
+        and built once per distinct set of values (a scheduler changes ``lr`` only)."""
+        key = tuple((k, repr(v)) for k, v in group.items() if k not in ("params", "lr"))
+        cache = self.__dict__.setdefault("_rules", {})
+        found = cache.get(key)
+        if found is None:
+            hp = self._hparams(group)
+            found = cache[key] = (hp, _Update(self.entry, hp))
+        return found
+
+    def _power(self, base: float, t: int) -> float:
+        """``running_power(base, t)``, advanced by one multiplication from the last step's
+        value where it can be (the bits are those of the loop in running_power)."""
+        memo = self.__dict__.setdefault("_powers", {})
+        last = memo.get(base)
+        if last is not None and last[0] == t:
+            return last[1]
+        if last is not None and last[0] == t - 1:
+            following = last[1] * base
+            value = last[1] if following == last[1] else following
+        else:
+            value = _table.running_power(base, t)
+        memo[base] = (t, value)
+        return value
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -109,26 +149,95 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
-            hp, lr = self._hparams(group), self._lr(group)
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                what = f"param {pi} of group {gi}"
-                w = self._view(p.data, what)
-                g = self._view(p.grad, what + "'s .grad")
-                if g.dtype != w.dtype:
-                    raise OptimizerError(f"{what} is {p.dtype} and its .grad {p.grad.dtype}")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    for s in self.entry.slot_names(hp):
-                        state[s] = torch.zeros_like(p.data, memory_format=torch.contiguous_format)
-                slots = {s: state[s].numpy() for s in self.entry.slot_names(hp)}
-                t = state["step"] = int(state["step"]) + 1
-                b1t = _table.running_power(hp[self.entry.powers[0]], t) if self.entry.powers else 1.0
-                b2t = _table.running_power(hp[self.entry.powers[1]], t) if self.entry.powers else 1.0
-                self.entry.apply(w, g, slots, hp, self.entry.scalars(hp, lr, t, b1t, b2t))
+            hp, update = self._rule(group)
+            lr = self._lr(group)
+            active = [p for p in group["params"] if p.grad is not None]
+            if not self._step_all(active, hp, update, lr):
+                self._step_each(gi, group, hp, update, lr)
         return loss
+
+    def _state(self, p, update) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            for s in update.slots:
+                state[s] = torch.zeros_like(p.data, memory_format=torch.contiguous_format)
+        return state
+
+    def _scalars(self, hp: dict, lr: float, t: int) -> dict:
+        entry = self.entry
+        b1t = self._power(hp[entry.powers[0]], t) if entry.powers else 1.0
+        b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
+        return entry.scalars(hp, lr, t, b1t, b2t)
+
+    def _slot_view(self, t: torch.Tensor) -> np.ndarray:
+        """The numpy view of a state slot's tensor, made once per tensor (the slots are
+        this optimizer's own tensors; a new one, e.g. after ``load_state_dict``, gets
+        its own view)."""
+        views = self.__dict__.setdefault("_slot_views", {})
+        found = views.get(id(t))
+        if found is not None and found[0] is t:
+            return found[1]
+        if len(views) > 4 * sum(len(g["params"]) for g in self.param_groups) + 16:
+            views.clear()                      # views of tensors replaced since
+        arr = t.numpy()
+        views[id(t)] = (t, arr)
+        return arr
+
+    def _step_all(self, active: list, hp: dict, update, lr: float) -> bool:
+        """The group's params in one compiled call (``gt_opt_table_steps_py``) where they
+        allow it: CPU tensors of one float dtype, contiguous, every one at the same step
+        count (as they are when each has had a gradient at every step), the compiled
+        library present; False, with nothing changed, where they do not."""
+        if not active:
+            return True
+        dtype = active[0].dtype
+        if dtype is not torch.float32 and dtype is not torch.float64:
+            return False
+        lib = _library(dtype) if _compiled() else None
+        if lib is None or lib.py_opt_table_steps is None:
+            return False
+        states = [self._state(p, update) for p in active]
+        t = states[0]["step"]
+        try:
+            if any(st["step"] != t for st in states):
+                return False
+            ws = [p.detach().numpy() for p in active]
+            gs = [p.grad.numpy() for p in active]
+            slots = [[self._slot_view(st[s]) for st in states] for s in update.slots]
+        except (TypeError, RuntimeError):        # a CUDA tensor, one needing grad, ...
+            return False
+        if any(w.dtype != ws[0].dtype for w in ws):
+            return False
+        t = int(t) + 1
+        packed = update.pack(self._scalars(hp, lr, t))
+        slots += [None] * (_table.MAX_SLOTS - len(slots))
+        if lib.py_opt_table_steps(update.variant, ws, gs, *slots, packed):
+            return False                          # one not as it wants: nothing written
+        for st in states:
+            st["step"] = t
+        return True
+
+    def _step_each(self, gi: int, group: dict, hp: dict, update, lr: float) -> None:
+        """The params one by one (any mix of step counts; a clear error for a param the
+        update cannot take)."""
+        scalars = {}                     # per step count t: (scalars, packed)
+        for pi, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            w = self._view(p.data, gi, pi)
+            g = self._view(p.grad, gi, pi, grad=True)
+            if g.dtype != w.dtype:
+                raise OptimizerError(f"param {pi} of group {gi} is {p.dtype} and its "
+                                     f".grad {p.grad.dtype}")
+            state = self._state(p, update)
+            slots = {s: state[s].numpy() for s in update.slots}
+            t = state["step"] = int(state["step"]) + 1
+            found = scalars.get(t)
+            if found is None:
+                sc = self._scalars(hp, lr, t)
+                found = scalars[t] = (sc, update.pack(sc))
+            update(w, g, slots, None, 0.0, *found)
 
     # ── saved state ───────────────────────────────────────────────────────
     def load_state_dict(self, state_dict: dict) -> None:

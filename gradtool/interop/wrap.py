@@ -169,6 +169,19 @@ class _Graph:
             # its size): written and read straight, the shape checked by _leaf
             self.arena = {i: (prog.val_off[i], prog.grad_off[i], prog.size_of(i))
                           for _, i in self.params}
+            # a backend whose arena is a numpy array here (host): each param's values and
+            # gradient as tensors viewing it (the param's shape), copied in and out by one
+            # torch call for all of them (_params_in, _grads_out)
+            host = getattr(self.replay.dev, "host_arena", None)
+            self.views = None
+            if host is not None and all(params[k].numel() == self.arena[i][2]
+                                        for k, i in self.params):
+                torch = _torch()
+                shaped = [(k, self.arena[i], params[k].shape) for k, i in self.params]
+                self.views = (
+                    [torch.from_numpy(host[v:v + n]).view(shape) for _, (v, _, n), shape in shaped],
+                    [None if g < 0 else torch.from_numpy(host[g:g + n]).view(shape)
+                     for _, (_, g, n), shape in shaped])
 
     def current(self, params: dict, buffers: dict) -> bool:
         """Whether the constants the tape was recorded with are unchanged."""
@@ -222,15 +235,21 @@ class _Graph:
         from ..ops import inexact_int
         from ..tape import check_ids
         torch = _torch()
-        arr = t.detach().cpu().to(torch.int64).numpy().reshape(self.tape.values[i].shape)
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype is not torch.int64:
+            t = t.to(torch.int64)
+        arr = t.numpy().reshape(self.tape.values[i].shape)
         check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
         if i in self.id_values and inexact_int(arr):
             raise WrapError(f"input {name!r}: {inexact_int(arr)}")
         return arr
 
-    def _fill(self, set_leaf, params, buffers, args, rng, set_param=None) -> None:
+    def _fill(self, set_leaf, params, buffers, args, rng, set_param=None,
+              with_params=True) -> None:
         set_param = set_param or set_leaf
-        for k, i in self.params:
+        for k, i in self.params if with_params else ():
             set_param(i, self._leaf(i, params[k], f"parameter {k!r}"))
         for k, i, _ in self.state:
             set_leaf(i, self._leaf(i, buffers[k], f"buffer {k!r}"))
@@ -258,20 +277,50 @@ class _Graph:
         state = [tp.values[o].copy() for _, _, o in self.state]
         return loss, grads, outs, state
 
+    def _params_in(self, params) -> bool:
+        """Every param's values copied into its arena view (host) by one ``_foreach_copy_``
+        (torch converts a dtype or device); False (nothing copied) where that cannot be
+        done (no views, a param of another shape): :meth:`_fill` then converts each and
+        names a bad one."""
+        if self.views is None:
+            return False
+        torch = _torch()
+        tensors = [params[k] for k, _ in self.params]
+        views = self.views[0]
+        if any(t.shape != v.shape for t, v in zip(tensors, views)):
+            return False
+        with torch.no_grad():
+            _foreach(torch, "_foreach_copy_", views, tensors)
+        return True
+
+    def _grads_out(self) -> dict:
+        """Copies of every param's gradient (host arena views), as tensors: one
+        ``_foreach_clone`` for all of them."""
+        torch = _torch()
+        live = [g for g in self.views[1] if g is not None]
+        it = iter(_foreach(torch, "_foreach_clone", live))
+        return {k: None if g is None else next(it)
+                for (k, _), g in zip(self.params, self.views[1])}
+
     def _run_device(self, params, buffers, args, rng, need_grad):
         rp = self.replay
         dev, arena = rp.dev, self.arena
 
         def set_param(i, arr):         # a param's values: no checks to make (floats)
             dev.write(arena[i][0], arr)
-        self._fill(rp.set_input, params, buffers, args, rng, set_param)
+        if self._params_in(params):
+            self._fill(rp.set_input, {}, buffers, args, rng, set_param, with_params=False)
+        else:
+            self._fill(rp.set_input, params, buffers, args, rng, set_param)
         if need_grad:
             rp.episode(train=False)    # forward and backward, no optimizer
         else:
             rp.forward()
         loss = rp.loss()
         grads = {}
-        if need_grad:
+        if need_grad and self.views is not None:     # copies of the views, in their dtype
+            grads = self._grads_out()
+        elif need_grad:
             for k, i in self.params:
                 _, g_off, size = arena[i]
                 grads[k] = (dev.read(g_off, size).reshape(self.tape.values[i].shape)
@@ -279,6 +328,32 @@ class _Graph:
         outs = [rp.value(i) if i >= 0 else None for i in self.out_ids]
         state = [rp.value(o) for _, _, o in self.state]
         return loss, grads, outs, state
+
+
+def _foreach(torch, name: str, *lists):
+    """``torch._foreach_<op>`` over the lists (one call for every tensor), or the op
+    tensor by tensor where this torch has no such function."""
+    fn = getattr(torch, name, None)
+    if fn is not None:
+        return fn(*lists)
+    if name == "_foreach_copy_":
+        for dst, src in zip(*lists):
+            dst.copy_(src)
+        return None
+    return [t.clone() for t in lists[0]]          # _foreach_clone
+
+
+def _as_grad(torch, a, p):
+    """Gradient ``a`` (an owned array or tensor: a copy) as a tensor of param ``p``'s
+    shape, dtype and device (no conversion call where it has them already)."""
+    t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
+    if t.shape != p.shape:
+        t = t.reshape(p.shape)
+    if t.dtype != p.dtype:
+        t = t.to(p.dtype)
+    if t.device != p.device:
+        t = t.to(p.device)
+    return t
 
 
 def _versions(params: dict, buffers: dict, state_names) -> list:
@@ -425,11 +500,12 @@ class _Wrapper:
                 b = buffers[k]
                 b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
         device = tensors[0].device if tensors else torch.device("cpu")
-        loss_t = torch.tensor(loss, dtype=torch.float64).to(dtype).to(device)
+        loss_t = torch.tensor(loss, dtype=dtype)
+        if device.type != "cpu":
+            loss_t = loss_t.to(device)
         if need_grad:
-            g = [None if grads.get(k) is None else
-                 torch.from_numpy(np.asarray(grads[k])).reshape(p.shape).to(p.dtype).to(
-                     p.device) for (k, _), p in zip(graph.params, tensors)]
+            g = [None if grads.get(k) is None else _as_grad(torch, grads[k], p)
+                 for (k, _), p in zip(graph.params, tensors)]
             loss_t = _loss_function().apply(loss_t, g, *tensors)
         flat = []
         for i, (value, odt, shape) in enumerate(zip(outs, graph.out_dtypes,

@@ -123,8 +123,9 @@ class Optimizer:
         self.b2t = 1.0
         self.entries: list[Entry] = []
         self._tape = None         # the tape the params belong to (set by the first add)
-        self._variant = _table.variant_id(self.table_entry, self.hparams)
-        self._slots = self.table_entry.slot_names(self.hparams)
+        self._update = Update(self.table_entry, self.hparams)
+        self._variant = self._update.variant
+        self._slots = self._update.slots
 
     @property
     def slots(self) -> tuple:
@@ -207,41 +208,15 @@ class Optimizer:
         scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
         scalars = self.begin_step()
         # the package's switch (tests replace it): read, not imported (no cycle)
-        compiled = sys.modules[__package__]._COMPILED[0]
-        packed = None
+        update, packed = self._update, _pack(self.table_entry, scalars)
         for e, g in zip(active, grads):
-            w = tape.values[e.node_id]
-            lib = _library(w) if compiled else None
-            if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
-                if packed is None:
-                    packed = _pack(self.table_entry, scalars)
-                self._update_compiled(lib, e, w, g, scale, packed)
-                continue
-            if scale is not None:
-                g = g * scale
-            if e.l2 != 0.0:
-                g = g + e.l2 * w
-            self.table_entry.apply(w, g, e.state, self.hparams, scalars)
+            update(tape.values[e.node_id], g, e.state, scale, e.l2, scalars, packed)
 
     def update_piece(self, entry: Entry, w, g, state: dict, scale, scalars: dict) -> None:
         """Steps 2 and 3 and the rule on a contiguous piece of one registered param
         (``w`` a view, updated in place; ``state`` its slots' pieces): what :meth:`step`
         does to those elements, bit for bit (the sharded optimizer's update)."""
-        lib = _library(w) if sys.modules[__package__]._COMPILED[0] else None
-        if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype) and all(
-                _plain(a, w.dtype) for a in state.values()):
-            ptrs = [state[s].ctypes.data for s in self._slots]
-            ptrs += [None] * (_table.MAX_SLOTS - len(ptrs))
-            packed = _pack(self.table_entry, scalars)
-            lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
-                                  scale is not None, 1.0 if scale is None else scale,
-                                  entry.l2, packed.ctypes.data)
-            return
-        if scale is not None:
-            g = g * scale
-        if entry.l2 != 0.0:
-            g = g + entry.l2 * w
-        self.table_entry.apply(w, g, state, self.hparams, scalars)
+        self._update(w, g, state, scale, entry.l2, scalars)
 
     def _clip_scale(self, grads) -> Optional[float]:
         if grads and all(g.dtype == np.float32 for g in grads):
@@ -253,19 +228,6 @@ class Optimizer:
             clip = np.float32(self.clip)
             return float(clip / norm) if norm > clip else None
         return clip_scale(global_norm(grads), self.clip)
-
-    def _update_compiled(self, lib, entry: Entry, w, g, scale, packed) -> None:
-        slots = [entry.state[s] for s in self._slots]
-        clipped, factor = scale is not None, 1.0 if scale is None else scale
-        # the Python entry takes the arrays themselves (about 1 us a call, where ctypes'
-        # addresses and converted arguments cost several); 1: not as it wants, ctypes then
-        if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
-                self._variant, w, g, *slots, *[None] * (_table.MAX_SLOTS - len(slots)),
-                clipped, factor, entry.l2, packed):
-            return
-        ptrs = [a.ctypes.data for a in slots] + [None] * (_table.MAX_SLOTS - len(slots))
-        lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
-                              clipped, factor, entry.l2, packed.ctypes.data)
 
     # ── saved state ────────────────────────────────────────────────────────
     def state_dict(self) -> dict:
@@ -403,17 +365,68 @@ assert set(CLASSES) == set(KINDS) == set(_table.NAMES)
 
 
 
+class Update:
+    """One table entry at fixed hyperparameters, applied to one array at a time: the
+    clip factor, the L2 term and the rule (steps 2 and 3 and the rule of the module
+    docstring) on ``w`` and its slots, in place.  :class:`Optimizer` and
+    ``gtt.optim`` (:mod:`gradtool.interop.torch_optim`) both step through it.
+
+    One compiled pass (``csrc/gt_optim_table.h`` through ``csrc/gt_cpu.c``, threaded on
+    large arrays) where a C compiler is available and the arrays are C-contiguous of
+    ``w``'s dtype, else the table's numpy rendering; both give the same bits
+    (tests/test_optim.py runs every trajectory both ways).  ``g`` is only read."""
+
+    def __init__(self, entry, hp: dict):
+        self.entry, self.hp = entry, hp
+        self.variant = _table.variant_id(entry, hp)
+        self.slots = entry.slot_names(hp)
+        self._pad = [None] * (_table.MAX_SLOTS - len(self.slots))
+
+    def pack(self, scalars: dict):
+        return _pack(self.entry, scalars)
+
+    def __call__(self, w, g, state: dict, scale, l2: float, scalars: dict,
+                 packed=None) -> None:
+        slots = [state[s] for s in self.slots]
+        # the package's switch (tests replace it): read, not imported (no cycle)
+        lib = _library(w) if sys.modules[__package__]._COMPILED[0] else None
+        if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype) and all(
+                _plain(a, w.dtype) for a in slots):
+            if packed is None:
+                packed = _pack(self.entry, scalars)
+            clipped, factor = scale is not None, 1.0 if scale is None else scale
+            # the Python entry takes the arrays themselves (about 1 us a call, where
+            # ctypes' addresses and converted arguments cost several); 1: not as it
+            # wants, ctypes then
+            if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
+                    self.variant, w, g, *slots, *self._pad, clipped, factor, l2, packed):
+                return
+            ptrs = [a.ctypes.data for a in slots] + self._pad
+            lib.gt_opt_table_step(self.variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
+                                  clipped, factor, l2, packed.ctypes.data)
+            return
+        if scale is not None:
+            g = g * scale
+        if l2 != 0.0:
+            g = g + l2 * w
+        self.entry.apply(w, g, state, self.hp, scalars)
+
+
 def _plain(x: np.ndarray, dtype=np.float64) -> bool:
     """An array the compiled step can take as is: C-contiguous aligned ``dtype``."""
     return x.dtype == dtype and x.flags.c_contiguous and x.flags.aligned
 
 
-def _library(w: np.ndarray):
-    """The compiled step for ``w``'s dtype: gt_cpu (float64) or gt_cpu_f32 (float32: its
+def compiled_library(dtype):
+    """The compiled step for ``dtype``: gt_cpu (float64) or gt_cpu_f32 (float32: its
     scalars rounded to float32 once, as the table's numpy rendering rounds them), or None."""
-    if w.dtype == np.float32:
+    if dtype == np.float32:
         return numerics.cpu_kernels32()
     return numerics.cpu_kernels()
+
+
+def _library(w: np.ndarray):
+    return compiled_library(w.dtype)
 
 
 def make_optimizer(kind: str, lr: float, hparams: Optional[dict] = None,
