@@ -322,3 +322,25 @@ def test_a_param_the_group_call_cannot_take_is_named():
         opt.step()
     assert not opt.state[p] or opt.state[p]["step"] == 0
     assert bool((p.detach() == 0).all())
+
+
+def test_a_param_given_new_memory_is_stepped_there():
+    """The group step keeps numpy views of the params between steps; ``p.data = ...``
+    (new memory) and ``load_state_dict`` (new slot tensors) are seen: the steps go on
+    to the bits of an optimizer that never kept a view."""
+    rng = np.random.default_rng(8)
+    w0 = rng.standard_normal((4, 3))
+    grads = [rng.standard_normal((4, 3)) for _ in range(6)]
+    a, b = (torch.nn.Parameter(torch.from_numpy(w0.copy())) for _ in range(2))
+    oa, ob = gtt.optim.AdamW([a], lr=0.1), gtt.optim.AdamW([b], lr=0.1)
+    for k, g in enumerate(grads):
+        if k == 2:
+            a.data = a.data.clone()                 # new memory, same values
+        if k == 4:
+            oa.load_state_dict(copy.deepcopy(oa.state_dict()))
+        for p in (a, b):
+            p.grad = torch.from_numpy(g.copy())
+        oa.step()
+        ob.__dict__.pop("_plans", None)            # b: no view kept from step to step
+        ob.step()
+        assert_bits_equal(a.detach().numpy(), b.detach().numpy(), f"step {k}")

@@ -170,20 +170,6 @@ class Optimizer(torch.optim.Optimizer):
         b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
         return entry.scalars(hp, lr, t, b1t, b2t)
 
-    def _slot_view(self, t: torch.Tensor) -> np.ndarray:
-        """The numpy view of a state slot's tensor, made once per tensor (the slots are
-        this optimizer's own tensors; a new one, e.g. after ``load_state_dict``, gets
-        its own view)."""
-        views = self.__dict__.setdefault("_slot_views", {})
-        found = views.get(id(t))
-        if found is not None and found[0] is t:
-            return found[1]
-        if len(views) > 4 * sum(len(g["params"]) for g in self.param_groups) + 16:
-            views.clear()                      # views of tensors replaced since
-        arr = t.numpy()
-        views[id(t)] = (t, arr)
-        return arr
-
     def _step_all(self, active: list, hp: dict, update, lr: float) -> bool:
         """The group's params in one compiled call (``gt_opt_table_steps_py``) where they
         allow it: CPU tensors of one float dtype, contiguous, every one at the same step
@@ -197,26 +183,50 @@ class Optimizer(torch.optim.Optimizer):
         lib = _library(dtype) if _compiled() else None
         if lib is None or lib.py_opt_table_steps is None:
             return False
-        states = [self._state(p, update) for p in active]
-        t = states[0]["step"]
-        try:
-            if any(st["step"] != t for st in states):
-                return False
-            ws = [p.detach().numpy() for p in active]
-            gs = [p.grad.numpy() for p in active]
-            slots = [[self._slot_view(st[s]) for st in states] for s in update.slots]
-        except (TypeError, RuntimeError):        # a CUDA tensor, one needing grad, ...
+        plan = self._plan(active, update)
+        if plan is None:
             return False
-        if any(w.dtype != ws[0].dtype for w in ws):
+        states, ws, slots = plan
+        t = states[0]["step"]
+        if any(st["step"] != t for st in states):
+            return False
+        try:
+            gs = [p.grad.numpy() for p in active]
+        except (TypeError, RuntimeError):        # a CUDA gradient, ...
             return False
         t = int(t) + 1
         packed = update.pack(self._scalars(hp, lr, t))
-        slots += [None] * (_table.MAX_SLOTS - len(slots))
         if lib.py_opt_table_steps(update.variant, ws, gs, *slots, packed):
             return False                          # one not as it wants: nothing written
         for st in states:
             st["step"] = t
         return True
+
+    def _plan(self, active: list, update):
+        """(states, numpy views of the params, of their slots) for ``active``, made once
+        and kept while the same params, with the same memory (``data_ptr``), the same
+        state dicts and the same rule step; None where a param is not a CPU tensor
+        numpy can view (the one-by-one path then names it)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        key = (tuple(map(id, active)), update.variant)
+        ptrs = [p.data_ptr() for p in active]
+        plan = plans.get(key)
+        if plan is not None and plan[0] == ptrs and plan[1] is self.state and all(
+                a is b for a, b in zip(plan[2], active)):
+            return plan[3]
+        states = [self._state(p, update) for p in active]
+        try:
+            ws = [p.detach().numpy() for p in active]
+            slots = [[st[s].numpy() for st in states] for s in update.slots]
+        except (TypeError, RuntimeError):        # a CUDA tensor, bfloat16, ...
+            return None
+        if any(w.dtype != ws[0].dtype for w in ws):
+            return None
+        slots += [None] * (_table.MAX_SLOTS - len(slots))
+        if len(plans) > 8:
+            plans.clear()
+        plans[key] = (ptrs, self.state, list(active), (states, ws, slots))
+        return states, ws, slots
 
     def _step_each(self, gi: int, group: dict, hp: dict, update, lr: float) -> None:
         """The params one by one (any mix of step counts; a clear error for a param the
@@ -286,6 +296,7 @@ class Optimizer(torch.optim.Optimizer):
                         raise OptimizerError(f"optimizer state of param {pid}: {k!r} holds "
                                              "negative values")
         super().load_state_dict(state_dict)
+        self.__dict__.pop("_plans", None)          # views of the tensors replaced here
         for state in self.state.values():       # the step a plain int, the slots contiguous
             if isinstance(state.get("step"), torch.Tensor):
                 state["step"] = int(state["step"].item())
