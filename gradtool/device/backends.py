@@ -85,7 +85,7 @@ class Backend(Protocol):
     Optional: ``host_arena``, the arena as a writable numpy array in this process's
     memory (the host backend's), which a caller may read and write in place between
     runs, in the arena's own dtype, instead of through ``write`` and ``read`` (the
-    own-loop wrapper's per-parameter copies: :mod:`gradtool.interop.wrap`).  A backend
+    own-loop wrapper's per-parameter copies: ``gtt.wrap``).  A backend
     whose arena lives elsewhere does not have it.
 
     In float64 the kernels must give the CPU tape's bits: run ``kernels.cu`` (or the
