@@ -166,12 +166,14 @@ def float64_default(torch):
     """torch's default dtype float64 while the forward is traced, re-traced by
     run_decompositions and folded: the tensors it creates without a dtype are float64.
     torch's fake-tensor logger is quiet meanwhile: it logs a traceback for an op that
-    fails on the example shapes, which the import reports itself, in one line; so is its
-    symbolic-shapes logger, which dumps the graph before a data-dependent branch fails."""
+    fails on the example shapes, which the import reports itself, in one line; so are its
+    symbolic-shapes logger, which dumps the graph before a data-dependent branch fails,
+    and (torch 2.6) export's tracer, which logs the same failure again."""
     default = torch.get_default_dtype()
     loggers = [logging.getLogger(name) for name in (
         "torch._subclasses.fake_tensor",
-        "torch.fx.experimental.symbolic_shapes")]    # a data-dependent guard's graph dump
+        "torch.fx.experimental.symbolic_shapes",     # a data-dependent guard's graph dump
+        "torch.export._trace")]                      # torch 2.6: the failure, logged twice
     levels = [logger.level for logger in loggers]
     torch.set_default_dtype(torch.float64)
     for logger in loggers:

@@ -387,11 +387,24 @@ class _Importer:
         tied = {}                               # id(tensor) -> its param (or const)
         mutated = {spec.target for spec in ep.graph_signature.output_specs
                    if spec.kind == self.OK.BUFFER_MUTATION}
-        for spec in ep.graph_signature.input_specs:
+        # the params first, in the module's registration order (the state dict's), as
+        # torch >= 2.7 lists them; torch 2.6 lists them in the order the forward uses them
+        # (a tied weight under its first name there, as named_parameters gives it)
+        specs = list(ep.graph_signature.input_specs)
+        first = {}
+        for k, t in state.items():
+            first.setdefault(id(t), k)
+        order = {k: i for i, k in enumerate(state)}
+
+        def key(spec):
+            t = state.get(spec.target)
+            return order.get(first.get(id(t), spec.target), len(order))
+        params = sorted((s for s in specs if s.kind == IK.PARAMETER), key=key)
+        for spec in params + [s for s in specs if s.kind != IK.PARAMETER]:
             node = placeholders[spec.arg.name]
             if spec.kind == IK.PARAMETER:
                 t = state[spec.target]
-                name = self.name(spec.target)
+                name = self.name(first.get(id(t), spec.target))
                 if t.requires_grad and t.is_complex():
                     self.problems.add("unsupported parameter", repr(name), node,
                                       "complex tensors: gradtool imports complex buffers and "
@@ -598,7 +611,7 @@ class _Importer:
                 self.problems.add("in-place mutation of user input", repr(spec.target),
                                   out if hasattr(out, "meta") else None,
                                   "the forward writes into its input; copy it first")
-            elif spec.kind == OK.PARAMETER_MUTATION:
+            elif spec.kind == getattr(OK, "PARAMETER_MUTATION", None):    # torch >= 2.7
                 self.problems.add("in-place mutation of parameter", repr(spec.target),
                                   out if hasattr(out, "meta") else None)
 
