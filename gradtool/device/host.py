@@ -217,7 +217,11 @@ class HostBackend:
 
     def write(self, off: int, data: np.ndarray) -> None:
         """float64 ``data`` into the arena at ``off``: a copy in the float64 build; in the
-        float32 build copied into the staging area and converted by k_from_f64."""
+        float32 build copied into the staging area and converted by k_from_f64 (float32
+        ``data`` there: a plain copy, exact)."""
+        if data.dtype == self.arena.dtype:
+            self.arena[off:off + data.size] = data.reshape(-1)
+            return
         flat = np.ascontiguousarray(data, dtype=np.float64).reshape(-1)
         if not self.staging.chunk:
             self.arena[off:off + flat.size] = flat
