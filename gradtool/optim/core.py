@@ -123,6 +123,7 @@ class Optimizer:
         self.b2t = 1.0
         self.entries: list[Entry] = []
         self._tape = None         # the tape the params belong to (set by the first add)
+        self._packed = np.zeros(_table.MAX_SCALARS)   # step()'s scalars for the C step
         self._variant = _table.variant_id(self.table_entry, self.hparams)
         self._slots = self.table_entry.slot_names(self.hparams)
 
@@ -187,10 +188,14 @@ class Optimizer:
 
     def begin_step(self) -> dict:
         """Advance ``t`` and the running products; the entry's scalars for this step."""
+        return dict(zip(self.table_entry.scalar_names(), self._begin_values()))
+
+    def _begin_values(self) -> list:
+        """:meth:`begin_step` with the scalars as a list in ``scalar_names`` order."""
         self.t += 1
         self.b1t, self.b2t = self.table_entry.advance(self.hparams, self.b1t, self.b2t)
-        return self.table_entry.scalars(self.hparams, self.step_lr(self.t), self.t,
-                                        self.b1t, self.b2t)
+        return self.table_entry.scalar_values(self.hparams, self.step_lr(self.t), self.t,
+                                              self.b1t, self.b2t)
 
     def step(self, tape) -> None:
         """One update from the gradients on ``tape``, in the module docstring's order.
@@ -205,18 +210,21 @@ class Optimizer:
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
         grads = [tape.grads[e.node_id] for e in active]
         scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
-        scalars = self.begin_step()
+        values = self._begin_values()
         # the package's switch (tests replace it): read, not imported (no cycle)
         compiled = sys.modules[__package__]._COMPILED[0]
-        packed = None
+        packed = scalars = None
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
             lib = _library(w) if compiled else None
             if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
                 if packed is None:
-                    packed = _pack(self.table_entry, scalars)
+                    packed = self._packed
+                    packed[:len(values)] = values
                 self._update_compiled(lib, e, w, g, scale, packed)
                 continue
+            if scalars is None:
+                scalars = dict(zip(self.table_entry.scalar_names(), values))
             if scale is not None:
                 g = g * scale
             if e.l2 != 0.0:
@@ -256,14 +264,14 @@ class Optimizer:
 
     def _update_compiled(self, lib, entry: Entry, w, g, scale, packed) -> None:
         slots = [entry.state[s] for s in self._slots]
+        slots += _NO_SLOTS[len(slots):]
         clipped, factor = scale is not None, 1.0 if scale is None else scale
         # the Python entry takes the arrays themselves (about 1 us a call, where ctypes'
         # addresses and converted arguments cost several); 1: not as it wants, ctypes then
         if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
-                self._variant, w, g, *slots, *[None] * (_table.MAX_SLOTS - len(slots)),
-                clipped, factor, entry.l2, packed):
+                self._variant, w, g, *slots, clipped, factor, entry.l2, packed):
             return
-        ptrs = [a.ctypes.data for a in slots] + [None] * (_table.MAX_SLOTS - len(slots))
+        ptrs = [None if a is None else a.ctypes.data for a in slots]
         lib.gt_opt_table_step(self._variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
                               clipped, factor, entry.l2, packed.ctypes.data)
 
@@ -337,10 +345,12 @@ class Optimizer:
 def _pack(entry, scalars: dict):
     """The entry's scalars in its order, padded with 0.0 to MAX_SCALARS (the float32
     library converts that many)."""
-    names = entry.scalar_names()
-    packed = np.zeros(_table.MAX_SCALARS)
-    packed[:len(names)] = [scalars[n] for n in names]
-    return packed
+    return _pack_values([scalars[n] for n in entry.scalar_names()])
+
+
+def _pack_values(values: list):
+    """Scalars already in the entry's order, as :func:`_pack` gives them."""
+    return np.array(values + [0.0] * (_table.MAX_SCALARS - len(values)))
 
 
 class SGD(Optimizer):
@@ -401,6 +411,9 @@ class AdamSeed(Optimizer):
 CLASSES = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "adam-seed": AdamSeed}
 assert set(CLASSES) == set(KINDS) == set(_table.NAMES)
 
+
+
+_NO_SLOTS = [None] * _table.MAX_SLOTS
 
 
 def _plain(x: np.ndarray, dtype=np.float64) -> bool:
