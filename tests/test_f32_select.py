@@ -1,0 +1,38 @@
+"""expr.select_numpy on float32 (relu and its gradient on an f32 tape in the CPU
+reference): the compiled gt_select_zero of the float32 library and the numpy bit mask
+it falls back to give np.where's float32 bit patterns, NaN payloads and signed zeros
+included, as the float64 path does (tests/test_numerics.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import require_c_compiler
+from gradtool import numerics as nx
+from gradtool.expr import select_numpy
+
+
+def test_the_float32_select_against_zero_gives_np_where_bits(rng, monkeypatch):
+    require_c_compiler()
+    assert nx.cpu_kernels32() is not None, "a C compiler is here, yet the f32 kernels failed"
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45,
+                         3e38, -1.5, 2.5], dtype=np.float32)
+    payload = np.array([0x7f800001, 0xffc0beef], dtype=np.uint32).view(np.float32)
+    x = rng.choice(np.concatenate([specials, payload,
+                                   rng.standard_normal(5).astype(np.float32)]), 10_007)
+    assert x.dtype == np.float32
+    cond = rng.random(x.size) < 0.5
+    want = {False: np.where(cond, x, 0.0), True: np.where(cond, 0.0, x)}
+    assert want[False].dtype == np.float32
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(nx, "cpu_kernels32", lambda: None)
+        for invert, got in ((False, select_numpy(cond, x, 0.0)),
+                            (True, select_numpy(cond, 0.0, x))):
+            assert got.dtype == np.float32, (compiled, invert)
+            assert np.array_equal(got.view(np.int32), want[invert].view(np.int32)), \
+                (compiled, invert)
+        got = select_numpy(cond[::2].copy(), x[::2], 0.0)
+        assert got.dtype == np.float32
+        assert np.array_equal(got.view(np.int32),
+                              np.where(cond[::2], x[::2], 0.0).view(np.int32))
