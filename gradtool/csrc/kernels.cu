@@ -158,21 +158,45 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
         ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
     }
 #else
-    /* the same sums in the same element order, the coordinates kept by an odometer
-     * instead of divided out of i for every element (a division only for a step) */
+    /* the same sums, element by element, row by row along the last axis: the outer
+     * coordinates kept by an odometer; a row outside the region on an outer axis
+     * adds +0.0 throughout, one inside adds +0.0 before lo, g's row at lo, lo + step,
+     * ... below hi (+0.0 between them), +0.0 from hi on */
+    const int last = nd - 1;
+    const long long inner = dims[last], l0 = lo[last], h0 = hi[last], st = steps[last];
+    const long long gs = gst[last];
     long long idx[GT_MAXD] = {0};
-    for (long long i = 0; i < M[0]; ++i) {
+    for (long long i0 = 0; i0 < M[0]; i0 += inner) {
+        gt_real *GT_RESTRICT row = ga + i0;
         long long pg = 0;
         int inside = 1;
-        for (int d = 0; d < nd && inside; ++d) {
+        for (int d = 0; d < last && inside; ++d) {
             const long long off = idx[d] - lo[d];
             if (idx[d] < lo[d] || idx[d] >= hi[d]) inside = 0;
             else if (steps[d] == 1) pg += off * gst[d];
             else if (off % steps[d] != 0) inside = 0;
             else pg += off / steps[d] * gst[d];
         }
-        ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
-        for (int d = nd - 1; d >= 0; --d) {
+        if (!inside) {
+            for (long long j = 0; j < inner; ++j) row[j] = R_ADD(row[j], R0);
+        } else {
+            const gt_real *GT_RESTRICT gp = g + pg;
+            const long long a = l0 < 0 ? 0 : l0 < inner ? l0 : inner;
+            const long long b = h0 < a ? a : h0 < inner ? h0 : inner;
+            for (long long j = 0; j < a; ++j) row[j] = R_ADD(row[j], R0);
+            if (st == 1 && gs == 1) {
+                for (long long j = a; j < b; ++j) row[j] = R_ADD(row[j], gp[j - l0]);
+            } else if (st == 1) {
+                for (long long j = a; j < b; ++j) row[j] = R_ADD(row[j], gp[(j - l0) * gs]);
+            } else {
+                for (long long j = a; j < b; ++j) {
+                    const long long off = j - l0;
+                    row[j] = R_ADD(row[j], off % st == 0 ? gp[off / st * gs] : R0);
+                }
+            }
+            for (long long j = b; j < inner; ++j) row[j] = R_ADD(row[j], R0);
+        }
+        for (int d = last - 1; d >= 0; --d) {
             if (++idx[d] < dims[d]) break;
             idx[d] = 0;
         }

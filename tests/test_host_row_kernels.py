@@ -1,4 +1,6 @@
-"""The float32 host backend's broadcast gradients (kernels.cu, GT_BWD_BROADCAST).
+"""The host build's row-wise kernels against the CPU reference and the per-thread bodies.
+
+1. The float32 broadcast gradients (kernels.cu, GT_BWD_BROADCAST).
 
 A binary op's gradient for an input it broadcast is summed over the broadcast
 coordinates in numerics32.reduce_to_shape's lane tree.  The host's tiled build sums
@@ -8,6 +10,12 @@ equal the CPU reference to the bit, for every shape class the tiled path treats 
 fewer than 32 contributions, a partial block, several blocks (the block tree's
 stack), a tile remainder, kept dims that collapse to one (unit and other strides) or
 not (gathered offsets), broadcasting on both sides, and signed zeros.
+
+2. Slice's gradient (k_slice_bwd), row by row along the last axis: rows outside the
+region on an outer axis, a region at the start, middle and end of the row, steps on the
+last axis and on outer ones, in float64 and float32, on a slot that already holds
+another contribution (the reference adds the whole scattered array, +0.0 outside the
+region; the host adds +0.0 there too).
 """
 
 from __future__ import annotations
@@ -70,3 +78,40 @@ def test_f32_broadcast_gradients_host_equal_reference(sa, sb, op, variant):
             assert g.dtype == np.float32 and g.shape == tp.grad(p).shape
             assert_bits_equal_nan_any(g, tp.grad(p), f"{op} {sa} {sb} swap={swap} grad of "
                                                      f"{p.id} ({variant})")
+
+
+SLICES = [
+    ((4, 5), [1, 0], [3, 4], [1, 1]),
+    ((4, 5), [1, 0], [4, 5], [2, 3]),
+    ((4, 5), [0, 1], [4, 4], [3, 1]),
+    ((3, 7, 9), [1, 2, 0], [3, 6, 9], [1, 2, 1]),      # whole last axis, stepped middle
+    ((3, 7, 9), [0, 0, 4], [3, 7, 9], [2, 1, 1]),      # region at the row's end
+    ((2, 3, 40), [0, 1, 3], [2, 3, 37], [1, 1, 4]),    # stepped last axis
+    ((5, 33), [2, 0], [5, 1], [1, 1]),                 # one column
+    ((6, 8), [0, 7], [6, 8], [1, 1]),                  # the last column only
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, starts, stops, steps", SLICES)
+def test_slice_gradient_rows_equal_reference(shape, starts, stops, steps, dtype):
+    require_c_compiler()
+    from gradtool.device import capture
+    rng = np.random.default_rng([*shape, *starts, *stops, *steps])
+    x = rng.standard_normal(shape).astype(dtype)
+    tp = gt.Tape()
+    px = tp.param(x, name="x")
+    out = tp.record("slice", px, attrs={"starts": starts, "stops": stops, "steps": steps})
+    other = tp.mul(px, tp.const(rng.uniform(-1, 1, shape).astype(dtype), name="u"))
+    shape_out = tp.value(out).shape
+    w = rng.uniform(-1.5, 1.5, shape_out).astype(dtype)
+    loss = tp.add(tp.sum(tp.mul(out, tp.const(w, name="w"))), tp.sum(other))
+    tp.backward(loss)
+    for variant in ("tiled", "per-thread"):
+        replay = capture(tp, loss, "host", host_kernels=variant)
+        replay.forward()
+        replay.backward()
+        g = replay.grad(px.id)
+        assert g.dtype == dtype
+        assert_bits_equal_nan_any(g, tp.grad(px), f"slice {shape} {starts} {stops} {steps} "
+                                                   f"({variant})")
