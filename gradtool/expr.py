@@ -196,9 +196,9 @@ def select_numpy(cond, a, b):
     gives the array's element or +0.0's all-zero pattern, bit for bit what np.where
     gives (several times faster); with the CPU kernels compiled, the same bit operation
     in one pass (``gt_select_zero``, csrc/gt_cpu.c)."""
-    if type(b) is float:
+    if type(b) in _ZEROS:
         keep, zero, invert = a, b, False
-    elif type(a) is float:
+    elif type(a) in _ZEROS:
         keep, zero, invert = b, a, True
     else:
         return np.where(cond, a, b)
@@ -228,8 +228,10 @@ def select_numpy(cond, a, b):
     return mask.view(dtype)
 
 
-# the float dtypes select_numpy masks, and the integer of their width
+# the float dtypes select_numpy masks, and the integer of their width; the types of the
+# constant it may be selecting against (the f32 rule bodies' constants are np.float32)
 _SELECT_BITS = {np.dtype(np.float64): np.int64, np.dtype(np.float32): np.int32}
+_ZEROS = (float, np.float32)
 
 
 def evaluate(expr: Expr, env: Mapping[str, object]):
@@ -300,7 +302,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
         namespace[f"_{op}"] = fn
     for op, fn in _NUMPY32.items():
         namespace[f"_{op}32"] = fn
-    namespace["_where"], namespace["_where32"] = select_numpy, np.where
+    namespace["_where"], namespace["_where32"] = select_numpy, select_numpy
     args = ", ".join(names)
     if names:
         s32 = "        s = _float32(s)\n" if "s" in names else ""

@@ -32,6 +32,13 @@ def test_the_float32_select_against_zero_gives_np_where_bits(rng, monkeypatch):
             assert got.dtype == np.float32, (compiled, invert)
             assert np.array_equal(got.view(np.int32), want[invert].view(np.int32)), \
                 (compiled, invert)
+        # the f32 rule bodies select against np.float32 constants: the same bits, and
+        # -0.0 (whose pattern is not all zeros) goes to np.where
+        for zero in (np.float32(0.0), np.float32(-0.0)):
+            for got, ref in ((select_numpy(cond, x, zero), np.where(cond, x, zero)),
+                             (select_numpy(cond, zero, x), np.where(cond, zero, x))):
+                assert got.dtype == ref.dtype == np.float32
+                assert np.array_equal(got.view(np.int32), ref.view(np.int32)), (compiled, zero)
         got = select_numpy(cond[::2].copy(), x[::2], 0.0)
         assert got.dtype == np.float32
         assert np.array_equal(got.view(np.int32),
