@@ -43,3 +43,31 @@ def test_the_float32_select_against_zero_gives_np_where_bits(rng, monkeypatch):
         assert got.dtype == np.float32
         assert np.array_equal(got.view(np.int32),
                               np.where(cond[::2], x[::2], 0.0).view(np.int32))
+
+
+def test_the_compiled_lane_tree_down_columns_equals_numerics32s(rng):
+    """numerics32._lane_tree's compiled path (gt_lane_tree_cols, 64 columns at a time)
+    against its numpy body, bit for bit: fewer rows than a lane round, a partial block,
+    one full block, several (the block tree's counter), column counts around the tile,
+    infinities, NaNs, signed zeros and values whose sums round."""
+    from gradtool import numerics32 as n32
+    require_c_compiler()
+    assert n32.cpu_library() is not None
+    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45, 3.4e38, -3.4e38],
+                        dtype=np.float32)
+    for rows in (1, 7, 32, 33, 255, 256, 257, 1000, 1537, 4097):
+        for cols in (1, 3, 64, 65, 200):
+            x = (rng.standard_normal((rows, cols)) * 10.0 ** rng.integers(-3, 4, (rows, cols))
+                 ).astype(np.float32)
+            if rows * cols > 50:
+                flat = x.reshape(-1)
+                flat[rng.integers(0, flat.size, 4)] = rng.choice(specials, 4)
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = n32._lane_tree_body(x)
+            got = n32._lane_tree(x)
+            assert got.dtype == np.float32 and got.shape == want.shape
+            same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
+            assert same.all(), (rows, cols)
+    # more than two dims: the kept dims flattened and restored
+    x = rng.standard_normal((300, 4, 5)).astype(np.float32)
+    assert n32._lane_tree(x).tobytes() == n32._lane_tree_body(x).tobytes()
