@@ -98,6 +98,8 @@ def _declare(lib, python=False, dtype="f64") -> None:
     if dtype == "f32":            # the serial row sums are float64's order: not built
         del entries["py_sum"]
         lib.py_sum = None
+        lib.gt_lane_tree_cols.restype = ctypes.c_int      # numerics32's sum down columns
+        lib.gt_lane_tree_cols.argtypes = [i64, i64, ptr, ptr]
     pydll = ctypes.PyDLL(lib._name) if python else None
     for attr, (name, argtypes) in entries.items():
         fn = None

@@ -196,32 +196,42 @@ def select_numpy(cond, a, b):
     gives the array's element or +0.0's all-zero pattern, bit for bit what np.where
     gives (several times faster); with the CPU kernels compiled, the same bit operation
     in one pass (``gt_select_zero``, csrc/gt_cpu.c)."""
-    if type(b) is float:
+    if type(b) in _ZEROS:
         keep, zero, invert = a, b, False
-    elif type(a) is float:
+    elif type(a) in _ZEROS:
         keep, zero, invert = b, a, True
     else:
         return np.where(cond, a, b)
     if (zero != 0.0 or math.copysign(1.0, zero) < 0 or type(keep) is not np.ndarray
-            or keep.dtype != np.float64 or type(cond) is not np.ndarray
+            or keep.dtype not in _SELECT_BITS or type(cond) is not np.ndarray
             or keep.shape != cond.shape):
         return np.where(cond, a, b)
+    # (float32 too: np.where of a float32 array and the Python +0.0 is float32, and its
+    # +0.0 is the all-zero pattern as well)
+    dtype = keep.dtype
     keep = np.ascontiguousarray(keep)
     if cond.flags.c_contiguous and cond.dtype == np.bool_:
-        lib = numerics.cpu_kernels()
+        lib = numerics.cpu_kernels() if dtype == np.float64 else numerics.cpu_kernels32()
         if lib is not None:                          # the same bits in one compiled pass
-            out = np.empty(keep.shape)
+            out = np.empty(keep.shape, dtype)
             if lib.py_select_zero is None or lib.py_select_zero(cond, keep, out, invert):
                 lib.gt_select_zero(keep.size, cond.ctypes.data, keep.ctypes.data,
                                    out.ctypes.data, invert)
             return out
-    mask = cond.view(np.int8).astype(np.int64)      # 1 where cond holds, else 0
+    bits = _SELECT_BITS[dtype]
+    mask = cond.view(np.int8).astype(bits)          # 1 where cond holds, else 0
     if invert:
         np.subtract(mask, 1, out=mask)               # 0 where cond holds, else all ones
     else:
         np.negative(mask, out=mask)                  # all ones where cond holds, else 0
-    np.bitwise_and(mask, keep.view(np.int64), out=mask)
-    return mask.view(np.float64)
+    np.bitwise_and(mask, keep.view(bits), out=mask)
+    return mask.view(dtype)
+
+
+# the float dtypes select_numpy masks, and the integer of their width; the types of the
+# constant it may be selecting against (the f32 rule bodies' constants are np.float32)
+_SELECT_BITS = {np.dtype(np.float64): np.int64, np.dtype(np.float32): np.int32}
+_ZEROS = (float, np.float32)
 
 
 def evaluate(expr: Expr, env: Mapping[str, object]):
@@ -292,7 +302,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
         namespace[f"_{op}"] = fn
     for op, fn in _NUMPY32.items():
         namespace[f"_{op}32"] = fn
-    namespace["_where"], namespace["_where32"] = select_numpy, np.where
+    namespace["_where"], namespace["_where32"] = select_numpy, select_numpy
     args = ", ".join(names)
     if names:
         s32 = "        s = _float32(s)\n" if "s" in names else ""

@@ -33,7 +33,13 @@ own copy of the tape file's bytes) against zero_grad + forward + backward + Adam
 torch.  Both sides run ``--threads`` threads (gradtool.native.set_num_threads /
 torch.set_num_threads).  Step figures are medians (and bests) over ``--repeats`` runs of
 ``--steps`` steps (``--big-steps`` for gpt and resnet), the engines' runs interleaved
-(bench_common.time_interleaved) so that all see the same machine load; the products are
+(bench_common.time_interleaved) so that all see the same machine load, in one process
+(PyTorch's OpenMP threads spin on the other core for a moment after each of its calls, so
+gradtool's first products after a torch run may find a worker descheduled; the product
+pool then runs serially for 1 ms, doubling only while that repeats, docs/cpu-kernels.md:
+at most a step's worth, where until step32 a count of up to 4096 serial products kept
+whole runs on one thread -- in separate processes the same spinning would meet the same
+first step, so one process it stays, and nothing here slows PyTorch); the products are
 bench_matmul's samples (one call between two runs of the FMA peak loop).  Every gradtool
 engine of a workload runs the same steps on the same batches, so their parameters must
 end on the same bits: checked after the timing, a difference is reported (exit 1).  The

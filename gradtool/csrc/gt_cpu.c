@@ -146,6 +146,70 @@ GT_CPU_EXPORT void gt_select_zero(long long n, const unsigned char *cond, const 
     }
 }
 
+#ifdef GT_CPU_F32   /* numerics32's lane-tree sum down the columns: float32 only */
+#define GT_LT_LANES 32     /* numerics32.LANES, CHUNK * LANES = BLOCK */
+#define GT_LT_BLOCK 256
+#define GT_LT_TILE 64      /* columns summed together */
+/* dst[j] = numerics32's lane-tree sum of src[0*cols + j], src[1*cols + j], ...,
+ * src[(rows-1)*cols + j] (its _lane_tree along axis 0): term q goes to lane q % 32 of
+ * block q / 256, each lane summed from +0.0 in order, the blocks' lane rows combined
+ * by the binary counter (= adjacent pairs, an odd one carried), the 32 lanes folded
+ * v[l] + v[l+h], h = 16 .. 1.  GT_LT_TILE columns at a time, so every addition runs
+ * across columns; each column sees exactly numerics32's additions (lanes it never
+ * reaches stay +0.0, and x + +0.0 is x for every lane value, none being -0.0), which
+ * tests/test_f32_select.py compares bit for bit.  1, or 0 (nothing written) without
+ * memory for the partials. */
+GT_CPU_EXPORT int gt_lane_tree_cols(long long rows, long long cols, const gt_real *src,
+                                    gt_real *dst)
+{
+    if (rows <= 0) {
+        for (long long j = 0; j < cols; ++j) dst[j] = 0.0f;
+        return 1;
+    }
+    int levels = 2;
+    for (long long nb = (rows + GT_LT_BLOCK - 1) / GT_LT_BLOCK; nb > 1; nb >>= 1) ++levels;
+    const long long row = (long long)GT_LT_LANES * GT_LT_TILE;
+    gt_real *stk = (gt_real *)malloc(sizeof(gt_real) * (size_t)(row * levels));
+    if (!stk) return 0;
+    GT_FP_ENTER(saved);
+    for (long long j0 = 0; j0 < cols; j0 += GT_LT_TILE) {
+        const long long tj = cols - j0 < GT_LT_TILE ? cols - j0 : GT_LT_TILE;
+        int top = 0;
+        for (long long l0 = 0; l0 < rows; l0 += GT_LT_BLOCK) {
+            gt_real *p = stk + row * top++;
+            for (long long i = 0; i < row; ++i) p[i] = 0.0f;
+            const long long end = rows - l0 < GT_LT_BLOCK ? rows : l0 + GT_LT_BLOCK;
+            for (long long q = l0; q < end; ++q) {
+                gt_real *restrict acc = p + (q - l0) % GT_LT_LANES * GT_LT_TILE;
+                const gt_real *restrict x = src + q * cols + j0;
+                for (long long jj = 0; jj < tj; ++jj) acc[jj] = acc[jj] + x[jj];
+            }
+            for (long long k = l0 / GT_LT_BLOCK; k & 1; k >>= 1) {
+                --top;
+                gt_real *restrict lo = stk + row * (top - 1);
+                const gt_real *restrict hi = stk + row * top;
+                for (long long i = 0; i < row; ++i) lo[i] = lo[i] + hi[i];
+            }
+        }
+        for (; top > 1; --top) {
+            gt_real *restrict lo = stk + row * (top - 2);
+            const gt_real *restrict hi = stk + row * (top - 1);
+            for (long long i = 0; i < row; ++i) lo[i] = lo[i] + hi[i];
+        }
+        for (int h = GT_LT_LANES / 2; h >= 1; h >>= 1)
+            for (int ln = 0; ln < h; ++ln) {
+                gt_real *restrict lo = stk + (long long)ln * GT_LT_TILE;
+                const gt_real *restrict hi = stk + (long long)(ln + h) * GT_LT_TILE;
+                for (long long jj = 0; jj < GT_LT_TILE; ++jj) lo[jj] = lo[jj] + hi[jj];
+            }
+        for (long long jj = 0; jj < tj; ++jj) dst[j0 + jj] = stk[jj];
+    }
+    GT_FP_LEAVE(saved);
+    free(stk);
+    return 1;
+}
+#endif
+
 #ifndef GT_CPU_F32   /* numerics.reduce_to_shape's serial order: float64 only */
 /* dst[j] = src[0][j] + src[1][j] + ... + src[rows-1][j], left to right from
  * the first row (no 0.0 seed): numerics.reduce_to_shape's order, the rows

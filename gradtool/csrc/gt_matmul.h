@@ -744,7 +744,8 @@ typedef void (*gt_pool_fn)(void *arg, long long chunk);
 #define GT_POOL_SPIN_NS 100000L    /* how long an idle thread polls before it sleeps... */
 #define GT_POOL_PAUSE_NS 5000L     /* ...with pause at first, then yielding its core */
 #define GT_POOL_LATE_NS 20000L     /* a wait beyond half the caller's own time plus this... */
-#define GT_POOL_BACKOFF_MAX 4096   /* ...makes the next 1, 2, 4 ... up to this many runs serial */
+#define GT_POOL_SERIAL_NS 1000000LL     /* ...makes the runs of the next 1 ms serial, */
+#define GT_POOL_SERIAL_MAX_NS 64000000LL  /* doubling to at most 64 ms while late again */
 
 static struct {
     pthread_mutex_t busy;    /* held by the one caller using the pool */
@@ -762,8 +763,8 @@ static struct {
     void *arg;
     atomic_llong chunks;
     gt_fpmode mode;
-    atomic_int backoff;      /* serial runs after the last late wait (doubles) */
-    atomic_int serial_left;  /* runs still to do serially */
+    atomic_llong backoff;    /* ns of serial runs after the last late wait (doubles) */
+    atomic_llong serial_until;   /* gt_now_ns() before which runs are serial */
     atomic_llong threaded;   /* runs that used the workers (for tests and benchmarks) */
     unsigned long first[GT_MM_MAX_THREADS];   /* the job word each worker started after */
 } gt_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
@@ -794,12 +795,13 @@ static inline int gt_pool_poll(unsigned spins, long long start)
     return 1;
 }
 
-/* Poll until the job word differs from `seen` (not at all while runs are
- * serial after a late worker: the machine is busy); then sleep. */
+/* Poll until the job word differs from `seen`; then sleep.  (Also while runs
+ * are serial after a late wait: the spell is short, and a worker woken from
+ * sleep for the next threaded run would start late.) */
 static unsigned long gt_pool_next(unsigned long seen)
 {
     const long long start = gt_now_ns();
-    for (unsigned spins = 1; atomic_load(&gt_pool.backoff) == 0; ++spins) {
+    for (unsigned spins = 1;; ++spins) {
         const unsigned long word = atomic_load(&gt_pool.job);
         if (word != seen) return word;
         if (!gt_pool_poll(spins, start)) break;
@@ -897,15 +899,18 @@ static int gt_pool_grow(int threads)
 /* Whether the next run should use the workers.  On a machine whose other
  * cores are busy a worker may be descheduled holding a chunk, and the
  * caller then waits far longer than the whole product takes serially; after
- * such a late wait the next runs are serial (1, then 2, 4, ... after
- * repeated late waits; each punctual threaded run halves the count again),
- * so a loaded machine degrades to one thread instead of to the scheduler's
- * time slice. */
+ * such a late wait the runs of the next 1 ms are serial (2, 4, ... up to
+ * 64 ms while the threaded run after each spell is late again; each
+ * punctual threaded run halves the spell), so a loaded machine degrades to
+ * one thread instead of to the scheduler's time slice, losing at most one
+ * late wait every 64 ms.  The spell is a time, not a count of runs: a short
+ * busy spell (another library's threads spinning on the other core for a
+ * moment after its own call) is forgotten within milliseconds however many
+ * products run meanwhile, where a count of up to 4096 runs kept a step's
+ * products serial for seconds after it. */
 static int gt_pool_wanted(void)
 {
-    if (atomic_load(&gt_pool.serial_left) <= 0) return 1;
-    atomic_fetch_sub(&gt_pool.serial_left, 1);
-    return 0;
+    return gt_now_ns() >= atomic_load(&gt_pool.serial_until);
 }
 
 /* fn(arg, c) for every chunk c < chunks, on the calling thread and up to
@@ -947,13 +952,15 @@ static void gt_pool_run(gt_pool_fn fn, void *arg, long long chunks, int threads,
              * never match it against the next job's chunk count. */
             for (int t = 0; t < threads; ++t)
                 atomic_store(&gt_pool.claim[t].word, open | GT_POOL_CLOSED);
-            int backoff = atomic_load(&gt_pool.backoff);
-            if (gt_now_ns() - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
-                backoff = backoff ? 2 * backoff : 1;
-                if (backoff > GT_POOL_BACKOFF_MAX) backoff = GT_POOL_BACKOFF_MAX;
-                atomic_store(&gt_pool.serial_left, backoff);
+            long long backoff = atomic_load(&gt_pool.backoff);
+            const long long t2 = gt_now_ns();
+            if (t2 - t1 > (t1 - t0) / 2 + GT_POOL_LATE_NS) {
+                backoff = backoff ? 2 * backoff : GT_POOL_SERIAL_NS;
+                if (backoff > GT_POOL_SERIAL_MAX_NS) backoff = GT_POOL_SERIAL_MAX_NS;
+                atomic_store(&gt_pool.serial_until, t2 + backoff);
             } else {
                 backoff /= 2;               /* a busy spell fades run by run */
+                if (backoff < GT_POOL_SERIAL_NS) backoff = 0;
             }
             atomic_store(&gt_pool.backoff, backoff);
             pthread_mutex_unlock(&gt_pool.busy);

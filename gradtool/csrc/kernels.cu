@@ -158,21 +158,45 @@ GT_KERNEL k_slice_bwd(gt_real *W, const long long *M)
         ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
     }
 #else
-    /* the same sums in the same element order, the coordinates kept by an odometer
-     * instead of divided out of i for every element (a division only for a step) */
+    /* the same sums, element by element, row by row along the last axis: the outer
+     * coordinates kept by an odometer; a row outside the region on an outer axis
+     * adds +0.0 throughout, one inside adds +0.0 before lo, g's row at lo, lo + step,
+     * ... below hi (+0.0 between them), +0.0 from hi on */
+    const int last = nd - 1;
+    const long long inner = dims[last], l0 = lo[last], h0 = hi[last], st = steps[last];
+    const long long gs = gst[last];
     long long idx[GT_MAXD] = {0};
-    for (long long i = 0; i < M[0]; ++i) {
+    for (long long i0 = 0; i0 < M[0]; i0 += inner) {
+        gt_real *GT_RESTRICT row = ga + i0;
         long long pg = 0;
         int inside = 1;
-        for (int d = 0; d < nd && inside; ++d) {
+        for (int d = 0; d < last && inside; ++d) {
             const long long off = idx[d] - lo[d];
             if (idx[d] < lo[d] || idx[d] >= hi[d]) inside = 0;
             else if (steps[d] == 1) pg += off * gst[d];
             else if (off % steps[d] != 0) inside = 0;
             else pg += off / steps[d] * gst[d];
         }
-        ga[i] = R_ADD(ga[i], inside ? g[pg] : R0);
-        for (int d = nd - 1; d >= 0; --d) {
+        if (!inside) {
+            for (long long j = 0; j < inner; ++j) row[j] = R_ADD(row[j], R0);
+        } else {
+            const gt_real *GT_RESTRICT gp = g + pg;
+            const long long a = l0 < 0 ? 0 : l0 < inner ? l0 : inner;
+            const long long b = h0 < a ? a : h0 < inner ? h0 : inner;
+            for (long long j = 0; j < a; ++j) row[j] = R_ADD(row[j], R0);
+            if (st == 1 && gs == 1) {
+                for (long long j = a; j < b; ++j) row[j] = R_ADD(row[j], gp[j - l0]);
+            } else if (st == 1) {
+                for (long long j = a; j < b; ++j) row[j] = R_ADD(row[j], gp[(j - l0) * gs]);
+            } else {
+                for (long long j = a; j < b; ++j) {
+                    const long long off = j - l0;
+                    row[j] = R_ADD(row[j], off % st == 0 ? gp[off / st * gs] : R0);
+                }
+            }
+            for (long long j = b; j < inner; ++j) row[j] = R_ADD(row[j], R0);
+        }
+        for (int d = last - 1; d >= 0; --d) {
             if (++idx[d] < dims[d]) break;
             idx[d] = 0;
         }
@@ -266,8 +290,7 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
  * value).  kg/bg are the out layout's strides (g and t share it), ka/kb and
  * ba/bb the inputs' (0 where one broadcasts).
  * ====================================================================== */
-#if defined(GT_THREAD_BODIES) || defined(GT_REAL_F32)
-/* (the float32 build's host too: its lane-tree sum runs per target element) */
+#if defined(GT_THREAD_BODIES)
 #define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
@@ -324,6 +347,114 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
             GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
             return;                                                            \
         }                                                                      \
+        (void)r;                                                               \
+        GT_BWD_BROADCAST(EXPR)                                                 \
+    }
+#ifdef GT_REAL_F32
+/* float32 host: every target element's contributions summed in GT_ROW_SUM's
+ * lane tree (numerics32.reduce_to_shape), GT_BWD_TILE target elements at a
+ * time: the broadcast coordinates q are walked in increasing order (lane q %
+ * 32 of block q / 256, the order of GT_ROW_SUM's loops), each adding its
+ * contributions to a row of lane partials, one per target element of the
+ * tile; the block tree and the lane fold then combine those rows exactly as
+ * GT_ROW_SUM combines one element's lanes.  Every element sees the same
+ * additions in the same order as the one-element body (tests/test_device_f32
+ * compares it with the per-thread build); the rows just let the adds run
+ * across elements (vectorised) and the indices cost one step per q, not a
+ * division per contribution.  Without memory for the partials, the
+ * one-element body. */
+#define GT_BWD_TILE 64
+#define GT_BWD_LANE_ADD(SG, SA, SB, EXPR)                                      \
+    for (long long jj = 0; jj < tj; ++jj) {                                    \
+        const gt_real gv = pg[jj * (SG)], tv = pt[jj * (SG)];                  \
+        const gt_real xv = px[jj * (SA)], yv = py[jj * (SB)];                  \
+        (void)xv; (void)yv; (void)tv;                                          \
+        acc[jj] = R_ADD(acc[jj], (EXPR));                                      \
+    }
+#define GT_BWD_BROADCAST(EXPR)                                                 \
+    {                                                                          \
+        long long nq = 1;                                                      \
+        for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
+        int levels = 2;                                                        \
+        for (long long nblk = (nq + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK; nblk > 1; nblk >>= 1) \
+            ++levels;                                                          \
+        const long long row = (long long)GT_SUM_LANES * GT_BWD_TILE;          \
+        gt_real *stk = nq > 1 ? (gt_real *)malloc(sizeof(gt_real) * row * levels) : NULL; \
+        if (!stk) {                                                            \
+            GT_PRE_BINARY_BWD                                                  \
+            for (long long j = 0; j < n; ++j) GT_BODY_BINARY_BWD(j, EXPR)      \
+            return;                                                            \
+        }                                                                      \
+        long long og[GT_BWD_TILE], oa[GT_BWD_TILE], ob[GT_BWD_TILE];           \
+        for (long long j0 = 0; j0 < n; j0 += GT_BWD_TILE) {                    \
+            const long long tj = n - j0 < GT_BWD_TILE ? n - j0 : GT_BWD_TILE;  \
+            if (nk > 1)                                                        \
+                for (long long jj = 0; jj < tj; ++jj) {                        \
+                    long long rem = j0 + jj, pg_ = 0, pa_ = 0, pb_ = 0;        \
+                    for (int d = (int)nk - 1; d >= 0; --d) {                   \
+                        const long long c = rem % kd[d];                       \
+                        rem /= kd[d];                                          \
+                        pg_ += c * kg[d]; pa_ += c * ka[d]; pb_ += c * kb[d];  \
+                    }                                                          \
+                    og[jj] = pg_; oa[jj] = pa_; ob[jj] = pb_;                  \
+                }                                                              \
+            long long bidx[GT_MAXD] = {0}, qg = 0, qa = 0, qb = 0;             \
+            int top = 0;                                                       \
+            for (long long l0 = 0; l0 < nq; l0 += GT_SUM_BLOCK) {              \
+                gt_real *GT_RESTRICT p = stk + row * top++;                    \
+                for (long long i = 0; i < row; ++i) p[i] = R0;                 \
+                const long long end = nq - l0 < GT_SUM_BLOCK ? nq : l0 + GT_SUM_BLOCK; \
+                for (long long q = l0; q < end; ++q) {                         \
+                    gt_real *GT_RESTRICT acc = p + (q - l0) % GT_SUM_LANES * GT_BWD_TILE; \
+                    if (nk == 1) {                                             \
+                        const gt_real *GT_RESTRICT pg = g + qg + j0 * kg[0];   \
+                        const gt_real *GT_RESTRICT pt = t + qg + j0 * kg[0];   \
+                        const gt_real *GT_RESTRICT px = a + qa + j0 * ka[0];   \
+                        const gt_real *GT_RESTRICT py = b + qb + j0 * kb[0];   \
+                        if (kg[0] == 1 && ka[0] == 1 && kb[0] == 1) { GT_BWD_LANE_ADD(1, 1, 1, EXPR) } \
+                        else if (kg[0] == 1 && ka[0] == 1 && kb[0] == 0) { GT_BWD_LANE_ADD(1, 1, 0, EXPR) } \
+                        else if (kg[0] == 1 && ka[0] == 0 && kb[0] == 1) { GT_BWD_LANE_ADD(1, 0, 1, EXPR) } \
+                        else { GT_BWD_LANE_ADD(kg[0], ka[0], kb[0], EXPR) }    \
+                    } else {                                                   \
+                        for (long long jj = 0; jj < tj; ++jj) {                \
+                            const gt_real gv = g[qg + og[jj]], tv = t[qg + og[jj]]; \
+                            const gt_real xv = a[qa + oa[jj]], yv = b[qb + ob[jj]]; \
+                            (void)xv; (void)yv; (void)tv;                      \
+                            acc[jj] = R_ADD(acc[jj], (EXPR));                  \
+                        }                                                      \
+                    }                                                          \
+                    for (int d = (int)nb - 1; d >= 0; --d) {                   \
+                        qg += bg[d]; qa += ba[d]; qb += bb[d];                 \
+                        if (++bidx[d] < bd[d]) break;                          \
+                        qg -= bg[d] * bd[d]; qa -= ba[d] * bd[d];              \
+                        qb -= bb[d] * bd[d]; bidx[d] = 0;                      \
+                    }                                                          \
+                }                                                              \
+                for (long long k = l0 / GT_SUM_BLOCK; k & 1; k >>= 1) {        \
+                    --top;                                                     \
+                    gt_real *GT_RESTRICT lo = stk + row * (top - 1);           \
+                    const gt_real *GT_RESTRICT hi = stk + row * top;           \
+                    for (long long i = 0; i < row; ++i) lo[i] = R_ADD(lo[i], hi[i]); \
+                }                                                              \
+            }                                                                  \
+            for (; top > 1; --top) {                                           \
+                gt_real *GT_RESTRICT lo = stk + row * (top - 2);               \
+                const gt_real *GT_RESTRICT hi = stk + row * (top - 1);         \
+                for (long long i = 0; i < row; ++i) lo[i] = R_ADD(lo[i], hi[i]); \
+            }                                                                  \
+            for (int h = GT_SUM_LANES / 2; h >= 1; h >>= 1)                    \
+                for (int ln = 0; ln < h; ++ln) {                               \
+                    gt_real *GT_RESTRICT lo = stk + (long long)ln * GT_BWD_TILE; \
+                    const gt_real *GT_RESTRICT hi = stk + (long long)(ln + h) * GT_BWD_TILE; \
+                    for (long long jj = 0; jj < GT_BWD_TILE; ++jj) lo[jj] = R_ADD(lo[jj], hi[jj]); \
+                }                                                              \
+            for (long long jj = 0; jj < tj; ++jj) ga[j0 + jj] = R_ADD(ga[j0 + jj], stk[jj]); \
+        }                                                                      \
+        free(stk);                                                             \
+    }
+#else
+#define GT_BWD_BROADCAST(EXPR)                                                 \
+    {                                                                          \
         long long bidx[GT_MAXD] = {0}, base_g = 0, base_a = 0, base_b = 0;     \
         long long nq = 1;                                                      \
         for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
@@ -340,6 +471,7 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
         }                                                                      \
         for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], r[j]);          \
     }
+#endif
 #endif
 
 GT_BINARY_BWD_OPS(GT_BINARY_BWD)

@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError, IdsError
+from ..limits import MAX_DIMS
 from ..ops import bad_id, bad_rng, first_bad_id, inexact_int
 from ..tape import GVar, as_float64_array, as_ids_array, check_ids, is_index
 from . import backends
@@ -115,8 +116,13 @@ class DeviceReplay:
         if not self._leaf[i]:
             raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
         what = f"set_input node {i}"
-        arr = (as_ids_array(data, what) if i in self._ids
-               else as_float64_array(data, what, copy=False))     # write() copies it
+        if (i not in self._ids and prog.dtype == "f32" and type(data) is np.ndarray
+                and data.dtype == np.float32 and 0 < data.ndim <= MAX_DIMS and data.size
+                and data.flags.c_contiguous):
+            arr = data          # float32 into an f32 arena: exact as it is (write() copies)
+        else:
+            arr = (as_ids_array(data, what) if i in self._ids
+                   else as_float64_array(data, what, copy=False))     # write() copies it
         if arr.shape != prog.shapes[i]:
             raise GradtoolError(f"node {i} has shape {list(prog.shapes[i])}, got "
                                 f"{list(arr.shape)}")

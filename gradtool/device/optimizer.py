@@ -71,8 +71,7 @@ class OptimizerPlan:
         entry = optim_table.get(self.kind)
         self.b1t, self.b2t = entry.advance(self.hparams, self.b1t, self.b2t)
         lr = self.schedule.lr(self.lr, self.t - 1) if self.schedule is not None else self.lr
-        scalars = entry.scalars(self.hparams, lr, self.t, self.b1t, self.b2t)
-        return [scalars[n] for n in entry.scalar_names()]
+        return entry.scalar_values(self.hparams, lr, self.t, self.b1t, self.b2t)
 
     def write_back(self, opt, read) -> None:
         """Hand the device state back to ``opt``: counters, and slots in place.

@@ -126,6 +126,7 @@ class Optimizer:
         self._update = Update(self.table_entry, self.hparams)
         self._variant = self._update.variant
         self._slots = self._update.slots
+        self._packed = np.zeros(_table.MAX_SCALARS)   # step()'s scalars for the C step
 
     @property
     def slots(self) -> tuple:
@@ -188,10 +189,14 @@ class Optimizer:
 
     def begin_step(self) -> dict:
         """Advance ``t`` and the running products; the entry's scalars for this step."""
+        return dict(zip(self.table_entry.scalar_names(), self._begin_values()))
+
+    def _begin_values(self) -> list:
+        """:meth:`begin_step` with the scalars as a list in ``scalar_names`` order."""
         self.t += 1
         self.b1t, self.b2t = self.table_entry.advance(self.hparams, self.b1t, self.b2t)
-        return self.table_entry.scalars(self.hparams, self.step_lr(self.t), self.t,
-                                        self.b1t, self.b2t)
+        return self.table_entry.scalar_values(self.hparams, self.step_lr(self.t), self.t,
+                                              self.b1t, self.b2t)
 
     def step(self, tape) -> None:
         """One update from the gradients on ``tape``, in the module docstring's order.
@@ -206,11 +211,13 @@ class Optimizer:
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
         grads = [tape.grads[e.node_id] for e in active]
         scale = self._clip_scale(grads) if self.clip > 0.0 and active else None
-        scalars = self.begin_step()
+        values = self._begin_values()
         # the package's switch (tests replace it): read, not imported (no cycle)
-        update, packed = self._update, _pack(self.table_entry, scalars)
+        packed = self._packed
+        packed[:len(values)] = values
+        update = self._update
         for e, g in zip(active, grads):
-            update(tape.values[e.node_id], g, e.state, scale, e.l2, scalars, packed)
+            update(tape.values[e.node_id], g, e.state, scale, e.l2, None, packed)
 
     def update_piece(self, entry: Entry, w, g, state: dict, scale, scalars: dict) -> None:
         """Steps 2 and 3 and the rule on a contiguous piece of one registered param
@@ -299,10 +306,12 @@ class Optimizer:
 def _pack(entry, scalars: dict):
     """The entry's scalars in its order, padded with 0.0 to MAX_SCALARS (the float32
     library converts that many)."""
-    names = entry.scalar_names()
-    packed = np.zeros(_table.MAX_SCALARS)
-    packed[:len(names)] = [scalars[n] for n in names]
-    return packed
+    return _pack_values([scalars[n] for n in entry.scalar_names()])
+
+
+def _pack_values(values: list):
+    """Scalars already in the entry's order, as :func:`_pack` gives them."""
+    return np.array(values + [0.0] * (_table.MAX_SCALARS - len(values)))
 
 
 class SGD(Optimizer):
@@ -374,7 +383,9 @@ class Update:
     One compiled pass (``csrc/gt_optim_table.h`` through ``csrc/gt_cpu.c``, threaded on
     large arrays) where a C compiler is available and the arrays are C-contiguous of
     ``w``'s dtype, else the table's numpy rendering; both give the same bits
-    (tests/test_optim.py runs every trajectory both ways).  ``g`` is only read."""
+    (tests/test_optim.py runs every trajectory both ways).  ``g`` is only read.  The
+    step's scalars come as the map ``scalars`` or packed (``packed``: their values in
+    ``scalar_names`` order, padded to MAX_SCALARS), or both."""
 
     def __init__(self, entry, hp: dict):
         self.entry, self.hp = entry, hp
@@ -385,7 +396,7 @@ class Update:
     def pack(self, scalars: dict):
         return _pack(self.entry, scalars)
 
-    def __call__(self, w, g, state: dict, scale, l2: float, scalars: dict,
+    def __call__(self, w, g, state: dict, scale, l2: float, scalars=None,
                  packed=None) -> None:
         slots = [state[s] for s in self.slots]
         # the package's switch (tests replace it): read, not imported (no cycle)
@@ -405,6 +416,9 @@ class Update:
             lib.gt_opt_table_step(self.variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
                                   clipped, factor, l2, packed.ctypes.data)
             return
+        if scalars is None:
+            names = self.entry.scalar_names()
+            scalars = dict(zip(names, packed.tolist()[:len(names)]))
         if scale is not None:
             g = g * scale
         if l2 != 0.0:

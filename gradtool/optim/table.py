@@ -145,7 +145,11 @@ class Entry:
 
     def scalar_names(self) -> tuple:
         """The scalars a rendered variant reads, in order: hyperparameters, host scalars."""
-        return tuple(h.name for h in self.hypers) + tuple(self.host_names)
+        names = self._cache.get("scalar names")
+        if names is None:       # (every step packs them: computed once)
+            names = tuple(h.name for h in self.hypers) + tuple(self.host_names)
+            self._cache["scalar names"] = names
+        return names
 
     # ── variants ───────────────────────────────────────────────────────────
     def variants(self) -> list:
@@ -175,12 +179,25 @@ class Entry:
 
     def scalars(self, hp: Mapping, lr: float, t: int, b1t: float, b2t: float) -> dict:
         """Every scalar a variant reads for step ``t`` (1-based, the step being taken)."""
-        out = {h.name: (1.0 if hp[h.name] else 0.0) if h.kind == "bool" else float(hp[h.name])
-               for h in self.hypers}
+        return dict(zip(self.scalar_names(), self.scalar_values(hp, lr, t, b1t, b2t)))
+
+    def scalar_values(self, hp: Mapping, lr: float, t: int, b1t: float, b2t: float) -> list:
+        """:meth:`scalars`' values in :meth:`scalar_names`' order (what the compiled steps
+        and the device read), without the map."""
+        # the hyperparameters' part, the same every step: kept for the last hp map seen
+        # (with a copy of it, so a map changed in place is noticed)
+        last = self._cache.get("hyper scalars")
+        if last is not None and last[0] is hp and last[1] == hp:
+            hyper = last[2]
+        else:
+            hyper = [(1.0 if hp[h.name] else 0.0) if h.kind == "bool" else float(hp[h.name])
+                     for h in self.hypers]
+            self._cache["hyper scalars"] = (hp, dict(hp), hyper)
         host = self.host(hp, float(lr), int(t), b1t, b2t)
-        assert tuple(host) == tuple(self.host_names), (self.name, tuple(host))
-        out.update({k: float(v) for k, v in host.items()})
-        return out
+        if "host checked" not in self._cache:       # the table's own consistency, once
+            assert tuple(host) == tuple(self.host_names), (self.name, tuple(host))
+            self._cache["host checked"] = True
+        return hyper + [float(v) for v in host.values()]
 
     # ── numpy ──────────────────────────────────────────────────────────────
     def init_state(self, w, hparams: Mapping = None) -> dict:
