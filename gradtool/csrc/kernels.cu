@@ -250,6 +250,23 @@ GT_UNARY_BWD_OPS(GT_UNARY_BWD)
 
 GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 
+#ifndef __CUDACC__
+/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
+ * (gradtool/numerics.py): register tiles over packed B panels, threaded
+ * over output chunks, every output element one k-ascending FMA chain from +0.0,
+ * computed whole and then stored or added once -- the per-element sequence
+ * of the one-thread-per-output body (k_matmul, below), which the GT_PER_THREAD host
+ * builds run instead.  It needs no arena scratch (its packing buffers are
+ * per thread).  Every host build includes it for gt_run's floating-point
+ * mode (the end of this file) and for its thread pool, which the float32
+ * host build's broadcast reductions (below) use too. */
+#  define GT_MM_T gt_real
+#  ifdef GT_REAL_F32
+#    define GT_MM_F32 1
+#  endif
+#  include "gt_matmul.h"
+#endif
+
 /* ========================================================================
  * Broadcasting binary ops, backward: one input's contribution reduced to
  * that input's shape (numerics.reduce_to_shape), then added once.
@@ -266,8 +283,7 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
  * value).  kg/bg are the out layout's strides (g and t share it), ka/kb and
  * ba/bb the inputs' (0 where one broadcasts).
  * ====================================================================== */
-#if defined(GT_THREAD_BODIES) || defined(GT_REAL_F32)
-/* (the float32 build's host too: its lane-tree sum runs per target element) */
+#if defined(GT_THREAD_BODIES)
 #define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
@@ -276,10 +292,11 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
         GT_LOOP(j, M[0]) GT_BODY_BINARY_BWD(j, EXPR)                           \
     }
 #else
-/* host: walk the broadcast coordinates q in lexicographic order (outer) and
+/* host, float64: walk the broadcast coordinates q in lexicographic order (outer) and
  * the kept coordinates j row by row (inner, j contiguous), keeping every
  * target element's partial sum in a scratch row r[j]; each r[j] still sees
- * its contributions in increasing q, i.e. the same order as above. */
+ * its contributions in increasing q, i.e. the same order as above.  (The
+ * float32 host's single-term case walks the kept coordinates the same way.) */
 #define GT_RED_INNER(SG, SA, SB, EXPR, STORE)                                  \
     for (long long jj = 0; jj < inner; ++jj) {                                 \
         const gt_real gv = pg[jj * (SG)], tv = pt[jj * (SG)];                  \
@@ -309,6 +326,7 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
             }                                                                  \
         }                                                                      \
     }
+#ifndef GT_REAL_F32
 #define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
@@ -340,6 +358,114 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
         }                                                                      \
         for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], r[j]);          \
     }
+#else
+/* host, float32 (the lane-tree sum of GT_BODY_BINARY_BWD, numerics32.reduce_to_shape):
+ *  - nothing broadcast (one term per target element: r = c(j), GT_BROADCAST_SUM's
+ *    single term): ga[j] = ga[j] + c(j), walking the kept coordinates as the float64
+ *    host does;
+ *  - else per target element j: its nq contributions c(j, q), q ascending, computed
+ *    into a row (the broadcast coordinates walked by an odometer, the last broadcast
+ *    dim a tight inner loop), summed by gt_sum32 -- the order GT_ROW_SUM runs over
+ *    the same terms, tested equal -- then ga[j] = ga[j] + r.  The targets are split
+ *    over the thread pool (gt_matmul.h) when the work is large: each target is one
+ *    thread's, whole.  A chunk whose row cannot be allocated runs GT_BODY_BINARY_BWD
+ *    itself (the same bits). */
+typedef struct {
+    gt_real *W;
+    const long long *M;
+    long long per;                      /* targets per chunk */
+} gt_bbwd_job;
+#define GT_BBWD_PAR_MIN (1LL << 16)     /* contributions below which one thread runs */
+#define GT_BBWD_ROW(SG, SA, SB, EXPR)                                          \
+    for (long long u = 0; u < qi; ++u) {                                       \
+        const gt_real gv = pg[u * (SG)], tv = pt[u * (SG)];                    \
+        const gt_real xv = px[u * (SA)], yv = py[u * (SB)];                    \
+        (void)xv; (void)yv; (void)tv;                                          \
+        dst[u] = (EXPR);                                                       \
+    }
+#define GT_BINARY_BWD(name, EXPR)                                              \
+    static void name##_targets(void *arg, long long chunk)                     \
+    {                                                                          \
+        const gt_bbwd_job *job_ = (const gt_bbwd_job *)arg;                    \
+        gt_real *W = job_->W;                                                  \
+        const long long *M = job_->M;                                          \
+        GT_ARGS_BINARY_BWD                                                     \
+        GT_PRE_BINARY_BWD                                                      \
+        const long long j0 = chunk * job_->per;                                \
+        const long long j1 = j0 + job_->per < M[0] ? j0 + job_->per : M[0];    \
+        gt_real *row = (gt_real *)malloc((size_t)nq * sizeof(gt_real));        \
+        if (!row) {                                                            \
+            for (long long j = j0; j < j1; ++j) GT_BODY_BINARY_BWD(j, EXPR)    \
+            return;                                                            \
+        }                                                                      \
+        const long long qi = bd[nb - 1], sg = bg[nb - 1];                      \
+        const long long sa_ = ba[nb - 1], sb_ = bb[nb - 1];                    \
+        for (long long j = j0; j < j1; ++j) {                                  \
+            long long rem = j, og = 0, oa = 0, ob = 0;                         \
+            for (int d = (int)nk - 1; d >= 0; --d) {                           \
+                const long long c = rem % kd[d];                               \
+                rem /= kd[d];                                                  \
+                og += c * kg[d];                                               \
+                oa += c * ka[d];                                               \
+                ob += c * kb[d];                                               \
+            }                                                                  \
+            long long idx[GT_MAXD] = {0};                                      \
+            for (gt_real *dst = row; dst < row + nq; dst += qi) {              \
+                const gt_real *GT_RESTRICT pg = g + og, *GT_RESTRICT pt = t + og; \
+                const gt_real *GT_RESTRICT px = a + oa, *GT_RESTRICT py = b + ob; \
+                if (sg == 1 && sa_ == 1 && sb_ == 1) { GT_BBWD_ROW(1, 1, 1, EXPR) } \
+                else if (sg == 1 && sa_ == 1 && sb_ == 0) { GT_BBWD_ROW(1, 1, 0, EXPR) } \
+                else if (sg == 1 && sa_ == 0 && sb_ == 1) { GT_BBWD_ROW(1, 0, 1, EXPR) } \
+                else { GT_BBWD_ROW(sg, sa_, sb_, EXPR) }                       \
+                for (int d = (int)nb - 2; d >= 0; --d) {                       \
+                    og += bg[d]; oa += ba[d]; ob += bb[d];                     \
+                    if (++idx[d] < bd[d]) break;                               \
+                    og -= bg[d] * bd[d]; oa -= ba[d] * bd[d]; ob -= bb[d] * bd[d]; \
+                    idx[d] = 0;                                                \
+                }                                                              \
+            }                                                                  \
+            ga[j] = R_ADD(ga[j], nq == 1 ? row[0] : gt_sum32(row, nq, 1));     \
+        }                                                                      \
+        free(row);                                                             \
+    }                                                                          \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        GT_ARGS_BINARY_BWD                                                     \
+        GT_PRE_BINARY_BWD                                                      \
+        const long long n = M[0];                                              \
+        if (n <= 0) return;                                                    \
+        if (nq == 1 && nk > 0) {                                               \
+            const long long inner = kd[nk - 1], ig = kg[nk - 1];               \
+            const long long ia = ka[nk - 1], ib = kb[nk - 1];                  \
+            const long long outer = n / inner;                                 \
+            const long long base_g = 0, base_a = 0, base_b = 0;                \
+            gt_real *GT_RESTRICT dst0 = ga;                                    \
+            GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
+            return;                                                            \
+        }                                                                      \
+        if (nb == 0) {                    /* one element, nothing broadcast */  \
+            GT_LOOP(j, n) GT_BODY_BINARY_BWD(j, EXPR)                          \
+            return;                                                            \
+        }                                                                      \
+        gt_bbwd_job job_ = {W, M, n};                                          \
+        long long chunks = 1;                                                  \
+        const int threads = atomic_load(&gt_pool.threads);                     \
+        if (threads > 1 && n > 1 && n * nq >= GT_BBWD_PAR_MIN && gt_pool_wanted()) { \
+            chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;             \
+            if (chunks > n) chunks = n;                                        \
+            job_.per = (n + chunks - 1) / chunks;                              \
+            chunks = (n + job_.per - 1) / job_.per;                            \
+        }                                                                      \
+        if (chunks > 1) {                                                      \
+            GT_FP_ENTER(saved);                                                \
+            gt_pool_run(name##_targets, &job_, chunks, threads, gt_fp_clean(saved)); \
+            GT_FP_LEAVE(saved);                                                \
+        } else {                                                               \
+            name##_targets(&job_, 0);                                          \
+        }                                                                      \
+        (void)scratch;                                                         \
+    }
+#endif
 #endif
 
 GT_BINARY_BWD_OPS(GT_BINARY_BWD)
@@ -364,7 +490,35 @@ GT_KERNEL k_sum(gt_real *W, const long long *M)
 GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum_bwd
+#ifdef GT_THREAD_BODIES
     GT_LOOP(i, M[0]) GT_BODY_k_sum_bwd(i)
+#else
+    /* host: GT_BODY_k_sum_bwd's additions for i in this thread's slice, walked a row
+     * of inner elements at a time instead of dividing i per element (each ga[i] the
+     * same ga[i] + v, v = g[row] or g[row] / len: the same bits) */
+    const long long seg = len * inner, hi = gt_slice_end(M[0]);
+    for (long long i = gt_slice_lo; i < hi;) {
+        const long long o = i / seg, end = (o + 1) * seg < hi ? (o + 1) * seg : hi;
+        const gt_real *GT_RESTRICT gr = g + o * inner;
+        if (inner == 1) {
+            const gt_real v = is_mean ? R_DIV(gr[0], (gt_real)len) : gr[0];
+            for (; i < end; ++i) ga[i] = R_ADD(ga[i], v);
+            continue;
+        }
+        while (i < end) {
+            const long long k = (i - o * seg) % inner;
+            const long long run = inner - k < end - i ? inner - k : end - i;
+            gt_real *GT_RESTRICT dst = ga + i;
+            const gt_real *GT_RESTRICT src = gr + k;
+            if (is_mean) {
+                for (long long u = 0; u < run; ++u) dst[u] = R_ADD(dst[u], R_DIV(src[u], (gt_real)len));
+            } else {
+                for (long long u = 0; u < run; ++u) dst[u] = R_ADD(dst[u], src[u]);
+            }
+            i += run;
+        }
+    }
+#endif
 }
 
 /* out[r] = the row's first maximal element (gt_first_max), an exact copy */
@@ -604,21 +758,6 @@ GT_KERNEL k_uniform(gt_real *W, const long long *M)
     }
 }
 
-#ifndef __CUDACC__
-/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
- * (gradtool/numerics.py): register tiles over packed B panels, threaded
- * over output chunks, every output element one k-ascending FMA chain from +0.0,
- * computed whole and then stored or added once -- the per-element sequence
- * of the one-thread-per-output body (k_matmul, below), which the GT_PER_THREAD host
- * builds run instead.  It needs no arena scratch (its packing buffers are
- * per thread).  Every host build includes it for gt_run's floating-point
- * mode (below). */
-#  define GT_MM_T gt_real
-#  ifdef GT_REAL_F32
-#    define GT_MM_F32 1
-#  endif
-#  include "gt_matmul.h"
-#endif
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
 /* The tiled host build's conv2d products and max pooling: gt_conv.h, the code the
  * CPU reference runs (sample by sample, over gt_matmul.h's kernel). */
