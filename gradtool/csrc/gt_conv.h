@@ -11,7 +11,11 @@
  *  - forward: per sample n and group, the columns cols_n [Kg, OH*OW] (im2col of
  *    that sample alone, +0.0 at padding), then out[n, group] = w_g @ cols_n by
  *    gt_mm_run, the matmul kernel itself: each output the FMA chain over
- *    (c, i, j) ascending from +0.0, written straight into NCHW.
+ *    (c, i, j) ascending from +0.0, written straight into NCHW.  With stride 1
+ *    along w and whole vectors of outputs per row (gt_conv_fwd_direct), no
+ *    columns: the sample's input planes are copied with their zero padding and
+ *    each tile of output channels x vectors of one output row runs the same
+ *    chains reading the window elements in place (gt_mm_kf*).
  *  - weight gradient: each dw[o, (c, i, j)] is one FMA chain over (n, oh, ow)
  *    ascending from +0.0.  The chain is cut at sample boundaries and carried:
  *    its running value lives in a small buffer S [rows, OCg], and sample n's
@@ -225,6 +229,49 @@ typedef void (*gt_conv_dkernel_fn)(long long, long long, const gt_mm_t *, const 
 static const gt_conv_dkernel_fn gt_conv_dkernels[GT_CONV_NV][GT_CONV_MR] = {
     GT_CONV_DROW_OF(1), GT_CONV_DROW_OF(2), GT_CONV_DROW_OF(3), GT_CONV_DROW_OF(4)};
 
+/* The forward's tile: c[o][lanes] (MR_ output channels, row stride ldc; NV_ vectors of
+ * consecutive outputs along z) = the FMA chain over the steps k < K ascending from
+ * +0.0: s = fma(b[k][lane], a[k][o], s), a[k][o] at a + k * lda + o (the weights
+ * transposed), b[k] at bx + boff[k] (a zero-padded input plane read in place: step k
+ * = (c, i, j), the window's element at its offset); then c = s, or c + s with acc --
+ * gt_matmul.h's micro-kernel sequence for each output. */
+#define GT_CONV_FKERNEL(MR_, NV_)                                                \
+    static GT_CONV_NOINLINE void gt_mm_kf##MR_##_##NV_(                          \
+        long long K, const gt_mm_t *a, long long lda, const gt_mm_t *bx,         \
+        const long long *boff, gt_mm_t *c, long long ldc, int acc)               \
+    {                                                                            \
+        gt_mm_v s[MR_][NV_];                                                     \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) s[r][v] = (gt_mm_v){0};                 \
+        for (long long k = 0; k < K; ++k, a += lda) {                            \
+            gt_mm_v bv[NV_];                                                     \
+            const gt_mm_t *b = bx + boff[k];                                     \
+            for (int v = 0; v < NV_; ++v) bv[v] = gt_mm_vload(b + v * GT_MM_VW); \
+            for (int r = 0; r < MR_; ++r) {                                      \
+                const gt_mm_t x = a[r];                                          \
+                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+            }                                                                    \
+        }                                                                        \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) {                                      \
+                gt_mm_t *cp = c + r * ldc + v * GT_MM_VW;                        \
+                gt_mm_vstore(cp, acc ? gt_mm_vload(cp) + s[r][v] : s[r][v]);     \
+            }                                                                    \
+    }
+#define GT_CONV_FKERNELS_NV(NV_) GT_CONV_FKERNEL(1, NV_) GT_CONV_FKERNEL(2, NV_) \
+    GT_CONV_FKERNEL(3, NV_) GT_CONV_FKERNEL(4, NV_) GT_CONV_FKERNEL(5, NV_)       \
+    GT_CONV_FKERNEL(6, NV_) GT_CONV_FKERNEL(7, NV_) GT_CONV_FKERNEL(8, NV_)
+GT_CONV_FKERNELS_NV(1)
+GT_CONV_FKERNELS_NV(2)
+GT_CONV_FKERNELS_NV(3)
+GT_CONV_FKERNELS_NV(4)
+typedef void (*gt_conv_fkernel_fn)(long long, const gt_mm_t *, long long, const gt_mm_t *,
+                                   const long long *, gt_mm_t *, long long, int);
+#define GT_CONV_FROW_OF(NV_) { gt_mm_kf1_##NV_, gt_mm_kf2_##NV_, gt_mm_kf3_##NV_, \
+    gt_mm_kf4_##NV_, gt_mm_kf5_##NV_, gt_mm_kf6_##NV_, gt_mm_kf7_##NV_, gt_mm_kf8_##NV_ }
+static const gt_conv_fkernel_fn gt_conv_fkernels[GT_CONV_NV][GT_CONV_MR] = {
+    GT_CONV_FROW_OF(1), GT_CONV_FROW_OF(2), GT_CONV_FROW_OF(3), GT_CONV_FROW_OF(4)};
+
 /* The rows per tile for nv vectors: as many independent chains as the vector registers
  * hold beside the nv loaded vectors (8 x 1, 6 x 2, 4 x 3 and 4 x 4 with 32 registers;
  * fewer with 16). */
@@ -342,6 +389,15 @@ static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long l
  * backward. */
 static long long gt_conv_dw_block(const gt_conv_geo *G);
 
+/* Whether the forward reads the input planes in place (gt_mm_kf*): stride 1 along w,
+ * whole vectors of outputs along each row, and planes of 256 outputs or more (on
+ * smaller ones the columns and gt_mm_run measured faster); else it builds columns
+ * (im2col). */
+static inline int gt_conv_fwd_direct(const gt_conv_geo *G)
+{
+    return GT_MM_VW > 1 && G->sw == 1 && G->ow % GT_MM_VW == 0 && G->oh * G->ow >= 256;
+}
+
 /* The most input channels a row block of the weight gradient reads (its rows
  * (c, i, j) span): the planes of its slot. */
 static inline long long gt_conv_dw_planes(const gt_conv_geo *G)
@@ -363,7 +419,13 @@ static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     const size_t t = sizeof(gt_mm_t), ll = sizeof(long long);
     switch (which) {
-    case 0: return (size_t)(kg * p) * t;
+    case 0:                     /* columns; or padded planes, w transposed, offsets */
+        if (gt_conv_fwd_direct(G))
+            return (size_t)(gt_conv_round_vw(G->ch / G->groups * (G->ih + 2 * G->ph)
+                                             * (G->iw + 2 * G->pw))
+                            + kg * gt_conv_round_vw(G->oc / G->groups)) * t
+                   + (size_t)kg * ll;
+        return (size_t)(kg * p) * t;
     case 1: return (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0)) * t;
     case 2: {                   /* padded planes, g transposed, S */
         const long long rows = gt_conv_dw_block(G), ocgp = gt_conv_round_vw(G->oc / G->groups);
@@ -387,6 +449,48 @@ static size_t gt_conv_workspace(const gt_conv_geo *G, int which, int acc)
 }
 
 /* forward, chunk = sample n */
+/* forward in place, chunk = sample n: per group the input planes with their zero
+ * padding and the weights transposed [kg, ocgp]; each tile of output channels and
+ * vectors of one output row (y, z0...) is one gt_mm_kf call over the steps (c, i, j). */
+static void gt_conv_fwd_direct_chunk(void *arg, long long n)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long cg = G->ch / G->groups, khw = G->kh * G->kw, kg = cg * khw;
+    const long long ocg = G->oc / G->groups, ocgp = gt_conv_round_vw(ocg);
+    const long long hp = G->ih + 2 * G->ph, wp = G->iw + 2 * G->pw, plane = hp * wp;
+    const long long nvec = G->ow / GT_MM_VW, p = G->oh * G->ow;
+    gt_mm_t *xp = (gt_mm_t *)gt_conv_slot_of(&j->bufs);                 /* [cg, hp, wp] */
+    gt_mm_t *wT = xp + gt_conv_round_vw(cg * plane);                      /* [kg, ocgp] */
+    long long *boff = (long long *)(wT + kg * ocgp);                      /* [kg] */
+    for (long long r = 0; r < kg; ++r)
+        boff[r] = r / khw * plane + (r % khw) / G->kw * G->dh * wp + r % G->kw * G->dw;
+    const int tile = gt_conv_tile_rows((int)(nvec < GT_CONV_NV ? nvec : GT_CONV_NV));
+    for (long long g = 0; g < G->groups; ++g) {
+        for (long long e = 0; e < cg * plane; ++e) xp[e] = 0;          /* the padding: +0.0 */
+        for (long long c = 0; c < cg; ++c) {                           /* exact copies */
+            const gt_mm_t *src = j->x + ((n * G->ch + g * cg + c) * G->ih) * G->iw;
+            for (long long h = 0; h < G->ih; ++h)
+                memcpy(xp + c * plane + (h + G->ph) * wp + G->pw, src + h * G->iw,
+                       (size_t)G->iw * sizeof(gt_mm_t));
+        }
+        for (long long o = 0; o < ocg; ++o)
+            for (long long r = 0; r < kg; ++r) wT[r * ocgp + o] = j->w[(g * ocg + o) * kg + r];
+        gt_mm_t *out = j->out + (n * G->oc + g * ocg) * p;
+        for (long long y = 0; y < G->oh; ++y)
+            for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
+                const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
+                const gt_mm_t *bx = xp + y * G->sh * wp + v0 * GT_MM_VW;
+                for (long long t0 = 0; t0 < ocg; t0 += tile) {
+                    const int mr = (int)(ocg - t0 < tile ? ocg - t0 : tile);
+                    gt_conv_fkernels[nv - 1][mr - 1](kg, wT + t0, ocgp, bx, boff,
+                                                     out + t0 * p + y * G->ow + v0 * GT_MM_VW,
+                                                     p, j->acc);
+                }
+            }
+    }
+}
+
 static void gt_conv_fwd_chunk(void *arg, long long n)
 {
     gt_conv_job *j = (gt_conv_job *)arg;
@@ -408,8 +512,8 @@ static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (p <= 0 || G->oc <= 0) return 1;
     gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws};
-    return gt_conv_run(gt_conv_fwd_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       gt_conv_slot_bytes(G, 0, acc), 0);
+    return gt_conv_run(gt_conv_fwd_direct(G) ? gt_conv_fwd_direct_chunk : gt_conv_fwd_chunk,
+                       &job, G->nb, G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 0, acc), 0);
 }
 
 /* input gradient, chunk = sample n */

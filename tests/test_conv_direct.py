@@ -1,4 +1,6 @@
-"""conv2d's compiled weight gradient (csrc/gt_conv.h: the input planes copied with their
+"""conv2d's compiled forward and weight gradient read the input planes in place.
+
+The weight gradient (csrc/gt_conv.h: the input planes copied with their
 zero padding and read in place by the chain-continuing tiles, lanes over output
 channels, threads over blocks of rows (c, i, j)) equals the numpy rule
 (numerics.conv2d_backward_numpy: whole-batch im2col, then each output one FMA chain over
@@ -60,3 +62,39 @@ def test_conv2d_weight_gradient_compiled_equals_numpy(shape, threads, dtype, thr
             assert_bits_equal_nan_any(got[0], want[0], f"dx {shape} {threads} threads")
     # the chains really are long: a sum over every sample and position, not one term
     assert np.count_nonzero(got[1]) > got[1].size // 2
+
+
+# (n, c, h, w, oc, k, stride (h, w), padding, dilation, groups): the forward's in-place
+# path (stride 1 along w, whole vectors of outputs per row, 256 outputs a plane or more:
+# gt_conv_fwd_direct, for float32 and float64 vectors) and its neighbours on the im2col
+# path
+FORWARD = [
+    (2, 5, 16, 16, 7, 3, (1, 1), 1, 1, 1),       # 7 channels: a partial tile of rows
+    (2, 4, 18, 34, 9, 3, (1, 1), 0, 1, 1),       # no padding, 32 outputs a row
+    (1, 6, 40, 36, 12, 5, (2, 1), 2, 1, 1),      # stride 2 along h only
+    (2, 4, 32, 32, 6, 3, (1, 1), 2, 2, 2),       # dilation 2, two groups
+    (1, 3, 64, 64, 20, 1, (1, 1), 0, 1, 1),      # 1x1, a 64-wide row (several vectors)
+    (2, 3, 32, 32, 16, 3, (2, 2), 1, 1, 1),      # stride 2: the columns
+    (3, 8, 8, 8, 16, 3, (1, 1), 1, 1, 1),        # a small plane: the columns
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape", FORWARD, ids=lambda s: "-".join(map(str, s)))
+def test_conv2d_forward_compiled_equals_numpy(shape, threads, dtype, threads_restored):
+    require_c_compiler()
+    import gradtool.ops  # noqa: F401
+    native.set_num_threads(threads)
+    n, c, h, w, oc, k, s, p, d, g = shape
+    rng = np.random.default_rng(n * 1000 + c * 100 + h + threads)
+    geo = (s, (p, p), (d, d), g)
+    x = (rng.standard_normal((n, c, h, w)) * 10.0 ** rng.uniform(-3, 3, (n, c, h, w)))
+    x = x.astype(dtype)
+    x.reshape(-1)[rng.choice(x.size, 3, replace=False)] = [-0.0, np.inf, 1e-40]
+    wt = rng.standard_normal((oc, c // g, k, k)).astype(dtype)
+    got = nx.conv2d(x, wt, *geo)
+    want = nx.conv2d_numpy(x, wt, *geo)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_bits_equal_nan_any(got, want, f"conv2d {shape} {threads} threads")
+    assert np.count_nonzero(got) > got.size // 2
