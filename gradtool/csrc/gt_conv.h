@@ -19,7 +19,7 @@
  *  - weight gradient: each dw[o, (c, i, j)] is one FMA chain over (n, oh, ow)
  *    ascending from +0.0.  The chain is cut at sample boundaries and carried:
  *    its running value lives in a small buffer S [rows, OCg], and sample n's
- *    steps continue it (gt_mm_kc: the register tile starts from S, not from
+ *    steps continue it (gt_mm_kd: the register tile starts from S, not from
  *    +0.0, and is stored back), so every output sees the same k sequence of
  *    fused multiply-adds as the one long chain; dw = S (or dw + S) at the end.
  *    Per sample, the input planes a block of rows (c, i, j) reads are copied
@@ -569,12 +569,12 @@ static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t
 }
 
 /* weight gradient, chunk = (group, block of rows r = (c, i, j)): those rows' outputs'
- * chains, over every sample in order.  Per sample, the block's rows of the columns
- * (gt_conv_im2col, packed by tiles of rows) and the group's output gradient
- * transposed, gT [p, ocgp]
- * (+0.0 in the padding lanes, never stored); then S[r][o] continues its chain
- * fma(gT[q][o], cols[r][q], S[r][o]) over q ascending (gt_mm_kc*: a SIMD lane is one
- * output channel o, a tile row one r).  dw[o, r] = S[r][o] (or dw + S) at the end. */
+ * chains, over every sample in order.  Per sample, the input planes the block reads,
+ * copied with their zero padding (xp), and the group's output gradient transposed,
+ * gT [p, ocgp] (+0.0 in the padding lanes, never stored); then S[r][o] continues its
+ * chain fma(gT[q][o], x[r][q], S[r][o]) over q ascending, x[r][q] read in xp at the
+ * window's offset (gt_mm_kd*: a SIMD lane is one output channel o, a tile row one
+ * r).  dw[o, r] = S[r][o] (or dw + S) at the end. */
 static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
 {
     gt_conv_job *j = (gt_conv_job *)arg;
