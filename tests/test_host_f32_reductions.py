@@ -1,5 +1,6 @@
 """The float32 host backend's broadcast reductions (the binary ops' backward into a
-broadcast input, numerics32.reduce_to_shape's lane-tree sum) and sum/mean backward:
+broadcast input, numerics32.reduce_to_shape's lane-tree sum), sum/mean of strided rows
+(f32 and f64) and sum/mean backward:
 the tiled host build computes each target's contributions into a row, sums it with
 gt_sum32 and splits the targets over threads (kernels.cu); these tapes are large
 enough to take those paths (and the threaded ones) and odd enough to reach every
@@ -43,15 +44,17 @@ def values(rng, shape, specials=False):
     return x
 
 
-def host_matches_reference(tp, loss, checked, what):
+def host_matches_reference(tp, loss, checked, what, values=(), dtype="f32"):
     from gradtool.device import capture
     replay = capture(tp, loss.id, "host")
-    assert replay.dtype == "f32"
+    assert replay.dtype == dtype
     replay.forward()
     replay.backward()
+    for v in values:
+        assert_bits_equal_nan_any(replay.value(v.id), tp.value(v), f"{what}: node {v.id}")
     for v in checked:
         got, want = replay.grad(v.id), tp.grad(v)
-        assert got.dtype == np.float32 and want.dtype == np.float32
+        assert got.dtype == want.dtype == (np.float32 if dtype == "f32" else np.float64)
         assert_bits_equal_nan_any(got, want, f"{what}: grad of node {v.id}")
 
 
@@ -78,22 +81,30 @@ def test_f32_host_broadcast_reductions_equal_reference(xs, ys, threads, threads_
 
 # (shape, axis): sum and mean backward, k_sum_bwd's rows (inner 1 and inner > 1), large
 # enough for the launch to be split over threads (2^18 elements)
+# ... and the forward sums of strided rows (k_sum with inner > 1: the rows of an outer
+# index summed side by side, one lane-tree state per row): batch norm's mean over
+# [N*H*W, C] (16384 rows of 16), one, four and 274 blocks of 256, several outer indices
 SUM_CASES = [((16, 64, 16, 16), (2, 3)), ((16, 64, 16, 16), 1), ((16, 64, 16, 16), 0),
-             ((7, 9, 11, 13, 31), (0, 2)), ((262147,), None), ((3, 5), 1)]
+             ((7, 9, 11, 13, 31), (0, 2)), ((262147,), None), ((3, 5), 1),
+             ((16384, 16), 0), ((1000, 3), 0), ((70001, 2), 0), ((5, 257, 33), 1),
+             ((2, 256, 4), 1), ((4, 1, 7), 1)]
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("shape, axis", SUM_CASES, ids=str)
-def test_f32_host_sum_and_mean_backward_equal_reference(shape, axis, threads,
-                                                        threads_restored):
+def test_host_sum_and_mean_equal_reference(shape, axis, threads, dtype, threads_restored):
     require_c_compiler()
     native.set_num_threads(threads)
     rng = np.random.default_rng(len(shape) * 7 + threads)
+    typ = np.float32 if dtype == "f32" else np.float64
     for reduce in ("sum", "mean"):
         tp = gt.Tape()
-        x = tp.param(values(rng, shape))
+        x = tp.param(values(rng, shape).astype(typ))
         r = getattr(tp, reduce)(tp.mul(x, x), axis=axis)
-        w = tp.const(rng.uniform(-1.5, 1.5, tp.value(r).shape).astype(np.float32))
+        w = tp.const(rng.uniform(-1.5, 1.5, tp.value(r).shape).astype(typ))
         loss = tp.sum(tp.mul(r, w))
         tp.backward(loss)
-        host_matches_reference(tp, loss, [x], f"{reduce} {shape} axis {axis}")
+        assert tp.value(r).dtype == typ
+        host_matches_reference(tp, loss, [x], f"{reduce} {shape} axis {axis}", values=[r],
+                               dtype=dtype)

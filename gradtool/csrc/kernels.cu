@@ -479,9 +479,91 @@ GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 
 /* v = (0.0 + a0 + a1 + ...) [/ len], serial; out[r] = v, or out[r] + v with acc
  * (bmm's batch sum of a stretched side's gradient) */
+#ifndef GT_THREAD_BODIES
+/* Host: the rows of one outer index o (rows o*inner .. o*inner + inner - 1, each at
+ * stride inner) summed together, a SIMD lane per row: float64 0.0 + a0 + a1 + ...
+ * per row; float32 gt_sum32's lane tree per row, its 32 lanes' partials, block stack
+ * and fold kept for all the rows side by side (every row sees exactly gt_sum32's
+ * additions, in its order).  Then GT_BODY_k_sum's division and store.  0 when the
+ * buffers cannot be allocated (nothing written). */
+static int gt_sum_rows_together(gt_real *out, const gt_real *a, long long rows, long long len,
+                                long long inner, long long is_mean, long long acc)
+{
+#ifdef GT_REAL_F32
+    const long long nb = len > 0 ? (len + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK : 1;
+    long long slots = 2;                                /* floor(log2(nb)) + 2 */
+    for (long long t = nb; t > 1; t >>= 1) ++slots;
+    const long long slot = GT_SUM_LANES * inner;        /* one stack entry: [lane][row] */
+    gt_real *stk = (gt_real *)malloc((size_t)(slots * slot) * sizeof(gt_real));
+    if (!stk) return 0;
+    for (long long o = 0; o < rows / inner; ++o) {
+        const gt_real *x = a + o * len * inner;
+        long long top = 0;
+        for (long long b = 0; b < nb; ++b) {
+            gt_real *GT_RESTRICT cur = stk + top * slot;
+            for (long long e = 0; e < slot; ++e) cur[e] = R0;
+            const long long i0 = b * GT_SUM_BLOCK;
+            const long long i1 = i0 + GT_SUM_BLOCK < len ? i0 + GT_SUM_BLOCK : len;
+            for (long long i = i0; i < i1; ++i) {
+                gt_real *GT_RESTRICT d = cur + ((i - i0) % GT_SUM_LANES) * inner;
+                const gt_real *GT_RESTRICT src = x + i * inner;
+                for (long long c = 0; c < inner; ++c) d[c] = R_ADD(d[c], src[c]);
+            }
+            for (long long k = b; k & 1; k >>= 1) {     /* older partial + this one */
+                --top;
+                gt_real *GT_RESTRICT prev = stk + top * slot;
+                for (long long e = 0; e < slot; ++e) prev[e] = R_ADD(prev[e], cur[e]);
+                cur = prev;
+            }
+            ++top;
+        }
+        while (top > 1) {
+            --top;
+            gt_real *GT_RESTRICT lo = stk + (top - 1) * slot;
+            const gt_real *GT_RESTRICT hi = stk + top * slot;
+            for (long long e = 0; e < slot; ++e) lo[e] = R_ADD(lo[e], hi[e]);
+        }
+        for (long long h = GT_SUM_LANES / 2; h >= 1; h >>= 1)
+            for (long long l = 0; l < h; ++l) {
+                gt_real *GT_RESTRICT d = stk + l * inner;
+                const gt_real *GT_RESTRICT src = stk + (l + h) * inner;
+                for (long long c = 0; c < inner; ++c) d[c] = R_ADD(d[c], src[c]);
+            }
+        for (long long c = 0; c < inner; ++c) {
+            const gt_real v = is_mean ? R_DIV(stk[c], (gt_real)len) : stk[c];
+            out[o * inner + c] = acc ? R_ADD(out[o * inner + c], v) : v;
+        }
+    }
+    free(stk);
+#else
+    gt_real *s = (gt_real *)malloc((size_t)inner * sizeof(gt_real));
+    if (!s) return 0;
+    for (long long o = 0; o < rows / inner; ++o) {
+        const gt_real *x = a + o * len * inner;
+        for (long long c = 0; c < inner; ++c) s[c] = R0;
+        for (long long l = 0; l < len; ++l)
+            for (long long c = 0; c < inner; ++c) s[c] = R_ADD(s[c], x[l * inner + c]);
+        for (long long c = 0; c < inner; ++c) {
+            const gt_real v = is_mean ? R_DIV(s[c], (gt_real)len) : s[c];
+            out[o * inner + c] = acc ? R_ADD(out[o * inner + c], v) : v;
+        }
+    }
+    free(s);
+#endif
+    return 1;
+}
+#endif
+
 GT_KERNEL k_sum(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum
+#ifndef GT_THREAD_BODIES
+    /* strided rows, the whole launch on this thread: the rows of an outer index
+     * together (k_sum is not split over threads: gt_launch) */
+    if (inner > 1 && gt_slice_lo == 0 && gt_slice_end(M[0]) == M[0]
+        && gt_sum_rows_together(out, a, M[0], len, inner, is_mean, acc))
+        return;
+#endif
     GT_LOOP(r, M[0]) GT_BODY_k_sum(r)
 }
 
