@@ -108,3 +108,25 @@ def test_host_sum_and_mean_equal_reference(shape, axis, threads, dtype, threads_
         assert tp.value(r).dtype == typ
         host_matches_reference(tp, loss, [x], f"{reduce} {shape} axis {axis}", values=[r],
                                dtype=dtype)
+
+
+# transpose (the last two axes) forward and backward: k_copy_nd's tiled path for the
+# importer's NCHW -> [N, HW, C] before batch norm's sums, odd sizes, a single row
+TRANSPOSES = [(16, 16, 1024), (5, 37, 19), (3, 4, 17, 33), (1, 2), (40, 1, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("shape", TRANSPOSES, ids=str)
+def test_host_transpose_equals_reference(shape, dtype):
+    require_c_compiler()
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    typ = np.float32 if dtype == "f32" else np.float64
+    tp = gt.Tape()
+    x = tp.param(values(rng, shape).astype(typ))
+    t = tp.transpose(x)
+    u = tp.transpose(tp.mul(x, x))              # x's gradient: two transposes' backward
+    w = tp.const(rng.uniform(-1.5, 1.5, tp.value(t).shape).astype(typ))
+    loss = tp.sum(tp.mul(tp.add(t, u), w))
+    tp.backward(loss)
+    assert tp.value(t).shape == shape[:-2] + (shape[-1], shape[-2])
+    host_matches_reference(tp, loss, [x], f"transpose {shape}", values=[t, u], dtype=dtype)
