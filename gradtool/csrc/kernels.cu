@@ -104,22 +104,26 @@ GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
     const long long inner = dims[nd - 1], isd = sd[nd - 1], iss = ss[nd - 1];
     if (nd >= 2 && isd == 1 && iss != 1 && ss[nd - 2] == 1 && inner > 1 && M[0] > 0) {
         /* a transpose of the last two dims (dst contiguous along the last, src along
-         * the one before): tiles of 16 rows of the second-last dim, so both sides walk
-         * whole cache lines; each element still copied (or added) once */
+         * the one before): 8 x 8 tiles, so both sides walk whole cache lines and a
+         * tile's lines fit the cache's ways even at 4 KB strides; each element still
+         * copied (or added) once */
         const long long mid = dims[nd - 2], sdm = sd[nd - 2];
         const long long outer2 = M[0] / (inner * mid);
         long long idx[GT_MAXD] = {0}, od = 0, os = 0;
         for (long long q = 0; q < outer2; ++q) {
-            for (long long i0 = 0; i0 < mid; i0 += 16) {
-                const long long i1 = i0 + 16 < mid ? i0 + 16 : mid;
-                for (long long jj = 0; jj < inner; ++jj) {
-                    gt_real *GT_RESTRICT pd = dst + od + jj;
-                    const gt_real *GT_RESTRICT ps = src + os + jj * iss;
-                    if (acc) {
-                        for (long long i = i0; i < i1; ++i)
-                            pd[i * sdm] = R_ADD(pd[i * sdm], ps[i]);
-                    } else {
-                        for (long long i = i0; i < i1; ++i) pd[i * sdm] = ps[i];
+            for (long long i0 = 0; i0 < mid; i0 += 8) {
+                const long long i1 = i0 + 8 < mid ? i0 + 8 : mid;
+                for (long long j0 = 0; j0 < inner; j0 += 8) {
+                    const long long j1 = j0 + 8 < inner ? j0 + 8 : inner;
+                    for (long long jj = j0; jj < j1; ++jj) {
+                        gt_real *GT_RESTRICT pd = dst + od + jj;
+                        const gt_real *GT_RESTRICT ps = src + os + jj * iss;
+                        if (acc) {
+                            for (long long i = i0; i < i1; ++i)
+                                pd[i * sdm] = R_ADD(pd[i * sdm], ps[i]);
+                        } else {
+                            for (long long i = i0; i < i1; ++i) pd[i * sdm] = ps[i];
+                        }
                     }
                 }
             }
