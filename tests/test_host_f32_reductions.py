@@ -25,6 +25,9 @@ BROADCASTS = [
     ((16, 1, 32, 1), (1, 8, 1, 33)),       # both sides broadcast, interleaved
     ((3, 4, 50, 60), (1,)),                # one target, every element a term (36000)
     ((64, 1030), (64, 1030)),              # nothing broadcast: one term per target
+    ((16384, 16), (16,)),                  # batch norm as imported: [N*H*W, C] by [C]
+    ((1000, 33), (1, 33)),                 # contiguous targets, a partial last block
+    ((7, 300, 9, 40), (9, 40)),            # contiguous targets over two kept dims
 ]
 OPS = ("add", "sub", "mul", "div")
 

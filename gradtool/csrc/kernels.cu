@@ -300,6 +300,83 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 #  include "gt_matmul.h"
 #endif
 
+#define GT_LT_ROWS_MAX 4096LL        /* host: rows summed side by side at most */
+#if !defined(GT_THREAD_BODIES) && defined(GT_REAL_F32)
+/* The float32 host's lane-tree sums of many rows side by side (a SIMD lane per row):
+ * each row's terms pushed one index at a time, all rows' i-th terms together, through
+ * exactly gt_sum32's additions -- per block of 256 terms, lane (i % 32)'s partial from
+ * +0.0; the blocks' partials combined by the binary-counter stack (older + newer); the
+ * stack added from the top down; the 32 lanes folded -- kept for all `rows` rows at
+ * once ([lane][row] per stack entry).  k_sum's strided rows and the broadcast
+ * reductions whose targets are contiguous use it. */
+typedef struct {
+    gt_real *stk;
+    long long rows, n, slot, top, cnt;
+} gt_lt_rows;
+
+/* rows rows of n terms each; 0 when out of memory */
+static int gt_lt_rows_init(gt_lt_rows *s, long long rows, long long n)
+{
+    const long long nb = n > 0 ? (n + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK : 1;
+    long long slots = 2;                                /* floor(log2(nb)) + 2 */
+    for (long long t = nb; t > 1; t >>= 1) ++slots;
+    s->rows = rows;
+    s->n = n;
+    s->slot = GT_SUM_LANES * rows;
+    s->stk = (gt_real *)malloc((size_t)(slots * s->slot) * sizeof(gt_real));
+    return s->stk != NULL;
+}
+
+/* start the rows' sums afresh (the buffers reused) */
+static void gt_lt_rows_begin(gt_lt_rows *s)
+{
+    s->top = 0;
+    s->cnt = 0;
+    for (long long e = 0; e < s->slot; ++e) s->stk[e] = R0;
+}
+
+/* the next term of every row: v[r] for row r */
+static inline void gt_lt_rows_push(gt_lt_rows *s, const gt_real *GT_RESTRICT v)
+{
+    const long long i = s->cnt++, rows = s->rows, slot = s->slot;
+    gt_real *GT_RESTRICT cur = s->stk + s->top * slot;
+    gt_real *GT_RESTRICT d = cur + ((i % GT_SUM_BLOCK) % GT_SUM_LANES) * rows;
+    for (long long r = 0; r < rows; ++r) d[r] = R_ADD(d[r], v[r]);
+    if (i % GT_SUM_BLOCK == GT_SUM_BLOCK - 1 || s->cnt == s->n) {    /* a block ends */
+        for (long long k = i / GT_SUM_BLOCK; k & 1; k >>= 1) {
+            --s->top;
+            gt_real *GT_RESTRICT prev = s->stk + s->top * slot;
+            for (long long e = 0; e < slot; ++e) prev[e] = R_ADD(prev[e], cur[e]);
+            cur = prev;
+        }
+        ++s->top;
+        if (s->cnt < s->n) {
+            gt_real *GT_RESTRICT next = s->stk + s->top * slot;
+            for (long long e = 0; e < slot; ++e) next[e] = R0;
+        }
+    }
+}
+
+/* the rows' sums, at s->stk[0 .. rows) */
+static void gt_lt_rows_finish(gt_lt_rows *s)
+{
+    const long long rows = s->rows, slot = s->slot;
+    if (s->cnt == 0) s->top = 1;                 /* no terms: one empty block, +0.0 */
+    while (s->top > 1) {
+        --s->top;
+        gt_real *GT_RESTRICT lo = s->stk + (s->top - 1) * slot;
+        const gt_real *GT_RESTRICT hi = s->stk + s->top * slot;
+        for (long long e = 0; e < slot; ++e) lo[e] = R_ADD(lo[e], hi[e]);
+    }
+    for (long long h = GT_SUM_LANES / 2; h >= 1; h >>= 1)
+        for (long long l = 0; l < h; ++l) {
+            gt_real *GT_RESTRICT d = s->stk + l * rows;
+            const gt_real *GT_RESTRICT src = s->stk + (l + h) * rows;
+            for (long long r = 0; r < rows; ++r) d[r] = R_ADD(d[r], src[r]);
+        }
+}
+#endif
+
 /* ========================================================================
  * Broadcasting binary ops, backward: one input's contribution reduced to
  * that input's shape (numerics.reduce_to_shape), then added once.
@@ -396,6 +473,9 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
  *  - nothing broadcast (one term per target element: r = c(j), GT_BROADCAST_SUM's
  *    single term): ga[j] = ga[j] + c(j), walking the kept coordinates as the float64
  *    host does;
+ *  - targets contiguous in g (one kept dim, innermost: a bias, batch norm's [N*H*W,
+ *    C] against [C]): the contributions of all targets at each q computed as a row
+ *    and summed side by side (gt_lt_rows: gt_sum32's order per target);
  *  - else per target element j: its nq contributions c(j, q), q ascending, computed
  *    into a row (the broadcast coordinates walked by an odometer, the last broadcast
  *    dim a tight inner loop), summed by gt_sum32 -- the order GT_ROW_SUM runs over
@@ -480,6 +560,40 @@ typedef struct {
             GT_LOOP(j, n) GT_BODY_BINARY_BWD(j, EXPR)                          \
             return;                                                            \
         }                                                                      \
+        if (nk == 1 && kg[0] == 1 && n >= 8 && n <= GT_LT_ROWS_MAX) {  /* all \
+            targets (contiguous in g) at once,                                 \
+            the contributions at each q a row, summed side by side */          \
+            gt_lt_rows lt;                                                     \
+            gt_real *row = (gt_real *)malloc((size_t)n * sizeof(gt_real));     \
+            if (row && gt_lt_rows_init(&lt, n, nq)) {                          \
+                const long long ka0 = ka[0], kb0 = kb[0];                      \
+                long long bidx[GT_MAXD] = {0}, og = 0, oa = 0, ob = 0;         \
+                gt_lt_rows_begin(&lt);                                         \
+                for (long long q = 0; q < nq; ++q) {                           \
+                    const gt_real *GT_RESTRICT pg = g + og, *GT_RESTRICT pt = t + og; \
+                    const gt_real *GT_RESTRICT px = a + oa, *GT_RESTRICT py = b + ob; \
+                    gt_real *GT_RESTRICT dst = row;                            \
+                    const long long qi = n;                                    \
+                    if (ka0 == 1 && kb0 == 1) { GT_BBWD_ROW(1, 1, 1, EXPR) }   \
+                    else if (ka0 == 1 && kb0 == 0) { GT_BBWD_ROW(1, 1, 0, EXPR) } \
+                    else if (ka0 == 0 && kb0 == 1) { GT_BBWD_ROW(1, 0, 1, EXPR) } \
+                    else { GT_BBWD_ROW(1, ka0, kb0, EXPR) }                    \
+                    gt_lt_rows_push(&lt, row);                                 \
+                    for (int d = (int)nb - 1; d >= 0; --d) {                   \
+                        og += bg[d]; oa += ba[d]; ob += bb[d];                 \
+                        if (++bidx[d] < bd[d]) break;                          \
+                        og -= bg[d] * bd[d]; oa -= ba[d] * bd[d]; ob -= bb[d] * bd[d]; \
+                        bidx[d] = 0;                                           \
+                    }                                                          \
+                }                                                              \
+                gt_lt_rows_finish(&lt);                                        \
+                for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], lt.stk[j]); \
+                free(lt.stk);                                                  \
+                free(row);                                                     \
+                return;                                                        \
+            }                                                                  \
+            free(row);                                                         \
+        }                                                                      \
         gt_bbwd_job job_ = {W, M, n};                                          \
         long long chunks = 1;                                                  \
         const int threads = atomic_load(&gt_pool.threads);                     \
@@ -515,59 +629,26 @@ GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 #ifndef GT_THREAD_BODIES
 /* Host: the rows of one outer index o (rows o*inner .. o*inner + inner - 1, each at
  * stride inner) summed together, a SIMD lane per row: float64 0.0 + a0 + a1 + ...
- * per row; float32 gt_sum32's lane tree per row, its 32 lanes' partials, block stack
- * and fold kept for all the rows side by side (every row sees exactly gt_sum32's
- * additions, in its order).  Then GT_BODY_k_sum's division and store.  0 when the
+ * per row; float32 gt_sum32's lane tree per row, side by side (gt_lt_rows: every row
+ * sees exactly gt_sum32's additions, in its order).  Then GT_BODY_k_sum's division and store.  0 when the
  * buffers cannot be allocated (nothing written). */
 static int gt_sum_rows_together(gt_real *out, const gt_real *a, long long rows, long long len,
                                 long long inner, long long is_mean, long long acc)
 {
 #ifdef GT_REAL_F32
-    const long long nb = len > 0 ? (len + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK : 1;
-    long long slots = 2;                                /* floor(log2(nb)) + 2 */
-    for (long long t = nb; t > 1; t >>= 1) ++slots;
-    const long long slot = GT_SUM_LANES * inner;        /* one stack entry: [lane][row] */
-    gt_real *stk = (gt_real *)malloc((size_t)(slots * slot) * sizeof(gt_real));
-    if (!stk) return 0;
+    gt_lt_rows lt;
+    if (!gt_lt_rows_init(&lt, inner, len)) return 0;
     for (long long o = 0; o < rows / inner; ++o) {
         const gt_real *x = a + o * len * inner;
-        long long top = 0;
-        for (long long b = 0; b < nb; ++b) {
-            gt_real *GT_RESTRICT cur = stk + top * slot;
-            for (long long e = 0; e < slot; ++e) cur[e] = R0;
-            const long long i0 = b * GT_SUM_BLOCK;
-            const long long i1 = i0 + GT_SUM_BLOCK < len ? i0 + GT_SUM_BLOCK : len;
-            for (long long i = i0; i < i1; ++i) {
-                gt_real *GT_RESTRICT d = cur + ((i - i0) % GT_SUM_LANES) * inner;
-                const gt_real *GT_RESTRICT src = x + i * inner;
-                for (long long c = 0; c < inner; ++c) d[c] = R_ADD(d[c], src[c]);
-            }
-            for (long long k = b; k & 1; k >>= 1) {     /* older partial + this one */
-                --top;
-                gt_real *GT_RESTRICT prev = stk + top * slot;
-                for (long long e = 0; e < slot; ++e) prev[e] = R_ADD(prev[e], cur[e]);
-                cur = prev;
-            }
-            ++top;
-        }
-        while (top > 1) {
-            --top;
-            gt_real *GT_RESTRICT lo = stk + (top - 1) * slot;
-            const gt_real *GT_RESTRICT hi = stk + top * slot;
-            for (long long e = 0; e < slot; ++e) lo[e] = R_ADD(lo[e], hi[e]);
-        }
-        for (long long h = GT_SUM_LANES / 2; h >= 1; h >>= 1)
-            for (long long l = 0; l < h; ++l) {
-                gt_real *GT_RESTRICT d = stk + l * inner;
-                const gt_real *GT_RESTRICT src = stk + (l + h) * inner;
-                for (long long c = 0; c < inner; ++c) d[c] = R_ADD(d[c], src[c]);
-            }
+        gt_lt_rows_begin(&lt);
+        for (long long i = 0; i < len; ++i) gt_lt_rows_push(&lt, x + i * inner);
+        gt_lt_rows_finish(&lt);
         for (long long c = 0; c < inner; ++c) {
-            const gt_real v = is_mean ? R_DIV(stk[c], (gt_real)len) : stk[c];
+            const gt_real v = is_mean ? R_DIV(lt.stk[c], (gt_real)len) : lt.stk[c];
             out[o * inner + c] = acc ? R_ADD(out[o * inner + c], v) : v;
         }
     }
-    free(stk);
+    free(lt.stk);
 #else
     gt_real *s = (gt_real *)malloc((size_t)inner * sizeof(gt_real));
     if (!s) return 0;
@@ -593,7 +674,7 @@ GT_KERNEL k_sum(gt_real *W, const long long *M)
 #ifndef GT_THREAD_BODIES
     /* strided rows, the whole launch on this thread: the rows of an outer index
      * together (k_sum is not split over threads: gt_launch) */
-    if (inner > 1 && gt_slice_lo == 0 && gt_slice_end(M[0]) == M[0]
+    if (inner > 1 && inner <= GT_LT_ROWS_MAX && gt_slice_lo == 0 && gt_slice_end(M[0]) == M[0]
         && gt_sum_rows_together(out, a, M[0], len, inner, is_mean, acc))
         return;
 #endif
