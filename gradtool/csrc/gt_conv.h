@@ -11,16 +11,24 @@
  *  - forward: per sample n and group, the columns cols_n [Kg, OH*OW] (im2col of
  *    that sample alone, +0.0 at padding), then out[n, group] = w_g @ cols_n by
  *    gt_mm_run, the matmul kernel itself: each output the FMA chain over
- *    (c, i, j) ascending from +0.0, written straight into NCHW.
+ *    (c, i, j) ascending from +0.0, written straight into NCHW.  With stride 1
+ *    along w and whole vectors of outputs per row (gt_conv_fwd_direct), no
+ *    columns: the sample's input planes are copied with their zero padding and
+ *    each tile of output channels x vectors of one output row runs the same
+ *    chains reading the window elements in place (gt_mm_kf*).
  *  - weight gradient: each dw[o, (c, i, j)] is one FMA chain over (n, oh, ow)
  *    ascending from +0.0.  The chain is cut at sample boundaries and carried:
- *    its running value lives in a small buffer S [OCg, width], and sample n's
- *    steps continue it (gt_mm_kc: the register tile starts from S, not from
+ *    its running value lives in a small buffer S [rows, OCg], and sample n's
+ *    steps continue it (gt_mm_kd: the register tile starts from S, not from
  *    +0.0, and is stored back), so every output sees the same k sequence of
  *    fused multiply-adds as the one long chain; dw = S (or dw + S) at the end.
- *    Sample n's columns are built transposed, [OH*OW, width], so a SIMD lane is
- *    one output (c, i, j).  Threads split the outputs (groups and blocks of
- *    columns), never a chain.
+ *    Per sample, the input planes a block of rows (c, i, j) reads are copied
+ *    with their zero padding (no columns: tile row (c, i, j) reads x straight
+ *    from its plane at (y*sh + i*dh, z*sw + j*dw)) and the output gradient
+ *    transposed, [OH*OW, OCg], so a SIMD lane is one output channel o and a tile
+ *    row one (c, i, j): fma(g, x, s), the product's factors in either order the
+ *    same exact product.  Threads split the outputs (groups and blocks of rows),
+ *    never a chain.
  *  - input gradient: per sample n and group, dcols_n = w_g^T @ g_n by gt_mm_run
  *    (each term the chain over the group's output channels), then col2im of that
  *    sample: each input element 0.0 + term + ... over (i, j) ascending.
@@ -164,87 +172,117 @@ static void gt_conv_im2col(const gt_conv_geo *G, const gt_mm_t *x, long long n, 
     }
 }
 
-/* Rows [r0, r1) of group g's columns of sample n, transposed: element (r, p) at
- * dst[p * width + r - r0] (the same copies as gt_conv_im2col, written position by
- * position: each window's values side by side).  tab: 3 * (r1 - r0) scratch. */
-static void gt_conv_im2col_t(const gt_conv_geo *G, const gt_mm_t *x, long long n, long long g,
-                             long long r0, long long r1, gt_mm_t *dst, long long width,
-                             long long *tab)
-{
-    const long long cg = G->ch / G->groups, khw = G->kh * G->kw, nr = r1 - r0;
-    for (long long q = 0; q < nr; ++q) {
-        const long long r = r0 + q, c = g * cg + r / khw;
-        const long long i = (r % khw) / G->kw, j = r % G->kw;
-        tab[3 * q] = (c * G->ih + i * G->dh) * G->iw + j * G->dw;
-        tab[3 * q + 1] = i * G->dh;
-        tab[3 * q + 2] = j * G->dw;
-    }
-    const gt_mm_t *xs = x + n * G->ch * G->ih * G->iw;
-    for (long long y = 0; y < G->oh; ++y) {
-        const long long h0 = y * G->sh - G->ph;
-        const int rows_inside = h0 >= 0 && h0 + (G->kh - 1) * G->dh < G->ih;
-        for (long long z = 0; z < G->ow; ++z) {
-            const long long w0 = z * G->sw - G->pw;
-            gt_mm_t *d = dst + (y * G->ow + z) * width;
-            if (rows_inside && w0 >= 0 && w0 + (G->kw - 1) * G->dw < G->iw) {
-                const gt_mm_t *base = xs + h0 * G->iw + w0;
-                for (long long q = 0; q < nr; ++q) d[q] = base[tab[3 * q]];
-                continue;
-            }
-            for (long long q = 0; q < nr; ++q) {
-                const long long hh = h0 + tab[3 * q + 1], ww = w0 + tab[3 * q + 2];
-                d[q] = (hh >= 0 && hh < G->ih && ww >= 0 && ww < G->iw)
-                           ? xs[tab[3 * q] + h0 * G->iw + w0] : 0;
-            }
-        }
-    }
-}
-
 /* ---- the chain-continuing tile of the weight gradient -------------------- */
-/* c[r][col] (MR_ rows, row stride ldc; NV_ vectors of columns) continues its FMA
- * chain over K steps: c = fma(b[k][col], a[r][k], c), k ascending, a[r][k] at
- * a[r * sai + k], b[k] at b + k * ldb.  The tile is loaded from c, kept in
- * registers for all K steps, and stored back: the same per-element sequence as
- * gt_matmul.h's micro-kernels, started from the carried value instead of +0.0.
- * (Named gt_mm_k*: the disassembly test allows fused multiply-adds there.) */
 #if defined(__GNUC__) || defined(__clang__)
 #  define GT_CONV_NOINLINE __attribute__((noinline))
 #else
 #  define GT_CONV_NOINLINE
 #endif
-#define GT_CONV_KERNEL(MR_, NV_)                                                 \
-    static GT_CONV_NOINLINE void gt_mm_kc##MR_##_##NV_(                          \
-        long long K, const gt_mm_t *a, long long sai, const gt_mm_t *b, long long ldb, \
+#define GT_CONV_NV 4                 /* vectors of columns per tile, at most */
+#define GT_CONV_MR 8                 /* rows per tile, at most */
+/* c[r][col] (MR_ rows, row stride ldc; NV_ vectors of columns) continues its FMA
+ * chain over the steps k = (y, z), y < oh, z < ow, row-major (the weight gradient's
+ * q ascending): c = fma(b[k][col], a[r][k], c), a[r][k] = xp[off[r] + y * srow +
+ * z * scol] (read straight from a zero-padded input plane), b[k] at b + k * ldb.
+ * The tile is loaded from c, kept in registers for all steps, and stored back: the
+ * same per-element sequence as gt_matmul.h's micro-kernels, started from the carried
+ * value instead of +0.0.  (Named gt_mm_k*: the disassembly test allows fused
+ * multiply-adds there.) */
+#define GT_CONV_DKERNEL(MR_, NV_)                                                \
+    static GT_CONV_NOINLINE void gt_mm_kd##MR_##_##NV_(                          \
+        long long oh, long long ow, const gt_mm_t *xp, const long long *off,     \
+        long long srow, long long scol, const gt_mm_t *b, long long ldb,         \
         gt_mm_t *c, long long ldc)                                               \
     {                                                                            \
         gt_mm_v s[MR_][NV_];                                                     \
-        for (int r = 0; r < MR_; ++r)                                            \
+        const gt_mm_t *ap[MR_];                                                  \
+        for (int r = 0; r < MR_; ++r) {                                          \
+            ap[r] = xp + off[r];                                                 \
             for (int v = 0; v < NV_; ++v) s[r][v] = gt_mm_vload(c + r * ldc + v * GT_MM_VW); \
-        for (long long k = 0; k < K; ++k, ++a, b += ldb) {                       \
-            gt_mm_v bv[NV_];                                                     \
-            for (int v = 0; v < NV_; ++v) bv[v] = gt_mm_vload(b + v * GT_MM_VW); \
-            for (int r = 0; r < MR_; ++r) {                                      \
-                const gt_mm_t x = a[r * sai];                                    \
-                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+        }                                                                        \
+        for (long long y = 0; y < oh; ++y) {                                     \
+            const long long ro = y * srow;                                       \
+            for (long long z = 0; z < ow; ++z, b += ldb) {                       \
+                gt_mm_v bv[NV_];                                                 \
+                for (int v = 0; v < NV_; ++v) bv[v] = gt_mm_vload(b + v * GT_MM_VW); \
+                for (int r = 0; r < MR_; ++r) {                                  \
+                    const gt_mm_t x = ap[r][ro + z * scol];                      \
+                    for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+                }                                                                \
             }                                                                    \
         }                                                                        \
         for (int r = 0; r < MR_; ++r)                                            \
             for (int v = 0; v < NV_; ++v) gt_mm_vstore(c + r * ldc + v * GT_MM_VW, s[r][v]); \
     }
-#define GT_CONV_KERNELS_NV(NV_) GT_CONV_KERNEL(1, NV_) GT_CONV_KERNEL(2, NV_)    \
-    GT_CONV_KERNEL(3, NV_) GT_CONV_KERNEL(4, NV_)
-#define GT_CONV_NV 4                 /* vectors of columns per tile, at most */
-GT_CONV_KERNELS_NV(1)
-GT_CONV_KERNELS_NV(2)
-GT_CONV_KERNELS_NV(3)
-GT_CONV_KERNELS_NV(4)
-typedef void (*gt_conv_kernel_fn)(long long, const gt_mm_t *, long long, const gt_mm_t *,
-                                  long long, gt_mm_t *, long long);
-#define GT_CONV_ROW_OF(NV_) { gt_mm_kc1_##NV_, gt_mm_kc2_##NV_, gt_mm_kc3_##NV_, gt_mm_kc4_##NV_ }
-/* gt_conv_kernels[nv - 1][mr - 1]; 4 rows per tile: this file's own tile, whatever
- * gt_matmul.h's GT_MM_MR is */
-static const gt_conv_kernel_fn gt_conv_kernels[GT_CONV_NV][4] = {
-    GT_CONV_ROW_OF(1), GT_CONV_ROW_OF(2), GT_CONV_ROW_OF(3), GT_CONV_ROW_OF(4)};
+#define GT_CONV_DKERNELS_NV(NV_) GT_CONV_DKERNEL(1, NV_) GT_CONV_DKERNEL(2, NV_) \
+    GT_CONV_DKERNEL(3, NV_) GT_CONV_DKERNEL(4, NV_) GT_CONV_DKERNEL(5, NV_)       \
+    GT_CONV_DKERNEL(6, NV_) GT_CONV_DKERNEL(7, NV_) GT_CONV_DKERNEL(8, NV_)
+GT_CONV_DKERNELS_NV(1)
+GT_CONV_DKERNELS_NV(2)
+GT_CONV_DKERNELS_NV(3)
+GT_CONV_DKERNELS_NV(4)
+typedef void (*gt_conv_dkernel_fn)(long long, long long, const gt_mm_t *, const long long *,
+                                   long long, long long, const gt_mm_t *, long long,
+                                   gt_mm_t *, long long);
+#define GT_CONV_DROW_OF(NV_) { gt_mm_kd1_##NV_, gt_mm_kd2_##NV_, gt_mm_kd3_##NV_, \
+    gt_mm_kd4_##NV_, gt_mm_kd5_##NV_, gt_mm_kd6_##NV_, gt_mm_kd7_##NV_, gt_mm_kd8_##NV_ }
+static const gt_conv_dkernel_fn gt_conv_dkernels[GT_CONV_NV][GT_CONV_MR] = {
+    GT_CONV_DROW_OF(1), GT_CONV_DROW_OF(2), GT_CONV_DROW_OF(3), GT_CONV_DROW_OF(4)};
+
+/* The forward's tile: c[o][lanes] (MR_ output channels, row stride ldc; NV_ vectors of
+ * consecutive outputs along z) = the FMA chain over the steps k < K ascending from
+ * +0.0: s = fma(b[k][lane], a[k][o], s), a[k][o] at a + k * lda + o (the weights
+ * transposed), b[k] at bx + boff[k] (a zero-padded input plane read in place: step k
+ * = (c, i, j), the window's element at its offset); then c = s, or c + s with acc --
+ * gt_matmul.h's micro-kernel sequence for each output. */
+#define GT_CONV_FKERNEL(MR_, NV_)                                                \
+    static GT_CONV_NOINLINE void gt_mm_kf##MR_##_##NV_(                          \
+        long long K, const gt_mm_t *a, long long lda, const gt_mm_t *bx,         \
+        const long long *boff, gt_mm_t *c, long long ldc, int acc)               \
+    {                                                                            \
+        gt_mm_v s[MR_][NV_];                                                     \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) s[r][v] = (gt_mm_v){0};                 \
+        for (long long k = 0; k < K; ++k, a += lda) {                            \
+            gt_mm_v bv[NV_];                                                     \
+            const gt_mm_t *b = bx + boff[k];                                     \
+            for (int v = 0; v < NV_; ++v) bv[v] = gt_mm_vload(b + v * GT_MM_VW); \
+            for (int r = 0; r < MR_; ++r) {                                      \
+                const gt_mm_t x = a[r];                                          \
+                for (int v = 0; v < NV_; ++v) s[r][v] = GT_MM_FMA(bv[v], x, s[r][v]); \
+            }                                                                    \
+        }                                                                        \
+        for (int r = 0; r < MR_; ++r)                                            \
+            for (int v = 0; v < NV_; ++v) {                                      \
+                gt_mm_t *cp = c + r * ldc + v * GT_MM_VW;                        \
+                gt_mm_vstore(cp, acc ? gt_mm_vload(cp) + s[r][v] : s[r][v]);     \
+            }                                                                    \
+    }
+#define GT_CONV_FKERNELS_NV(NV_) GT_CONV_FKERNEL(1, NV_) GT_CONV_FKERNEL(2, NV_) \
+    GT_CONV_FKERNEL(3, NV_) GT_CONV_FKERNEL(4, NV_) GT_CONV_FKERNEL(5, NV_)       \
+    GT_CONV_FKERNEL(6, NV_) GT_CONV_FKERNEL(7, NV_) GT_CONV_FKERNEL(8, NV_)
+GT_CONV_FKERNELS_NV(1)
+GT_CONV_FKERNELS_NV(2)
+GT_CONV_FKERNELS_NV(3)
+GT_CONV_FKERNELS_NV(4)
+typedef void (*gt_conv_fkernel_fn)(long long, const gt_mm_t *, long long, const gt_mm_t *,
+                                   const long long *, gt_mm_t *, long long, int);
+#define GT_CONV_FROW_OF(NV_) { gt_mm_kf1_##NV_, gt_mm_kf2_##NV_, gt_mm_kf3_##NV_, \
+    gt_mm_kf4_##NV_, gt_mm_kf5_##NV_, gt_mm_kf6_##NV_, gt_mm_kf7_##NV_, gt_mm_kf8_##NV_ }
+static const gt_conv_fkernel_fn gt_conv_fkernels[GT_CONV_NV][GT_CONV_MR] = {
+    GT_CONV_FROW_OF(1), GT_CONV_FROW_OF(2), GT_CONV_FROW_OF(3), GT_CONV_FROW_OF(4)};
+
+/* The rows per tile for nv vectors: as many independent chains as the vector registers
+ * hold beside the nv loaded vectors (8 x 1, 6 x 2, 4 x 3 and 4 x 4 with 32 registers;
+ * fewer with 16). */
+static inline int gt_conv_tile_rows(int nv)
+{
+#if defined(__AVX512F__)
+    return nv == 1 ? 8 : nv == 2 ? 6 : 4;
+#else
+    return nv == 1 ? 8 : nv == 2 ? 5 : nv == 3 ? 3 : 2;
+#endif
+}
 
 /* ---- the three products ------------------------------------------------- */
 typedef struct {
@@ -252,7 +290,7 @@ typedef struct {
     gt_mm_t *out;                          /* out, gx or gw */
     const gt_mm_t *x, *w, *g;
     int acc;
-    long long vecs_per_block, blocks;      /* the weight gradient's column blocks */
+    long long vecs_per_block, blocks;      /* the weight gradient's row blocks (rows, count) */
     gt_conv_bufs bufs;
     gt_conv_ws ws;
 } gt_conv_job;
@@ -347,18 +385,33 @@ static int gt_conv_run(gt_pool_fn fn, gt_conv_job *job, long long chunks, long l
 }
 
 /* Bytes of one thread's buffer: which 0 forward, 1 input gradient, 2 weight
- * gradient (per: its column block, gt_conv_dw_block), 3 max-pool forward, 4 its
+ * gradient (per: its row block, gt_conv_dw_block), 3 max-pool forward, 4 its
  * backward. */
 static long long gt_conv_dw_block(const gt_conv_geo *G);
 
-/* The weight gradient's slot: columns [p, span], S [ocg, span], then (at this byte
- * offset, aligned for long long) gt_conv_im2col_t's table. */
-static inline size_t gt_conv_dw_table_at(const gt_conv_geo *G, long long span)
+/* Whether the forward reads the input planes in place (gt_mm_kf*): stride 1 along w,
+ * whole vectors of outputs along each row, and planes of 256 outputs or more (on
+ * smaller ones the columns and gt_mm_run measured faster); else it builds columns
+ * (im2col). */
+static inline int gt_conv_fwd_direct(const gt_conv_geo *G)
 {
-    const long long p = G->oh * G->ow;
-    const size_t f = (size_t)((p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW
-                              + G->oc / G->groups * span) * sizeof(gt_mm_t);
-    return (f + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
+    return GT_MM_VW > 1 && G->sw == 1 && G->ow % GT_MM_VW == 0 && G->oh * G->ow >= 256;
+}
+
+/* The most input channels a row block of the weight gradient reads (its rows
+ * (c, i, j) span): the planes of its slot. */
+static inline long long gt_conv_dw_planes(const gt_conv_geo *G)
+{
+    const long long khw = G->kh * G->kw, rows = gt_conv_dw_block(G);
+    return (rows + khw - 2) / khw + 1;
+}
+
+/* The weight gradient's slot (rows: its row block, gt_conv_dw_block): the zero-padded
+ * input planes its rows read [planes, ih + 2ph, iw + 2pw], g transposed [p, ocgp],
+ * S [rows, ocgp] (ocgp: ocg rounded up to whole vectors), each starting on a vector. */
+static inline long long gt_conv_round_vw(long long n)
+{
+    return (n + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW;
 }
 
 static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
@@ -366,11 +419,19 @@ static size_t gt_conv_slot_bytes(const gt_conv_geo *G, int which, int acc)
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     const size_t t = sizeof(gt_mm_t), ll = sizeof(long long);
     switch (which) {
-    case 0: return (size_t)(kg * p) * t;
+    case 0:                     /* columns; or padded planes, w transposed, offsets */
+        if (gt_conv_fwd_direct(G))
+            return (size_t)(gt_conv_round_vw(G->ch / G->groups * (G->ih + 2 * G->ph)
+                                             * (G->iw + 2 * G->pw))
+                            + kg * gt_conv_round_vw(G->oc / G->groups)) * t
+                   + (size_t)kg * ll;
+        return (size_t)(kg * p) * t;
     case 1: return (size_t)(kg * p + (acc ? G->ch * G->ih * G->iw : 0)) * t;
-    case 2: {                   /* columns, S, then the im2col table (long longs) */
-        const long long span = gt_conv_dw_block(G) * GT_MM_VW;
-        return gt_conv_dw_table_at(G, span) + (size_t)(3 * span) * ll;
+    case 2: {                   /* padded planes, g transposed, S */
+        const long long rows = gt_conv_dw_block(G), ocgp = gt_conv_round_vw(G->oc / G->groups);
+        const long long plane = (G->ih + 2 * G->ph) * (G->iw + 2 * G->pw);
+        return (size_t)(gt_conv_round_vw(gt_conv_dw_planes(G) * plane)
+                        + gt_conv_round_vw(p * ocgp) + rows * ocgp) * t;
     }
     case 3: return (size_t)(G->kh * G->kw + G->ow) * ll;
     default:
@@ -388,6 +449,48 @@ static size_t gt_conv_workspace(const gt_conv_geo *G, int which, int acc)
 }
 
 /* forward, chunk = sample n */
+/* forward in place, chunk = sample n: per group the input planes with their zero
+ * padding and the weights transposed [kg, ocgp]; each tile of output channels and
+ * vectors of one output row (y, z0...) is one gt_mm_kf call over the steps (c, i, j). */
+static void gt_conv_fwd_direct_chunk(void *arg, long long n)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long cg = G->ch / G->groups, khw = G->kh * G->kw, kg = cg * khw;
+    const long long ocg = G->oc / G->groups, ocgp = gt_conv_round_vw(ocg);
+    const long long hp = G->ih + 2 * G->ph, wp = G->iw + 2 * G->pw, plane = hp * wp;
+    const long long nvec = G->ow / GT_MM_VW, p = G->oh * G->ow;
+    gt_mm_t *xp = (gt_mm_t *)gt_conv_slot_of(&j->bufs);                 /* [cg, hp, wp] */
+    gt_mm_t *wT = xp + gt_conv_round_vw(cg * plane);                      /* [kg, ocgp] */
+    long long *boff = (long long *)(wT + kg * ocgp);                      /* [kg] */
+    for (long long r = 0; r < kg; ++r)
+        boff[r] = r / khw * plane + (r % khw) / G->kw * G->dh * wp + r % G->kw * G->dw;
+    const int tile = gt_conv_tile_rows((int)(nvec < GT_CONV_NV ? nvec : GT_CONV_NV));
+    for (long long g = 0; g < G->groups; ++g) {
+        for (long long e = 0; e < cg * plane; ++e) xp[e] = 0;          /* the padding: +0.0 */
+        for (long long c = 0; c < cg; ++c) {                           /* exact copies */
+            const gt_mm_t *src = j->x + ((n * G->ch + g * cg + c) * G->ih) * G->iw;
+            for (long long h = 0; h < G->ih; ++h)
+                memcpy(xp + c * plane + (h + G->ph) * wp + G->pw, src + h * G->iw,
+                       (size_t)G->iw * sizeof(gt_mm_t));
+        }
+        for (long long o = 0; o < ocg; ++o)
+            for (long long r = 0; r < kg; ++r) wT[r * ocgp + o] = j->w[(g * ocg + o) * kg + r];
+        gt_mm_t *out = j->out + (n * G->oc + g * ocg) * p;
+        for (long long y = 0; y < G->oh; ++y)
+            for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
+                const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
+                const gt_mm_t *bx = xp + y * G->sh * wp + v0 * GT_MM_VW;
+                for (long long t0 = 0; t0 < ocg; t0 += tile) {
+                    const int mr = (int)(ocg - t0 < tile ? ocg - t0 : tile);
+                    gt_conv_fkernels[nv - 1][mr - 1](kg, wT + t0, ocgp, bx, boff,
+                                                     out + t0 * p + y * G->ow + v0 * GT_MM_VW,
+                                                     p, j->acc);
+                }
+            }
+    }
+}
+
 static void gt_conv_fwd_chunk(void *arg, long long n)
 {
     gt_conv_job *j = (gt_conv_job *)arg;
@@ -409,8 +512,8 @@ static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (p <= 0 || G->oc <= 0) return 1;
     gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws};
-    return gt_conv_run(gt_conv_fwd_chunk, &job, G->nb, G->nb * G->oc * kg * p,
-                       gt_conv_slot_bytes(G, 0, acc), 0);
+    return gt_conv_run(gt_conv_fwd_direct(G) ? gt_conv_fwd_direct_chunk : gt_conv_fwd_chunk,
+                       &job, G->nb, G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 0, acc), 0);
 }
 
 /* input gradient, chunk = sample n */
@@ -465,70 +568,94 @@ static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t
                        gt_conv_slot_bytes(G, 1, acc), 1);
 }
 
-/* weight gradient, chunk = (group, block of column vectors): those outputs' chains,
- * over every sample in order */
+/* weight gradient, chunk = (group, block of rows r = (c, i, j)): those rows' outputs'
+ * chains, over every sample in order.  Per sample, the input planes the block reads,
+ * copied with their zero padding (xp), and the group's output gradient transposed,
+ * gT [p, ocgp] (+0.0 in the padding lanes, never stored); then S[r][o] continues its
+ * chain fma(gT[q][o], x[r][q], S[r][o]) over q ascending, x[r][q] read in xp at the
+ * window's offset (gt_mm_kd*: a SIMD lane is one output channel o, a tile row one
+ * r).  dw[o, r] = S[r][o] (or dw + S) at the end. */
 static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
 {
     gt_conv_job *j = (gt_conv_job *)arg;
     const gt_conv_geo *G = &j->G;
-    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
-    const long long ocg = G->oc / G->groups;
+    const long long cg = G->ch / G->groups, khw = G->kh * G->kw, kg = cg * khw;
+    const long long p = G->oh * G->ow, ocg = G->oc / G->groups, ocgp = gt_conv_round_vw(ocg);
+    const long long nvec = ocgp / GT_MM_VW;
+    const long long hp = G->ih + 2 * G->ph, wp = G->iw + 2 * G->pw, plane = hp * wp;
     const long long g = chunk / j->blocks, blk = chunk % j->blocks;
-    const long long span = j->vecs_per_block * GT_MM_VW;
-    const long long k0 = blk * span, k1 = k0 + span < kg ? k0 + span : kg;
-    const long long nvec = (k1 - k0 + GT_MM_VW - 1) / GT_MM_VW, width = nvec * GT_MM_VW;
-    gt_mm_t *cols = (gt_mm_t *)gt_conv_slot_of(&j->bufs);       /* [p, width] */
-    gt_mm_t *S = cols + (p * span + GT_MM_VW - 1) / GT_MM_VW * GT_MM_VW;   /* [ocg, width] */
-    long long *tab = (long long *)((char *)cols + gt_conv_dw_table_at(G, span)); /* [3*span] */
-    for (long long e = 0; e < ocg * width; ++e) S[e] = 0;             /* the chains' +0.0 */
-    for (long long q = 0; q < p; ++q)                                 /* padding columns */
-        for (long long c = k1 - k0; c < width; ++c) cols[q * width + c] = 0;
+    const long long r0 = blk * j->vecs_per_block;
+    const long long r1 = r0 + j->vecs_per_block < kg ? r0 + j->vecs_per_block : kg;
+    const long long nr = r1 - r0, c0 = r0 / khw, nc = (r1 - 1) / khw - c0 + 1;
+    gt_mm_t *xp = (gt_mm_t *)gt_conv_slot_of(&j->bufs);                 /* [nc, hp, wp] */
+    gt_mm_t *gT = xp + gt_conv_round_vw(gt_conv_dw_planes(G) * plane);     /* [p, ocgp] */
+    gt_mm_t *S = gT + gt_conv_round_vw(p * ocgp);                          /* [nr, ocgp] */
+    long long off[GT_CONV_MR];
+    for (long long e = 0; e < nr * ocgp; ++e) S[e] = 0;               /* the chains' +0.0 */
+    for (long long q = 0; q < p; ++q)                                  /* padding lanes */
+        for (long long o = ocg; o < ocgp; ++o) gT[q * ocgp + o] = 0;
+    for (long long e = 0; e < nc * plane; ++e) xp[e] = 0;              /* the padding: +0.0 */
+    const int tile = gt_conv_tile_rows((int)(nvec < GT_CONV_NV ? nvec : GT_CONV_NV));
     for (long long n = 0; n < G->nb; ++n) {
-        gt_conv_im2col_t(G, j->x, n, g, k0, k1, cols, width, tab);
-        const gt_mm_t *a = j->g + (n * G->oc + g * ocg) * p;
-        for (long long t0 = 0; t0 < ocg; t0 += 4) {
-            const int mr = (int)(ocg - t0 < 4 ? ocg - t0 : 4);
-            for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
-                const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
-                gt_conv_kernels[nv - 1][mr - 1](p, a + t0 * p, p, cols + v0 * GT_MM_VW, width,
-                                                S + t0 * width + v0 * GT_MM_VW, width);
+        for (long long c = 0; c < nc; ++c) {                           /* exact copies */
+            const gt_mm_t *src = j->x + ((n * G->ch + g * cg + c0 + c) * G->ih) * G->iw;
+            for (long long h = 0; h < G->ih; ++h)
+                memcpy(xp + c * plane + (h + G->ph) * wp + G->pw, src + h * G->iw,
+                       (size_t)G->iw * sizeof(gt_mm_t));
+        }
+        const gt_mm_t *gs = j->g + (n * G->oc + g * ocg) * p;
+        for (long long o = 0; o < ocg; ++o)                            /* exact copies */
+            for (long long q = 0; q < p; ++q) gT[q * ocgp + o] = gs[o * p + q];
+        for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
+            const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
+            for (long long t0 = 0; t0 < nr; t0 += tile) {
+                const int mr = (int)(nr - t0 < tile ? nr - t0 : tile);
+                for (int r = 0; r < mr; ++r) {      /* row (c, i, j): x[c, y*sh + i*dh, ...] */
+                    const long long rr = r0 + t0 + r, i = (rr % khw) / G->kw, jj = rr % G->kw;
+                    off[r] = (rr / khw - c0) * plane + i * G->dh * wp + jj * G->dw;
+                }
+                gt_conv_dkernels[nv - 1][mr - 1](G->oh, G->ow, xp, off, G->sh * wp, G->sw,
+                                                 gT + v0 * GT_MM_VW, ocgp,
+                                                 S + t0 * ocgp + v0 * GT_MM_VW, ocgp);
             }
         }
     }
     for (long long o = 0; o < ocg; ++o) {
         gt_mm_t *dst = j->out + (g * ocg + o) * kg;
-        for (long long k = k0; k < k1; ++k)
-            dst[k] = j->acc ? dst[k] + S[o * width + k - k0] : S[o * width + k - k0];
+        for (long long r = r0; r < r1; ++r)
+            dst[r] = j->acc ? dst[r] + S[(r - r0) * ocgp + o] : S[(r - r0) * ocgp + o];
     }
+}
+
+/* Rows per block of the weight gradient: at least two blocks per thread when the rows
+ * allow, whole tiles where possible. */
+static long long gt_conv_dw_block(const gt_conv_geo *G)
+{
+    const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
+    const int wanted = atomic_load(&gt_pool.threads);
+    long long rows = kg;
+    (void)p;
+    if (wanted > 1) {
+        const long long want_blocks = (2LL * wanted + G->groups - 1) / G->groups;
+        const long long split = (kg + want_blocks - 1) / want_blocks;
+        if (split < rows) rows = split;
+    }
+    const long long nvec = gt_conv_round_vw(G->oc / G->groups) / GT_MM_VW;
+    const long long tile = gt_conv_tile_rows((int)(nvec < GT_CONV_NV ? nvec : GT_CONV_NV));
+    if (rows >= tile) rows = rows / tile * tile;         /* whole tiles */
+    if (rows < 1) rows = 1;
+    if (rows > kg) rows = kg > 0 ? kg : 1;
+    return rows;
 }
 
 /* gw (=|+=) conv2d's weight gradient for the output gradient g; returns 1. */
-/* Vectors per column block of the weight gradient: at most GT_CONV_NV; narrower (two
- * at least, for the tile's independent chains) when that leaves fewer chunks than
- * threads. */
-static long long gt_conv_dw_block(const gt_conv_geo *G)
-{
-    const long long kg = G->ch / G->groups * G->kh * G->kw;
-    const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW;
-    const int wanted = atomic_load(&gt_pool.threads);
-    long long per = vecs < GT_CONV_NV ? vecs : GT_CONV_NV;
-    if (per < 1) per = 1;
-    if (wanted > 1 && G->groups * ((vecs + per - 1) / per) < wanted) {
-        const long long want_blocks = (wanted + G->groups - 1) / G->groups;
-        long long split = (vecs + want_blocks - 1) / want_blocks;
-        if (split < 2) split = 2;
-        if (split < per) per = split;
-    }
-    return per;
-}
-
 static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
                                 const gt_mm_t *x, int acc, gt_conv_ws ws)
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (G->oc <= 0 || kg <= 0) return 1;
-    const long long vecs = (kg + GT_MM_VW - 1) / GT_MM_VW, per = gt_conv_dw_block(G);
-    gt_conv_job job = {*G, gw, x, NULL, g, acc, per, (vecs + per - 1) / per, {0}, ws};
+    const long long rows = gt_conv_dw_block(G);
+    gt_conv_job job = {*G, gw, x, NULL, g, acc, rows, (kg + rows - 1) / rows, {0}, ws};
     if (G->nb <= 0 || p <= 0) {          /* no terms: every chain is +0.0 */
         for (long long e = 0; e < G->oc * kg; ++e) gw[e] = acc ? gw[e] + 0 : 0;
         return 1;

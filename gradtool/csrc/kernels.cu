@@ -102,6 +102,39 @@ GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
     }
 #else
     const long long inner = dims[nd - 1], isd = sd[nd - 1], iss = ss[nd - 1];
+    if (nd >= 2 && isd == 1 && iss != 1 && ss[nd - 2] == 1 && inner > 1 && M[0] > 0) {
+        /* a transpose of the last two dims (dst contiguous along the last, src along
+         * the one before): 8 x 8 tiles, so both sides walk whole cache lines and a
+         * tile's lines fit the cache's ways even at 4 KB strides; each element still
+         * copied (or added) once */
+        const long long mid = dims[nd - 2], sdm = sd[nd - 2];
+        const long long outer2 = M[0] / (inner * mid);
+        long long idx[GT_MAXD] = {0}, od = 0, os = 0;
+        for (long long q = 0; q < outer2; ++q) {
+            for (long long i0 = 0; i0 < mid; i0 += 8) {
+                const long long i1 = i0 + 8 < mid ? i0 + 8 : mid;
+                for (long long j0 = 0; j0 < inner; j0 += 8) {
+                    const long long j1 = j0 + 8 < inner ? j0 + 8 : inner;
+                    for (long long jj = j0; jj < j1; ++jj) {
+                        gt_real *GT_RESTRICT pd = dst + od + jj;
+                        const gt_real *GT_RESTRICT ps = src + os + jj * iss;
+                        if (acc) {
+                            for (long long i = i0; i < i1; ++i)
+                                pd[i * sdm] = R_ADD(pd[i * sdm], ps[i]);
+                        } else {
+                            for (long long i = i0; i < i1; ++i) pd[i * sdm] = ps[i];
+                        }
+                    }
+                }
+            }
+            for (int d = nd - 3; d >= 0; --d) {      /* odometer over the outer dims */
+                od += sd[d]; os += ss[d];
+                if (++idx[d] < dims[d]) break;
+                od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
+            }
+        }
+        return;
+    }
     const long long outer = M[0] / inner;
     long long idx[GT_MAXD] = {0}, od = 0, os = 0;
     for (long long q = 0; q < outer; ++q) {
@@ -274,6 +307,100 @@ GT_UNARY_BWD_OPS(GT_UNARY_BWD)
 
 GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 
+#ifndef __CUDACC__
+/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
+ * (gradtool/numerics.py): register tiles over packed B panels, threaded
+ * over output chunks, every output element one k-ascending FMA chain from +0.0,
+ * computed whole and then stored or added once -- the per-element sequence
+ * of the one-thread-per-output body (k_matmul, below), which the GT_PER_THREAD host
+ * builds run instead.  It needs no arena scratch (its packing buffers are
+ * per thread).  Every host build includes it for gt_run's floating-point
+ * mode (the end of this file) and for its thread pool, which the float32
+ * host build's broadcast reductions (below) use too. */
+#  define GT_MM_T gt_real
+#  ifdef GT_REAL_F32
+#    define GT_MM_F32 1
+#  endif
+#  include "gt_matmul.h"
+#endif
+
+#define GT_LT_ROWS_MAX 4096LL        /* host: rows summed side by side at most */
+#if !defined(GT_THREAD_BODIES) && defined(GT_REAL_F32)
+/* The float32 host's lane-tree sums of many rows side by side (a SIMD lane per row):
+ * each row's terms pushed one index at a time, all rows' i-th terms together, through
+ * exactly gt_sum32's additions -- per block of 256 terms, lane (i % 32)'s partial from
+ * +0.0; the blocks' partials combined by the binary-counter stack (older + newer); the
+ * stack added from the top down; the 32 lanes folded -- kept for all `rows` rows at
+ * once ([lane][row] per stack entry).  k_sum's strided rows and the broadcast
+ * reductions whose targets are contiguous use it. */
+typedef struct {
+    gt_real *stk;
+    long long rows, n, slot, top, cnt;
+} gt_lt_rows;
+
+/* rows rows of n terms each; 0 when out of memory */
+static int gt_lt_rows_init(gt_lt_rows *s, long long rows, long long n)
+{
+    const long long nb = n > 0 ? (n + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK : 1;
+    long long slots = 2;                                /* floor(log2(nb)) + 2 */
+    for (long long t = nb; t > 1; t >>= 1) ++slots;
+    s->rows = rows;
+    s->n = n;
+    s->slot = GT_SUM_LANES * rows;
+    s->stk = (gt_real *)malloc((size_t)(slots * s->slot) * sizeof(gt_real));
+    return s->stk != NULL;
+}
+
+/* start the rows' sums afresh (the buffers reused) */
+static void gt_lt_rows_begin(gt_lt_rows *s)
+{
+    s->top = 0;
+    s->cnt = 0;
+    for (long long e = 0; e < s->slot; ++e) s->stk[e] = R0;
+}
+
+/* the next term of every row: v[r] for row r */
+static inline void gt_lt_rows_push(gt_lt_rows *s, const gt_real *GT_RESTRICT v)
+{
+    const long long i = s->cnt++, rows = s->rows, slot = s->slot;
+    gt_real *GT_RESTRICT cur = s->stk + s->top * slot;
+    gt_real *GT_RESTRICT d = cur + ((i % GT_SUM_BLOCK) % GT_SUM_LANES) * rows;
+    for (long long r = 0; r < rows; ++r) d[r] = R_ADD(d[r], v[r]);
+    if (i % GT_SUM_BLOCK == GT_SUM_BLOCK - 1 || s->cnt == s->n) {    /* a block ends */
+        for (long long k = i / GT_SUM_BLOCK; k & 1; k >>= 1) {
+            --s->top;
+            gt_real *GT_RESTRICT prev = s->stk + s->top * slot;
+            for (long long e = 0; e < slot; ++e) prev[e] = R_ADD(prev[e], cur[e]);
+            cur = prev;
+        }
+        ++s->top;
+        if (s->cnt < s->n) {
+            gt_real *GT_RESTRICT next = s->stk + s->top * slot;
+            for (long long e = 0; e < slot; ++e) next[e] = R0;
+        }
+    }
+}
+
+/* the rows' sums, at s->stk[0 .. rows) */
+static void gt_lt_rows_finish(gt_lt_rows *s)
+{
+    const long long rows = s->rows, slot = s->slot;
+    if (s->cnt == 0) s->top = 1;                 /* no terms: one empty block, +0.0 */
+    while (s->top > 1) {
+        --s->top;
+        gt_real *GT_RESTRICT lo = s->stk + (s->top - 1) * slot;
+        const gt_real *GT_RESTRICT hi = s->stk + s->top * slot;
+        for (long long e = 0; e < slot; ++e) lo[e] = R_ADD(lo[e], hi[e]);
+    }
+    for (long long h = GT_SUM_LANES / 2; h >= 1; h >>= 1)
+        for (long long l = 0; l < h; ++l) {
+            gt_real *GT_RESTRICT d = s->stk + l * rows;
+            const gt_real *GT_RESTRICT src = s->stk + (l + h) * rows;
+            for (long long r = 0; r < rows; ++r) d[r] = R_ADD(d[r], src[r]);
+        }
+}
+#endif
+
 /* ========================================================================
  * Broadcasting binary ops, backward: one input's contribution reduced to
  * that input's shape (numerics.reduce_to_shape), then added once.
@@ -299,10 +426,11 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
         GT_LOOP(j, M[0]) GT_BODY_BINARY_BWD(j, EXPR)                           \
     }
 #else
-/* host: walk the broadcast coordinates q in lexicographic order (outer) and
+/* host, float64: walk the broadcast coordinates q in lexicographic order (outer) and
  * the kept coordinates j row by row (inner, j contiguous), keeping every
  * target element's partial sum in a scratch row r[j]; each r[j] still sees
- * its contributions in increasing q, i.e. the same order as above. */
+ * its contributions in increasing q, i.e. the same order as above.  (The
+ * float32 host's single-term case walks the kept coordinates the same way.) */
 #define GT_RED_INNER(SG, SA, SB, EXPR, STORE)                                  \
     for (long long jj = 0; jj < inner; ++jj) {                                 \
         const gt_real gv = pg[jj * (SG)], tv = pt[jj * (SG)];                  \
@@ -332,6 +460,7 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
             }                                                                  \
         }                                                                      \
     }
+#ifndef GT_REAL_F32
 #define GT_BINARY_BWD(name, EXPR)                                              \
     GT_KERNEL name(gt_real *W, const long long *M)                             \
     {                                                                          \
@@ -347,114 +476,6 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
             GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
             return;                                                            \
         }                                                                      \
-        (void)r;                                                               \
-        GT_BWD_BROADCAST(EXPR)                                                 \
-    }
-#ifdef GT_REAL_F32
-/* float32 host: every target element's contributions summed in GT_ROW_SUM's
- * lane tree (numerics32.reduce_to_shape), GT_BWD_TILE target elements at a
- * time: the broadcast coordinates q are walked in increasing order (lane q %
- * 32 of block q / 256, the order of GT_ROW_SUM's loops), each adding its
- * contributions to a row of lane partials, one per target element of the
- * tile; the block tree and the lane fold then combine those rows exactly as
- * GT_ROW_SUM combines one element's lanes.  Every element sees the same
- * additions in the same order as the one-element body (tests/test_device_f32
- * compares it with the per-thread build); the rows just let the adds run
- * across elements (vectorised) and the indices cost one step per q, not a
- * division per contribution.  Without memory for the partials, the
- * one-element body. */
-#define GT_BWD_TILE 64
-#define GT_BWD_LANE_ADD(SG, SA, SB, EXPR)                                      \
-    for (long long jj = 0; jj < tj; ++jj) {                                    \
-        const gt_real gv = pg[jj * (SG)], tv = pt[jj * (SG)];                  \
-        const gt_real xv = px[jj * (SA)], yv = py[jj * (SB)];                  \
-        (void)xv; (void)yv; (void)tv;                                          \
-        acc[jj] = R_ADD(acc[jj], (EXPR));                                      \
-    }
-#define GT_BWD_BROADCAST(EXPR)                                                 \
-    {                                                                          \
-        long long nq = 1;                                                      \
-        for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
-        int levels = 2;                                                        \
-        for (long long nblk = (nq + GT_SUM_BLOCK - 1) / GT_SUM_BLOCK; nblk > 1; nblk >>= 1) \
-            ++levels;                                                          \
-        const long long row = (long long)GT_SUM_LANES * GT_BWD_TILE;          \
-        gt_real *stk = nq > 1 ? (gt_real *)malloc(sizeof(gt_real) * row * levels) : NULL; \
-        if (!stk) {                                                            \
-            GT_PRE_BINARY_BWD                                                  \
-            for (long long j = 0; j < n; ++j) GT_BODY_BINARY_BWD(j, EXPR)      \
-            return;                                                            \
-        }                                                                      \
-        long long og[GT_BWD_TILE], oa[GT_BWD_TILE], ob[GT_BWD_TILE];           \
-        for (long long j0 = 0; j0 < n; j0 += GT_BWD_TILE) {                    \
-            const long long tj = n - j0 < GT_BWD_TILE ? n - j0 : GT_BWD_TILE;  \
-            if (nk > 1)                                                        \
-                for (long long jj = 0; jj < tj; ++jj) {                        \
-                    long long rem = j0 + jj, pg_ = 0, pa_ = 0, pb_ = 0;        \
-                    for (int d = (int)nk - 1; d >= 0; --d) {                   \
-                        const long long c = rem % kd[d];                       \
-                        rem /= kd[d];                                          \
-                        pg_ += c * kg[d]; pa_ += c * ka[d]; pb_ += c * kb[d];  \
-                    }                                                          \
-                    og[jj] = pg_; oa[jj] = pa_; ob[jj] = pb_;                  \
-                }                                                              \
-            long long bidx[GT_MAXD] = {0}, qg = 0, qa = 0, qb = 0;             \
-            int top = 0;                                                       \
-            for (long long l0 = 0; l0 < nq; l0 += GT_SUM_BLOCK) {              \
-                gt_real *GT_RESTRICT p = stk + row * top++;                    \
-                for (long long i = 0; i < row; ++i) p[i] = R0;                 \
-                const long long end = nq - l0 < GT_SUM_BLOCK ? nq : l0 + GT_SUM_BLOCK; \
-                for (long long q = l0; q < end; ++q) {                         \
-                    gt_real *GT_RESTRICT acc = p + (q - l0) % GT_SUM_LANES * GT_BWD_TILE; \
-                    if (nk == 1) {                                             \
-                        const gt_real *GT_RESTRICT pg = g + qg + j0 * kg[0];   \
-                        const gt_real *GT_RESTRICT pt = t + qg + j0 * kg[0];   \
-                        const gt_real *GT_RESTRICT px = a + qa + j0 * ka[0];   \
-                        const gt_real *GT_RESTRICT py = b + qb + j0 * kb[0];   \
-                        if (kg[0] == 1 && ka[0] == 1 && kb[0] == 1) { GT_BWD_LANE_ADD(1, 1, 1, EXPR) } \
-                        else if (kg[0] == 1 && ka[0] == 1 && kb[0] == 0) { GT_BWD_LANE_ADD(1, 1, 0, EXPR) } \
-                        else if (kg[0] == 1 && ka[0] == 0 && kb[0] == 1) { GT_BWD_LANE_ADD(1, 0, 1, EXPR) } \
-                        else { GT_BWD_LANE_ADD(kg[0], ka[0], kb[0], EXPR) }    \
-                    } else {                                                   \
-                        for (long long jj = 0; jj < tj; ++jj) {                \
-                            const gt_real gv = g[qg + og[jj]], tv = t[qg + og[jj]]; \
-                            const gt_real xv = a[qa + oa[jj]], yv = b[qb + ob[jj]]; \
-                            (void)xv; (void)yv; (void)tv;                      \
-                            acc[jj] = R_ADD(acc[jj], (EXPR));                  \
-                        }                                                      \
-                    }                                                          \
-                    for (int d = (int)nb - 1; d >= 0; --d) {                   \
-                        qg += bg[d]; qa += ba[d]; qb += bb[d];                 \
-                        if (++bidx[d] < bd[d]) break;                          \
-                        qg -= bg[d] * bd[d]; qa -= ba[d] * bd[d];              \
-                        qb -= bb[d] * bd[d]; bidx[d] = 0;                      \
-                    }                                                          \
-                }                                                              \
-                for (long long k = l0 / GT_SUM_BLOCK; k & 1; k >>= 1) {        \
-                    --top;                                                     \
-                    gt_real *GT_RESTRICT lo = stk + row * (top - 1);           \
-                    const gt_real *GT_RESTRICT hi = stk + row * top;           \
-                    for (long long i = 0; i < row; ++i) lo[i] = R_ADD(lo[i], hi[i]); \
-                }                                                              \
-            }                                                                  \
-            for (; top > 1; --top) {                                           \
-                gt_real *GT_RESTRICT lo = stk + row * (top - 2);               \
-                const gt_real *GT_RESTRICT hi = stk + row * (top - 1);         \
-                for (long long i = 0; i < row; ++i) lo[i] = R_ADD(lo[i], hi[i]); \
-            }                                                                  \
-            for (int h = GT_SUM_LANES / 2; h >= 1; h >>= 1)                    \
-                for (int ln = 0; ln < h; ++ln) {                               \
-                    gt_real *GT_RESTRICT lo = stk + (long long)ln * GT_BWD_TILE; \
-                    const gt_real *GT_RESTRICT hi = stk + (long long)(ln + h) * GT_BWD_TILE; \
-                    for (long long jj = 0; jj < GT_BWD_TILE; ++jj) lo[jj] = R_ADD(lo[jj], hi[jj]); \
-                }                                                              \
-            for (long long jj = 0; jj < tj; ++jj) ga[j0 + jj] = R_ADD(ga[j0 + jj], stk[jj]); \
-        }                                                                      \
-        free(stk);                                                             \
-    }
-#else
-#define GT_BWD_BROADCAST(EXPR)                                                 \
-    {                                                                          \
         long long bidx[GT_MAXD] = {0}, base_g = 0, base_a = 0, base_b = 0;     \
         long long nq = 1;                                                      \
         for (int d = 0; d < (int)nb; ++d) nq *= bd[d];                         \
@@ -471,6 +492,150 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
         }                                                                      \
         for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], r[j]);          \
     }
+#else
+/* host, float32 (the lane-tree sum of GT_BODY_BINARY_BWD, numerics32.reduce_to_shape):
+ *  - nothing broadcast (one term per target element: r = c(j), GT_BROADCAST_SUM's
+ *    single term): ga[j] = ga[j] + c(j), walking the kept coordinates as the float64
+ *    host does;
+ *  - targets contiguous in g (one kept dim, innermost: a bias, batch norm's [N*H*W,
+ *    C] against [C]): the contributions of all targets at each q computed as a row
+ *    and summed side by side (gt_lt_rows: gt_sum32's order per target);
+ *  - else per target element j: its nq contributions c(j, q), q ascending, computed
+ *    into a row (the broadcast coordinates walked by an odometer, the last broadcast
+ *    dim a tight inner loop), summed by gt_sum32 -- the order GT_ROW_SUM runs over
+ *    the same terms, tested equal -- then ga[j] = ga[j] + r.  The targets are split
+ *    over the thread pool (gt_matmul.h) when the work is large: each target is one
+ *    thread's, whole.  A chunk whose row cannot be allocated runs GT_BODY_BINARY_BWD
+ *    itself (the same bits). */
+typedef struct {
+    gt_real *W;
+    const long long *M;
+    long long per;                      /* targets per chunk */
+} gt_bbwd_job;
+#define GT_BBWD_PAR_MIN (1LL << 16)     /* contributions below which one thread runs */
+#define GT_BBWD_ROW(SG, SA, SB, EXPR)                                          \
+    for (long long u = 0; u < qi; ++u) {                                       \
+        const gt_real gv = pg[u * (SG)], tv = pt[u * (SG)];                    \
+        const gt_real xv = px[u * (SA)], yv = py[u * (SB)];                    \
+        (void)xv; (void)yv; (void)tv;                                          \
+        dst[u] = (EXPR);                                                       \
+    }
+#define GT_BINARY_BWD(name, EXPR)                                              \
+    static void name##_targets(void *arg, long long chunk)                     \
+    {                                                                          \
+        const gt_bbwd_job *job_ = (const gt_bbwd_job *)arg;                    \
+        gt_real *W = job_->W;                                                  \
+        const long long *M = job_->M;                                          \
+        GT_ARGS_BINARY_BWD                                                     \
+        GT_PRE_BINARY_BWD                                                      \
+        const long long j0 = chunk * job_->per;                                \
+        const long long j1 = j0 + job_->per < M[0] ? j0 + job_->per : M[0];    \
+        gt_real *row = (gt_real *)malloc((size_t)nq * sizeof(gt_real));        \
+        if (!row) {                                                            \
+            for (long long j = j0; j < j1; ++j) GT_BODY_BINARY_BWD(j, EXPR)    \
+            return;                                                            \
+        }                                                                      \
+        const long long qi = bd[nb - 1], sg = bg[nb - 1];                      \
+        const long long sa_ = ba[nb - 1], sb_ = bb[nb - 1];                    \
+        for (long long j = j0; j < j1; ++j) {                                  \
+            long long rem = j, og = 0, oa = 0, ob = 0;                         \
+            for (int d = (int)nk - 1; d >= 0; --d) {                           \
+                const long long c = rem % kd[d];                               \
+                rem /= kd[d];                                                  \
+                og += c * kg[d];                                               \
+                oa += c * ka[d];                                               \
+                ob += c * kb[d];                                               \
+            }                                                                  \
+            long long idx[GT_MAXD] = {0};                                      \
+            for (gt_real *dst = row; dst < row + nq; dst += qi) {              \
+                const gt_real *GT_RESTRICT pg = g + og, *GT_RESTRICT pt = t + og; \
+                const gt_real *GT_RESTRICT px = a + oa, *GT_RESTRICT py = b + ob; \
+                if (sg == 1 && sa_ == 1 && sb_ == 1) { GT_BBWD_ROW(1, 1, 1, EXPR) } \
+                else if (sg == 1 && sa_ == 1 && sb_ == 0) { GT_BBWD_ROW(1, 1, 0, EXPR) } \
+                else if (sg == 1 && sa_ == 0 && sb_ == 1) { GT_BBWD_ROW(1, 0, 1, EXPR) } \
+                else { GT_BBWD_ROW(sg, sa_, sb_, EXPR) }                       \
+                for (int d = (int)nb - 2; d >= 0; --d) {                       \
+                    og += bg[d]; oa += ba[d]; ob += bb[d];                     \
+                    if (++idx[d] < bd[d]) break;                               \
+                    og -= bg[d] * bd[d]; oa -= ba[d] * bd[d]; ob -= bb[d] * bd[d]; \
+                    idx[d] = 0;                                                \
+                }                                                              \
+            }                                                                  \
+            ga[j] = R_ADD(ga[j], nq == 1 ? row[0] : gt_sum32(row, nq, 1));     \
+        }                                                                      \
+        free(row);                                                             \
+    }                                                                          \
+    GT_KERNEL name(gt_real *W, const long long *M)                             \
+    {                                                                          \
+        GT_ARGS_BINARY_BWD                                                     \
+        GT_PRE_BINARY_BWD                                                      \
+        const long long n = M[0];                                              \
+        if (n <= 0) return;                                                    \
+        if (nq == 1 && nk > 0) {                                               \
+            const long long inner = kd[nk - 1], ig = kg[nk - 1];               \
+            const long long ia = ka[nk - 1], ib = kb[nk - 1];                  \
+            const long long outer = n / inner;                                 \
+            const long long base_g = 0, base_a = 0, base_b = 0;                \
+            gt_real *GT_RESTRICT dst0 = ga;                                    \
+            GT_RED_WALK_KEPT(EXPR, dst[jj] = R_ADD(dst[jj], cv))               \
+            return;                                                            \
+        }                                                                      \
+        if (nb == 0) {                    /* one element, nothing broadcast */  \
+            GT_LOOP(j, n) GT_BODY_BINARY_BWD(j, EXPR)                          \
+            return;                                                            \
+        }                                                                      \
+        if (nk == 1 && kg[0] == 1 && n >= 8 && n <= GT_LT_ROWS_MAX) {  /* all \
+            targets (contiguous in g) at once,                                 \
+            the contributions at each q a row, summed side by side */          \
+            gt_lt_rows lt;                                                     \
+            gt_real *row = (gt_real *)malloc((size_t)n * sizeof(gt_real));     \
+            if (row && gt_lt_rows_init(&lt, n, nq)) {                          \
+                const long long ka0 = ka[0], kb0 = kb[0];                      \
+                long long bidx[GT_MAXD] = {0}, og = 0, oa = 0, ob = 0;         \
+                gt_lt_rows_begin(&lt);                                         \
+                for (long long q = 0; q < nq; ++q) {                           \
+                    const gt_real *GT_RESTRICT pg = g + og, *GT_RESTRICT pt = t + og; \
+                    const gt_real *GT_RESTRICT px = a + oa, *GT_RESTRICT py = b + ob; \
+                    gt_real *GT_RESTRICT dst = row;                            \
+                    const long long qi = n;                                    \
+                    if (ka0 == 1 && kb0 == 1) { GT_BBWD_ROW(1, 1, 1, EXPR) }   \
+                    else if (ka0 == 1 && kb0 == 0) { GT_BBWD_ROW(1, 1, 0, EXPR) } \
+                    else if (ka0 == 0 && kb0 == 1) { GT_BBWD_ROW(1, 0, 1, EXPR) } \
+                    else { GT_BBWD_ROW(1, ka0, kb0, EXPR) }                    \
+                    gt_lt_rows_push(&lt, row);                                 \
+                    for (int d = (int)nb - 1; d >= 0; --d) {                   \
+                        og += bg[d]; oa += ba[d]; ob += bb[d];                 \
+                        if (++bidx[d] < bd[d]) break;                          \
+                        og -= bg[d] * bd[d]; oa -= ba[d] * bd[d]; ob -= bb[d] * bd[d]; \
+                        bidx[d] = 0;                                           \
+                    }                                                          \
+                }                                                              \
+                gt_lt_rows_finish(&lt);                                        \
+                for (long long j = 0; j < n; ++j) ga[j] = R_ADD(ga[j], lt.stk[j]); \
+                free(lt.stk);                                                  \
+                free(row);                                                     \
+                return;                                                        \
+            }                                                                  \
+            free(row);                                                         \
+        }                                                                      \
+        gt_bbwd_job job_ = {W, M, n};                                          \
+        long long chunks = 1;                                                  \
+        const int threads = atomic_load(&gt_pool.threads);                     \
+        if (threads > 1 && n > 1 && n * nq >= GT_BBWD_PAR_MIN && gt_pool_wanted()) { \
+            chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;             \
+            if (chunks > n) chunks = n;                                        \
+            job_.per = (n + chunks - 1) / chunks;                              \
+            chunks = (n + job_.per - 1) / job_.per;                            \
+        }                                                                      \
+        if (chunks > 1) {                                                      \
+            GT_FP_ENTER(saved);                                                \
+            gt_pool_run(name##_targets, &job_, chunks, threads, gt_fp_clean(saved)); \
+            GT_FP_LEAVE(saved);                                                \
+        } else {                                                               \
+            name##_targets(&job_, 0);                                          \
+        }                                                                      \
+        (void)scratch;                                                         \
+    }
 #endif
 #endif
 
@@ -485,9 +650,58 @@ GT_BINARY_BWD_OPS(GT_BINARY_BWD)
 
 /* v = (0.0 + a0 + a1 + ...) [/ len], serial; out[r] = v, or out[r] + v with acc
  * (bmm's batch sum of a stretched side's gradient) */
+#ifndef GT_THREAD_BODIES
+/* Host: the rows of one outer index o (rows o*inner .. o*inner + inner - 1, each at
+ * stride inner) summed together, a SIMD lane per row: float64 0.0 + a0 + a1 + ...
+ * per row; float32 gt_sum32's lane tree per row, side by side (gt_lt_rows: every row
+ * sees exactly gt_sum32's additions, in its order).  Then GT_BODY_k_sum's division and store.  0 when the
+ * buffers cannot be allocated (nothing written). */
+static int gt_sum_rows_together(gt_real *out, const gt_real *a, long long rows, long long len,
+                                long long inner, long long is_mean, long long acc)
+{
+#ifdef GT_REAL_F32
+    gt_lt_rows lt;
+    if (!gt_lt_rows_init(&lt, inner, len)) return 0;
+    for (long long o = 0; o < rows / inner; ++o) {
+        const gt_real *x = a + o * len * inner;
+        gt_lt_rows_begin(&lt);
+        for (long long i = 0; i < len; ++i) gt_lt_rows_push(&lt, x + i * inner);
+        gt_lt_rows_finish(&lt);
+        for (long long c = 0; c < inner; ++c) {
+            const gt_real v = is_mean ? R_DIV(lt.stk[c], (gt_real)len) : lt.stk[c];
+            out[o * inner + c] = acc ? R_ADD(out[o * inner + c], v) : v;
+        }
+    }
+    free(lt.stk);
+#else
+    gt_real *s = (gt_real *)malloc((size_t)inner * sizeof(gt_real));
+    if (!s) return 0;
+    for (long long o = 0; o < rows / inner; ++o) {
+        const gt_real *x = a + o * len * inner;
+        for (long long c = 0; c < inner; ++c) s[c] = R0;
+        for (long long l = 0; l < len; ++l)
+            for (long long c = 0; c < inner; ++c) s[c] = R_ADD(s[c], x[l * inner + c]);
+        for (long long c = 0; c < inner; ++c) {
+            const gt_real v = is_mean ? R_DIV(s[c], (gt_real)len) : s[c];
+            out[o * inner + c] = acc ? R_ADD(out[o * inner + c], v) : v;
+        }
+    }
+    free(s);
+#endif
+    return 1;
+}
+#endif
+
 GT_KERNEL k_sum(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum
+#ifndef GT_THREAD_BODIES
+    /* strided rows, the whole launch on this thread: the rows of an outer index
+     * together (k_sum is not split over threads: gt_launch) */
+    if (inner > 1 && inner <= GT_LT_ROWS_MAX && gt_slice_lo == 0 && gt_slice_end(M[0]) == M[0]
+        && gt_sum_rows_together(out, a, M[0], len, inner, is_mean, acc))
+        return;
+#endif
     GT_LOOP(r, M[0]) GT_BODY_k_sum(r)
 }
 
@@ -496,7 +710,35 @@ GT_KERNEL k_sum(gt_real *W, const long long *M)
 GT_KERNEL k_sum_bwd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_sum_bwd
+#ifdef GT_THREAD_BODIES
     GT_LOOP(i, M[0]) GT_BODY_k_sum_bwd(i)
+#else
+    /* host: GT_BODY_k_sum_bwd's additions for i in this thread's slice, walked a row
+     * of inner elements at a time instead of dividing i per element (each ga[i] the
+     * same ga[i] + v, v = g[row] or g[row] / len: the same bits) */
+    const long long seg = len * inner, hi = gt_slice_end(M[0]);
+    for (long long i = gt_slice_lo; i < hi;) {
+        const long long o = i / seg, end = (o + 1) * seg < hi ? (o + 1) * seg : hi;
+        const gt_real *GT_RESTRICT gr = g + o * inner;
+        if (inner == 1) {
+            const gt_real v = is_mean ? R_DIV(gr[0], (gt_real)len) : gr[0];
+            for (; i < end; ++i) ga[i] = R_ADD(ga[i], v);
+            continue;
+        }
+        while (i < end) {
+            const long long k = (i - o * seg) % inner;
+            const long long run = inner - k < end - i ? inner - k : end - i;
+            gt_real *GT_RESTRICT dst = ga + i;
+            const gt_real *GT_RESTRICT src = gr + k;
+            if (is_mean) {
+                for (long long u = 0; u < run; ++u) dst[u] = R_ADD(dst[u], R_DIV(src[u], (gt_real)len));
+            } else {
+                for (long long u = 0; u < run; ++u) dst[u] = R_ADD(dst[u], src[u]);
+            }
+            i += run;
+        }
+    }
+#endif
 }
 
 /* out[r] = the row's first maximal element (gt_first_max), an exact copy */
@@ -736,21 +978,6 @@ GT_KERNEL k_uniform(gt_real *W, const long long *M)
     }
 }
 
-#ifndef __CUDACC__
-/* Host: gt_matmul.h, the one CPU matmul kernel the CPU reference runs too
- * (gradtool/numerics.py): register tiles over packed B panels, threaded
- * over output chunks, every output element one k-ascending FMA chain from +0.0,
- * computed whole and then stored or added once -- the per-element sequence
- * of the one-thread-per-output body (k_matmul, below), which the GT_PER_THREAD host
- * builds run instead.  It needs no arena scratch (its packing buffers are
- * per thread).  Every host build includes it for gt_run's floating-point
- * mode (below). */
-#  define GT_MM_T gt_real
-#  ifdef GT_REAL_F32
-#    define GT_MM_F32 1
-#  endif
-#  include "gt_matmul.h"
-#endif
 #if !defined(__CUDACC__) && !defined(GT_THREAD_BODIES)
 /* The tiled host build's conv2d products and max pooling: gt_conv.h, the code the
  * CPU reference runs (sample by sample, over gt_matmul.h's kernel). */
