@@ -86,6 +86,9 @@ GT_KERNEL k_fill(gt_real *W, const long long *M)
  *   dst[sum c*sd] = src[sum c*ss]           (acc == 0)
  *   dst[...] = dst[...] + src[...]          (acc == 1, one rounding each)
  * Used by reshape, transpose, slice (forward), concat (both ways). */
+#ifndef GT_THREAD_BODIES
+static void gt_copy_nd_host(gt_real *W, const long long *M);
+#endif
 GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
 {
     GT_ARGS_k_copy_nd
@@ -101,59 +104,7 @@ GT_KERNEL k_copy_nd(gt_real *W, const long long *M)
         dst[od] = acc ? R_ADD(dst[od], src[os]) : src[os];
     }
 #else
-    const long long inner = dims[nd - 1], isd = sd[nd - 1], iss = ss[nd - 1];
-    if (nd >= 2 && isd == 1 && iss != 1 && ss[nd - 2] == 1 && inner > 1 && M[0] > 0) {
-        /* a transpose of the last two dims (dst contiguous along the last, src along
-         * the one before): 8 x 8 tiles, so both sides walk whole cache lines and a
-         * tile's lines fit the cache's ways even at 4 KB strides; each element still
-         * copied (or added) once */
-        const long long mid = dims[nd - 2], sdm = sd[nd - 2];
-        const long long outer2 = M[0] / (inner * mid);
-        long long idx[GT_MAXD] = {0}, od = 0, os = 0;
-        for (long long q = 0; q < outer2; ++q) {
-            for (long long i0 = 0; i0 < mid; i0 += 8) {
-                const long long i1 = i0 + 8 < mid ? i0 + 8 : mid;
-                for (long long j0 = 0; j0 < inner; j0 += 8) {
-                    const long long j1 = j0 + 8 < inner ? j0 + 8 : inner;
-                    for (long long jj = j0; jj < j1; ++jj) {
-                        gt_real *GT_RESTRICT pd = dst + od + jj;
-                        const gt_real *GT_RESTRICT ps = src + os + jj * iss;
-                        if (acc) {
-                            for (long long i = i0; i < i1; ++i)
-                                pd[i * sdm] = R_ADD(pd[i * sdm], ps[i]);
-                        } else {
-                            for (long long i = i0; i < i1; ++i) pd[i * sdm] = ps[i];
-                        }
-                    }
-                }
-            }
-            for (int d = nd - 3; d >= 0; --d) {      /* odometer over the outer dims */
-                od += sd[d]; os += ss[d];
-                if (++idx[d] < dims[d]) break;
-                od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
-            }
-        }
-        return;
-    }
-    const long long outer = M[0] / inner;
-    long long idx[GT_MAXD] = {0}, od = 0, os = 0;
-    for (long long q = 0; q < outer; ++q) {
-        gt_real *GT_RESTRICT pd = dst + od;
-        const gt_real *GT_RESTRICT ps = src + os;
-        if (isd == 1 && iss == 1) {
-            if (acc) { for (long long j = 0; j < inner; ++j) pd[j] = R_ADD(pd[j], ps[j]); }
-            else memcpy(pd, ps, (size_t)inner * sizeof(gt_real));
-        } else if (acc) {
-            for (long long j = 0; j < inner; ++j) pd[j * isd] = R_ADD(pd[j * isd], ps[j * iss]);
-        } else {
-            for (long long j = 0; j < inner; ++j) pd[j * isd] = ps[j * iss];
-        }
-        for (int d = nd - 2; d >= 0; --d) {          /* odometer over the outer dims */
-            od += sd[d]; os += ss[d];
-            if (++idx[d] < dims[d]) break;
-            od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
-        }
-    }
+    gt_copy_nd_host(W, M);     /* below: by rows, split over the thread pool */
 #endif
 }
 
@@ -322,6 +273,125 @@ GT_BINARY_FWD_OPS(GT_BINARY_FWD)
 #    define GT_MM_F32 1
 #  endif
 #  include "gt_matmul.h"
+#endif
+
+#ifndef GT_THREAD_BODIES
+/* k_copy_nd on the host, by rows: the rows of the last dim (or, for a transpose of
+ * the last two dims, the blocks of the dims before them) [q0, q1), each element still
+ * copied (or added) once; the rows of one launch are disjoint in dst (reshape,
+ * transpose, slice and concat write each element once), so they may run on several
+ * threads in any order with the same bits. */
+static int gt_copy_nd_transposes(long long n, long long nd, const long long *dims,
+                                  const long long *sd, const long long *ss)
+{
+    return nd >= 2 && sd[nd - 1] == 1 && ss[nd - 1] != 1 && ss[nd - 2] == 1
+           && dims[nd - 1] > 1 && n > 0;
+}
+
+/* the odometer over dims[0 .. k-1] at row q (its digits idx, and the offsets) */
+static void gt_copy_nd_start(long long k, const long long *dims, const long long *sd,
+                             const long long *ss, long long q, long long *idx, long long *od,
+                             long long *os)
+{
+    for (long long d = k - 1; d >= 0; --d) {
+        idx[d] = q % dims[d];
+        q /= dims[d];
+        *od += idx[d] * sd[d];
+        *os += idx[d] * ss[d];
+    }
+}
+
+static void gt_copy_nd_rows(gt_real *W, const long long *M, long long q0, long long q1)
+{
+    GT_ARGS_k_copy_nd
+    const long long inner = dims[nd - 1], isd = sd[nd - 1], iss = ss[nd - 1];
+    if (gt_copy_nd_transposes(M[0], nd, dims, sd, ss)) {
+        /* a transpose of the last two dims (dst contiguous along the last, src along
+         * the one before): 8 x 8 tiles, so both sides walk whole cache lines and a
+         * tile's lines fit the cache's ways even at 4 KB strides; each element still
+         * copied (or added) once */
+        const long long mid = dims[nd - 2], sdm = sd[nd - 2];
+        long long idx[GT_MAXD] = {0}, od = 0, os = 0;
+        gt_copy_nd_start(nd - 2, dims, sd, ss, q0, idx, &od, &os);
+        for (long long q = q0; q < q1; ++q) {
+            for (long long i0 = 0; i0 < mid; i0 += 8) {
+                const long long i1 = i0 + 8 < mid ? i0 + 8 : mid;
+                for (long long j0 = 0; j0 < inner; j0 += 8) {
+                    const long long j1 = j0 + 8 < inner ? j0 + 8 : inner;
+                    for (long long jj = j0; jj < j1; ++jj) {
+                        gt_real *GT_RESTRICT pd = dst + od + jj;
+                        const gt_real *GT_RESTRICT ps = src + os + jj * iss;
+                        if (acc) {
+                            for (long long i = i0; i < i1; ++i)
+                                pd[i * sdm] = R_ADD(pd[i * sdm], ps[i]);
+                        } else {
+                            for (long long i = i0; i < i1; ++i) pd[i * sdm] = ps[i];
+                        }
+                    }
+                }
+            }
+            for (int d = nd - 3; d >= 0; --d) {      /* odometer over the outer dims */
+                od += sd[d]; os += ss[d];
+                if (++idx[d] < dims[d]) break;
+                od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
+            }
+        }
+        return;
+    }
+    long long idx[GT_MAXD] = {0}, od = 0, os = 0;
+    gt_copy_nd_start(nd - 1, dims, sd, ss, q0, idx, &od, &os);
+    for (long long q = q0; q < q1; ++q) {
+        gt_real *GT_RESTRICT pd = dst + od;
+        const gt_real *GT_RESTRICT ps = src + os;
+        if (isd == 1 && iss == 1) {
+            if (acc) { for (long long j = 0; j < inner; ++j) pd[j] = R_ADD(pd[j], ps[j]); }
+            else memcpy(pd, ps, (size_t)inner * sizeof(gt_real));
+        } else if (acc) {
+            for (long long j = 0; j < inner; ++j) pd[j * isd] = R_ADD(pd[j * isd], ps[j * iss]);
+        } else {
+            for (long long j = 0; j < inner; ++j) pd[j * isd] = ps[j * iss];
+        }
+        for (int d = nd - 2; d >= 0; --d) {          /* odometer over the outer dims */
+            od += sd[d]; os += ss[d];
+            if (++idx[d] < dims[d]) break;
+            od -= sd[d] * dims[d]; os -= ss[d] * dims[d]; idx[d] = 0;
+        }
+    }
+}
+
+typedef struct {
+    gt_real *W;
+    const long long *M;
+    long long rows, per;
+} gt_copy_nd_job;
+
+static void gt_copy_nd_chunk(void *arg, long long chunk)
+{
+    const gt_copy_nd_job *j = (const gt_copy_nd_job *)arg;
+    const long long q0 = chunk * j->per, q1 = q0 + j->per < j->rows ? q0 + j->per : j->rows;
+    gt_copy_nd_rows(j->W, j->M, q0, q1);
+}
+
+#define GT_COPY_PAR_MIN (1LL << 17)     /* elements below which one thread copies */
+static void gt_copy_nd_host(gt_real *W, const long long *M)
+{
+    GT_ARGS_k_copy_nd
+    if (M[0] <= 0) return;
+    const int tr = gt_copy_nd_transposes(M[0], nd, dims, sd, ss);
+    const long long rows = tr ? M[0] / (dims[nd - 1] * dims[nd - 2]) : M[0] / dims[nd - 1];
+    const int threads = atomic_load(&gt_pool.threads);
+    if (threads > 1 && rows > 1 && M[0] >= GT_COPY_PAR_MIN && gt_pool_wanted()) {
+        long long chunks = (long long)threads * GT_MM_CHUNKS_PER_THREAD;
+        if (chunks > rows) chunks = rows;
+        gt_copy_nd_job job = {W, M, rows, (rows + chunks - 1) / chunks};
+        GT_FP_ENTER(saved);
+        gt_pool_run(gt_copy_nd_chunk, &job, (rows + job.per - 1) / job.per, threads,
+                    gt_fp_clean(saved));
+        GT_FP_LEAVE(saved);
+        return;
+    }
+    gt_copy_nd_rows(W, M, 0, rows);
+}
 #endif
 
 #define GT_LT_ROWS_MAX 4096LL        /* host: rows summed side by side at most */
@@ -1433,13 +1503,16 @@ GT_EXPORT const char *gt_kernel_names(void) { return GT_KERNELS(GT_AS_NAME); }
 GT_EXPORT int gt_real_bytes(void) { return (int)sizeof(gt_real); }
 
 #ifndef GT_THREAD_BODIES
-/* Kernels whose host body is one GT_LOOP and nothing that writes outside
- * it, with a rough cost per index (a copy = 1): a launch of at least
+/* Kernels whose host body is one GT_LOOP (or walks [gt_slice_lo, gt_slice_hi)
+ * itself: k_sum_bwd) and nothing that writes outside it, with a rough cost per
+ * index (a copy = 1); k_slice_bwd's host body walks whole rows and is not one
+ * (tests/test_host_copy_threads.py: a large slice's gradient on 2, 3, 7 threads).
+ * A launch of at least
  * GT_SPLIT_MIN / cost indices is split over the matmul kernel's thread
  * pool (gt_matmul.h), each thread walking its own slice of the indices
  * (host_prelude.h).  Every other kernel runs whole on the calling thread. */
 #define GT_SPLIT_KERNELS(X)                                                    \
-    X(k_fill, 1) X(k_slice_bwd, 2) X(k_sum_bwd, 1) X(k_opt, 10)    \
+    X(k_fill, 1) X(k_sum_bwd, 1) X(k_opt, 10)                                  \
     X(k_avg_pool, 8) X(k_avg_pool_bwd, 16)                                     \
     GT_SPLIT_OPS(X)   /* every unary op, both ways: gt_ops.h, costs from the table */
 #define GT_SPLIT_MIN (1LL << 18)
