@@ -32,7 +32,9 @@ def custom_functions(torch):
     found: dict = {}
 
     def apply(cls, *args, **kwargs):
-        reentrant = cls.__module__ == "torch.utils.checkpoint"
+        # (the non-reentrant form applies torch's own _NoopSaveInputs there, torch 2.9)
+        reentrant = (cls.__module__ == "torch.utils.checkpoint"
+                     and cls.__name__ == "CheckpointFunction")
         if reentrant or not cls.__module__.startswith("torch."):
             _seen_at(found.setdefault(cls, Problem(
                 "reentrant torch.utils.checkpoint", "(use_reentrant=True)", detail=(
