@@ -282,7 +282,9 @@ def bench_gpt(torch, args) -> list:
     return rows_of("tiny_gpt", ["cpu", "host", "torch f32 eager"], steps, timed, len(steps))
 
 
-def bench_resnet(torch, args) -> list:
+def resnet_problem(torch) -> tuple:
+    """(the module, its f32 tape file's bytes, the input slots' names, four batches):
+    the ResNet workload, imported at f32 (scripts/profile_f32.py times it too)."""
     from gradtool.interop.torch import import_module
     model = resnet_module(torch)
     rng = np.random.default_rng(0)
@@ -290,8 +292,11 @@ def bench_resnet(torch, args) -> list:
                 rng.integers(0, 10, RESNET_BATCH).astype(np.int64)) for _ in range(4)]
     example = tuple(torch.from_numpy(a) for a in batches[0])
     result = import_module(copy.deepcopy(model), example, dtype="f32")
-    raw = dumps(result.tape, loss=result.loss)
-    names = list(result.inputs)                              # x, y
+    return model, dumps(result.tape, loss=result.loss), list(result.inputs), batches
+
+
+def bench_resnet(torch, args) -> list:
+    model, raw, names, batches = resnet_problem(torch)       # names: x, y
     steps = [tape_step(raw, names, batches, RESNET_LR, e) for e in ("host", "cpu")]
     fns = steps + ([torch_module_step(torch, model, batches, RESNET_LR)] if torch else [])
     timed = time_interleaved(fns, args.big_steps, args.repeats)

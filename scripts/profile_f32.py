@@ -22,7 +22,6 @@ A benchmark tool, not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -33,24 +32,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_f32  # noqa: E402
-from bench_f32 import RESNET_BATCH, RESNET_LR, tape_step  # noqa: E402
+from bench_f32 import RESNET_LR, tape_step  # noqa: E402
 
 from gradtool import native  # noqa: E402
 from gradtool.device.program import PHASES  # noqa: E402
-from gradtool.tapefile import dumps  # noqa: E402
 
 
 def resnet_problem():
     import torch
-    from gradtool.interop.torch import import_module
-    model = bench_f32.resnet_module(torch)
-    rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((RESNET_BATCH, 3, 32, 32)).astype(np.float32),
-                rng.integers(0, 10, RESNET_BATCH).astype(np.int64)) for _ in range(4)]
-    example = tuple(torch.from_numpy(a) for a in batches[0])
-    result = import_module(copy.deepcopy(model), example, dtype="f32")
-    raw = dumps(result.tape, loss=result.loss)
-    return lambda engine: tape_step(raw, list(result.inputs), batches, RESNET_LR, engine)
+    _, raw, names, batches = bench_f32.resnet_problem(torch)
+    return lambda engine: tape_step(raw, names, batches, RESNET_LR, engine)
 
 
 def mlp_problem():

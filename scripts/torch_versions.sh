@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The torch versions the [torch] extra admits (torch>=2.6), oldest and newest, each in a
+# The torch versions the [torch] extra admits (torch>=2.9), oldest and newest, each in a
 # throwaway venv: the importer's, the wrapper's and the messages' tests against it.
 #
-#   scripts/torch_versions.sh                 # 2.6.0 and 2.13.0
+#   scripts/torch_versions.sh                 # 2.9.0 and 2.13.0
 #   scripts/torch_versions.sh 2.13.0          # just these versions
 #
 # TESTS="tests/test_wrap.py ..." runs other test files.  Wheels come from $WHEELS
 # (default /opt/wheels) when a file for the version is there, else from pip's index (the
-# CPU wheels: $TORCH_INDEX, default https://download.pytorch.org/whl/cpu).  Each venv sees
+# CPU wheels: $TORCH_INDEX, default https://download.pytorch.org/whl/cpu; where only PyPI
+# is reachable, TORCH_INDEX=https://pypi.org/simple installs PyPI's CUDA build and its
+# nvidia-* libraries, which run on the CPU as well).  Each venv sees
 # this checkout by PYTHONPATH (no install), and is deleted afterwards.  SYSTEM_SITE=1:
 # the venvs see this Python's installed packages (numpy, pytest, torch's dependencies), and
 # only torch itself goes into the venv (no downloads where its wheel is in $WHEELS).  Exit
@@ -16,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 versions=("$@")
-[ ${#versions[@]} -eq 0 ] && versions=(2.6.0 2.13.0)
+[ ${#versions[@]} -eq 0 ] && versions=(2.9.0 2.13.0)
 wheels="${WHEELS:-/opt/wheels}"
 index="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 read -r -a tests <<< "${TESTS:-tests/test_interop_torch.py tests/test_import_models.py tests/test_import_functional.py tests/test_import_check.py tests/test_import_random.py tests/test_import_complex.py tests/test_wrap.py tests/test_interop_messages.py}"

@@ -202,3 +202,20 @@ def run_no_fma(script: str, a, b) -> "np.ndarray":
         subprocess.run([sys.executable, "-c", script, f"{tmp}/a.npy", f"{tmp}/b.npy",
                         f"{tmp}/c.npy"], env=env, check=True, timeout=600)
         return np.load(f"{tmp}/c.npy")
+
+
+def run_c_program(tmp_path, source: str, name: str) -> str:
+    """Compile the C program ``source`` against gradtool's csrc with the project's flags
+    (gradtool.native.SAFE_FLAGS, as an executable), run it, and return its stdout; a
+    failed run fails the test with its output."""
+    from gradtool import native
+    require_c_compiler()
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    exe = tmp_path / name
+    flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe),
+                    "-lm"], check=True, capture_output=True, timeout=300)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+    return proc.stdout

@@ -25,6 +25,7 @@ import pytest
 from conftest import assert_bits_equal_nan_any, require_c_compiler
 from support import (GRADTOOL, cpu_flags, cpu_libraries, functions_with_fused_multiply_adds,
                      layouts, product, run_no_fma)
+from support_backends import run_c_program
 from gradtool import native
 from gradtool import numerics as nx
 from gradtool.errors import GradtoolError
@@ -618,12 +619,4 @@ int main(void)
 
 def test_thread_pool_survives_alternating_jobs(tmp_path):
     """The pool's claim protocol under pressure, in C with the project's flags."""
-    require_c_compiler()
-    src = tmp_path / "stress.c"
-    src.write_text(POOL_STRESS)
-    exe = tmp_path / "stress"
-    flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe),
-                    "-lm"], check=True, capture_output=True, timeout=300)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+    run_c_program(tmp_path, POOL_STRESS, "stress")

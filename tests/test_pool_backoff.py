@@ -12,10 +12,7 @@ spell's end, read from the pool itself.
 
 from __future__ import annotations
 
-import subprocess
-
-from conftest import require_c_compiler
-from gradtool import native
+from support_backends import run_c_program
 
 POOL_BACKOFF = r"""
 #include <stdio.h>
@@ -96,13 +93,5 @@ int main(void)
 
 
 def test_serial_spell_after_a_late_worker_ends_and_never_changes_bits(tmp_path):
-    require_c_compiler()
-    src = tmp_path / "backoff.c"
-    src.write_text(POOL_BACKOFF)
-    exe = tmp_path / "backoff"
-    flags = [f for f in native.SAFE_FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run([native.compiler(), *flags, f"-I{native.CSRC}", str(src), "-o", str(exe),
-                    "-lm"], check=True, capture_output=True, timeout=300)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+    run_c_program(tmp_path, POOL_BACKOFF, "backoff")
 
