@@ -23,7 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gradtool.optim import Adam  # noqa: E402
+# the seed's Adam (the rule gradtool.optim.Adam was until the optimizer table, 2026-12-05;
+# Adam is torch's formula since): the same update on both sides of bench_compare.sh
+# against a commit from before the table (SCRIPTS=after)
+try:
+    from gradtool.optim import AdamSeed as Adam  # noqa: E402
+except ImportError:                              # a tree from before the table
+    from gradtool.optim import Adam  # noqa: E402
 from gradtool.tape import Tape  # noqa: E402
 
 # (n_in, n_hidden, n_out, batch): 64-128-10 at batch 64, 784-256-10 at batch 128

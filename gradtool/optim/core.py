@@ -216,8 +216,14 @@ class Optimizer:
         packed = self._packed
         packed[:len(values)] = values
         update = self._update
+        compiled = sys.modules[__package__]._COMPILED[0]
         for e, g in zip(active, grads):
-            update(tape.values[e.node_id], g, e.state, scale, e.l2, None, packed)
+            w = tape.values[e.node_id]
+            lib = _library(w) if compiled else None
+            if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
+                update.compiled(lib, w, g, e.state, scale, e.l2, packed)  # own slots: plain
+            else:
+                update(w, g, e.state, scale, e.l2, None, packed)
 
     def update_piece(self, entry: Entry, w, g, state: dict, scale, scalars: dict) -> None:
         """Steps 2 and 3 and the rule on a contiguous piece of one registered param
@@ -396,6 +402,20 @@ class Update:
     def pack(self, scalars: dict):
         return _pack(self.entry, scalars)
 
+    def compiled(self, lib, w, g, state: dict, scale, l2: float, packed) -> None:
+        """The compiled pass, for arrays the caller knows are C-contiguous, aligned and of
+        ``w``'s dtype (``lib``: :func:`compiled_library` of it)."""
+        clipped, factor = scale is not None, 1.0 if scale is None else scale
+        # the Python entry takes the arrays themselves (about 1 us a call, where ctypes'
+        # addresses and converted arguments cost several); 1: not as it wants, ctypes then
+        if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
+                self.variant, w, g, *[state[s] for s in self.slots], *self._pad, clipped,
+                factor, l2, packed):
+            return
+        ptrs = [state[s].ctypes.data for s in self.slots] + self._pad
+        lib.gt_opt_table_step(self.variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
+                              clipped, factor, l2, packed.ctypes.data)
+
     def __call__(self, w, g, state: dict, scale, l2: float, scalars=None,
                  packed=None) -> None:
         slots = [state[s] for s in self.slots]
@@ -403,18 +423,8 @@ class Update:
         lib = _library(w) if sys.modules[__package__]._COMPILED[0] else None
         if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype) and all(
                 _plain(a, w.dtype) for a in slots):
-            if packed is None:
-                packed = _pack(self.entry, scalars)
-            clipped, factor = scale is not None, 1.0 if scale is None else scale
-            # the Python entry takes the arrays themselves (about 1 us a call, where
-            # ctypes' addresses and converted arguments cost several); 1: not as it
-            # wants, ctypes then
-            if lib.py_opt_table_step is not None and not lib.py_opt_table_step(
-                    self.variant, w, g, *slots, *self._pad, clipped, factor, l2, packed):
-                return
-            ptrs = [a.ctypes.data for a in slots] + self._pad
-            lib.gt_opt_table_step(self.variant, w.size, w.ctypes.data, g.ctypes.data, *ptrs,
-                                  clipped, factor, l2, packed.ctypes.data)
+            self.compiled(lib, w, g, state, scale, l2,
+                          _pack(self.entry, scalars) if packed is None else packed)
             return
         if scalars is None:
             names = self.entry.scalar_names()
