@@ -217,9 +217,14 @@ class Optimizer:
         packed[:len(values)] = values
         update = self._update
         compiled = sys.modules[__package__]._COMPILED[0]
+        libs: dict = {}                      # per dtype, looked up once a step
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
-            lib = _library(w) if compiled else None
+            lib = None
+            if compiled:
+                lib = libs.get(w.dtype, libs)
+                if lib is libs:
+                    lib = libs[w.dtype] = _library(w)
             if lib is not None and _plain(w, w.dtype) and _plain(g, w.dtype):
                 update.compiled(lib, w, g, e.state, scale, e.l2, packed)  # own slots: plain
             else:
