@@ -2,7 +2,8 @@
 
 The weight gradient (csrc/gt_conv.h: the input planes copied with their
 zero padding and read in place by the chain-continuing tiles, lanes over output
-channels, threads over blocks of rows (c, i, j)) equals the numpy rule
+channels, threads over blocks of rows (c, i, j), the output gradient transposed once for all
+the blocks when they run on several threads) equals the numpy rule
 (numerics.conv2d_backward_numpy: whole-batch im2col, then each output one FMA chain over
 (n, oh, ow) ascending from +0.0) to the bit, in float32 and float64, on 1, 2 and 3
 threads.  The shapes reach the partial tiles (rows not a multiple of the tile), output
@@ -28,7 +29,8 @@ SHAPES = [
     (2, 4, 12, 12, 6, 3, 1, 2, 2, 2),       # dilation 2, two groups
     (3, 9, 7, 8, 80, 2, 3, 1, 1, 1),        # stride 3, even kernel, 5+ vectors (f32)
     (2, 64, 6, 6, 64, 3, 1, 1, 1, 1),       # many rows: several blocks per thread
-]
+    (8, 12, 20, 20, 10, 3, 1, 1, 1, 2),     # threaded, two groups of 5 channels (a partial
+]                                           # vector): g transposed once for all blocks
 
 
 @pytest.fixture

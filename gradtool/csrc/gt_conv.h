@@ -293,6 +293,7 @@ typedef struct {
     long long vecs_per_block, blocks;      /* the weight gradient's row blocks (rows, count) */
     gt_conv_bufs bufs;
     gt_conv_ws ws;
+    gt_mm_t *gts;       /* the weight gradient's g transposed once for every chunk, or NULL */
 } gt_conv_job;
 
 /* x at (n, c, y*sh - ph + i*dh, z*sw - pw + j*dw), +0.0 at padding */
@@ -592,8 +593,9 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
     gt_mm_t *S = gT + gt_conv_round_vw(p * ocgp);                          /* [nr, ocgp] */
     long long off[GT_CONV_MR];
     for (long long e = 0; e < nr * ocgp; ++e) S[e] = 0;               /* the chains' +0.0 */
-    for (long long q = 0; q < p; ++q)                                  /* padding lanes */
-        for (long long o = ocg; o < ocgp; ++o) gT[q * ocgp + o] = 0;
+    if (!j->gts)
+        for (long long q = 0; q < p; ++q)                              /* padding lanes */
+            for (long long o = ocg; o < ocgp; ++o) gT[q * ocgp + o] = 0;
     for (long long e = 0; e < nc * plane; ++e) xp[e] = 0;              /* the padding: +0.0 */
     const int tile = gt_conv_tile_rows((int)(nvec < GT_CONV_NV ? nvec : GT_CONV_NV));
     for (long long n = 0; n < G->nb; ++n) {
@@ -603,9 +605,14 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
                 memcpy(xp + c * plane + (h + G->ph) * wp + G->pw, src + h * G->iw,
                        (size_t)G->iw * sizeof(gt_mm_t));
         }
-        const gt_mm_t *gs = j->g + (n * G->oc + g * ocg) * p;
-        for (long long o = 0; o < ocg; ++o)                            /* exact copies */
-            for (long long q = 0; q < p; ++q) gT[q * ocgp + o] = gs[o * p + q];
+        const gt_mm_t *gTn = gT;
+        if (j->gts) {                       /* transposed once for all chunks (below) */
+            gTn = j->gts + (g * G->nb + n) * p * ocgp;
+        } else {
+            const gt_mm_t *gs = j->g + (n * G->oc + g * ocg) * p;
+            for (long long o = 0; o < ocg; ++o)                        /* exact copies */
+                for (long long q = 0; q < p; ++q) gT[q * ocgp + o] = gs[o * p + q];
+        }
         for (long long v0 = 0; v0 < nvec; v0 += GT_CONV_NV) {
             const int nv = (int)(nvec - v0 < GT_CONV_NV ? nvec - v0 : GT_CONV_NV);
             for (long long t0 = 0; t0 < nr; t0 += tile) {
@@ -615,7 +622,7 @@ static void gt_conv_bwd_w_chunk(void *arg, long long chunk)
                     off[r] = (rr / khw - c0) * plane + i * G->dh * wp + jj * G->dw;
                 }
                 gt_conv_dkernels[nv - 1][mr - 1](G->oh, G->ow, xp, off, G->sh * wp, G->sw,
-                                                 gT + v0 * GT_MM_VW, ocgp,
+                                                 gTn + v0 * GT_MM_VW, ocgp,
                                                  S + t0 * ocgp + v0 * GT_MM_VW, ocgp);
             }
         }
@@ -648,6 +655,25 @@ static long long gt_conv_dw_block(const gt_conv_geo *G)
     return rows;
 }
 
+/* The weight gradient's g of group g and sample n transposed, [p, ocgp] with +0.0 in
+ * the padding lanes, chunk = g * nb + n: exact copies, made once and read by every row
+ * block of the group (each block used to make its own, per sample). */
+static void gt_conv_dw_transpose_chunk(void *arg, long long c)
+{
+    gt_conv_job *j = (gt_conv_job *)arg;
+    const gt_conv_geo *G = &j->G;
+    const long long p = G->oh * G->ow, ocg = G->oc / G->groups, ocgp = gt_conv_round_vw(ocg);
+    const long long g = c / G->nb, n = c % G->nb;
+    gt_mm_t *dst = j->gts + c * p * ocgp;
+    const gt_mm_t *gs = j->g + (n * G->oc + g * ocg) * p;
+    for (long long q = 0; q < p; ++q)
+        for (long long o = ocg; o < ocgp; ++o) dst[q * ocgp + o] = 0;
+    for (long long o = 0; o < ocg; ++o)
+        for (long long q = 0; q < p; ++q) dst[q * ocgp + o] = gs[o * p + q];
+}
+
+#define GT_CONV_GTS_MAX (1LL << 23)   /* elements of the shared transposed g at most */
+
 /* gw (=|+=) conv2d's weight gradient for the output gradient g; returns 1. */
 static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t *g,
                                 const gt_mm_t *x, int acc, gt_conv_ws ws)
@@ -660,8 +686,28 @@ static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t
         for (long long e = 0; e < G->oc * kg; ++e) gw[e] = acc ? gw[e] + 0 : 0;
         return 1;
     }
-    return gt_conv_run(gt_conv_bwd_w_chunk, &job, G->groups * job.blocks,
-                       G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 2, acc), 2);
+    /* several row blocks per group on several threads: g transposed once, shared (the
+     * per-chunk copies otherwise take as long as the products on small kernels) */
+    const long long gts = G->groups * G->nb * p * gt_conv_round_vw(G->oc / G->groups);
+    const long long chunks = G->groups * job.blocks;
+    if (job.blocks > 1 && gts <= GT_CONV_GTS_MAX
+        && gt_conv_threads(G->nb * G->oc * kg * p, chunks) > 1)
+        job.gts = (gt_mm_t *)aligned_alloc(GT_MM_ALIGN, ((size_t)gts * sizeof(gt_mm_t)
+                                           + GT_MM_ALIGN - 1) / GT_MM_ALIGN * GT_MM_ALIGN);
+    if (job.gts) {
+        const long long pieces = G->groups * G->nb;
+        const int threads = gt_conv_threads(gts, pieces);
+        GT_FP_ENTER(saved);
+        if (threads > 1)
+            gt_pool_run(gt_conv_dw_transpose_chunk, &job, pieces, threads, gt_fp_clean(saved));
+        else
+            for (long long c = 0; c < pieces; ++c) gt_conv_dw_transpose_chunk(&job, c);
+        GT_FP_LEAVE(saved);
+    }
+    const int done = gt_conv_run(gt_conv_bwd_w_chunk, &job, chunks,
+                                 G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 2, acc), 2);
+    free(job.gts);
+    return done;
 }
 
 /* ---- max pooling --------------------------------------------------------- */
