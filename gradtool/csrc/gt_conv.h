@@ -512,7 +512,7 @@ static int gt_conv2d_forward(const gt_conv_geo *G, gt_mm_t *out, const gt_mm_t *
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (p <= 0 || G->oc <= 0) return 1;
-    gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws};
+    gt_conv_job job = {*G, out, x, w, NULL, acc, 0, 0, {0}, ws, NULL};
     return gt_conv_run(gt_conv_fwd_direct(G) ? gt_conv_fwd_direct_chunk : gt_conv_fwd_chunk,
                        &job, G->nb, G->nb * G->oc * kg * p, gt_conv_slot_bytes(G, 0, acc), 0);
 }
@@ -564,7 +564,7 @@ static int gt_conv2d_backward_x(const gt_conv_geo *G, gt_mm_t *gx, const gt_mm_t
 {
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (G->ch <= 0 || G->ih * G->iw <= 0) return 1;
-    gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}, ws};
+    gt_conv_job job = {*G, gx, NULL, w, g, acc, 0, 0, {0}, ws, NULL};
     return gt_conv_run(gt_conv_bwd_x_chunk, &job, G->nb, G->nb * G->oc * kg * p,
                        gt_conv_slot_bytes(G, 1, acc), 1);
 }
@@ -681,7 +681,7 @@ static int gt_conv2d_backward_w(const gt_conv_geo *G, gt_mm_t *gw, const gt_mm_t
     const long long kg = G->ch / G->groups * G->kh * G->kw, p = G->oh * G->ow;
     if (G->oc <= 0 || kg <= 0) return 1;
     const long long rows = gt_conv_dw_block(G);
-    gt_conv_job job = {*G, gw, x, NULL, g, acc, rows, (kg + rows - 1) / rows, {0}, ws};
+    gt_conv_job job = {*G, gw, x, NULL, g, acc, rows, (kg + rows - 1) / rows, {0}, ws, NULL};
     if (G->nb <= 0 || p <= 0) {          /* no terms: every chain is +0.0 */
         for (long long e = 0; e < G->oc * kg; ++e) gw[e] = acc ? gw[e] + 0 : 0;
         return 1;
@@ -890,7 +890,7 @@ static int gt_max_pool_run(gt_pool_fn fn, const gt_conv_geo *G, gt_mm_t *out, co
 {
     const long long planes = G->nb * G->ch;
     if (planes <= 0) return 1;
-    gt_conv_job job = {*G, out, x, NULL, g, acc, planes, 0, {0}, ws};
+    gt_conv_job job = {*G, out, x, NULL, g, acc, planes, 0, {0}, ws, NULL};
     long long chunks = 1;
     const int threads = gt_conv_threads(planes * work_per_plane * 8, planes);
     if (threads > 1) {
