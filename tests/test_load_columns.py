@@ -492,7 +492,10 @@ def test_gc_paused_leaves_its_objects_old_and_collectable():
         frozen = gc.get_freeze_count()
         with gc_paused():
             more = [[k] for k in range(1000)]
-        assert gc.get_freeze_count() == frozen and more
+        # Their frozen objects stay frozen (a frozen object may still die by its count, so
+        # the count may fall, never rise or reach zero) and ours stay in the generations.
+        assert 0 < gc.get_freeze_count() <= frozen
+        assert any(x is more[7] for x in gc.get_objects())
         gc.unfreeze()
     finally:
         if not was:
