@@ -477,6 +477,68 @@ def test_host_params_copied_in_one_call_and_a_reshaped_param_is_named():
         gm(x, y)
 
 
+def test_host_params_live_in_the_arena_and_a_change_on_the_torch_side_is_seen():
+    """On host the first graph's arena becomes the params' memory (no copy in a call); a
+    param given other memory on the torch side is copied again, and a second graph (a
+    partial batch) reads the params from there: every loss and gradient is the cpu
+    backend's."""
+    require_c_compiler()
+    torch.manual_seed(8)
+    model = Net()
+    x, y = batch(seed=3)
+    gm = gtt.wrap(model, (x, y), backend="host", loss_fn=F.cross_entropy)
+    cpu_model = copy.deepcopy(model)
+    cpu = gtt.wrap(cpu_model, (x, y), backend="cpu", loss_fn=F.cross_entropy)
+    graph = next(iter(gm.graphs.values()))
+    arena = graph.replay.dev.host_arena
+    for p in model.parameters():
+        assert np.shares_memory(p.detach().numpy(), arena)
+
+    def same(xb, yb):
+        for m in (model, cpu_model):
+            m.zero_grad()
+        a, b = gm(xb, yb), cpu(xb, yb)
+        a.backward()
+        b.backward()
+        assert a.item() == b.item()
+        for (k, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+            assert_bits_equal(p.grad.numpy(), q.grad.numpy(), k)
+
+    same(x, y)
+    with torch.no_grad():                        # in place: the arena itself changes
+        for m in (model, cpu_model):
+            m.fc1.weight.mul_(0.5)
+    same(x, y)
+    for m in (model, cpu_model):                 # other memory: copied into the arena
+        m.fc2.weight.data = m.fc2.weight.data * 1.5
+    same(x, y)
+    same(x[:5], y[:5])                           # a second graph: a copy of the params
+    assert len(gm.graphs) == 2
+
+
+def test_the_module_is_walked_again_when_its_members_change():
+    """The wrapper keeps the module's parameter and buffer dicts while nothing is
+    registered or deleted; a param assigned anew, a submodule replaced, or a param
+    removed is seen at the next call (the loss is torch's)."""
+    torch.manual_seed(9)
+    model = Net().double()
+    x, y = batch(seed=6)
+    gm = gtt.wrap(model, (x, y), loss_fn=F.cross_entropy)
+
+    def check():
+        assert abs(gm(x, y).item() - F.cross_entropy(model(x.double()), y).item()) <= 1e-12
+
+    check()
+    model.fc2.weight = nn.Parameter(torch.randn(4, 12, dtype=torch.float64))
+    check()
+    model.fc1 = nn.Linear(6, 12).double()
+    check()
+    del model.fc2.bias                           # gone (not set to None): torch's forward
+    model.fc2.bias = None                        # then reads None, as the new graph does
+    check()
+    assert len(gm.graphs) == 2
+
+
 def test_the_host_arena_takes_float32_and_float64_writes_to_the_same_bits():
     """HostBackend.write copies data of the arena's dtype as it is and converts float64
     with k_from_f64: the same float32 bits either way (subnormals, -0.0, the extremes)."""

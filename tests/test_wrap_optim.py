@@ -211,6 +211,44 @@ def test_misuse_is_a_gradtool_error():
         opt.step()
 
 
+def test_step_hooks_the_profiler_and_zero_grad_are_torchs():
+    """step runs torch's step hooks (per optimizer and global) and is recorded by a running
+    profiler under torch's name, with or without torch's wrapper around it; zero_grad
+    sets every .grad to None, or zeroes it in place with set_to_none=False."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = gtt.optim.AdamW([p], lr=0.1)
+    plain = gtt.optim.AdamW([torch.nn.Parameter(torch.ones(3, dtype=torch.float64))], lr=0.1)
+    seen = []
+    handles = [opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", o))),
+               opt.register_step_post_hook(lambda o, a, k: seen.append(("post", o))),
+               register_optimizer_step_pre_hook(lambda o, a, k: seen.append(("global", o))),
+               register_optimizer_step_post_hook(lambda o, a, k: seen.append(("end", o)))]
+    try:
+        for o in (opt, plain):
+            o.param_groups[0]["params"][0].grad = torch.full((3,), 0.5, dtype=torch.float64)
+            o.step()
+        assert seen == [("global", opt), ("pre", opt), ("post", opt), ("end", opt),
+                        ("global", plain), ("end", plain)]
+    finally:
+        for h in handles:
+            h.remove()
+    seen.clear()
+    plain.step()                                 # no hook left: the update alone
+    assert seen == [] and plain.state[plain.param_groups[0]["params"][0]]["step"] == 2
+    with torch.profiler.profile() as prof:
+        plain.step()
+        plain.zero_grad()
+    names = {e.name for e in prof.events()}
+    assert "Optimizer.step#AdamW.step" in names and "Optimizer.zero_grad#AdamW.zero_grad" in names
+    p.grad = torch.full((3,), 0.5, dtype=torch.float64)
+    opt.zero_grad(set_to_none=False)
+    assert p.grad is not None and not p.grad.any()
+    opt.zero_grad()
+    assert p.grad is None
+
+
 # ── a whole run: the wrapper and gtt.optim against gradtool train ────────────
 
 def _model():

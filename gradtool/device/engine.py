@@ -105,17 +105,18 @@ class DeviceReplay:
                                 f"pass a GVar or a node id)"[:300])
         return int(node)
 
-    def set_input(self, node, data) -> None:
+    def set_input(self, node, data, what: Optional[str] = None, error=GradtoolError) -> None:
         """Fresh values for a leaf (an input slot's minibatch rows, or a param).
 
         Ids take integer data only, every id in range; their take index
-        (:meth:`Program.id_writes`) is rebuilt and uploaded with them.
+        (:meth:`Program.id_writes`) is rebuilt and uploaded with them.  A bad id is
+        ``error`` naming ``what`` (default: the node).
         """
         i = self.node_id(node, "set_input")
         prog = self.program
         if not self._leaf[i]:
             raise GradtoolError(f"set_input: node {i} is not a leaf; only leaves take data")
-        what = f"set_input node {i}"
+        what = what or f"set_input node {i}"
         if (i not in self._ids and prog.dtype == "f32" and type(data) is np.ndarray
                 and data.dtype == np.float32 and 0 < data.ndim <= MAX_DIMS and data.size
                 and data.flags.c_contiguous):
@@ -131,10 +132,10 @@ class DeviceReplay:
                 raise GradtoolError(f"{what}: {bad_rng(arr, limit=EXACT_INTS[prog.dtype])}")
             self.dev.write(prog.val_off[i], arr)      # float64: the device converts
             return
-        check_ids(arr, prog.id_bounds.get(i, ()), what, GradtoolError)
+        check_ids(arr, prog.id_bounds.get(i, ()), what, error)
         if i in prog.int_values and inexact_int(arr, EXACT_INTS[prog.dtype]):
-            raise GradtoolError(f"{what}: {inexact_int(arr, EXACT_INTS[prog.dtype])} "
-                                f"(a {prog.dtype} arena)")
+            raise error(f"{what}: {inexact_int(arr, EXACT_INTS[prog.dtype])} "
+                        f"(a {prog.dtype} arena)")
         for off, values in prog.id_writes(i, arr):
             self.dev.write(off, np.asarray(values, dtype=np.float64))
 

@@ -20,8 +20,12 @@ How (``docs/torch.md``, "Your own loop"):
 * Every call reads the module's current trainable parameters and the buffers the
   forward updates (BatchNorm's running statistics), so a ``torch.optim`` step, a
   ``load_state_dict`` or any in-place change on the torch side is seen.  On the cpu
-  backend a float64 CPU parameter is not copied: the tape's leaf is a numpy view of
-  the tensor's memory.  Frozen parameters and other buffers are constants of the
+  backend a CPU parameter is not copied: the tape's leaf is a numpy view of the
+  tensor's memory.  On host the first graph's arena becomes the parameters' memory
+  (:meth:`_Graph.home`): a call reads them there, and copies them in only where one
+  was given other memory since.  The module's parameter and buffer dicts are walked
+  again only when its members may have changed (:class:`_Members`).  Frozen
+  parameters and other buffers are constants of the
   recorded tape (they may be folded); when one of them changes (its version counter
   moves), the next call records again.
 * The tape replays forward and backward (the cpu engine: ``Tape.forward/backward``; host
@@ -40,6 +44,7 @@ from __future__ import annotations
 import collections
 import inspect
 import math
+import operator
 import warnings
 from typing import Optional
 
@@ -151,16 +156,22 @@ class _Graph:
         self.id_values = {i for i in self.id_bounds if tp.read_as_values(i)}   # exact in f64
         self.state = [(k, tp.var(k).id, result.outputs[k].id) for k in result.state]
         self.rng_id = tp.rng_id()
-        # each user output in torch's flattened order: the loss, an output<i>'s node, or
-        # -1 (not recorded: returned as None)
-        self.out_ids = [self.loss_id if i == owner.loss_output else
+        # each user output in torch's flattened order: an output<i>'s node, or -1 (the
+        # loss, returned as the loss tensor; or not recorded: returned as None)
+        self.out_ids = [-1 if i == owner.loss_output else
                         (result.outputs[f"output{i}"].id if f"output{i}" in result.outputs
                          else -1) for i in range(len(result.out_dtypes))]
         self.out_spec, self.out_dtypes = result.out_spec, result.out_dtypes
         self.out_shapes = result.out_shapes
+        # the module returns the loss alone (no pytree to rebuild)
+        self.single = (owner.loss_output == 0 and len(self.out_ids) == 1
+                       and result.out_spec.is_leaf())
         self.state_names = {k for k, _, _ in self.state}
         self.versions = _versions(params, buffers, self.state_names)
         self.replay = None
+        self.views = None
+        self.grads_as_params = False
+        self.loss_view = None
         if owner.backend != "cpu":
             from ..device.engine import capture
             self.replay = capture(tp, self.loss_id, owner.backend, dtype=self.tape_dtype)
@@ -173,7 +184,6 @@ class _Graph:
             # gradient as tensors viewing it (the param's shape), copied in and out by one
             # torch call for all of them (_params_in, _grads_out)
             host = getattr(self.replay.dev, "host_arena", None)
-            self.views = None
             if host is not None and all(params[k].numel() == self.arena[i][2]
                                         for k, i in self.params):
                 torch = _torch()
@@ -182,6 +192,15 @@ class _Graph:
                     [torch.from_numpy(host[v:v + n]).view(shape) for _, (v, _, n), shape in shaped],
                     [None if g < 0 else torch.from_numpy(host[g:g + n]).view(shape)
                      for _, (_, g, n), shape in shaped])
+                self.view_ptrs = [v.data_ptr() for v in self.views[0]]
+                # the loss where the run leaves it: copied into the loss tensor by
+                # GradtoolLoss's forward (no tensor made from a Python float)
+                off = prog.val_off[self.loss_id]
+                self.loss_view = torch.from_numpy(host[off:off + 1]).view(())
+                # the gradients as they are handed to torch: each param's dtype already
+                self.grads_as_params = all(params[k].dtype == v.dtype and params[k].device.type
+                                           == "cpu" for (k, _), v in zip(self.params,
+                                                                        self.views[0]))
 
     def current(self, params: dict, buffers: dict) -> bool:
         """Whether the constants the tape was recorded with are unchanged."""
@@ -189,8 +208,8 @@ class _Graph:
 
     # ── one call ───────────────────────────────────────────────────────────
     def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
-        """(loss, {param name: gradient or None}, [output arrays], [new state]) as float64
-        numpy arrays."""
+        """(loss, [each param's gradient or None, in :attr:`params` order], [output
+        arrays], [new state]): numpy arrays, or tensors (:meth:`_grads_out`)."""
         from ..errors import IdsError
         try:
             if self.replay is None:
@@ -231,9 +250,9 @@ class _Graph:
             arr = arr.reshape(shape)
         return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
-    def _ids(self, i: int, name: str, t) -> np.ndarray:
-        from ..ops import inexact_int
-        from ..tape import check_ids
+    def _ids(self, i: int, name: str, t, check: bool = True) -> np.ndarray:
+        """``t`` as int64 ids of node ``i``'s shape, checked in range (unless the setter
+        checks them: the device engine's ``set_input`` with this input's name)."""
         torch = _torch()
         t = t.detach()
         if t.device.type != "cpu":
@@ -241,21 +260,30 @@ class _Graph:
         if t.dtype is not torch.int64:
             t = t.to(torch.int64)
         arr = t.numpy().reshape(self.tape.values[i].shape)
-        check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
-        if i in self.id_values and inexact_int(arr):
-            raise WrapError(f"input {name!r}: {inexact_int(arr)}")
+        if check:
+            from ..ops import inexact_int
+            from ..tape import check_ids
+            check_ids(arr, self.id_bounds[i], f"input {name!r}", WrapError)
+            if i in self.id_values and inexact_int(arr):
+                raise WrapError(f"input {name!r}: {inexact_int(arr)}")
         return arr
 
     def _fill(self, set_leaf, params, buffers, args, rng, set_param=None,
-              with_params=True) -> None:
+              with_params=True, set_ids=None) -> None:
+        """Every leaf's values through the setters; ``set_ids(i, ids, name)`` (checking
+        them) where given, else ``set_leaf`` after the checks here."""
         set_param = set_param or set_leaf
         for k, i in self.params if with_params else ():
             set_param(i, self._leaf(i, params[k], f"parameter {k!r}"))
         for k, i, _ in self.state:
             set_leaf(i, self._leaf(i, buffers[k], f"buffer {k!r}"))
         for (name, i, kind), t in zip(self.inputs, args):
-            set_leaf(i, self._ids(i, name, t) if kind == "int"
-                     else self._leaf(i, t, f"input {name!r}"))
+            if kind != "int":
+                set_leaf(i, self._leaf(i, t, f"input {name!r}"))
+            elif set_ids is not None:
+                set_ids(i, self._ids(i, name, t, check=False), name)
+            else:
+                set_leaf(i, self._ids(i, name, t))
         if self.rng_id >= 0:
             set_leaf(self.rng_id, np.array(rng, dtype=np.float64))
 
@@ -267,40 +295,64 @@ class _Graph:
         self._fill(set_leaf, params, buffers, args, rng)
         tp.forward()
         loss = float(tp.values[self.loss_id].reshape(-1)[0])
-        grads = {}
+        grads = []
         if need_grad:
             tp.zero_grad()
             tp.backward(tp.var(self.loss_id))
-            grads = {k: tp.grads[i] for k, i in self.params}
+            grads = [tp.grads[i] for _, i in self.params]
             tp.zero_grad()             # torch owns the arrays now; the next backward makes new ones
         outs = [tp.values[i].copy() if i >= 0 else None for i in self.out_ids]
         state = [tp.values[o].copy() for _, _, o in self.state]
         return loss, grads, outs, state
 
-    def _params_in(self, params) -> bool:
-        """Every param's values copied into its arena view (host) by one ``_foreach_copy_``
-        (torch converts a dtype or device); False (nothing copied) where that cannot be
-        done (no views, a param of another shape): :meth:`_fill` then converts each and
-        names a bad one."""
+    def home(self, params: dict) -> bool:
+        """Make the arena (host) the params' own memory: each param's values copied into
+        its arena view, and the view made the param's ``.data``, so that a call reads
+        them where they are and an optimizer steps them there.  Only where every param
+        can live there (a CPU tensor of the arena's dtype and the node's shape); False,
+        nothing changed, where one cannot."""
         if self.views is None:
             return False
         torch = _torch()
         tensors = [params[k] for k, _ in self.params]
         views = self.views[0]
+        if not all(isinstance(t, torch.nn.Parameter) and t.device.type == "cpu"
+                   and t.dtype == v.dtype and t.shape == v.shape
+                   for t, v in zip(tensors, views)):
+            return False
+        with torch.no_grad():
+            for t, v in zip(tensors, views):
+                v.copy_(t)
+                t.data = v
+        return True
+
+    def _params_in(self, params) -> bool:
+        """Every param's values in its arena view (host): nothing to do where the params
+        live there (:meth:`home`: their memory is the arena's still), else copied by one
+        ``_foreach_copy_`` (torch converts a dtype or device); False (nothing copied)
+        where that cannot be done (no views, a param of another shape): :meth:`_fill`
+        then converts each and names a bad one."""
+        if self.views is None:
+            return False
+        tensors = [params[k] for k, _ in self.params]
+        if [t.data_ptr() for t in tensors] == self.view_ptrs:
+            return True
+        views = self.views[0]
         if any(t.shape != v.shape for t, v in zip(tensors, views)):
             return False
+        torch = _torch()
         with torch.no_grad():
             _foreach(torch, "_foreach_copy_", views, tensors)
         return True
 
-    def _grads_out(self) -> dict:
-        """Copies of every param's gradient (host arena views), as tensors: one
-        ``_foreach_clone`` for all of them."""
+    def _grads_out(self) -> list:
+        """Copies of every param's gradient (host arena views) in :attr:`params` order,
+        as tensors (None for one backward never reaches): one ``_foreach_clone`` for all
+        of them."""
         torch = _torch()
         live = [g for g in self.views[1] if g is not None]
         it = iter(_foreach(torch, "_foreach_clone", live))
-        return {k: None if g is None else next(it)
-                for (k, _), g in zip(self.params, self.views[1])}
+        return [None if g is None else next(it) for g in self.views[1]]
 
     def _run_device(self, params, buffers, args, rng, need_grad):
         rp = self.replay
@@ -308,23 +360,25 @@ class _Graph:
 
         def set_param(i, arr):         # a param's values: no checks to make (floats)
             dev.write(arena[i][0], arr)
-        if self._params_in(params):
-            self._fill(rp.set_input, {}, buffers, args, rng, set_param, with_params=False)
-        else:
-            self._fill(rp.set_input, params, buffers, args, rng, set_param)
+
+        def set_ids(i, arr, name):     # checked there, named as the input
+            rp.set_input(i, arr, f"input {name!r}", WrapError)
+        inside = self._params_in(params)
+        self._fill(rp.set_input, {} if inside else params, buffers, args, rng, set_param,
+                   with_params=not inside, set_ids=set_ids)
         if need_grad:
             rp.episode(train=False)    # forward and backward, no optimizer
         else:
             rp.forward()
         loss = rp.loss()
-        grads = {}
+        grads = []
         if need_grad and self.views is not None:     # copies of the views, in their dtype
             grads = self._grads_out()
         elif need_grad:
-            for k, i in self.params:
+            for _, i in self.params:
                 _, g_off, size = arena[i]
-                grads[k] = (dev.read(g_off, size).reshape(self.tape.values[i].shape)
-                            if g_off >= 0 else None)
+                grads.append(dev.read(g_off, size).reshape(self.tape.values[i].shape)
+                             if g_off >= 0 else None)
         outs = [rp.value(i) if i >= 0 else None for i in self.out_ids]
         state = [rp.value(o) for _, _, o in self.state]
         return loss, grads, outs, state
@@ -354,6 +408,55 @@ def _as_grad(torch, a, p):
     if t.device != p.device:
         t = t.to(p.device)
     return t
+
+
+# ── the module's members, walked once while its structure stays ──────────
+
+_STRUCTURE = [0]        # bumped by torch's global registration hooks (installed once)
+
+
+def _watch_structure(torch) -> None:
+    """Count every parameter, buffer and submodule registered anywhere (``__setattr__``,
+    ``register_*``: torch's global registration hooks, which leave the value as it is)."""
+    if "watch" in _CLASSES:
+        return
+
+    def registered(module, name, value):
+        _STRUCTURE[0] += 1
+    m = torch.nn.modules.module
+    m.register_module_parameter_registration_hook(registered)
+    m.register_module_buffer_registration_hook(registered)
+    m.register_module_module_registration_hook(registered)
+    _CLASSES["watch"] = registered
+
+
+class _Members:
+    """The module's named parameters and buffers (torch's walk of its tree), kept while
+    it may still be current: nothing was registered anywhere since (a new or replaced
+    parameter, buffer or submodule) and every member found is still where it was (not
+    deleted).  A walk is ~50 us on a small transformer; the check, one identity test per
+    member."""
+
+    def __init__(self, model):
+        self.structure = _STRUCTURE[0]
+        self.params = dict(model.named_parameters())
+        self.buffers = dict(model.named_buffers())
+        held = []
+        for kind, members in (("_parameters", self.params), ("_buffers", self.buffers)):
+            for name, t in members.items():
+                owner, _, leaf = name.rpartition(".")
+                held.append((getattr(model.get_submodule(owner), kind), leaf, t))
+        for name, mod in model.named_modules():
+            if name:
+                owner, _, leaf = name.rpartition(".")
+                held.append((model.get_submodule(owner)._modules, leaf, mod))
+        # as three lists: the check is then two C-level maps, no Python loop
+        self.held = ([d for d, _, _ in held], [k for _, k, _ in held], [t for _, _, t in held])
+
+    def current(self) -> bool:
+        dicts, names, members = self.held
+        return _STRUCTURE[0] == self.structure and all(
+            map(operator.is_, map(dict.get, dicts, names), members))
 
 
 def _versions(params: dict, buffers: dict, state_names) -> list:
@@ -428,7 +531,10 @@ class _Wrapper:
         self.graphs = collections.OrderedDict()
         self.step = 0
         self._warned = False
-        self._graph(args, dict(model.named_parameters()), dict(model.named_buffers()))
+        self._home = None                           # the graph whose arena holds the params
+        _watch_structure(torch)
+        self._members = _Members(model)
+        self._graph(args, self._members.params, self._members.buffers)
         # (recorded now: an import problem surfaces here)
 
     def _model_inputs(self, n: int, targets) -> int:
@@ -457,7 +563,7 @@ class _Wrapper:
             if not isinstance(a, torch.Tensor):
                 raise WrapError(f"input {k}: expected a tensor, got {type(a).__name__}")
         return (tuple((tuple(a.shape), _kind(a.dtype)) for a in args), bool(self.training),
-                str(dtype), tuple(p.requires_grad for p in params.values()))
+                str(dtype), tuple(params), tuple(p.requires_grad for p in params.values()))
 
     def _graph(self, args, params: dict, buffers: dict, dtype=None) -> _Graph:
         key = self._key(args, params, dtype or _float_dtype(params, buffers))
@@ -465,7 +571,10 @@ class _Wrapper:
         if graph is not None and not graph.current(params, buffers):
             graph = None                            # a constant changed: record again
         if graph is None:
+            old = self.graphs.get(key)
             graph = self.graphs[key] = _Graph(self, args, params, buffers)
+            if (self._home is None or self._home is old) and graph.home(params):
+                self._home = graph                  # the params live in its arena now
             if len(self.graphs) > self.max_shapes and not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -482,9 +591,10 @@ class _Wrapper:
         if len(args) != self.n_args:
             raise WrapError(f"the wrapped module takes {self.n_args} inputs (as its "
                             f"example), got {len(args)}")
-        model = self.model
-        params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
+        members = self._members
+        if not members.current():
+            members = self._members = _Members(self.model)
+        params, buffers = members.params, members.buffers
         dtype = _float_dtype(params, buffers)
         graph = self._graph(args, params, buffers, dtype)
         train = bool(self.training)
@@ -495,18 +605,27 @@ class _Wrapper:
                                              need_grad)
         if train:
             self.step += 1
-        with torch.no_grad():                       # BatchNorm's statistics flow back
-            for (k, _, _), value in zip(graph.state, state):
-                b = buffers[k]
-                b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
+        if graph.state:
+            with torch.no_grad():                   # BatchNorm's statistics flow back
+                for (k, _, _), value in zip(graph.state, state):
+                    b = buffers[k]
+                    b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
         device = tensors[0].device if tensors else torch.device("cpu")
-        loss_t = torch.tensor(loss, dtype=dtype)
-        if device.type != "cpu":
-            loss_t = loss_t.to(device)
+        on_cpu = device.type == "cpu"
+        view = graph.loss_view
+        if view is not None and on_cpu and view.dtype == dtype:
+            loss_t = view if need_grad else view.clone()    # (apply's forward copies it)
+        else:
+            loss_t = torch.tensor(loss, dtype=dtype)
+            if not on_cpu:
+                loss_t = loss_t.to(device)
         if need_grad:
-            g = [None if grads.get(k) is None else _as_grad(torch, grads[k], p)
-                 for (k, _), p in zip(graph.params, tensors)]
+            g = grads if graph.grads_as_params and on_cpu else [
+                None if a is None else _as_grad(torch, a, p) for a, p in zip(grads, tensors)]
             loss_t = _loss_function().apply(loss_t, g, *tensors)
+        if graph.single:
+            return loss_t if graph.out_shapes[0] in (None, ()) else loss_t.reshape(
+                graph.out_shapes[0])
         flat = []
         for i, (value, odt, shape) in enumerate(zip(outs, graph.out_dtypes,
                                                      graph.out_shapes)):
