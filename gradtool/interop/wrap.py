@@ -167,7 +167,7 @@ class _Graph:
         self.single = (owner.loss_output == 0 and len(self.out_ids) == 1
                        and result.out_spec.is_leaf())
         self.state_names = {k for k, _, _ in self.state}
-        self.versions = _versions(params, buffers, self.state_names)
+        self.consts = _consts(params, buffers, self.state_names)
         self.replay = None
         self.views = None
         self.grads_as_params = False
@@ -203,8 +203,13 @@ class _Graph:
                                                                         self.views[0]))
 
     def current(self, params: dict, buffers: dict) -> bool:
-        """Whether the constants the tape was recorded with are unchanged."""
-        return _versions(params, buffers, self.state_names) == self.versions
+        """Whether the constants the tape was recorded with are unchanged: the same
+        tensors (the key names every member and which params train), each at the same
+        version."""
+        for members, k, t, version in self.consts:
+            if (params if members == "p" else buffers).get(k) is not t or t._version != version:
+                return False
+        return True
 
     # ── one call ───────────────────────────────────────────────────────────
     def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
@@ -413,6 +418,7 @@ def _as_grad(torch, a, p):
 # ── the module's members, walked once while its structure stays ──────────
 
 _STRUCTURE = [0]        # bumped by torch's global registration hooks (installed once)
+_TRAINS = operator.attrgetter("requires_grad")
 
 
 def _watch_structure(torch) -> None:
@@ -452,6 +458,7 @@ class _Members:
                 held.append((model.get_submodule(owner)._modules, leaf, mod))
         # as three lists: the check is then two C-level maps, no Python loop
         self.held = ([d for d, _, _ in held], [k for _, k, _ in held], [t for _, _, t in held])
+        self.names = (tuple(self.params), tuple(self.buffers))     # part of a graph's key
 
     def current(self) -> bool:
         dicts, names, members = self.held
@@ -459,11 +466,12 @@ class _Members:
             map(operator.is_, map(dict.get, dicts, names), members))
 
 
-def _versions(params: dict, buffers: dict, state_names) -> list:
-    """(name, identity, version counter) of what a recorded tape holds as constants (and
-    may have folded): frozen parameters and the buffers the forward does not update."""
-    out = [(k, id(p), p._version) for k, p in params.items() if not p.requires_grad]
-    out += [(k, id(b), b._version) for k, b in buffers.items() if k not in state_names]
+def _consts(params: dict, buffers: dict, state_names) -> list:
+    """("p" or "b", name, tensor, version counter) of what a recorded tape holds as
+    constants (and may have folded): frozen parameters and the buffers the forward does
+    not update."""
+    out = [("p", k, p, p._version) for k, p in params.items() if not p.requires_grad]
+    out += [("b", k, b, b._version) for k, b in buffers.items() if k not in state_names]
     return out
 
 
@@ -563,7 +571,7 @@ class _Wrapper:
             if not isinstance(a, torch.Tensor):
                 raise WrapError(f"input {k}: expected a tensor, got {type(a).__name__}")
         return (tuple((tuple(a.shape), _kind(a.dtype)) for a in args), bool(self.training),
-                str(dtype), tuple(params), tuple(p.requires_grad for p in params.values()))
+                str(dtype), self._members.names, tuple(map(_TRAINS, params.values())))
 
     def _graph(self, args, params: dict, buffers: dict, dtype=None) -> _Graph:
         key = self._key(args, params, dtype or _float_dtype(params, buffers))
@@ -604,7 +612,7 @@ class _Wrapper:
                                              (float(self.step), 0.0, 1.0 if train else 0.0),
                                              need_grad)
         if train:
-            self.step += 1
+            self.__dict__["step"] += 1              # (not through Module.__setattr__)
         if graph.state:
             with torch.no_grad():                   # BatchNorm's statistics flow back
                 for (k, _, _), value in zip(graph.state, state):
