@@ -12,7 +12,12 @@ of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
 * ``gtt loop``: the loop of issue 40: ``loss = gm(x, y); loss.backward();
   opt.step(); opt.zero_grad()`` with ``gtt.optim.AdamW`` at the same options;
 * ``gtt fwd+bwd``: ``gm(x, y).backward()`` alone (the wrapper's part), with the
-  gradients set to None after it as ``zero_grad`` does.
+  gradients set to None after it as ``zero_grad`` does;
+* ``torch side``: the loop's torch side with no gradtool run at all: a copy of 28
+  gradients, the loss through the wrapper's ``autograd.Function``, torch's backward
+  accumulating them into each ``.grad``, ``gtt.optim.AdamW``'s step and ``zero_grad``.
+  What the loop's API costs in torch whatever computes the gradients; the loop's time
+  beyond the engine's step, less this, is the wrapper's own.
 
 With ``--cli``, also ``gradtool train`` itself (the command, in a subprocess, on the
 same tape saved to a file and the same batches in an .npz): its step is the
@@ -109,10 +114,28 @@ def main(argv=None) -> int:
         for p in fb_params:
             p.grad = None
 
-    names = ["gradtool train", "gtt loop", "gtt fwd+bwd"]
+    # the loop's torch side, without gradtool's run: the gradients' copy, the loss
+    # through the autograd.Function, torch's backward accumulating into each .grad,
+    # gtt.optim's step and zero_grad -- what the loop's API costs in torch on any engine
+    from gradtool.interop.wrap import _loss_function
+    m_t = copy.deepcopy(model)
+    t_params = list(m_t.parameters())
+    t_grads = [torch.full_like(p, 1e-3) for p in t_params]
+    t_loss = torch.zeros((), dtype=t_params[0].dtype)
+    t_opt = gtt.optim.AdamW(t_params, lr=LR, weight_decay=WD)
+    function = _loss_function()
+
+    def torch_side(i):
+        grads = torch._foreach_clone(t_grads)
+        function.apply(t_loss, grads, *t_params).backward()
+        t_opt.step()
+        t_opt.zero_grad()
+
+    names = ["gradtool train", "gtt loop", "gtt fwd+bwd", "torch side"]
     print(f"# bench_wrap: samples/tiny_gpt, backend {args.backend}, {args.threads} threads, "
           f"{cpu_name()}, load {load_average()}")
-    timed = time_interleaved([train_step, loop_step, fwd_bwd], args.steps, args.repeats)
+    timed = time_interleaved([train_step, loop_step, fwd_bwd, torch_side], args.steps,
+                             args.repeats)
     base = timed[0][0]
     for name, (med, best) in zip(names, timed):
         print(f"{name:16s} median {med * 1e3:8.3f} ms  best {best * 1e3:8.3f} ms  "
@@ -124,6 +147,10 @@ def main(argv=None) -> int:
     same = all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
                for (k, _), w in zip(graph.params, a))
     print(f"# same parameter bits (gradtool train vs gtt loop): {same}; load {load_average()}")
+    own = timed[1][0] - base - timed[3][0]
+    print(f"# the loop's time beyond the engine's step: {(timed[1][0] - base) * 1e3:.3f} ms, "
+          f"of which its torch side {timed[3][0] * 1e3:.3f} ms and the wrapper's own "
+          f"{own * 1e3:.3f} ms")
     if args.cli:
         cli = cli_step(tape, graph, batches, args)
         print(f"{'gradtool train (CLI)':16s} median {cli * 1e3:8.3f} ms  (per step, from "
