@@ -514,6 +514,14 @@ def test_host_params_live_in_the_arena_and_a_change_on_the_torch_side_is_seen():
     same(x, y)
     same(x[:5], y[:5])                           # a second graph: a copy of the params
     assert len(gm.graphs) == 2
+    # the wrapper gone, each param has memory of its own again, with the same values
+    values = [p.detach().clone() for p in model.parameters()]
+    del same, gm, graph
+    import gc
+    gc.collect()
+    for p, v in zip(model.parameters(), values):
+        assert not np.shares_memory(p.detach().numpy(), arena)
+        assert_bits_equal(p.detach().numpy(), v.numpy(), "param after the wrapper")
 
 
 def test_the_module_is_walked_again_when_its_members_change():

@@ -46,6 +46,7 @@ import inspect
 import math
 import operator
 import warnings
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -389,6 +390,15 @@ class _Graph:
         return loss, grads, outs, state
 
 
+def _leave_arena(tensors: list, ptrs: list) -> None:
+    """Give each param still in a wrapper's arena (its memory there) a copy of its own."""
+    torch = _torch()
+    with torch.no_grad():
+        for t, ptr in zip(tensors, ptrs):
+            if t.data_ptr() == ptr:
+                t.data = t.data.clone()
+
+
 def _foreach(torch, name: str, *lists):
     """``torch._foreach_<op>`` over the lists (one call for every tensor), or the op
     tensor by tensor where this torch has no such function."""
@@ -540,6 +550,7 @@ class _Wrapper:
         self.step = 0
         self._warned = False
         self._home = None                           # the graph whose arena holds the params
+        self._release = None                        # (its finalizer: _leave_arena)
         _watch_structure(torch)
         self._members = _Members(model)
         self._graph(args, self._members.params, self._members.buffers)
@@ -583,6 +594,14 @@ class _Wrapper:
             graph = self.graphs[key] = _Graph(self, args, params, buffers)
             if (self._home is None or self._home is old) and graph.home(params):
                 self._home = graph                  # the params live in its arena now
+                # when the wrapper goes, the params move to memory of their own (the
+                # arena, all of a step's values, is not kept alive by them)
+                tensors = [params[k] for k, _ in graph.params]
+                if self._release is not None:
+                    self._release.detach()
+                self._release = weakref.finalize(self, _leave_arena, tensors,
+                                                 list(graph.view_ptrs))
+                self._release.atexit = False
             if len(self.graphs) > self.max_shapes and not self._warned:
                 self._warned = True
                 warnings.warn(
