@@ -260,6 +260,7 @@ _NUMPY32 = dict(_NUMPY, **{op: _f32_unary(op) for op in
                            ("exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos",
                             "erfc", "atan")}, atan2=numerics32.atan2)
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 
 
 def compile_numpy(expr: Expr, names) -> "callable":
@@ -279,7 +280,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
     missing = set(symbols(expr)) - set(names)
     if missing:
         raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
-    namespace: dict = {"_F32": _F32, "_float32": np.float32}
+    namespace: dict = {"_F32": _F32, "_F64": _F64, "_float32": np.float32}
 
     def body(f32: bool) -> str:
         tag = "32" if f32 else ""
@@ -306,8 +307,11 @@ def compile_numpy(expr: Expr, names) -> "callable":
     args = ", ".join(names)
     if names:
         s32 = "        s = _float32(s)\n" if "s" in names else ""
+        # (a float64 array, the common case, is told by identity: the dtype objects of
+        # native float64 arrays are numpy's one float64 dtype; anything else compares)
         source = (f"def rule({args}):\n"
-                  f"    if getattr({names[0]}, 'dtype', None) == _F32:\n{s32}"
+                  f"    _dtype_ = getattr({names[0]}, 'dtype', None)\n"
+                  f"    if _dtype_ is not _F64 and _dtype_ == _F32:\n{s32}"
                   f"        return {body(True)}\n"
                   f"    return {body(False)}\n")
     else:
