@@ -264,7 +264,7 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
 
-def compile_numpy(expr: Expr, names) -> "callable":
+def compile_numpy(expr: Expr, names, one_body: bool = True) -> "callable":
     """The expression as a Python function of the symbols ``names`` (in that order),
     one ufunc call per node, without walking the tree per call
     (the CPU reference records and replays one node at a time).  Expressions come from
@@ -278,7 +278,8 @@ def compile_numpy(expr: Expr, names) -> "callable":
     One generated function holds both bodies (an f64 call pays one dtype comparison),
     or the one body where the two are the same: no constant, no ``s``, and each
     operation the same function in both (``x + y``, ``g * y``, a select without constants:
-    the ufuncs keep their operands' dtype), so the dtype cannot change what it does.
+    the ufuncs keep their operands' dtype), so the dtype cannot change what it does
+    (``one_body=False`` writes the two bodies even then: the tests compare the two forms).
     """
     names = tuple(names)
     missing = set(symbols(expr)) - set(names)
@@ -315,7 +316,7 @@ def compile_numpy(expr: Expr, names) -> "callable":
     namespace["_where"], namespace["_where32"] = select_numpy, select_numpy
     args = ", ".join(names)
     body64 = body(False)
-    one_body = (count[0] == 0 and "s" not in symbols(expr)
+    one_body = (one_body and count[0] == 0 and "s" not in symbols(expr)
                 and all(namespace[f"{fn}32"] is namespace[fn] for fn in used))
     if names and not one_body:
         s32 = "        s = _float32(s)\n" if "s" in names else ""
