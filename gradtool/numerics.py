@@ -432,7 +432,6 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-
 def _element_strides(x: np.ndarray, dtype=_F64):
     """``x`` as the kernel reads it (``dtype``, aligned, strides in whole elements: a copy
     if need be) and its three strides in elements."""

@@ -205,7 +205,8 @@ class Optimizer:
         (``csrc/gt_optim_table.h`` through ``csrc/gt_cpu.c``, threaded on large
         parameters) when a C compiler is available, else as the table's numpy
         rendering; both give the same bits (tests/test_optim.py runs every
-        trajectory both ways).
+        trajectory both ways).  Without clip and L2 the passes of every param go
+        in one call (:meth:`_step_all`).
         """
         self.check_tape(tape)
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
