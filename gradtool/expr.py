@@ -211,7 +211,8 @@ def select_numpy(cond, a, b):
     dtype = keep.dtype
     keep = np.ascontiguousarray(keep)
     if cond.flags.c_contiguous and cond.dtype == np.bool_:
-        lib = numerics.cpu_kernels() if dtype == np.float64 else numerics.cpu_kernels32()
+        lib = (numerics.cpu_kernels() if dtype is _F64 or dtype == _F64
+               else numerics.cpu_kernels32())
         if lib is not None:                          # the same bits in one compiled pass
             out = np.empty(keep.shape, dtype)
             if lib.py_select_zero is None or lib.py_select_zero(cond, keep, out, invert):
@@ -260,9 +261,10 @@ _NUMPY32 = dict(_NUMPY, **{op: _f32_unary(op) for op in
                            ("exp", "expm1", "log", "tanh", "erf", "log1p", "sin", "cos",
                             "erfc", "atan")}, atan2=numerics32.atan2)
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 
 
-def compile_numpy(expr: Expr, names) -> "callable":
+def compile_numpy(expr: Expr, names, one_body: bool = True) -> "callable":
     """The expression as a Python function of the symbols ``names`` (in that order),
     one ufunc call per node, without walking the tree per call
     (the CPU reference records and replays one node at a time).  Expressions come from
@@ -273,17 +275,24 @@ def compile_numpy(expr: Expr, names) -> "callable":
     too puts an array first): the constants are float32
     (each rounded once, here), ``s`` is rounded to float32 once per call (torch's rule
     for a Python number with a float32 tensor), and the operations are :data:`_NUMPY32`'s.
-    One generated function holds both bodies (an f64 call pays one dtype comparison).
+    One generated function holds both bodies (an f64 call pays one dtype comparison),
+    or the one body where the two are the same: no constant, no ``s``, and each
+    operation the same function in both (``x + y``, ``g * y``, a select without constants:
+    the ufuncs keep their operands' dtype), so the dtype cannot change what it does
+    (``one_body=False`` writes the two bodies even then: the tests compare the two forms).
     """
     names = tuple(names)
     missing = set(symbols(expr)) - set(names)
     if missing:
         raise ValueError(f"compile_numpy: symbols {sorted(missing)} are not arguments")
-    namespace: dict = {"_F32": _F32, "_float32": np.float32}
+    namespace: dict = {"_F32": _F32, "_F64": _F64, "_float32": np.float32}
+
+    used = set()            # the function names the float64 body calls ("_add", "_where")
+    count = [0]             # the constants each body holds
 
     def body(f32: bool) -> str:
         tag = "32" if f32 else ""
-        count = [0]
+        count[0] = 0
 
         def py(e) -> str:
             if isinstance(e, Sym):
@@ -294,7 +303,9 @@ def compile_numpy(expr: Expr, names) -> "callable":
                 namespace[key] = np.float32(e.value) if f32 else e.value
                 return key
             args = ", ".join(py(a) for a in e.args)
-            return f"_where{tag}({args})" if e.op == "select" else f"_{e.op}{tag}({args})"
+            fn = "_where" if e.op == "select" else f"_{e.op}"
+            used.add(fn)
+            return f"{fn}{tag}({args})"
 
         return py(expr)
 
@@ -304,14 +315,20 @@ def compile_numpy(expr: Expr, names) -> "callable":
         namespace[f"_{op}32"] = fn
     namespace["_where"], namespace["_where32"] = select_numpy, select_numpy
     args = ", ".join(names)
-    if names:
+    body64 = body(False)
+    one_body = (one_body and count[0] == 0 and "s" not in symbols(expr)
+                and all(namespace[f"{fn}32"] is namespace[fn] for fn in used))
+    if names and not one_body:
         s32 = "        s = _float32(s)\n" if "s" in names else ""
+        # (a float64 array, the common case, is told by identity: the dtype objects of
+        # native float64 arrays are numpy's one float64 dtype; anything else compares)
         source = (f"def rule({args}):\n"
-                  f"    if getattr({names[0]}, 'dtype', None) == _F32:\n{s32}"
+                  f"    _dtype_ = getattr({names[0]}, 'dtype', None)\n"
+                  f"    if _dtype_ is not _F64 and _dtype_ == _F32:\n{s32}"
                   f"        return {body(True)}\n"
-                  f"    return {body(False)}\n")
+                  f"    return {body64}\n")
     else:
-        source = f"def rule():\n    return {body(False)}\n"
+        source = f"def rule({args}):\n    return {body64}\n"
     exec(compile(source, "<gradtool.expr>", "exec"), namespace)   # noqa: S102 - table data
     rule = namespace["rule"]
     rule.__doc__ = text(expr)

@@ -160,7 +160,10 @@ tanh = fdlibm.tanh
 expm1 = fdlibm.expm1
 
 
+# a float64 array is told by its dtype's identity first (numpy's one native float64
+# dtype: ``is`` costs half a comparison), then any other compared with float32
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 _F32_ORDERS: list = []
 
 
@@ -191,7 +194,7 @@ def serial_sum(x: np.ndarray) -> np.ndarray:
     (0.0 + -0.0 is +0.0), and the final ``+ 0.0`` restores exactly the
     0.0-started result.
     """
-    if x.dtype == _F32:
+    if x.dtype is not _F64 and x.dtype == _F32:
         return _n32().sum_all(x)
     flat = np.ravel(x)
     return np.add(np.add.accumulate(flat)[-1:], 0.0)
@@ -200,7 +203,7 @@ def serial_sum(x: np.ndarray) -> np.ndarray:
 def serial_mean(x: np.ndarray) -> np.ndarray:
     """``serial_sum(x) / n``: one rounded division, shape [1] (float32: numerics32's
     mean_all)."""
-    if x.dtype == _F32:
+    if x.dtype is not _F64 and x.dtype == _F32:
         return _n32().mean_all(x)
     return serial_sum(x) / float(np.size(x))
 
@@ -208,7 +211,7 @@ def serial_mean(x: np.ndarray) -> np.ndarray:
 def serial_sum_axis(x: np.ndarray, axis: int) -> np.ndarray:
     """Serial 0.0-started sum along ``axis`` (ascending), keepdims=True.  (float32:
     numerics32.sum's order along the axis.)"""
-    if x.dtype == _F32:
+    if x.dtype is not _F64 and x.dtype == _F32:
         return _n32().sum_axis(x, axis)
     last = np.take(np.add.accumulate(x, axis=axis), [-1], axis=axis)
     return np.add(last, 0.0, out=last)
@@ -316,8 +319,8 @@ def reduce_to_shape(c: np.ndarray, shape: tuple) -> np.ndarray:
     shape = tuple(shape)
     if c.shape == shape:
         return c
-    if c.dtype == _F32:               # float32: numerics32's order over the same terms
-        return _n32().reduce_to_shape(c, shape)
+    if c.dtype is not _F64 and c.dtype == _F32:
+        return _n32().reduce_to_shape(c, shape)   # float32: numerics32's order, same terms
     plan = _REDUCE_PLANS.get((c.shape, shape))
     if plan is None:
         if len(_REDUCE_PLANS) >= _REDUCE_PLANS_MAX:
@@ -404,8 +407,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
       and in every worker, and restores the caller's mode after: a caller's
       FTZ/DAZ cannot change a product.
     """
-    if a.dtype == _F32 and b.dtype == _F32:  # float32: the fmaf chain, k ascending from +0.0
-        return _n32().matmul(a, b)          # (a mix is widened exactly: the f64 chain)
+    if a.dtype is not _F64 and a.dtype == _F32 and b.dtype == _F32:
+        # float32: the fmaf chain, k ascending from +0.0 (a mix is widened exactly: the
+        # f64 chain)
+        return _n32().matmul(a, b)
     lib = _cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()
     if lib is None:
         return matmul_numpy(a, b)
@@ -417,7 +422,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[B,M,K] @ [B,K,N], the matmul FMA chain in every batch slice (with
     :func:`matmul`, the one inner-product helper)."""
-    if a.dtype == _F32 and b.dtype == _F32:
+    if a.dtype is not _F64 and a.dtype == _F32 and b.dtype == _F32:
         return _n32().bmm(a, b)
     lib = _cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()
     if lib is None:
@@ -425,9 +430,6 @@ def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[0], a.shape[1], b.shape[2]))
     _native_product(lib, out, a, b, a.shape[0])
     return out
-
-
-_F64 = np.dtype(np.float64)
 
 
 def _element_strides(x: np.ndarray, dtype=_F64):
@@ -631,7 +633,7 @@ def _f64(a) -> np.ndarray:
 def _conv_library(x):
     """(compiled library, element type) for a convolution or pooling of ``x``: gt_cpu for
     float64, gt_cpu_f32 (the same gt_conv.h on float) for float32; (None, _) without one."""
-    if x.dtype == _F32:
+    if x.dtype is not _F64 and x.dtype == _F32:
         return _cpu.cpu_kernels32(), np.float32
     return (_cpu._DEFAULT[0] if _cpu._DEFAULT else _cpu.cpu_kernels()), np.float64
 

@@ -633,3 +633,36 @@ def test_a_torch_model_imports_at_its_own_float32_by_default_and_trains_alike(tm
     ids = [v.id for v in first.params()]
     moved = [i for i in ids if not np.array_equal(first.values[i], trained.values[i])]
     assert moved and all(trained.values[i].dtype == np.float32 for i in moved)
+
+
+def test_rules_written_with_one_body_give_the_bits_of_the_two_bodies(rng):
+    """compile_numpy writes a rule whose float32 body would be its float64 one (no
+    constant, no s, the same functions) without the dtype test: every elementwise rule of
+    the op table, on float32 and on float64 arrays (specials among them), gives the dtype
+    and bits of its two-body form; add's rules are written with one body, relu's with two."""
+    from gradtool import expr as E
+    pool = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e38, -1.5, 2.5, 0.5, 3.0,
+                     -4.0, 1e-300])
+    one = set()
+    for name, spec in OPS.items():
+        if spec.kind not in ("unary", "binary"):
+            continue
+        unary = spec.kind == "unary"
+        forms = [(spec.fwd, ("x", "s") if unary else ("x", "y"))]
+        forms += [(e, ("g", "x", "t", "s") if unary else ("g", "x", "y", "t"))
+                  for e in spec.bwd if e is not None]
+        for k, (e, names) in enumerate(forms):
+            fast, both = E.compile_numpy(e, names), E.compile_numpy(e, names, one_body=False)
+            if "_dtype_" not in fast.__code__.co_varnames:
+                one.add((name, k))
+            assert "_dtype_" in both.__code__.co_varnames
+            for dtype in (np.float32, np.float64):
+                args = [0.75 if n == "s" else np.concatenate(
+                    [pool, rng.standard_normal(51)]).astype(dtype)[rng.permutation(64)]
+                    for n in names]
+                with np.errstate(all="ignore"):
+                    got, want = fast(*args), both(*args)
+                assert np.asarray(got).dtype == np.asarray(want).dtype, (name, k, dtype)
+                assert_bits_equal(got, want, f"{name} rule {k} {np.dtype(dtype).name}")
+    assert {("add", 0), ("add", 1), ("add", 2), ("mul", 0)} <= one
+    assert ("relu", 0) not in one and ("relu", 1) not in one

@@ -288,6 +288,98 @@ def test_param_untouched_in_a_later_step_keeps_its_moments(rng):
     assert opt.t == 2
 
 
+
+def _spied_steps(monkeypatch, fast: bool) -> list:
+    """Optimizer._step_all (every active param in one compiled call) recording what it
+    returned, or, with ``fast`` False, declined: the step then goes param by param."""
+    from gradtool.optim.core import Optimizer
+    taken = []
+    real = getattr(Optimizer._step_all, "__wrapped__", Optimizer._step_all)  # (spied before)
+
+    def step_all(self, *args):
+        taken.append(real(self, *args) if fast else False)
+        return taken[-1]
+
+    step_all.__wrapped__ = real
+    monkeypatch.setattr(Optimizer, "_step_all", step_all)
+    return taken
+
+
+@pytest.mark.parametrize("kind, hparams", [("sgd", {"momentum": 0.9, "nesterov": True}),
+                                           ("adam", {"amsgrad": True}), ("adamw", None),
+                                           ("adam-seed", None)])
+def test_one_compiled_call_for_every_param_gives_the_param_by_param_bits(
+        kind, hparams, step_path, rng, monkeypatch):
+    """Without clip and L2 the compiled step updates every active param in one call
+    (gt_opt_table_steps_py); on 2 threads (the large param splits), with a param left
+    untouched in one step, it ends where the param-by-param step and the numpy sequence
+    do, its slots and counters too."""
+    if step_path != "compiled":
+        pytest.skip("compares the compiled paths with the numpy one itself")
+    from gradtool import native
+    from gradtool.optim import make_optimizer
+    ws = [rng.standard_normal((300, 240)), rng.standard_normal(37), rng.standard_normal((3, 5))]
+    ks = [rng.standard_normal(w.shape) * 10.0 ** rng.integers(-3, 4, w.shape) for w in ws]
+    finals, calls = [], []
+    try:
+        native.set_num_threads(2)
+        for how in ("numpy", "param by param", "one call"):
+            optim._COMPILED[0] = how != "numpy"
+            taken = _spied_steps(monkeypatch, how == "one call")
+            tp = gt.Tape()
+            params = [tp.param(w) for w in ws]
+            terms = [tp.sum(p * tp.const(k)) for p, k in zip(params, ks, strict=True)]
+            losses = [terms[0] + terms[1] + terms[2], terms[0] + terms[1]]
+            opt = make_optimizer(kind, 0.01, hparams)
+            for p in params:
+                opt.add(tp, p)
+            for step in range(4):
+                run_step(tp, losses[step == 2], opt)
+            finals.append([tp.value(p).copy() for p in params]
+                          + [a.copy() for e in opt.entries for a in e.state.values()])
+            calls.append((taken, opt.t, opt.b1t, opt.b2t))
+    finally:
+        native.set_num_threads(None)
+    assert calls[2][0] == [True] * 4 and calls[1][0] == [False] * 4 and calls[0][0] == []
+    assert calls[0][1:] == calls[1][1:] == calls[2][1:]
+    for got in finals[1:]:
+        for a, b in zip(got, finals[0], strict=True):
+            assert_bits_equal(a, b, kind)
+
+
+def test_params_of_two_dtypes_step_one_by_one_with_the_same_bits(step_path, rng, monkeypatch):
+    """An optimizer over an f64 and an f32 param: the one-call step declines (one library
+    per dtype) and the param-by-param step gives each the bits an optimizer of its own
+    dtype alone gives it (through the one call)."""
+    from gradtool.optim import make_optimizer
+    w64, w32 = rng.standard_normal((4, 6)), rng.standard_normal(9).astype(np.float32)
+    k64, k32 = rng.standard_normal((4, 6)), rng.standard_normal(9).astype(np.float32)
+    taken = _spied_steps(monkeypatch, True)
+
+    def run(which):
+        tp = gt.Tape()
+        p64, p32 = tp.param(w64), tp.param(w32)
+        loss = tp.sum(p64 * tp.const(k64)) + tp.cast(tp.sum(p32 * tp.const(k32)), "f64")
+        opt = make_optimizer("adam", 0.01)
+        for p in which(p64, p32):
+            opt.add(tp, p)
+        for _ in range(3):
+            run_step(tp, loss, opt)
+        return tp.value(p64).copy(), tp.value(p32).copy(), opt
+
+    mixed64, mixed32, mixed = run(lambda a, b: (a, b))
+    compiled = step_path == "compiled"
+    assert taken == [False] * (3 if compiled else 0)
+    alone64, _, only64 = run(lambda a, b: (a,))
+    _, alone32, only32 = run(lambda a, b: (b,))
+    assert taken[3:] == [True] * (6 if compiled else 0)
+    assert mixed32.dtype == np.float32 and mixed.entries[1].m.dtype == np.float32
+    assert_bits_equal(mixed64, alone64)
+    assert_bits_equal(mixed32, alone32)
+    for a, b in ((mixed.entries[0], only64.entries[0]), (mixed.entries[1], only32.entries[0])):
+        for s in ("m", "v"):
+            assert_bits_equal(a.state[s], b.state[s], s)
+
 # ── saved state ────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("kind", [SGD, Adam])

@@ -205,7 +205,8 @@ class Optimizer:
         (``csrc/gt_optim_table.h`` through ``csrc/gt_cpu.c``, threaded on large
         parameters) when a C compiler is available, else as the table's numpy
         rendering; both give the same bits (tests/test_optim.py runs every
-        trajectory both ways).
+        trajectory both ways).  Without clip and L2 the passes of every param go
+        in one call (:meth:`_step_all`).
         """
         self.check_tape(tape)
         active = [e for e in self.entries if tape.grads[e.node_id] is not None]
@@ -217,6 +218,9 @@ class Optimizer:
         packed[:len(values)] = values
         update = self._update
         compiled = sys.modules[__package__]._COMPILED[0]
+        if compiled and scale is None and active and self._step_all(tape.values, active,
+                                                                     grads, packed):
+            return
         libs: dict = {}                      # per dtype, looked up once a step
         for e, g in zip(active, grads):
             w = tape.values[e.node_id]
@@ -229,6 +233,22 @@ class Optimizer:
                 update.compiled(lib, w, g, e.state, scale, e.l2, packed)  # own slots: plain
             else:
                 update(w, g, e.state, scale, e.l2, None, packed)
+
+    def _step_all(self, values, active: list, grads: list, packed) -> bool:
+        """Every active param in one compiled call (``gt_opt_table_steps_py``: the same
+        per-param pass, without clip or L2) where it applies: no clip this step, every
+        active l2 0.0, the library there, every array as it takes them (C-contiguous,
+        aligned, of the first param's dtype).  False, with nothing written (it takes every
+        array before it writes any), where not: the step then goes param by param."""
+        ws = [values[e.node_id] for e in active if e.l2 == 0.0]
+        if len(ws) != len(active):
+            return False
+        lib = compiled_library(ws[0].dtype)
+        if lib is None or lib.py_opt_table_steps is None:
+            return False
+        update = self._update
+        slots = [[e.state[s] for e in active] for s in update.slots] + update._pad
+        return not lib.py_opt_table_steps(update.variant, ws, grads, *slots, packed)
 
     def update_piece(self, entry: Entry, w, g, state: dict, scale, scalars: dict) -> None:
         """Steps 2 and 3 and the rule on a contiguous piece of one registered param
@@ -449,9 +469,12 @@ def _plain(x: np.ndarray, dtype=np.float64) -> bool:
 def compiled_library(dtype):
     """The compiled step for ``dtype``: gt_cpu (float64) or gt_cpu_f32 (float32: its
     scalars rounded to float32 once, as the table's numpy rendering rounds them), or None."""
-    if dtype == np.float32:
+    if dtype == _F32:
         return numerics.cpu_kernels32()
     return numerics.cpu_kernels()
+
+
+_F32 = np.dtype(np.float32)
 
 
 def _library(w: np.ndarray):
