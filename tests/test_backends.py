@@ -34,7 +34,8 @@ def run(*args):
 @pytest.fixture
 def toyhost():
     """HostBackend registered as "toyhost" (the one registry line of a new backend)."""
-    backends.register("toyhost", HostBackend.create, about="the host backend, renamed")
+    backends.register("toyhost", HostBackend.create, about="the host backend, renamed",
+                      zero_fills="each")
     yield "toyhost"
     backends.unregister("toyhost")
 
@@ -62,6 +63,8 @@ def test_a_registered_backend_is_offered_everywhere_and_gone_after_unregister(to
             make_engine("toyhost", None, 0, None)
     finally:
         backends.register("toyhost", HostBackend.create)     # the fixture unregisters it
+    with pytest.raises(GradtoolError, match="zero_fills must be 'ahead' or 'each'"):
+        backends.register("toyfill", HostBackend.create, zero_fills="later")
 
 
 def _episodes(tf, backend: str, steps: int = 4):
@@ -103,6 +106,19 @@ def test_replay_gpu_and_train_through_the_registry_give_hosts_bytes(toyhost, tmp
     assert reports[toyhost]["graph"] is None
     for key in ("loss_first", "loss_last", "launches", "device_bytes"):
         assert reports[toyhost][key] == reports["host"][key], key
+    # registered to zero the gradients ahead (one fill, as cuda): other launches, same bits
+    backends.register("toyahead", HostBackend.create)
+    try:
+        result = run("replay-gpu", LOGISTIC, "--backend", "toyahead", "--check", "--train",
+                     "adam", "--episodes", "3", "--warmup", "1", "--json")
+    finally:
+        backends.unregister("toyahead")
+    assert result.exit_code == 0, result.output
+    ahead = json.loads(result.stdout)
+    assert ahead["check"]["ok"] is True and ahead["check"]["max_ulps"] == 0
+    assert (ahead["loss_first"], ahead["loss_last"]) == (reports["host"]["loss_first"],
+                                                         reports["host"]["loss_last"])
+    assert ahead["launches"] != reports["host"]["launches"]
 
     saved = {}
     for backend in ("cpu", "host", toyhost):

@@ -219,6 +219,55 @@ def test_a_products_first_contribution_stores_and_its_gradient_is_not_filled(rng
     assert_replay_matches(tp, loss, rng)
 
 
+def test_each_gradient_is_zeroed_just_before_its_first_contribution(rng):
+    """fills="each" (the host's): one k_fill per gradient that accumulates, right before
+    the launches of its first contribution (those nothing contributes to, and the loss's
+    before the seed, first); no whole-range fill; the products' stored gradients none.
+    The replay gives the CPU tape's bits, and the "ahead" program's."""
+    from gradtool.device import backends
+    from gradtool.device.fusion import unpack
+    tp = gt.Tape()
+    x = tp.param(rng.uniform(-1.0, 1.0, (4, 4)))
+    w = tp.param(rng.uniform(-1.0, 1.0, (4, 3)))
+    h = tp.tanh(x @ w)
+    s = h + tp.const(rng.uniform(-1.0, 1.0, (4, 3)))
+    ids = tp.const(np.array([0, 2, 3]), dtype="i64")
+    loss = tp.mean(s * h) + tp.sum(tp.take(tp.relu(x), ids))
+    assert backends.get("host").zero_fills == "each"
+    assert backends.get("cuda").zero_fills == "ahead"
+    ahead = capture_program(tp, loss.id)
+    each = capture_program(tp, loss.id, fills="each")
+    grad_of = {each.grad_off[i]: i for i in range(len(tp.nodes)) if each.grad_off[i] >= 0}
+    fills = [(q, grad_of[unpack(la)["dst"]], la.work) for q, la in
+             enumerate(each.launches["backward"]) if la.kernel == "k_fill"
+             and la.what != "seed loss"]
+    filled = [j for _, j, _ in fills]
+    assert len(filled) == len(set(filled))                       # each once
+    assert all(work == each.size_of(j) for _, j, work in fills)  # whole, not a range
+    stored = {grad_of[unpack(la)["c"]] for la in each.launches["backward"]
+              if la.kernel == "k_matmul" and not unpack(la)["acc"]}
+    # (x gets relu's contribution first: it is zeroed and added into, then the product adds)
+    assert stored == {w.id} and x.id in filled
+    zeroed = {i for i in grad_of.values()} - stored
+    assert set(filled) == zeroed
+    # before any launch of the node whose contribution comes first
+    first_launch = {}
+    for q, la in enumerate(each.launches["backward"]):
+        if la.kernel != "k_fill":                    # (the seed names the loss node)
+            first_launch.setdefault(la.node, q)
+    launches = each.launches["backward"]
+    for q, j, _ in fills:
+        consumers = [k for k, n in enumerate(tp.nodes) if j in (n.a, n.b) and k in first_launch]
+        assert all(q < first_launch[k] for k in consumers), j
+        if j != loss.id:                             # and just before the first of them
+            assert next(la for la in launches[q + 1:] if la.kernel != "k_fill").node \
+                in consumers, j
+    assert len(ahead.launches["backward"]) < len(each.launches["backward"])
+    with pytest.raises(CaptureError, match="fills must be"):
+        capture_program(tp, loss.id, fills="later")
+    assert_replay_matches(tp, loss, rng)
+
+
 def test_const_branches_dead_nodes_and_untouched_params(rng):
     tp = gt.Tape()
     w = tp.param(rng.uniform(-1.0, 1.0, (3, 2)), name="w")

@@ -144,6 +144,7 @@ class Entry:
     auto: int = 0                          # > 0: `auto` may pick it, the highest first
     about: str = ""                        # one line for help texts
     select_device: Union[str, Callable[[int], None], None] = None
+    zero_fills: str = "ahead"              # how its programs zero the gradients (below)
 
     def select(self, local_rank: int) -> None:
         """Under MPI, before anything opens a device: let rank ``local_rank`` (its index
@@ -171,7 +172,7 @@ _REGISTRY: dict = {}
 
 
 def register(name: str, factory: Union[str, Factory], *, available: Union[str, Status] = None,
-             auto: int = 0, about: str = "", select_device=None,
+             auto: int = 0, about: str = "", select_device=None, zero_fills: str = "ahead",
              replace: bool = False) -> Entry:
     """Register a backend under ``name``.
 
@@ -180,9 +181,17 @@ def register(name: str, factory: Union[str, Factory], *, available: Union[str, S
     (default: always usable); ``select_device(local_rank)``, optional, picks a
     machine-local rank's device under MPI before any is opened (:meth:`Entry.select`).
     Each may be a ``"module:attr"`` string, imported on first use.  ``auto`` > 0 lets
-    ``auto`` pick this backend when it is usable, the highest rank first.  Registering
-    a taken name raises unless ``replace``.
+    ``auto`` pick this backend when it is usable, the highest rank first.
+    ``zero_fills`` (:func:`gradtool.device.program.capture_program`'s ``fills``): how the
+    programs it runs zero the gradients that accumulate, ``"ahead"`` (one fill of all
+    of them as the backward starts: one launch) or ``"each"`` (each just before its
+    first contribution, still in the cache when that kernel adds into it: the host's
+    choice); the same bits either way.  Registering a taken name raises unless
+    ``replace``.
     """
+    if zero_fills not in ("ahead", "each"):
+        raise GradtoolError(f"backend {name!r}: zero_fills must be 'ahead' or 'each', "
+                            f"got {zero_fills!r}"[:200])
     if not isinstance(name, str) or not name.isidentifier() or name == AUTO:
         raise GradtoolError(f"backend name {name!r}: a Python identifier other than {AUTO!r}")
     if name in _REGISTRY and not replace:
@@ -190,7 +199,7 @@ def register(name: str, factory: Union[str, Factory], *, available: Union[str, S
     if not (isinstance(factory, str) or callable(factory)):
         raise GradtoolError(f"backend {name!r}: the factory must be callable or 'module:attr'")
     entry = Entry(name, factory, available if available is not None else _always, int(auto),
-                  about, select_device)
+                  about, select_device, zero_fills)
     _REGISTRY[name] = entry
     return entry
 
@@ -255,7 +264,7 @@ def select_devices(name: str, local_rank: int) -> None:
 
 # ── the backends: one line each ───────────────────────────────────────────
 
-register("host", "gradtool.device.host:HostBackend.create", auto=1,
+register("host", "gradtool.device.host:HostBackend.create", auto=1, zero_fills="each",
          about="the kernels compiled by the system C compiler, run through ctypes")
 register("cuda", "gradtool.device.cuda:CudaBackend.create",
          available="gradtool.device.cuda:cuda_status", auto=2,

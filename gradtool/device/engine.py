@@ -65,7 +65,11 @@ class DeviceReplay:
         # dtype None: the tape's own; "f32" for an f64 tape: its f32 copy (rounded_tape),
         # whose node ids are the tape's, so the accessors below answer for the tape's nodes
         captured = rounded_tape(tape, dtype) if dtype is not None else tape
-        self.program = capture_program(captured, loss_id, dtype, optimizer, max_bytes)
+        self.backend, self.backend_reason = backends.resolve(backend)
+        # (the fusion pass takes the one fill ahead: its backward starts with it)
+        fills = "ahead" if fuse else backends.get(self.backend).zero_fills
+        self.program = capture_program(captured, loss_id, dtype, optimizer, max_bytes,
+                                       fills=fills)
         self.element = np.dtype(DTYPES[self.program.dtype])
         # what value() gives back per node: its own float type (a node of integer data
         # may be f64 in an f32 tape: whole numbers, exact in either)
@@ -81,7 +85,6 @@ class DeviceReplay:
         self._leaf = [node.a < 0 for node in tape.nodes]
         self._ids = {i for i in range(len(tape.nodes)) if tape.holds_ids(i)}
         self._rng = tape.rng_id()           # the rng slot's counters are checked when set
-        self.backend, self.backend_reason = backends.resolve(backend)
         self.dev = backends.get(self.backend).create(
             self.program, backends.Options(graph=graph, host_kernels=host_kernels))
         self.dtype = self.program.dtype
