@@ -524,6 +524,35 @@ def test_host_params_live_in_the_arena_and_a_change_on_the_torch_side_is_seen():
         assert_bits_equal(p.detach().numpy(), v.numpy(), "param after the wrapper")
 
 
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_a_deep_copy_is_a_wrapper_of_a_copy_of_the_module(backend):
+    """copy.deepcopy(gm) wraps a deep copy of the module the same way (an EMA or a
+    checkpoint copy): the same losses and gradients at the same step, then each trains
+    on its own parameters."""
+    if backend == "host":
+        require_c_compiler()
+    torch.manual_seed(10)
+    model = Net(p=0.2)
+    x, y = batch(seed=7)
+    gm = gtt.wrap(model, (x, y), backend=backend, loss_fn=F.cross_entropy)
+    gm(x, y).backward()
+    twin = copy.deepcopy(gm)
+    assert twin.model is not model and twin.step == gm.step and twin.training
+    for p, q in zip(model.parameters(), twin.model.parameters()):
+        assert p.data_ptr() != q.data_ptr()
+        assert_bits_equal(p.detach().numpy(), q.detach().numpy(), "copied param")
+        p.grad = q.grad = None
+    a, b = gm(x, y), twin(x, y)
+    a.backward()
+    b.backward()
+    assert a.item() == b.item()
+    for p, q in zip(model.parameters(), twin.model.parameters()):
+        assert_bits_equal(p.grad.numpy(), q.grad.numpy(), "copied gradient")
+    with torch.no_grad():
+        model.fc1.weight.mul_(0.5)                   # the copy's parameters are its own
+    assert gm(x, y).item() != twin(x, y).item()
+
+
 def test_the_module_is_walked_again_when_its_members_change():
     """The wrapper keeps the module's parameter and buffer dicts while nothing is
     registered or deleted; a param assigned anew, a submodule replaced, or a param

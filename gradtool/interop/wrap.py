@@ -536,6 +536,13 @@ class _Wrapper:
                             f"{', '.join(BACKENDS)})")
         args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
             else (example_inputs,)
+        # what a copy is made with (__deepcopy__): the wrap arguments, the example's
+        # tensors detached (no graph kept alive)
+        self._made_with = (tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                 for a in args),
+                           dict(backend=backend, loss_fn=loss_fn, loss_output=loss_output,
+                                outputs=outputs, targets=targets, max_shapes=max_shapes,
+                                importer=importer))
         self.model = model                          # a submodule: train()/eval() reach it
         self.backend, self.loss_fn, self.loss_output = backend, loss_fn, int(loss_output)
         self.with_outputs = bool(outputs)
@@ -667,6 +674,19 @@ class _Wrapper:
                             .to(want).to(device))
         import torch.utils._pytree as pytree
         return pytree.tree_unflatten(flat, graph.out_spec)
+
+    def __deepcopy__(self, memo):
+        """A wrapper of a deep copy of the module, made as ``wrap`` made this one (its
+        first graph recorded again; the engines and arenas are this process's, not
+        copied), in the same train/eval mode and at the same step."""
+        import copy
+        args, options = self._made_with
+        new = type(self)(copy.deepcopy(self.model, memo), copy.deepcopy(args, memo),
+                         **options)
+        new.train(self.training)
+        new.__dict__["step"] = self.step
+        memo[id(self)] = new
+        return new
 
     # ── the step counter in state_dict ─────────────────────────────────────
     def get_extra_state(self):
