@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -525,7 +526,7 @@ def test_host_params_live_in_the_arena_and_a_change_on_the_torch_side_is_seen():
 
 
 @pytest.mark.parametrize("backend", ["cpu", "host"])
-def test_a_deep_copy_is_a_wrapper_of_a_copy_of_the_module(backend):
+def test_a_deep_copy_or_a_pickle_is_a_wrapper_of_a_copy_of_the_module(backend):
     """copy.deepcopy(gm) wraps a deep copy of the module the same way (an EMA or a
     checkpoint copy): the same losses and gradients at the same step, then each trains
     on its own parameters."""
@@ -551,6 +552,10 @@ def test_a_deep_copy_is_a_wrapper_of_a_copy_of_the_module(backend):
     with torch.no_grad():
         model.fc1.weight.mul_(0.5)                   # the copy's parameters are its own
     assert gm(x, y).item() != twin(x, y).item()
+    gm.eval()
+    back = pickle.loads(pickle.dumps(gm))            # torch.save(gm): wrapped again
+    assert not back.training and back.step == gm.step and back.backend == backend
+    assert back(x, y).item() == gm(x, y).item()
 
 
 def test_the_module_is_walked_again_when_its_members_change():

@@ -688,6 +688,12 @@ class _Wrapper:
         memo[id(self)] = new
         return new
 
+    def __reduce__(self):
+        """Pickled (``torch.save(gm)``, multiprocessing) as the module, the wrap arguments,
+        the mode and the step: unpickling wraps the module again (:func:`_rewrap`)."""
+        args, options = self._made_with
+        return (_rewrap, (self.model, args, options, bool(self.training), self.step))
+
     # ── the step counter in state_dict ─────────────────────────────────────
     def get_extra_state(self):
         return {"gradtool.step": self.step}
@@ -703,6 +709,14 @@ class _Wrapper:
         return (f"backend={self.backend!r}, step={self.step}, graphs={len(self.graphs)}"
                 + (f", loss_fn={getattr(self.loss_fn, '__name__', self.loss_fn)!r}"
                    if self.loss_fn is not None else ""))
+
+
+def _rewrap(model, args, options: dict, training: bool, step: int):
+    """A pickled wrapper made again (:meth:`_Wrapper.__reduce__`)."""
+    new = module_class()(model, args, **options)
+    new.train(training)
+    new.__dict__["step"] = step
+    return new
 
 
 def module_class():
