@@ -517,7 +517,7 @@ def test_host_params_live_in_the_arena_and_a_change_on_the_torch_side_is_seen():
     assert len(gm.graphs) == 2
     # the wrapper gone, each param has memory of its own again, with the same values
     values = [p.detach().clone() for p in model.parameters()]
-    del same, gm, graph
+    gm = graph = same = None                      # (the closure holds the name, not it)
     import gc
     gc.collect()
     for p, v in zip(model.parameters(), values):
