@@ -268,6 +268,47 @@ def test_each_gradient_is_zeroed_just_before_its_first_contribution(rng):
     assert_replay_matches(tp, loss, rng)
 
 
+def test_a_reshape_of_a_computed_value_shares_its_memory_on_host(rng):
+    """views=True (the host's): a reshape of a computed node has its input's val_off and
+    no forward launch; a reshape of a leaf (written between runs) keeps its own slot and
+    copy; a chain of reshapes shares one slot.  Values and gradients are the CPU tape's
+    bits, before and after Adam episodes."""
+    from gradtool.device import backends
+    tp = gt.Tape()
+    w = tp.param(rng.uniform(-1.0, 1.0, (4, 6)))
+    x = tp.const(rng.uniform(-1.0, 1.0, (3, 4)), name="x")
+    h = tp.tanh(x @ w)                                   # [3, 6], computed
+    r1 = tp.reshape(h, (6, 3))
+    r2 = tp.reshape(r1, (18,))
+    rw = tp.reshape(w, (24,))                            # of a leaf
+    loss = tp.mean(r2 * r2) + tp.mean(tp.exp(rw)) + tp.sum(r1 @ tp.reshape(h, (3, 6)))
+    assert backends.get("host").reshape_views and not backends.get("cuda").reshape_views
+    prog = capture_program(tp, loss.id, views=True)
+    assert prog.val_off[r1.id] == prog.val_off[r2.id] == prog.val_off[h.id]
+    assert prog.val_off[rw.id] != prog.val_off[w.id]
+    forward_nodes = {la.node for la in prog.launches["forward"]}
+    assert r1.id not in forward_nodes and r2.id not in forward_nodes and rw.id in forward_nodes
+    plain = capture_program(tp, loss.id)
+    assert len({plain.val_off[i] for i in (h.id, r1.id, r2.id)}) == 3
+    rp = assert_replay_matches(tp, loss, rng)
+    assert rp.program.val_off[r2.id] == rp.program.val_off[h.id]      # capture's choice
+    opt_host, opt_cpu = Adam(0.05), Adam(0.05)
+    opt_host.add(tp, w)
+    trained = capture(tp, loss, "host", optimizer=opt_host)
+    for _ in range(3):
+        trained.episode(train=True)
+    opt_cpu.add(tp, w)
+    for _ in range(3):
+        tp.forward()
+        tp.zero_grad()
+        tp.backward(loss)
+        opt_cpu.step(tp)
+    tp.forward()
+    trained.forward()
+    for node in (w, h, r1, r2, rw, loss):
+        assert_bits_equal(trained.value(node), tp.values[node.id], f"node {node.id} after")
+
+
 def test_const_branches_dead_nodes_and_untouched_params(rng):
     tp = gt.Tape()
     w = tp.param(rng.uniform(-1.0, 1.0, (3, 2)), name="w")

@@ -145,6 +145,7 @@ class Entry:
     about: str = ""                        # one line for help texts
     select_device: Union[str, Callable[[int], None], None] = None
     zero_fills: str = "ahead"              # how its programs zero the gradients (below)
+    reshape_views: bool = False            # reshapes share their input's memory (below)
 
     def select(self, local_rank: int) -> None:
         """Under MPI, before anything opens a device: let rank ``local_rank`` (its index
@@ -173,7 +174,7 @@ _REGISTRY: dict = {}
 
 def register(name: str, factory: Union[str, Factory], *, available: Union[str, Status] = None,
              auto: int = 0, about: str = "", select_device=None, zero_fills: str = "ahead",
-             replace: bool = False) -> Entry:
+             reshape_views: bool = False, replace: bool = False) -> Entry:
     """Register a backend under ``name``.
 
     ``factory(program, options)`` returns a :class:`Backend` for a captured
@@ -186,8 +187,9 @@ def register(name: str, factory: Union[str, Factory], *, available: Union[str, S
     programs it runs zero the gradients that accumulate, ``"ahead"`` (one fill of all
     of them as the backward starts: one launch) or ``"each"`` (each just before its
     first contribution, still in the cache when that kernel adds into it: the host's
-    choice); the same bits either way.  Registering a taken name raises unless
-    ``replace``.
+    choice); the same bits either way.  ``reshape_views`` (``capture_program``'s
+    ``views``): a reshape of a computed value shares its memory instead of copying it
+    (the host's choice).  Registering a taken name raises unless ``replace``.
     """
     if zero_fills not in ("ahead", "each"):
         raise GradtoolError(f"backend {name!r}: zero_fills must be 'ahead' or 'each', "
@@ -199,7 +201,7 @@ def register(name: str, factory: Union[str, Factory], *, available: Union[str, S
     if not (isinstance(factory, str) or callable(factory)):
         raise GradtoolError(f"backend {name!r}: the factory must be callable or 'module:attr'")
     entry = Entry(name, factory, available if available is not None else _always, int(auto),
-                  about, select_device, zero_fills)
+                  about, select_device, zero_fills, bool(reshape_views))
     _REGISTRY[name] = entry
     return entry
 
@@ -265,6 +267,7 @@ def select_devices(name: str, local_rank: int) -> None:
 # ── the backends: one line each ───────────────────────────────────────────
 
 register("host", "gradtool.device.host:HostBackend.create", auto=1, zero_fills="each",
+         reshape_views=True,
          about="the kernels compiled by the system C compiler, run through ctypes")
 register("cuda", "gradtool.device.cuda:CudaBackend.create",
          available="gradtool.device.cuda:cuda_status", auto=2,

@@ -67,9 +67,10 @@ class DeviceReplay:
         captured = rounded_tape(tape, dtype) if dtype is not None else tape
         self.backend, self.backend_reason = backends.resolve(backend)
         # (the fusion pass takes the one fill ahead: its backward starts with it)
-        fills = "ahead" if fuse else backends.get(self.backend).zero_fills
+        entry = backends.get(self.backend)
         self.program = capture_program(captured, loss_id, dtype, optimizer, max_bytes,
-                                       fills=fills)
+                                       fills="ahead" if fuse else entry.zero_fills,
+                                       views=entry.reshape_views and not fuse)
         self.element = np.dtype(DTYPES[self.program.dtype])
         # what value() gives back per node: its own float type (a node of integer data
         # may be f64 in an f32 tape: whole numbers, exact in either)
