@@ -388,9 +388,9 @@ def capture_program(tape, loss: int, dtype: Optional[str] = None, optimizer=None
     b.scratch_off = b.size
     forward = [launch for i in range(len(tape.nodes)) if tape.nodes[i].a >= 0
                and i not in b.views for launch in _forward_node(b, i, val_off)]
-    zeroed = [j for j in range(len(tape.nodes)) if grad_off[j] >= 0 and j not in b.fresh]
     firsts: dict = {}                # consumer -> the gradients its contribution starts
     if fills == "each":
+        zeroed = [j for j in range(len(tape.nodes)) if grad_off[j] >= 0 and j not in b.fresh]
         for j in zeroed:
             if j in b.first:
                 firsts.setdefault(b.first[j][0], []).append(j)
