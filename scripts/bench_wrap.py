@@ -11,11 +11,14 @@ of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
   slots, one ``train_step``: forward, backward, AdamW on the backend);
 * ``gtt loop``: the loop of issue 40: ``loss = gm(x, y); loss.backward();
   opt.step(); opt.zero_grad()`` with ``gtt.optim.AdamW`` at the same options;
+* ``gtt loop, out``: the same loop on a wrapper made with ``in_graph=False`` (the
+  parameters out of torch's graph of the loss: its node writes each ``.grad``);
 * ``gtt fwd+bwd``: ``gm(x, y).backward()`` alone (the wrapper's part), with the
   gradients set to None after it as ``zero_grad`` does;
-* ``torch side``: the loop's torch side with no gradtool run at all: a copy of 28
-  gradients, the loss through the wrapper's ``autograd.Function``, torch's backward
-  accumulating them into each ``.grad``, ``gtt.optim.AdamW``'s step and ``zero_grad``.
+* ``torch side``: the default loop's torch side with no gradtool run at all: the
+  gradients' one copy out of an arena into the wrapper's grad set, the loss through the
+  wrapper's ``autograd.Function``, torch's backward accumulating them into each
+  ``.grad``, ``gtt.optim.AdamW``'s step and ``zero_grad``.
   What the loop's API costs in torch whatever computes the gradients; the loop's time
   beyond the engine's step, less this, is the wrapper's own.
 
@@ -24,7 +27,7 @@ same tape saved to a file and the same batches in an .npz): its step is the
 difference of two runs' times over the difference of their step counts, so start-up
 and saving cancel; medians over ``--repeats`` pairs.
 
-The first two end on the same parameter bits (checked after the timing, as
+The first three end on the same parameter bits (checked after the timing, as
 ``tests/test_wrap_optim.py`` checks them): a ratio compares the same computation.
 Issue 40's target: ``gtt loop`` within 15% of ``gradtool train`` (ratio <= 1.15).
 """
@@ -104,6 +107,17 @@ def main(argv=None) -> int:
         gopt.step()
         gopt.zero_grad()
 
+    m_out = copy.deepcopy(model)
+    gm_out = gtt.wrap(m_out, batches[0], backend=args.backend, in_graph=False)
+    oopt = gtt.optim.AdamW(m_out.parameters(), lr=LR, weight_decay=WD)
+
+    def out_step(i):
+        x, y = batches[i % len(batches)]
+        loss = gm_out(x, y)
+        loss.backward()
+        oopt.step()
+        oopt.zero_grad()
+
     m_fb = copy.deepcopy(model)
     gm_fb = gtt.wrap(m_fb, batches[0], backend=args.backend)
     fb_params = list(m_fb.parameters())
@@ -114,28 +128,29 @@ def main(argv=None) -> int:
         for p in fb_params:
             p.grad = None
 
-    # the loop's torch side, without gradtool's run: the gradients' copy, the loss
-    # through the autograd.Function, torch's backward accumulating into each .grad,
-    # gtt.optim's step and zero_grad -- what the loop's API costs in torch on any engine
-    from gradtool.interop.wrap import _loss_function
+    # the loop's torch side, without gradtool's run: the gradients' copy into the grad
+    # set, the loss through the autograd.Function, torch's backward accumulating into
+    # each .grad, gtt.optim's step and zero_grad -- what the loop's API costs in torch
+    from gradtool.interop.wrap import _GradSet, _loss_function
     m_t = copy.deepcopy(model)
     t_params = list(m_t.parameters())
-    t_grads = [torch.full_like(p, 1e-3) for p in t_params]
+    t_set = _GradSet(torch, t_params)
+    t_arena = np.full(t_set.flat.size, 1e-3, dtype=t_set.flat.dtype)
     t_loss = torch.zeros((), dtype=t_params[0].dtype)
     t_opt = gtt.optim.AdamW(t_params, lr=LR, weight_decay=WD)
     function = _loss_function()
 
     def torch_side(i):
-        grads = torch._foreach_clone(t_grads)
-        function.apply(t_loss, grads, *t_params).backward()
+        np.copyto(t_set.flat, t_arena)
+        function.apply(t_loss, list(t_set.views), *t_params).backward()
         t_opt.step()
         t_opt.zero_grad()
 
-    names = ["gradtool train", "gtt loop", "gtt fwd+bwd", "torch side"]
+    names = ["gradtool train", "gtt loop", "gtt loop, out", "gtt fwd+bwd", "torch side"]
     print(f"# bench_wrap: samples/tiny_gpt, backend {args.backend}, {args.threads} threads, "
           f"{cpu_name()}, load {load_average()}")
-    timed = time_interleaved([train_step, loop_step, fwd_bwd, torch_side], args.steps,
-                             args.repeats)
+    timed = time_interleaved([train_step, loop_step, out_step, fwd_bwd, torch_side],
+                             args.steps, args.repeats)
     base = timed[0][0]
     for name, (med, best) in zip(names, timed):
         print(f"{name:16s} median {med * 1e3:8.3f} ms  best {best * 1e3:8.3f} ms  "
@@ -143,19 +158,22 @@ def main(argv=None) -> int:
     # the same bits: both did the same number of steps on the same batches
     engine.finish()
     a = [tape.values[i] for _, i in graph.params]
-    pl = dict(m_loop.named_parameters())
-    same = all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
-               for (k, _), w in zip(graph.params, a))
-    print(f"# same parameter bits (gradtool train vs gtt loop): {same}; load {load_average()}")
-    own = timed[1][0] - base - timed[3][0]
+    same = True
+    for m in (m_loop, m_out):
+        pl = dict(m.named_parameters())
+        same = same and all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
+                            for (k, _), w in zip(graph.params, a))
+    print(f"# same parameter bits (gradtool train vs both gtt loops): {same}; "
+          f"load {load_average()}")
+    own = timed[1][0] - base - timed[4][0]
     print(f"# the loop's time beyond the engine's step: {(timed[1][0] - base) * 1e3:.3f} ms, "
-          f"of which its torch side {timed[3][0] * 1e3:.3f} ms and the wrapper's own "
+          f"of which its torch side {timed[4][0] * 1e3:.3f} ms and the wrapper's own "
           f"{own * 1e3:.3f} ms")
     if args.cli:
         cli = cli_step(tape, graph, batches, args)
         print(f"{'gradtool train (CLI)':16s} median {cli * 1e3:8.3f} ms  (per step, from "
               f"{args.steps} and {4 * args.steps} steps)  gtt loop / CLI "
-              f"{timed[1][0] / cli:5.2f}")
+              f"{timed[1][0] / cli:5.2f}, out / CLI {timed[2][0] / cli:5.2f}")
     return 0 if same else 1
 
 

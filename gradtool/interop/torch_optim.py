@@ -36,8 +36,11 @@ Differences from torch's own classes, each deliberate:
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import itertools
 import math
+import operator
 
 import numpy as np
 import torch
@@ -182,8 +185,14 @@ class Optimizer(torch.optim.Optimizer):
         for gi, group in enumerate(self.param_groups):
             hp, update = self._rule(group)
             lr = self._lr(group)
-            active = [p for p in group["params"] if p.grad is not None]
-            if not self._step_all(active, hp, update, lr):
+            params = group["params"]
+            grads = list(map(_GRAD, params))
+            if any(map(operator.is_, grads, itertools.repeat(None))):
+                active = [p for p, g in zip(params, grads) if g is not None]
+                grads = [g for g in grads if g is not None]
+            else:
+                active = params
+            if not self._step_all(active, grads, hp, update, lr):
                 self._step_each(gi, group, hp, update, lr)
         return loss
 
@@ -201,7 +210,7 @@ class Optimizer(torch.optim.Optimizer):
         b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
         return entry.scalars(hp, lr, t, b1t, b2t)
 
-    def _step_all(self, active: list, hp: dict, update, lr: float) -> bool:
+    def _step_all(self, active: list, grads: list, hp: dict, update, lr: float) -> bool:
         """The group's params in one compiled call (``gt_opt_table_steps_py``) where they
         allow it: CPU tensors of one float dtype, contiguous, every one at the same step
         count (as they are when each has had a gradient at every step), the compiled
@@ -217,14 +226,18 @@ class Optimizer(torch.optim.Optimizer):
         plan = self._plan(active, update)
         if plan is None:
             return False
-        states, ws, slots = plan
+        states, ws, slots, _ = plan
         t = states[0]["step"]
-        if any(st["step"] != t for st in states):
+        if list(map(_STEP, states)).count(t) != len(states):
             return False
-        try:
-            gs = [p.grad.numpy() for p in active]
-        except (TypeError, RuntimeError):        # a CUDA gradient, ...
-            return False
+        flat = self._flat(plan, grads)
+        if flat is not None:                      # all of them as one run of elements
+            ws, gs, slots = flat
+        else:
+            try:
+                gs = [g.numpy() for g in grads]
+            except (TypeError, RuntimeError):    # a CUDA gradient, ...
+                return False
         t = int(t) + 1
         packed = update.pack(self._scalars(hp, lr, t))
         if lib.py_opt_table_steps(update.variant, ws, gs, *slots, packed):
@@ -234,17 +247,20 @@ class Optimizer(torch.optim.Optimizer):
         return True
 
     def _plan(self, active: list, update):
-        """(states, numpy views of the params, of their slots) for ``active``, made once
+        """(states, numpy views of the params, of their slots, the runs :meth:`_flat`
+        uses or None) for ``active``, made once
         and kept while the same params, with the same memory (``data_ptr``), the same
         state dicts and the same rule step; None where a param is not a CPU tensor
         numpy can view (the one-by-one path then names it)."""
         plans = self.__dict__.setdefault("_plans", {})
         key = (tuple(map(id, active)), update.variant)
-        ptrs = [p.data_ptr() for p in active]
+        ptrs = list(map(_DATA_PTR, active))
         plan = plans.get(key)
         if plan is not None and plan[0] == ptrs and plan[1] is self.state and all(
-                a is b for a, b in zip(plan[2], active)):
+                map(operator.is_, plan[2], active)):
             return plan[3]
+        if all(not self.state[p] for p in active):
+            self._fresh_states(active, update)
         states = [self._state(p, update) for p in active]
         try:
             ws = [p.detach().numpy() for p in active]
@@ -256,8 +272,57 @@ class Optimizer(torch.optim.Optimizer):
         slots += [None] * (_table.MAX_SLOTS - len(slots))
         if len(plans) > 8:
             plans.clear()
-        plans[key] = (ptrs, self.state, list(active), (states, ws, slots))
-        return states, ws, slots
+        # the params and each slot as one run of memory each, where they are (the host
+        # wrapper's params live in its arena in order; fresh slots are made so)
+        runs = [_run(ws)] + [_run(a) for a in slots if a is not None]
+        flat = None
+        if all(r is not None for r in runs):
+            flat = {"w": runs[0], "slots": runs[1:] + [None] * (_table.MAX_SLOTS + 1
+                                                                 - len(runs)),
+                    "sizes": [w.size for w in ws], "grads": None}
+        plans[key] = (ptrs, self.state, list(active), (states, ws, slots, flat))
+        return states, ws, slots, flat
+
+    def _fresh_states(self, active: list, update) -> None:
+        """First states for ``active``: each slot (``exp_avg`` ...) of every param a view
+        of one zeroed tensor of all of theirs, in order (so a step can run over them as
+        one run of elements: :meth:`_flat`); each ``state[p][slot]`` is still a tensor of
+        its param's shape."""
+        dtype = active[0].dtype
+        if any(p.dtype is not dtype or p.device.type != "cpu" for p in active):
+            return
+        n = sum(p.numel() for p in active)
+        bufs = {s: torch.zeros(n, dtype=dtype) for s in update.slots}
+        at = 0
+        for p in active:
+            k = p.numel()
+            state = self.state[p]
+            state["step"] = 0
+            for s in update.slots:
+                state[s] = bufs[s][at:at + k].view(p.shape)
+            at += k
+
+    def _flat(self, plan, grads: list):
+        """(ws, gs, slots) as one-item lists, each one run of memory, where the group's
+        params, slots and this step's gradients lie so, in order (the host wrapper's
+        gradients are views of one tensor): one pass over all the elements, the same
+        per-element rule, so the same bits as param by param; None otherwise.  The
+        gradients' run is made once per memory they lie in and kept with the tensor
+        holding it (``_base``), so their addresses in that memory, checked each step,
+        prove it is theirs."""
+        flat = plan[3]
+        if flat is None:
+            return None
+        ptrs = list(map(_DATA_PTR, grads))
+        cached = flat["grads"]
+        if cached is None or cached[0] != ptrs:
+            cached = flat["grads"] = _grad_run(grads, ptrs, flat["sizes"])
+            if cached is None:
+                return None
+        if not all(map(_CONTIGUOUS, grads)):
+            return None
+        return [flat["w"][1]], [cached[1]], [[a[1]] if a is not None else None
+                                             for a in flat["slots"]]
 
     def _step_each(self, gi: int, group: dict, hp: dict, update, lr: float) -> None:
         """The params one by one (any mix of step counts; a clear error for a param the
@@ -334,6 +399,53 @@ class Optimizer(torch.optim.Optimizer):
             for k, v in list(state.items()):
                 if isinstance(v, torch.Tensor):
                     state[k] = v.contiguous()
+
+
+_DATA_PTR = operator.methodcaller("data_ptr")
+_GRAD = operator.attrgetter("grad")
+_STEP = operator.itemgetter("step")
+_CONTIGUOUS = operator.methodcaller("is_contiguous")
+
+
+def _from_address(ptr: int, n: int, dtype) -> np.ndarray:
+    """A numpy array of ``n`` elements of ``dtype`` at address ``ptr`` (its memory kept
+    alive by the caller)."""
+    dtype = np.dtype(dtype)
+    return np.frombuffer((ctypes.c_char * (n * dtype.itemsize)).from_address(ptr), dtype)
+
+
+def _run(arrays: list):
+    """(arrays, one array over all of them) where ``arrays`` (contiguous, of one dtype)
+    lie one after another in memory, in order; None otherwise."""
+    for a, b in zip(arrays, arrays[1:]):
+        if a.ctypes.data + a.nbytes != b.ctypes.data or a.dtype != b.dtype:
+            return None
+    n = sum(a.size for a in arrays)
+    return arrays, _from_address(arrays[0].ctypes.data, n, arrays[0].dtype)
+
+
+def _grad_run(grads: list, ptrs: list, sizes: list):
+    """(ptrs, one array over all of ``grads``, the tensor whose memory it is) where the
+    gradients (of the params' sizes) lie one after another, in order, inside the memory
+    of the first one's base tensor (kept here, so that memory stays theirs while their
+    addresses match); None otherwise."""
+    g0 = grads[0]
+    if g0 is None or g0.device.type != "cpu" or not g0.is_contiguous():
+        return None
+    size = g0.element_size()
+    for k in range(len(ptrs) - 1):
+        if ptrs[k] + sizes[k] * size != ptrs[k + 1]:
+            return None
+    holder = g0._base
+    if holder is None or holder.dtype is not g0.dtype or holder.device.type != "cpu" \
+            or not holder.is_contiguous():
+        return None
+    start, n = holder.data_ptr(), holder.numel()
+    total = sum(sizes)
+    if not (start <= ptrs[0] and ptrs[0] + total * size <= start + n * size):
+        return None
+    dtype = np.float32 if g0.dtype is torch.float32 else np.float64
+    return ptrs, _from_address(ptrs[0], total, dtype), holder
 
 
 # torch's own wrapper around the update, for a step that has hooks or a profiler

@@ -1,0 +1,201 @@
+"""How a wrapped module hands its gradients to torch, and how ``gtt.optim`` reads them.
+
+* By default the parameters are in torch's graph of the loss (one ``AccumulateGrad``
+  each): ``torch.autograd.grad`` and ``backward(inputs=...)`` reach them.  With
+  ``in_graph=False`` the loss's node writes each gradient into ``.grad`` itself, with
+  torch's accumulation (a parameter hook puts the parameters back in the graph).  The
+  bits are the same either way.
+* On host the gradients are views of one tensor per graph, filled by one copy and used
+  again only when nothing else holds them: a ``.grad`` kept by the user (itself, a view
+  of it, a numpy array of it) is never written again.
+* ``gtt.optim`` steps a group whose params, slots and gradients each lie in one run of
+  memory in one pass, to the bits of the param-by-param pass.
+
+Real torch, the real importer and the real host C backend.  Skipped without torch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import gradtool.interop.torch as gtt                            # noqa: E402
+from gradtool.interop.wrap import WrapError                     # noqa: E402
+from conftest import assert_bits_equal, require_c_compiler      # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 12), nn.Linear(12, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def batch(seed, n=8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def grads(model) -> dict:
+    return {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def pair(backend="cpu", **kw):
+    torch.manual_seed(3)
+    model = Net()
+    x, y = batch(0)
+    return model, gtt.wrap(model, (x, y), backend=backend, loss_fn=F.cross_entropy, **kw)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_in_graph_false_gives_the_same_gradient_bits(backend):
+    """Accumulation over two calls, a scaled loss, and a torch term added to the loss
+    (its own AccumulateGrad beside gradtool's write): the same bits with the parameters
+    in torch's graph (the default) and out of it (in_graph=False, one node)."""
+    if backend == "host":
+        require_c_compiler()
+    runs = {}
+    for in_graph in (True, False):
+        model, gm = pair(backend, in_graph=in_graph)
+        (x1, y1), (x2, y2) = batch(1), batch(2)
+        loss = gm(x1, y1)
+        inputs = [f for f, _ in loss.grad_fn.next_functions if f is not None]
+        assert len(inputs) == (len(list(model.parameters())) if in_graph else 1)
+        loss.backward()
+        gm(x2, y2).backward()                          # accumulated into .grad
+        first = grads(model)
+        model.zero_grad()
+        (gm(x1, y1) * 0.5).backward()
+        scaled = grads(model)
+        model.zero_grad()
+        (gm(x2, y2) + 0.01 * model.fc1.weight.square().sum()).backward()
+        runs[in_graph] = (first, scaled, grads(model))
+    for a, b in zip(runs[False], runs[True]):
+        for k in a:
+            assert_bits_equal(a[k].numpy(), b[k].numpy(), k)
+
+
+def test_autograd_grad_and_backward_inputs_reach_the_params_by_default():
+    """The default wrapper's params are in torch's graph: torch.autograd.grad and
+    backward(inputs=...) give gradtool's gradients; with in_graph=False they do not
+    reach them (as documented: torch's own "not used in the graph")."""
+    model, gm = pair()
+    x, y = batch(1)
+    got = torch.autograd.grad(gm(x, y), list(model.parameters()))
+    gm(x, y).backward(inputs=[model.fc2.bias])
+    assert model.fc1.bias.grad is None
+    assert_bits_equal(model.fc2.bias.grad.numpy(), got[-1].numpy(), "inputs=")
+    model.zero_grad()
+    gm(x, y).backward()
+    for g, p in zip(got, model.parameters()):
+        assert_bits_equal(g.numpy(), p.grad.numpy(), "autograd.grad vs .grad")
+    model2, gm2 = pair(in_graph=False)
+    with pytest.raises(RuntimeError, match="not have been used in the graph"):
+        torch.autograd.grad(gm2(x, y), list(model2.parameters()))
+
+
+def test_parameter_hooks_run_as_in_torch_even_out_of_the_graph():
+    """A hook on a parameter sees gradtool's gradient, and a post-accumulate hook runs
+    after .grad is set: a wrapper made with in_graph=False puts the params in torch's
+    graph for a call whose params have hooks."""
+    model, gm = pair(in_graph=False)
+    ref_model, ref = pair()
+    x, y = batch(1)
+    ref(x, y).backward()
+    seen = []
+    model.fc2.bias.register_hook(lambda g: g * 2.0)
+    model.fc1.bias.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    gm(x, y).backward()
+    assert_bits_equal(model.fc2.bias.grad.numpy(), (ref_model.fc2.bias.grad * 2.0).numpy(),
+                      "hooked grad")
+    assert len(seen) == 1
+    assert_bits_equal(seen[0].numpy(), ref_model.fc1.bias.grad.numpy(), "post hook")
+
+
+def test_host_gradients_held_by_the_user_are_never_written_again():
+    """With in_graph=False the host gradients handed to .grad are views of one tensor
+    used again call after call; one kept (the tensor, a view of it, a numpy array of it)
+    keeps its values, and each call's .grad is the cpu backend's."""
+    require_c_compiler()
+    model, gm = pair("host", in_graph=False)
+    cpu_model, cpu = pair("cpu")
+    graph = next(iter(gm.graphs.values()))
+    assert graph.grad_block is not None
+
+    def step(seed):
+        model.zero_grad()
+        cpu_model.zero_grad()
+        x, y = batch(seed)
+        gm(x, y).backward()
+        cpu(x, y).backward()
+        for (k, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+            assert_bits_equal(p.grad.numpy(), q.grad.numpy(), k)
+        return [p.grad for p in model.parameters()]
+
+    first = step(1)
+    ptrs = [g.data_ptr() for g in first]
+    first = None
+    second = step(2)                                   # nothing held: the same memory
+    assert [g.data_ptr() for g in second] == ptrs
+    def as_array(h):
+        return h if isinstance(h, np.ndarray) else h.detach().numpy()
+
+    for keep in (lambda g: g, lambda g: g.view(-1), lambda g: g.numpy(),
+                 lambda g: g.detach()):
+        held = [keep(g) for g in step(3)]
+        values = [as_array(h).copy() for h in held]
+        step(4)
+        step(5)
+        for h, v in zip(held, values):
+            assert_bits_equal(as_array(h), v, "a held gradient")
+        held = None
+    # accumulation without zero_grad: the sum, as torch and the cpu backend give it
+    for m in (model, cpu_model):
+        m.zero_grad()
+    for seed in (6, 7):
+        x, y = batch(seed)
+        gm(x, y).backward()
+        cpu(x, y).backward()
+    for (k, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+        assert_bits_equal(p.grad.numpy(), q.grad.numpy(), k)
+
+
+@pytest.mark.parametrize("cls, kw", [("AdamW", {"weight_decay": 0.1}),
+                                     ("SGD", {"momentum": 0.9}), ("Adam", {"amsgrad": True})])
+def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw):
+    """The host wrapper's params (its arena) and gradients (one tensor) and the fresh
+    slots (one tensor each) make a step one pass; the same steps on a copy whose
+    gradients are separate tensors take the param-by-param pass: the same bytes."""
+    require_c_compiler()
+    model, gm = pair("host", in_graph=False)
+    other = copy.deepcopy(model)
+    opt = getattr(gtt.optim, cls)(model.parameters(), lr=0.01, **kw)
+    opt2 = getattr(gtt.optim, cls)(other.parameters(), lr=0.01, **kw)
+    passes = []
+    for seed in range(1, 6):
+        x, y = batch(seed)
+        gm(x, y).backward()
+        for p, q in zip(model.parameters(), other.parameters()):
+            q.grad = p.grad.clone()                   # each its own memory
+        opt.step()
+        opt2.step()
+        plan = next(iter(opt._plans.values()))[3]
+        passes.append(plan[3] is not None and plan[3]["grads"] is not None)
+        flat2 = next(iter(opt2._plans.values()))[3][3]
+        assert flat2 is None or flat2["grads"] is None        # param by param
+        opt.zero_grad()
+        opt2.zero_grad()
+    assert all(passes)
+    for (k, p), q in zip(model.named_parameters(), other.parameters()):
+        assert_bits_equal(p.detach().numpy(), q.detach().numpy(), k)
+        for s in opt.state[p]:
+            if s != "step":
+                assert_bits_equal(opt.state[p][s].numpy(), opt2.state[q][s].numpy(), s)
