@@ -142,7 +142,7 @@ def main(argv=None) -> int:
 
     def torch_side(i):
         np.copyto(t_set.flat, t_arena)
-        function.apply(t_loss, list(t_set.views), *t_params).backward()
+        function.apply(t_loss, list(t_set.views), True, *t_params).backward()
         t_opt.step()
         t_opt.zero_grad()
 

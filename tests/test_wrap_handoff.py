@@ -102,11 +102,13 @@ def test_autograd_grad_and_backward_inputs_reach_the_params_by_default():
         torch.autograd.grad(gm2(x, y), list(model2.parameters()))
 
 
-def test_parameter_hooks_run_as_in_torch_even_out_of_the_graph():
+@pytest.mark.parametrize("in_graph", [True, False])
+def test_parameter_hooks_run_as_in_torch(in_graph):
     """A hook on a parameter sees gradtool's gradient, and a post-accumulate hook runs
-    after .grad is set: a wrapper made with in_graph=False puts the params in torch's
-    graph for a call whose params have hooks."""
-    model, gm = pair(in_graph=False)
+    after .grad is set: a call whose params have hooks hands torch's AccumulateGrad the
+    gradients (a wrapper made with in_graph=False puts the params in torch's graph for
+    it)."""
+    model, gm = pair(in_graph=in_graph)
     ref_model, ref = pair()
     x, y = batch(1)
     ref(x, y).backward()
@@ -120,12 +122,13 @@ def test_parameter_hooks_run_as_in_torch_even_out_of_the_graph():
     assert_bits_equal(seen[0].numpy(), ref_model.fc1.bias.grad.numpy(), "post hook")
 
 
-def test_host_gradients_held_by_the_user_are_never_written_again():
-    """With in_graph=False the host gradients handed to .grad are views of one tensor
-    used again call after call; one kept (the tensor, a view of it, a numpy array of it)
-    keeps its values, and each call's .grad is the cpu backend's."""
+@pytest.mark.parametrize("in_graph", [True, False])
+def test_host_gradients_held_by_the_user_are_never_written_again(in_graph):
+    """The host gradients handed to .grad are views of one tensor used again call after
+    call; one kept (the tensor, a view of it, a numpy array of it) keeps its values, and
+    each call's .grad is the cpu backend's."""
     require_c_compiler()
-    model, gm = pair("host", in_graph=False)
+    model, gm = pair("host", in_graph=in_graph)
     cpu_model, cpu = pair("cpu")
     graph = next(iter(gm.graphs.values()))
     assert graph.grad_block is not None
@@ -168,14 +171,15 @@ def test_host_gradients_held_by_the_user_are_never_written_again():
         assert_bits_equal(p.grad.numpy(), q.grad.numpy(), k)
 
 
-@pytest.mark.parametrize("cls, kw", [("AdamW", {"weight_decay": 0.1}),
-                                     ("SGD", {"momentum": 0.9}), ("Adam", {"amsgrad": True})])
-def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw):
+@pytest.mark.parametrize("cls, kw, in_graph", [("AdamW", {"weight_decay": 0.1}, True),
+                                               ("SGD", {"momentum": 0.9}, False),
+                                               ("Adam", {"amsgrad": True}, True)])
+def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw, in_graph):
     """The host wrapper's params (its arena) and gradients (one tensor) and the fresh
     slots (one tensor each) make a step one pass; the same steps on a copy whose
     gradients are separate tensors take the param-by-param pass: the same bytes."""
     require_c_compiler()
-    model, gm = pair("host", in_graph=False)
+    model, gm = pair("host", in_graph=in_graph)
     other = copy.deepcopy(model)
     opt = getattr(gtt.optim, cls)(model.parameters(), lr=0.01, **kw)
     opt2 = getattr(gtt.optim, cls)(other.parameters(), lr=0.01, **kw)

@@ -101,9 +101,10 @@ def _required_positional(fn) -> Optional[int]:
 def _float_dtype(params: dict, buffers: dict):
     """The module's float dtype: its first floating parameter's (else buffer's), float64
     for a module with neither."""
-    for t in list(params.values()) + list(buffers.values()):
-        if t.is_floating_point():
-            return t.dtype
+    for members in (params, buffers):
+        for t in members.values():
+            if t.is_floating_point():
+                return t.dtype
     return _torch().float64
 
 
@@ -405,7 +406,8 @@ class _Graph:
             rp.episode(train=False)    # forward and backward, no optimizer
         else:
             rp.forward()
-        loss = rp.loss()
+        # (the loss tensor is the arena's loss, where there is one: no float read here)
+        loss = rp.loss() if self.loss_view is None else None
         grads = []
         if need_grad and self.views is not None:     # copies of the views, in their dtype
             grads = self._grads_out()
@@ -492,6 +494,7 @@ def _as_grad(torch, a, p):
 # ── the module's members, walked once while its structure stays ──────────
 
 _STRUCTURE = [0]        # bumped by torch's global registration hooks (installed once)
+_NAMES: dict = {}       # (param names, buffer names) -> a small int (_Members.names)
 _TRAINS = operator.attrgetter("requires_grad")
 _CONTIGUOUS = operator.methodcaller("is_contiguous")
 _refcount = sys.getrefcount
@@ -537,7 +540,10 @@ class _Members:
                 held.append((model.get_submodule(owner)._modules, leaf, mod))
         # as three lists: the check is then two C-level maps, no Python loop
         self.held = ([d for d, _, _ in held], [k for _, k, _ in held], [t for _, _, t in held])
-        self.names = (tuple(self.params), tuple(self.buffers))     # part of a graph's key
+        # part of a graph's key: the members' names, as a small int (one per distinct
+        # set of names seen in this process: no tuple of every name hashed per call)
+        self.names = _NAMES.setdefault((tuple(self.params), tuple(self.buffers)),
+                                       len(_NAMES))
 
     def current(self) -> bool:
         dicts, names, members = self.held
@@ -559,19 +565,48 @@ def _consts(params: dict, buffers: dict, state_names) -> list:
 _CLASSES: dict = {}
 
 
+def _accumulate(params, grads) -> None:
+    """Each gradient into its param's ``.grad`` as torch's ``AccumulateGrad`` puts it
+    there: the gradient itself where ``.grad`` is None (the call's own tensor, handed to
+    nobody else), else ``.grad += g`` in place (one rounding, torch's
+    ``variable_grad += new_grad``)."""
+    for p, x in zip(params, grads):
+        if x is None:
+            continue
+        if p.grad is None:
+            p.grad = x
+        else:
+            p.grad.add_(x)
+
+
+def _scaled(grads, g) -> list:
+    """The gradients times the incoming gradient ``g`` (as is where it is exactly 1.0)."""
+    if float(g) == 1.0:
+        return grads
+    return [x if x is None else x * g.to(x.dtype) for x in grads]
+
+
 def _loss_function():
+    """The loss's Function with the parameters as inputs (torch's graph reaches them).
+
+    Forward: the loss gradtool computed.  Backward: gradtool's gradient of each
+    parameter (``None`` for one the loss does not reach, whose ``.grad`` torch then
+    leaves as it is), times the incoming gradient where that is not exactly 1.0.  Where
+    the call asked for it (``direct``: no hooks to run), a param whose ``AccumulateGrad``
+    this backward runs (``loss.backward()``; with ``inputs=``, those) gets its gradient
+    written into ``.grad`` here (:func:`_accumulate`), the node then given None (~2 us a
+    param less than its clone-and-accumulate); ``torch.autograd.grad`` and the params
+    ``inputs=`` leaves out get the gradients, as torch's own ops give them."""
     if "loss" in _CLASSES:
         return _CLASSES["loss"]
     torch = _torch()
+    will_run = getattr(torch._C, "_will_engine_execute_node", None)
 
     class GradtoolLoss(torch.autograd.Function):
-        """Forward: the loss gradtool computed.  Backward: gradtool's gradient of each
-        parameter (``None`` for one the loss does not reach, whose .grad torch then
-        leaves as it is), times the incoming gradient where that is not exactly 1.0."""
-
         @staticmethod
-        def forward(ctx, loss, grads, *params):
+        def forward(ctx, loss, grads, direct, *params):
             ctx.grads = grads
+            ctx.params = params if direct and will_run is not None else None
             return loss.clone()
 
         @staticmethod
@@ -581,9 +616,21 @@ def _loss_function():
             if grads is None:
                 raise WrapError("gradtool's gradients of this call were already handed to "
                                 "torch (backward twice through one call)")
-            one = bool(float(g) == 1.0)
-            return (None, None) + tuple(
-                x if x is None or one else x * g.to(x.dtype) for x in grads)
+            grads = _scaled(grads, g)
+            params, ctx.params = ctx.params, None
+            if params is None or not params:
+                return (None, None, None) + tuple(grads)
+            nodes = [n for n, _ in ctx.next_functions[1:]]
+            try:
+                runs = list(map(will_run, nodes))
+            except RuntimeError:          # torch.autograd.grad: no AccumulateGrad runs
+                return (None, None, None) + tuple(grads)
+            if all(runs):
+                _accumulate(params, grads)
+                return (None, None, None) + (None,) * len(grads)
+            _accumulate([p for p, r in zip(params, runs) if r],
+                        [x for x, r in zip(grads, runs) if r])
+            return (None, None, None) + tuple(None if r else x for x, r in zip(grads, runs))
 
     _CLASSES["loss"] = GradtoolLoss
     return GradtoolLoss
@@ -591,13 +638,11 @@ def _loss_function():
 
 def _direct_function():
     """The loss's Function for a wrapper made with ``in_graph=False``: its gradients go
-    straight into ``.grad``.  Its one input needing a gradient is the wrapper's *anchor*
-    (a private 0-dim tensor), not the parameters, so torch's engine runs one node, not
-    one ``AccumulateGrad`` per parameter (~65 us a call on a 28-parameter model).  Its
-    backward accumulates each gradient as ``AccumulateGrad`` does: ``.grad`` set to the
-    call's gradient where it is None, else ``.grad += g`` in place (one rounding, torch's
-    ``variable_grad += new_grad``).  The parameters are not in torch's graph of the loss,
-    so ``torch.autograd.grad(loss, params)`` and ``loss.backward(inputs=params)`` do not
+    straight into ``.grad`` (:func:`_accumulate`).  Its one input needing a gradient is
+    the wrapper's *anchor* (a private 0-dim tensor), not the parameters, so torch's
+    engine runs one node, not one ``AccumulateGrad`` per parameter (~60 us a call on a
+    28-parameter model).  The parameters are not in torch's graph of the loss, so
+    ``torch.autograd.grad(loss, params)`` and ``loss.backward(inputs=params)`` do not
     reach them (torch says "appears to not have been used in the graph", or gives None
     under ``allow_unused=True``; ``inputs=`` leaves ``.grad`` as it was):
     ``docs/torch.md``, "Your own loop"."""
@@ -618,15 +663,7 @@ def _direct_function():
             if grads is None:
                 raise WrapError("gradtool's gradients of this call were already handed to "
                                 "torch (backward twice through one call)")
-            if float(g) != 1.0:
-                grads = [x if x is None else x * g.to(x.dtype) for x in grads]
-            for p, x in zip(ctx.params, grads):
-                if x is None:
-                    continue
-                if p.grad is None:
-                    p.grad = x
-                else:
-                    p.grad.add_(x)
+            _accumulate(ctx.params, _scaled(grads, g))
             return None, None, None, None
 
     _CLASSES["direct"] = GradtoolDirect
@@ -638,11 +675,12 @@ def _hooked(tensors) -> bool:
     parameter's own hooks (``register_hook``, ``register_post_accumulate_grad_hook``), or
     torch.distributed running (DDP, FSDP and DeepSpeed hook each parameter's
     ``AccumulateGrad`` node, which a direct call would not run)."""
-    torch = _torch()
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return True
-    return any(map(_HOOKS, tensors)) or any(map(_POST_HOOKS, tensors))
+    running = _CLASSES.get("dist")
+    if running is None:
+        dist = getattr(_torch(), "distributed", None)
+        running = _CLASSES["dist"] = (dist.is_initialized if dist is not None
+                                      and dist.is_available() else bool)
+    return running() or any(map(_HOOKS, tensors)) or any(map(_POST_HOOKS, tensors))
 
 
 # ── the module ─────────────────────────────────────────────────────────────
@@ -781,14 +819,18 @@ class _Wrapper:
         if view is not None and on_cpu and view.dtype == dtype:
             loss_t = view if need_grad else view.clone()    # (apply's forward copies it)
         else:
-            loss_t = torch.tensor(loss, dtype=dtype)
+            loss_t = torch.tensor(graph.replay.loss() if loss is None else loss, dtype=dtype)
             if not on_cpu:
                 loss_t = loss_t.to(device)
         if need_grad:
             g = grads if graph.grads_as_params and on_cpu else [
                 None if a is None else _as_grad(torch, a, p) for a, p in zip(grads, tensors)]
-            if self.in_graph or _hooked(tensors) or not all(map(_CONTIGUOUS, tensors)):
-                loss_t = _loss_function().apply(loss_t, g, *tensors)
+            # gradtool writes .grad itself unless a hook watches it (then torch's own
+            # AccumulateGrad, as for its ops) or a param is not contiguous (torch then
+            # gives .grad the param's strides)
+            direct = not _hooked(tensors) and all(map(_CONTIGUOUS, tensors))
+            if self.in_graph or not direct:
+                loss_t = _loss_function().apply(loss_t, g, direct, *tensors)
             else:
                 loss_t = _direct_function().apply(loss_t, self._anchor, g, tensors)
         if graph.single:
