@@ -48,6 +48,7 @@ import torch
 from ..errors import OptimizerError
 from ..optim import table as _table
 from ..optim.core import Update as _Update
+from ..optim.core import _pack_values
 from ..optim.core import compiled_library as _library_of
 
 __all__ = ["SGD", "Adam", "AdamW", "AdamSeed", "Optimizer"]
@@ -133,12 +134,23 @@ class Optimizer(torch.optim.Optimizer):
     def _rule(self, group: dict):
         """(hyperparameters, :class:`gradtool.optim.core.Update`) of ``group``: checked
         and built once per distinct set of values (a scheduler changes ``lr`` only)."""
-        key = tuple((k, repr(v)) for k, v in group.items() if k not in ("params", "lr"))
+        # each group's values (all but params and lr) at its last step, compared first:
+        # no repr a step while they stay
+        lasts = self.__dict__.setdefault("_last_rules", {})
+        values = [(k, tuple(v) if type(v) is list else v) for k, v in group.items()
+                  if k != "params" and k != "lr"]
+        last = lasts.get(id(group))
+        if last is not None and last[0] is group and last[1] == values:
+            return last[2]
+        key = tuple((k, repr(v)) for k, v in values)
         cache = self.__dict__.setdefault("_rules", {})
         found = cache.get(key)
         if found is None:
             hp = self._hparams(group)
             found = cache[key] = (hp, _Update(self.entry, hp))
+        if len(lasts) > 64:
+            lasts.clear()
+        lasts[id(group)] = (group, values, found)
         return found
 
     def _power(self, base: float, t: int) -> float:
@@ -176,8 +188,9 @@ class Optimizer(torch.optim.Optimizer):
                 if p.grad is not None:
                     p.grad = None
 
-    @torch.no_grad()
     def _step(self, closure=None):
+        # (no torch.no_grad() around it: the update writes numpy views, which autograd
+        # does not see; only the closure runs torch, under enable_grad as in torch's)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -210,6 +223,14 @@ class Optimizer(torch.optim.Optimizer):
         b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
         return entry.scalars(hp, lr, t, b1t, b2t)
 
+    def _packed(self, hp: dict, lr: float, t: int):
+        """:meth:`_scalars` packed for the compiled step (``Update.pack``'s array),
+        without the map between."""
+        entry = self.entry
+        b1t = self._power(hp[entry.powers[0]], t) if entry.powers else 1.0
+        b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
+        return _pack_values(entry.scalar_values(hp, lr, t, b1t, b2t))
+
     def _step_all(self, active: list, grads: list, hp: dict, update, lr: float) -> bool:
         """The group's params in one compiled call (``gt_opt_table_steps_py``) where they
         allow it: CPU tensors of one float dtype, contiguous, every one at the same step
@@ -239,7 +260,7 @@ class Optimizer(torch.optim.Optimizer):
             except (TypeError, RuntimeError):    # a CUDA gradient, ...
                 return False
         t = int(t) + 1
-        packed = update.pack(self._scalars(hp, lr, t))
+        packed = self._packed(hp, lr, t)
         if lib.py_opt_table_steps(update.variant, ws, gs, *slots, packed):
             return False                          # one not as it wants: nothing written
         for st in states:
