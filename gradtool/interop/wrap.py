@@ -282,7 +282,8 @@ class _Graph:
         """``t`` as int64 ids of node ``i``'s shape, checked in range (unless the setter
         checks them: the device engine's ``set_input`` with this input's name)."""
         torch = _torch()
-        t = t.detach()
+        if t.requires_grad:                     # (a float tensor given as ids)
+            t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
         if t.dtype is not torch.int64:
