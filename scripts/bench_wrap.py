@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     # the loop's torch side, without gradtool's run: the gradients' copy into the grad
     # set, the loss through the autograd.Function, torch's backward accumulating into
     # each .grad, gtt.optim's step and zero_grad -- what the loop's API costs in torch
-    from gradtool.interop.wrap import _GradSet, _loss_function
+    from gradtool.interop.handoff import _GradSet, _loss_function
     m_t = copy.deepcopy(model)
     t_params = list(m_t.parameters())
     t_set = _GradSet(torch, t_params)

@@ -30,9 +30,12 @@ How (``docs/torch.md``, "Your own loop"):
   moves), the next call records again.
 * The tape replays forward and backward (the cpu engine: ``Tape.forward/backward``; host
   and cuda: the device engine's :func:`~gradtool.device.engine.capture`), and a
-  ``torch.autograd.Function`` hands torch the loss; its backward returns gradtool's
-  gradients (times the incoming gradient, when it is not 1.0), which torch accumulates
-  into each ``.grad`` as for any of its own ops.
+  ``torch.autograd.Function`` whose inputs are the parameters hands torch the loss; its
+  backward writes gradtool's gradients (times the incoming gradient, when it is not 1.0)
+  into each ``.grad`` as torch's ``AccumulateGrad`` would, or hands them to those nodes
+  where a hook watches them (:func:`_loss_function`).  ``in_graph=False`` leaves the
+  parameters out of torch's graph of the loss (:func:`_direct_function`).  On host the
+  gradients are views of one tensor per graph (:class:`_GradSet`).
 * In train mode the rng slot (dropout's and the other draws' counters) is
   ``[step, 0, 1]``, the step counter then advancing by one; in eval mode
   ``[step, 0, 0]``: the draws are off, as ``gradtool train``'s validation.  ``step`` is
@@ -45,7 +48,6 @@ import collections
 import inspect
 import math
 import operator
-import sys
 import warnings
 import weakref
 from typing import Optional
@@ -53,6 +55,8 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError
+from .handoff import (_GradSet, _anchor, _as_grad, _direct_function, _hooked,  # noqa: F401
+                      _loss_function)
 
 BACKENDS = ("cpu", "host", "cuda")
 MAX_SHAPES = 8        # cached graphs before the warning (torch.compile's default limit)
@@ -422,41 +426,6 @@ class _Graph:
         return loss, grads, outs, state
 
 
-class _GradSet:
-    """The tensors a call hands torch as its gradients (host, gradients in one block):
-    one flat tensor and a view of it per param, each of the param's shape and dtype.
-
-    Used again by the next call only when nothing but this set holds them: no ``.grad``
-    is one of them any more (``zero_grad``), and no one kept one, a view of one or a
-    numpy array of one (each view's Python reference count, and the flat storage's use
-    count, are as they were when the set was made).  Otherwise the set is left to its
-    holders as it is and the call makes a new one: a gradient once handed out is never
-    written again, as torch's own (fresh tensors each backward).  Saves the ~30 tensors'
-    allocation and creation a call (``_foreach_clone``) on a small model."""
-
-    def __init__(self, torch, like: list):
-        n = sum(t.numel() for t in like)
-        self.base = torch.empty(n, dtype=like[0].dtype)
-        views, at = [], 0
-        for t in like:
-            views.append(self.base[at:at + t.numel()].view(t.shape))
-            at += t.numel()
-        self.views = views
-        self.flat = self.base.numpy()
-        use_count = getattr(torch._C, "_storage_Use_Count", None)
-        self.cdata = self.base.untyped_storage()._cdata
-        self.counts = self._counts(use_count)
-        self.use_count = use_count
-
-    def _counts(self, use_count):
-        return (list(map(_refcount, self.views)),
-                use_count(self.cdata) if use_count is not None else None)
-
-    def free(self) -> bool:
-        """Whether nothing but this set holds its tensors (see the class)."""
-        return self.use_count is not None and self._counts(self.use_count) == self.counts
-
-
 def _leave_arena(tensors: list, ptrs: list) -> None:
     """Give each param still in a wrapper's arena (its memory there) a copy of its own."""
     torch = _torch()
@@ -479,29 +448,13 @@ def _foreach(torch, name: str, *lists):
     return [t.clone() for t in lists[0]]          # _foreach_clone
 
 
-def _as_grad(torch, a, p):
-    """Gradient ``a`` (an owned array or tensor: a copy) as a tensor of param ``p``'s
-    shape, dtype and device (no conversion call where it has them already)."""
-    t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
-    if t.shape != p.shape:
-        t = t.reshape(p.shape)
-    if t.dtype != p.dtype:
-        t = t.to(p.dtype)
-    if t.device != p.device:
-        t = t.to(p.device)
-    return t
-
-
 # ── the module's members, walked once while its structure stays ──────────
 
 _STRUCTURE = [0]        # bumped by torch's global registration hooks (installed once)
 _NAMES: dict = {}       # (param names, buffer names) -> a small int (_Members.names)
 _TRAINS = operator.attrgetter("requires_grad")
 _CONTIGUOUS = operator.methodcaller("is_contiguous")
-_refcount = sys.getrefcount
 _DATA_PTR = operator.methodcaller("data_ptr")
-_HOOKS = operator.attrgetter("_backward_hooks")
-_POST_HOOKS = operator.attrgetter("_post_accumulate_grad_hooks")
 
 
 def _watch_structure(torch) -> None:
@@ -561,127 +514,7 @@ def _consts(params: dict, buffers: dict, state_names) -> list:
     return out
 
 
-# ── the autograd.Function that hands torch gradtool's gradients ───────────
-
-_CLASSES: dict = {}
-
-
-def _accumulate(params, grads) -> None:
-    """Each gradient into its param's ``.grad`` as torch's ``AccumulateGrad`` puts it
-    there: the gradient itself where ``.grad`` is None (the call's own tensor, handed to
-    nobody else), else ``.grad += g`` in place (one rounding, torch's
-    ``variable_grad += new_grad``)."""
-    for p, x in zip(params, grads):
-        if x is None:
-            continue
-        if p.grad is None:
-            p.grad = x
-        else:
-            p.grad.add_(x)
-
-
-def _scaled(grads, g) -> list:
-    """The gradients times the incoming gradient ``g`` (as is where it is exactly 1.0)."""
-    if float(g) == 1.0:
-        return grads
-    return [x if x is None else x * g.to(x.dtype) for x in grads]
-
-
-def _loss_function():
-    """The loss's Function with the parameters as inputs (torch's graph reaches them).
-
-    Forward: the loss gradtool computed.  Backward: gradtool's gradient of each
-    parameter (``None`` for one the loss does not reach, whose ``.grad`` torch then
-    leaves as it is), times the incoming gradient where that is not exactly 1.0.  Where
-    the call asked for it (``direct``: no hooks to run), a param whose ``AccumulateGrad``
-    this backward runs (``loss.backward()``; with ``inputs=``, those) gets its gradient
-    written into ``.grad`` here (:func:`_accumulate`), the node then given None (~2 us a
-    param less than its clone-and-accumulate); ``torch.autograd.grad`` and the params
-    ``inputs=`` leaves out get the gradients, as torch's own ops give them."""
-    if "loss" in _CLASSES:
-        return _CLASSES["loss"]
-    torch = _torch()
-    will_run = getattr(torch._C, "_will_engine_execute_node", None)
-
-    class GradtoolLoss(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, loss, grads, direct, *params):
-            ctx.grads = grads
-            ctx.params = params if direct and will_run is not None else None
-            return loss.clone()
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, g):
-            grads, ctx.grads = ctx.grads, None
-            if grads is None:
-                raise WrapError("gradtool's gradients of this call were already handed to "
-                                "torch (backward twice through one call)")
-            grads = _scaled(grads, g)
-            params, ctx.params = ctx.params, None
-            if params is None or not params:
-                return (None, None, None) + tuple(grads)
-            nodes = [n for n, _ in ctx.next_functions[1:]]
-            try:
-                runs = list(map(will_run, nodes))
-            except RuntimeError:          # torch.autograd.grad: no AccumulateGrad runs
-                return (None, None, None) + tuple(grads)
-            if all(runs):
-                _accumulate(params, grads)
-                return (None, None, None) + (None,) * len(grads)
-            _accumulate([p for p, r in zip(params, runs) if r],
-                        [x for x, r in zip(grads, runs) if r])
-            return (None, None, None) + tuple(None if r else x for x, r in zip(grads, runs))
-
-    _CLASSES["loss"] = GradtoolLoss
-    return GradtoolLoss
-
-
-def _direct_function():
-    """The loss's Function for a wrapper made with ``in_graph=False``: its gradients go
-    straight into ``.grad`` (:func:`_accumulate`).  Its one input needing a gradient is
-    the wrapper's *anchor* (a private 0-dim tensor), not the parameters, so torch's
-    engine runs one node, not one ``AccumulateGrad`` per parameter (~60 us a call on a
-    28-parameter model).  The parameters are not in torch's graph of the loss, so
-    ``torch.autograd.grad(loss, params)`` and ``loss.backward(inputs=params)`` do not
-    reach them (torch says "appears to not have been used in the graph", or gives None
-    under ``allow_unused=True``; ``inputs=`` leaves ``.grad`` as it was):
-    ``docs/torch.md``, "Your own loop"."""
-    if "direct" in _CLASSES:
-        return _CLASSES["direct"]
-    torch = _torch()
-
-    class GradtoolDirect(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, loss, anchor, grads, params):
-            ctx.grads, ctx.params = grads, params
-            return loss.clone()
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, g):
-            grads, ctx.grads = ctx.grads, None
-            if grads is None:
-                raise WrapError("gradtool's gradients of this call were already handed to "
-                                "torch (backward twice through one call)")
-            _accumulate(ctx.params, _scaled(grads, g))
-            return None, None, None, None
-
-    _CLASSES["direct"] = GradtoolDirect
-    return GradtoolDirect
-
-
-def _hooked(tensors) -> bool:
-    """Whether anything may watch the parameters' accumulation in torch's graph: a
-    parameter's own hooks (``register_hook``, ``register_post_accumulate_grad_hook``), or
-    torch.distributed running (DDP, FSDP and DeepSpeed hook each parameter's
-    ``AccumulateGrad`` node, which a direct call would not run)."""
-    running = _CLASSES.get("dist")
-    if running is None:
-        dist = getattr(_torch(), "distributed", None)
-        running = _CLASSES["dist"] = (dist.is_initialized if dist is not None
-                                      and dist.is_available() else bool)
-    return running() or any(map(_HOOKS, tensors)) or any(map(_POST_HOOKS, tensors))
+_CLASSES: dict = {}       # made on first use: the module class, the registration hook
 
 
 # ── the module ─────────────────────────────────────────────────────────────
@@ -718,7 +551,7 @@ class _Wrapper:
         # in_graph=False, the loss's gradients written into each .grad by its own node,
         # whose one input needing a gradient is this anchor (_direct_function)
         self.in_graph = bool(in_graph)
-        self.__dict__["_anchor"] = torch.zeros((), requires_grad=True)
+        self.__dict__["_anchor"] = _anchor()
         self.n_args = len(args)
         self.n_model = self._model_inputs(len(args), targets)
         self.max_shapes = int(max_shapes)
