@@ -51,3 +51,8 @@ class IdsError(GradtoolError):
         super().__init__(message)
         self.node, self.ids_node, self.bound = node, ids_node, bound
         self.index, self.value = index, value
+
+
+class WrapError(GradtoolError):
+    """Misuse of ``gtt.wrap`` or of the wrapped module (a wrong argument, a bad input);
+    also importable as ``gradtool.interop.wrap.WrapError``."""

@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 
+from ..errors import WrapError
+
 _refcount = sys.getrefcount
 _HOOKS = operator.attrgetter("_backward_hooks")
 _POST_HOOKS = operator.attrgetter("_post_accumulate_grad_hooks")
@@ -28,11 +30,6 @@ _CLASSES: dict = {}
 def _torch():
     import torch
     return torch
-
-
-def _wrap_error(message: str):
-    from .wrap import WrapError          # (wrap.py imports this file: no cycle at import)
-    return WrapError(message)
 
 
 def _anchor():
@@ -139,8 +136,8 @@ def _loss_function():
         def backward(ctx, g):
             grads, ctx.grads = ctx.grads, None
             if grads is None:
-                raise _wrap_error("gradtool's gradients of this call were already handed "
-                                  "to torch (backward twice through one call)")
+                raise WrapError("gradtool's gradients of this call were already handed "
+                                "to torch (backward twice through one call)")
             grads = _scaled(grads, g)
             params, ctx.params = ctx.params, None
             if params is None or not params:
@@ -186,8 +183,8 @@ def _direct_function():
         def backward(ctx, g):
             grads, ctx.grads = ctx.grads, None
             if grads is None:
-                raise _wrap_error("gradtool's gradients of this call were already handed "
-                                  "to torch (backward twice through one call)")
+                raise WrapError("gradtool's gradients of this call were already handed "
+                                "to torch (backward twice through one call)")
             _accumulate(ctx.params, _scaled(grads, g))
             return None, None, None, None
 

@@ -54,16 +54,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import GradtoolError
+from ..errors import GradtoolError, WrapError  # noqa: F401  (WrapError: public here)
 from .handoff import (_GradSet, _anchor, _as_grad, _direct_function, _hooked,  # noqa: F401
                       _loss_function)
 
 BACKENDS = ("cpu", "host", "cuda")
 MAX_SHAPES = 8        # cached graphs before the warning (torch.compile's default limit)
-
-
-class WrapError(GradtoolError):
-    """Misuse of :func:`wrap` or of the wrapped module (a wrong argument, a bad input)."""
 
 
 def compute_dtype(module_dtype) -> str:
