@@ -203,3 +203,33 @@ def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw, in_graph):
         for s in opt.state[p]:
             if s != "step":
                 assert_bits_equal(opt.state[p][s].numpy(), opt2.state[q][s].numpy(), s)
+
+
+def test_torch_distributed_running_hands_every_gradient_to_torchs_nodes(tmp_path):
+    """With torch.distributed initialized (DDP and FSDP hook each AccumulateGrad node)
+    the call hands the gradients to torch's nodes, whose hooks then see them; without
+    it, .grad is gradtool's own tensor.  The same bits both ways."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    require_c_compiler()
+    model, gm = pair("host")
+    x, y = batch(1)
+    gm(x, y).backward()
+    alone = grads(model)
+    assert model.fc1.weight.grad._base is not None          # a view of the grad set
+    model.zero_grad()
+    seen = []
+    node = model.fc1.weight.view_as(model.fc1.weight).grad_fn.next_functions[0][0]
+    node.register_hook(lambda grad_in, grad_out: seen.append(grad_out[0]))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        gm(x, y).backward()
+    finally:
+        dist.destroy_process_group()
+    assert model.fc1.weight.grad._base is None              # torch's own clone
+    assert len(seen) == 1 and seen[0] is not None
+    assert_bits_equal(seen[0].numpy(), alone["fc1.weight"].numpy(), "the node's hook")
+    for k, g in grads(model).items():
+        assert_bits_equal(g.numpy(), alone[k].numpy(), k)
