@@ -162,7 +162,7 @@ def _direct_function():
     """The loss's Function for a wrapper made with ``in_graph=False``: its gradients go
     straight into ``.grad`` (:func:`_accumulate`).  Its one input needing a gradient is
     the wrapper's *anchor* (a private 0-dim tensor), not the parameters, so torch's
-    engine runs one node, not one ``AccumulateGrad`` per parameter (~60 us a call on a
+    engine runs one node, not one ``AccumulateGrad`` per parameter (~70 us a call on a
     28-parameter model).  The parameters are not in torch's graph of the loss, so
     ``torch.autograd.grad(loss, params)`` and ``loss.backward(inputs=params)`` do not
     reach them (torch says "appears to not have been used in the graph", or gives None

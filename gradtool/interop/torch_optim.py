@@ -26,7 +26,10 @@ Differences from torch's own classes, each deliberate:
   ``gradtool train`` keeps one count for all, the same whenever every parameter has a
   gradient at every step;
 * parameters must be CPU tensors of float64 or float32, contiguous; the update runs on a
-  numpy view of ``p.data`` and ``p.grad`` (no copies), in the parameter's dtype;
+  numpy view of ``p.data`` and ``p.grad`` (no copies), in the parameter's dtype: one
+  pass over a group whose params, gradients and state each lie in one run of memory (a
+  host wrapper's do; the state made for a group's first step is laid out so), param by
+  param otherwise, the same bits either way (the rule is per element);
 * torch's ``foreach``, ``fused``, ``capturable`` and ``differentiable`` options do not
   exist here (one update rule, on the CPU); passing them is a ``GradtoolError``;
 * ``load_state_dict`` refuses a state whose keys are not this entry's slots (plus
