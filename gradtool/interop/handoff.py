@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 import sys
 
@@ -22,6 +23,7 @@ import numpy as np
 from ..errors import WrapError
 
 _refcount = sys.getrefcount
+_GRAD = operator.attrgetter("grad")
 _HOOKS = operator.attrgetter("_backward_hooks")
 _POST_HOOKS = operator.attrgetter("_post_accumulate_grad_hooks")
 _CLASSES: dict = {}
@@ -92,6 +94,11 @@ def _accumulate(params, grads) -> None:
     there: the gradient itself where ``.grad`` is None (the call's own tensor, handed to
     nobody else), else ``.grad += g`` in place (one rounding, torch's
     ``variable_grad += new_grad``)."""
+    none = itertools.repeat(None)
+    if all(map(operator.is_, map(_GRAD, params), none)) and not any(
+            map(operator.is_, grads, none)):
+        list(map(setattr, params, itertools.repeat("grad"), grads))    # (the usual step)
+        return
     for p, x in zip(params, grads):
         if x is None:
             continue
