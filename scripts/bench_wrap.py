@@ -96,27 +96,22 @@ def main(argv=None) -> int:
         state["step"] += 1
         engine.train_step()
 
-    m_loop = copy.deepcopy(model)
-    gm = gtt.wrap(m_loop, batches[0], backend=args.backend)
-    gopt = gtt.optim.AdamW(m_loop.parameters(), lr=LR, weight_decay=WD)
+    def the_loop(in_graph: bool):
+        """(a copy of the module, the issue's loop step over a wrapper of it)."""
+        m = copy.deepcopy(model)
+        gm = gtt.wrap(m, batches[0], backend=args.backend, in_graph=in_graph)
+        gopt = gtt.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD)
 
-    def loop_step(i):
-        x, y = batches[i % len(batches)]
-        loss = gm(x, y)
-        loss.backward()
-        gopt.step()
-        gopt.zero_grad()
+        def step(i):
+            x, y = batches[i % len(batches)]
+            loss = gm(x, y)
+            loss.backward()
+            gopt.step()
+            gopt.zero_grad()
+        return m, step
 
-    m_out = copy.deepcopy(model)
-    gm_out = gtt.wrap(m_out, batches[0], backend=args.backend, in_graph=False)
-    oopt = gtt.optim.AdamW(m_out.parameters(), lr=LR, weight_decay=WD)
-
-    def out_step(i):
-        x, y = batches[i % len(batches)]
-        loss = gm_out(x, y)
-        loss.backward()
-        oopt.step()
-        oopt.zero_grad()
+    m_loop, loop_step = the_loop(True)
+    m_out, out_step = the_loop(False)
 
     m_fb = copy.deepcopy(model)
     gm_fb = gtt.wrap(m_fb, batches[0], backend=args.backend)

@@ -108,8 +108,14 @@ def _accumulate(params, grads) -> None:
             p.grad.add_(x)
 
 
-def _scaled(grads, g) -> list:
-    """The gradients times the incoming gradient ``g`` (as is where it is exactly 1.0)."""
+def _taken(ctx, g) -> list:
+    """A call's gradients, taken from its node's ``ctx`` once (a second backward through
+    the call is a :class:`WrapError`), times the incoming gradient ``g`` (as they are
+    where it is exactly 1.0)."""
+    grads, ctx.grads = ctx.grads, None
+    if grads is None:
+        raise WrapError("gradtool's gradients of this call were already handed to torch "
+                        "(backward twice through one call)")
     if float(g) == 1.0:
         return grads
     return [x if x is None else x * g.to(x.dtype) for x in grads]
@@ -141,13 +147,9 @@ def _loss_function():
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, g):
-            grads, ctx.grads = ctx.grads, None
-            if grads is None:
-                raise WrapError("gradtool's gradients of this call were already handed "
-                                "to torch (backward twice through one call)")
-            grads = _scaled(grads, g)
+            grads = _taken(ctx, g)
             params, ctx.params = ctx.params, None
-            if params is None or not params:
+            if not params:
                 return (None, None, None) + tuple(grads)
             nodes = [n for n, _ in ctx.next_functions[1:]]
             try:
@@ -188,11 +190,7 @@ def _direct_function():
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, g):
-            grads, ctx.grads = ctx.grads, None
-            if grads is None:
-                raise WrapError("gradtool's gradients of this call were already handed "
-                                "to torch (backward twice through one call)")
-            _accumulate(ctx.params, _scaled(grads, g))
+            _accumulate(ctx.params, _taken(ctx, g))
             return None, None, None, None
 
     _CLASSES["direct"] = GradtoolDirect
