@@ -1,9 +1,9 @@
 """The own-loop wrapper's overhead: ``gtt.wrap``'s step against ``gradtool train``'s.
 
-    python scripts/bench_wrap.py [--backend host] [--steps 30] [--repeats 7] [--threads 2]
+    python scripts/bench_wrap.py [--backend host] [--steps 100] [--repeats 7] [--threads 2]
 
 Workload: ``samples/tiny_gpt`` as built (float32, batch 8, train mode), the
-sonnets' batches cycled.  Three step functions, timed in interleaved runs (medians
+sonnets' batches cycled.  Four step functions, timed in interleaved runs (medians
 of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
 
 * ``gradtool train``: the engine ``gradtool train --backend B --optimizer adamw``
@@ -11,14 +11,12 @@ of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
   slots, one ``train_step``: forward, backward, AdamW on the backend);
 * ``gtt loop``: the loop of issue 40: ``loss = gm(x, y); loss.backward();
   opt.step(); opt.zero_grad()`` with ``gtt.optim.AdamW`` at the same options;
-* ``gtt loop, out``: the same loop on a wrapper made with ``in_graph=False`` (the
-  parameters out of torch's graph of the loss: its node writes each ``.grad``);
 * ``gtt fwd+bwd``: ``gm(x, y).backward()`` alone (the wrapper's part), with the
   gradients set to None after it as ``zero_grad`` does;
-* ``torch side``: the default loop's torch side with no gradtool run at all: the
-  gradients' one copy out of an arena into the wrapper's grad set, the loss through the
-  wrapper's ``autograd.Function``, torch's backward accumulating them into each
-  ``.grad``, ``gtt.optim.AdamW``'s step and ``zero_grad``.
+* ``torch side``: the loop's torch side with no gradtool run at all: the gradients'
+  one copy out of an arena into the wrapper's grad set, the loss handed to torch as the
+  wrapper hands it (:func:`gradtool.interop.handoff._lazy_loss`), its ``backward()``
+  writing them into each ``.grad``, ``gtt.optim.AdamW``'s step and ``zero_grad``.
   What the loop's API costs in torch whatever computes the gradients; the loop's time
   beyond the engine's step, less this, is the wrapper's own.
 
@@ -27,7 +25,7 @@ same tape saved to a file and the same batches in an .npz): its step is the
 difference of two runs' times over the difference of their step counts, so start-up
 and saving cancel; medians over ``--repeats`` pairs.
 
-The first three end on the same parameter bits (checked after the timing, as
+The first two end on the same parameter bits (checked after the timing, as
 ``tests/test_wrap_optim.py`` checks them): a ratio compares the same computation.
 Issue 40's target: ``gtt loop`` within 15% of ``gradtool train`` (ratio <= 1.15).
 """
@@ -51,7 +49,7 @@ LR, WD = 3e-4, 0.1
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="host", help="host (the issue's), cpu or cuda")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="gradtool's and torch's")
     ap.add_argument("--cli", action="store_true", help="also time the gradtool train command")
@@ -96,22 +94,16 @@ def main(argv=None) -> int:
         state["step"] += 1
         engine.train_step()
 
-    def the_loop(in_graph: bool):
-        """(a copy of the module, the issue's loop step over a wrapper of it)."""
-        m = copy.deepcopy(model)
-        gm = gtt.wrap(m, batches[0], backend=args.backend, in_graph=in_graph)
-        gopt = gtt.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD)
+    m_loop = copy.deepcopy(model)
+    gm = gtt.wrap(m_loop, batches[0], backend=args.backend)
+    gopt = gtt.optim.AdamW(m_loop.parameters(), lr=LR, weight_decay=WD)
 
-        def step(i):
-            x, y = batches[i % len(batches)]
-            loss = gm(x, y)
-            loss.backward()
-            gopt.step()
-            gopt.zero_grad()
-        return m, step
-
-    m_loop, loop_step = the_loop(True)
-    m_out, out_step = the_loop(False)
+    def loop_step(i):
+        x, y = batches[i % len(batches)]
+        loss = gm(x, y)
+        loss.backward()
+        gopt.step()
+        gopt.zero_grad()
 
     m_fb = copy.deepcopy(model)
     gm_fb = gtt.wrap(m_fb, batches[0], backend=args.backend)
@@ -124,27 +116,27 @@ def main(argv=None) -> int:
             p.grad = None
 
     # the loop's torch side, without gradtool's run: the gradients' copy into the grad
-    # set, the loss through the autograd.Function, torch's backward accumulating into
-    # each .grad, gtt.optim's step and zero_grad -- what the loop's API costs in torch
-    from gradtool.interop.handoff import _GradSet, _loss_function
+    # set, the loss handed to torch as the wrapper hands it, its backward writing each
+    # .grad, gtt.optim's step and zero_grad -- what the loop's API costs in torch
+    from gradtool.interop.handoff import _GradSet, _lazy_class, _lazy_loss
     m_t = copy.deepcopy(model)
     t_params = list(m_t.parameters())
     t_set = _GradSet(torch, t_params)
     t_arena = np.full(t_set.flat.size, 1e-3, dtype=t_set.flat.dtype)
     t_loss = torch.zeros((), dtype=t_params[0].dtype)
     t_opt = gtt.optim.AdamW(t_params, lr=LR, weight_decay=WD)
-    function = _loss_function()
+    _lazy_class()
 
     def torch_side(i):
         np.copyto(t_set.flat, t_arena)
-        function.apply(t_loss, list(t_set.views), True, *t_params).backward()
+        _lazy_loss(t_loss.clone(), list(t_set.views), t_params).backward()
         t_opt.step()
         t_opt.zero_grad()
 
-    names = ["gradtool train", "gtt loop", "gtt loop, out", "gtt fwd+bwd", "torch side"]
+    names = ["gradtool train", "gtt loop", "gtt fwd+bwd", "torch side"]
     print(f"# bench_wrap: samples/tiny_gpt, backend {args.backend}, {args.threads} threads, "
           f"{cpu_name()}, load {load_average()}")
-    timed = time_interleaved([train_step, loop_step, out_step, fwd_bwd, torch_side],
+    timed = time_interleaved([train_step, loop_step, fwd_bwd, torch_side],
                              args.steps, args.repeats)
     base = timed[0][0]
     for name, (med, best) in zip(names, timed):
@@ -153,22 +145,20 @@ def main(argv=None) -> int:
     # the same bits: both did the same number of steps on the same batches
     engine.finish()
     a = [tape.values[i] for _, i in graph.params]
-    same = True
-    for m in (m_loop, m_out):
-        pl = dict(m.named_parameters())
-        same = same and all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
-                            for (k, _), w in zip(graph.params, a))
-    print(f"# same parameter bits (gradtool train vs both gtt loops): {same}; "
+    pl = dict(m_loop.named_parameters())
+    same = all(np.array_equal(w, pl[k].detach().numpy().reshape(w.shape))
+               for (k, _), w in zip(graph.params, a))
+    print(f"# same parameter bits (gradtool train vs the gtt loop): {same}; "
           f"load {load_average()}")
-    own = timed[1][0] - base - timed[4][0]
+    own = timed[1][0] - base - timed[3][0]
     print(f"# the loop's time beyond the engine's step: {(timed[1][0] - base) * 1e3:.3f} ms, "
-          f"of which its torch side {timed[4][0] * 1e3:.3f} ms and the wrapper's own "
+          f"of which its torch side {timed[3][0] * 1e3:.3f} ms and the wrapper's own "
           f"{own * 1e3:.3f} ms")
     if args.cli:
         cli = cli_step(tape, graph, batches, args)
         print(f"{'gradtool train (CLI)':16s} median {cli * 1e3:8.3f} ms  (per step, from "
               f"{args.steps} and {4 * args.steps} steps)  gtt loop / CLI "
-              f"{timed[1][0] / cli:5.2f}, out / CLI {timed[2][0] / cli:5.2f}")
+              f"{timed[1][0] / cli:5.2f}")
     return 0 if same else 1
 
 

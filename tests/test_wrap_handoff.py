@@ -1,10 +1,9 @@
 """How a wrapped module hands its gradients to torch, and how ``gtt.optim`` reads them.
 
-* By default the parameters are in torch's graph of the loss (one ``AccumulateGrad``
-  each): ``torch.autograd.grad`` and ``backward(inputs=...)`` reach them.  With
-  ``in_graph=False`` the loss's node writes each gradient into ``.grad`` itself, with
-  torch's accumulation (a parameter hook puts the parameters back in the graph).  The
-  bits are the same either way.
+* A plain ``loss.backward()`` writes each gradient into ``.grad`` without torch's
+  graph; any other use of the loss makes its node, with the parameters as inputs (one
+  ``AccumulateGrad`` each): ``torch.autograd.grad`` and ``backward(inputs=...)`` reach
+  them, and a parameter hook runs.  The bits are the same either way.
 * On host the gradients are views of one tensor per graph, filled by one copy and used
   again only when nothing else holds them: a ``.grad`` kept by the user (itself, a view
   of it, a numpy array of it) is never written again.
@@ -56,37 +55,81 @@ def pair(backend="cpu", **kw):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "host"])
-def test_in_graph_false_gives_the_same_gradient_bits(backend):
-    """Accumulation over two calls, a scaled loss, and a torch term added to the loss
-    (its own AccumulateGrad beside gradtool's write): the same bits with the parameters
-    in torch's graph (the default) and out of it (in_graph=False, one node)."""
+def test_plain_backward_and_torchs_graph_give_the_same_gradient_bits(backend):
+    """A plain ``loss.backward()`` writes .grad without torch's graph (the call's node
+    is never made); accumulation over two calls, a scaled loss, a torch term added to
+    the loss (its own AccumulateGrad beside gradtool's write) and a backward with an
+    explicit gradient go through the node, made on that use, with the params as its
+    inputs.  The same bits as the same steps with the node made first."""
     if backend == "host":
         require_c_compiler()
     runs = {}
-    for in_graph in (True, False):
-        model, gm = pair(backend, in_graph=in_graph)
+    for made_first in (True, False):
+        model, gm = pair(backend)
         (x1, y1), (x2, y2) = batch(1), batch(2)
         loss = gm(x1, y1)
-        inputs = [f for f, _ in loss.grad_fn.next_functions if f is not None]
-        assert len(inputs) == (len(list(model.parameters())) if in_graph else 1)
+        if made_first:
+            inputs = [f for f, _ in loss.grad_fn.next_functions if f is not None]
+            assert len(inputs) == len(list(model.parameters()))
         loss.backward()
-        gm(x2, y2).backward()                          # accumulated into .grad
+        assert (loss._gt.node is not None) == made_first
+        loss = gm(x2, y2)
+        if made_first:
+            loss.backward(gradient=torch.ones(()))
+        else:
+            loss.backward()
         first = grads(model)
         model.zero_grad()
         (gm(x1, y1) * 0.5).backward()
         scaled = grads(model)
         model.zero_grad()
         (gm(x2, y2) + 0.01 * model.fc1.weight.square().sum()).backward()
-        runs[in_graph] = (first, scaled, grads(model))
+        runs[made_first] = (first, scaled, grads(model))
     for a, b in zip(runs[False], runs[True]):
         for k in a:
             assert_bits_equal(a[k].numpy(), b[k].numpy(), k)
 
 
-def test_autograd_grad_and_backward_inputs_reach_the_params_by_default():
-    """The default wrapper's params are in torch's graph: torch.autograd.grad and
-    backward(inputs=...) give gradtool's gradients; with in_graph=False they do not
-    reach them (as documented: torch's own "not used in the graph")."""
+def test_the_loss_is_a_torch_tensor_in_every_use():
+    """The loss reads as its value (item, float, format, detach) without a node; every
+    other use (an op, grad_fn, a hook on the loss, retain_grad, torch.autograd.backward)
+    is that of the node's output; a second backward through one call is a WrapError,
+    whichever path took the gradients first."""
+    model, gm = pair()
+    x, y = batch(1)
+    loss = gm(x, y)
+    assert isinstance(loss, torch.Tensor) and loss.shape == () and loss.requires_grad
+    value = loss.item()
+    assert float(loss) == value and f"{loss:.6f}" == f"{value:.6f}"
+    assert loss.detach().item() == value and loss.tolist() == value
+    assert type(loss.detach()) is torch.Tensor
+    assert "grad_fn" in repr(loss)                    # (repr is a use: the node made)
+    loss.retain_grad()
+    seen = []
+    loss.register_hook(lambda g: seen.append(g.item()))
+    loss.backward()
+    assert seen == [1.0] and loss.grad.item() == 1.0
+    first = grads(model)
+    with pytest.raises(WrapError, match="backward twice"):
+        loss.backward()
+    model.zero_grad()
+    fresh = gm(x, y)
+    torch.autograd.backward([fresh])
+    for k, g in grads(model).items():
+        assert_bits_equal(g.numpy(), first[k].numpy(), k)
+    fresh = gm(x, y)
+    fresh.backward()
+    with pytest.raises(WrapError, match="backward twice"):
+        fresh.backward()
+    with pytest.raises(WrapError, match="backward twice"):
+        (fresh * 2.0).backward()
+    assert (gm(x, y) + 1.0).item() == (torch.tensor(value) + 1.0).item()
+    assert type(gm(x, y) * 1.0) is torch.Tensor         # an op's result: a plain tensor
+
+
+def test_autograd_grad_and_backward_inputs_reach_the_params():
+    """The params are in torch's graph of the loss: torch.autograd.grad and
+    backward(inputs=...) give gradtool's gradients."""
     model, gm = pair()
     x, y = batch(1)
     got = torch.autograd.grad(gm(x, y), list(model.parameters()))
@@ -97,18 +140,13 @@ def test_autograd_grad_and_backward_inputs_reach_the_params_by_default():
     gm(x, y).backward()
     for g, p in zip(got, model.parameters()):
         assert_bits_equal(g.numpy(), p.grad.numpy(), "autograd.grad vs .grad")
-    model2, gm2 = pair(in_graph=False)
-    with pytest.raises(RuntimeError, match="not have been used in the graph"):
-        torch.autograd.grad(gm2(x, y), list(model2.parameters()))
 
 
-@pytest.mark.parametrize("in_graph", [True, False])
-def test_parameter_hooks_run_as_in_torch(in_graph):
+def test_parameter_hooks_run_as_in_torch():
     """A hook on a parameter sees gradtool's gradient, and a post-accumulate hook runs
     after .grad is set: a call whose params have hooks hands torch's AccumulateGrad the
-    gradients (a wrapper made with in_graph=False puts the params in torch's graph for
-    it)."""
-    model, gm = pair(in_graph=in_graph)
+    gradients."""
+    model, gm = pair()
     ref_model, ref = pair()
     x, y = batch(1)
     ref(x, y).backward()
@@ -122,13 +160,12 @@ def test_parameter_hooks_run_as_in_torch(in_graph):
     assert_bits_equal(seen[0].numpy(), ref_model.fc1.bias.grad.numpy(), "post hook")
 
 
-@pytest.mark.parametrize("in_graph", [True, False])
-def test_host_gradients_held_by_the_user_are_never_written_again(in_graph):
+def test_host_gradients_held_by_the_user_are_never_written_again():
     """The host gradients handed to .grad are views of one tensor used again call after
     call; one kept (the tensor, a view of it, a numpy array of it) keeps its values, and
     each call's .grad is the cpu backend's."""
     require_c_compiler()
-    model, gm = pair("host", in_graph=in_graph)
+    model, gm = pair("host")
     cpu_model, cpu = pair("cpu")
     graph = next(iter(gm.graphs.values()))
     assert graph.grad_block is not None
@@ -171,15 +208,15 @@ def test_host_gradients_held_by_the_user_are_never_written_again(in_graph):
         assert_bits_equal(p.grad.numpy(), q.grad.numpy(), k)
 
 
-@pytest.mark.parametrize("cls, kw, in_graph", [("AdamW", {"weight_decay": 0.1}, True),
-                                               ("SGD", {"momentum": 0.9}, False),
-                                               ("Adam", {"amsgrad": True}, True)])
-def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw, in_graph):
+@pytest.mark.parametrize("cls, kw", [("AdamW", {"weight_decay": 0.1}),
+                                     ("SGD", {"momentum": 0.9}),
+                                     ("Adam", {"amsgrad": True})])
+def test_gtt_optim_one_pass_over_a_run_is_the_per_param_bits(cls, kw):
     """The host wrapper's params (its arena) and gradients (one tensor) and the fresh
     slots (one tensor each) make a step one pass; the same steps on a copy whose
     gradients are separate tensors take the param-by-param pass: the same bytes."""
     require_c_compiler()
-    model, gm = pair("host", in_graph=in_graph)
+    model, gm = pair("host")
     other = copy.deepcopy(model)
     opt = getattr(gtt.optim, cls)(model.parameters(), lr=0.01, **kw)
     opt2 = getattr(gtt.optim, cls)(other.parameters(), lr=0.01, **kw)

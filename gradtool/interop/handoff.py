@@ -1,11 +1,12 @@
 """How a wrapped module's call hands torch its loss and gradients (``gtt.wrap``).
 
-* :func:`_loss_function`: the loss's ``autograd.Function`` with the parameters as inputs
-  (the default): its backward writes each ``.grad`` as torch's ``AccumulateGrad``
-  would (:func:`_accumulate`), or hands the gradients to those nodes where a hook
-  watches them (:func:`_hooked`) and to ``torch.autograd.grad``.
-* :func:`_direct_function`: ``wrap(..., in_graph=False)``'s, whose one input needing a
-  gradient is the wrapper's anchor: the parameters are out of torch's graph of the loss.
+* :func:`_lazy_loss` (the usual call: no hook watches the parameters): the loss as a
+  tensor whose plain ``backward()`` writes each ``.grad`` itself, without torch's
+  engine, and whose any other use first makes :func:`_loss_function`'s node.
+* :func:`_loss_function`: the loss's ``autograd.Function`` with the parameters as
+  inputs: its backward writes each ``.grad`` as torch's ``AccumulateGrad`` would
+  (:func:`_accumulate`), or hands the gradients to those nodes where a hook watches them
+  (:func:`_hooked`) and to ``torch.autograd.grad``.
 * :class:`_GradSet`: the host gradients as views of one tensor per graph, used again
   only when nothing else holds them.
 
@@ -32,12 +33,6 @@ _CLASSES: dict = {}
 def _torch():
     import torch
     return torch
-
-
-def _anchor():
-    """A wrapper's anchor: the one input needing a gradient of an ``in_graph=False``
-    call's loss node (a private 0-dim tensor; its own ``.grad`` stays None)."""
-    return _torch().zeros((), requires_grad=True)
 
 
 class _GradSet:
@@ -109,14 +104,14 @@ def _accumulate(params, grads) -> None:
 
 
 def _taken(ctx, g) -> list:
-    """A call's gradients, taken from its node's ``ctx`` once (a second backward through
-    the call is a :class:`WrapError`), times the incoming gradient ``g`` (as they are
-    where it is exactly 1.0)."""
+    """A call's gradients, taken from its node's ``ctx`` (or its :class:`_Call`) once (a
+    second backward through the call is a :class:`WrapError`), times the incoming
+    gradient ``g`` (as they are where it is None or exactly 1.0)."""
     grads, ctx.grads = ctx.grads, None
     if grads is None:
         raise WrapError("gradtool's gradients of this call were already handed to torch "
                         "(backward twice through one call)")
-    if float(g) == 1.0:
+    if g is None or float(g) == 1.0:
         return grads
     return [x if x is None else x * g.to(x.dtype) for x in grads]
 
@@ -167,34 +162,76 @@ def _loss_function():
     return GradtoolLoss
 
 
-def _direct_function():
-    """The loss's Function for a wrapper made with ``in_graph=False``: its gradients go
-    straight into ``.grad`` (:func:`_accumulate`).  Its one input needing a gradient is
-    the wrapper's *anchor* (a private 0-dim tensor), not the parameters, so torch's
-    engine runs one node, not one ``AccumulateGrad`` per parameter (~70 us a call on a
-    28-parameter model).  The parameters are not in torch's graph of the loss, so
-    ``torch.autograd.grad(loss, params)`` and ``loss.backward(inputs=params)`` do not
-    reach them (torch says "appears to not have been used in the graph", or gives None
-    under ``allow_unused=True``; ``inputs=`` leaves ``.grad`` as it was):
-    ``docs/torch.md``, "Your own loop"."""
-    if "direct" in _CLASSES:
-        return _CLASSES["direct"]
+class _Call:
+    """What a lazy loss (:func:`_lazy_loss`) holds: the loss ``value``, the call's
+    ``grads`` (None once taken: :func:`_taken`), the ``params`` and, once made, the
+    ``node``'s output (:func:`_loss_function`)."""
+    __slots__ = ("value", "grads", "params", "node")
+
+    def __init__(self, value, grads, params):
+        self.value, self.grads, self.params, self.node = value, grads, params, None
+
+    def made(self):
+        """The loss as the output of :func:`_loss_function`'s node (made on first use,
+        with the gradients not yet taken)."""
+        if self.node is None:
+            grads, self.grads = self.grads, None
+            self.node = _loss_function().apply(self.value, grads, True, *self.params)
+        return self.node
+
+
+def _lazy_loss(value, grads, params):
+    """The usual call's loss (no hook watches the parameters): ``value`` (a fresh tensor,
+    the loss gradtool computed) as a :func:`_lazy_class` tensor, a leaf needing a
+    gradient."""
+    t = _CLASSES["tensor"]._make_subclass(_CLASSES["lazy"], value, True)
+    t._gt = _Call(value, grads, params)
+    return t
+
+
+def _lazy_class():
+    """The class of :func:`_lazy_loss`'s tensors (made once, on first use).
+
+    A plain ``loss.backward()`` (no ``gradient``, ``inputs`` or ``create_graph``, the
+    node not made) is the one use taken without torch's graph: the gradients go into
+    ``.grad`` (:func:`_accumulate`) as :func:`_loss_function`'s backward writes them
+    when every ``AccumulateGrad`` runs, and are taken (a second backward through the
+    call is the same :class:`WrapError`).  ``item``, ``detach``, ``float``, ``tolist``
+    and ``format`` read the value.  Any other use (an op, an attribute such as
+    ``grad_fn`` or ``requires_grad``, ``torch.autograd.grad``, ``backward(inputs=...)``,
+    a hook on the loss) is that of the node's output, made first (:meth:`_Call.made`),
+    so torch sees exactly the default Function's graph.  Saves the Function's 30-odd
+    inputs and torch's engine through one ``AccumulateGrad`` per param: ~80 us a call on
+    28 params (``docs/torch.md``, "Overhead")."""
+    if "lazy" in _CLASSES:
+        return _CLASSES["lazy"]
     torch = _torch()
+    backward, hash_ = torch.Tensor.backward, torch.Tensor.__hash__
+    plain = {torch.Tensor.item, torch.Tensor.detach, torch.Tensor.__float__,
+             torch.Tensor.__format__, torch.Tensor.tolist}
+    from torch.utils._pytree import tree_map
 
-    class GradtoolDirect(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, loss, anchor, grads, params):
-            ctx.grads, ctx.params = grads, params
-            return loss.clone()
+    class GradtoolLazyLoss(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is backward and len(args) == 1:
+                call = args[0]._gt
+                if (call.node is None and kwargs.get("gradient") is None
+                        and kwargs.get("inputs") is None and not kwargs.get("create_graph")):
+                    _accumulate(call.params, _taken(call, None))
+                    return None
+            elif func in plain:
+                return func(*[a._gt.value if type(a) is cls else a for a in args], **kwargs)
+            elif func is hash_:
+                return id(args[0])
 
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, g):
-            _accumulate(ctx.params, _taken(ctx, g))
-            return None, None, None, None
+            def made(a):
+                return a._gt.made() if type(a) is cls else a
+            return func(*tree_map(made, args), **tree_map(made, kwargs))
 
-    _CLASSES["direct"] = GradtoolDirect
-    return GradtoolDirect
+    _CLASSES["tensor"], _CLASSES["lazy"] = torch.Tensor, GradtoolLazyLoss
+    return GradtoolLazyLoss
 
 
 def _hooked(tensors) -> bool:

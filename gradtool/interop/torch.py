@@ -808,20 +808,17 @@ def _map_nodes(obj, fn):
 # ── your own loop (gradtool/interop/wrap.py) ───────────────────────────────
 
 def wrap(model, example_inputs, backend: str = "cpu", loss_fn=None, *, loss_output: int = 0,
-         outputs: bool = False, targets=None, max_shapes: int = 8, in_graph: bool = True):
+         outputs: bool = False, targets=None, max_shapes: int = 8):
     """``model`` as a ``torch.nn.Module`` whose forward and gradients gradtool computes,
     for a training loop of your own (``loss = gm(x, y); loss.backward()``: gradtool's
     gradients into each parameter's ``.grad``).  ``backend``: ``"cpu"``, ``"host"`` or
-    ``"cuda"``, the same bits on each.  ``in_graph=False`` leaves the parameters out of
-    torch's autograd graph of the loss, whose backward then writes each ``.grad`` itself:
-    faster, the same bits, but ``torch.autograd.grad(loss, params)`` and
-    ``backward(inputs=...)`` do not reach them.  See
-    :mod:`gradtool.interop.wrap` and ``docs/torch.md``, "Your own loop"."""
+    ``"cuda"``, the same bits on each.  See :mod:`gradtool.interop.wrap` and
+    ``docs/torch.md``, "Your own loop"."""
     # wrap.py is handed import_module, so it imports nothing of this file (no cycle)
     from .wrap import module_class
     return module_class()(model, example_inputs, backend, loss_fn, loss_output=loss_output,
                           outputs=outputs, targets=targets, max_shapes=max_shapes,
-                          importer=import_module, in_graph=in_graph)
+                          importer=import_module)
 
 
 def clip_grad_norm_(parameters, max_norm: float):

@@ -55,7 +55,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import GradtoolError, WrapError  # noqa: F401  (WrapError: public here)
-from .handoff import (_GradSet, _anchor, _as_grad, _direct_function, _hooked,  # noqa: F401
+from .handoff import (_GradSet, _as_grad, _hooked, _lazy_class, _lazy_loss,  # noqa: F401
                       _loss_function)
 
 BACKENDS = ("cpu", "host", "cuda")
@@ -520,7 +520,7 @@ class _Wrapper:
     use, so that this file imports without torch)."""
 
     def _setup(self, model, example_inputs, backend, loss_fn, loss_output, outputs,
-               targets, max_shapes, importer, in_graph=True):
+               targets, max_shapes, importer):
         torch = _torch()
         if not isinstance(model, torch.nn.Module):
             raise WrapError(f"wrap: expected a torch.nn.Module, got {type(model).__name__}")
@@ -535,7 +535,7 @@ class _Wrapper:
                                  for a in args),
                            dict(backend=backend, loss_fn=loss_fn, loss_output=loss_output,
                                 outputs=outputs, targets=targets, max_shapes=max_shapes,
-                                importer=importer, in_graph=in_graph))
+                                importer=importer))
         self.model = model                          # a submodule: train()/eval() reach it
         self.backend, self.loss_fn, self.loss_output = backend, loss_fn, int(loss_output)
         self.with_outputs = bool(outputs)
@@ -543,11 +543,6 @@ class _Wrapper:
             raise WrapError("wrap: outputs=True needs loss_fn= (without it the call returns "
                             "what the module returns)")
         self.importer = importer
-        # the parameters in torch's autograd graph (one AccumulateGrad each), or, with
-        # in_graph=False, the loss's gradients written into each .grad by its own node,
-        # whose one input needing a gradient is this anchor (_direct_function)
-        self.in_graph = bool(in_graph)
-        self.__dict__["_anchor"] = _anchor()
         self.n_args = len(args)
         self.n_model = self._model_inputs(len(args), targets)
         self.max_shapes = int(max_shapes)
@@ -652,6 +647,7 @@ class _Wrapper:
             loss_t = torch.tensor(graph.replay.loss() if loss is None else loss, dtype=dtype)
             if not on_cpu:
                 loss_t = loss_t.to(device)
+        loss_shape = tuple(loss_t.shape)
         if need_grad:
             g = grads if graph.grads_as_params and on_cpu else [
                 None if a is None else _as_grad(torch, a, p) for a, p in zip(grads, tensors)]
@@ -659,10 +655,12 @@ class _Wrapper:
             # AccumulateGrad, as for its ops) or a param is not contiguous (torch then
             # gives .grad the param's strides)
             direct = not _hooked(tensors) and all(map(_CONTIGUOUS, tensors))
-            if self.in_graph or not direct:
-                loss_t = _loss_function().apply(loss_t, g, direct, *tensors)
+            if direct:                  # torch's graph of the loss made only if used
+                _lazy_class()
+                loss_t = _lazy_loss(loss_t.clone() if loss_t is view else loss_t, g,
+                                    tensors)
             else:
-                loss_t = _direct_function().apply(loss_t, self._anchor, g, tensors)
+                loss_t = _loss_function().apply(loss_t, g, False, *tensors)
         if graph.single:
             return loss_t if graph.out_shapes[0] in (None, ()) else loss_t.reshape(
                 graph.out_shapes[0])
@@ -670,7 +668,7 @@ class _Wrapper:
         for i, (value, odt, shape) in enumerate(zip(outs, graph.out_dtypes,
                                                      graph.out_shapes)):
             if i == self.loss_output:
-                flat.append(loss_t if shape in (None, tuple(loss_t.shape)) else loss_t.reshape(shape))
+                flat.append(loss_t if shape in (None, loss_shape) else loss_t.reshape(shape))
             elif value is None:
                 flat.append(None)
             else:
@@ -736,10 +734,10 @@ def module_class():
 
             def __init__(self, model, example_inputs, backend="cpu", loss_fn=None, *,
                          loss_output=0, outputs=False, targets=None,
-                         max_shapes=MAX_SHAPES, importer=None, in_graph=True):
+                         max_shapes=MAX_SHAPES, importer=None):
                 torch.nn.Module.__init__(self)
                 self._setup(model, example_inputs, backend, loss_fn, loss_output, outputs,
-                            targets, max_shapes, importer, in_graph)
+                            targets, max_shapes, importer)
 
         GradtoolModule.__module__ = __name__
         _CLASSES["module"] = GradtoolModule
