@@ -277,11 +277,11 @@ class Optimizer(torch.optim.Optimizer):
         state dicts and the same rule step; None where a param is not a CPU tensor
         numpy can view (the one-by-one path then names it)."""
         plans = self.__dict__.setdefault("_plans", {})
+        # (the plan holds the params themselves, so an id in its key is still theirs)
         key = (tuple(map(id, active)), update.variant)
         ptrs = list(map(_DATA_PTR, active))
         plan = plans.get(key)
-        if plan is not None and plan[0] == ptrs and plan[1] is self.state and all(
-                map(operator.is_, plan[2], active)):
+        if plan is not None and plan[0] == ptrs and plan[1] is self.state:
             return plan[3]
         if all(not self.state[p] for p in active):
             self._fresh_states(active, update)
@@ -340,13 +340,17 @@ class Optimizer(torch.optim.Optimizer):
         ptrs = list(map(_DATA_PTR, grads))
         cached = flat["grads"]
         if cached is None or cached[0] != ptrs:
-            cached = flat["grads"] = _grad_run(grads, ptrs, flat["sizes"])
-            if cached is None:
+            found = _grad_run(grads, ptrs, flat["sizes"])
+            if found is None:
+                flat["grads"] = None
                 return None
+            ptrs, run, holder = found
+            cached = flat["grads"] = (ptrs, run, holder, (
+                [flat["w"][1]], [run], [[a[1]] if a is not None else None
+                                        for a in flat["slots"]]))
         if not all(map(_CONTIGUOUS, grads)):
             return None
-        return [flat["w"][1]], [cached[1]], [[a[1]] if a is not None else None
-                                             for a in flat["slots"]]
+        return cached[3]
 
     def _step_each(self, gi: int, group: dict, hp: dict, update, lr: float) -> None:
         """The params one by one (any mix of step counts; a clear error for a param the
@@ -425,10 +429,10 @@ class Optimizer(torch.optim.Optimizer):
                     state[k] = v.contiguous()
 
 
-_DATA_PTR = operator.methodcaller("data_ptr")
+_DATA_PTR = torch.Tensor.data_ptr          # (unbound: twice as fast as a methodcaller)
 _GRAD = operator.attrgetter("grad")
 _STEP = operator.itemgetter("step")
-_CONTIGUOUS = operator.methodcaller("is_contiguous")
+_CONTIGUOUS = torch.Tensor.is_contiguous
 
 
 def _from_address(ptr: int, n: int, dtype) -> np.ndarray:

@@ -449,6 +449,7 @@ def _foreach(torch, name: str, *lists):
 _STRUCTURE = [0]        # bumped by torch's global registration hooks (installed once)
 _NAMES: dict = {}       # (param names, buffer names) -> a small int (_Members.names)
 _TRAINS = operator.attrgetter("requires_grad")
+# (torch's unbound methods once torch is imported, :func:`module_class`: twice as fast)
 _CONTIGUOUS = operator.methodcaller("is_contiguous")
 _DATA_PTR = operator.methodcaller("data_ptr")
 
@@ -727,6 +728,8 @@ def module_class():
     """:class:`GradtoolModule`: ``torch.nn.Module`` with the wrapper's methods."""
     if "module" not in _CLASSES:
         torch = _torch()
+        global _CONTIGUOUS, _DATA_PTR
+        _CONTIGUOUS, _DATA_PTR = torch.Tensor.is_contiguous, torch.Tensor.data_ptr
 
         class GradtoolModule(_Wrapper, torch.nn.Module):
             """A module whose forward and gradients gradtool computes: see :func:`wrap`
