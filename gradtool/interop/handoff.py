@@ -206,24 +206,32 @@ def _lazy_class():
     if "lazy" in _CLASSES:
         return _CLASSES["lazy"]
     torch = _torch()
-    backward, hash_ = torch.Tensor.backward, torch.Tensor.__hash__
+    hash_ = torch.Tensor.__hash__
     plain = {torch.Tensor.item, torch.Tensor.detach, torch.Tensor.__float__,
              torch.Tensor.__format__, torch.Tensor.tolist}
     from torch.utils._pytree import tree_map
 
     class GradtoolLazyLoss(torch.Tensor):
+        def backward(self, gradient=None, retain_graph=None, create_graph=False,
+                     inputs=None):
+            """``Tensor.backward`` (a method here: no dispatch through torch's
+            ``handle_torch_function`` for the usual call)."""
+            call = self._gt
+            if call.node is None and gradient is None and inputs is None \
+                    and not create_graph:
+                _accumulate(call.params, _taken(call, None))
+                return None
+            return call.made().backward(gradient, retain_graph, create_graph, inputs)
+
+        def item(self):
+            return self._gt.value.item()
+
         @classmethod
         def __torch_function__(cls, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func is backward and len(args) == 1:
-                call = args[0]._gt
-                if (call.node is None and kwargs.get("gradient") is None
-                        and kwargs.get("inputs") is None and not kwargs.get("create_graph")):
-                    _accumulate(call.params, _taken(call, None))
-                    return None
-            elif func in plain:
+            if func in plain:
                 return func(*[a._gt.value if type(a) is cls else a for a in args], **kwargs)
-            elif func is hash_:
+            if func is hash_:
                 return id(args[0])
 
             def made(a):

@@ -197,10 +197,11 @@ class _Graph:
                     [None if g < 0 else torch.from_numpy(host[g:g + n]).view(shape)
                      for _, (_, g, n), shape in shaped])
                 self.view_ptrs = [v.data_ptr() for v in self.views[0]]
-                # the loss where the run leaves it: copied into the loss tensor by
-                # GradtoolLoss's forward (no tensor made from a Python float)
+                # the loss where the run leaves it: copied into the loss tensor (no
+                # tensor made from a Python float; numpy's copy, lighter than a torch op)
                 off = prog.val_off[self.loss_id]
                 self.loss_view = torch.from_numpy(host[off:off + 1]).view(())
+                self.loss_array = host[off:off + 1].reshape(())
                 # the gradients as they are handed to torch: each param's dtype already
                 self.grads_as_params = all(params[k].dtype == v.dtype and params[k].device.type
                                            == "cpu" for (k, _), v in zip(self.params,
@@ -658,8 +659,8 @@ class _Wrapper:
             direct = not _hooked(tensors) and all(map(_CONTIGUOUS, tensors))
             if direct:                  # torch's graph of the loss made only if used
                 _lazy_class()
-                loss_t = _lazy_loss(loss_t.clone() if loss_t is view else loss_t, g,
-                                    tensors)
+                loss_t = _lazy_loss(torch.from_numpy(graph.loss_array.copy())
+                                    if loss_t is view else loss_t, g, tensors)
             else:
                 loss_t = _loss_function().apply(loss_t, g, False, *tensors)
         if graph.single:
