@@ -54,14 +54,15 @@ from ..optim.core import Update as _Update
 from ..optim.core import _pack_values
 from ..optim.core import compiled_library as _library_of
 
+_OPTIM_PACKAGE = importlib.import_module("gradtool.optim")
+
 __all__ = ["SGD", "Adam", "AdamW", "AdamSeed", "Optimizer"]
 
 _UNSUPPORTED = ("foreach", "fused", "capturable", "differentiable")
 
 
 def _compiled() -> bool:
-    import sys
-    return sys.modules["gradtool.optim"]._COMPILED[0]
+    return _OPTIM_PACKAGE._COMPILED[0]
 
 
 def _library(dtype):

@@ -54,7 +54,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import GradtoolError, WrapError  # noqa: F401  (WrapError: public here)
+from ..errors import GradtoolError, IdsError, WrapError  # noqa: F401  (WrapError: public)
 from .handoff import (_GradSet, _as_grad, _hooked, _lazy_class, _lazy_loss,  # noqa: F401
                       _loss_function)
 
@@ -78,8 +78,16 @@ _TORCH_DTYPES = {"f64": lambda torch: torch.float64, "f32": lambda torch: torch.
 
 
 def _torch():
-    import torch
-    return torch
+    """torch (imported on first use: this file imports without it; kept after, as an
+    import statement per call is ~1 us)."""
+    found = _TORCH[0]
+    if found is None:
+        import torch
+        found = _TORCH[0] = torch
+    return found
+
+
+_TORCH = [None]
 
 
 def _required_positional(fn) -> Optional[int]:
@@ -239,7 +247,6 @@ class _Graph:
     def run(self, params: dict, buffers: dict, args, rng, need_grad: bool):
         """(loss, [each param's gradient or None, in :attr:`params` order], [output
         arrays], [new state]): numpy arrays, or tensors (:meth:`_grads_out`)."""
-        from ..errors import IdsError
         try:
             if self.replay is None:
                 return self._run_cpu(params, buffers, args, rng, need_grad)
@@ -285,7 +292,7 @@ class _Graph:
         torch = _torch()
         if t.requires_grad:                     # (a float tensor given as ids)
             t = t.detach()
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             t = t.cpu()
         if t.dtype is not torch.int64:
             t = t.to(torch.int64)
@@ -640,15 +647,14 @@ class _Wrapper:
                 for (k, _, _), value in zip(graph.state, state):
                     b = buffers[k]
                     b.copy_(torch.from_numpy(value).reshape(b.shape).to(b.dtype))
-        device = tensors[0].device if tensors else torch.device("cpu")
-        on_cpu = device.type == "cpu"
+        on_cpu = tensors[0].is_cpu if tensors else True
         view = graph.loss_view
         if view is not None and on_cpu and view.dtype == dtype:
             loss_t = view if need_grad else view.clone()    # (apply's forward copies it)
         else:
             loss_t = torch.tensor(graph.replay.loss() if loss is None else loss, dtype=dtype)
             if not on_cpu:
-                loss_t = loss_t.to(device)
+                loss_t = loss_t.to(tensors[0].device)
         loss_shape = tuple(loss_t.shape)
         if need_grad:
             g = grads if graph.grads_as_params and on_cpu else [
@@ -667,6 +673,7 @@ class _Wrapper:
             return loss_t if graph.out_shapes[0] in (None, ()) else loss_t.reshape(
                 graph.out_shapes[0])
         flat = []
+        device = tensors[0].device if tensors else torch.device("cpu")
         for i, (value, odt, shape) in enumerate(zip(outs, graph.out_dtypes,
                                                      graph.out_shapes)):
             if i == self.loss_output:
