@@ -29,13 +29,13 @@ How (``docs/torch.md``, "Your own loop"):
   recorded tape (they may be folded); when one of them changes (its version counter
   moves), the next call records again.
 * The tape replays forward and backward (the cpu engine: ``Tape.forward/backward``; host
-  and cuda: the device engine's :func:`~gradtool.device.engine.capture`), and a
-  ``torch.autograd.Function`` whose inputs are the parameters hands torch the loss; its
-  backward writes gradtool's gradients (times the incoming gradient, when it is not 1.0)
-  into each ``.grad`` as torch's ``AccumulateGrad`` would, or hands them to those nodes
-  where a hook watches them (:func:`_loss_function`).  ``in_graph=False`` leaves the
-  parameters out of torch's graph of the loss (:func:`_direct_function`).  On host the
-  gradients are views of one tensor per graph (:class:`_GradSet`).
+  and cuda: the device engine's :func:`~gradtool.device.engine.capture`).  The loss
+  goes to torch as a lazy tensor (:func:`_lazy_loss`): its plain ``backward()`` writes
+  gradtool's gradients into each ``.grad`` as torch's ``AccumulateGrad`` would, and any
+  other use first makes the ``torch.autograd.Function`` node whose inputs are the
+  parameters (:func:`_loss_function`: the gradients times the incoming gradient, when
+  it is not 1.0; handed to torch's nodes where a hook watches them, and then made at
+  once).  On host the gradients are views of one tensor per graph (:class:`_GradSet`).
 * In train mode the rng slot (dropout's and the other draws' counters) is
   ``[step, 0, 1]``, the step counter then advancing by one; in eval mode
   ``[step, 0, 0]``: the draws are off, as ``gradtool train``'s validation.  ``step`` is
