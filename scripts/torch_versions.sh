@@ -21,7 +21,7 @@ versions=("$@")
 [ ${#versions[@]} -eq 0 ] && versions=(2.9.0 2.13.0)
 wheels="${WHEELS:-/opt/wheels}"
 index="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-read -r -a tests <<< "${TESTS:-tests/test_interop_torch.py tests/test_import_models.py tests/test_import_functional.py tests/test_import_check.py tests/test_import_random.py tests/test_import_complex.py tests/test_wrap.py tests/test_interop_messages.py}"
+read -r -a tests <<< "${TESTS:-tests/test_interop_torch.py tests/test_import_models.py tests/test_import_functional.py tests/test_import_check.py tests/test_import_random.py tests/test_import_complex.py tests/test_wrap.py tests/test_wrap_handoff.py tests/test_wrap_optim.py tests/test_interop_messages.py}"
 py="${PYTHON:-python3}"
 status=0
 summary=()

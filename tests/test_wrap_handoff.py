@@ -25,6 +25,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 import gradtool.interop.torch as gtt                            # noqa: E402
+from gradtool.interop.handoff import _lazy_class                 # noqa: E402
 from gradtool.interop.wrap import WrapError                     # noqa: E402
 from conftest import assert_bits_equal, require_c_compiler      # noqa: E402
 
@@ -72,7 +73,8 @@ def test_plain_backward_and_torchs_graph_give_the_same_gradient_bits(backend):
             inputs = [f for f, _ in loss.grad_fn.next_functions if f is not None]
             assert len(inputs) == len(list(model.parameters()))
         loss.backward()
-        assert (loss._gt.node is not None) == made_first
+        if _lazy_class() is not None:         # (a torch whose autograd.backward offers
+            assert (loss._gt.node is not None) == made_first    # the call: 2.13, not 2.9)
         loss = gm(x2, y2)
         if made_first:
             loss.backward(gradient=torch.ones(()))

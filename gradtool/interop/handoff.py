@@ -41,8 +41,9 @@ class _GradSet:
 
     Used again by the next call only when nothing but this set holds them: no ``.grad``
     is one of them any more (``zero_grad``), and no one kept one, a view of one or a
-    numpy array of one (each view's Python reference count, and the flat storage's use
-    count, are as they were when the set was made).  Otherwise the set is left to its
+    numpy array of one (each view's Python reference count and its tensor's own use
+    count, and the flat storage's use count, are as they were when the set was made: a
+    ``.grad`` holds the tensor, not always its Python object, torch 2.9's not).  Otherwise the set is left to its
     holders as it is and the call makes a new one: a gradient once handed out is never
     written again, as torch's own (fresh tensors each backward).  Saves the ~30 tensors'
     allocation and creation a call (``_foreach_clone``) on a small model."""
@@ -57,13 +58,16 @@ class _GradSet:
         self.views = views
         self.flat = self.base.numpy()
         use_count = getattr(torch._C, "_storage_Use_Count", None)
+        self.tensor_count = getattr(torch.Tensor, "_use_count", None)
         self.cdata = self.base.untyped_storage()._cdata
-        self.counts = self._counts(use_count)
-        self.use_count = use_count
+        self.use_count = use_count if self.tensor_count is not None else None
+        self.counts = self._counts(self.use_count)
 
     def _counts(self, use_count):
-        return (list(map(_refcount, self.views)),
-                use_count(self.cdata) if use_count is not None else None)
+        if use_count is None:
+            return None
+        return (list(map(_refcount, self.views)), list(map(self.tensor_count, self.views)),
+                use_count(self.cdata))
 
     def free(self) -> bool:
         """Whether nothing but this set holds its tensors (see the class)."""
@@ -190,7 +194,9 @@ def _lazy_loss(value, grads, params):
 
 
 def _lazy_class():
-    """The class of :func:`_lazy_loss`'s tensors (made once, on first use).
+    """The class of :func:`_lazy_loss`'s tensors (made once, on first use), or None where
+    this torch's ``torch.autograd.backward`` would not offer it the call
+    (:func:`_backward_dispatches`).
 
     A plain ``loss.backward()`` (no ``gradient``, ``inputs`` or ``create_graph``, the
     node not made) is the one use taken without torch's graph: the gradients go into
@@ -238,8 +244,32 @@ def _lazy_class():
                 return a._gt.made() if type(a) is cls else a
             return func(*tree_map(made, args), **tree_map(made, kwargs))
 
-    _CLASSES["tensor"], _CLASSES["lazy"] = torch.Tensor, GradtoolLazyLoss
-    return GradtoolLazyLoss
+    _CLASSES["tensor"] = torch.Tensor
+    _CLASSES["lazy"] = GradtoolLazyLoss if _backward_dispatches(torch) else None
+    return _CLASSES["lazy"]
+
+
+def _backward_dispatches(torch) -> bool:
+    """Whether ``torch.autograd.backward`` offers a tensor subclass's
+    ``__torch_function__`` the call, as ``torch.autograd.grad`` does (torch 2.13's does,
+    2.9's does not: there it runs torch's engine on the lazy loss itself, a leaf, and no
+    gradient would reach the params).  Where it does not, a call's loss is the node's
+    output from the start (:func:`_loss_function`)."""
+    seen = []
+
+    class Probe(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.autograd.backward:
+                seen.append(func)
+                return None
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+    try:
+        torch.autograd.backward(torch.Tensor._make_subclass(Probe, torch.zeros(()), True))
+    except Exception:                 # (an older torch's own complaint: not offered)
+        return False
+    return bool(seen)
 
 
 def _hooked(tensors) -> bool:

@@ -663,12 +663,11 @@ class _Wrapper:
             # AccumulateGrad, as for its ops) or a param is not contiguous (torch then
             # gives .grad the param's strides)
             direct = not _hooked(tensors) and all(map(_CONTIGUOUS, tensors))
-            if direct:                  # torch's graph of the loss made only if used
-                _lazy_class()
+            if direct and _lazy_class() is not None:    # torch's graph made only if used
                 loss_t = _lazy_loss(torch.from_numpy(graph.loss_array.copy())
                                     if loss_t is view else loss_t, g, tensors)
             else:
-                loss_t = _loss_function().apply(loss_t, g, False, *tensors)
+                loss_t = _loss_function().apply(loss_t, g, direct, *tensors)
         if graph.single:
             return loss_t if graph.out_shapes[0] in (None, ()) else loss_t.reshape(
                 graph.out_shapes[0])
