@@ -13,6 +13,10 @@ of ``--repeats`` runs of ``--steps`` steps each; every side sees the same load):
   opt.step(); opt.zero_grad()`` with ``gtt.optim.AdamW`` at the same options;
 * ``gtt fwd+bwd``: ``gm(x, y).backward()`` alone (the wrapper's part), with the
   gradients set to None after it as ``zero_grad`` does;
+* ``torch f32 loop``, ``torch f64 loop``: PyTorch's own loop on the module (its own
+  forward, autograd and ``torch.optim.AdamW``, default kernels), in float32 and
+  ``.double()``: what the user's loop costs without gradtool (timed with the gtt loop
+  in an interleaved set of their own, after the others);
 * ``torch side``: the loop's torch side with no gradtool run at all: the gradients'
   one copy out of an arena into the wrapper's grad set, the loss handed to torch as the
   wrapper hands it (:func:`gradtool.interop.handoff._lazy_loss`), its ``backward()``
@@ -133,6 +137,19 @@ def main(argv=None) -> int:
         t_opt.step()
         t_opt.zero_grad()
 
+    # PyTorch's own loop on the same module, float32 and float64 (torch.optim.AdamW,
+    # its default kernels): what the user's loop costs without gradtool
+    def torch_loop(dtype):
+        m = copy.deepcopy(model).to(dtype)
+        topt = torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WD)
+
+        def step(i):
+            x, y = batches[i % len(batches)]
+            m(x, y).backward()
+            topt.step()
+            topt.zero_grad()
+        return step
+
     names = ["gradtool train", "gtt loop", "gtt fwd+bwd", "torch side"]
     print(f"# bench_wrap: samples/tiny_gpt, backend {args.backend}, {args.threads} threads, "
           f"{cpu_name()}, load {load_average()}")
@@ -154,6 +171,14 @@ def main(argv=None) -> int:
     print(f"# the loop's time beyond the engine's step: {(timed[1][0] - base) * 1e3:.3f} ms, "
           f"of which its torch side {timed[3][0] * 1e3:.3f} ms and the wrapper's own "
           f"{own * 1e3:.3f} ms")
+    # PyTorch's own loops in an interleaved set of their own, with the gtt loop again
+    # (torch's OpenMP threads spin for a while after its calls, and would slow the
+    # gradtool runs after them in the set above)
+    vs = time_interleaved([loop_step, torch_loop(torch.float32), torch_loop(torch.float64)],
+                          args.steps, args.repeats)
+    for name, (med, best) in zip(["gtt loop", "torch f32 loop", "torch f64 loop"], vs):
+        print(f"{name:16s} median {med * 1e3:8.3f} ms  best {best * 1e3:8.3f} ms  "
+              f"gtt loop / this {vs[0][0] / med:5.2f}")
     if args.cli:
         cli = cli_step(tape, graph, batches, args)
         print(f"{'gradtool train (CLI)':16s} median {cli * 1e3:8.3f} ms  (per step, from "

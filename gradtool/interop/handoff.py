@@ -31,8 +31,16 @@ _CLASSES: dict = {}
 
 
 def _torch():
-    import torch
-    return torch
+    """torch (imported on first use: the wrapper's files import without it; kept after,
+    as an import statement per call is ~1 us)."""
+    found = _TORCH_MODULE[0]
+    if found is None:
+        import torch
+        found = _TORCH_MODULE[0] = torch
+    return found
+
+
+_TORCH_MODULE = [None]
 
 
 class _GradSet:

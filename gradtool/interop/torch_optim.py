@@ -221,19 +221,21 @@ class Optimizer(torch.optim.Optimizer):
                 state[s] = torch.zeros_like(p.data, memory_format=torch.contiguous_format)
         return state
 
+    def _corrections(self, hp: dict, t: int) -> tuple:
+        """(beta1**t, beta2**t) as the bias corrections keep them (1.0, 1.0 for an entry
+        without them)."""
+        powers = self.entry.powers
+        if not powers:
+            return 1.0, 1.0
+        return self._power(hp[powers[0]], t), self._power(hp[powers[1]], t)
+
     def _scalars(self, hp: dict, lr: float, t: int) -> dict:
-        entry = self.entry
-        b1t = self._power(hp[entry.powers[0]], t) if entry.powers else 1.0
-        b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
-        return entry.scalars(hp, lr, t, b1t, b2t)
+        return self.entry.scalars(hp, lr, t, *self._corrections(hp, t))
 
     def _packed(self, hp: dict, lr: float, t: int):
         """:meth:`_scalars` packed for the compiled step (``Update.pack``'s array),
         without the map between."""
-        entry = self.entry
-        b1t = self._power(hp[entry.powers[0]], t) if entry.powers else 1.0
-        b2t = self._power(hp[entry.powers[1]], t) if entry.powers else 1.0
-        return _pack_values(entry.scalar_values(hp, lr, t, b1t, b2t))
+        return _pack_values(self.entry.scalar_values(hp, lr, t, *self._corrections(hp, t)))
 
     def _step_all(self, active: list, grads: list, hp: dict, update, lr: float) -> bool:
         """The group's params in one compiled call (``gt_opt_table_steps_py``) where they

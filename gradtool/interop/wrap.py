@@ -56,7 +56,7 @@ import numpy as np
 
 from ..errors import GradtoolError, IdsError, WrapError  # noqa: F401  (WrapError: public)
 from .handoff import (_GradSet, _as_grad, _hooked, _lazy_class, _lazy_loss,  # noqa: F401
-                      _loss_function)
+                      _loss_function, _torch)
 
 BACKENDS = ("cpu", "host", "cuda")
 MAX_SHAPES = 8        # cached graphs before the warning (torch.compile's default limit)
@@ -75,19 +75,6 @@ def compute_dtype(module_dtype) -> str:
 
 # the torch dtype of a tape dtype (compute_dtype's answers)
 _TORCH_DTYPES = {"f64": lambda torch: torch.float64, "f32": lambda torch: torch.float32}
-
-
-def _torch():
-    """torch (imported on first use: this file imports without it; kept after, as an
-    import statement per call is ~1 us)."""
-    found = _TORCH[0]
-    if found is None:
-        import torch
-        found = _TORCH[0] = torch
-    return found
-
-
-_TORCH = [None]
 
 
 def _required_positional(fn) -> Optional[int]:
